@@ -1,0 +1,1 @@
+"""Benchmarks and the reproduction of the paper's experiments (reports, plots)."""

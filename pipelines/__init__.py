@@ -1,0 +1,5 @@
+"""Distributed jobs: ingest, protocols (splits), synthetic data, DP counts, user update, the stats job
+(Spark entry `pipelines/stats.py` and the Beam pipeline), and the alternating-minimization orchestrator.
+
+Engines are imported lazily inside the jobs that use them: importing this package starts no JVM.
+"""

@@ -1,0 +1,122 @@
+"""The canonical data set folder: `interactions.parquet`, `items.parquet` and `manifest.json`.
+
+`ssp ingest` and `ssp synth` write this layout, and every later command reads it (or ingests a
+MovieLens folder into it first). The manifest is written last and marks the folder complete; it
+records the source, which feature families were declared public, and the table sizes.
+
+Privacy: the interactions table is private; it stays inside the run's trusted storage.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from schemas import storage
+from schemas.tables import INTERACTIONS, item_features, validate_interactions, validate_items
+
+INTERACTIONS_TABLE = "interactions.parquet"
+ITEMS_TABLE = "items.parquet"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A committed canonical data set folder."""
+
+    path: str
+    manifest: dict
+
+    @property
+    def interactions(self) -> str:
+        return storage.join(self.path, INTERACTIONS_TABLE)
+
+    @property
+    def items(self) -> str:
+        return storage.join(self.path, ITEMS_TABLE)
+
+
+def is_dataset(path: str) -> bool:
+    """Whether `path` holds a complete canonical data set."""
+    return storage.exists(storage.join(path, MANIFEST))
+
+
+def open_dataset(path: str) -> Dataset:
+    """Open a canonical data set folder, refusing one whose write never finished."""
+    if not is_dataset(path):
+        raise storage.MissingTableError(
+            f"{path} is not a data set folder (no {MANIFEST}); give a MovieLens folder to `ssp ingest` "
+            "or a folder written by `ssp ingest` / `ssp synth`"
+        )
+    return Dataset(path, storage.read_json(storage.join(path, MANIFEST)))
+
+
+class _InteractionStats:
+    """Running counts over streamed interaction batches: rows, distinct users and items, label range."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.users = np.empty(0, np.int64)
+        self.items = np.empty(0, np.int64)
+        self.label_min, self.label_max = np.inf, -np.inf
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self.rows += batch.num_rows
+        self.users = np.union1d(self.users, np.unique(batch.column("user_id").to_numpy()))
+        self.items = np.union1d(self.items, np.unique(batch.column("item_id").to_numpy()))
+        labels = batch.column("label").to_numpy()
+        self.label_min = min(self.label_min, float(labels.min()))
+        self.label_max = max(self.label_max, float(labels.max()))
+
+    def summary(self) -> dict:
+        return {
+            "ratings": self.rows,
+            "users": int(self.users.size),
+            "rated_items": int(self.items.size),
+            "label_range": [self.label_min, self.label_max] if self.rows else None,
+        }
+
+
+def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
+    """Validate and write a data set: items, streamed interactions, then the manifest.
+
+    Interactions are validated batch by batch and must refer to catalog items only. Nothing is
+    published unless everything succeeds: both tables are committed after the last batch, and the
+    manifest, which marks the folder complete, last of all.
+    """
+    items = validate_items(items)
+    catalog = np.sort(items["item_id"].to_numpy())
+    stats = _InteractionStats()
+    writer = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS)
+    try:
+        for batch in interaction_batches:
+            table = validate_interactions(pa.Table.from_batches([batch]))
+            ids = table["item_id"].to_numpy()
+            unknown = ids[~np.isin(ids, catalog)]
+            if unknown.size:
+                raise ValueError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
+            for part in table.to_batches():
+                stats.add(part)
+            writer.write(table)
+    except BaseException:
+        writer.abort()
+        raise
+    storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
+    writer.commit()
+    storage.write_table(items, storage.join(out, ITEMS_TABLE))
+    features = item_features(items.schema)
+    full_manifest = {
+        **manifest,
+        "public_features": features,
+        "items": items.num_rows,
+        **stats.summary(),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    storage.write_json(full_manifest, storage.join(out, MANIFEST))
+    return Dataset(out, full_manifest)

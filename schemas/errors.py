@@ -1,0 +1,19 @@
+"""The error raised when a table breaks its contract; it names the table, the column and the row."""
+
+from __future__ import annotations
+
+
+class SchemaError(ValueError):
+    """A table that does not satisfy its schema.
+
+    `row` is the 0-based row index inside the table that was validated (None when the problem is
+    not tied to one row); callers that know where the rows came from (a file and a line) re-raise
+    with that location, see `pipelines.movielens`.
+    """
+
+    def __init__(self, table: str, problem: str, column: str | None = None, row: int | None = None):
+        self.table, self.problem, self.column, self.row = table, problem, column, row
+        where = f"column '{column}'" if column else ""
+        if row is not None:
+            where += f"{', ' if where else ''}row {row}"
+        super().__init__(f"{table}: {where + ': ' if where else ''}{problem}")

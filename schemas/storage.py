@@ -1,0 +1,242 @@
+"""Reading and atomically writing tables and small JSON documents on local paths or `gs://`.
+
+A table lives at a path ending in `.parquet`, either as one Parquet file or as a folder of
+`part-NNNNN.parquet` files (what Spark and this module write). A folder is complete only when its
+`_SUCCESS` marker exists: the marker lists the part files and the row count, and readers refuse a
+folder without one, so a job that dies mid-write never exposes half a table.
+
+Writes go to a hidden temporary sibling first. On a local disk the finished folder is renamed into
+place (atomic); on object stores (gs://), where a rename is a copy, the parts are moved first and the
+marker is written last, so readers see either the previous complete table or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from collections.abc import Iterator
+
+# gcsfs probes for hierarchical-namespace buckets on every access unless told not to; against the
+# storage emulator each probe hangs for about a minute. Set before gcsfs can be imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import fsspec  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.fs as pafs  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+SUCCESS = "_SUCCESS"
+DEFAULT_ROWS_PER_FILE = 5_000_000
+
+
+class MissingTableError(FileNotFoundError):
+    """A table or document that does not exist, or whose write never completed."""
+
+
+def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem serving `path` and the path inside it."""
+    fs, inner = fsspec.core.url_to_fs(path)
+    return fs, inner
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts with '/', keeping a URL scheme such as gs:// intact."""
+    if "://" in base:
+        return posixpath.join(base, *parts)
+    return os.path.join(base, *parts)
+
+
+def exists(path: str) -> bool:
+    """Whether a complete table or a file exists at `path`."""
+    fs, inner = filesystem(path)
+    fs.invalidate_cache()
+    if fs.isdir(inner):
+        return fs.exists(posixpath.join(inner, SUCCESS))
+    return fs.exists(inner)
+
+
+def _arrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
+    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, fsspec.implementations.local.LocalFileSystem)
+
+
+class TableWriter:
+    """Streams record batches into a new table at `path`; nothing is visible until `commit()`.
+
+    Use as a context manager: leaving the block normally commits, an exception discards the
+    temporary files. `rows_per_file` rolls over to a new part file, so huge tables are split into
+    files that readers (and Spark) can take in parallel.
+    """
+
+    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE):
+        self.path, self.schema, self.rows_per_file = path.rstrip("/"), schema, rows_per_file
+        self.fs, self._final = filesystem(self.path)
+        parent, name = posixpath.split(self._final)
+        self._tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+        self.fs.makedirs(self._tmp, exist_ok=True)
+        self._arrow_fs = _arrow_fs(self.fs)
+        self._files: list[str] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._rows_in_file = 0
+        self.rows = 0
+        self._done = False
+
+    def _open_next_file(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        name = f"part-{len(self._files):05d}.parquet"
+        self._files.append(name)
+        self._writer = pq.ParquetWriter(posixpath.join(self._tmp, name), self.schema, filesystem=self._arrow_fs)
+        self._rows_in_file = 0
+
+    def write(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Append rows; they must already match the writer's schema (columns and types)."""
+        if not data.schema.equals(self.schema, check_metadata=False):
+            raise ValueError(f"{self.path}: batch schema {data.schema} does not match table schema {self.schema}")
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        start = 0
+        while start < table.num_rows or self._writer is None:
+            if self._writer is None or self._rows_in_file >= self.rows_per_file:
+                self._open_next_file()
+            take = min(table.num_rows - start, self.rows_per_file - self._rows_in_file)
+            if take <= 0:
+                break
+            self._writer.write_table(table.slice(start, take).replace_schema_metadata(self.schema.metadata))
+            self._rows_in_file += take
+            self.rows += take
+            start += take
+
+    def commit(self) -> None:
+        """Publish the table atomically, replacing any previous table at the path."""
+        if self._writer is None:
+            self._open_next_file()
+        self._writer.close()
+        marker = json.dumps({"rows": self.rows, "files": self._files}).encode()
+        if _is_local(self.fs):
+            with open(os.path.join(self._tmp, SUCCESS), "wb") as out:
+                out.write(marker)
+            old = None
+            if os.path.lexists(self._final):
+                old = f"{self._tmp}.old"
+                os.rename(self._final, old)
+            os.makedirs(os.path.dirname(self._final) or ".", exist_ok=True)
+            os.rename(self._tmp, self._final)
+            if old:
+                self.fs.rm(old, recursive=True)
+        else:
+            if self.fs.exists(self._final):
+                if self.fs.exists(posixpath.join(self._final, SUCCESS)):
+                    self.fs.rm(posixpath.join(self._final, SUCCESS))
+                self.fs.rm(self._final, recursive=True)
+            for name in self._files:
+                self.fs.mv(posixpath.join(self._tmp, name), posixpath.join(self._final, name))
+            self.fs.pipe(posixpath.join(self._final, SUCCESS), marker)
+            if self.fs.exists(self._tmp):
+                self.fs.rm(self._tmp, recursive=True)
+        self.fs.invalidate_cache()
+        self._done = True
+
+    def abort(self) -> None:
+        """Discard everything written so far."""
+        if self._writer is not None:
+            self._writer.close()
+        if self.fs.exists(self._tmp):
+            self.fs.rm(self._tmp, recursive=True)
+        self._done = True
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._done:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def write_table(table: pa.Table, path: str, rows_per_file: int = DEFAULT_ROWS_PER_FILE) -> None:
+    """Write a whole table atomically (schema metadata included)."""
+    with TableWriter(path, table.schema, rows_per_file) as writer:
+        writer.write(table)
+
+
+def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
+    fs, inner = filesystem(path)
+    fs.invalidate_cache()
+    if fs.isfile(inner):
+        return fs, [inner]
+    if not fs.isdir(inner):
+        raise MissingTableError(f"table not found: {path}")
+    marker = posixpath.join(inner, SUCCESS)
+    if not fs.exists(marker):
+        raise MissingTableError(f"table {path} is incomplete: no {SUCCESS} marker (its write did not finish)")
+    files = json.loads(fs.cat_file(marker) or b"{}").get("files")
+    if files is None:  # a marker written by another engine (Spark writes an empty one)
+        files = sorted(posixpath.basename(f) for f in fs.ls(inner, detail=False) if f.endswith(".parquet"))
+    return fs, [posixpath.join(inner, name) for name in files]
+
+
+def read_schema(path: str) -> pa.Schema:
+    """The schema (with its metadata) of the table at `path`."""
+    fs, files = _table_files(path)
+    return pq.read_schema(files[0], filesystem=_arrow_fs(fs))
+
+
+def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
+    """Read a whole table (a Parquet file or a committed folder), keeping its schema metadata."""
+    fs, files = _table_files(path)
+    arrow_fs = _arrow_fs(fs)
+    parts = [pq.read_table(f, columns=columns, filesystem=arrow_fs) for f in files]
+    schema = parts[0].schema
+    return pa.concat_tables([part.replace_schema_metadata(schema.metadata) for part in parts])
+
+
+def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Stream a table's rows in record batches: memory stays bounded by the batch size."""
+    fs, files = _table_files(path)
+    arrow_fs = _arrow_fs(fs)
+    for f in files:
+        with arrow_fs.open_input_file(f) as handle:
+            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=columns)
+
+
+def write_json(document: dict, path: str) -> None:
+    """Write a small JSON document atomically (temporary file, then rename or single put)."""
+    fs, inner = filesystem(path)
+    payload = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+    if _is_local(fs):
+        os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
+        tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as out:
+            out.write(payload)
+        os.replace(tmp, inner)
+    else:
+        fs.pipe(inner, payload)  # a single object upload is atomic on object stores
+    fs.invalidate_cache()
+
+
+def remove(path: str) -> None:
+    """Delete a file or table folder if it exists."""
+    fs, inner = filesystem(path)
+    fs.invalidate_cache()
+    if fs.exists(inner):
+        fs.rm(inner, recursive=True)
+    fs.invalidate_cache()
+
+
+def read_json(path: str) -> dict:
+    """Read a JSON document written by `write_json`."""
+    fs, inner = filesystem(path)
+    fs.invalidate_cache()
+    if not fs.isfile(inner):
+        raise MissingTableError(f"file not found: {path}")
+    return json.loads(fs.cat_file(inner))

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up the project on a fresh machine: check Python 3.11 and Java 17, create .venv, install the
+# locked dependency set (requirements.lock) and the project itself (editable). Safe to re-run: an
+# up-to-date .venv is left as it is.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+python=""
+for candidate in python3.11 python3; do
+  if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    python=$candidate; break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "setup: Python 3.11 is required (TensorFlow 2.15 and TF-Privacy 0.9 support no newer Python); none found on PATH." >&2
+  exit 1
+fi
+
+java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1 || true)
+if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
+  echo "setup: Java 17 or newer is required by Spark (pyspark 4.3) but ${java_major:+only Java $java_major was }${java_major:-no java was }found." >&2
+  echo "       On Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless, or set JAVA_HOME and PATH to a JDK 17." >&2
+  exit 1
+fi
+
+stamp=.venv/.installed
+want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup: creating .venv with $("$python" --version) and the locked dependencies (about a minute)..." >&2
+"$python" -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+echo "$want" > "$stamp"
+echo "setup: done; the 'ssp' command is .venv/bin/ssp" >&2
