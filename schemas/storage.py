@@ -5,9 +5,11 @@ A table lives at a path ending in `.parquet`, either as one Parquet file or as a
 `_SUCCESS` marker exists: the marker lists the part files and the row count, and readers refuse a
 folder without one, so a job that dies mid-write never exposes half a table.
 
-Writes go to a hidden temporary sibling first. On a local disk the finished folder is renamed into
-place (atomic); on object stores (gs://), where a rename is a copy, the parts are moved first and the
-marker is written last, so readers see either the previous complete table or the new one.
+On a local disk a write goes to a hidden temporary sibling folder, renamed into place when complete
+(atomic). On object stores (gs://), where a rename is a slow copy, the parts are written into the
+folder under names unique to the write, and the commit is the single upload of the marker that lists
+them: readers see either the previous complete table or the new one, never a mix. The previous
+write's parts are deleted after the commit.
 """
 
 from __future__ import annotations
@@ -71,16 +73,21 @@ class TableWriter:
     """Streams record batches into a new table at `path`; nothing is visible until `commit()`.
 
     Use as a context manager: leaving the block normally commits, an exception discards the
-    temporary files. `rows_per_file` rolls over to a new part file, so huge tables are split into
+    written files. `rows_per_file` rolls over to a new part file, so huge tables are split into
     files that readers (and Spark) can take in parallel.
     """
 
     def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE):
         self.path, self.schema, self.rows_per_file = path.rstrip("/"), schema, rows_per_file
         self.fs, self._final = filesystem(self.path)
-        parent, name = posixpath.split(self._final)
-        self._tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
-        self.fs.makedirs(self._tmp, exist_ok=True)
+        self._local = _is_local(self.fs)
+        write_id = uuid.uuid4().hex
+        if self._local:
+            parent, name = posixpath.split(self._final)
+            self._dir, self._suffix = posixpath.join(parent, f".{name}.tmp-{write_id}"), ""
+        else:
+            self._dir, self._suffix = self._final, f"-{write_id}"
+        self.fs.makedirs(self._dir, exist_ok=True)
         self._arrow_fs = _arrow_fs(self.fs)
         self._files: list[str] = []
         self._writer: pq.ParquetWriter | None = None
@@ -91,9 +98,9 @@ class TableWriter:
     def _open_next_file(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        name = f"part-{len(self._files):05d}.parquet"
+        name = f"part-{len(self._files):05d}{self._suffix}.parquet"
         self._files.append(name)
-        self._writer = pq.ParquetWriter(posixpath.join(self._tmp, name), self.schema, filesystem=self._arrow_fs)
+        self._writer = pq.ParquetWriter(posixpath.join(self._dir, name), self.schema, filesystem=self._arrow_fs)
         self._rows_in_file = 0
 
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
@@ -119,27 +126,23 @@ class TableWriter:
             self._open_next_file()
         self._writer.close()
         marker = json.dumps({"rows": self.rows, "files": self._files}).encode()
-        if _is_local(self.fs):
-            with open(os.path.join(self._tmp, SUCCESS), "wb") as out:
+        if self._local:
+            with open(os.path.join(self._dir, SUCCESS), "wb") as out:
                 out.write(marker)
             old = None
             if os.path.lexists(self._final):
-                old = f"{self._tmp}.old"
+                old = f"{self._dir}.old"
                 os.rename(self._final, old)
             os.makedirs(os.path.dirname(self._final) or ".", exist_ok=True)
-            os.rename(self._tmp, self._final)
+            os.rename(self._dir, self._final)
             if old:
                 self.fs.rm(old, recursive=True)
         else:
-            if self.fs.exists(self._final):
-                if self.fs.exists(posixpath.join(self._final, SUCCESS)):
-                    self.fs.rm(posixpath.join(self._final, SUCCESS))
-                self.fs.rm(self._final, recursive=True)
-            for name in self._files:
-                self.fs.mv(posixpath.join(self._tmp, name), posixpath.join(self._final, name))
+            previous = [f for f in self.fs.ls(self._final, detail=False) if posixpath.basename(f) not in self._files]
             self.fs.pipe(posixpath.join(self._final, SUCCESS), marker)
-            if self.fs.exists(self._tmp):
-                self.fs.rm(self._tmp, recursive=True)
+            stale = [f for f in previous if posixpath.basename(f) != SUCCESS]
+            if stale:
+                self.fs.rm(stale)
         self.fs.invalidate_cache()
         self._done = True
 
@@ -147,8 +150,14 @@ class TableWriter:
         """Discard everything written so far."""
         if self._writer is not None:
             self._writer.close()
-        if self.fs.exists(self._tmp):
-            self.fs.rm(self._tmp, recursive=True)
+        if self._local:
+            if self.fs.exists(self._dir):
+                self.fs.rm(self._dir, recursive=True)
+        else:
+            mine = [posixpath.join(self._dir, name) for name in self._files]
+            if mine:
+                self.fs.rm(mine)
+        self.fs.invalidate_cache()
         self._done = True
 
     def __enter__(self) -> TableWriter:

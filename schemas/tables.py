@@ -218,7 +218,8 @@ def _conform(table: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
         if not field.nullable and column.null_count:
             raise SchemaError(name, "is null", field.name, _first(pc.is_null(column)))
         columns.append(column)
-    return pa.Table.from_arrays(columns, schema=schema.with_metadata(table.schema.metadata or schema.metadata))
+    metadata = table.schema.metadata or schema.metadata
+    return pa.Table.from_arrays(columns, schema=schema.with_metadata(metadata) if metadata else schema.remove_metadata())
 
 
 def _first(mask) -> int:

@@ -1,0 +1,107 @@
+"""Table storage: atomic writes with a success marker, on a local disk and on gs:// (emulator)."""
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from schemas import storage
+
+TABLES = ["interactions", "items", "user_embeddings", "item_embeddings", "counts", "stats", "ledger"]
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_local_round_trip_of_every_table(tmp_path, sample_tables, name):
+    table, validate = sample_tables[name]
+    path = str(tmp_path / f"{name}.parquet")
+    storage.write_table(table, path)
+    back = validate(storage.read_table(path))
+    assert back.equals(table) and back.schema.metadata == table.schema.metadata
+    assert storage.read_schema(path).metadata == table.schema.metadata
+
+
+def test_gs_round_trip_of_every_table(gcs_path, sample_tables):
+    for name in TABLES:
+        table, validate = sample_tables[name]
+        path = f"{gcs_path}/{name}.parquet"
+        storage.write_table(table, path)
+        assert storage.exists(path)
+        back = validate(storage.read_table(path))
+        assert back.equals(table), name
+        assert back.schema.metadata == table.schema.metadata, name
+
+
+def test_gs_overwrite_and_streaming(gcs_path):
+    path = f"{gcs_path}/t.parquet"
+    storage.write_table(pa.table({"a": list(range(10))}), path, rows_per_file=4)
+    storage.write_table(pa.table({"a": [7, 8]}), path)
+    assert storage.read_table(path)["a"].to_pylist() == [7, 8]
+    fs, inner = storage.filesystem(path)
+    assert sorted(os.path.basename(f) for f in fs.ls(inner, detail=False) if f.endswith(".parquet")).__len__() == 1
+    assert [b.num_rows for b in storage.iter_batches(path, batch_size=1)] == [1, 1]
+    storage.write_json({"x": [1, 2]}, f"{gcs_path}/doc.json")
+    assert storage.read_json(f"{gcs_path}/doc.json") == {"x": [1, 2]}
+
+
+def test_gs_aborted_write_leaves_previous_table(gcs_path):
+    path = f"{gcs_path}/t.parquet"
+    storage.write_table(pa.table({"a": [1]}), path)
+    with pytest.raises(RuntimeError):
+        with storage.TableWriter(path, pa.schema([("a", pa.int64())])) as writer:
+            writer.write(pa.table({"a": [2, 3]}))
+            raise RuntimeError("job died")
+    assert storage.read_table(path)["a"].to_pylist() == [1]
+
+
+def test_rows_roll_over_into_part_files(tmp_path):
+    path = str(tmp_path / "t.parquet")
+    with storage.TableWriter(path, pa.schema([("a", pa.int64())]), rows_per_file=3) as writer:
+        for start in range(0, 10, 4):
+            writer.write(pa.table({"a": list(range(start, min(start + 4, 10)))}))
+    assert sorted(os.listdir(path)) == ["_SUCCESS", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet", "part-00003.parquet"]
+    assert storage.read_table(path)["a"].to_pylist() == list(range(10))
+    assert sum(b.num_rows for b in storage.iter_batches(path, batch_size=2)) == 10
+
+
+def test_failed_write_publishes_nothing_and_keeps_old_table(tmp_path):
+    path = str(tmp_path / "t.parquet")
+    storage.write_table(pa.table({"a": [1]}), path)
+    with pytest.raises(RuntimeError):
+        with storage.TableWriter(path, pa.schema([("a", pa.int64())])) as writer:
+            writer.write(pa.table({"a": [2]}))
+            raise RuntimeError("job died")
+    assert storage.read_table(path)["a"].to_pylist() == [1]
+    assert os.listdir(tmp_path) == ["t.parquet"]
+
+
+def test_folder_without_marker_is_refused(tmp_path):
+    path = tmp_path / "t.parquet"
+    storage.write_table(pa.table({"a": [1]}), str(path))
+    os.remove(path / storage.SUCCESS)
+    with pytest.raises(storage.MissingTableError, match="incomplete: no _SUCCESS marker"):
+        storage.read_table(str(path))
+    assert not storage.exists(str(path))
+    with pytest.raises(storage.MissingTableError, match="table not found"):
+        storage.read_table(str(tmp_path / "nothing.parquet"))
+
+
+def test_schema_mismatch_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not match table schema"):
+        with storage.TableWriter(str(tmp_path / "t.parquet"), pa.schema([("a", pa.int64())])) as writer:
+            writer.write(pa.table({"a": [1.5]}))
+    assert os.listdir(tmp_path) == []
+
+
+def test_single_parquet_file_is_readable(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "plain.parquet")
+    pq.write_table(pa.table({"a": [4, 5]}), path)
+    assert storage.read_table(path)["a"].to_pylist() == [4, 5]
+
+
+def test_json_round_trip_and_missing(tmp_path):
+    storage.write_json({"b": 1}, str(tmp_path / "sub" / "m.json"))
+    assert storage.read_json(str(tmp_path / "sub" / "m.json")) == {"b": 1}
+    with pytest.raises(storage.MissingTableError):
+        storage.read_json(str(tmp_path / "none.json"))
