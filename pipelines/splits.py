@@ -263,7 +263,7 @@ def _eligible_users(interactions: pa.Table) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `ssp split` options to a parser."""
-    parser.add_argument("--data", metavar="DIR", help="canonical data set folder (interactions.parquet, items.parquet, manifest.json)")
+    parser.add_argument("--data", metavar="DIR", help="MovieLens folder or data set folder written by ssp ingest / ssp synth (default: the bundled ml-latest-small)")
     parser.add_argument(
         "--protocol",
         required=True,

@@ -1,0 +1,91 @@
+"""Peak memory and wall time of the synthetic data generator at 10^7 ratings.
+
+Runs `pipelines.synth.generate` in a fresh child interpreter (so the figure is the generator's own,
+imports included, and not this script's) and reports the child's wall time and peak resident set
+size from getrusage(RUSAGE_CHILDREN). The generator streams interactions chunk by chunk, so its peak
+must not grow with the row count; the target is under 1 GiB.
+
+    python -m bench.synth_memory                     # 333,334 users x 30 ratings, 20,000 items
+    python -m bench.synth_memory --users 1000000 --out /tmp/synth-1m
+
+Exit status 0 when the peak is within --limit-mib, 1 when above it, 2 when the child failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_CHILD = """
+import json, sys
+from pipelines.synth import generate
+kwargs = json.loads(sys.argv[1])
+dataset = generate(**kwargs)
+print(json.dumps({"ratings": dataset.manifest["ratings"], "users": dataset.manifest["users"]}))
+"""
+
+
+def _folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def measure(out: str, users: int, items: int, ratings_per_user: int, alpha: float, seed: int, rank: int, progress: bool) -> dict:
+    """Generate into `out` in a child process; its wall time, peak RSS and output size."""
+    kwargs = {
+        "out": out, "users": users, "items": items, "ratings_per_user": ratings_per_user,
+        "alpha": alpha, "seed": seed, "rank": rank, "progress": progress,
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True, check=False
+    )
+    wall = time.perf_counter() - started
+    if child.returncode != 0:
+        raise RuntimeError(f"generator child exited with status {child.returncode}")
+    summary = json.loads(child.stdout.strip().splitlines()[-1])
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    return {**summary, "wall_s": wall, "peak_rss_mib": peak_kib / 1024, "bytes_written": _folder_bytes(out)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.synth_memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=333_334, help="users (default %(default)s: 10^7 ratings with K=30)")
+    parser.add_argument("--items", type=int, default=20_000, help="catalog items (default %(default)s)")
+    parser.add_argument("--ratings-per-user", type=int, default=30, help="ratings per user K (default %(default)s)")
+    parser.add_argument("--alpha", type=float, default=1.0, help="popularity exponent (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    parser.add_argument("--rank", type=int, default=8, help="planted model rank (default %(default)s)")
+    parser.add_argument("--out", help="data set folder to write and keep (default: a temporary folder, deleted)")
+    parser.add_argument("--limit-mib", type=float, default=1024.0, help="peak RSS target in MiB (default %(default)s)")
+    parser.add_argument("--progress", action="store_true", help="show the generator's progress bar")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="synth-bench-") as scratch:
+        out = args.out or os.path.join(scratch, "data")
+        try:
+            result = measure(out, args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.progress)
+        except RuntimeError as exc:
+            print(f"synth_memory: {exc}", file=sys.stderr)
+            return 2
+    ok = result["peak_rss_mib"] <= args.limit_mib
+    print(
+        f"synth: {result['ratings']:,} ratings ({result['users']:,} users x {args.ratings_per_user}, {args.items:,} items), "
+        f"{result['bytes_written'] / 2**20:.0f} MiB on disk\n"
+        f"wall time {result['wall_s']:.1f} s ({result['ratings'] / result['wall_s'] / 1e6:.2f} M ratings/s), "
+        f"child peak RSS {result['peak_rss_mib']:.0f} MiB "
+        f"({'within' if ok else 'OVER'} the {args.limit_mib:.0f} MiB target)"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""`ssp ingest`: read a MovieLens folder into the canonical data set folder (interactions, items, manifest).
+
+The catalog decides which items exist: every movie becomes an item row, rated or not. A rating of a
+movie that is not in the catalog is an error by default (`--unknown-items fail`, reported with a
+count), or is dropped and counted in the manifest (`--unknown-items drop`). Nothing is written when
+the input is bad.
+
+Privacy: the run declares which item feature families are public (`--public-features`); the
+manifest records the declaration. Tags come from users, so they are public only on request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from pipelines import movielens
+from pipelines.datasets import Dataset, is_dataset, open_dataset, write_dataset
+from schemas import storage
+from schemas.tables import MULTIVALENT, item_features
+
+BUNDLED = str(Path(__file__).resolve().parent / "data" / "ml-latest-small")
+UNKNOWN_ITEM_POLICIES = ("fail", "drop")
+
+
+def ingest(
+    source: str,
+    out: str,
+    public_features: tuple[str, ...] = movielens.DEFAULT_PUBLIC_FEATURES,
+    unknown_items: str = "fail",
+    progress: bool = False,
+) -> Dataset:
+    """Ingest the MovieLens folder `source` into the data set folder `out`."""
+    if unknown_items not in UNKNOWN_ITEM_POLICIES:
+        raise ValueError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
+    layout = movielens.detect_layout(source)
+    items = movielens.read_catalog(source, public_features)
+    catalog = np.sort(items["item_id"].to_numpy())
+    unknown = {"ratings": 0, "items": np.empty(0, np.int64)}
+
+    def known_ratings() -> Iterator[pa.RecordBatch]:
+        bar = tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr)
+        for batch in movielens.iter_ratings(source):
+            bar.update(batch.num_rows)
+            known = np.isin(batch.column("item_id").to_numpy(), catalog)
+            if not known.all():
+                unknown["ratings"] += int((~known).sum())
+                unknown["items"] = np.union1d(unknown["items"], batch.column("item_id").to_numpy()[~known])
+            if unknown["ratings"] and unknown_items == "fail":
+                continue  # keep scanning to report the full count; nothing will be published
+            yield batch.filter(pa.array(known))
+        bar.close()
+        if unknown["ratings"]:
+            # write_dataset reads the manifest only after the last batch, so this lands in it
+            manifest["unknown_items"].update(dropped_ratings=unknown["ratings"], dropped_items=int(unknown["items"].size))
+        if unknown["ratings"] and unknown_items == "fail":
+            raise movielens.IngestError(
+                f"{storage.join(source, layout.ratings)}: {unknown['ratings']} rating(s) refer to "
+                f"{unknown['items'].size} movie(s) missing from {layout.movies} (e.g. {unknown['items'][0]}); "
+                "rerun with --unknown-items drop to drop them"
+            )
+
+    manifest = {
+        "source": source,
+        "layout": layout.name,
+        "unknown_items": {"policy": unknown_items},
+    }
+    return write_dataset(out, items, known_ratings(), manifest)
+
+
+def load_or_ingest(path: str, workdir: str, progress: bool = False) -> Dataset:
+    """A data set from either a canonical folder (used as is) or a MovieLens folder (ingested into
+    `workdir` with the default public features, reused if already there)."""
+    if is_dataset(path):
+        return open_dataset(path)
+    if is_dataset(workdir) and open_dataset(workdir).manifest.get("source") == path:
+        return open_dataset(workdir)
+    return ingest(path, workdir, progress=progress)
+
+
+def describe(dataset: Dataset) -> str:
+    """A short human summary of a data set: sizes and the public features."""
+    m = dataset.manifest
+    items = storage.read_table(dataset.items)
+    lines = [
+        f"data set {dataset.path} (from {m.get('source')}, layout {m.get('layout', 'synthetic')})",
+        f"  ratings  {m['ratings']:>12,}",
+        f"  users    {m['users']:>12,}",
+        f"  items    {m['items']:>12,}  ({m['rated_items']:,} rated)",
+    ]
+    if m.get("label_range"):
+        lines.append(f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}")
+    dropped = m.get("unknown_items", {}).get("dropped_ratings")
+    if dropped:
+        lines.append(f"  dropped  {dropped:>12,} ratings of movies missing from the catalog")
+    lines.append("  public item features:")
+    for name, kind in item_features(items.schema).items():
+        column = items[name]
+        if kind == MULTIVALENT:
+            lengths = pc.list_value_length(column)
+            values = pc.unique(pc.list_flatten(column))
+            covered = pc.sum(pc.greater(lengths, 0)).as_py() or 0
+            lines.append(
+                f"    {name:<7} multivalent, {len(values):,} distinct values, "
+                f"{pc.mean(lengths).as_py() or 0:.2f} per item, {covered:,} items with any"
+            )
+        else:
+            lines.append(f"    {name:<7} univalent, {len(pc.unique(column.drop_null())):,} distinct values, {len(column) - column.null_count:,} items known")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", default=BUNDLED, help="MovieLens folder (ml-100k, ml-1m, ml-10m, ml-20m, ml-latest layouts; local or gs://); default: the bundled ml-latest-small")
+    parser.add_argument("--out", required=True, help="output data set folder (local or gs://)")
+    parser.add_argument(
+        "--public-features",
+        default=",".join(movielens.DEFAULT_PUBLIC_FEATURES),
+        help="comma-separated item feature families declared public: genres, year, tags "
+        "(tags are written by users: declare them public only if your policy allows; default: %(default)s)",
+    )
+    parser.add_argument("--unknown-items", choices=UNKNOWN_ITEM_POLICIES, default="fail", help="what to do with ratings of movies missing from the catalog (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    features = tuple(name.strip() for name in args.public_features.split(",") if name.strip())
+    dataset = ingest(args.source, args.out, features, args.unknown_items, progress=True)
+    print(describe(dataset))
+    print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
+    return 0

@@ -1,0 +1,50 @@
+"""The `ssp` command as a user runs it: help on every subcommand, exit codes, errors in one line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pipelines import cli
+
+SUBCOMMANDS = ["demo", "ingest", "synth", "split"]
+
+
+def ssp(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_help_lists_every_subcommand():
+    result = ssp("--help")
+    assert result.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in result.stdout
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help(name, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([name, "--help"])
+    assert info.value.code == 0
+    assert "--out" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_error_with_status_2(tmp_path):
+    result = ssp("ingest", "--source", str(tmp_path / "missing"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"ssp ingest: error: {tmp_path / 'missing'}: no such folder"
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_ingests_bundled_data_and_prints_summary(tmp_path, capsys):
+    assert cli.main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "ratings       100,836" in out and "users             610" in out and "items           9,742" in out
+    assert "genres  multivalent" in out and "year    univalent" in out
+
+
+def test_split_accepts_a_movielens_folder(tmp_path, capsys):
+    assert cli.main(["split", "--protocol", "rmse", "--out", str(tmp_path / "split")]) == 0
+    out = capsys.readouterr().out
+    assert "train  rows=80668" in out and "test   rows=10085" in out
+    assert (tmp_path / "split" / "data" / "manifest.json").exists()

@@ -1,0 +1,471 @@
+"""The synthetic data generator: exact shape, catalog, determinism, popularity, ratings and signal."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import pathlib
+import re
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines import synth
+from pipelines.datasets import open_dataset
+from schemas.storage import read_table
+from schemas.tables import MULTIVALENT, UNIVALENT, item_features, validate_interactions, validate_items
+
+N, M, K = 2000, 300, 30  # the shared data set: 60,000 ratings
+
+
+def _read(dataset):
+    return read_table(dataset.interactions), read_table(dataset.items)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    dataset = synth.generate(str(tmp_path_factory.mktemp("synth") / "data"), N, M, K, alpha=1.0, seed=3)
+    interactions, items = _read(dataset)
+    return dataset, interactions, items
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape of the data set
+
+
+def test_row_count_users_and_manifest(small):
+    dataset, interactions, _ = small
+    assert interactions.num_rows == N * K
+    users = interactions["user_id"].to_numpy()
+    assert np.array_equal(np.unique(users), np.arange(1, N + 1))
+    manifest = open_dataset(dataset.path).manifest
+    assert manifest["source"] == "synthetic"
+    assert manifest["generator"] == {
+        "users": N, "items": M, "ratings_per_user": K, "alpha": 1.0, "seed": 3, "rank": 8,
+        "version": synth.GENERATOR_VERSION,
+    }
+    assert manifest["ratings"] == N * K and manifest["users"] == N and manifest["items"] == M
+    assert manifest["public_features"] == {"genres": MULTIVALENT, "tags": MULTIVALENT, "year": UNIVALENT}
+
+
+def test_every_user_rates_exactly_k_distinct_catalog_items(small):
+    _, interactions, items = small
+    users = interactions["user_id"].to_numpy()
+    rated = interactions["item_id"].to_numpy()
+    assert np.array_equal(np.bincount(users, minlength=N + 1)[1:], np.full(N, K))
+    pairs = np.unique(users * (M + 1) + rated)
+    assert pairs.size == N * K  # no user rates an item twice
+    assert np.isin(rated, items["item_id"].to_numpy()).all()
+    assert rated.min() >= 1 and rated.max() <= M
+
+
+def test_rows_are_grouped_by_user_in_time_order(small):
+    _, interactions, _ = small
+    users = interactions["user_id"].to_numpy()
+    stamps = interactions["timestamp"].to_numpy()
+    assert (np.diff(users) >= 0).all()
+    same_user = np.diff(users) == 0
+    assert (np.diff(stamps)[same_user] >= 0).all()
+    assert stamps.min() >= synth.FIRST_TIME and stamps.max() < synth.END_TIME
+    assert interactions["timestamp"].null_count == 0
+
+
+def test_tables_validate_after_read_back(small):
+    _, interactions, items = small
+    assert validate_interactions(interactions).num_rows == N * K
+    assert validate_items(items).num_rows == M
+    assert interactions.schema.field("label").type == pa.float64()
+
+
+def test_items_table_has_declared_features(small):
+    _, _, items = small
+    assert items.num_rows == M
+    assert item_features(items.schema) == {"genres": MULTIVALENT, "tags": MULTIVALENT, "year": UNIVALENT}
+    assert items["item_id"].to_pylist() == list(range(1, M + 1))
+    assert items["title"].to_pylist()[:3] == ["Synthetic item 1", "Synthetic item 2", "Synthetic item 3"]
+    assert items.schema.field("year").type == pa.int64()
+
+    genres = items["genres"].to_pylist()
+    assert all(1 <= len(g) <= 3 and len(set(g)) == len(g) for g in genres)
+    genre_names = {g for gs in genres for g in gs}
+    assert all(re.fullmatch(r"genre-\d\d", g) for g in genre_names)
+    assert len(genre_names) == synth.GENRES  # 300 items use all 20 genres
+    assert {len(g) for g in genres} == {1, 2, 3}
+
+    tags = items["tags"].to_pylist()
+    assert all(0 <= len(t) <= 5 for t in tags)
+    assert {len(t) for t in tags} == set(range(6))
+    vocabulary = max(50, M // 10)
+    counts = np.zeros(vocabulary, int)
+    for t in tags:
+        for name in t:
+            assert re.fullmatch(r"tag-\d{4}", name)
+            counts[int(name[4:])] += 1
+    # Zipf-ish frequencies: the head tag is far more common than the typical one.
+    assert counts[0] > 5 * np.median(counts)
+
+    years = items["year"].to_numpy()
+    assert years.min() >= 1950 and years.max() <= 2023
+    assert np.unique(years // 10).size == 8  # every decade 1950s..2020s occurs
+
+
+def test_larger_catalogs_get_a_larger_tag_vocabulary(tmp_path):
+    items = read_table(synth.generate(str(tmp_path / "d"), 10, 2000, 1, seed=1).items)
+    names = {t for ts in items["tags"].to_pylist() for t in ts}
+    assert max(int(n[4:]) for n in names) < 200
+    assert len(names) > 100  # the vocabulary is 200 wide, not 50
+
+
+# ---------------------------------------------------------------------------------------------
+# Ratings
+
+
+def test_ratings_are_half_stars_in_range_with_movielens_like_spread(small):
+    _, interactions, _ = small
+    labels = interactions["label"].to_numpy()
+    assert labels.min() >= 0.5 and labels.max() <= 5.0
+    assert np.array_equal(labels * 2, np.round(labels * 2))
+    assert 3.3 < labels.mean() < 3.7
+    assert 0.9 < labels.std() < 1.1
+    assert np.unique(labels).size == 10  # the whole grid 0.5, 1.0, ..., 5.0 is used
+
+
+def _als(users, items, labels, n_users, n_items, rank=8, lam=5.0, iterations=10):
+    """Plain alternating least squares on centered ratings (the test's own low-rank fit)."""
+    rng = np.random.default_rng(0)
+    mean = labels.mean()
+    z = labels - mean
+    u = rng.normal(0, 0.1, (n_users, rank))
+    v = rng.normal(0, 0.1, (n_items, rank))
+
+    def solve(rows, cols, fixed, size):
+        a = np.zeros((size, rank, rank))
+        b = np.zeros((size, rank))
+        np.add.at(a, rows, fixed[cols][:, :, None] * fixed[cols][:, None, :])
+        np.add.at(b, rows, fixed[cols] * z[:, None])
+        return np.linalg.solve(a + lam * np.eye(rank), b[..., None])[..., 0]
+
+    for _ in range(iterations):
+        u = solve(users, items, v, n_users)
+        v = solve(items, users, u, n_items)
+    return mean, u, v
+
+
+def _rmse(prediction, truth):
+    return float(np.sqrt(np.mean((prediction - truth) ** 2)))
+
+
+def test_a_low_rank_model_beats_the_mean_on_held_out_ratings(small):
+    _, interactions, _ = small
+    users = interactions["user_id"].to_numpy() - 1
+    rated = interactions["item_id"].to_numpy() - 1
+    labels = interactions["label"].to_numpy()
+    test = np.arange(labels.size) % K >= K - 5  # each user's 5 latest ratings
+    mean, u, v = _als(users[~test], rated[~test], labels[~test], N, M)
+    low_rank = _rmse(mean + np.einsum("ij,ij->i", u[users[test]], v[rated[test]]), labels[test])
+    baseline = _rmse(labels[~test].mean(), labels[test])
+    assert baseline > 0.9
+    assert low_rank < 0.8 * baseline  # measured: 0.66 vs 0.95
+    assert low_rank > 0.5  # the noise (sd 0.5 plus rounding) cannot be predicted
+
+
+def _feature_matrix(items: pa.Table) -> np.ndarray:
+    """Per item: genre means, tag means (one-hot bags) and a decade one-hot."""
+    genres, tags = items["genres"].to_pylist(), items["tags"].to_pylist()
+    genre_index = {g: i for i, g in enumerate(sorted({g for gs in genres for g in gs}))}
+    tag_index = {t: i for i, t in enumerate(sorted({t for ts in tags for t in ts}))}
+    decades = (items["year"].to_numpy() - 1950) // 10
+    x = np.zeros((items.num_rows, len(genre_index) + len(tag_index) + 8))
+    for row, (gs, ts) in enumerate(zip(genres, tags)):
+        for g in gs:
+            x[row, genre_index[g]] += 1 / len(gs)
+        for t in ts:
+            x[row, len(genre_index) + tag_index[t]] += 1 / len(ts)
+        x[row, len(genre_index) + len(tag_index) + decades[row]] = 1
+    return x
+
+
+def test_public_features_predict_ratings_of_unseen_items(small):
+    """Cold start: item factors regressed on the features predict ratings of items never seen."""
+    _, interactions, items = small
+    users = interactions["user_id"].to_numpy() - 1
+    rated = interactions["item_id"].to_numpy() - 1
+    labels = interactions["label"].to_numpy()
+    unseen = np.random.default_rng(1).permutation(M)[: M // 4]
+    test = np.isin(rated, unseen)
+    mean, u, v = _als(users[~test], rated[~test], labels[~test], N, M)
+    x = _feature_matrix(items)
+    seen = np.setdiff1d(np.arange(M), unseen)
+    w = np.linalg.solve(x[seen].T @ x[seen] + np.eye(x.shape[1]), x[seen].T @ v[seen])
+    from_features = _rmse(mean + np.einsum("ij,ij->i", u[users[test]], (x @ w)[rated[test]]), labels[test])
+    baseline = _rmse(labels[~test].mean(), labels[test])
+    assert from_features < 0.85 * baseline  # measured: 0.69 vs 0.94
+
+
+def test_item_factors_are_mostly_explained_by_features():
+    """The planted item factors are a linear function of the features plus a small residual."""
+    items, rank = 2000, 8
+    catalog = synth._Catalog(items, seed=0)
+    v = synth.item_factors(catalog, rank=rank, seed=0)
+    x = np.zeros((items, synth.GENRES + catalog.tag_vocabulary + 8))
+    for j in range(items):
+        genres = catalog.genre_values[catalog.genre_offsets[j] : catalog.genre_offsets[j + 1]]
+        tags = catalog.tag_values[catalog.tag_offsets[j] : catalog.tag_offsets[j + 1]]
+        np.add.at(x[j], genres, 1 / len(genres))
+        if len(tags):
+            np.add.at(x[j], synth.GENRES + tags, 1 / len(tags))
+        x[j, synth.GENRES + catalog.tag_vocabulary + catalog.decades[j]] = 1
+    fit, *_ = np.linalg.lstsq(x, v, rcond=None)
+    residual = v - x @ fit
+    total = v.var(axis=0).mean()
+    assert 1.2 < total < 3.5  # per-coordinate variance of the item factors
+    # What the features leave unexplained is the item-specific residual (sd 0.3 per coordinate).
+    assert residual.var(axis=0).mean() == pytest.approx(synth.RESIDUAL_SD**2, rel=0.2)
+    assert 1 - residual.var(axis=0).mean() / total > 0.9
+
+
+# ---------------------------------------------------------------------------------------------
+# Popularity
+
+
+def _counts(tmp_path, users, items, k, alpha, seed=0):
+    dataset = synth.generate(str(tmp_path / f"a{alpha}-s{seed}"), users, items, k, alpha=alpha, seed=seed)
+    rated = read_table(dataset.interactions)["item_id"].to_numpy() - 1
+    return np.bincount(rated, minlength=items)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_item_counts_follow_the_power_law(tmp_path, alpha):
+    users, items, k = 10_000, 1000, 5
+    counts = _counts(tmp_path, users, items, k, alpha)
+    by_rank = counts[np.argsort(-synth.popularity(items, alpha, 0), kind="stable")]
+    ranks = np.arange(1, items + 1)
+    middle = (ranks >= 10) & (ranks <= 200)  # away from the saturated head and the sparse tail
+    slope = np.polyfit(np.log(ranks[middle]), np.log(np.maximum(by_rank[middle], 0.5)), 1)[0]
+    assert slope == pytest.approx(-alpha, abs=0.1)  # measured: -0.99 and -0.50
+
+
+def test_popularity_is_skewed_for_alpha_one(small):
+    _, interactions, _ = small
+    counts = np.sort(np.bincount(interactions["item_id"].to_numpy(), minlength=M + 1)[1:])[::-1]
+    top, bottom = counts[: M // 10].sum() / counts.sum(), counts[-(M // 10) :].sum() / counts.sum()
+    assert top > 0.4  # saturated: a top item is rated by most users, at most once each
+    assert bottom < 0.03
+    assert top > 15 * bottom
+
+
+def test_popularity_is_uniform_for_alpha_zero(tmp_path):
+    counts = _counts(tmp_path, N, M, K, 0.0)
+    expected = N * K / M  # 200 per item
+    # Each user takes K of M items uniformly, so a count is Binomial(N, K/M).
+    sd = math.sqrt(N * (K / M) * (1 - K / M))
+    assert np.abs(counts - expected).max() < 5 * sd
+    chi2 = np.sum((counts - expected) ** 2 / (N * (K / M) * (1 - K / M)))
+    assert chi2 < (M - 1) + 5 * math.sqrt(2 * (M - 1))
+    ordered = np.sort(counts)[::-1]
+    assert 0.1 <= ordered[: M // 10].sum() / counts.sum() < 0.12
+    assert 0.08 < ordered[-(M // 10) :].sum() / counts.sum() <= 0.1
+
+
+def test_popularity_ranks_are_a_random_permutation_of_item_ids():
+    p = synth.popularity(1000, 1.0, seed=0)
+    assert p.sum() == pytest.approx(1.0)
+    ordered = np.sort(p)[::-1]
+    ranks = np.arange(1, 1001)
+    assert np.allclose(ordered / ordered[0], ranks ** -1.0)
+    popularity_rank = np.argsort(np.argsort(-p))
+    assert abs(np.corrcoef(popularity_rank, ranks)[0, 1]) < 0.1  # not item 1 first, item 2 second, ...
+    assert not np.array_equal(popularity_rank, synth.popularity(1000, 1.0, seed=1).argsort())
+    assert np.allclose(synth.popularity(10, 0.0, 5), 0.1)
+    huge = synth.popularity(50, 500.0, 0)  # no overflow or NaN for extreme exponents
+    assert np.isfinite(huge).all() and huge.max() == pytest.approx(1.0)
+
+
+def _successive_inclusion(p: np.ndarray, k: int) -> np.ndarray:
+    """Exact probability that each item is among k items drawn successively without replacement."""
+    inclusion = np.zeros(p.size)
+    for sequence in itertools.permutations(range(p.size), k):
+        prob, left = 1.0, 1.0
+        for item in sequence:
+            prob *= p[item] / left
+            left -= p[item]
+        inclusion[list(sequence)] += prob
+    return inclusion
+
+
+def test_candidate_sampling_and_its_completion_are_exact_successive_sampling():
+    p = synth.popularity(6, 1.5, seed=0)
+    exact = _successive_inclusion(p, 3)
+    n = 40_000
+    tolerance = 5 * np.sqrt(exact * (1 - exact) / n)
+    cdf = np.cumsum(p)
+    rng = np.random.default_rng(0)
+
+    plenty, found = synth._first_distinct(synth._draw(rng, cdf, (n, 200)), 3, 6)
+    assert (found == 3).all()
+    # Two draws give at most two distinct items: every row is completed by exponential keys.
+    partial, found = synth._first_distinct(synth._draw(rng, cdf, (n, 2)), 3, 6)
+    assert (found < 3).all()
+    synth._complete(rng, partial, found, np.log(p))
+    empty, none = np.full((n, 3), -1), np.zeros(n, int)
+    synth._complete(rng, empty, none, np.log(p))
+    for picked in (plenty, partial, empty):
+        assert (np.sort(picked, axis=1)[:, 1:] != np.sort(picked, axis=1)[:, :-1]).all()
+        inclusion = np.bincount(picked.ravel(), minlength=6) / n
+        assert np.all(np.abs(inclusion - exact) < tolerance), (inclusion, exact)
+        first = np.bincount(picked[:, 0], minlength=6) / n  # the first pick follows p itself
+        assert np.all(np.abs(first - p) < 5 * np.sqrt(p * (1 - p) / n))
+
+
+def test_heavy_skew_and_k_equal_to_m_still_give_k_distinct_items(tmp_path):
+    for alpha, items, k in [(3.0, 100, 60), (1.0, 40, 40)]:
+        dataset = synth.generate(str(tmp_path / f"{alpha}"), 300, items, k, alpha=alpha, seed=1)
+        interactions = read_table(dataset.interactions)
+        users, rated = interactions["user_id"].to_numpy(), interactions["item_id"].to_numpy()
+        assert interactions.num_rows == 300 * k
+        assert np.unique(users * (items + 1) + rated).size == 300 * k
+        assert rated.min() >= 1 and rated.max() <= items
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism and streaming
+
+
+def _files(folder):
+    return {path.name: path.read_bytes() for path in sorted(pathlib.Path(folder).glob("*.parquet"))}
+
+
+def test_same_seed_same_tables_other_seed_other_tables(tmp_path):
+    a = synth.generate(str(tmp_path / "a"), 500, 100, 10, alpha=0.8, seed=11, rank=4)
+    b = synth.generate(str(tmp_path / "b"), 500, 100, 10, alpha=0.8, seed=11, rank=4)
+    c = synth.generate(str(tmp_path / "c"), 500, 100, 10, alpha=0.8, seed=12, rank=4)
+    (ia, ta), (ib, tb), (ic, tc) = _read(a), _read(b), _read(c)
+    assert ia.equals(ib, check_metadata=True) and ta.equals(tb, check_metadata=True)
+    for table in ("interactions.parquet", "items.parquet"):
+        assert _files(os.path.join(a.path, table)) == _files(os.path.join(b.path, table))  # byte-identical
+    assert not ia.equals(ic)
+    assert not ta.equals(tc)
+    assert not np.array_equal(ia["item_id"].to_numpy(), ic["item_id"].to_numpy())
+    assert not np.array_equal(ia["label"].to_numpy(), ic["label"].to_numpy())
+
+
+def test_rank_and_alpha_change_the_output(tmp_path):
+    base = _read(synth.generate(str(tmp_path / "a"), 200, 50, 5, seed=0))[0]
+    other_rank = _read(synth.generate(str(tmp_path / "b"), 200, 50, 5, seed=0, rank=3))[0]
+    other_alpha = _read(synth.generate(str(tmp_path / "c"), 200, 50, 5, seed=0, alpha=0.0))[0]
+    assert not np.array_equal(base["label"].to_numpy(), other_rank["label"].to_numpy())
+    assert not np.array_equal(base["item_id"].to_numpy(), other_alpha["item_id"].to_numpy())
+
+
+def test_interactions_are_streamed_chunk_by_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(synth, "CHUNK_USERS", 64)
+    sizes = []
+    real = synth.write_dataset
+
+    def spy(out, items, batches, manifest):
+        def counted():
+            for batch in batches:
+                sizes.append(batch.num_rows)
+                yield batch
+
+        return real(out, items, counted(), manifest)
+
+    monkeypatch.setattr(synth, "write_dataset", spy)
+    dataset = synth.generate(str(tmp_path / "d"), 1000, 80, 7, seed=2)
+    assert sizes == [64 * 7] * 15 + [40 * 7]
+    interactions = read_table(dataset.interactions)
+    users, rated = interactions["user_id"].to_numpy(), interactions["item_id"].to_numpy()
+    assert np.array_equal(users, np.repeat(np.arange(1, 1001), 7))  # contiguous across chunks
+    assert np.unique(users * 81 + rated).size == 7000
+    # A chunk's rows are fixed by (seed, chunk index): the first chunk's users get the same ratings
+    # whatever the total number of users.
+    again = read_table(synth.generate(str(tmp_path / "e"), 64, 80, 7, seed=2).interactions)
+    assert again.equals(interactions.slice(0, 64 * 7))
+
+
+def test_chunks_shrink_when_users_rate_many_items():
+    assert synth._chunk_users(30) == synth.CHUNK_USERS
+    assert synth._chunk_users(1000) * 1000 <= synth.MAX_CHUNK_ROWS
+    assert synth._chunk_users(10**7) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters and command line
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"users": 0}, "users"),
+        ({"users": 2.5}, "users"),
+        ({"users": True}, "users"),
+        ({"items": -3}, "items"),
+        ({"ratings_per_user": 0}, "ratings_per_user"),
+        ({"ratings_per_user": 11}, "ratings_per_user"),
+        ({"alpha": -0.1}, "alpha"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": float("inf")}, "alpha"),
+        ({"alpha": "1"}, "alpha"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.0}, "seed"),
+        ({"rank": 0}, "rank"),
+        ({"out": ""}, "out"),
+    ],
+)
+def test_bad_parameters_raise_value_error_naming_the_parameter(tmp_path, kwargs, name):
+    args = {"out": str(tmp_path / "d"), "users": 5, "items": 10, "ratings_per_user": 3, **kwargs}
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        synth.generate(**args)
+    assert not os.path.exists(tmp_path / "d")
+
+
+def test_k_above_m_names_both(tmp_path):
+    with pytest.raises(ValueError, match=r"ratings_per_user \(11\) cannot exceed items \(10\)"):
+        synth.generate(str(tmp_path / "d"), 5, 10, 11)
+
+
+def _parser():
+    parser = argparse.ArgumentParser()
+    synth.add_arguments(parser)
+    return parser
+
+
+def test_cli_arguments_defaults_and_run(tmp_path, capsys):
+    args = _parser().parse_args(["--users", "40", "--items", "30", "--ratings-per-user", "4", "--out", str(tmp_path / "d")])
+    assert (args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank) == (40, 30, 4, 1.0, 0, 8)
+    assert synth.run(args) == 0
+    out = capsys.readouterr().out
+    assert "160 ratings" in out and "40 users" in out and "30 items" in out and " s" in out
+    assert read_table(str(tmp_path / "d" / "interactions.parquet")).num_rows == 160
+    given = _parser().parse_args(
+        ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--alpha", "0", "--seed", "9", "--rank", "3"]
+    )
+    assert (given.alpha, given.seed, given.rank) == (0.0, 9, 3)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],  # all of users, items, ratings-per-user and out are required
+        ["--items", "2", "--ratings-per-user", "1", "--out", "x"],
+        ["--users", "0", "--items", "2", "--ratings-per-user", "1", "--out", "x"],
+        ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--alpha", "-1"],
+        ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--seed", "-2"],
+        ["--users", "1", "--items", "2", "--ratings-per-user", "1"],
+    ],
+)
+def test_cli_rejects_bad_or_missing_options(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_progress_goes_to_stderr(tmp_path, capsys):
+    synth.generate(str(tmp_path / "d"), 30, 10, 2, progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "30" in captured.err and "user" in captured.err
