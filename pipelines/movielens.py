@@ -113,6 +113,20 @@ def _parse_float(value: str, what: str) -> float:
         raise ValueError(f"{what} {value!r} is not a number") from None
 
 
+def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None = None) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of a small text file: a `.csv` file (quoted fields, a header starting
+    with `csv_header`) or a headerless file whose fields are split on `separator`; blank lines skipped."""
+    text = _read_text(folder, name)
+    if not name.endswith(".csv"):
+        yield from ((n, line.split(separator)) for n, line in enumerate(text.splitlines(), 1) if line.strip())
+        return
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header[: len(csv_header)]] != csv_header:
+        raise IngestError(f"{storage.join(folder, name)}, line 1: expected the header {','.join(csv_header)}, found {header}")
+    yield from ((reader.line_num, fields) for fields in reader if fields)
+
+
 # ---------------------------------------------------------------------------------------------
 # Catalog
 
@@ -120,21 +134,11 @@ def _parse_float(value: str, what: str) -> float:
 def _catalog_rows(folder: str, layout: Layout) -> Iterator[tuple[int, int, str, list[str]]]:
     """(line, item_id, title, genres) for every movie of the catalog file."""
     path = storage.join(folder, layout.movies)
-    text = _read_text(folder, layout.movies)
-    if layout.name == "csv":
-        reader = csv.reader(io.StringIO(text))
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["movieId", "title", "genres"]:
-            raise IngestError(f"{path}, line 1: expected the header movieId,title,genres, found {header}")
-        lines = ((reader.line_num, fields) for fields in reader)
-        width = 3
-    elif layout.name == "dat":
-        lines = ((n, line.split("::")) for n, line in enumerate(text.splitlines(), 1) if line.strip())
-        width = 3
-    else:
+    if layout.name == "ml-100k":
         genre_names = _ml100k_genres(folder)
-        lines = ((n, line.split("|")) for n, line in enumerate(text.splitlines(), 1) if line.strip())
-        width = 5 + len(genre_names)
+        lines, width = _lines(folder, layout.movies, "|"), 5 + len(genre_names)
+    else:
+        lines, width = _lines(folder, layout.movies, "::", ["movieId", "title", "genres"]), 3
     for line, fields in lines:
         if len(fields) != width:
             raise IngestError(f"{path}, line {line}: expected {width} fields, found {len(fields)}")
@@ -171,15 +175,8 @@ def _tags_by_item(folder: str, layout: Layout, catalog: set[int]) -> dict[int, l
     if not fs.isfile(inner):
         raise IngestError(f"{storage.join(folder, layout.tags)}: tags were declared public but the file is missing")
     path = storage.join(folder, layout.tags)
-    text = _read_text(folder, layout.tags)
-    if layout.name == "csv":
-        reader = csv.reader(io.StringIO(text))
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["userId", "movieId", "tag"]:
-            raise IngestError(f"{path}, line 1: expected the header userId,movieId,tag,timestamp, found {header}")
-        rows = ((reader.line_num, fields) for fields in reader)
-    else:  # tags.dat: user::movie::tag::timestamp, where the tag itself may contain '::'
-        rows = ((n, line.split("::")) for n, line in enumerate(text.splitlines(), 1) if line.strip())
+    # tags.dat: user::movie::tag::timestamp, where the tag itself may contain '::'
+    rows = _lines(folder, layout.tags, "::", ["userId", "movieId", "tag"])
     tags: dict[int, list[str]] = {}
     for line, fields in rows:
         if len(fields) < 4:
