@@ -1,0 +1,140 @@
+"""Privacy accounting with dp-accounting: the run's plan, noise calibration, epsilon spent.
+
+A run releases: the DP item counts (one Gaussian event, noise multiplier sigma_c / sqrt(K): each
+user adds 1 to at most K items), optionally other small releases, then for each of S outer steps
+and R resamples one stats table, which is two Gaussian events (A and b) with the stats noise
+multiplier z. The plan gives each release group a share of the budget and a number of events;
+`calibrate` finds, with dp-accounting (RDP by default, as in the paper; PLD as an option), the
+multipliers that spend exactly the target (epsilon, delta) over the whole planned run, before the
+first release. Since Gaussian mechanisms compose into a Gaussian whose squared inverse multiplier
+is the sum of theirs, a group with share s and n events gets multiplier z_total * sqrt(n / s).
+
+Privacy: the unit (user or example) is carried by the sensitivities the jobs enforce (weights
+with sum w_i^2 <= wbar^2 per user; one row per example at example level); these multipliers are
+noise standard deviation over that sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import attr
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+ACCOUNTANTS = ("rdp", "pld")
+
+
+def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
+    """A fresh dp-accounting accountant: 'rdp' (default) or 'pld'."""
+    if kind == "rdp":
+        return rdp_privacy_accountant.RdpAccountant()
+    if kind == "pld":
+        return pld_privacy_accountant.PLDAccountant()
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+
+
+def check_budget(epsilon: float, delta: float) -> None:
+    """Reject impossible privacy parameters with a message that says which and why."""
+    if not (isinstance(epsilon, (int, float)) and epsilon > 0) or math.isnan(epsilon):
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpEvent:
+    """`count` Gaussian releases with the given noise multiplier (0 means no noise: not private)."""
+    if noise_multiplier == 0:
+        return dp_accounting.NonPrivateDpEvent()
+    event = dp_accounting.GaussianDpEvent(noise_multiplier)
+    return event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
+
+
+def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = "rdp") -> float:
+    """Epsilon at `delta` of the composition of `events` (inf if any is not private)."""
+    if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in events):
+        return math.inf
+    acc = make_accountant(accountant)
+    for event in events:
+        acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group of planned releases: `events` Gaussian events sharing `share` of the budget."""
+
+    name: str
+    share: float
+    events: int
+
+
+def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1) -> list[Group]:
+    """The AM-SSP plan: the count release, then S x R stats tables of two events (A and b) each."""
+    for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}")
+    if not 0 < count_share < 1:
+        raise ValueError(f"count share must be in (0, 1), got {count_share}")
+    return [Group("counts", count_share, 1), Group("stats", 1 - count_share, 2 * outer_steps * resamples)]
+
+
+def multipliers_for(total_multiplier: float, plan: list[Group]) -> dict[str, float]:
+    """Each group's per-event noise multiplier when the whole plan composes to `total_multiplier`."""
+    shares = sum(group.share for group in plan)
+    if not math.isclose(shares, 1.0, rel_tol=1e-9):
+        raise ValueError(f"plan shares must add up to 1, got {shares}")
+    return {group.name: total_multiplier * math.sqrt(group.events / group.share) for group in plan}
+
+
+def plan_events(multipliers: dict[str, float], plan: list[Group]) -> list[dp_accounting.DpEvent]:
+    return [gaussian_event(multipliers[group.name], group.events) for group in plan]
+
+
+def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str = "rdp") -> dict[str, float]:
+    """Per-group noise multipliers that spend (epsilon, delta) over the whole plan.
+
+    The search runs dp-accounting's `calibrate_dp_mechanism` on the composed event of the full
+    plan; epsilon = inf gives zeros (a non-private run).
+    """
+    if epsilon == math.inf:
+        return {group.name: 0.0 for group in plan}
+    check_budget(epsilon, delta)
+    total = dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant),
+        lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)),
+        epsilon,
+        delta,
+    )
+    return multipliers_for(float(total), plan)
+
+
+def event_to_json(event: dp_accounting.DpEvent) -> dict:
+    """A dp-accounting event as plain JSON data (class name and fields, nested)."""
+    fields = {}
+    for key in attr.fields_dict(type(event)):
+        value = getattr(event, key)
+        if isinstance(value, dp_accounting.DpEvent):
+            fields[key] = event_to_json(value)
+        elif isinstance(value, list):
+            fields[key] = [event_to_json(v) if isinstance(v, dp_accounting.DpEvent) else v for v in value]
+        else:
+            fields[key] = value
+    return {"class": type(event).__name__, **fields}
+
+
+def event_from_json(data: dict) -> dp_accounting.DpEvent:
+    """Inverse of `event_to_json`."""
+    fields = {}
+    for key, value in data.items():
+        if key == "class":
+            continue
+        if isinstance(value, dict) and "class" in value:
+            fields[key] = event_from_json(value)
+        elif isinstance(value, list):
+            fields[key] = [event_from_json(v) if isinstance(v, dict) and "class" in v else v for v in value]
+        else:
+            fields[key] = value
+    return getattr(dp_accounting, data["class"])(**fields)

@@ -1,0 +1,172 @@
+"""The per-item sufficient statistics A_j, b_j: the one place their math lives.
+
+For rows i of item j with user embedding u_i, label y_i and weight w_i (privacy.weights):
+    A_j = sum_i w_i Clip(u_i, G_u) Clip(u_i, G_u)^T        b_j = sum_i w_i Clip(y_i, G_y) Clip(u_i, G_u)
+accumulated in float64 and stored packed: the d(d+1)/2 entries of A_j's upper triangle (diagonal
+included, row by row) and b_j. The accumulator follows the combiner protocol (as PipelineDP's):
+`prepare_rows` (clip and weight), `grouped_sums` (a batch of rows -> partial sums per item, the
+per-partition kernel), `create` / `merge` (combine partials), `finalize` (add the noise, once,
+after the merge). Spark and Beam call only these.
+
+Privacy: with each user's weights satisfying sum w_i^2 <= wbar^2 and each (user, item) pair once,
+removing a user changes (A_1..A_m) by at most wbar * G_u^2 in Frobenius norm (and the packed upper
+triangle by no more) and (b_1..b_m) by at most wbar * G_y * G_u in L2 norm. `finalize` adds
+N(0, (sigma G_u^2)^2) to every packed entry of A_j (Sym(N): the upper triangle i.i.d., mirrored)
+and N(0, (sigma G_y G_u)^2) to every entry of b_j, with sigma = noise_multiplier * wbar: a Gaussian
+mechanism with that noise multiplier for each of A and b. It must run for every catalog item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import scipy.sparse
+
+from privacy import noise
+from privacy.clipping import check_bound, clip_labels, clip_rows
+
+# Groups with at least this many rows get one GEMM each; smaller ones are padded to the next power
+# of two and multiplied as stacks of small matrices (a Python call per tail item would dominate).
+GEMM_MIN_ROWS = 128
+_STACK_GROUPS = 1024
+
+
+def packed_size(d: int) -> int:
+    """Entries in the packed upper triangle of a d x d matrix."""
+    return d * (d + 1) // 2
+
+
+@lru_cache(maxsize=16)
+def upper_indices(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column indices of the upper triangle, row by row (numpy's triu order)."""
+    return np.triu_indices(d)
+
+
+def pack_upper(a: np.ndarray) -> np.ndarray:
+    """(..., d, d) symmetric matrices -> (..., d(d+1)/2) packed upper triangles."""
+    rows, cols = upper_indices(a.shape[-1])
+    return a[..., rows, cols]
+
+
+def unpack_upper(packed: np.ndarray, d: int) -> np.ndarray:
+    """(..., d(d+1)/2) packed upper triangles -> (..., d, d) symmetric matrices."""
+    packed = np.asarray(packed, dtype=np.float64)
+    if packed.shape[-1] != packed_size(d):
+        raise ValueError(f"packed A has {packed.shape[-1]} entries, expected {packed_size(d)} for d={d}")
+    rows, cols = upper_indices(d)
+    out = np.zeros(packed.shape[:-1] + (d, d))
+    out[..., rows, cols] = packed
+    out[..., cols, rows] = packed
+    return out
+
+
+def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> tuple[np.ndarray, np.ndarray]:
+    """Clip and weight rows: x_i = sqrt(w_i) Clip(u_i), c_i = w_i Clip(y_i) Clip(u_i), so that
+    A_j = sum x_i x_i^T and b_j = sum c_i."""
+    w = np.asarray(w, dtype=np.float64)
+    if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
+        raise ValueError("weights must be finite and non-negative")
+    u_bar = clip_rows(u, clip_u)
+    y_bar = clip_labels(y, clip_y)
+    return np.sqrt(w)[:, None] * u_bar, (w * y_bar)[:, None] * u_bar
+
+
+def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key: packed sum of x x^T and sum of c. Returns (sorted unique keys, a_upper, b).
+
+    Rows already sorted by key (as a job can arrange) skip the sort. Large groups are one GEMM
+    each (x_g^T x_g); small groups are zero-padded to a power of two and multiplied as stacks;
+    b is one sparse (groups x rows) product. Cost O(rows d^2), no per-row Python.
+    """
+    keys = np.asarray(keys)
+    x = np.asarray(x, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    n, d = x.shape
+    if keys.shape != (n,) or c.shape != (n, d):
+        raise ValueError(f"keys {keys.shape}, x {x.shape} and c {c.shape} do not line up")
+    if n == 0:
+        return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
+    if np.any(keys[1:] < keys[:-1]):
+        order = np.argsort(keys, kind="stable")
+        keys, x, c = keys[order], x[order], c[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    membership = scipy.sparse.csr_matrix((np.ones(n), np.arange(n), np.r_[starts, n]), shape=(starts.size, n))
+    b = membership @ c
+    a = np.empty((starts.size, packed_size(d)))
+    packed = _flat_upper(d)
+    for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):
+        block = x[starts[g] : starts[g] + sizes[g]]
+        a[g] = np.take(block.T @ block, packed)
+    small = np.flatnonzero(sizes < GEMM_MIN_ROWS)
+    gram = np.empty((_STACK_GROUPS, d, d))
+    width = 1
+    while width // 2 < GEMM_MIN_ROWS:
+        bucket = small[(sizes[small] <= width) & (sizes[small] > width // 2)]
+        offsets = np.arange(width)
+        for first in range(0, bucket.size, _STACK_GROUPS):
+            groups = bucket[first : first + _STACK_GROUPS]
+            inside = offsets < sizes[groups, None]  # (groups, width): real rows, the rest is padding
+            stack = x[np.where(inside, starts[groups, None] + offsets, 0)] * inside[..., None]
+            out = gram[: groups.size]
+            np.matmul(stack.transpose(0, 2, 1), stack, out=out)
+            a[groups] = np.take(out.reshape(groups.size, d * d), packed, axis=1)
+        width *= 2
+    return keys[starts], a, b
+
+
+@lru_cache(maxsize=16)
+def _flat_upper(d: int) -> np.ndarray:
+    """Positions of the packed upper-triangle entries in a flattened d x d matrix."""
+    rows, cols = upper_indices(d)
+    return rows * d + cols
+
+
+def create(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """An empty accumulator: zero packed A and zero b."""
+    return np.zeros(packed_size(d)), np.zeros(d)
+
+
+def merge(accumulators) -> tuple[np.ndarray, np.ndarray]:
+    """Sum accumulators (pairs of packed A, b)."""
+    accumulators = list(accumulators)
+    return np.sum([acc[0] for acc in accumulators], axis=0), np.sum([acc[1] for acc in accumulators], axis=0)
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """What `finalize` needs to noise a release: sigma = noise_multiplier * wbar, clip norms, and the
+    key of the noise (secret seed, release index). noise_multiplier 0 means no noise."""
+
+    noise_multiplier: float
+    wbar: float
+    clip_u: float
+    clip_y: float
+    seed: bytes
+    release: int
+
+    def __post_init__(self):
+        check_bound("clip_u", self.clip_u)
+        check_bound("clip_y", self.clip_y)
+        check_bound("wbar", self.wbar)
+        if not np.isfinite(self.noise_multiplier) or self.noise_multiplier < 0:
+            raise ValueError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+
+    @property
+    def sigma(self) -> float:
+        return self.noise_multiplier * self.wbar
+
+
+def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Add the release's keyed Gaussian noise to merged statistics of the given items."""
+    a_upper = np.array(a_upper, dtype=np.float64)
+    b = np.array(b, dtype=np.float64)
+    if spec.sigma == 0:
+        return a_upper, b
+    t, d = a_upper.shape[1], b.shape[1]
+    z = noise.standard_normal(spec.seed, spec.release, item_ids, t + d)
+    a_upper += spec.sigma * spec.clip_u**2 * z[:, :t]
+    b += spec.sigma * spec.clip_y * spec.clip_u * z[:, t:]
+    return a_upper, b

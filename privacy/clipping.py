@@ -1,0 +1,34 @@
+"""Clipping: bound each example's contribution before it enters a sufficient statistic.
+
+`Clip(x, G) = x * min(1, G / ||x||_2)` for user embeddings (rows of a matrix) and `[-G, G]` for
+labels. Privacy: the sensitivity of the statistics (`privacy.accumulator`) holds only because every
+u_i and y_i passes through these functions first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_bound(name: str, bound: float) -> float:
+    """A clip norm must be a finite positive number."""
+    bound = float(bound)
+    if not np.isfinite(bound) or bound <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {bound}")
+    return bound
+
+
+def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
+    """Scale each row of `x` down to L2 norm at most `bound` (rows already inside are unchanged)."""
+    bound = check_bound("clip norm", bound)
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        scale = np.minimum(1.0, bound / norms)
+    return x * scale
+
+
+def clip_labels(y: np.ndarray, bound: float) -> np.ndarray:
+    """Clip labels to [-bound, bound]."""
+    bound = check_bound("label clip", bound)
+    return np.clip(np.asarray(y, dtype=np.float64), -bound, bound)

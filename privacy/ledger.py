@@ -1,0 +1,150 @@
+"""The privacy ledger: every release of a run, in order, against the run's budget.
+
+The ledger is a table (schemas.tables.LEDGER) stored with the run's outputs; its metadata holds
+the budget: target (epsilon, delta), the accountant, the unit of privacy and the planned noise
+multipliers. `record` is called *before* a release is computed: it composes the new event with
+every recorded one using dp-accounting and refuses the release if the total would exceed the
+budget; otherwise it appends the release and returns its index, which keys the release's noise.
+
+A release is identified by its name. Recording a name again with the same event and fingerprint
+returns the existing index without spending anything (a rerun or a resumed run reproduces the
+same release); with a different event or fingerprint it is refused.
+
+What the ledger proves: the listed releases are all the run made from private data, and their
+composition is (epsilon_spent, delta)-DP for the unit of privacy it states.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+
+import dp_accounting
+import pyarrow as pa
+
+from privacy import accounting
+from schemas import storage
+from schemas.tables import LEDGER, validate_ledger
+
+_TOLERANCE = 1e-9  # relative slack for floating point in the budget comparison
+
+
+class BudgetExceededError(ValueError):
+    """A release that would take the run past its privacy budget."""
+
+
+class ReleaseConflictError(ValueError):
+    """A release recorded before under the same name with other parameters or inputs."""
+
+
+class Ledger:
+    """The releases of one run and its budget; persisted atomically after every change."""
+
+    def __init__(self, path: str, budget: dict, rows: list[dict]):
+        self.path, self.budget, self.rows = path, budget, rows
+
+    @classmethod
+    def create(cls, path: str, epsilon: float, delta: float, accountant: str = "rdp", unit: str = "user", multipliers: dict | None = None) -> Ledger:
+        """A new, empty ledger with a budget. epsilon = inf is a non-private run (no cap)."""
+        if epsilon != math.inf:
+            accounting.check_budget(epsilon, delta)
+        elif not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        accounting.make_accountant(accountant)
+        if unit not in ("user", "example"):
+            raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
+        budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {}}
+        ledger = cls(path, budget, [])
+        ledger._save()
+        return ledger
+
+    @classmethod
+    def open(cls, path: str) -> Ledger:
+        table = validate_ledger(storage.read_table(path))
+        raw = (table.schema.metadata or {}).get(b"budget")
+        if raw is None:
+            raise ValueError(f"{path}: ledger has no budget in its metadata")
+        budget = json.loads(raw)
+        budget["epsilon"] = float(budget["epsilon"])
+        return cls(path, budget, table.to_pylist())
+
+    @classmethod
+    def open_or_create(cls, path: str, **budget) -> Ledger:
+        """Open the ledger at `path`, checking it has this budget, or create it."""
+        if not storage.exists(path):
+            return cls.create(path, **budget)
+        ledger = cls.open(path)
+        expected = cls(path, {"multipliers": {}, "accountant": "rdp", "unit": "user", **budget}, []).budget
+        if any(ledger.budget.get(key) != value for key, value in expected.items()):
+            raise ValueError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
+        return ledger
+
+    def _save(self) -> None:
+        budget = {**self.budget, "epsilon": str(self.budget["epsilon"])}  # JSON has no inf
+        table = pa.Table.from_pylist(self.rows, schema=LEDGER).replace_schema_metadata({b"budget": json.dumps(budget).encode()})
+        storage.write_table(validate_ledger(table), self.path)
+
+    def events(self) -> list[dp_accounting.DpEvent]:
+        return [accounting.event_from_json(json.loads(row["event"])) for row in self.rows]
+
+    def epsilon_spent(self) -> float:
+        """Epsilon of all recorded releases composed, at the budget's delta (0 when none)."""
+        events = self.events()
+        if not events:
+            return 0.0
+        return accounting.epsilon_of(events, self.budget["delta"], self.budget["accountant"])
+
+    def find(self, name: str) -> dict | None:
+        return next((row for row in self.rows if row["name"] == name), None)
+
+    def record(self, name: str, event: dp_accounting.DpEvent, fingerprint: str) -> int:
+        """Record a release before it is made; returns its index (the noise key).
+
+        Refuses a release past the budget (nothing is recorded) and a name already recorded
+        with another event or fingerprint.
+        """
+        event_json = json.dumps(accounting.event_to_json(event), sort_keys=True)
+        existing = self.find(name)
+        if existing is not None:
+            if existing["event"] == event_json and existing["data_fingerprint"] == fingerprint:
+                return existing["release"]
+            raise ReleaseConflictError(
+                f"{self.path}: release {name!r} was already made with other parameters or inputs; "
+                "a run makes each release once"
+            )
+        epsilon = accounting.epsilon_of(self.events() + [event], self.budget["delta"], self.budget["accountant"])
+        cap = self.budget["epsilon"]
+        if epsilon > cap * (1 + _TOLERANCE):
+            raise BudgetExceededError(
+                f"release {name!r} would bring the run to epsilon {epsilon:.4g} at delta {self.budget['delta']:g}, "
+                f"over its budget of {cap:g} (already spent {self.epsilon_spent():.4g}); nothing was released"
+            )
+        noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
+        self.rows.append(
+            {
+                "release": len(self.rows),
+                "name": name,
+                "event": event_json,
+                "noise_multiplier": float(noise),
+                "epsilon_spent": epsilon,
+                "delta": self.budget["delta"],
+                "data_fingerprint": fingerprint,
+                "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+        )
+        self._save()
+        return len(self.rows) - 1
+
+    def describe(self) -> str:
+        """The ledger as a human-readable table."""
+        b = self.budget
+        lines = [
+            f"privacy ledger {self.path}",
+            f"  budget: epsilon {b['epsilon']:g}, delta {b['delta']:g}, {b['unit']}-level, {b['accountant'].upper()} accountant",
+            f"  {'#':>3}  {'release':<24} {'noise mult.':>11} {'epsilon after':>14}",
+        ]
+        for row in self.rows:
+            lines.append(f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} {row['epsilon_spent']:>14.4g}")
+        lines.append(f"  epsilon spent: {self.epsilon_spent():.4g} of {b['epsilon']:g}")
+        return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The secret noise seed of a run, and what binds it to the releases it was used for.
+
+The seed is 32 bytes from the OS CSPRNG (`secrets`), kept in a seed file in the run's private
+directory: `{"seed": hex, "releases": {release index: fingerprint}}`. Before a release is noised,
+its fingerprint (an HMAC under the seed of the release's name, parameters and a digest of every
+input table) is checked against the seed file: the same index with another fingerprint is refused,
+because the same noise on two different inputs would reveal their difference exactly. The same
+fingerprint is allowed: it reproduces the release byte for byte (reruns, retries, resumes).
+
+Table digests are order-independent (a multiset hash of the rows), so two engines or two
+partitionings of one table give one digest. The fingerprints are keyed by the secret seed: stored
+in a ledger they reveal nothing about the data to someone without the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from privacy.noise import SEED_BYTES
+from schemas import storage
+
+
+class SeedReuseError(ValueError):
+    """A seed presented for a release it was not bound to."""
+
+
+def new_seed() -> bytes:
+    """A fresh secret seed from the OS CSPRNG."""
+    return secrets.token_bytes(SEED_BYTES)
+
+
+class SeedFile:
+    """A seed and the release fingerprints it is bound to, stored as JSON at `path`."""
+
+    def __init__(self, path: str, seed: bytes, releases: dict[int, str]):
+        self.path, self.seed, self.releases = path, seed, releases
+
+    @classmethod
+    def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
+        """Write a new seed file (a fresh CSPRNG seed unless one is given)."""
+        seed_file = cls(path, seed if seed is not None else new_seed(), {})
+        seed_file._save()
+        return seed_file
+
+    @classmethod
+    def load(cls, path: str) -> SeedFile:
+        document = storage.read_json(path)
+        try:
+            seed = bytes.fromhex(document["seed"])
+            releases = {int(index): str(fp) for index, fp in document.get("releases", {}).items()}
+        except (KeyError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{path} is not a seed file ({exc})") from None
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
+        return cls(path, seed, releases)
+
+    @classmethod
+    def load_or_create(cls, path: str) -> SeedFile:
+        return cls.load(path) if storage.exists(path) else cls.create(path)
+
+    def _save(self) -> None:
+        document = {"seed": self.seed.hex(), "releases": {str(i): fp for i, fp in sorted(self.releases.items())}}
+        storage.write_json(document, self.path)
+
+    def fingerprint(self, description: dict) -> str:
+        """HMAC-SHA256 under the seed of a release description (canonical JSON)."""
+        payload = json.dumps(description, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(self.seed, b"ssp-release-v1\0" + payload, hashlib.sha256).hexdigest()
+
+    def bind(self, release: int, fingerprint: str) -> None:
+        """Bind `release` to `fingerprint`, or refuse if it is bound to another one."""
+        bound = self.releases.get(release)
+        if bound == fingerprint:
+            return
+        if bound is not None:
+            raise SeedReuseError(
+                f"the seed in {self.path} was already used for release {release} on different data or "
+                "settings; reusing it would add the same noise to different statistics and reveal their "
+                "difference exactly. Use a new run (no --seed-file) or the original inputs and flags."
+            )
+        self.releases[release] = fingerprint
+        self._save()
+
+
+# ---------------------------------------------------------------------------------------------
+# Order-independent digests of tables
+
+_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return h ^ (h >> np.uint64(31))
+
+
+def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
+    """One uint64 per row, from the column's values (nulls hash to a fixed value)."""
+    salt64 = np.uint64(salt)
+    if pa.types.is_list(column.type):
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = _column_hash(column.flatten(), salt + 1)
+        position = np.arange(flat.size, dtype=np.int64) - np.repeat(np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+        with np.errstate(over="ignore"):
+            per_value = _mix(flat ^ _mix(position.astype(np.uint64) + salt64))
+        sums = np.zeros(lengths.size, dtype=np.uint64)
+        np.add.at(sums, np.repeat(np.arange(lengths.size), lengths), per_value)
+        with np.errstate(over="ignore"):
+            return _mix(sums + lengths.astype(np.uint64) * salt64)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        values = [hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8 for v in column.to_pylist()]
+        bits = np.frombuffer(b"".join(values), dtype=np.uint64) if values else np.zeros(0, np.uint64)
+    else:
+        array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
+        data = array.fill_null(0).to_numpy(zero_copy_only=False)
+        bits = data.view(np.uint64) if data.dtype == np.float64 else data.astype(np.int64).view(np.uint64)
+        if array.null_count:
+            bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
+    with np.errstate(over="ignore"):
+        return _mix(bits + salt64 * np.uint64(0x9E3779B97F4A7C15))
+
+
+def digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
+    """An order-independent digest of a table given as record batches (hex SHA-256)."""
+    total = np.uint64(0)
+    folded = np.uint64(0)
+    rows = 0
+    names = None
+    for batch in batches:
+        if names is None:
+            names = batch.schema.names
+        row = np.zeros(batch.num_rows, dtype=np.uint64)
+        for salt, name in enumerate(batch.schema.names, start=1):
+            with np.errstate(over="ignore"):
+                row = _mix(row ^ _column_hash(batch.column(name), salt * 1000))
+        with np.errstate(over="ignore"):
+            total = total + row.sum(dtype=np.uint64)
+            folded = folded + _mix(row ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64)
+        rows += batch.num_rows
+    payload = json.dumps({"columns": names, "rows": rows, "sum": int(total), "mixed": int(folded)}).encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def digest_table(path: str) -> str:
+    """The digest of a stored table, streamed batch by batch."""
+    return digest_batches(storage.iter_batches(path))

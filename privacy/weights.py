@@ -1,0 +1,45 @@
+"""Per-example weights that bound each user's total contribution (the paper's budget allocation).
+
+User level (Krichene et al. 2023, eqs. 11-12): from DP item counts n_j,
+`w_i = wbar * n_j^e / sqrt(sum_{i' of the same user} n_j'^(2e))` with e = -1/4 by default, so that
+`sum_{i of a user} w_i^2 = wbar^2` exactly: tail items get more weight, heavy users less per row.
+e = 0 gives uniform weights wbar / sqrt(|user's rows|). Example level: w_i = 1.
+
+Privacy: the counts must be DP (released) counts, never exact ones; the weights are then a function
+of the user's own rows and released data, and the statistics' user-level sensitivity is wbar times
+the clip bounds. Each (user, item) pair must appear once (duplicates are merged upstream).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_EXPONENT = -0.25
+
+
+def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
+    """Weights for rows given each row's user id and the DP count of its item.
+
+    Rows may come in any order; the per-user normaliser is computed over all rows of each user
+    present in the arrays (so a caller must pass all of a user's rows together).
+    """
+    wbar = float(wbar)
+    if not np.isfinite(wbar) or wbar <= 0:
+        raise ValueError(f"wbar must be a finite number > 0, got {wbar}")
+    if not np.isfinite(exponent):
+        raise ValueError(f"weight exponent must be finite, got {exponent}")
+    user_ids = np.asarray(user_ids)
+    counts = np.asarray(row_counts, dtype=np.float64)
+    if user_ids.shape != counts.shape:
+        raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
+    if counts.size and (not np.all(np.isfinite(counts)) or counts.min() < 1.0):
+        raise ValueError("DP counts must be finite and floored at 1")
+    raw = counts**exponent
+    _, group = np.unique(user_ids, return_inverse=True)
+    norm = np.bincount(group, weights=raw**2)
+    return wbar * raw / np.sqrt(norm[group])
+
+
+def example_level_weights(n_rows: int) -> np.ndarray:
+    """Example-level privacy: every row has weight 1 (wbar = 1)."""
+    return np.ones(n_rows, dtype=np.float64)
