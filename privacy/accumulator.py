@@ -124,6 +124,20 @@ def _flat_upper(d: int) -> np.ndarray:
     return rows * d + cols
 
 
+def reduce_by_key(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge partial sums that share a key: (sorted unique keys, summed a_upper, summed b).
+
+    Rows are summed in their given order within each key (stable), so a caller that orders its
+    partials deterministically gets bit-identical sums.
+    """
+    keys = np.asarray(keys)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else np.zeros(0, np.int64)
+    membership = scipy.sparse.csr_matrix((np.ones(keys.size), order, np.r_[starts, keys.size]), shape=(starts.size, keys.size))
+    return keys[starts], membership @ np.asarray(a_upper, dtype=np.float64), membership @ np.asarray(b, dtype=np.float64)
+
+
 def create(d: int) -> tuple[np.ndarray, np.ndarray]:
     """An empty accumulator: zero packed A and zero b."""
     return np.zeros(packed_size(d)), np.zeros(d)

@@ -98,6 +98,11 @@ class Ledger:
     def find(self, name: str) -> dict | None:
         return next((row for row in self.rows if row["name"] == name), None)
 
+    def next_index(self, name: str) -> int:
+        """The index a release of this name has, or will get when recorded next."""
+        existing = self.find(name)
+        return existing["release"] if existing is not None else len(self.rows)
+
     def record(self, name: str, event: dp_accounting.DpEvent, fingerprint: str) -> int:
         """Record a release before it is made; returns its index (the noise key).
 

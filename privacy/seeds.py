@@ -96,7 +96,7 @@ class SeedFile:
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
+def mix64(h: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
         h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -112,11 +112,11 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         flat = _column_hash(column.flatten(), salt + 1)
         position = np.arange(flat.size, dtype=np.int64) - np.repeat(np.r_[0, np.cumsum(lengths)[:-1]], lengths)
         with np.errstate(over="ignore"):
-            per_value = _mix(flat ^ _mix(position.astype(np.uint64) + salt64))
+            per_value = mix64(flat ^ mix64(position.astype(np.uint64) + salt64))
         sums = np.zeros(lengths.size, dtype=np.uint64)
         np.add.at(sums, np.repeat(np.arange(lengths.size), lengths), per_value)
         with np.errstate(over="ignore"):
-            return _mix(sums + lengths.astype(np.uint64) * salt64)
+            return mix64(sums + lengths.astype(np.uint64) * salt64)
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         values = [hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8 for v in column.to_pylist()]
         bits = np.frombuffer(b"".join(values), dtype=np.uint64) if values else np.zeros(0, np.uint64)
@@ -127,7 +127,7 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         if array.null_count:
             bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
     with np.errstate(over="ignore"):
-        return _mix(bits + salt64 * np.uint64(0x9E3779B97F4A7C15))
+        return mix64(bits + salt64 * np.uint64(0x9E3779B97F4A7C15))
 
 
 def digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
@@ -142,10 +142,10 @@ def digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
         row = np.zeros(batch.num_rows, dtype=np.uint64)
         for salt, name in enumerate(batch.schema.names, start=1):
             with np.errstate(over="ignore"):
-                row = _mix(row ^ _column_hash(batch.column(name), salt * 1000))
+                row = mix64(row ^ _column_hash(batch.column(name), salt * 1000))
         with np.errstate(over="ignore"):
             total = total + row.sum(dtype=np.uint64)
-            folded = folded + _mix(row ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64)
+            folded = folded + mix64(row ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64)
         rows += batch.num_rows
     payload = json.dumps({"columns": names, "rows": rows, "sum": int(total), "mixed": int(folded)}).encode()
     return hashlib.sha256(payload).hexdigest()

@@ -69,6 +69,84 @@ def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, fsspec.implementations.local.LocalFileSystem)
 
 
+class StagedWrite:
+    """A table being written as part files, possibly by many processes, published by one commit.
+
+    Holds only strings, so it can be shipped to Spark executors or Beam workers: each task writes
+    its part with `write_part(index, table)` (a retried task rewrites the same name), and the
+    driver calls `commit(names, rows)` once every part is written, or `abort(names)`.
+    """
+
+    def __init__(self, path: str, write_id: str | None = None):
+        self.path = path.rstrip("/")
+        self.write_id = write_id or uuid.uuid4().hex
+        fs, final = filesystem(self.path)
+        self.local = _is_local(fs)
+        if self.local:
+            parent, name = posixpath.split(final)
+            self.directory, self.suffix = posixpath.join(parent, f".{name}.tmp-{self.write_id}"), ""
+        else:
+            self.directory, self.suffix = final, f"-{self.write_id}"
+        self.final = final
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        return filesystem(self.path)[0]
+
+    def part_name(self, index: int) -> str:
+        return f"part-{index:05d}{self.suffix}.parquet"
+
+    def open_part(self, index: int, schema: pa.Schema) -> pq.ParquetWriter:
+        """A Parquet writer for part `index` (the caller closes it)."""
+        fs = self.fs
+        fs.makedirs(self.directory, exist_ok=True)
+        return pq.ParquetWriter(posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs))
+
+    def write_part(self, index: int, table: pa.Table) -> str:
+        """Write one whole part; returns its name for `commit`."""
+        with self.open_part(index, table.schema) as writer:
+            writer.write_table(table)
+        return self.part_name(index)
+
+    def commit(self, names: list[str], rows: int) -> None:
+        """Publish the listed parts atomically, replacing any previous table at the path."""
+        fs = self.fs
+        marker = json.dumps({"rows": rows, "files": sorted(names)}).encode()
+        if self.local:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(os.path.join(self.directory, SUCCESS), "wb") as out:
+                out.write(marker)
+            old = None
+            if os.path.lexists(self.final):
+                old = f"{self.directory}.old"
+                os.rename(self.final, old)
+            os.makedirs(os.path.dirname(self.final) or ".", exist_ok=True)
+            os.rename(self.directory, self.final)
+            if old:
+                fs.rm(old, recursive=True)
+        else:
+            fs.invalidate_cache()
+            previous = [f for f in fs.ls(self.final, detail=False) if posixpath.basename(f) not in names] if fs.exists(self.final) else []
+            fs.pipe(posixpath.join(self.final, SUCCESS), marker)
+            stale = [f for f in previous if posixpath.basename(f) != SUCCESS]
+            if stale:
+                fs.rm(stale)
+        fs.invalidate_cache()
+
+    def abort(self, names: list[str]) -> None:
+        """Discard the listed parts (the whole staging folder on a local disk)."""
+        fs = self.fs
+        if self.local:
+            if fs.exists(self.directory):
+                fs.rm(self.directory, recursive=True)
+        else:
+            mine = [posixpath.join(self.directory, name) for name in names]
+            existing = [f for f in mine if fs.exists(f)]
+            if existing:
+                fs.rm(existing)
+        fs.invalidate_cache()
+
+
 class TableWriter:
     """Streams record batches into a new table at `path`; nothing is visible until `commit()`.
 
@@ -79,16 +157,7 @@ class TableWriter:
 
     def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE):
         self.path, self.schema, self.rows_per_file = path.rstrip("/"), schema, rows_per_file
-        self.fs, self._final = filesystem(self.path)
-        self._local = _is_local(self.fs)
-        write_id = uuid.uuid4().hex
-        if self._local:
-            parent, name = posixpath.split(self._final)
-            self._dir, self._suffix = posixpath.join(parent, f".{name}.tmp-{write_id}"), ""
-        else:
-            self._dir, self._suffix = self._final, f"-{write_id}"
-        self.fs.makedirs(self._dir, exist_ok=True)
-        self._arrow_fs = _arrow_fs(self.fs)
+        self._staged = StagedWrite(self.path)
         self._files: list[str] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
@@ -98,9 +167,8 @@ class TableWriter:
     def _open_next_file(self) -> None:
         if self._writer is not None:
             self._writer.close()
-        name = f"part-{len(self._files):05d}{self._suffix}.parquet"
-        self._files.append(name)
-        self._writer = pq.ParquetWriter(posixpath.join(self._dir, name), self.schema, filesystem=self._arrow_fs)
+        self._writer = self._staged.open_part(len(self._files), self.schema)
+        self._files.append(self._staged.part_name(len(self._files)))
         self._rows_in_file = 0
 
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
@@ -125,39 +193,14 @@ class TableWriter:
         if self._writer is None:
             self._open_next_file()
         self._writer.close()
-        marker = json.dumps({"rows": self.rows, "files": self._files}).encode()
-        if self._local:
-            with open(os.path.join(self._dir, SUCCESS), "wb") as out:
-                out.write(marker)
-            old = None
-            if os.path.lexists(self._final):
-                old = f"{self._dir}.old"
-                os.rename(self._final, old)
-            os.makedirs(os.path.dirname(self._final) or ".", exist_ok=True)
-            os.rename(self._dir, self._final)
-            if old:
-                self.fs.rm(old, recursive=True)
-        else:
-            previous = [f for f in self.fs.ls(self._final, detail=False) if posixpath.basename(f) not in self._files]
-            self.fs.pipe(posixpath.join(self._final, SUCCESS), marker)
-            stale = [f for f in previous if posixpath.basename(f) != SUCCESS]
-            if stale:
-                self.fs.rm(stale)
-        self.fs.invalidate_cache()
+        self._staged.commit(self._files, self.rows)
         self._done = True
 
     def abort(self) -> None:
         """Discard everything written so far."""
         if self._writer is not None:
             self._writer.close()
-        if self._local:
-            if self.fs.exists(self._dir):
-                self.fs.rm(self._dir, recursive=True)
-        else:
-            mine = [posixpath.join(self._dir, name) for name in self._files]
-            if mine:
-                self.fs.rm(mine)
-        self.fs.invalidate_cache()
+        self._staged.abort(self._files)
         self._done = True
 
     def __enter__(self) -> TableWriter:
@@ -192,6 +235,13 @@ def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     if files is None:  # a marker written by another engine (Spark writes an empty one)
         files = sorted(posixpath.basename(f) for f in fs.ls(inner, detail=False) if f.endswith(".parquet"))
     return fs, [posixpath.join(inner, name) for name in files]
+
+
+def table_files(path: str) -> list[str]:
+    """The data files of a committed table, as full paths or URLs (for engines that read them)."""
+    fs, files = _table_files(path)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    return files if protocol in ("file", "local") else [f"{protocol}://{f}" for f in files]
 
 
 def read_schema(path: str) -> pa.Schema:

@@ -1,0 +1,104 @@
+"""`ssp counts`: the DP item counts, one Gaussian release over every catalog item.
+
+User level: each user contributes to at most K of their items (a keyed random sample), 1 each, so
+one user changes the count vector by at most sqrt(K) in L2 norm and the noise standard deviation
+is noise_multiplier * sqrt(K). Example level: every row counts once (sensitivity 1). Noise is
+keyed (privacy.noise) and every catalog item gets a noised count, floored at 1 (post-processing).
+The counts feed the user-level weights and the popularity-based choices of later steps.
+
+Privacy: reads private interactions; releases only the noised counts, through the run's ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines import release
+from privacy import accounting
+from privacy.noise import standard_normal
+from privacy.seeds import digest_table, mix64
+from schemas import storage
+from schemas.tables import COUNTS, validate_counts, validate_interactions
+
+COUNTS_TABLE = "counts.parquet"
+DEFAULT_MAX_ITEMS_PER_USER = 100
+
+
+def sampled_rows(user_ids: np.ndarray, item_ids: np.ndarray, max_items: int, key: int) -> np.ndarray:
+    """Indices of the rows kept when each user keeps at most `max_items` rows, chosen by a keyed
+    hash of (user, item): a uniform sample per user that any engine reproduces."""
+    with np.errstate(over="ignore"):
+        h = mix64(mix64(user_ids.astype(np.uint64) ^ np.uint64(key)) + item_ids.astype(np.uint64))
+    order = np.lexsort((h, user_ids))
+    users = user_ids[order]
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if users.size else np.zeros(0, np.int64)
+    rank = np.arange(users.size) - np.repeat(starts, np.diff(np.r_[starts, users.size]))
+    return np.sort(order[rank < max_items])
+
+
+def dp_counts(
+    interactions: str, items: str, out: str, privacy: release.PrivacySettings, unit: str = "user",
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None,
+) -> dict:
+    """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary."""
+    if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
+        raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
+    if unit not in ("user", "example"):
+        raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
+    ledger_path = ledger_path or storage.join(out, "ledger.parquet")
+    catalog = np.sort(storage.read_table(items, columns=["item_id"])["item_id"].to_numpy())
+    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]
+    users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
+    rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
+    unknown = rated[~np.isin(rated, catalog)]
+    if unknown.size:
+        raise ValueError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
+
+    ledger = privacy.open_ledger(ledger_path, unit)
+    seeds = release.open_seed_file(seed_file, ledger_path)
+    multiplier = ledger.budget["multipliers"]["counts"]
+    sensitivity = math.sqrt(max_items_per_user) if unit == "user" else 1.0
+    description = {
+        "unit": unit,
+        "max_items_per_user": max_items_per_user if unit == "user" else None,
+        "inputs": {"interactions": digest_table(interactions), "items": digest_table(items)},
+    }
+    index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
+    release.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
+
+    if unit == "user":
+        key = int.from_bytes(hmac.new(seeds.seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
+        rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
+    exact = np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64)
+    noised = exact + multiplier * sensitivity * standard_normal(seeds.seed, index, catalog, 1)[:, 0]
+    counts = np.maximum(noised, 1.0)
+    metadata = {b"noise_multiplier": repr(multiplier).encode(), b"release": str(index).encode(), b"unit": unit.encode(),
+                b"max_items_per_user": str(max_items_per_user).encode()}
+    table = pa.Table.from_arrays([pa.array(catalog), pa.array(counts)], schema=COUNTS.with_metadata(metadata))
+    storage.write_table(validate_counts(table), storage.join(out, COUNTS_TABLE))
+    summary = {"release": index, "noise_multiplier": multiplier, "noise_std": multiplier * sensitivity, "items": int(catalog.size),
+               "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interactions", required=True, help="interactions table (private)")
+    parser.add_argument("--items", required=True, help="items table (the public catalog: every item gets a count)")
+    parser.add_argument("--out", required=True, help="output folder: counts.parquet (and ledger.parquet unless --ledger)")
+    parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
+    parser.add_argument("--max-items-per-user", type=int, default=DEFAULT_MAX_ITEMS_PER_USER, help="K: items a user contributes at most (user level; default: %(default)s)")
+    release.add_privacy_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
+                        args.max_items_per_user, args.ledger, args.seed_file)
+    print(f"released DP counts of {summary['items']:,} items (noise std {summary['noise_std']:.4g}); "
+          f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
+    return 0

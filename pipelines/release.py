@@ -1,0 +1,122 @@
+"""Making a DP release: the run's budget and ledger, its secret seed, and the checks before noise.
+
+Every job that releases something (DP counts, stats) goes through `make_release`: the release's
+fingerprint (name, parameters, digests of every input) is bound to the seed for its ledger index
+(refused if that index was used on something else), then recorded in the ledger (refused past the
+budget), and only then computed. The returned index keys the release's noise.
+
+The run's privacy settings fix the budget for the whole run: with a target (epsilon, delta) the
+noise multipliers of every planned release are calibrated up front (privacy.accounting); with an
+explicit noise multiplier the ledger has no cap and reports what was spent.
+
+Privacy: the seed file lives in the run's private directory (`<run>/private/seed` by default) and
+must never be published; the ledger and its fingerprints may be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+import dp_accounting
+
+from privacy import accounting
+from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
+from schemas import storage
+
+DEFAULT_DELTA = 1e-5
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """The run's budget: a target (epsilon, delta), or an explicit stats noise multiplier."""
+
+    epsilon: float | None = None
+    delta: float = DEFAULT_DELTA
+    noise_multiplier: float | None = None
+    accountant: str = "rdp"
+    outer_steps: int = 1
+    resamples: int = 1
+    count_share: float = 0.1
+
+    def __post_init__(self):
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give either --epsilon (with --delta) or --noise-multiplier")
+        if self.epsilon is not None and self.epsilon != math.inf:
+            accounting.check_budget(self.epsilon, self.delta)
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        if self.noise_multiplier is not None and (not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0):
+            raise ValueError(f"noise multiplier must be a finite number >= 0, got {self.noise_multiplier}")
+        accounting.make_accountant(self.accountant)
+        accounting.stats_plan(self.outer_steps, self.resamples, self.count_share)
+
+    def multipliers(self) -> dict[str, float]:
+        """Per-event noise multipliers of the run's release groups ('counts', 'stats')."""
+        if self.noise_multiplier is not None:
+            return {"counts": self.noise_multiplier, "stats": self.noise_multiplier}
+        plan = accounting.stats_plan(self.outer_steps, self.resamples, self.count_share)
+        return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)
+
+    def open_ledger(self, path: str, unit: str) -> Ledger:
+        """The run's ledger at `path`, created with this budget if new (checked if not)."""
+        cap = self.epsilon if self.epsilon is not None else math.inf
+        return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers())
+
+
+def default_seed_path(ledger_path: str) -> str:
+    """`<folder of the ledger>/private/seed`: the run's private directory."""
+    folder = ledger_path.rstrip("/").rsplit("/", 1)[0] if "/" in ledger_path else "."
+    return storage.join(folder, "private", "seed")
+
+
+def open_seed_file(seed_file: str | None, ledger_path: str) -> SeedFile:
+    """The given seed file, or the run's own (created from the OS CSPRNG on first use)."""
+    if seed_file is not None:
+        return SeedFile.load(seed_file)
+    return SeedFile.load_or_create(default_seed_path(ledger_path))
+
+
+def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accounting.DpEvent, description: dict) -> int:
+    """Bind, record and return the index of a release (see the module docstring)."""
+    index = ledger.next_index(name)
+    fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), **description})
+    seed_file.bind(index, fingerprint)
+    return ledger.record(name, event, fingerprint)
+
+
+def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that fix a run's budget, shared by every releasing job."""
+    group = parser.add_argument_group("privacy budget (for the whole run)")
+    group.add_argument("--epsilon", type=float, help="target epsilon of the whole run (noise is calibrated to spend exactly this)")
+    group.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="target delta (default: %(default)g)")
+    group.add_argument("--noise-multiplier", type=float, help="use this noise multiplier instead of calibrating (0: no noise, infinite epsilon, for tests and non-private top lines)")
+    group.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="rdp", help="RDP (default, as in the paper) or PLD accounting")
+    group.add_argument("--outer-steps", type=int, default=1, help="outer steps S of alternating minimization the budget covers (default: %(default)s)")
+    group.add_argument("--resamples", type=int, default=1, help="independently noised copies R of each stats release (SSP1; default: %(default)s)")
+    group.add_argument("--count-share", type=float, default=0.1, help="share of the budget spent on the DP item counts (default: %(default)s)")
+    group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
+    group.add_argument("--seed-file", help="secret noise seed of the run (default: <ledger folder>/private/seed, created from the OS CSPRNG); "
+                       "reusing one reproduces the same releases and is refused for different data")
+
+
+def privacy_settings(args: argparse.Namespace) -> PrivacySettings:
+    return PrivacySettings(
+        epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
+        outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share,
+    )
+
+
+def write_summary(path: str, summary: dict) -> None:
+    """A job's closing summary (release indices, multipliers, epsilon spent), written last."""
+    storage.write_json(json.loads(json.dumps(summary, default=str)), path)
+
+
+def log(message: str) -> None:
+    """Progress output of the jobs, on stderr."""
+    print(message, file=sys.stderr, flush=True)
+

@@ -1,0 +1,44 @@
+"""Spark sessions for the jobs: local by default, the cluster's when launched by spark-submit.
+
+The Python workers must import this project: locally the session puts the repository on their
+PYTHONPATH; on a cluster the project ships as a wheel (see infra/). Arrow batches are large so
+that each numpy call works on many rows, and BLAS runs one thread per worker (Spark already runs
+one worker per core).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+ARROW_BATCH_ROWS = 100_000
+
+
+@contextmanager
+def session(app: str, master: str | None = None):
+    """A SparkSession for the duration of a job (stopped afterwards)."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = SparkConf()
+    builder = SparkSession.builder.appName(app)
+    if master or not conf.contains("spark.master"):
+        builder = builder.master(master or "local[*]")
+    spark = (
+        builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.adaptive.enabled", "false")  # keep the partitioning the job asks for
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        yield spark
+    finally:
+        spark.stop()

@@ -1,0 +1,188 @@
+"""The stats job's definition, shared by its Spark and Beam engines: flags, input checks, releases.
+
+`StatsJob.prepare()` runs on the driver before any engine work: it validates every input in one
+streamed pass (schemas, dimensions, every interaction's user has an embedding and its item is in
+the catalog and has a DP count, no duplicate (user, item) pair), digests the inputs, and makes the
+R releases of this step through the ledger (privacy budget) and the seed file (seed binding). The
+engine then computes the statistics and writes one part file per shard of each resample's table
+through `schemas.storage.StagedWrite`; `commit()` publishes the tables and the step summary.
+Nothing is published when any check fails.
+
+Outputs under `--out`: `resample-<k>.parquet` (k = 0..R-1, stats tables) and `release.json`
+(written last: release indices, noise multiplier, epsilon spent).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines import release
+from pipelines.stats_core import StatsSettings
+from privacy import accounting
+from privacy.accumulator import NoiseSpec
+from privacy.seeds import digest_batches, digest_table
+from schemas import storage
+from schemas.tables import validate_counts, validate_interactions, validate_user_embeddings
+
+RELEASE_SUMMARY = "release.json"
+
+
+def resample_path(out: str, resample: int) -> str:
+    return storage.join(out, f"resample-{resample}.parquet")
+
+
+def stats_tables(out: str) -> list[str]:
+    """The committed stats tables of a finished stats step, in resample order."""
+    summary = storage.read_json(storage.join(out, RELEASE_SUMMARY))
+    return [resample_path(out, k) for k in range(summary["resamples"])]
+
+
+@dataclass
+class StatsJob:
+    """One outer step's stats release: inputs, settings, budget, where it goes."""
+
+    interactions: str
+    user_embeddings: str
+    items: str
+    counts: str
+    out: str
+    settings: StatsSettings
+    privacy: release.PrivacySettings
+    step: int = 1
+    ledger_path: str | None = None
+    seed_file: str | None = None
+    shards: int = 4
+    releases: list[NoiseSpec] = field(default_factory=list)
+    catalog: np.ndarray | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.step, int) or self.step < 1:
+            raise ValueError(f"--step must be a positive integer, got {self.step}")
+        if not isinstance(self.shards, int) or self.shards < 1:
+            raise ValueError(f"--shards must be a positive integer, got {self.shards}")
+        self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> StatsJob:
+        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent)
+        return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
+                   release.privacy_settings(args), args.step, args.ledger, args.seed_file, args.shards)
+
+    def release_name(self, resample: int) -> str:
+        return f"step-{self.step}/stats/r{resample}"
+
+    def _check_inputs(self) -> dict[str, str]:
+        """Validate all inputs (one streamed pass over the interactions); return their digests."""
+        items = storage.read_table(self.items, columns=["item_id"])["item_id"].to_numpy()
+        if np.unique(items).size != items.size:
+            raise ValueError(f"{self.items}: item ids are not unique")
+        self.catalog = np.sort(items)
+        counts = validate_counts(storage.read_table(self.counts))
+        missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
+        if missing.size:
+            raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
+        embeddings = validate_user_embeddings(storage.read_table(self.user_embeddings), dim=self.settings.dim)
+        known_users = np.sort(embeddings["user_id"].to_numpy())
+        pairs = []
+
+        def checked_batches():
+            for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
+                table = validate_interactions(pa.Table.from_batches([batch]))
+                users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
+                unknown = rated[~np.isin(rated, self.catalog)]
+                if unknown.size:
+                    raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {unknown[0]})")
+                lost = users[~np.isin(users, known_users)]
+                if lost.size:
+                    raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(lost).size} user(s) of the interactions (e.g. {lost[0]})")
+                pairs.append((users, rated))
+                yield from table.to_batches()
+
+        interactions_digest = digest_batches(checked_batches())
+        if pairs:
+            users = np.concatenate([p[0] for p in pairs])
+            rated = np.concatenate([p[1] for p in pairs])
+            order = np.lexsort((rated, users))
+            same = (users[order][1:] == users[order][:-1]) & (rated[order][1:] == rated[order][:-1])
+            if same.any():
+                k = order[1:][same][0]
+                raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {users[k]} item {rated[k]}; "
+                                 "each pair must appear once (its weight bounds the user's contribution)")
+        return {
+            "interactions": interactions_digest,
+            "user_embeddings": digest_table(self.user_embeddings),
+            "counts": digest_table(self.counts),
+            "items": digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
+        }
+
+    def prepare(self) -> list[NoiseSpec]:
+        """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
+        digests = self._check_inputs()
+        ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit)
+        seeds = release.open_seed_file(self.seed_file, self.ledger_path)
+        multiplier = ledger.budget["multipliers"]["stats"]
+        event = accounting.gaussian_event(multiplier, 2)  # A and b
+        description = {"settings": self.settings.to_json(), "inputs": digests}
+        self.releases = []
+        for resample in range(self.privacy.resamples):
+            index = release.make_release(ledger, seeds, self.release_name(resample), event, description)
+            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, self.settings.clip_u, self.settings.clip_y, seeds.seed, index))
+        self._ledger = ledger
+        release.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
+                    f"epsilon spent {ledger.epsilon_spent():.4g} of {ledger.budget['epsilon']:g}")
+        return self.releases
+
+    def staged_writes(self) -> list[storage.StagedWrite]:
+        """One staged table per resample (picklable, for the workers)."""
+        if not hasattr(self, "_staged"):
+            self._staged = [storage.StagedWrite(resample_path(self.out, k)) for k in range(len(self.releases))]
+        return self._staged
+
+    def commit(self, written: list[list[str]], rows: list[int]) -> dict:
+        """Publish each resample's parts, then the step summary; returns the summary."""
+        storage.remove(storage.join(self.out, RELEASE_SUMMARY))
+        for staged, names, count in zip(self.staged_writes(), written, rows):
+            if count != self.catalog.size:
+                staged.abort(names)
+                raise RuntimeError(f"stats for {count} items written, expected every catalog item ({self.catalog.size})")
+            staged.commit(names, count)
+        summary = {
+            "step": self.step,
+            "resamples": len(self.releases),
+            "releases": [spec.release for spec in self.releases],
+            "noise_multiplier": self.releases[0].noise_multiplier,
+            "settings": self.settings.to_json(),
+            "items": int(self.catalog.size),
+            "epsilon_spent": self._ledger.epsilon_spent(),
+            "ledger": self.ledger_path,
+        }
+        release.write_summary(storage.join(self.out, RELEASE_SUMMARY), summary)
+        return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The stats job's flags (both engines)."""
+    parser.add_argument("--interactions", required=True, help="interactions table (private)")
+    parser.add_argument("--user-embeddings", required=True, help="user embeddings table (private): user_id, embedding of length --dim")
+    parser.add_argument("--items", required=True, help="items table: the public catalog; every item gets a noised row")
+    parser.add_argument("--counts", required=True, help="DP item counts table (a release of `ssp counts`), for the weights")
+    parser.add_argument("--out", required=True, help="output folder: resample-<k>.parquet and release.json")
+    parser.add_argument("--dim", type=int, required=True, help="embedding dimension d")
+    parser.add_argument("--clip-u", type=float, required=True, help="Gamma_u: user embeddings are clipped to this L2 norm")
+    parser.add_argument("--clip-y", type=float, required=True, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y]")
+    parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
+    parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
+    parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
+    parser.add_argument("--step", type=int, default=1, help="outer step this release belongs to (default: %(default)s)")
+    parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
+    release.add_privacy_arguments(parser)
+
+
+def describe(summary: dict) -> str:
+    return (f"stats step {summary['step']}: {summary['resamples']} table(s) of {summary['items']:,} items, releases {summary['releases']}, "
+            f"noise multiplier {summary['noise_multiplier']:.4g}; epsilon spent {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
+

@@ -1,0 +1,200 @@
+"""privacy.accounting: the run's plan, calibrated multipliers, epsilon of events, event JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from privacy import accounting as acct
+
+DELTA = 1e-5
+
+
+def direct_epsilon(events, delta=DELTA, accountant=rdp_privacy_accountant.RdpAccountant):
+    a = accountant()
+    for event in events:
+        a.compose(event)
+    return a.get_epsilon(delta)
+
+
+def test_make_accountant():
+    assert isinstance(acct.make_accountant("rdp"), rdp_privacy_accountant.RdpAccountant)
+    assert isinstance(acct.make_accountant("pld"), pld_privacy_accountant.PLDAccountant)
+    assert acct.make_accountant("rdp") is not acct.make_accountant("rdp")  # fresh each time
+    with pytest.raises(ValueError, match="accountant"):
+        acct.make_accountant("gdp")
+
+
+def test_calibrate_one_gaussian_rdp_matches_dp_accounting():
+    expected = dp_accounting.calibrate_dp_mechanism(
+        rdp_privacy_accountant.RdpAccountant, dp_accounting.GaussianDpEvent, 1.0, DELTA
+    )
+    got = acct.calibrate(1.0, DELTA, [acct.Group("one", 1.0, 1)])
+    assert set(got) == {"one"}
+    assert got["one"] == pytest.approx(expected, abs=1e-5)
+    assert got["one"] == pytest.approx(4.045, abs=0.01)
+    assert direct_epsilon([dp_accounting.GaussianDpEvent(got["one"])]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_calibrate_one_gaussian_pld_matches_dp_accounting():
+    expected = dp_accounting.calibrate_dp_mechanism(
+        pld_privacy_accountant.PLDAccountant, dp_accounting.GaussianDpEvent, 1.0, DELTA
+    )
+    got = acct.calibrate(1.0, DELTA, [acct.Group("one", 1.0, 1)], accountant="pld")
+    assert got["one"] == pytest.approx(expected, abs=1e-4)
+    assert got["one"] == pytest.approx(3.73, abs=0.01)
+    # PLD is tighter than RDP: less noise for the same budget
+    assert got["one"] < acct.calibrate(1.0, DELTA, [acct.Group("one", 1.0, 1)])["one"]
+
+
+def test_stats_plan_shape():
+    plan = acct.stats_plan(3, 2, count_share=0.1)
+    assert plan == [acct.Group("counts", 0.1, 1), acct.Group("stats", 0.9, 12)]
+    assert acct.stats_plan(5) == [acct.Group("counts", 0.1, 1), acct.Group("stats", 0.9, 10)]
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 0.3, 8.0])
+def test_calibrated_stats_plan_composes_to_the_target(epsilon):
+    plan = acct.stats_plan(3, 2, count_share=0.1)
+    z = acct.calibrate(epsilon, DELTA, plan)
+    assert set(z) == {"counts", "stats"}
+    events = [dp_accounting.GaussianDpEvent(z["counts"]), dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z["stats"]), 12)]
+    spent = direct_epsilon(events)
+    assert spent == pytest.approx(epsilon, abs=1e-3)
+    assert spent <= epsilon * (1 + 1e-9)  # never over the target
+    # the share relation: counts get 10% of the "1/z^2 budget", stats 90% over 12 events
+    assert z["counts"] ** -2 / (12 * z["stats"] ** -2) == pytest.approx(0.1 / 0.9, rel=1e-12)
+    assert acct.epsilon_of(acct.plan_events(z, plan), DELTA) == pytest.approx(spent, rel=1e-12)
+
+
+def test_more_steps_need_more_noise():
+    one = acct.calibrate(1.0, DELTA, acct.stats_plan(1))["stats"]
+    many = acct.calibrate(1.0, DELTA, acct.stats_plan(8))["stats"]
+    assert many > one * 1.5
+
+
+def test_multipliers_for_relation():
+    plan = acct.stats_plan(3, 2, count_share=0.1)
+    z = acct.multipliers_for(2.0, plan)
+    assert z["counts"] == pytest.approx(2.0 * math.sqrt(1 / 0.1), rel=1e-15)
+    assert z["stats"] == pytest.approx(2.0 * math.sqrt(12 / 0.9), rel=1e-15)
+    # Gaussian composition: sum n_i / z_i^2 = 1 / z^2
+    assert 1 / z["counts"] ** 2 + 12 / z["stats"] ** 2 == pytest.approx(1 / 4.0, rel=1e-12)
+    three = [acct.Group("a", 0.5, 1), acct.Group("b", 0.25, 4), acct.Group("c", 0.25, 9)]
+    assert acct.multipliers_for(1.0, three) == pytest.approx({"a": math.sqrt(2), "b": 4.0, "c": 6.0}, rel=1e-15)
+
+
+def test_multipliers_for_rejects_shares_not_adding_to_one():
+    with pytest.raises(ValueError, match="shares"):
+        acct.multipliers_for(1.0, [acct.Group("a", 0.5, 1), acct.Group("b", 0.4, 1)])
+
+
+def test_infinite_epsilon_gives_zero_multipliers():
+    assert acct.calibrate(math.inf, DELTA, acct.stats_plan(3, 2)) == {"counts": 0.0, "stats": 0.0}
+
+
+@pytest.mark.parametrize("epsilon", [0, 0.0, -1.0, math.nan, -math.inf])
+def test_bad_epsilon_raises(epsilon):
+    with pytest.raises(ValueError, match="epsilon"):
+        acct.calibrate(epsilon, DELTA, acct.stats_plan(1))
+    with pytest.raises(ValueError, match="epsilon"):
+        acct.check_budget(epsilon, DELTA)
+
+
+@pytest.mark.parametrize("delta", [0, 0.0, 1, 1.0, 1.5, -1e-5, math.nan])
+def test_bad_delta_raises(delta):
+    with pytest.raises(ValueError, match="delta"):
+        acct.calibrate(1.0, delta, acct.stats_plan(1))
+    with pytest.raises(ValueError, match="delta"):
+        acct.check_budget(1.0, delta)
+
+
+def test_check_budget_accepts_valid():
+    acct.check_budget(1, 1e-5)
+    acct.check_budget(0.01, 0.5)
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(outer_steps=0), "outer steps"),
+    (dict(outer_steps=-2), "outer steps"),
+    (dict(outer_steps=1.5), "outer steps"),
+    (dict(outer_steps=2, resamples=0), "resamples"),
+    (dict(outer_steps=2, count_share=0.0), "count share"),
+    (dict(outer_steps=2, count_share=1.0), "count share"),
+    (dict(outer_steps=2, count_share=-0.1), "count share"),
+    (dict(outer_steps=2, count_share=math.nan), "count share"),
+])
+def test_bad_plan_raises(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        acct.stats_plan(**kwargs)
+
+
+def test_gaussian_event():
+    assert acct.gaussian_event(2.0) == dp_accounting.GaussianDpEvent(2.0)
+    assert acct.gaussian_event(2.0, 3) == dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 3)
+    assert acct.gaussian_event(0) == dp_accounting.NonPrivateDpEvent()
+    assert acct.gaussian_event(0.0, 5) == dp_accounting.NonPrivateDpEvent()
+
+
+def test_epsilon_of_matches_dp_accounting():
+    events = [dp_accounting.GaussianDpEvent(3.0), dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 4)]
+    assert acct.epsilon_of(events, DELTA) == pytest.approx(direct_epsilon(events), rel=1e-12)
+    pld = acct.epsilon_of(events, DELTA, accountant="pld")
+    assert pld == pytest.approx(direct_epsilon(events, accountant=pld_privacy_accountant.PLDAccountant), rel=1e-9)
+    assert pld < acct.epsilon_of(events, DELTA)
+    assert acct.epsilon_of([], DELTA) == 0.0
+
+
+def test_epsilon_of_non_private_is_inf():
+    assert acct.epsilon_of([dp_accounting.NonPrivateDpEvent()], DELTA) == math.inf
+    assert acct.epsilon_of([dp_accounting.GaussianDpEvent(5.0), acct.gaussian_event(0)], DELTA) == math.inf
+    assert acct.epsilon_of([acct.gaussian_event(0)], DELTA, accountant="pld") == math.inf
+
+
+NESTED = dp_accounting.ComposedDpEvent(
+    [
+        dp_accounting.GaussianDpEvent(12.5),
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(2.0), dp_accounting.GaussianDpEvent(3.5)]), 6
+        ),
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.1), 100)),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        dp_accounting.GaussianDpEvent(4.0),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.5), 12),
+        dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(0.9)),
+        dp_accounting.NonPrivateDpEvent(),
+        dp_accounting.ComposedDpEvent([]),
+        NESTED,
+    ],
+)
+def test_event_json_round_trip(event):
+    data = acct.event_to_json(event)
+    text = json.dumps(data, sort_keys=True)  # plain JSON data
+    back = acct.event_from_json(json.loads(text))
+    assert back == event
+    assert type(back) is type(event)
+    assert json.dumps(acct.event_to_json(back), sort_keys=True) == text
+
+
+def test_event_json_shape():
+    assert acct.event_to_json(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 3)) == {
+        "class": "SelfComposedDpEvent",
+        "event": {"class": "GaussianDpEvent", "noise_multiplier": 2.0},
+        "count": 3,
+    }
+
+
+def test_round_tripped_nested_event_has_same_epsilon():
+    back = acct.event_from_json(json.loads(json.dumps(acct.event_to_json(NESTED))))
+    assert direct_epsilon([back]) == pytest.approx(direct_epsilon([NESTED]), rel=1e-12)

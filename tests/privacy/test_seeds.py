@@ -1,0 +1,245 @@
+"""privacy.seeds: the secret seed, its binding to releases, and order-independent table digests."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from privacy import seeds
+from schemas import storage
+
+SEED = bytes(range(32))
+
+
+def test_new_seed_is_32_random_bytes():
+    drawn = {seeds.new_seed() for _ in range(20)}
+    assert len(drawn) == 20
+    assert all(isinstance(s, bytes) and len(s) == 32 for s in drawn)
+
+
+def test_seed_file_create_load_round_trip(tmp_path):
+    path = str(tmp_path / "private" / "seed.json")
+    created = seeds.SeedFile.create(path, SEED)
+    assert created.seed == SEED and created.releases == {}
+    loaded = seeds.SeedFile.load(path)
+    assert loaded.seed == SEED and loaded.releases == {}
+    assert json.loads(open(path).read())["seed"] == SEED.hex()
+
+
+def test_seed_file_create_draws_a_fresh_seed(tmp_path):
+    a = seeds.SeedFile.create(str(tmp_path / "a.json"))
+    b = seeds.SeedFile.create(str(tmp_path / "b.json"))
+    assert len(a.seed) == 32 and a.seed != b.seed
+    assert seeds.SeedFile.load(str(tmp_path / "a.json")).seed == a.seed
+
+
+def test_load_or_create(tmp_path):
+    path = str(tmp_path / "seed.json")
+    first = seeds.SeedFile.load_or_create(path)
+    first.bind(0, "fp0")
+    second = seeds.SeedFile.load_or_create(path)
+    assert second.seed == first.seed and second.releases == {0: "fp0"}
+
+
+def test_bind_same_fingerprint_twice_is_fine(tmp_path):
+    path = str(tmp_path / "seed.json")
+    sf = seeds.SeedFile.create(path, SEED)
+    fp = sf.fingerprint({"name": "stats-1", "inputs": ["abc"]})
+    sf.bind(3, fp)
+    sf.bind(3, fp)
+    assert sf.releases == {3: fp}
+    seeds.SeedFile.load(path).bind(3, fp)  # also after a reload (a rerun)
+
+
+def test_bind_other_fingerprint_raises_and_keeps_binding(tmp_path):
+    path = str(tmp_path / "seed.json")
+    sf = seeds.SeedFile.create(path, SEED)
+    sf.bind(1, "first")
+    with pytest.raises(seeds.SeedReuseError, match="release 1"):
+        sf.bind(1, "second")
+    assert issubclass(seeds.SeedReuseError, ValueError)
+    assert sf.releases == {1: "first"}
+    reloaded = seeds.SeedFile.load(path)
+    assert reloaded.releases == {1: "first"}
+    with pytest.raises(seeds.SeedReuseError):
+        reloaded.bind(1, "second")
+    reloaded.bind(2, "second")  # another release index is free
+    assert seeds.SeedFile.load(path).releases == {1: "first", 2: "second"}
+
+
+def test_binding_persists_across_load(tmp_path):
+    path = str(tmp_path / "seed.json")
+    sf = seeds.SeedFile.create(path, SEED)
+    sf.bind(0, "a")
+    sf.bind(10, "b")
+    loaded = seeds.SeedFile.load(path)
+    assert loaded.seed == SEED
+    assert loaded.releases == {0: "a", 10: "b"}
+    assert all(isinstance(k, int) for k in loaded.releases)
+
+
+def test_load_rejects_bad_files(tmp_path):
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"seed": "ab" * 16, "releases": {}}))
+    with pytest.raises(ValueError, match="32 bytes"):
+        seeds.SeedFile.load(str(short))
+    not_seed = tmp_path / "other.json"
+    not_seed.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ValueError, match="not a seed file"):
+        seeds.SeedFile.load(str(not_seed))
+    bad_hex = tmp_path / "hex.json"
+    bad_hex.write_text(json.dumps({"seed": "zz" * 32}))
+    with pytest.raises(ValueError, match="not a seed file"):
+        seeds.SeedFile.load(str(bad_hex))
+
+
+def test_fingerprint_deterministic_and_keyed(tmp_path):
+    a = seeds.SeedFile(str(tmp_path / "a"), SEED, {})
+    same = seeds.SeedFile(str(tmp_path / "b"), SEED, {})
+    other = seeds.SeedFile(str(tmp_path / "c"), bytes(32), {})
+    description = {"name": "stats/step-1", "clip_u": 1.0, "inputs": {"interactions": "d1", "embeddings": "d2"}}
+    fp = a.fingerprint(description)
+    assert len(fp) == 64 and int(fp, 16) >= 0
+    assert same.fingerprint(description) == fp
+    # key order in the description does not matter (canonical JSON)
+    reordered = {"inputs": {"embeddings": "d2", "interactions": "d1"}, "clip_u": 1.0, "name": "stats/step-1"}
+    assert a.fingerprint(reordered) == fp
+    assert other.fingerprint(description) != fp
+    assert a.fingerprint({**description, "clip_u": 1.5}) != fp
+
+
+# ---------------------------------------------------------------------------------------------
+# Digests
+
+
+def sample_table(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    vectors = [list(rng.normal(size=int(rng.integers(0, 4)))) for _ in range(n)]
+    names = [None if i % 7 == 0 else f"name-{int(rng.integers(0, 50))}" for i in range(n)]
+    counts = [None if i % 5 == 0 else int(rng.integers(-3, 3)) for i in range(n)]
+    return pa.table(
+        {
+            "id": pa.array(np.arange(n), pa.int64()),
+            "x": pa.array(rng.normal(size=n), pa.float64()),
+            "vec": pa.array(vectors, pa.list_(pa.float64())),
+            "name": pa.array(names, pa.string()),
+            "count": pa.array(counts, pa.int64()),
+        }
+    )
+
+
+def digest(table, chunk=None):
+    return seeds.digest_batches(table.to_batches(max_chunksize=chunk))
+
+
+def test_digest_is_hex_sha256_and_deterministic():
+    t = sample_table()
+    d = digest(t)
+    assert len(d) == 64 and int(d, 16) >= 0
+    assert digest(sample_table()) == d
+
+
+def test_digest_independent_of_row_order_and_batching():
+    t = sample_table()
+    d = digest(t)
+    perm = np.random.default_rng(1).permutation(t.num_rows)
+    shuffled = t.take(pa.array(perm))
+    assert digest(shuffled) == d
+    assert digest(t, chunk=1) == d
+    assert digest(shuffled, chunk=17) == d
+    # batches that are slices with offsets (as an engine would hand over)
+    slices = [t.slice(0, 50), t.slice(50, 3), t.slice(53, 147)]
+    assert seeds.digest_batches([b for s in slices for b in s.to_batches()]) == d
+    assert seeds.digest_batches(reversed([b for s in slices for b in s.to_batches()])) == d
+
+
+def test_digest_changes_when_one_value_changes():
+    t = sample_table()
+    d = digest(t)
+    for column, row, value in [("x", 3, 0.5), ("id", 10, 999), ("name", 2, "other"), ("name", 0, "now set"), ("count", 5, 0), ("count", 6, None)]:
+        values = t[column].to_pylist()
+        assert values[row] != value
+        values[row] = value
+        changed = t.set_column(t.schema.get_field_index(column), column, pa.array(values, t.schema.field(column).type))
+        assert digest(changed) != d, (column, row, value)
+
+
+def test_digest_changes_when_a_row_is_removed_or_duplicated():
+    t = sample_table()
+    d = digest(t)
+    assert digest(t.slice(1)) != d
+    assert digest(pa.concat_tables([t, t.slice(4, 1)])) != d
+
+
+def test_digest_list_columns_order_inside_a_list_matters():
+    base = pa.table({"vec": pa.array([[1.0, 2.0, 3.0], [4.0]], pa.list_(pa.float64()))})
+    swapped = pa.table({"vec": pa.array([[2.0, 1.0, 3.0], [4.0]], pa.list_(pa.float64()))})
+    moved = pa.table({"vec": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float64()))})
+    rows_swapped = pa.table({"vec": pa.array([[4.0], [1.0, 2.0, 3.0]], pa.list_(pa.float64()))})
+    assert digest(base) != digest(swapped)
+    assert digest(base) != digest(moved)
+    assert digest(base) == digest(rows_swapped)  # row order still does not matter
+    changed = pa.table({"vec": pa.array([[1.0, 2.0, 3.5], [4.0]], pa.list_(pa.float64()))})
+    assert digest(base) != digest(changed)
+
+
+def test_digest_strings_and_nulls():
+    a = pa.table({"s": pa.array(["a", None, ""], pa.string()), "i": pa.array([1, None, 0], pa.int64())})
+    assert digest(a) == digest(a.take(pa.array([2, 0, 1])))
+    b = pa.table({"s": pa.array(["a", "", ""], pa.string()), "i": pa.array([1, None, 0], pa.int64())})
+    c = pa.table({"s": pa.array(["a", None, ""], pa.string()), "i": pa.array([1, 0, 0], pa.int64())})
+    assert len({digest(a), digest(b), digest(c)}) == 3
+    # a null float differs from 0.0 and from NaN
+    f = [pa.table({"f": pa.array(v, pa.float64())}) for v in ([None], [0.0], [float("nan")])]
+    assert len({digest(t) for t in f}) == 3
+    # nulls inside lists are hashed too
+    l1 = pa.table({"v": pa.array([[1.0, None]], pa.list_(pa.float64()))})
+    l2 = pa.table({"v": pa.array([[1.0, 0.0]], pa.list_(pa.float64()))})
+    assert digest(l1) != digest(l2)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG privacy/seeds.py:105-113: a null list is hashed as an empty list (lengths fill_null(0), "
+    "flatten() drops it), so [[1.0], None] and [[1.0], []] get one digest",
+)
+def test_digest_null_list_differs_from_empty_list():
+    with_null = pa.table({"v": pa.array([[1.0], None], pa.list_(pa.float64()))})
+    with_empty = pa.table({"v": pa.array([[1.0], []], pa.list_(pa.float64()))})
+    assert digest(with_null) != digest(with_empty)
+
+
+def test_digest_depends_on_columns():
+    t = pa.table({"a": pa.array([1, 2], pa.int64()), "b": pa.array([3, 4], pa.int64())})
+    renamed = t.rename_columns(["a", "c"])
+    swapped_values = pa.table({"a": pa.array([3, 4], pa.int64()), "b": pa.array([1, 2], pa.int64())})
+    mixed = pa.table({"a": pa.array([1, 4], pa.int64()), "b": pa.array([3, 2], pa.int64())})
+    assert len({digest(t), digest(renamed), digest(swapped_values), digest(mixed)}) == 4
+
+
+def test_digest_of_empty_table():
+    schema = sample_table().schema
+    empty_batch = pa.RecordBatch.from_pylist([], schema=schema)
+    d = seeds.digest_batches([empty_batch])
+    assert d == seeds.digest_batches([empty_batch, empty_batch])  # empty batches add nothing
+    assert d != digest(sample_table().slice(0, 1))
+    # an empty batch among real ones changes nothing
+    t = sample_table()
+    assert seeds.digest_batches([empty_batch, *t.to_batches(), empty_batch]) == digest(t)
+
+
+@pytest.mark.parametrize("rows_per_file", [1_000_000, 37])
+def test_digest_table_on_stored_table_equals_in_memory(tmp_path, rows_per_file):
+    t = sample_table(300, seed=4)
+    path = str(tmp_path / "t.parquet")
+    storage.write_table(t, path, rows_per_file=rows_per_file)
+    if rows_per_file == 37:
+        assert len([f for f in os.listdir(path) if f.endswith(".parquet")]) == 9
+    assert seeds.digest_table(path) == digest(t)
+    # a different stored table gives a different digest
+    storage.write_table(t.slice(1), str(tmp_path / "u.parquet"))
+    assert seeds.digest_table(str(tmp_path / "u.parquet")) != digest(t)
