@@ -10,8 +10,9 @@ import argparse
 import sys
 import time
 
-from pipelines import ingest, splits, synth
+from pipelines import counts, ingest, splits, stats_job, synth, user_update
 from pipelines.movielens import IngestError
+from privacy.ledger import Ledger
 from schemas import SchemaError, storage
 
 USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError)
@@ -27,6 +28,28 @@ def _run_demo(args: argparse.Namespace) -> int:
     data = ingest.load_or_ingest(args.data, storage.join(args.out, "data"), progress=True)
     print(ingest.describe(data))
     print(f"done in {time.perf_counter() - started:.1f} s; outputs under {args.out}")
+    return 0
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    job = stats_job.StatsJob.from_args(args)
+    if args.engine == "beam":
+        from pipelines import beam_stats
+
+        summary = beam_stats.run(job)
+    else:
+        from pipelines import stats
+        from pipelines.spark import session
+
+        with session("ssp-stats", args.master) as spark:
+            summary = stats.run(job, spark)
+    print(stats_job.describe(summary))
+    return 0
+
+
+def _run_privacy(args: argparse.Namespace) -> int:
+    path = args.run if args.run.endswith(".parquet") else storage.join(args.run, "ledger.parquet")
+    print(Ledger.open(path).describe())
     return 0
 
 
@@ -53,6 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
     split_cmd = commands.add_parser("split", help="split a data set by a benchmark protocol (rmse: 80/10/10 ratings; recall: held-out users)")
     splits.add_arguments(split_cmd)
     split_cmd.set_defaults(handler=_run_split, data=ingest.BUNDLED)
+
+    counts_cmd = commands.add_parser("counts", help="release the DP item counts (first release of a run)")
+    counts.add_arguments(counts_cmd)
+    counts_cmd.set_defaults(handler=counts.run)
+
+    stats_cmd = commands.add_parser("stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)")
+    stats_job.add_arguments(stats_cmd)
+    stats_cmd.add_argument("--engine", choices=("spark", "beam"), default="spark", help="Spark (default; also spark-submit pipelines/stats.py) or Beam DirectRunner")
+    stats_cmd.add_argument("--master", help="Spark master (default: local[*])")
+    stats_cmd.set_defaults(handler=_run_stats)
+
+    user_cmd = commands.add_parser("user-update", help="solve every user's embedding against item embeddings (Spark)")
+    user_update.add_arguments(user_cmd)
+    user_cmd.set_defaults(handler=user_update.main)
+
+    privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
+    privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
+    privacy_cmd.set_defaults(handler=_run_privacy)
     return parser
 
 

@@ -177,6 +177,9 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
     """Add the release's keyed Gaussian noise to merged statistics of the given items."""
     a_upper = np.array(a_upper, dtype=np.float64)
     b = np.array(b, dtype=np.float64)
+    item_ids = np.asarray(item_ids)
+    if not (item_ids.ndim == 1 and a_upper.shape[0] == b.shape[0] == item_ids.size):
+        raise ValueError(f"finalize needs one item id per row: {item_ids.shape} ids, {a_upper.shape[0]} A rows, {b.shape[0]} b rows")
     if spec.sigma == 0:
         return a_upper, b
     t, d = a_upper.shape[1], b.shape[1]

@@ -22,7 +22,9 @@ def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
     """Scale each row of `x` down to L2 norm at most `bound` (rows already inside are unchanged)."""
     bound = check_bound("clip norm", bound)
     x = np.asarray(x, dtype=np.float64)
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    largest = np.max(np.abs(x), axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        norms = largest * np.linalg.norm(np.where(largest > 0, x / largest, 0.0), axis=-1, keepdims=True)  # no overflow
     with np.errstate(divide="ignore"):
         scale = np.minimum(1.0, bound / norms)
     return x * scale

@@ -75,7 +75,8 @@ class Ledger:
         if not storage.exists(path):
             return cls.create(path, **budget)
         ledger = cls.open(path)
-        expected = cls(path, {"multipliers": {}, "accountant": "rdp", "unit": "user", **budget}, []).budget
+        expected = {"accountant": "rdp", "unit": "user", **budget}
+        expected["multipliers"] = expected.get("multipliers") or {}
         if any(ledger.budget.get(key) != value for key, value in expected.items()):
             raise ValueError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
         return ledger

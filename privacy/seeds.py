@@ -46,7 +46,10 @@ class SeedFile:
     @classmethod
     def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
         """Write a new seed file (a fresh CSPRNG seed unless one is given)."""
-        seed_file = cls(path, seed if seed is not None else new_seed(), {})
+        seed = seed if seed is not None else new_seed()
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"a seed has {SEED_BYTES} bytes, got {len(seed)}")
+        seed_file = cls(path, seed, {})
         seed_file._save()
         return seed_file
 
@@ -109,6 +112,8 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
     salt64 = np.uint64(salt)
     if pa.types.is_list(column.type):
         lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        if lengths.size == 0:
+            return np.zeros(0, dtype=np.uint64)
         flat = _column_hash(column.flatten(), salt + 1)
         position = np.arange(flat.size, dtype=np.int64) - np.repeat(np.r_[0, np.cumsum(lengths)[:-1]], lengths)
         with np.errstate(over="ignore"):
@@ -116,7 +121,10 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         sums = np.zeros(lengths.size, dtype=np.uint64)
         np.add.at(sums, np.repeat(np.arange(lengths.size), lengths), per_value)
         with np.errstate(over="ignore"):
-            return mix64(sums + lengths.astype(np.uint64) * salt64)
+            hashed = mix64(sums + lengths.astype(np.uint64) * salt64)
+        if column.null_count:  # a null list differs from an empty one
+            hashed = np.where(column.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(salt), hashed)
+        return hashed
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         values = [hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8 for v in column.to_pylist()]
         bits = np.frombuffer(b"".join(values), dtype=np.uint64) if values else np.zeros(0, np.uint64)

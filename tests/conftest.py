@@ -100,3 +100,12 @@ def sample_tables():
             t.validate_ledger,
         ),
     }
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (2 cores) for the whole test session."""
+    from pipelines.spark import session
+
+    with session("ssp-tests", "local[2]") as spark_session:
+        yield spark_session

@@ -7,7 +7,7 @@ import pytest
 
 from pipelines import cli
 
-SUBCOMMANDS = ["demo", "ingest", "synth", "split"]
+SUBCOMMANDS = ["demo", "ingest", "synth", "split", "counts", "stats", "user-update"]
 
 
 def ssp(*args, cwd=None):

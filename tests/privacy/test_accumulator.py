@@ -233,6 +233,19 @@ def test_merge_hand_example():
     assert a.tolist() == [1.5, 2.0, 2.0] and b.tolist() == [3.0, 1.0]
 
 
+def test_reduce_by_key_sums_partials_per_key():
+    rng = np.random.default_rng(9)
+    keys = rng.integers(-3, 40, size=500)
+    a, b = rng.normal(size=(500, 6)), rng.normal(size=(500, 3))
+    out_keys, out_a, out_b = acc.reduce_by_key(keys, a, b)
+    np.testing.assert_array_equal(out_keys, np.unique(keys))
+    for row, key in enumerate(out_keys):
+        np.testing.assert_allclose(out_a[row], a[keys == key].sum(axis=0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out_b[row], b[keys == key].sum(axis=0), rtol=1e-12, atol=1e-12)
+    empty = acc.reduce_by_key(np.array([], dtype=np.int64), np.zeros((0, 6)), np.zeros((0, 3)))
+    assert empty[0].shape == (0,) and empty[1].shape == (0, 6) and empty[2].shape == (0, 3)
+
+
 # ---------------------------------------------------------------------------------------------
 # finalize
 
@@ -320,6 +333,11 @@ def test_finalize_noise_independent_of_item_order_and_batch():
     assert not np.any(other_a == na)
     other_a, _ = acc.finalize(ids, a, b, spec(seed=bytes(32)))
     assert not np.any(other_a == na)
+
+
+def test_finalize_rejects_item_ids_not_matching_rows():
+    with pytest.raises(ValueError):
+        acc.finalize(np.array([5]), np.zeros((3, 3)), np.zeros((3, 2)), spec())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,12 +90,6 @@ def test_check_bound_names_its_argument(bad):
     assert check_bound("my_bound", 2) == 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG privacy/clipping.py:25-28: the norm is computed as sqrt(sum x^2), which overflows to inf "
-    "for finite rows with entries above ~1.3e154, so min(1, G/inf) = 0 and the row is clipped to the "
-    "zero vector instead of G * x/||x|| (privacy-safe, wrong value)",
-)
 def test_huge_finite_row_is_clipped_in_its_direction():
     with np.errstate(over="ignore"):
         out = clip_rows(np.array([[1e200, 1e200]]), 1.0)

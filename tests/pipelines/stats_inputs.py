@@ -1,0 +1,39 @@
+"""Builders of small stats-job inputs shared by the Spark and Beam tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from schemas import storage
+from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema
+
+
+def write_inputs(folder, interactions, embeddings, counts, catalog):
+    """Write the four input tables; returns their paths as a dict."""
+    folder = str(folder)
+    paths = {name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")}
+    users, items, labels = zip(*interactions)
+    storage.write_table(pa.table({"user_id": users, "item_id": items, "label": [float(v) for v in labels], "timestamp": [0] * len(users)}, schema=INTERACTIONS), paths["interactions"])
+    storage.write_table(pa.table({"user_id": list(embeddings), "embedding": [list(map(float, v)) for v in embeddings.values()]}, schema=USER_EMBEDDINGS), paths["user_embeddings"])
+    storage.write_table(pa.table({"item_id": list(counts), "count": [float(v) for v in counts.values()]}, schema=COUNTS), paths["counts"])
+    storage.write_table(pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]}, schema=items_schema({"genres": "multivalent"})), paths["items"])
+    return paths
+
+
+def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25):
+    """A_j (full matrices) and b_j by the formulas, one row at a time in plain numpy."""
+    d = len(next(iter(embeddings.values())))
+    a = {j: np.zeros((d, d)) for j in catalog}
+    b = {j: np.zeros(d) for j in catalog}
+    for user in {row[0] for row in interactions}:
+        rows = [row for row in interactions if row[0] == user]
+        norm = sum(counts[j] ** (2 * exponent) for _, j, _ in rows)
+        for _, j, y in rows:
+            w = wbar * counts[j] ** exponent / np.sqrt(norm)
+            u = np.asarray(embeddings[user], float)
+            u = u * min(1.0, clip_u / np.linalg.norm(u))
+            y = float(np.clip(y, -clip_y, clip_y))
+            a[j] += w * np.outer(u, u)
+            b[j] += w * y * u
+    return a, b

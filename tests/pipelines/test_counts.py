@@ -1,0 +1,76 @@
+"""DP item counts: contribution cap per user, every catalog item, noise scale, floor, ledger."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines.counts import dp_counts, sampled_rows
+from pipelines.release import PrivacySettings
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.tables import INTERACTIONS, items_schema
+
+
+def write(tmp_path, rows, catalog):
+    users, items = zip(*rows)
+    storage.write_table(pa.table({"user_id": users, "item_id": items, "label": [1.0] * len(rows), "timestamp": [0] * len(rows)}, schema=INTERACTIONS), str(tmp_path / "i.parquet"))
+    storage.write_table(pa.table({"item_id": catalog, "title": [""] * len(catalog), "genres": [[]] * len(catalog)}, schema=items_schema({"genres": "multivalent"})), str(tmp_path / "items.parquet"))
+    return str(tmp_path / "i.parquet"), str(tmp_path / "items.parquet")
+
+
+def counts_of(path):
+    table = storage.read_table(path)
+    return dict(zip(table["item_id"].to_pylist(), table["count"].to_pylist()))
+
+
+def test_exact_counts_with_cap_and_floor(tmp_path):
+    rows = [(1, 10), (1, 20), (1, 30), (2, 10), (3, 10), (3, 30)]
+    interactions, items = write(tmp_path, rows, [10, 20, 30, 40])
+    summary = dp_counts(interactions, items, str(tmp_path / "uncapped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3)
+    assert counts_of(str(tmp_path / "uncapped" / "counts.parquet")) == {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}  # item 40: 0, floored at 1
+    assert summary["epsilon_spent"] == float("inf")
+    dp_counts(interactions, items, str(tmp_path / "capped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=1)
+    capped = counts_of(str(tmp_path / "capped" / "counts.parquet"))
+    # each user adds 1 to one item only: 3 contributions in all, so at most 3 - 1 items reach 2
+    assert all(capped[j] <= uncapped for j, uncapped in {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}.items())
+    assert sum(value for value in capped.values() if value > 1.0) <= 3.0 and capped != {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}
+    dp_counts(interactions, items, str(tmp_path / "example"), PrivacySettings(noise_multiplier=0.0), unit="example", max_items_per_user=1)
+    assert counts_of(str(tmp_path / "example" / "counts.parquet")) == {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}
+
+
+def test_sampling_keeps_at_most_k_rows_per_user_uniformly():
+    users = np.repeat(np.arange(2000), 10)
+    items = np.tile(np.arange(10), 2000)
+    kept = sampled_rows(users, items, 3, key=12345)
+    assert np.all(np.bincount(users[kept]) == 3)
+    share = np.bincount(items[kept], minlength=10) / kept.size
+    assert np.allclose(share, 0.1, atol=0.01)  # every item equally likely to be kept
+    assert not np.array_equal(kept, sampled_rows(users, items, 3, key=54321))
+    reversed_kept = sampled_rows(users[::-1].copy(), items[::-1].copy(), 3, key=12345)
+    assert set(zip(users[kept], items[kept])) == set(zip(users[::-1][reversed_kept], items[::-1][reversed_kept]))  # row order is irrelevant
+
+
+def test_noise_scale_and_ledger(tmp_path):
+    catalog = list(range(1, 3001))
+    interactions, items = write(tmp_path, [(1, 5)], catalog)
+    summary = dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=2.0), max_items_per_user=4)
+    values = np.array(list(counts_of(str(tmp_path / "out" / "counts.parquet")).values()))
+    assert values.size == 3000 and values.min() >= 1.0
+    # noise std = multiplier * sqrt(K) = 4; counts are 0 + noise, floored at 1: compare the share floored
+    from scipy.stats import norm
+
+    assert np.mean(values == 1.0) == pytest.approx(norm.cdf(1.0 / 4.0), abs=0.03)
+    above = values[values > 1.0]
+    assert np.mean(above > 4.0) == pytest.approx((1 - norm.cdf(1.0)) / (1 - norm.cdf(0.25)), abs=0.04)
+    assert summary["noise_std"] == 4.0
+    ledger = Ledger.open(str(tmp_path / "out" / "ledger.parquet"))
+    assert [(row["name"], row["noise_multiplier"]) for row in ledger.rows] == [("counts", 2.0)]
+
+
+def test_unknown_items_and_bad_cap(tmp_path):
+    interactions, items = write(tmp_path, [(1, 5), (1, 99)], [5])
+    with pytest.raises(ValueError, match=r"1 interaction\(s\) refer to items missing from the catalog \(e.g. 99\)"):
+        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0))
+    with pytest.raises(ValueError, match="--max-items-per-user must be a positive integer"):
+        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), max_items_per_user=0)
+    assert not (tmp_path / "out").exists()

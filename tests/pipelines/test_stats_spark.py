@@ -1,0 +1,185 @@
+"""The stats job on a real local Spark: exact values, every item once, noise, seeds, ledger, bad input."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from stats_inputs import expected_stats, write_inputs
+
+from pipelines import stats, stats_job
+from pipelines.counts import dp_counts
+from pipelines.release import PrivacySettings
+from pipelines.stats_core import StatsSettings
+from privacy.accumulator import packed_size, unpack_upper
+from privacy.ledger import BudgetExceededError, Ledger
+from privacy.seeds import SeedFile, SeedReuseError
+from schemas import storage
+from schemas.tables import stats_metadata, validate_stats
+
+# 3 users, catalog of 4 items (item 40 has no rows), d = 2
+INTERACTIONS = [(1, 10, 4.0), (1, 20, 5.0), (2, 10, 1.0), (2, 30, 3.0), (2, 20, -7.0), (3, 30, 2.5)]
+EMBEDDINGS = {1: [3.0, 4.0], 2: [0.5, -0.5], 3: [0.0, 2.0]}
+COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
+CATALOG = [10, 20, 30, 40]
+
+
+def make_job(paths, out, privacy, settings=StatsSettings(2, 1.0, 5.0, "user", 2.0), **kwargs):
+    return stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs)
+
+
+def read_stats(path):
+    table = validate_stats(storage.read_table(path)).sort_by("item_id")
+    d = int(stats_metadata(table.schema)["d"])
+    return table["item_id"].to_pylist(), np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist()), d
+
+
+def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
+    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    summary = stats.run(make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=0.0)), spark)
+    items, a, b, d = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
+    assert items == CATALOG and d == 2
+    want_a, want_b = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, clip_u=1.0, clip_y=5.0, wbar=2.0)
+    for row, j in enumerate(CATALOG):
+        np.testing.assert_allclose(unpack_upper(a[row], 2), want_a[j], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(b[row], want_b[j], rtol=1e-12, atol=1e-15)
+    # hand-computed: user 1 has items 10 (n=16) and 20 (n=1): weights 2*(1/2)/sqrt(1/4+1) and 2*1/sqrt(5/4);
+    # u = (3,4) clipped to (0.6, 0.8); labels 4 and 5 within the clip. User 2 rates 10 too.
+    w1_10, w1_20 = 1 / np.sqrt(1.25), 2 / np.sqrt(1.25)
+    norm2 = 16**-0.5 + 81**-0.5 + 1.0
+    w2_10 = 2 * 16**-0.25 / np.sqrt(norm2)
+    u2 = np.array([0.5, -0.5])
+    np.testing.assert_allclose(b[0], w1_10 * 4.0 * np.array([0.6, 0.8]) + w2_10 * 1.0 * u2, rtol=1e-12)
+    np.testing.assert_allclose(b[1], w1_20 * 5.0 * np.array([0.6, 0.8]) + 2 * 1 / np.sqrt(norm2) * -5.0 * u2, rtol=1e-12)
+    assert np.all(a[3] == 0) and np.all(b[3] == 0)
+    assert summary["releases"] == [0] and summary["epsilon_spent"] == float("inf")
+    ledger = Ledger.open(str(tmp_path / "out" / "ledger.parquet"))
+    assert [row["name"] for row in ledger.rows] == ["step-1/stats/r0"]
+
+
+def test_noise_scale_and_reproducible_release(spark, tmp_path):
+    catalog = list(range(1, 1501))  # most items have no rows: their statistics are pure noise
+    paths = write_inputs(tmp_path, INTERACTIONS[:2] + [(3, 5, 1.0)], {1: [3.0, 4.0], 3: [1.0, 0.0]}, {j: 3.0 for j in catalog}, catalog)
+    seed = SeedFile.create(str(tmp_path / "seed")).path
+    settings = StatsSettings(2, 0.5, 2.0, "user", 1.5)
+    privacy = PrivacySettings(noise_multiplier=1.2, resamples=2)
+    stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)
+    items, a, b, _ = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
+    assert len(items) == 1500
+    empty = ~np.isin(items, [10, 20, 5])
+    sigma = 1.2 * 1.5
+    diagonal = [0, 2]  # packed (0,0), (0,1), (1,1)
+    assert a[empty][:, diagonal].std() == pytest.approx(sigma * 0.5**2, rel=0.05)
+    assert a[empty][:, 1].std() == pytest.approx(sigma * 0.5**2, rel=0.07)
+    assert b[empty].std() == pytest.approx(sigma * 2.0 * 0.5, rel=0.05)
+    assert abs(a[empty].mean()) < 0.05 * sigma * 0.25
+    other = read_stats(str(tmp_path / "out" / "resample-1.parquet"))
+    assert not np.allclose(other[1], a)  # the second resample has its own noise
+    before = {name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read() for name in os.listdir(tmp_path / "out" / "resample-0.parquet")}
+    stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)  # a rerun: same releases
+    after = {name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read() for name in os.listdir(tmp_path / "out" / "resample-0.parquet")}
+    assert before == after
+    assert len(Ledger.open(str(tmp_path / "out" / "ledger.parquet")).rows) == 2
+
+
+def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
+    paths = write_inputs(tmp_path / "in", INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    privacy = PrivacySettings(noise_multiplier=1.0)
+    stats.run(make_job(paths, tmp_path / "run", privacy), spark)
+    seed_path = str(tmp_path / "run" / "private" / "seed")
+    seed = SeedFile.load(seed_path)
+    assert len(seed.seed) == 32 and list(seed.releases) == [0]
+    stats.run(make_job(paths, tmp_path / "run2", privacy), spark)
+    assert SeedFile.load(str(tmp_path / "run2" / "private" / "seed")).seed != seed.seed
+    # the same seed file on neighbouring data (one user less) is refused before anything is written
+    other = write_inputs(tmp_path / "other", INTERACTIONS[:-1], {1: EMBEDDINGS[1], 2: EMBEDDINGS[2]}, COUNTS, CATALOG)
+    with pytest.raises(SeedReuseError, match="already used for release 0 on different data"):
+        stats.run(make_job(other, tmp_path / "run3", privacy, seed_file=seed_path), spark)
+    assert not (tmp_path / "run3" / "resample-0.parquet").exists()
+
+
+def test_budget_is_enforced_across_steps(spark, tmp_path):
+    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5)
+    ledger = str(tmp_path / "ledger.parquet")
+    dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger)
+    summary = stats.run(make_job(paths, tmp_path / "s1", privacy, ledger_path=ledger), spark)
+    assert summary["epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # the plan spends exactly the budget
+    with pytest.raises(BudgetExceededError, match="over its budget of 2"):
+        stats.run(make_job(paths, tmp_path / "s2", privacy, ledger_path=ledger, step=2), spark)
+    assert not (tmp_path / "s2").exists() or not os.listdir(tmp_path / "s2")
+    assert [row["name"] for row in Ledger.open(ledger).rows] == ["counts", "step-1/stats/r0"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"settings": StatsSettings(3, 1.0, 5.0)}, r"column 'embedding', row 0: has length 2, expected 3"),
+        ({"embeddings": {1: [3.0, 4.0], 2: [0.5, -0.5]}}, r"missing user embeddings for 1 user\(s\) of the interactions \(e.g. 3\)"),
+        ({"counts": {10: 16.0, 20: 1.0, 30: 81.0}}, r"no DP count for 1 catalog item\(s\) \(e.g. 40\)"),
+        ({"interactions": INTERACTIONS + [(1, 10, 2.0)]}, r"1 duplicate \(user, item\) pair\(s\), e.g. user 1 item 10"),
+        ({"interactions": INTERACTIONS + [(3, 99, 2.0)]}, r"items missing from the catalog \(e.g. 99\)"),
+    ],
+)
+def test_bad_inputs_are_refused_before_any_release(spark, tmp_path, change, message):
+    paths = write_inputs(tmp_path, change.get("interactions", INTERACTIONS), change.get("embeddings", EMBEDDINGS), change.get("counts", COUNTS), CATALOG)
+    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), change.get("settings", StatsSettings(2, 1.0, 5.0)))
+    with pytest.raises(ValueError, match=message):
+        stats.run(job, spark)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: PrivacySettings(epsilon=0.0), "epsilon must be > 0"),
+        (lambda: PrivacySettings(epsilon=-1.0), "epsilon must be > 0"),
+        (lambda: PrivacySettings(epsilon=1.0, delta=1.0), r"delta must be in \(0, 1\)"),
+        (lambda: PrivacySettings(epsilon=1.0, delta=0.0), r"delta must be in \(0, 1\)"),
+        (lambda: PrivacySettings(), "give either --epsilon"),
+        (lambda: PrivacySettings(noise_multiplier=-1.0), "noise multiplier must be"),
+        (lambda: StatsSettings(2, 0.0, 1.0), "--clip-u must be a finite number > 0"),
+        (lambda: StatsSettings(2, 1.0, -1.0), "--clip-y must be a finite number > 0"),
+        (lambda: StatsSettings(0, 1.0, 1.0), "--dim must be a positive integer"),
+    ],
+)
+def test_impossible_parameters(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_spark_submit_entry_point(tmp_path):
+    """`spark-submit pipelines/stats.py` from the repository root, as on a cluster's edge node."""
+    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run(
+        [submit, "--master", "local[2]", "pipelines/stats.py", "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
+         "--items", paths["items"], "--counts", paths["counts"], "--out", str(tmp_path / "out"), "--dim", "2", "--clip-u", "1", "--clip-y", "5",
+         "--wbar", "2", "--noise-multiplier", "0"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stats step 1: 1 table(s) of 4 items" in result.stdout
+    items, a, b, _ = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
+    want_a, _ = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, clip_u=1.0, clip_y=5.0, wbar=2.0)
+    np.testing.assert_allclose(unpack_upper(a[2], 2), want_a[30], rtol=1e-12)
+    assert a.shape[1] == packed_size(2)
+    bad = subprocess.run([submit, "pipelines/stats.py", "--interactions", "x", "--user-embeddings", "y", "--items", "z", "--counts", "c",
+                          "--out", str(tmp_path / "bad"), "--dim", "2", "--clip-u", "1", "--clip-y", "1", "--epsilon", "-1"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
+
+
+def test_entry_point_errors_are_one_line(tmp_path, capsys):
+    args = ["--interactions", "x", "--user-embeddings", "y", "--items", "z", "--counts", "c", "--out", str(tmp_path / "bad"),
+            "--dim", "2", "--clip-u", "1", "--clip-y", "1"]
+    assert stats.main(args + ["--epsilon", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "stats: error: epsilon must be > 0, got -1.0"
+    assert stats.main(args + ["--epsilon", "1", "--delta", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "stats: error: delta must be in (0, 1), got 2.0"
+    assert stats.main(args + ["--noise-multiplier", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "stats: error: table not found: z"
+    assert not (tmp_path / "bad").exists()

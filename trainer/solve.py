@@ -1,0 +1,27 @@
+"""Closed-form ridge solves per key: the user update of alternating minimization (and fold-in).
+
+For the rows of each key k (a user) with vectors v_i (the items' embeddings) and labels y_i:
+`u_k = (sum v_i v_i^T + lambda I)^-1 sum y_i v_i`. Gram matrices come from the same grouped kernel
+as the item statistics (privacy.accumulator.grouped_sums); the solves are batched.
+
+Privacy: the user update uses a user's own rows and released item embeddings only; its output
+(user embeddings) is private and stays in the run directory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privacy.accumulator import grouped_sums, unpack_upper
+
+
+def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems."""
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
+    vectors = np.asarray(vectors, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    d = vectors.shape[1]
+    unique, gram_upper, rhs = grouped_sums(keys, vectors, labels[:, None] * vectors)
+    gram = unpack_upper(gram_upper, d) + lam * np.eye(d)
+    return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]
