@@ -235,7 +235,7 @@ def noise_item(element, specs: Sequence[accumulator.NoiseSpec]):
     item, (a, b) = element
     ids = np.array([item], np.int64)
     noised = []
-    for spec in specs[:1] * len(specs):
+    for spec in specs:
         noised_a, noised_b = accumulator.finalize(ids, a[None, :], b[None, :], spec)
         noised.append((noised_a[0], noised_b[0]))
     return item, tuple(noised)
@@ -288,9 +288,7 @@ class WriteShard(beam.DoFn):
     def process(self, element):
         shard, rows = element
         rows = sorted(rows, key=lambda row: row[0])
-        items = np.array([row[0] for row in rows], np.int64)
-        if items.size == 0:
-            return
+        items = np.array([row[0] for row in rows], np.int64)  # a group is never empty
         written = []
         for resample, (spec, target) in enumerate(zip(self.specs, self.staged)):
             a = np.stack([row[1][resample][0] for row in rows])
@@ -402,13 +400,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.beam_stats",
         description="The AM-SSP stats job on Apache Beam: noised A_j, b_j for every catalog item.",
         epilog="Every other flag is a Beam pipeline option, passed through (e.g. --runner DirectRunner, the default; "
-        "--direct_num_workers 2; --runner DataflowRunner --project P --region R --temp_location gs://...).",
+        "--direct_num_workers 2 --direct_running_mode multi_processing; --runner DataflowRunner --project P --region R "
+        "--temp_location gs://...). Flags that neither this job nor Beam knows are refused.",
     )
     stats_job.add_arguments(parser)
     args, beam_args = parser.parse_known_args(argv)
     unknown = _unknown_to_beam(beam_args)
-    if unknown:
-        print(f"stats: warning: flags unknown to this job and to Beam, ignored: {', '.join('--' + name for name in unknown)}", file=sys.stderr)
+    if unknown:  # refused before anything is spent: a mistyped stats flag must not make a release
+        parser.error(f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}")
     try:
         job = stats_job.StatsJob.from_args(args)
         summary = run(job, PipelineOptions(beam_args))

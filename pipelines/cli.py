@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from pipelines import counts, ingest, splits, stats_job, synth, user_update
+from pipelines import counts, ingest, splits, stats_job, synth, train, user_update
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
 from schemas import SchemaError, storage
@@ -24,10 +23,9 @@ def _run_split(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    data = ingest.load_or_ingest(args.data, storage.join(args.out, "data"), progress=True)
-    print(ingest.describe(data))
-    print(f"done in {time.perf_counter() - started:.1f} s; outputs under {args.out}")
+    config = train.TrainConfig(data=args.data, out=args.out, epsilon=args.epsilon, non_private=args.non_private)
+    metrics = train.run(config)
+    print(train.describe(metrics))
     return 0
 
 
@@ -60,10 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="the main job on the bundled MovieLens data: ingest it and print a summary")
+    demo = commands.add_parser("demo", help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation")
     demo.add_argument("--data", default=ingest.BUNDLED, help="MovieLens or data set folder (default: the bundled ml-latest-small)")
-    demo.add_argument("--out", default="runs/demo", help="output folder (default: %(default)s)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
+    demo.add_argument("--epsilon", type=float, default=10.0, help="user-level epsilon of the whole run (default: %(default)s; delta 1e-5)")
+    demo.add_argument("--non-private", action="store_true", help="the same pipeline without noise or clipping, for comparison")
     demo.set_defaults(handler=_run_demo)
+
+    train_cmd = commands.add_parser("train", help="the end-to-end training run (alternating minimization, DP statistics, SSP trainer, evaluation)")
+    train.add_arguments(train_cmd)
+    train_cmd.set_defaults(handler=train.main)
 
     ingest_cmd = commands.add_parser("ingest", help="read a MovieLens folder into the canonical tables")
     ingest.add_arguments(ingest_cmd)

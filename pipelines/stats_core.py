@@ -50,8 +50,8 @@ class StatsSettings:
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
             raise ValueError(f"--dim must be a positive integer, got {self.dim}")
-        check_bound("--clip-u", self.clip_u)
-        check_bound("--clip-y", self.clip_y)
+        check_bound("--clip-u", self.clip_u, allow_inf=True)  # inf: no clipping, for non-private runs only
+        check_bound("--clip-y", self.clip_y, allow_inf=True)
         check_bound("--wbar", self.wbar)
         if self.unit not in UNITS:
             raise ValueError(f"unit of privacy must be one of {UNITS}, got {self.unit!r}")

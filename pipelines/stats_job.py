@@ -145,10 +145,11 @@ class StatsJob:
     def commit(self, written: list[list[str]], rows: list[int]) -> dict:
         """Publish each resample's parts, then the step summary; returns the summary."""
         storage.remove(storage.join(self.out, RELEASE_SUMMARY))
-        for staged, names, count in zip(self.staged_writes(), written, rows):
-            if count != self.catalog.size:
+        if any(count != self.catalog.size for count in rows):
+            for staged, names in zip(self.staged_writes(), written):
                 staged.abort(names)
-                raise RuntimeError(f"stats for {count} items written, expected every catalog item ({self.catalog.size})")
+            raise RuntimeError(f"stats for {rows} items written, expected every catalog item ({self.catalog.size}) in each table")
+        for staged, names, count in zip(self.staged_writes(), written, rows):
             staged.commit(names, count)
         summary = {
             "step": self.step,

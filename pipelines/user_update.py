@@ -1,6 +1,7 @@
 """`ssp user-update`: the user update of alternating minimization, on Spark.
 
-Per user, `u_k = (sum v v^T + lambda_u I)^-1 sum y v` over the user's rows, with the item
+Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k rows (weighted-lambda
+ALS), with the item
 embeddings table broadcast to every task; each partition (sorted by user) solves its users in
 batches with numpy (trainer.solve.ridge_solve) and writes its part of the user embeddings table,
 which the driver commits.
@@ -37,7 +38,7 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, stag
     def solve(tables):
         nonlocal writer, rows
         table = pa.Table.from_batches(tables).combine_chunks()
-        users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam)
+        users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True)
         out = pa.Table.from_arrays([pa.array(users, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
             writer = staged.open_part(part, USER_EMBEDDINGS)

@@ -71,14 +71,20 @@ class Group:
     events: int
 
 
-def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1) -> list[Group]:
-    """The AM-SSP plan: the count release, then S x R stats tables of two events (A and b) each."""
+def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0) -> list[Group]:
+    """The AM-SSP plan: the count release, optionally the DP mean rating (a sum and a count: two
+    events), then S x R stats tables of two events (A and b) each."""
     for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if not 0 < count_share < 1:
         raise ValueError(f"count share must be in (0, 1), got {count_share}")
-    return [Group("counts", count_share, 1), Group("stats", 1 - count_share, 2 * outer_steps * resamples)]
+    if not 0 <= mean_share < 1 - count_share:
+        raise ValueError(f"mean share must be in [0, 1 - count share), got {mean_share}")
+    plan = [Group("counts", count_share, 1)]
+    if mean_share > 0:
+        plan.append(Group("mean", mean_share, 2))
+    return plan + [Group("stats", 1 - count_share - mean_share, 2 * outer_steps * resamples)]
 
 
 def multipliers_for(total_multiplier: float, plan: list[Group]) -> dict[str, float]:

@@ -162,8 +162,8 @@ class NoiseSpec:
     release: int
 
     def __post_init__(self):
-        check_bound("clip_u", self.clip_u)
-        check_bound("clip_y", self.clip_y)
+        check_bound("clip_u", self.clip_u, allow_inf=self.noise_multiplier == 0)
+        check_bound("clip_y", self.clip_y, allow_inf=self.noise_multiplier == 0)
         check_bound("wbar", self.wbar)
         if not np.isfinite(self.noise_multiplier) or self.noise_multiplier < 0:
             raise ValueError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")

@@ -1,7 +1,7 @@
 """Closed-form ridge solves per key: the user update of alternating minimization (and fold-in).
 
 For the rows of each key k (a user) with vectors v_i (the items' embeddings) and labels y_i:
-`u_k = (sum v_i v_i^T + lambda I)^-1 sum y_i v_i`. Gram matrices come from the same grouped kernel
+`u_k = (sum v_i v_i^T + lambda_k I)^-1 sum y_i v_i`, with lambda_k = lambda or lambda * n_k. Gram matrices come from the same grouped kernel
 as the item statistics (privacy.accumulator.grouped_sums); the solves are batched.
 
 Privacy: the user update uses a user's own rows and released item embeddings only; its output
@@ -15,13 +15,18 @@ import numpy as np
 from privacy.accumulator import grouped_sums, unpack_upper
 
 
-def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems."""
+def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
+
+    With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
+    weighted-lambda ALS of Zhou et al. 2008), which suits keys with very different row counts.
+    """
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     d = vectors.shape[1]
     unique, gram_upper, rhs = grouped_sums(keys, vectors, labels[:, None] * vectors)
-    gram = unpack_upper(gram_upper, d) + lam * np.eye(d)
+    strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
+    gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d)
     return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]

@@ -170,7 +170,26 @@ def test_cli_runs_beam_options_through_and_reports_errors_in_one_line(tmp_path, 
     assert err[-1] == f"stats: error: table not found: {tmp_path / 'nowhere.parquet'}"
     assert not (tmp_path / "bad" / "resample-0.parquet").exists()
 
+    with pytest.raises(SystemExit) as info:  # a mistyped flag is refused before any release is recorded
+        beam_stats.main([*flags, "--out", str(tmp_path / "typo"), "--shardz", "2"])
+    assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+
     with pytest.raises(SystemExit) as info:
         beam_stats.main(["--help"])
     assert info.value.code == 0
     assert "--clip-u" in capsys.readouterr().out
+
+
+def test_runs_on_gs_paths(gcs_path):
+    # Inputs, staged parts, manifests and outputs on a GCS emulator bucket: the same statistics.
+    paths = write_inputs(f"{gcs_path}/in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG)
+    settings = StatsSettings(2, 1.0, 2.0, "user", 1.5)
+    beam_stats.run(make_job(paths, f"{gcs_path}/out", PrivacySettings(noise_multiplier=0.0), settings, shards=2), PipelineOptions(DIRECT))
+    _, table = read_stats(f"{gcs_path}/out/resample-0.parquet")
+    assert table["item_id"].to_pylist() == CATALOG
+    want_a, want_b = by_formula("user", 1.5)
+    np.testing.assert_allclose(np.array(table["a_upper"].to_pylist()), np.array([want_a[j] for j in CATALOG]), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(np.array(table["b"].to_pylist()), np.array([want_b[j] for j in CATALOG]), rtol=1e-12, atol=1e-15)
+    fs, inner = storage.filesystem(f"{gcs_path}/out")
+    assert not [f for f in fs.ls(inner, detail=False) if beam_stats.MANIFESTS in f]  # staging removed

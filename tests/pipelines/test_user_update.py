@@ -21,14 +21,14 @@ def test_spark_user_update_matches_closed_form(spark, tmp_path):
     storage.write_table(pa.table({"item_id": np.arange(1, 41), "embedding": list(v)}, schema=ITEM_EMBEDDINGS), str(tmp_path / "v.parquet"))
     n = user_update.run(spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, 3)
     out = validate_user_embeddings(storage.read_table(str(tmp_path / "u.parquet")), dim=3).sort_by("user_id")
-    keys, want = ridge_solve(pairs[:, 0], v[pairs[:, 1] - 1], labels, 0.5)
+    keys, want = ridge_solve(pairs[:, 0], v[pairs[:, 1] - 1], labels, 0.5, scale_by_rows=True)
     assert n == keys.size == out.num_rows
     np.testing.assert_array_equal(out["user_id"].to_numpy(), keys)
     np.testing.assert_allclose(np.array(out["embedding"].to_pylist()), want, rtol=1e-10, atol=1e-12)
-    # one user by hand: u = (V^T V + lambda I)^-1 V^T y
+    # one user by hand: u = (V^T V + lambda n I)^-1 V^T y, n the user's rows
     rows = pairs[:, 0] == keys[0]
     vk = v[pairs[rows, 1] - 1]
-    np.testing.assert_allclose(want[0], np.linalg.solve(vk.T @ vk + 0.5 * np.eye(3), vk.T @ labels[rows]), rtol=1e-10)
+    np.testing.assert_allclose(want[0], np.linalg.solve(vk.T @ vk + 0.5 * rows.sum() * np.eye(3), vk.T @ labels[rows]), rtol=1e-10)
 
 
 def test_missing_item_embedding_and_bad_lambda(spark, tmp_path):

@@ -1,0 +1,57 @@
+"""The DP mean rating: labels are centred by it before training, predictions add it back.
+
+Each user's contribution is bounded by weighting, not by truncating long histories: a user with
+n ratings gives each of them weight c = min(1, C / n), so the user adds at most C to the weighted
+count and at most C * max|y| to the weighted sum, yet every rating is used (truncation would keep
+an arbitrary C of a heavy user's ratings, and capping at one rating per user would bias the mean
+toward light users). Two Gaussian releases (sum, count) with the run's "mean" noise multiplier;
+the mean is their ratio, clipped to the public rating range (post-processing).
+
+Privacy: reads private interactions; releases two noised numbers through the ledger (release
+name "mean"). Example level: c = 1 and the sensitivities are max|y| and 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipelines import release
+from privacy import accounting
+from privacy.ledger import Ledger
+from privacy.noise import standard_normal
+from privacy.seeds import SeedFile, digest_table
+from schemas import storage
+
+DEFAULT_USER_CAP = 20.0
+
+
+def dp_mean(
+    interactions: str, ledger: Ledger, seeds: SeedFile, rating_range: tuple[float, float], unit: str = "user", user_cap: float = DEFAULT_USER_CAP,
+) -> dict:
+    """Release the DP mean label of `interactions`; returns {"mean", "release", ...}."""
+    low, high = rating_range
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"rating range must be two finite numbers low < high, got {rating_range}")
+    if not math.isfinite(user_cap) or user_cap <= 0:
+        raise ValueError(f"the per-user cap of the mean must be > 0, got {user_cap}")
+    table = storage.read_table(interactions, columns=["user_id", "label"])
+    users = table["user_id"].to_numpy()
+    labels = np.clip(table["label"].to_numpy(), low, high)
+    if unit == "user":
+        _, inverse, per_user = np.unique(users, return_inverse=True, return_counts=True)
+        weights = np.minimum(1.0, user_cap / per_user[inverse])
+        scale = user_cap
+    else:
+        weights, scale = np.ones(users.size), 1.0
+    multiplier = ledger.budget["multipliers"].get("mean", 0.0)
+    event = accounting.gaussian_event(multiplier, 2)
+    description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": digest_table(interactions)}}
+    index = release.make_release(ledger, seeds, "mean", event, description)
+    noise = standard_normal(seeds.seed, index, np.array([0]), 2)[0] * multiplier
+    weighted_sum = float(weights @ labels) + noise[0] * scale * max(abs(low), abs(high))
+    weighted_count = float(weights.sum()) + noise[1] * scale
+    mean = float(np.clip(weighted_sum / max(weighted_count, 1.0), low, high))
+    release.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
+    return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}

@@ -1,0 +1,124 @@
+"""SSP trainer: Proposition 1 (gradient), ALS reproduction, sparse gradients, stats checks, SSP1."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+
+from pipelines.stats_core import stats_table
+from privacy.accumulator import grouped_sums, pack_upper, unpack_upper
+from schemas import storage
+from schemas.tables import items_schema
+from trainer import ssp
+from trainer.encoder import ItemEncoder, export
+from trainer.features import FeatureSpace
+
+ITEMS = pa.table(
+    {"item_id": [10, 20, 30, 40, 50], "title": ["a", "b", "c", "d", "e"],
+     "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"]], "year": [1990, 1990, None, 2000, 2010]},
+    schema=items_schema({"genres": "multivalent", "year": "univalent"}),
+)
+
+
+def random_examples(rng, n, d, m):
+    return rng.integers(0, m, n), rng.normal(size=(n, d)), rng.normal(size=n)
+
+
+def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
+    """Proposition 1, for the features encoder (embeddings -> hidden concat -> dense)."""
+    tf.keras.utils.set_random_seed(0)
+    space = FeatureSpace.from_items(ITEMS)
+    encoder = ItemEncoder(space, dim=3, kind="features", family_dim=4)
+    rng = np.random.default_rng(0)
+    positions, u, y = random_examples(rng, 40, 3, space.size)
+    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    with tf.GradientTape(persistent=True) as tape:
+        v_rows = tf.cast(encoder(tf.constant(positions)), tf.float64)
+        exact = 0.5 * tf.reduce_sum((tf.reduce_sum(v_rows * u, axis=1) - y) ** 2)
+        mean = ssp.ssp_loss(encoder, tf.constant(keys), tf.constant(unpack_upper(a_upper, 3), tf.float32), tf.constant(b, tf.float32))
+        summed = mean * keys.size
+    for g_exact, g_ssp, var in zip(tape.gradient(exact, encoder.trainable_variables), tape.gradient(summed, encoder.trainable_variables), encoder.trainable_variables):
+        g_exact, g_ssp = tf.convert_to_tensor(g_exact).numpy(), tf.convert_to_tensor(g_ssp).numpy()
+        assert np.abs(g_exact).max() > 0, var.name
+        np.testing.assert_allclose(g_ssp, g_exact, rtol=2e-4, atol=2e-5, err_msg=var.name)
+
+
+def test_embedding_gradients_are_sparse():
+    space = FeatureSpace.from_items(ITEMS)
+    encoder = ItemEncoder(space, dim=2)
+    with tf.GradientTape() as tape:
+        loss = ssp.ssp_loss(encoder, tf.constant([0, 1]), tf.eye(2, batch_shape=[2]), tf.ones((2, 2)))
+    grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables)))
+    tables = [name for name in grads if "embeddings" in name]
+    assert tables and all(isinstance(grads[name], tf.IndexedSlices) for name in tables)
+    year = next(grads[name] for name in tables if name.startswith("year"))
+    assert sorted(set(year.indices.numpy().tolist())) == [1]  # both items have year 1990: one row touched
+
+
+def write_stats(path, item_ids, a_upper, b, d, **meta):
+    metadata = {"d": d, "noise_multiplier": 0.0, "clip_u": 1.0, "clip_y": 1.0, "wbar": 1.0, "release": 0, "resample": 0, **meta}
+    storage.write_table(stats_table(np.asarray(item_ids), a_upper, b, metadata), path)
+
+
+def test_id_encoder_reproduces_closed_form_als_item_solve(tmp_path):
+    tf.keras.utils.set_random_seed(1)
+    space = FeatureSpace.from_items(ITEMS)
+    d, ridge = 3, 0.5
+    rng = np.random.default_rng(1)
+    positions, u, y = random_examples(rng, 60, d, space.size)
+    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
+    encoder = ItemEncoder(space, dim=d, kind="id")
+    config = ssp.SSPConfig(epochs=1500, batch_size=8, learning_rate=0.02, ridge=ridge, psd_projection=False)
+    losses = ssp.train(encoder, [str(tmp_path / "s.parquet")], config, progress=False)
+    assert losses[-1] < losses[0]
+    als = np.linalg.solve(unpack_upper(a_upper, d) + ridge * np.eye(d), b[..., None])[..., 0]
+    np.testing.assert_allclose(encoder.embed_all()[keys], als, rtol=1e-3, atol=1e-3)
+
+
+def test_psd_projection():
+    rng = np.random.default_rng(2)
+    m = rng.normal(size=(6, 4, 4))
+    sym = (m + np.swapaxes(m, 1, 2)) / 2
+    projected = unpack_upper(ssp.project_psd(pack_upper(sym), 4), 4)
+    assert np.linalg.eigvalsh(projected).min() > -1e-10
+    psd = m @ np.swapaxes(m, 1, 2)
+    np.testing.assert_allclose(unpack_upper(ssp.project_psd(pack_upper(psd), 4), 4), psd, atol=1e-10)  # PSD stays
+
+
+def test_stats_that_do_not_match_are_refused(tmp_path):
+    space = FeatureSpace.from_items(ITEMS)
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids, np.zeros((5, 6)), np.zeros((5, 3)), 3, clip_u=2.0)
+    encoder = ItemEncoder(space, dim=4)
+    with pytest.raises(ValueError, match=r"released with d=3, but this run expects d=4"):
+        ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1), progress=False)
+    with pytest.raises(ValueError, match=r"released with clip_u=2, but this run expects clip_u=1"):
+        ssp.train(ItemEncoder(space, dim=3), [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1), expected={"clip_u": 1.0}, progress=False)
+    storage.write_table(pa.table({"item_id": [1], "x": [1.0]}), str(tmp_path / "bad.parquet"))
+    with pytest.raises(ValueError, match="is not a stats table"):
+        ssp.train(encoder, [str(tmp_path / "bad.parquet")], ssp.SSPConfig(epochs=1), progress=False)
+    write_stats(str(tmp_path / "alien.parquet"), [999], np.zeros((1, 6)), np.zeros((1, 3)), 3)
+    with pytest.raises(ValueError, match="item 999 is not in the catalog"):
+        ssp.train(ItemEncoder(space, dim=3), [str(tmp_path / "alien.parquet")], ssp.SSPConfig(epochs=1), progress=False)
+
+
+def test_ssp1_phases_use_each_resample(tmp_path):
+    space = FeatureSpace.from_items(ITEMS)
+    d = 2
+    targets = [np.full((5, d), 1.0), np.full((5, d), -1.0)]
+    for k, target in enumerate(targets):  # A = I, b = target: the minimiser of each table is v = target / (1 + ridge)
+        write_stats(str(tmp_path / f"r{k}.parquet"), space.item_ids, np.tile(pack_upper(np.eye(d)), (5, 1)), target, d, resample=k)
+    encoder = ItemEncoder(space, dim=d, kind="id")
+    ssp.train(encoder, [str(tmp_path / "r0.parquet"), str(tmp_path / "r1.parquet")], ssp.SSPConfig(epochs=400, batch_size=5, learning_rate=0.05, ridge=0.0), progress=False)
+    np.testing.assert_allclose(encoder.embed_all(), -1.0, atol=0.05)  # the last phase's table wins
+
+
+def test_export_and_item_embeddings(tmp_path):
+    space = FeatureSpace.from_items(ITEMS)
+    encoder = ItemEncoder(space, dim=3)
+    table = ssp.item_embeddings_table(encoder)
+    assert table["item_id"].to_pylist() == [10, 20, 30, 40, 50]
+    export(encoder, str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    out = loaded.signatures["embed"](item_ids=tf.constant([30, 10], tf.int64))["embedding"].numpy()
+    np.testing.assert_allclose(out, np.array(table["embedding"].to_pylist())[[2, 0]], rtol=1e-6)

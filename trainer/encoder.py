@@ -1,0 +1,80 @@
+"""The public item encoder (Keras): item features -> item embedding in R^d.
+
+Features encoder (the paper's): one embedding table per feature family; a multivalent family is a
+bag of values whose embeddings are averaged (repeated values weigh more), a univalent family is a
+single lookup; the family embeddings are concatenated and a dense layer maps them to dimension d.
+The item id may be one of the families (trainer.features). Id-only encoder: one free embedding per
+item (matrix factorization's item side), for the ALS-style baselines.
+
+Lookups go through `tf.nn.safe_embedding_lookup_sparse`, so the gradients of the embedding tables
+are `tf.IndexedSlices` (sparse: only the rows of the features present in the batch), and the model
+runs unchanged on a GPU when one is present. `export` writes a SavedModel whose `embed` signature
+maps item ids to embeddings.
+
+Privacy: the encoder only ever sees public features; what it learns from private data comes
+through the noised statistics (trainer.ssp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.features import ITEM_ID_FAMILY, FeatureSpace
+
+ENCODERS = ("features", "id")
+
+
+class ItemEncoder(tf.keras.Model):
+    """Catalog positions (int) -> embeddings (float32, d)."""
+
+    def __init__(self, space: FeatureSpace, dim: int, kind: str = "features", family_dim: int | None = None, seed: int = 0):
+        super().__init__(name=f"{kind}_encoder")
+        if kind not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {kind!r}")
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"encoder dimension must be a positive integer, got {dim}")
+        self.kind, self.dim, self.space = kind, dim, space
+        families = space.families if kind == "features" else [f for f in space.families if f.name == ITEM_ID_FAMILY]
+        if not families:
+            raise ValueError("the id-only encoder needs a feature space built with the item id family")
+        family_dim = family_dim or dim
+        init = tf.keras.initializers.RandomNormal(stddev=1.0 / np.sqrt(family_dim), seed=seed)
+        self._families = []
+        for family in families:
+            ragged = tf.RaggedTensor.from_row_splits(tf.constant(family.values, tf.int64), tf.constant(family.row_splits, tf.int64), validate=False)
+            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=init)
+            self._families.append((family.name, ragged, table))
+        self._dense = tf.keras.layers.Dense(dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)) if kind == "features" else None
+
+    def call(self, positions):
+        positions = tf.cast(positions, tf.int64)
+        parts = []
+        for _, ragged, table in self._families:
+            ids = tf.gather(ragged, positions).to_sparse()
+            parts.append(tf.nn.safe_embedding_lookup_sparse(table, ids, combiner="mean"))
+        hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
+        return self._dense(hidden) if self._dense is not None else hidden
+
+    def embed_all(self, batch_size: int = 8192) -> np.ndarray:
+        """Embeddings of every catalog item, in catalog order (float64)."""
+        out = [self(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]
+        return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.dim))
+
+
+def export(encoder: ItemEncoder, path: str) -> None:
+    """Write a SavedModel with an `embed(item_ids: int64[n]) -> float32[n, d]` signature."""
+    module = tf.Module()
+    module.encoder = encoder
+    module.lookup = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(encoder.space.item_ids, tf.int64), tf.range(encoder.space.size, dtype=tf.int64)), default_value=-1
+    )
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="item_ids")])
+    def embed(item_ids):
+        positions = module.lookup.lookup(item_ids)
+        tf.debugging.assert_non_negative(positions, message="item id not in the encoder's catalog")
+        return {"embedding": module.encoder(positions)}
+
+    module.embed = embed
+    tf.saved_model.save(module, path, signatures={"embed": embed})

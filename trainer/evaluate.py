@@ -1,0 +1,86 @@
+"""Evaluation of a trained model on the benchmark protocols, overall and by item popularity.
+
+RMSE (regression protocol): prediction = u_k . v_j + mean, clipped to the rating range; users
+without training rows get the mean. Recall@20 (ranking protocol): held-out users are folded in
+with the user update (trainer.solve) on their history, every item but the history is scored, and
+`hits / min(20, |targets|)` is averaged over users (trainer.metrics).
+
+Both are sliced into 5 equal-size buckets of items ordered by training popularity (bucket 0 the
+least popular; the paper's long-tail figure): RMSE over the test rows of each bucket's items, and
+Recall@20 restricted to each bucket's targets (users with targets there). Popularity is counted on
+the training rows; evaluation runs on the trusted side and its numbers are not DP releases.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainer import metrics
+from trainer.solve import ridge_solve
+
+BUCKETS = 5
+
+
+def popularity_buckets(catalog: np.ndarray, train_items: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
+    """Bucket (0 = least popular) of every catalog item: equal-size groups by training count."""
+    catalog = np.asarray(catalog)
+    counts = np.bincount(np.searchsorted(np.sort(catalog), train_items), minlength=catalog.size)[np.argsort(np.argsort(catalog))]
+    order = np.lexsort((catalog, counts))  # ascending popularity, ties by id
+    bucket = np.empty(catalog.size, np.int64)
+    bucket[order] = np.arange(catalog.size) * buckets // max(catalog.size, 1)
+    return bucket
+
+
+def rmse_report(predictions: np.ndarray, labels: np.ndarray, item_buckets: np.ndarray, buckets: int = BUCKETS) -> dict:
+    """Overall RMSE and RMSE per popularity bucket (None for a bucket without test rows)."""
+    sliced = []
+    for b in range(buckets):
+        rows = item_buckets == b
+        sliced.append(metrics.rmse(predictions[rows], labels[rows]) if rows.any() else None)
+    return {"rmse": metrics.rmse(predictions, labels), "sliced": sliced}
+
+
+def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range) -> np.ndarray:
+    """u_k . v_j + mean for each (user, catalog position), the mean alone for unknown users."""
+    known_users, user_vectors = user_table
+    index = np.searchsorted(known_users, user_ids)
+    index = np.minimum(index, max(known_users.size - 1, 0))
+    known = (known_users.size > 0) & (known_users[index] == user_ids) if known_users.size else np.zeros(len(user_ids), bool)
+    scores = np.full(len(user_ids), mean, dtype=np.float64)
+    scores[known] += np.einsum("nd,nd->n", user_vectors[index[known]], item_vectors[positions[known]])
+    return np.clip(scores, *rating_range)
+
+
+def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
+                  lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS) -> dict:
+    """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
+    of the targets; item_vectors in catalog order."""
+    h_users, h_positions, h_labels = history
+    t_users, t_positions = targets
+    users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True)
+    evaluated = np.intersect1d(users, np.unique(t_users))
+    if evaluated.size == 0:
+        raise ValueError("no held-out user has both a history and targets")
+    per_user, per_bucket = [], [[] for _ in range(buckets)]
+    for start in range(0, evaluated.size, 1024):
+        chunk = evaluated[start : start + 1024]
+        scores = solved[np.searchsorted(users, chunk)] @ item_vectors.T
+        hist = _mask(chunk, h_users, h_positions, item_vectors.shape[0])
+        targ = _mask(chunk, t_users, t_positions, item_vectors.shape[0])
+        per_user.append(metrics.recall_at_k_per_user(scores, hist, targ, k))
+        top = metrics.top_k_mask(scores, hist, k)
+        for b in range(buckets):
+            in_bucket = targ & (item_buckets == b)[None, :]
+            has = in_bucket.any(axis=1)
+            hits = (top & in_bucket).sum(axis=1)[has]
+            per_bucket[b].append(hits / np.minimum(k, in_bucket.sum(axis=1)[has]))
+    recall = np.concatenate(per_user)
+    sliced = [float(np.mean(np.concatenate(parts))) if sum(p.size for p in parts) else None for parts in per_bucket]
+    return {"recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)), "sliced": sliced, "users": int(evaluated.size)}
+
+
+def _mask(chunk_users: np.ndarray, users: np.ndarray, positions: np.ndarray, m: int) -> np.ndarray:
+    mask = np.zeros((chunk_users.size, m), dtype=bool)
+    rows = np.isin(users, chunk_users)
+    mask[np.searchsorted(chunk_users, users[rows]), positions[rows]] = True
+    return mask

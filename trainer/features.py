@@ -1,0 +1,93 @@
+"""The public feature space of the catalog: every item's feature values as integer ids per family.
+
+Built from the items table only (public by declaration). Each declared family gets a vocabulary of
+its values (id 0 is reserved for "unknown": an item with no value in a family, or a value unseen
+when the space was built); multivalent families keep repeated values (they weigh more in the
+encoder's bag average). The item id itself can be one more family: the catalog is public, so an
+id embedding costs no privacy under SSP (the noise scales with the number of items, not of
+features).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.tables import MULTIVALENT, item_features, validate_items
+
+ITEM_ID_FAMILY = "item_id"
+
+
+@dataclass
+class Family:
+    """One feature family: its vocabulary and every catalog item's value ids (CSR layout)."""
+
+    name: str
+    vocabulary: list[str]  # value of id k is vocabulary[k - 1]; id 0 = unknown
+    values: np.ndarray  # int64 value ids, all items concatenated
+    row_splits: np.ndarray  # item i's ids are values[row_splits[i]:row_splits[i + 1]]
+
+    @property
+    def size(self) -> int:
+        return len(self.vocabulary) + 1
+
+
+@dataclass
+class FeatureSpace:
+    """The catalog (item ids in order) and its feature families."""
+
+    item_ids: np.ndarray
+    families: list[Family]
+
+    @classmethod
+    def from_items(cls, items: pa.Table, use_item_id: bool = True, families: list[str] | None = None) -> FeatureSpace:
+        """Build the space from an items table; `families` restricts to some declared families."""
+        items = validate_items(items)
+        declared = item_features(items.schema)
+        chosen = list(declared) if families is None else families
+        unknown = [name for name in chosen if name not in declared]
+        if unknown:
+            raise ValueError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
+        out = []
+        for name in chosen:
+            column = items[name].combine_chunks() if isinstance(items[name], pa.ChunkedArray) else items[name]
+            if declared[name] == MULTIVALENT:
+                lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                flat = pc.cast(column.flatten(), pa.string()).to_numpy(zero_copy_only=False)
+            else:
+                valid = column.is_valid().to_numpy(zero_copy_only=False)
+                lengths = valid.astype(np.int64)
+                flat = pc.cast(column.drop_null(), pa.string()).to_numpy(zero_copy_only=False)
+            vocabulary, ids = np.unique(flat.astype(str), return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
+            out.append(Family(name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64)))
+        item_ids = items["item_id"].to_numpy()
+        if use_item_id:
+            out.append(Family(ITEM_ID_FAMILY, [str(i) for i in item_ids], np.arange(1, item_ids.size + 1, dtype=np.int64), np.arange(item_ids.size + 1, dtype=np.int64)))
+        if not out:
+            raise ValueError("the encoder needs at least one feature family (or the item id)")
+        return cls(item_ids, out)
+
+    @property
+    def size(self) -> int:
+        return int(self.item_ids.size)
+
+    def index_of(self, item_ids: np.ndarray) -> np.ndarray:
+        """Positions of catalog items in this space; raises for an item not in the catalog."""
+        order = np.argsort(self.item_ids, kind="stable")
+        item_ids = np.asarray(item_ids)
+        pos = np.searchsorted(self.item_ids, item_ids, sorter=order)
+        pos = np.minimum(pos, self.size - 1)
+        found = self.item_ids[order[pos]] == item_ids
+        if not np.all(found):
+            raise ValueError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
+        return order[pos]
+
+    def describe(self) -> dict:
+        return {"items": self.size, "families": {f.name: f.size for f in self.families}}
+
+    def to_json(self) -> str:
+        return json.dumps({"families": [f.name for f in self.families], "vocabulary_sizes": [f.size for f in self.families]})

@@ -1,0 +1,189 @@
+"""SSP2 (and SSP1) training of the item encoder from released statistics and public features only.
+
+Per item j, with released A_j, b_j: `loss_j = 1/2 v_j^T (A_j + lambda I) v_j - b_j^T v_j`, whose
+gradient is `J_j^T ((A_j + lambda I) v_j - b_j)` (the paper's Proposition 1: for the exact,
+un-noised statistics this is the gradient of the squared loss over the examples). Minibatches
+sample ITEMS: the statistics are streamed from Parquet in item batches through a bounded shuffle
+buffer, so memory does not grow with the number of items. Noised A_j can be indefinite; the
+optional projection onto the PSD cone is post-processing (free) and runs once per table, streamed
+into a sibling folder. SSP1 passes R resampled tables: the epochs are split into R phases, one
+table per phase.
+
+There is deliberately no way to give this module interactions: its inputs are stats tables (with
+their release parameters checked against what the caller expects) and the encoder's public
+feature space.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
+from tqdm import tqdm
+
+from privacy.accumulator import packed_size, pack_upper, unpack_upper
+from schemas import storage
+from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
+from trainer.encoder import ItemEncoder
+
+
+@dataclass(frozen=True)
+class SSPConfig:
+    """Optimisation settings of the item update."""
+
+    epochs: int = 30
+    batch_size: int = 512
+    learning_rate: float = 0.01
+    ridge: float = 1.0  # lambda: lambda * scale_j I is added to every A_j (scale_j: DP count, or 1)
+    weight_decay: float = 0.0  # L2 on the encoder's dense kernel
+    psd_projection: bool = True
+    shuffle_batches: int = 8  # batches held in the shuffle buffer
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "shuffle_batches"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("learning_rate", "ridge", "weight_decay"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "learning_rate" and value == 0):
+                raise ValueError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}")
+
+
+def check_stats(path: str, expected: dict) -> dict:
+    """The release parameters of a stats table, after checking its schema and the expected values
+    (d, clip norms, noise multiplier, wbar: whatever `expected` names)."""
+    schema = storage.read_schema(path)
+    missing = [f.name for f in STATS if f.name not in schema.names or schema.field(f.name).type != f.type]
+    if missing:
+        raise ValueError(f"{path} is not a stats table: column(s) {missing} missing or of the wrong type")
+    meta = stats_metadata(schema)
+    for key, value in expected.items():
+        if key not in meta:
+            raise ValueError(f"{path}: stats metadata has no {key!r}")
+        if not math.isclose(meta[key], float(value), rel_tol=1e-9, abs_tol=0.0):
+            raise ValueError(f"{path}: stats were released with {key}={meta[key]:g}, but this run expects {key}={float(value):g}")
+    return meta
+
+
+def project_psd(a_upper: np.ndarray, d: int) -> np.ndarray:
+    """Packed matrices projected onto the PSD cone (negative eigenvalues set to 0)."""
+    eigenvalues, vectors = np.linalg.eigh(unpack_upper(a_upper, d))
+    projected = (vectors * np.maximum(eigenvalues, 0.0)[:, None, :]) @ np.swapaxes(vectors, 1, 2)
+    return pack_upper(projected)
+
+
+def project_table(path: str, out: str, batch_size: int = 2048) -> str:
+    """Stream a stats table into `out` with every A_j projected onto the PSD cone; returns `out`."""
+    schema = storage.read_schema(path)
+    d = int(stats_metadata(schema)["d"])
+    with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
+        for batch in storage.iter_batches(path, batch_size=batch_size):
+            a = _matrix(batch.column("a_upper"), packed_size(d))
+            projected = project_psd(a, d)
+            writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), _list_column(projected), batch.column("b")], schema=STATS.with_metadata(schema.metadata)))
+    return out
+
+
+def _matrix(column: pa.Array, width: int) -> np.ndarray:
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+
+
+def _list_column(matrix: np.ndarray) -> pa.Array:
+    n, width = matrix.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width), pa.array(matrix.ravel(), pa.float64()))
+
+
+def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(catalog positions, A_j + ridge scale_j I (B, d, d), b_j (B, d)) minibatches of items,
+    shuffled within a bounded buffer of record batches."""
+    d = encoder.dim
+    eye = np.eye(d)
+    buffer: list[pa.RecordBatch] = []
+
+    def drain(batches):
+        table = pa.Table.from_batches(batches).combine_chunks()
+        order = rng.permutation(table.num_rows)
+        positions = encoder.space.index_of(table["item_id"].to_numpy())
+        a = _matrix(table["a_upper"].chunk(0) if isinstance(table["a_upper"], pa.ChunkedArray) else table["a_upper"], packed_size(d))
+        b = _matrix(table["b"].chunk(0) if isinstance(table["b"], pa.ChunkedArray) else table["b"], d)
+        for start in range(0, order.size, config.batch_size):
+            rows = order[start : start + config.batch_size]
+            scale = ridge_scale[positions[rows]] if ridge_scale is not None else np.ones(rows.size)
+            yield positions[rows], unpack_upper(a[rows], d) + (config.ridge * scale)[:, None, None] * eye, b[rows]
+
+    for batch in storage.iter_batches(path, batch_size=config.batch_size):
+        buffer.append(batch)
+        if len(buffer) >= config.shuffle_batches:
+            yield from drain(buffer)
+            buffer = []
+    if buffer:
+        yield from drain(buffer)
+
+
+def ssp_loss(encoder: ItemEncoder, positions, a, b):
+    """Mean over the batch's items of 1/2 v^T A v - b^T v (A already holds the ridge term)."""
+    v = encoder(positions)
+    av = tf.einsum("bij,bj->bi", a, v)
+    return tf.reduce_mean(0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1))
+
+
+def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
+          ridge_scale: np.ndarray | None = None) -> list[float]:
+    """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
+
+    Returns the mean loss of every epoch. `expected` lists release parameters the tables must
+    carry (e.g. d, clip_u, clip_y, noise_multiplier from the ledger). `ridge_scale` (one value per
+    catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge.
+    """
+    if not stats_paths:
+        raise ValueError("no stats tables to train on")
+    expected = {"d": encoder.dim, **(expected or {})}
+    for path in stats_paths:
+        check_stats(path, expected)
+    if config.epochs < len(stats_paths):
+        raise ValueError(f"{len(stats_paths)} resampled tables need at least as many epochs, got {config.epochs}")
+    tables = stats_paths
+    if config.psd_projection:
+        tables = [project_table(path, _projected_path(path)) for path in stats_paths]
+    optimizer = tf.keras.optimizers.Adam(config.learning_rate)
+    dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
+
+    @tf.function(reduce_retracing=True)
+    def step(positions, a, b):
+        with tf.GradientTape() as tape:
+            loss = ssp_loss(encoder, positions, a, b)
+            penalty = config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense]) if dense and config.weight_decay else 0.0
+            total = loss + penalty
+        grads = tape.gradient(total, encoder.trainable_variables)
+        optimizer.apply_gradients(zip(grads, encoder.trainable_variables))
+        return loss
+
+    rng = np.random.default_rng(config.seed)
+    losses = []
+    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress)
+    for epoch in bar:
+        path = tables[epoch * len(tables) // config.epochs]
+        total, count = 0.0, 0
+        for positions, a, b in item_batches(path, encoder, config, rng, ridge_scale):
+            loss = step(tf.constant(positions), tf.constant(a, tf.float32), tf.constant(b, tf.float32))
+            total += float(loss) * positions.size
+            count += positions.size
+        losses.append(total / max(count, 1))
+        bar.set_postfix(loss=f"{losses[-1]:.4g}")
+    return losses
+
+
+def _projected_path(path: str) -> str:
+    return path.rstrip("/").removesuffix(".parquet") + ".psd.parquet"
+
+
+def item_embeddings_table(encoder: ItemEncoder) -> pa.Table:
+    """The encoder's embedding of every catalog item, as an ITEM_EMBEDDINGS table."""
+    vectors = encoder.embed_all()
+    return validate_item_embeddings(pa.Table.from_arrays([pa.array(encoder.space.item_ids, pa.int64()), _list_column(vectors)], schema=ITEM_EMBEDDINGS))
