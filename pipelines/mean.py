@@ -2,13 +2,14 @@
 
 Each user's contribution is bounded by weighting, not by truncating long histories: a user with
 n ratings gives each of them weight c = min(1, C / n), so the user adds at most C to the weighted
-count and at most C * max|y| to the weighted sum, yet every rating is used (truncation would keep
+count and at most C * (max - min) / 2 to the weighted sum of labels taken about the middle of the
+public rating range, yet every rating is used (truncation would keep
 an arbitrary C of a heavy user's ratings, and capping at one rating per user would bias the mean
 toward light users). Two Gaussian releases (sum, count) with the run's "mean" noise multiplier;
 the mean is their ratio, clipped to the public rating range (post-processing).
 
 Privacy: reads private interactions; releases two noised numbers through the ledger (release
-name "mean"). Example level: c = 1 and the sensitivities are max|y| and 1.
+name "mean"). Example level: c = 1 and the sensitivities are (max - min) / 2 and 1.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from privacy.noise import standard_normal
 from privacy.seeds import SeedFile, digest_table
 from schemas import storage
 
-DEFAULT_USER_CAP = 20.0
+DEFAULT_USER_CAP = 50.0
 
 
 def dp_mean(
@@ -38,7 +39,8 @@ def dp_mean(
         raise ValueError(f"the per-user cap of the mean must be > 0, got {user_cap}")
     table = storage.read_table(interactions, columns=["user_id", "label"])
     users = table["user_id"].to_numpy()
-    labels = np.clip(table["label"].to_numpy(), low, high)
+    middle, half = (low + high) / 2, (high - low) / 2
+    labels = np.clip(table["label"].to_numpy(), low, high) - middle  # in [-half, half]: half the sensitivity of raw labels
     if unit == "user":
         _, inverse, per_user = np.unique(users, return_inverse=True, return_counts=True)
         weights = np.minimum(1.0, user_cap / per_user[inverse])
@@ -50,8 +52,8 @@ def dp_mean(
     description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": digest_table(interactions)}}
     index = release.make_release(ledger, seeds, "mean", event, description)
     noise = standard_normal(seeds.seed, index, np.array([0]), 2)[0] * multiplier
-    weighted_sum = float(weights @ labels) + noise[0] * scale * max(abs(low), abs(high))
+    weighted_sum = float(weights @ labels) + noise[0] * scale * half
     weighted_count = float(weights.sum()) + noise[1] * scale
-    mean = float(np.clip(weighted_sum / max(weighted_count, 1.0), low, high))
+    mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))
     release.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
     return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}

@@ -61,12 +61,13 @@ class TrainConfig:
     weight_exponent: float = -0.25
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
     count_share: float = 0.1
-    mean_share: float = 0.02
+    mean_share: float = 0.05
     lambda_u: float = 0.1
     epochs: int = 30
     batch_size: int = 512
     learning_rate: float = 0.01
     ridge: float = 0.1
+    noise_ridge: float = 1.0
     psd_projection: bool = True
     rating_min: float = 0.5
     rating_max: float = 5.0
@@ -145,6 +146,11 @@ def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items:
             writer.write(table.set_column(2, INTERACTIONS.field("label"), pa.array(labels, pa.float64())))
 
 
+def ledger_multiplier(ledger_path: str) -> float:
+    """The stats noise multiplier the run's budget planned."""
+    return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
+
+
 def _item_embeddings_path(run: Run, step: int) -> str:
     return run.step(step, "item_embeddings.parquet")
 
@@ -192,8 +198,11 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     checkpoint = tf.train.Checkpoint(model=model)
     if not storage.exists(_item_embeddings_path(run_dir, 0)):
         storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, 0))
-    ridge_scale = np.ones(space.size)  # weighted-lambda: each item's ridge grows with its DP count
-    ridge_scale[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
+    # Each item's ridge: weighted-lambda (grows with its DP count) plus a floor at the scale of the
+    # noise in A_j (about 2 sqrt(d) sigma Gamma_u^2 in spectral norm), so pure noise shrinks to 0.
+    noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) if not config.non_private else 0.0
+    ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
+    ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy()
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     step_seconds = {}
 
