@@ -237,6 +237,7 @@ def _stage_breakdown(folder: str, since_ms: float, until_ms: float) -> dict:
                     agg = tasks.setdefault(event["Stage ID"], {"run_ms": 0, "gc_ms": 0, "shuffle_write_bytes": 0, "shuffle_read_bytes": 0, "spill_disk_bytes": 0, "spill_memory_bytes": 0})
                     agg["run_ms"] += metrics.get("Executor Run Time", 0)
                     agg["gc_ms"] += metrics.get("JVM GC Time", 0)
+                    agg["cpu_ms"] = agg.get("cpu_ms", 0) + metrics.get("Executor CPU Time", 0) / 1e6
                     agg["shuffle_write_bytes"] += (metrics.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
                     read = metrics.get("Shuffle Read Metrics") or {}
                     agg["shuffle_read_bytes"] += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
@@ -318,15 +319,14 @@ def measure_spark(paths: dict, work: str, settings, master: str, shards: int, ru
 # Profiles (--profile)
 
 
-def profile_kernel(rows: dict, settings) -> dict:
-    """Manual timers over the phases of grouped_sums (a copy of its steps, file-order rows, one pass)."""
-    from privacy import accumulator
-    from pipelines.stats_core import user_contributions
+def _kernel_phases(items: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[dict, dict]:
+    """One pass of grouped_sums' steps (a copy of its code, file-order rows) with a timer per phase."""
     import scipy.sparse
 
-    items, x, c = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
+    from privacy import accumulator
+
     n, d = x.shape
-    phases = {}
+    phases, info = {}, {}
 
     def tick(name, begun):
         phases[name] = phases.get(name, 0.0) + time.perf_counter() - begun
@@ -334,13 +334,15 @@ def profile_kernel(rows: dict, settings) -> dict:
 
     t = time.perf_counter()
     order = np.argsort(items, kind="stable")
-    t = tick("argsort", t)
-    keys, xs, cs = items[order], x[order], c[order]
-    t = tick("gather x, c by order", t)
+    t = tick("sort: argsort of item ids", t)
+    keys, xs = items[order], x[order]
+    t = tick("sort: gather x[order]", t)
+    cs = c[order]
+    t = tick("sort: gather c[order]", t)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     sizes = np.diff(np.r_[starts, n])
     membership = scipy.sparse.csr_matrix((np.ones(n), np.arange(n), np.r_[starts, n]), shape=(starts.size, n))
-    b = membership @ cs
+    membership @ cs
     t = tick("b: sparse membership @ c", t)
     a = np.empty((starts.size, accumulator.packed_size(d)))
     packed = accumulator._flat_upper(d)
@@ -348,44 +350,91 @@ def profile_kernel(rows: dict, settings) -> dict:
     for g in big:
         block = xs[starts[g] : starts[g] + sizes[g]]
         a[g] = np.take(block.T @ block, packed)
-    t = tick(f"GEMM per big group ({big.size} groups, {int(sizes[big].sum()):,} rows)", t)
+    t = tick("big groups: one X^T X per group + pack", t)
     small = np.flatnonzero(sizes < accumulator.GEMM_MIN_ROWS)
     gram = np.empty((accumulator._STACK_GROUPS, d, d))
-    width, padded, gather, mm, pack = 1, 0, 0.0, 0.0, 0.0
+    width, padded = 1, 0
     while width // 2 < accumulator.GEMM_MIN_ROWS:
         bucket = small[(sizes[small] <= width) & (sizes[small] > width // 2)]
         offsets = np.arange(width)
         for first in range(0, bucket.size, accumulator._STACK_GROUPS):
             groups = bucket[first : first + accumulator._STACK_GROUPS]
-            s = time.perf_counter()
+            t = time.perf_counter()
             inside = offsets < sizes[groups, None]
-            stack = x_stack = xs[np.where(inside, starts[groups, None] + offsets, 0)] * inside[..., None]
-            gather += time.perf_counter() - s
-            s = time.perf_counter()
+            stack = xs[np.where(inside, starts[groups, None] + offsets, 0)] * inside[..., None]
+            t = tick("small groups: gather + zero-pad stacks", t)
             out = gram[: groups.size]
-            np.matmul(x_stack.transpose(0, 2, 1), x_stack, out=out)
-            mm += time.perf_counter() - s
-            s = time.perf_counter()
+            np.matmul(stack.transpose(0, 2, 1), stack, out=out)
+            t = tick("small groups: stacked matmul", t)
             a[groups] = np.take(out.reshape(groups.size, d * d), packed, axis=1)
-            pack += time.perf_counter() - s
+            t = tick("small groups: pack upper", t)
             padded += stack.shape[0] * stack.shape[1]
         width *= 2
-    small_rows = int(sizes[small].sum())
-    phases[f"small groups: gather + pad ({small.size} groups, {small_rows:,} rows padded to {padded:,})"] = gather
-    phases["small groups: stacked matmul"] = mm
-    phases["small groups: pack upper"] = pack
-    total = sum(phases.values())
+    info.update(big_groups=int(big.size), big_rows=int(sizes[big].sum()), small_groups=int(small.size),
+                small_rows=int(sizes[small].sum()), padded_rows=padded)
+    return phases, info
 
-    return {"phases_s": phases, "phases_total_s": total, "small_rows": small_rows, "padded_rows": padded}
+
+def profile_kernel(rows: dict, settings, repeats: int) -> dict:
+    """Phases of user_contributions and grouped_sums (file order): manual timers, warm-up, best of `repeats` per phase."""
+    from privacy import accumulator
+    from privacy.clipping import clip_labels, clip_rows
+    from privacy.weights import user_level_weights
+    from pipelines.stats_core import user_contributions
+
+    items, x, c = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
+    best, info = {}, {}
+    for attempt in range(repeats + 1):
+        phases, info = _kernel_phases(items, x, c)
+        if attempt:
+            best = {k: min(v, best.get(k, math.inf)) for k, v in phases.items()}
+    prep = {}
+    for name, fn in (
+        ("weights (user_level_weights)", lambda: user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)),
+        ("clip_rows", lambda: clip_rows(rows["embeddings"], settings.clip_u)),
+        ("clip_labels", lambda: clip_labels(rows["labels"], settings.clip_y)),
+    ):
+        prep[name] = best_of(fn, repeats)[0]
+    w = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
+    u_bar, y_bar = clip_rows(rows["embeddings"], settings.clip_u), clip_labels(rows["labels"], settings.clip_y)
+    prep["x = sqrt(w) u_bar, c = w y_bar u_bar"] = best_of(lambda: (np.sqrt(w)[:, None] * u_bar, (w * y_bar)[:, None] * u_bar), repeats)[0]
+    del u_bar
+    prep["prepare_rows (all of the above but weights)"] = best_of(lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], w, settings.clip_u, settings.clip_y), repeats)[0]
+    return {"phases_s": best, "phases_total_s": sum(best.values()), **info, "prepare_s": prep}
+
+
+@contextlib.contextmanager
+def _timers(targets: list[tuple[object, str, str]]):
+    """Temporarily wrap attributes (owner, attribute, label) of this process with wall-clock timers."""
+    spent, saved = {}, []
+
+    def wrap(fn, label):
+        def timed(*args, **kwargs):
+            begun = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - begun
+        return timed
+
+    try:
+        for owner, name, label in targets:
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, wrap(getattr(owner, name), label))
+        yield spent
+    finally:
+        for owner, name, fn in reversed(saved):
+            setattr(owner, name, fn)
 
 
 def profile_spark_python(paths: dict, settings, partitions: int, shards: int) -> dict:
-    """The Python side of the Spark job run in-process on the same rows: per_user_partials on each
-    partition (hash of user -> rows sorted by user, item, Arrow batches as Spark sends them), then
-    merge_and_write on each shard (finalize + Parquet write of the stats tables)."""
-    from pipelines import stats
+    """The Python side of the Spark job run in this process on the same rows, with timers around its
+    calls: per_user_partials on each of `partitions` partitions (users split evenly, rows sorted by
+    user and item, Arrow batches of the session's size, as Spark hands them over), then merge_and_write
+    on each of `shards` shards (merge, noise, Parquet write). Run twice, the second reported."""
+    from pipelines import stats, stats_core
     from pipelines.spark import ARROW_BATCH_ROWS
-    from pipelines.stats_core import PARTIALS
+    from privacy import accumulator
     from privacy.accumulator import NoiseSpec
     from schemas import storage
 
@@ -397,28 +446,36 @@ def profile_spark_python(paths: dict, settings, partitions: int, shards: int) ->
     at_item = count_order[np.searchsorted(counts["item_id"].to_numpy(), inter["item_id"].to_numpy(), sorter=count_order)]
     joined = inter.append_column("embedding", emb["embedding"].take(at_user)).append_column("count", counts["count"].take(at_item))
     part = joined["user_id"].to_numpy() % partitions  # not Spark's Murmur3, but an even split of users
-    out = {"partitions": partitions, "per_user_partials_s": [], "to_batches_s": 0.0}
-    partials = []
-    for p in range(partitions):
-        t = time.perf_counter()
-        rows = joined.filter(pa.array(part == p)).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
-        batches = rows.to_batches(max_chunksize=ARROW_BATCH_ROWS)
-        out["to_batches_s"] += time.perf_counter() - t
-        t = time.perf_counter()
-        partials.extend(stats.per_user_partials(settings, iter(batches), p))
-        out["per_user_partials_s"].append(time.perf_counter() - t)
-    table = pa.Table.from_batches(partials, schema=PARTIALS)
-    out["partial_rows"] = table.num_rows
+    inputs = [joined.filter(pa.array(part == p)).sort_by([("user_id", "ascending"), ("item_id", "ascending")]).to_batches(max_chunksize=ARROW_BATCH_ROWS)
+              for p in range(partitions)]
+    del joined
     spec = NoiseSpec(1.0, settings.wbar, settings.clip_u, settings.clip_y, b"\0" * 32, 1)
-    item_shard = table["item_id"].to_numpy() % shards
-    out["merge_and_write_s"] = []
-    with tempfile.TemporaryDirectory(prefix="stats-bench-merge-") as scratch:
-        staged = [storage.StagedWrite(os.path.join(scratch, "resample-0.parquet"))]
-        for s in range(shards):
-            batches = table.filter(pa.array(item_shard == s)).to_batches(max_chunksize=ARROW_BATCH_ROWS)
-            t = time.perf_counter()
-            list(stats.merge_and_write(settings, [spec], staged, iter(batches), s))
-            out["merge_and_write_s"].append(time.perf_counter() - t)
+    map_targets = [(stats, "list_column_to_matrix", "embedding list -> matrix"), (stats, "user_contributions", "user_contributions (weights, clip)"),
+                   (accumulator, "grouped_sums", "grouped_sums"), (accumulator, "reduce_by_key", "reduce_by_key (running merge of chunks)"),
+                   (stats, "partials_batch", "partials -> Arrow")]
+    merge_targets = [(stats_core.PartialSums, "add_batch", "PartialSums.add_batch (Arrow -> numpy)"), (stats_core.PartialSums, "result", "PartialSums.result (merge)"),
+                     (accumulator, "finalize", "finalize (noise)"), (stats, "stats_table", "stats_table (-> Arrow)"), (storage.StagedWrite, "write_part", "write_part (Parquet)")]
+    out = {}
+    for attempt in range(2):
+        out = {"partitions": partitions, "shards": shards, "per_user_partials_s": [], "merge_and_write_s": []}
+        partials = []
+        with _timers(map_targets) as spent:
+            for p in range(partitions):
+                begun = time.perf_counter()
+                partials.extend(stats.per_user_partials(settings, iter(inputs[p]), p))
+                out["per_user_partials_s"].append(time.perf_counter() - begun)
+        out["per_user_partials_phases_s"] = spent
+        table = pa.Table.from_batches(partials, schema=stats_core.PARTIALS)
+        out["partial_rows"] = table.num_rows
+        item_shard = table["item_id"].to_numpy() % shards
+        with tempfile.TemporaryDirectory(prefix="stats-bench-merge-") as scratch, _timers(merge_targets) as spent:
+            staged = [storage.StagedWrite(os.path.join(scratch, "resample-0.parquet"))]
+            for shard in range(shards):
+                batches = table.filter(pa.array(item_shard == shard)).to_batches(max_chunksize=ARROW_BATCH_ROWS)
+                begun = time.perf_counter()
+                list(stats.merge_and_write(settings, [spec], staged, iter(batches), shard))
+                out["merge_and_write_s"].append(time.perf_counter() - begun)
+        out["merge_and_write_phases_s"] = spent
     return out
 
 
@@ -432,7 +489,8 @@ def report(figures: dict) -> list[str]:
         f"data: {k['rows']:,} rows, {figures['users']:,} users, {figures['items']:,} items (alpha {figures['alpha']:g}), d={k['dim']}; "
         f"{k['items_with_rows']:,} items rated, largest {k['largest_item_rows']:,} rows; "
         f"{k['gemm_groups']:,} items >= GEMM_MIN_ROWS hold {k['rows_in_gemm_groups'] / k['rows']:.0%} of rows",
-        f"BLAS: {figures['blas_threads']} thread(s): {'; '.join(figures['blas']) or 'unknown'}",
+        f"BLAS: {figures['blas_threads']} thread(s): {'; '.join(figures['blas']) or 'unknown'}; {os.cpu_count()} cores, load average "
+        f"{figures['load_average_start'][0]:.1f} at start, {figures['load_average_end'][0]:.1f} at end (other processes add noise)",
         f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of {len(g['times'])})",
         f"2. kernel grouped_sums, 2 n d^2 = {k['flops'] / 1e9:.1f} GFLOP:",
     ]
@@ -456,22 +514,34 @@ def report(figures: dict) -> list[str]:
             lines.append(f"   job {job['job']}: {job['wall_s']:.1f} s")
             for st in job["stages"]:
                 m = st["sql_metrics"]
-                extra = [f"{name} {m[name] / 1e3:.1f} s" for name in ("sort time", "duration") if m.get(name)]
-                extra += [f"GC {st['gc_ms'] / 1e3:.1f} s"] if st.get("gc_ms") else []
+                extra = [f"JVM CPU {st.get('cpu_ms', 0) / 1e3:.1f} s", f"GC {st.get('gc_ms', 0) / 1e3:.1f} s"]
+                extra += [f"{label} {m[name] / 1e3:.1f} s" for name, label in (("sort time", "sort"), ("time to initialize Python workers", "Python init"),
+                                                                             ("time to run Python workers", "Python run")) if m.get(name)]
+                extra += [f"{label} {m[name] / 2**20:.0f} MiB" for name, label in (("data sent to Python workers", "to Python"),
+                                                                                 ("data returned from Python workers", "from Python"),
+                                                                                 ("spill size", "sort spill")) if m.get(name)]
+                extra += [f"shuffle read {st['shuffle_read_bytes'] / 2**20:.0f} MiB"] if st.get("shuffle_read_bytes") else []
                 extra += [f"shuffle write {st['shuffle_write_bytes'] / 2**20:.0f} MiB"] if st.get("shuffle_write_bytes") else []
-                extra += [f"spill {st['spill_disk_bytes'] / 2**20:.0f} MiB"] if st.get("spill_disk_bytes") else []
-                lines.append(f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:6.1f} s wall, {st.get('run_ms', 0) / 1e3:6.1f} s task time: "
-                             f"{' > '.join(st['operators']) or st['name'][:60]}{'; ' + ', '.join(extra) if extra else ''}")
+                extra += [f"disk spill {st['spill_disk_bytes'] / 2**20:.0f} MiB"] if st.get("spill_disk_bytes") else []
+                lines.append(f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time {st.get('run_ms', 0) / 1e3:5.1f} s: "
+                             f"{' > '.join(op.strip() for op in st['operators']) or st['name'][:60]}")
+                lines.append(f"        {', '.join(extra)}")
     p = figures.get("profile")
     if p:
         kp = p["kernel"]
-        lines.append(f"profile: grouped_sums phases (file order), total {kp['phases_total_s']:.2f} s:")
+        lines.append(f"profile: grouped_sums phases (file order; best of {figures['repeats']} per phase), total {kp['phases_total_s']:.2f} s; "
+                     f"{kp['big_groups']:,} big groups hold {kp['big_rows']:,} rows, {kp['small_groups']:,} small groups {kp['small_rows']:,} rows "
+                     f"(padded to {kp['padded_rows']:,}):")
         lines += [f"   {name:80s} {sec:6.2f} s {sec / kp['phases_total_s']:5.0%}" for name, sec in kp["phases_s"].items()]
+        lines.append("profile: user_contributions phases (best of each):")
+        lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in kp["prepare_s"].items()]
         sp = p.get("spark_python")
         if sp:
-            lines.append(f"profile: Spark's Python side in-process: per_user_partials {' + '.join(f'{t:.2f}' for t in sp['per_user_partials_s'])} s "
-                         f"({sp['partitions']} partitions, {sp['partial_rows']:,} partial rows); merge_and_write "
-                         f"{' + '.join(f'{t:.2f}' for t in sp['merge_and_write_s'])} s ({len(sp['merge_and_write_s'])} shards)")
+            lines.append(f"profile: the Spark job's Python side run in this process: per_user_partials {sum(sp['per_user_partials_s']):.2f} s "
+                         f"({sp['partitions']} partitions: {' + '.join('%.2f' % t for t in sp['per_user_partials_s'])}; {sp['partial_rows']:,} partial rows out)")
+            lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in sp["per_user_partials_phases_s"].items()]
+            lines.append(f"   merge_and_write {sum(sp['merge_and_write_s']):.2f} s ({sp['shards']} shards: {' + '.join('%.2f' % t for t in sp['merge_and_write_s'])})")
+            lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in sp["merge_and_write_phases_s"].items()]
     return lines
 
 
@@ -506,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = StatsSettings(args.dim, clip_u=1.0, clip_y=5.0)
     figures = {"users": args.users, "items": args.items, "alpha": args.alpha, "ratings_per_user": args.ratings_per_user,
-               "blas_threads": args.blas_threads, "settings": settings.to_json(), "targets": {"kernel_fraction": KERNEL_TARGET, "spark_over_kernel": SPARK_TARGET}}
+               "blas_threads": args.blas_threads, "repeats": args.repeats, "load_average_start": os.getloadavg(), "settings": settings.to_json(), "targets": {"kernel_fraction": KERNEL_TARGET, "spark_over_kernel": SPARK_TARGET}}
     try:
         with tempfile.TemporaryDirectory(prefix="stats-bench-") as work:
             data = args.data or os.path.join(work, "data")
@@ -520,11 +590,11 @@ def main(argv: list[str] | None = None) -> int:
                 figures["kernel"] = measure_kernel(rows, settings, args.repeats)
                 if args.profile:
                     log("profiling the kernel")
-                    figures["profile"] = {"kernel": profile_kernel(rows, settings)}
-            del rows
-            if args.profile:
-                log("profiling the Spark job's Python side in-process")
-                figures["profile"]["spark_python"] = profile_spark_python(paths, settings, 2, args.shards)
+                    figures["profile"] = {"kernel": profile_kernel(rows, settings, args.repeats)}
+                    del rows
+                    log("profiling the Spark job's Python side in this process")
+                    figures["profile"]["spark_python"] = profile_spark_python(paths, settings, 2, args.shards)
+            rows = None
             if not args.skip_spark:
                 figures["spark"] = measure_spark(paths, work, settings, args.master, args.shards, args.spark_runs)
     except Exception as exc:  # noqa: BLE001 - a failed step is exit status 2
@@ -533,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"stats_throughput: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    figures["load_average_end"] = os.getloadavg()
     kernel_fraction = figures["kernel"]["unsorted_gflops"] / figures["gemm"]["gflops"]
     figures["kernel_fraction_unsorted"] = kernel_fraction
     figures["kernel_fraction_sorted"] = figures["kernel"]["sorted_gflops"] / figures["gemm"]["gflops"]

@@ -7,7 +7,10 @@ the problem and exit status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, before it is imported
 
 from pipelines import counts, ingest, splits, stats_job, synth, train, user_update
 from pipelines.movielens import IngestError

@@ -19,9 +19,15 @@ ARROW_BATCH_ROWS = 100_000
 
 @contextmanager
 def session(app: str, master: str | None = None):
-    """A SparkSession for the duration of a job (stopped afterwards)."""
+    """A SparkSession for the duration of a job (stopped afterwards). A session that is already
+    active (a scheduler's, a test suite's) is used as it is and left running."""
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
 
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -34,6 +40,7 @@ def session(app: str, master: str | None = None):
         builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "false")  # keep the partitioning the job asks for
         .getOrCreate()
     )

@@ -51,6 +51,7 @@ class TrainConfig:
     engine: str = "spark"
     item_update: str = "ssp"
     encoder: str = "features"
+    item_id_feature: bool = True
     dim: int = 32
     outer_steps: int = 3
     resamples: int = 1
@@ -193,7 +194,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     _write_centred(train_rows, centred, mean, config.protocol, keep_items)
 
     tf.keras.utils.set_random_seed(config.model_seed)
-    space = FeatureSpace.from_items(items, use_item_id=True)
+    space = FeatureSpace.from_items(items, use_item_id=config.item_id_feature or config.encoder == "id")
     model = encoders.ItemEncoder(space, config.dim, config.encoder, seed=config.model_seed)
     checkpoint = tf.train.Checkpoint(model=model)
     if not storage.exists(_item_embeddings_path(run_dir, 0)):
@@ -332,6 +333,7 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: TrainConfig = Train
         "engine": "stats job engine: spark or beam",
         "item_update": "item update method",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
+        "item_id_feature": "the features encoder also embeds the (public) item id",
         "unit": "unit of privacy: user or example",
     }
     for item in fields(TrainConfig):

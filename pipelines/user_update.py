@@ -73,10 +73,11 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     items = validate_item_embeddings(storage.read_table(item_embeddings), dim=dim)
     d = len(items["embedding"][0].as_py()) if items.num_rows else dim
     rated = spark.read.parquet(*storage.table_files(interactions)).select("user_id", "item_id", "label")
-    missing = rated.join(spark.createDataFrame(items.select(["item_id"])), "item_id", "left_anti").limit(1).collect()
+    vectors = spark.read.parquet(*storage.table_files(item_embeddings)).select("item_id", "embedding")
+    missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
     if missing:
         raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
-    joined = rated.join(spark.createDataFrame(items).hint("broadcast"), "item_id")
+    joined = rated.join(vectors.hint("broadcast"), "item_id")
     by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
     staged = storage.StagedWrite(out)
     written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId()), WRITTEN_DDL).collect()

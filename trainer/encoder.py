@@ -47,6 +47,9 @@ class ItemEncoder(tf.keras.Model):
             self._families.append((family.name, ragged, table))
         self._dense = tf.keras.layers.Dense(dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)) if kind == "features" else None
 
+    def get_config(self) -> dict:
+        return {"dim": self.dim, "kind": self.kind, "families": [name for name, _, _ in self._families]}
+
     def call(self, positions):
         positions = tf.cast(positions, tf.int64)
         parts = []

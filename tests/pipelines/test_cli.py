@@ -7,7 +7,7 @@ import pytest
 
 from pipelines import cli
 
-SUBCOMMANDS = ["demo", "ingest", "synth", "split", "counts", "stats", "user-update"]
+SUBCOMMANDS = ["demo", "train", "ingest", "synth", "split", "counts", "stats", "user-update"]
 
 
 def ssp(*args, cwd=None):
@@ -34,13 +34,6 @@ def test_bad_input_is_one_line_error_with_status_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"ssp ingest: error: {tmp_path / 'missing'}: no such folder"
     assert not (tmp_path / "out").exists()
-
-
-def test_demo_ingests_bundled_data_and_prints_summary(tmp_path, capsys):
-    assert cli.main(["demo", "--out", str(tmp_path / "demo")]) == 0
-    out = capsys.readouterr().out
-    assert "ratings       100,836" in out and "users             610" in out and "items           9,742" in out
-    assert "genres  multivalent" in out and "year    univalent" in out
 
 
 def test_split_accepts_a_movielens_folder(tmp_path, capsys):
