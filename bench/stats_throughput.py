@@ -510,13 +510,20 @@ def report(figures: dict) -> list[str]:
             f"   Spark / kernel (a) = {ratio:.1f}x ({'meets' if ratio <= SPARK_TARGET else 'MISSES'} the <= {SPARK_TARGET:g}x target); "
             f"/ kernel (b) = {run['end_to_end_s'] / k['sorted_s']:.1f}x; engine only / kernel (a) = {(run['end_to_end_s'] - run['prepare_s']) / k['unsorted_s']:.1f}x",
         ]
-        for job in s.get("breakdown", {}).get("jobs", []):
+        jobs = s.get("breakdown", {}).get("jobs", [])
+        small = [job for job in jobs if job["wall_s"] < 0.2]
+        if jobs:
+            lines.append(f"   Spark jobs {sum(job['wall_s'] for job in jobs):.1f} s; driver outside jobs and prepare() "
+                         f"{run['end_to_end_s'] - run['prepare_s'] - sum(job['wall_s'] for job in jobs):.1f} s; "
+                         f"{len(small)} small job(s) (schema, catalog) {sum(job['wall_s'] for job in small):.1f} s")
+        for job in jobs:
+            if job in small:
+                continue
             lines.append(f"   job {job['job']}: {job['wall_s']:.1f} s")
             for st in job["stages"]:
                 m = st["sql_metrics"]
                 extra = [f"JVM CPU {st.get('cpu_ms', 0) / 1e3:.1f} s", f"GC {st.get('gc_ms', 0) / 1e3:.1f} s"]
-                extra += [f"{label} {m[name] / 1e3:.1f} s" for name, label in (("sort time", "sort"), ("time to initialize Python workers", "Python init"),
-                                                                             ("time to run Python workers", "Python run")) if m.get(name)]
+                extra += [f"{label} {m[name] / 1e3:.1f} s" for name, label in (("sort time", "sort"), ("time to run Python workers", "Python tasks")) if m.get(name)]
                 extra += [f"{label} {m[name] / 2**20:.0f} MiB" for name, label in (("data sent to Python workers", "to Python"),
                                                                                  ("data returned from Python workers", "from Python"),
                                                                                  ("spill size", "sort spill")) if m.get(name)]
