@@ -38,6 +38,7 @@ def session(app: str, master: str | None = None):
         builder = builder.master(master or "local[*]")
     spark = (
         builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
+        .config("spark.driver.memory", os.environ.get("SSP_SPARK_DRIVER_MEMORY", "3g"))  # local mode: the executor's heap too
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -1,12 +1,13 @@
 """The stats job on Spark: `spark-submit pipelines/stats.py --help` (also `ssp stats`).
 
-One pass over the interactions: joined with user embeddings and the (broadcast) DP counts,
-repartitioned by user and sorted, each partition turns complete users into clipped, weighted
-contributions and pre-aggregates them per item with numpy (`mapInArrow`, grouped GEMM over Arrow
-batches, no per-row Python); the partial sums (one per item per partition) are shuffled by item
-together with one empty row per catalog item, merged in a fixed order, noised once per item and
-written by each shard straight into the staged stats tables; the driver commits them. Shuffle
-volume is O(partitions x items per partition x d^2/2).
+One pass over the interactions: the narrow rows (user, item, label, DP count from a broadcast
+join) and the user embeddings (as fixed-width binary) are unioned and repartitioned by user, so each
+partition holds complete users with their embeddings, without a sort or a wide join in the JVM.
+Each partition turns its users into clipped, weighted contributions and pre-aggregates them per item
+with one numpy call (`mapInArrow`, grouped GEMM, no per-row Python); the partial sums (one per item
+per partition, as binary) are shuffled by item together with one empty row per catalog item, merged
+in a fixed order, noised once per item and written by each shard straight into the staged stats
+tables; the driver commits them. Shuffle volume is O(rows + partitions x items per partition x d^2/2).
 
 Privacy: the same as pipelines.stats_job / privacy.accumulator: the noise is added after the merge,
 to every catalog item, keyed by the release index the ledger gave.
@@ -27,54 +28,54 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from pipelines import stats_job  # noqa: E402
-from pipelines.stats_core import PARTIALS, PartialSums, list_column_to_matrix, partials_batch, release_metadata, stats_table, user_contributions  # noqa: E402
+from pipelines.stats_core import (  # noqa: E402
+    PARTIALS, PartialSums, binary_to_matrix, list_column_to_matrix, matrix_to_binary, partials_batches, release_metadata, stats_table, user_contributions,
+)
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
 
-PARTIALS_DDL = "item_id long, source long, a_upper array<double>, b array<double>"
+PARTIALS_DDL = "item_id long, source long, sums binary"
+ROWS_DDL = "user_id long, item_id long, label double, count double, embedding binary"
 WRITTEN_DDL = "resample int, name string, rows long"
-KERNEL_ROWS = 262_144  # complete users' rows gathered before one grouped-sums call
+ROWS_PER_PARTITION = 1_000_000  # bounds a task's memory: its rows and their d-wide contributions
 
 
-def per_user_partials(settings, batches: Iterator[pa.RecordBatch], partition: int) -> Iterator[pa.RecordBatch]:
-    """One partition (sorted by user, then item) -> its partial sums per item, emitted once.
-
-    A user's rows may straddle Arrow batches: the last user of a batch waits for the next one.
-    Sums run over the partition's rows in their sorted order, so reruns are bit-identical.
-    """
-    d = settings.dim
-    running = None
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-
-    def flush(tables: list[pa.RecordBatch]):
-        nonlocal running
-        table = pa.Table.from_batches(tables).combine_chunks()
-        items, x, c = user_contributions(
-            table["user_id"].to_numpy(), table["item_id"].to_numpy(), table["label"].to_numpy(),
-            list_column_to_matrix(table["embedding"], d, "user embedding"), table["count"].to_numpy(), settings,
-        )
-        keys, a, b = accumulator.grouped_sums(items, x, c)
-        if running is not None:
-            keys, a, b = accumulator.reduce_by_key(np.r_[running[0], keys], np.vstack([running[1], a]), np.vstack([running[2], b]))
-        running = (keys, a, b)
-
+def embeddings_as_binary(batches: Iterator[pa.RecordBatch], d: int) -> Iterator[pa.RecordBatch]:
+    """User embeddings (list<double>) -> rows of the union schema with the vector as binary."""
     for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        users = batch.column("user_id").to_numpy()
-        cut = int(np.searchsorted(users, users[-1], side="left"))  # the last user's first row
-        if cut > 0:
-            pending.append(batch.slice(0, cut))
-            pending_rows += cut
-            if pending_rows >= KERNEL_ROWS:
-                flush(pending)
-                pending, pending_rows = [], 0
-        pending.append(batch.slice(cut))  # rows of a user who may continue in the next batch
-    if pending:
-        flush(pending)
-    if running is not None:
-        yield partials_batch(*running, source=partition)
+        n = batch.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("user_id"), pa.nulls(n, pa.int64()), pa.nulls(n, pa.float64()), pa.nulls(n, pa.float64()),
+             matrix_to_binary(list_column_to_matrix(batch.column("embedding"), d, "user embedding"))],
+            names=["user_id", "item_id", "label", "count", "embedding"],
+        )
+
+
+def partition_partials(settings, batches: Iterator[pa.RecordBatch], partition: int) -> Iterator[pa.RecordBatch]:
+    """One partition (complete users: their rows and their embeddings) -> partial sums per item.
+
+    Rows are put in (item, user) order before summing, so reruns are bit-identical whatever order
+    the shuffle delivered them in.
+    """
+    collected = [batch for batch in batches if batch.num_rows]
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    is_embedding = table["embedding"].is_valid().to_numpy(zero_copy_only=False)
+    embeddings = table.filter(pa.array(is_embedding))
+    rows = table.filter(pa.array(~is_embedding))
+    if rows.num_rows == 0:
+        return
+    owners = embeddings["user_id"].to_numpy()
+    by_owner = np.argsort(owners)
+    vectors = binary_to_matrix(embeddings["embedding"], settings.dim)[by_owner]
+    users, items = rows["user_id"].to_numpy(), rows["item_id"].to_numpy()
+    order = np.lexsort((users, items))
+    users, items = users[order], items[order]
+    u = vectors[np.searchsorted(owners[by_owner], users)]
+    items, x, c = user_contributions(users, items, rows["label"].to_numpy()[order], u, rows["count"].to_numpy()[order], settings)
+    keys, a, b = accumulator.grouped_sums(items, x, c)
+    yield from partials_batches(keys, a, b, source=partition)
 
 
 def merge_and_write(settings, specs, staged, batches: Iterator[pa.RecordBatch], shard: int) -> Iterator[pa.RecordBatch]:
@@ -101,23 +102,23 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     staged = job.staged_writes()
     settings = job.settings
     read = lambda path: spark.read.parquet(*storage.table_files(path))  # noqa: E731
-    interactions = read(job.interactions).select("user_id", "item_id", "label")
-    embeddings = read(job.user_embeddings).select("user_id", "embedding")
     counts = read(job.counts).select("item_id", "count")
-    joined = interactions.join(embeddings, "user_id").join(F.broadcast(counts), "item_id")
-    partitions = max(2, spark.sparkContext.defaultParallelism)
-    by_user = joined.repartition(partitions, "user_id").sortWithinPartitions("user_id", "item_id")
-    partials = by_user.mapInArrow(lambda batches: per_user_partials(settings, batches, TaskContext.get().partitionId()), PARTIALS_DDL)
+    rows = (
+        read(job.interactions).select("user_id", "item_id", "label").join(F.broadcast(counts), "item_id")
+        .select("user_id", "item_id", "label", "count", F.lit(None).cast("binary").alias("embedding"))
+    )
+    embeddings = read(job.user_embeddings).select("user_id", "embedding").mapInArrow(lambda batches: embeddings_as_binary(batches, settings.dim), ROWS_DDL)
+    partitions = max(2 * spark.sparkContext.defaultParallelism, -(-job.rows // ROWS_PER_PARTITION))
+    by_user = rows.unionByName(embeddings).repartition(partitions, "user_id")
+    partials = by_user.mapInArrow(lambda batches: partition_partials(settings, batches, TaskContext.get().partitionId()), PARTIALS_DDL)
     catalog = spark.createDataFrame(
-        pa.table({"item_id": job.catalog, "source": np.zeros(job.catalog.size, np.int64),
-                  "a_upper": pa.nulls(job.catalog.size, pa.list_(pa.float64())), "b": pa.nulls(job.catalog.size, pa.list_(pa.float64()))},
-                 schema=PARTIALS)
+        pa.table({"item_id": job.catalog, "source": np.zeros(job.catalog.size, np.int64), "sums": pa.nulls(job.catalog.size, pa.binary())}, schema=PARTIALS)
     )
     shards = partials.unionByName(catalog).repartition(job.shards, "item_id")
     written = shards.mapInArrow(lambda batches: merge_and_write(settings, specs, staged, batches, TaskContext.get().partitionId()), WRITTEN_DDL).collect()
     names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
-    rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
-    return job.commit(names, rows)
+    written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
+    return job.commit(names, written_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

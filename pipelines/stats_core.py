@@ -24,13 +24,13 @@ from privacy.clipping import check_bound
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights
 from schemas.tables import STATS
 
-# A partial sum of one item's statistics; `source` orders partials for a deterministic merge.
+# A partial sum of one item's statistics: `sums` holds a_upper then b as float64 bytes (null: the
+# row only declares a catalog item); `source` orders partials for a deterministic merge.
 PARTIALS = pa.schema(
     [
         pa.field("item_id", pa.int64(), nullable=False),
         pa.field("source", pa.int64(), nullable=False),
-        pa.field("a_upper", pa.list_(pa.float64())),
-        pa.field("b", pa.list_(pa.float64())),
+        pa.field("sums", pa.binary()),
     ]
 )
 UNITS = ("user", "example")
@@ -94,12 +94,36 @@ def matrix_to_list_column(matrix: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix).ravel(), pa.float64()))
 
 
-def partials_batch(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray, source: int) -> pa.RecordBatch:
-    """Partial sums as Arrow rows of the PARTIALS schema."""
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, pa.int64()), pa.array(np.full(len(keys), source, np.int64)), matrix_to_list_column(a_upper), matrix_to_list_column(b)],
-        schema=PARTIALS,
-    )
+def matrix_to_binary(matrix: np.ndarray) -> pa.BinaryArray:
+    """Each row of an (n, width) float64 array as one binary value (its bytes): cheap for engines
+    to move, unlike lists of doubles."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+    n, width = matrix.shape
+    offsets = np.arange(n + 1, dtype=np.int32) * (width * 8)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(matrix.tobytes())])
+
+
+def binary_to_matrix(column: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
+    """Inverse of `matrix_to_binary` for a column without nulls."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if len(column) == 0:
+        return np.zeros((0, width))
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    if np.any(np.diff(offsets) != width * 8):
+        raise ValueError(f"binary rows must hold {width} float64 values each")
+    return data.view(np.float64).reshape(-1, width)
+
+
+def partials_batches(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray, source: int, rows_per_batch: int = 8192):
+    """Partial sums as Arrow record batches of the PARTIALS schema."""
+    sums = np.hstack([a_upper, b])
+    for start in range(0, len(keys), rows_per_batch):
+        part = slice(start, start + rows_per_batch)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys[part], pa.int64()), pa.array(np.full(len(keys[part]), source, np.int64)), matrix_to_binary(sums[part])], schema=PARTIALS
+        )
 
 
 class PartialSums:
@@ -127,16 +151,12 @@ class PartialSums:
 
     def add_batch(self, batch: pa.RecordBatch) -> None:
         """Add rows of the PARTIALS schema; rows with null sums only declare their item."""
-        present = batch.column("a_upper").is_valid()
+        present = batch.column("sums").is_valid()
         self.declare(batch.column("item_id").to_numpy())
         if pc.any(present).as_py():
             kept = batch.filter(present)
-            self.add(
-                kept.column("item_id").to_numpy(),
-                kept.column("source").to_numpy(),
-                list_column_to_matrix(kept.column("a_upper"), self.t, "a_upper"),
-                list_column_to_matrix(kept.column("b"), self.d, "b"),
-            )
+            sums = binary_to_matrix(kept.column("sums"), self.t + self.d)
+            self.add(kept.column("item_id").to_numpy(), kept.column("source").to_numpy(), sums[:, : self.t], sums[:, self.t :])
 
     def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(every item added or declared, sorted; summed a_upper; summed b), zeros where no rows."""

@@ -58,6 +58,7 @@ class StatsJob:
     shards: int = 4
     releases: list[NoiseSpec] = field(default_factory=list)
     catalog: np.ndarray | None = None
+    rows: int = 0
 
     def __post_init__(self):
         if not isinstance(self.step, int) or self.step < 1:
@@ -103,6 +104,7 @@ class StatsJob:
                 yield from table.to_batches()
 
         interactions_digest = digest_batches(checked_batches())
+        self.rows = sum(len(p[0]) for p in pairs)
         if pairs:
             users = np.concatenate([p[0] for p in pairs])
             rated = np.concatenate([p[1] for p in pairs])

@@ -199,11 +199,13 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     checkpoint = tf.train.Checkpoint(model=model)
     if not storage.exists(_item_embeddings_path(run_dir, 0)):
         storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, 0))
-    # Each item's ridge: weighted-lambda (grows with its DP count) plus a floor at the scale of the
-    # noise in A_j (about 2 sqrt(d) sigma Gamma_u^2 in spectral norm), so pure noise shrinks to 0.
+    # Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count n^(1+e)
+    # under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (about
+    # 2 sqrt(d) sigma Gamma_u^2 in spectral norm), so that pure noise shrinks to 0.
     noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) if not config.non_private else 0.0
     ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
-    ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy()
+    exponent = settings.weight_exponent if settings.unit == "user" else 0.0
+    ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     step_seconds = {}
 

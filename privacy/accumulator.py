@@ -25,11 +25,12 @@ import numpy as np
 import scipy.sparse
 
 from privacy import noise
-from privacy.clipping import check_bound, clip_labels, clip_rows
+from privacy.clipping import check_bound, clip_labels, row_scales
 
-# Groups with at least this many rows get one GEMM each; smaller ones are padded to the next power
-# of two and multiplied as stacks of small matrices (a Python call per tail item would dominate).
+# Groups with at least this many rows get one GEMM each; smaller ones are padded to the next bucket
+# width and multiplied as stacks of small matrices (a Python call per tail item would dominate).
 GEMM_MIN_ROWS = 128
+_BUCKET_WIDTHS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 127)  # small groups are padded up to one of these
 _STACK_GROUPS = 1024
 
 
@@ -68,17 +69,19 @@ def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, cli
     w = np.asarray(w, dtype=np.float64)
     if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
         raise ValueError("weights must be finite and non-negative")
-    u_bar = clip_rows(u, clip_u)
+    u = np.asarray(u, dtype=np.float64)
+    scale = row_scales(u, clip_u)  # u_bar = scale * u, folded into one multiplication per output
     y_bar = clip_labels(y, clip_y)
-    return np.sqrt(w)[:, None] * u_bar, (w * y_bar)[:, None] * u_bar
+    return u * (np.sqrt(w) * scale)[:, None], u * (w * y_bar * scale)[:, None]
 
 
 def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per key: packed sum of x x^T and sum of c. Returns (sorted unique keys, a_upper, b).
 
-    Rows already sorted by key (as a job can arrange) skip the sort. Large groups are one GEMM
-    each (x_g^T x_g); small groups are zero-padded to a power of two and multiplied as stacks;
-    b is one sparse (groups x rows) product. Cost O(rows d^2), no per-row Python.
+    Rows are grouped through a stable sort of the keys (skipped when they are already sorted);
+    each row is read once: large groups are one GEMM each (x_g^T x_g), small groups are
+    zero-padded to a bucket width and multiplied as stacks, and b is one sparse (groups x rows)
+    product. Within a key, rows are summed in their given order. Cost O(rows d^2), no per-row Python.
     """
     keys = np.asarray(keys)
     x = np.asarray(x, dtype=np.float64)
@@ -88,33 +91,34 @@ def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.nda
         raise ValueError(f"keys {keys.shape}, x {x.shape} and c {c.shape} do not line up")
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
-    if np.any(keys[1:] < keys[:-1]):
-        order = np.argsort(keys, kind="stable")
-        keys, x, c = keys[order], x[order], c[order]
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    order = np.arange(n) if np.all(keys[1:] >= keys[:-1]) else np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
     sizes = np.diff(np.r_[starts, n])
-    membership = scipy.sparse.csr_matrix((np.ones(n), np.arange(n), np.r_[starts, n]), shape=(starts.size, n))
+    membership = scipy.sparse.csr_matrix((np.ones(n), order, np.r_[starts, n]), shape=(starts.size, n))
     b = membership @ c
     a = np.empty((starts.size, packed_size(d)))
     packed = _flat_upper(d)
     for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):
-        block = x[starts[g] : starts[g] + sizes[g]]
+        block = np.take(x, order[starts[g] : starts[g] + sizes[g]], axis=0)
         a[g] = np.take(block.T @ block, packed)
     small = np.flatnonzero(sizes < GEMM_MIN_ROWS)
     gram = np.empty((_STACK_GROUPS, d, d))
-    width = 1
-    while width // 2 < GEMM_MIN_ROWS:
-        bucket = small[(sizes[small] <= width) & (sizes[small] > width // 2)]
+    low = 0
+    for width in _BUCKET_WIDTHS:
+        bucket = small[(sizes[small] <= width) & (sizes[small] > low)]
+        low = width
         offsets = np.arange(width)
         for first in range(0, bucket.size, _STACK_GROUPS):
             groups = bucket[first : first + _STACK_GROUPS]
             inside = offsets < sizes[groups, None]  # (groups, width): real rows, the rest is padding
-            stack = x[np.where(inside, starts[groups, None] + offsets, 0)] * inside[..., None]
+            rows = order[np.where(inside, starts[groups, None] + offsets, 0)]
+            stack = np.take(x, rows, axis=0)
+            stack *= inside[..., None]
             out = gram[: groups.size]
             np.matmul(stack.transpose(0, 2, 1), stack, out=out)
             a[groups] = np.take(out.reshape(groups.size, d * d), packed, axis=1)
-        width *= 2
-    return keys[starts], a, b
+    return sorted_keys[starts], a, b
 
 
 @lru_cache(maxsize=16)

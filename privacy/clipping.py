@@ -18,16 +18,27 @@ def check_bound(name: str, bound: float, allow_inf: bool = False) -> float:
     return bound
 
 
-def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
-    """Scale each row of `x` down to L2 norm at most `bound` (rows already inside are unchanged)."""
+def row_scales(x: np.ndarray, bound: float) -> np.ndarray:
+    """Per row of `x`, the factor min(1, bound / ||x||_2) that clipping multiplies it by."""
     bound = check_bound("clip norm", bound, allow_inf=True)
     x = np.asarray(x, dtype=np.float64)
-    largest = np.max(np.abs(x), axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        norms = largest * np.linalg.norm(np.where(largest > 0, x / largest, 0.0), axis=-1, keepdims=True)  # no overflow
+    with np.errstate(over="ignore"):
+        squared = np.einsum("ij,ij->i", x, x)
+    if not np.all(np.isfinite(squared)):  # squares overflowed: rescale by the largest entry first
+        largest = np.max(np.abs(x), axis=-1) if x.shape[-1] else np.zeros(x.shape[0])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            squared = np.where(largest > 0, np.einsum("ij,ij->i", x / largest[:, None], x / largest[:, None]), 0.0)
+        norms = largest * np.sqrt(squared)
+    else:
+        norms = np.sqrt(squared)
     with np.errstate(divide="ignore"):
-        scale = np.minimum(1.0, bound / norms)
-    return x * scale
+        return np.minimum(1.0, bound / norms)
+
+
+def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
+    """Scale each row of `x` down to L2 norm at most `bound` (rows already inside are unchanged)."""
+    x = np.asarray(x, dtype=np.float64)
+    return x * row_scales(x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x, bound).reshape(x.shape[:-1] + (1,))
 
 
 def clip_labels(y: np.ndarray, bound: float) -> np.ndarray:
