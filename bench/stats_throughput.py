@@ -11,8 +11,8 @@ at the same time:
  2. Kernel: `privacy.accumulator.grouped_sums(item_ids, x, c)` over all rows, x and c from
     `pipelines.stats_core.user_contributions` (weights, clip, `prepare_rows`) on the real rows;
     (a) rows in file order (by user: arbitrary item order), (b) rows pre-sorted by item, and
-    (c) as the Spark job calls it: chunks of `pipelines.stats.KERNEL_ROWS` rows then
-    `reduce_by_key`. Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
+    (c) what a Spark partition does (sort by item and user, contributions, one grouped_sums).
+    Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
     (target >= 30%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
  3. Spark: `pipelines.stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run twice
     in one session (the first warms the JVM), the second reported; its end-to-end time over the
@@ -153,21 +153,19 @@ def measure_gemm(n: int, repeats: int) -> dict:
     return {"n": n, "seconds": best, "times": times, "gflops": 2 * n**3 / best / 1e9}
 
 
-def chunked_kernel(items: np.ndarray, x: np.ndarray, c: np.ndarray, chunk: int):
-    """grouped_sums over consecutive chunks then reduce_by_key, as pipelines.stats.per_user_partials."""
+def partition_kernel(rows: dict, settings):
+    """What one Spark partition does after its rows arrive: order rows by (item, user), contributions
+    (weights, clip), then one grouped_sums on item-sorted keys (pipelines.stats.partition_partials)."""
+    from pipelines.stats_core import user_contributions
     from privacy import accumulator
 
-    running = None
-    for start in range(0, items.size, chunk):
-        keys, a, b = accumulator.grouped_sums(items[start : start + chunk], x[start : start + chunk], c[start : start + chunk])
-        if running is not None:
-            keys, a, b = accumulator.reduce_by_key(np.r_[running[0], keys], np.vstack([running[1], a]), np.vstack([running[2], b]))
-        running = (keys, a, b)
-    return running
+    order = np.lexsort((rows["user_ids"], rows["item_ids"]))
+    items, x, c = user_contributions(rows["user_ids"][order], rows["item_ids"][order], rows["labels"][order], np.take(rows["embeddings"], order, axis=0),
+                                     rows["counts"][order], settings)
+    return accumulator.grouped_sums(items, x, c)
 
 
 def measure_kernel(rows: dict, settings, repeats: int) -> dict:
-    from pipelines.stats import KERNEL_ROWS
     from pipelines.stats_core import user_contributions
     from privacy import accumulator
     from privacy.weights import user_level_weights
@@ -188,13 +186,13 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
     log("kernel (b): rows pre-sorted by item")
     t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_x, s_c), repeats)
     del s_x, s_c
-    log(f"kernel (c): chunks of {KERNEL_ROWS:,} rows + reduce_by_key (as the Spark job calls it)")
-    t_c, times_c = best_of(lambda: chunked_kernel(items, x, c, KERNEL_ROWS), repeats)
+    log("kernel (c): one Spark partition's path (sort by item and user, contributions, grouped sums)")
+    t_c, times_c = best_of(lambda: partition_kernel(rows, settings), repeats)
     sizes = np.bincount(np.unique(items, return_inverse=True)[1])
     result.update({
         "unsorted_s": t_a, "unsorted_times": times_a, "unsorted_gflops": flops / t_a / 1e9,
         "sorted_s": t_b, "sorted_times": times_b, "sorted_gflops": flops / t_b / 1e9,
-        "chunked_s": t_c, "chunked_times": times_c, "chunked_gflops": flops / t_c / 1e9, "chunk_rows": KERNEL_ROWS,
+        "partition_s": t_c, "partition_times": times_c, "partition_gflops": flops / t_c / 1e9,
         "items_with_rows": int(sizes.size), "largest_item_rows": int(sizes.max()),
         "rows_in_gemm_groups": int(sizes[sizes >= accumulator.GEMM_MIN_ROWS].sum()),
         "gemm_groups": int((sizes >= accumulator.GEMM_MIN_ROWS).sum()),
@@ -427,58 +425,6 @@ def _timers(targets: list[tuple[object, str, str]]):
             setattr(owner, name, fn)
 
 
-def profile_spark_python(paths: dict, settings, partitions: int, shards: int) -> dict:
-    """The Python side of the Spark job run in this process on the same rows, with timers around its
-    calls: per_user_partials on each of `partitions` partitions (users split evenly, rows sorted by
-    user and item, Arrow batches of the session's size, as Spark hands them over), then merge_and_write
-    on each of `shards` shards (merge, noise, Parquet write). Run twice, the second reported."""
-    from pipelines import stats, stats_core
-    from pipelines.spark import ARROW_BATCH_ROWS
-    from privacy import accumulator
-    from privacy.accumulator import NoiseSpec
-    from schemas import storage
-
-    inter = storage.read_table(paths["interactions"], columns=["user_id", "item_id", "label"])
-    emb = storage.read_table(paths["user_embeddings"])
-    counts = storage.read_table(paths["counts"])
-    emb_order, count_order = np.argsort(emb["user_id"].to_numpy()), np.argsort(counts["item_id"].to_numpy())
-    at_user = emb_order[np.searchsorted(emb["user_id"].to_numpy(), inter["user_id"].to_numpy(), sorter=emb_order)]
-    at_item = count_order[np.searchsorted(counts["item_id"].to_numpy(), inter["item_id"].to_numpy(), sorter=count_order)]
-    joined = inter.append_column("embedding", emb["embedding"].take(at_user)).append_column("count", counts["count"].take(at_item))
-    part = joined["user_id"].to_numpy() % partitions  # not Spark's Murmur3, but an even split of users
-    inputs = [joined.filter(pa.array(part == p)).sort_by([("user_id", "ascending"), ("item_id", "ascending")]).to_batches(max_chunksize=ARROW_BATCH_ROWS)
-              for p in range(partitions)]
-    del joined
-    spec = NoiseSpec(1.0, settings.wbar, settings.clip_u, settings.clip_y, b"\0" * 32, 1)
-    map_targets = [(stats, "list_column_to_matrix", "embedding list -> matrix"), (stats, "user_contributions", "user_contributions (weights, clip)"),
-                   (accumulator, "grouped_sums", "grouped_sums"), (accumulator, "reduce_by_key", "reduce_by_key (running merge of chunks)"),
-                   (stats, "partials_batch", "partials -> Arrow")]
-    merge_targets = [(stats_core.PartialSums, "add_batch", "PartialSums.add_batch (Arrow -> numpy)"), (stats_core.PartialSums, "result", "PartialSums.result (merge)"),
-                     (accumulator, "finalize", "finalize (noise)"), (stats, "stats_table", "stats_table (-> Arrow)"), (storage.StagedWrite, "write_part", "write_part (Parquet)")]
-    out = {}
-    for attempt in range(2):
-        out = {"partitions": partitions, "shards": shards, "per_user_partials_s": [], "merge_and_write_s": []}
-        partials = []
-        with _timers(map_targets) as spent:
-            for p in range(partitions):
-                begun = time.perf_counter()
-                partials.extend(stats.per_user_partials(settings, iter(inputs[p]), p))
-                out["per_user_partials_s"].append(time.perf_counter() - begun)
-        out["per_user_partials_phases_s"] = spent
-        table = pa.Table.from_batches(partials, schema=stats_core.PARTIALS)
-        out["partial_rows"] = table.num_rows
-        item_shard = table["item_id"].to_numpy() % shards
-        with tempfile.TemporaryDirectory(prefix="stats-bench-merge-") as scratch, _timers(merge_targets) as spent:
-            staged = [storage.StagedWrite(os.path.join(scratch, "resample-0.parquet"))]
-            for shard in range(shards):
-                batches = table.filter(pa.array(item_shard == shard)).to_batches(max_chunksize=ARROW_BATCH_ROWS)
-                begun = time.perf_counter()
-                list(stats.merge_and_write(settings, [spec], staged, iter(batches), shard))
-                out["merge_and_write_s"].append(time.perf_counter() - begun)
-        out["merge_and_write_phases_s"] = spent
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -494,9 +440,9 @@ def report(figures: dict) -> list[str]:
         f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of {len(g['times'])})",
         f"2. kernel grouped_sums, 2 n d^2 = {k['flops'] / 1e9:.1f} GFLOP:",
     ]
-    for key, what in (("unsorted", "(a) file order (by user)"), ("sorted", "(b) pre-sorted by item"), ("chunked", f"(c) {k['chunk_rows']:,}-row chunks + reduce")):
+    for key, what in (("unsorted", "(a) file order (by user)"), ("sorted", "(b) pre-sorted by item"), ("partition", "(c) a Spark partition's path")):
         frac = k[f"{key}_gflops"] / g["gflops"]
-        check = f"{'meets' if frac >= KERNEL_TARGET else 'MISSES'} the >= {KERNEL_TARGET:.0%} target" if key != "chunked" else "as the Spark job calls it"
+        check = f"{'meets' if frac >= KERNEL_TARGET else 'MISSES'} the >= {KERNEL_TARGET:.0%} target" if key != "partition" else "incl. sort and contributions"
         lines.append(f"   {what:34s} {k[f'{key}_s']:7.2f} s  {k[f'{key}_gflops']:6.2f} GFLOP/s = {frac:6.1%} of GEMM ({check})")
     lines.append(f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone {k['prepare_rows_s']:.2f} s")
     s = figures.get("spark")
@@ -542,13 +488,6 @@ def report(figures: dict) -> list[str]:
         lines += [f"   {name:80s} {sec:6.2f} s {sec / kp['phases_total_s']:5.0%}" for name, sec in kp["phases_s"].items()]
         lines.append("profile: user_contributions phases (best of each):")
         lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in kp["prepare_s"].items()]
-        sp = p.get("spark_python")
-        if sp:
-            lines.append(f"profile: the Spark job's Python side run in this process: per_user_partials {sum(sp['per_user_partials_s']):.2f} s "
-                         f"({sp['partitions']} partitions: {' + '.join('%.2f' % t for t in sp['per_user_partials_s'])}; {sp['partial_rows']:,} partial rows out)")
-            lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in sp["per_user_partials_phases_s"].items()]
-            lines.append(f"   merge_and_write {sum(sp['merge_and_write_s']):.2f} s ({sp['shards']} shards: {' + '.join('%.2f' % t for t in sp['merge_and_write_s'])})")
-            lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in sp["merge_and_write_phases_s"].items()]
     return lines
 
 
@@ -598,9 +537,6 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile:
                     log("profiling the kernel")
                     figures["profile"] = {"kernel": profile_kernel(rows, settings, args.repeats)}
-                    del rows
-                    log("profiling the Spark job's Python side in this process")
-                    figures["profile"]["spark_python"] = profile_spark_python(paths, settings, 2, args.shards)
             rows = None
             if not args.skip_spark:
                 figures["spark"] = measure_spark(paths, work, settings, args.master, args.shards, args.spark_runs)

@@ -37,7 +37,7 @@ from schemas import storage  # noqa: E402
 PARTIALS_DDL = "item_id long, source long, sums binary"
 ROWS_DDL = "user_id long, item_id long, label double, count double, embedding binary"
 WRITTEN_DDL = "resample int, name string, rows long"
-ROWS_PER_PARTITION = 1_000_000  # bounds a task's memory: its rows and their d-wide contributions
+ROWS_PER_PARTITION = 2_000_000  # bounds a task's memory: its rows and their d-wide contributions (about 3 GiB at d=64)
 
 
 def embeddings_as_binary(batches: Iterator[pa.RecordBatch], d: int) -> Iterator[pa.RecordBatch]:
@@ -108,7 +108,7 @@ def run(job: stats_job.StatsJob, spark) -> dict:
         .select("user_id", "item_id", "label", "count", F.lit(None).cast("binary").alias("embedding"))
     )
     embeddings = read(job.user_embeddings).select("user_id", "embedding").mapInArrow(lambda batches: embeddings_as_binary(batches, settings.dim), ROWS_DDL)
-    partitions = max(2 * spark.sparkContext.defaultParallelism, -(-job.rows // ROWS_PER_PARTITION))
+    partitions = max(spark.sparkContext.defaultParallelism, -(-job.rows // ROWS_PER_PARTITION))  # few: partials scale with it
     by_user = rows.unionByName(embeddings).repartition(partitions, "user_id")
     partials = by_user.mapInArrow(lambda batches: partition_partials(settings, batches, TaskContext.get().partitionId()), PARTIALS_DDL)
     catalog = spark.createDataFrame(
