@@ -121,7 +121,7 @@ def make_inputs(interactions: str, items: str, work: str, dim: int, seed: int) -
 
 def load_rows(paths: dict, dim: int) -> dict:
     """The interactions joined with embeddings and counts, in file order, as numpy arrays."""
-    from pipelines.stats_core import list_column_to_matrix
+    from schemas.arrays import list_column_to_matrix
     from schemas import storage
 
     inter = storage.read_table(paths["interactions"], columns=["user_id", "item_id", "label"])

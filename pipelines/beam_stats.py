@@ -50,9 +50,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import stats_job
-from pipelines.stats_core import StatsSettings, list_column_to_matrix, release_metadata, stats_table, user_contributions
+from pipelines.stats_core import StatsSettings, release_metadata, stats_table, user_contributions
 from privacy import accumulator
 from schemas import storage
+from schemas.arrays import list_column_to_matrix
 
 INPUTS = ("interactions", "user_embeddings", "counts", "items")
 KERNEL_ROWS = 262_144  # complete users' rows gathered before one grouped-sums call (as in Spark)
@@ -408,14 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = _unknown_to_beam(beam_args)
     if unknown:  # refused before anything is spent: a mistyped stats flag must not make a release
         parser.error(f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}")
-    try:
-        job = stats_job.StatsJob.from_args(args)
-        summary = run(job, PipelineOptions(beam_args))
-    except (ValueError, storage.MissingTableError) as exc:
-        print(f"stats: error: {exc}", file=sys.stderr)
-        return 2
-    print(stats_job.describe(summary))
-    return 0
+    return stats_job.run_and_report(lambda: run(stats_job.StatsJob.from_args(args), PipelineOptions(beam_args)))
 
 
 if __name__ == "__main__":

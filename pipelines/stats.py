@@ -28,9 +28,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from pipelines import stats_job  # noqa: E402
-from pipelines.stats_core import (  # noqa: E402
-    PARTIALS, PartialSums, binary_to_matrix, list_column_to_matrix, matrix_to_binary, partials_batches, release_metadata, stats_table, user_contributions,
-)
+from pipelines.stats_core import PARTIALS, PartialSums, partials_batches, release_metadata, stats_table, user_contributions  # noqa: E402
+from schemas.arrays import binary_to_matrix, list_column_to_matrix, matrix_to_binary  # noqa: E402
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
 
@@ -128,15 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     stats_job.add_arguments(parser)
     parser.add_argument("--master", help="Spark master (default: the one spark-submit gives, else local[*])")
     args = parser.parse_args(argv)
-    try:
+    def compute() -> dict:
         job = stats_job.StatsJob.from_args(args)
         with session("ssp-stats", args.master) as spark:
-            summary = run(job, spark)
-    except (ValueError, storage.MissingTableError) as exc:
-        print(f"stats: error: {exc}", file=sys.stderr)
-        return 2
-    print(stats_job.describe(summary))
-    return 0
+            return run(job, spark)
+
+    return stats_job.run_and_report(compute)
 
 
 if __name__ == "__main__":

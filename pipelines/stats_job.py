@@ -15,6 +15,7 @@ Outputs under `--out`: `resample-<k>.parquet` (k = 0..R-1, stats tables) and `re
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,6 +184,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=1, help="outer step this release belongs to (default: %(default)s)")
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)
+
+
+def run_and_report(compute) -> int:
+    """An engine's entry point: run `compute()` (returns the step summary), print it; bad input is
+    one line on stderr and exit status 2."""
+    try:
+        summary = compute()
+    except (ValueError, storage.MissingTableError) as exc:
+        print(f"stats: error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(summary))
+    return 0
 
 
 def describe(summary: dict) -> str:

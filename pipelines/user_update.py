@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.release import log
-from pipelines.stats_core import list_column_to_matrix, matrix_to_list_column
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas import storage
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings
 from trainer.solve import ridge_solve

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from privacy.accumulator import packed_size, pack_upper, unpack_upper
 from schemas import storage
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
 
@@ -84,19 +85,10 @@ def project_table(path: str, out: str, batch_size: int = 2048) -> str:
     d = int(stats_metadata(schema)["d"])
     with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
         for batch in storage.iter_batches(path, batch_size=batch_size):
-            a = _matrix(batch.column("a_upper"), packed_size(d))
+            a = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
             projected = project_psd(a, d)
-            writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), _list_column(projected), batch.column("b")], schema=STATS.with_metadata(schema.metadata)))
+            writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(projected), batch.column("b")], schema=STATS.with_metadata(schema.metadata)))
     return out
-
-
-def _matrix(column: pa.Array, width: int) -> np.ndarray:
-    return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-
-
-def _list_column(matrix: np.ndarray) -> pa.Array:
-    n, width = matrix.shape
-    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width), pa.array(matrix.ravel(), pa.float64()))
 
 
 def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -110,8 +102,8 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         table = pa.Table.from_batches(batches).combine_chunks()
         order = rng.permutation(table.num_rows)
         positions = encoder.space.index_of(table["item_id"].to_numpy())
-        a = _matrix(table["a_upper"].chunk(0) if isinstance(table["a_upper"], pa.ChunkedArray) else table["a_upper"], packed_size(d))
-        b = _matrix(table["b"].chunk(0) if isinstance(table["b"], pa.ChunkedArray) else table["b"], d)
+        a = list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper")
+        b = list_column_to_matrix(table["b"], d, "b")
         for start in range(0, order.size, config.batch_size):
             rows = order[start : start + config.batch_size]
             scale = ridge_scale[positions[rows]] if ridge_scale is not None else np.ones(rows.size)
@@ -186,4 +178,4 @@ def _projected_path(path: str) -> str:
 def item_embeddings_table(encoder: ItemEncoder) -> pa.Table:
     """The encoder's embedding of every catalog item, as an ITEM_EMBEDDINGS table."""
     vectors = encoder.embed_all()
-    return validate_item_embeddings(pa.Table.from_arrays([pa.array(encoder.space.item_ids, pa.int64()), _list_column(vectors)], schema=ITEM_EMBEDDINGS))
+    return validate_item_embeddings(pa.Table.from_arrays([pa.array(encoder.space.item_ids, pa.int64()), matrix_to_list_column(vectors)], schema=ITEM_EMBEDDINGS))
