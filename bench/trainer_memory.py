@@ -3,7 +3,7 @@
 Writes a synthetic catalog (genres and year features) and a stats table of random PSD A_j and b_j
 for `--items` items (default 500,000, d = 64: about 8.6 GB of Parquet), streamed, then runs one
 epoch of `trainer.ssp.train` in a fresh child interpreter and reports its peak resident set size
-(the child's own getrusage) next to the same run on a catalog 10x smaller, measured in the same
+(the child's own VmHWM) next to the same run on a catalog 10x smaller, measured in the same
 invocation. The trainer streams item minibatches through a bounded shuffle buffer, so the two peaks
 should be close and under 2 GiB. The encoder uses the public features without the item-id family
 (whose table, a model parameter, does grow with the catalog).
@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from schemas import storage
 from trainer import ssp
 from trainer.encoder import ItemEncoder
@@ -38,7 +38,9 @@ del items
 encoder = ItemEncoder(space, args["dim"])
 started = time.perf_counter()
 losses = ssp.train(encoder, [args["stats"]], ssp.SSPConfig(epochs=1, batch_size=512, psd_projection=False), progress=False)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM is this process image's own peak; getrusage's ru_maxrss would include the peak of the
+# parent it was forked from (Linux keeps it across exec).
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
 print(json.dumps({"seconds": time.perf_counter() - started, "loss": losses[-1], "peak_rss_mib": peak}))
 """
 

@@ -260,12 +260,13 @@ def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
 
 
 def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Stream a table's rows in record batches: memory stays bounded by the batch size."""
+    """Stream a table's rows in record batches: memory stays bounded by the batch size (column
+    chunks are read in 1 MiB buffers, not whole row groups at a time)."""
     fs, files = _table_files(path)
     arrow_fs = _arrow_fs(fs)
     for f in files:
         with arrow_fs.open_input_file(f) as handle:
-            yield from pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=columns)
+            yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, columns=columns)
 
 
 def write_json(document: dict, path: str) -> None:
