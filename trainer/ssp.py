@@ -158,7 +158,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
 
     rng = np.random.default_rng(config.seed)
     losses = []
-    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress)
+    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=None if progress else True)  # None: off when not a terminal
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
