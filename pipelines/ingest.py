@@ -47,7 +47,7 @@ def ingest(
     unknown = {"ratings": 0, "items": np.empty(0, np.int64)}
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
-        bar = tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=None if progress else True, file=sys.stderr)
+        bar = tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr)
         for batch in movielens.iter_ratings(source):
             bar.update(batch.num_rows)
             known = np.isin(batch.column("item_id").to_numpy(), catalog)

@@ -315,7 +315,7 @@ def generate(
     v = item_factors(catalog, params["rank"], params["seed"])
     p = popularity(params["items"], params["alpha"], params["seed"])
     manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}}
-    with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=None if progress else True, unit_scale=True) as bar:
+    with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
 

@@ -158,7 +158,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
 
     rng = np.random.default_rng(config.seed)
     losses = []
-    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=None if progress else True)  # None: off when not a terminal
+    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress, mininterval=2.0)
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
@@ -167,7 +167,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
             total += float(loss) * positions.size
             count += positions.size
         losses.append(total / max(count, 1))
-        bar.set_postfix(loss=f"{losses[-1]:.4g}")
+        bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
     return losses
 
 
