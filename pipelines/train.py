@@ -34,7 +34,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.tables import INTERACTIONS, validate_user_embeddings
 
-ITEM_UPDATES = ("ssp",)
+ITEM_UPDATES = ("ssp", "als")  # SSP2 trainer; DP-ALS closed-form solve (id-only encoder)
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,8 @@ class TrainConfig:
             raise ValueError(f"--engine must be spark or beam, got {self.engine!r}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
+        if self.item_update == "als" and self.encoder != "id":
+            raise ValueError("--item-update als (DP-ALS) solves one free vector per item: use it with --encoder id")
         if not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
         self.privacy()  # validates the budget and plan
@@ -243,7 +245,13 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
                 summary = stats.run(job, active_spark)
             expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
-            ssp.train(model, stats_job.stats_tables(run_dir.step(s, "stats")), ssp_config, expected, progress, ridge_scale)
+            tables = stats_job.stats_tables(run_dir.step(s, "stats"))
+            if config.item_update == "als":
+                from trainer import als
+
+                model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected))
+            else:
+                ssp.train(model, tables, ssp_config, expected, progress, ridge_scale)
             storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, s))
             checkpoint.write(storage.join(run_dir.step(s, "checkpoint"), "ckpt-1"))
             step_seconds[s] = time.perf_counter() - t0
@@ -340,7 +348,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
         "engine": "stats job engine: spark or beam",
-        "item_update": "item update method",
+        "item_update": "item update: ssp (SSP2 trainer of the encoder) or als (DP-ALS closed-form solve, with --encoder id)",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "item_id_feature": "the features encoder also embeds the (public) item id (default: on for --non-private runs, off for private ones)",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",

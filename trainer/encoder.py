@@ -59,6 +59,13 @@ class ItemEncoder(tf.keras.Model):
         hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
         return self._dense(hidden) if self._dense is not None else hidden
 
+    def set_item_vectors(self, vectors: np.ndarray) -> None:
+        """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
+        if self.kind != "id":
+            raise ValueError("only the id-only encoder has one free vector per item")
+        _, _, table = self._families[0]
+        table.assign(np.vstack([np.zeros((1, self.dim)), np.asarray(vectors)]).astype(table.dtype.as_numpy_dtype))
+
     def embed_all(self, batch_size: int = 8192) -> np.ndarray:
         """Embeddings of every catalog item, in catalog order (float64)."""
         out = [self(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]

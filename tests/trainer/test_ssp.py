@@ -122,3 +122,24 @@ def test_export_and_item_embeddings(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     out = loaded.signatures["embed"](item_ids=tf.constant([30, 10], tf.int64))["embedding"].numpy()
     np.testing.assert_allclose(out, np.array(table["embedding"].to_pylist())[[2, 0]], rtol=1e-6)
+
+
+def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
+    from trainer import als
+
+    space = FeatureSpace.from_items(ITEMS)
+    d, ridge = 3, 0.5
+    rng = np.random.default_rng(4)
+    positions, u, y = random_examples(rng, 60, d, space.size)
+    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
+    scale = np.arange(1.0, space.size + 1)
+    solved = als.solve_items(str(tmp_path / "s.parquet"), space, d, ridge, scale, psd_projection=True)
+    want = np.linalg.solve(unpack_upper(a_upper, d) + (ridge * scale[keys])[:, None, None] * np.eye(d), b[..., None])[..., 0]
+    np.testing.assert_allclose(solved[keys], want, rtol=1e-9)
+    assert np.all(solved[np.setdiff1d(np.arange(space.size), keys)] == 0)
+    encoder = ItemEncoder(space, dim=d, kind="id")
+    encoder.set_item_vectors(solved)
+    np.testing.assert_allclose(encoder.embed_all(), solved, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="ridge must be > 0"):
+        als.solve_items(str(tmp_path / "s.parquet"), space, d, 0.0)
