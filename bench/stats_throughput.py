@@ -11,7 +11,7 @@ at the same time:
  2. Kernel: `privacy.accumulator.grouped_sums(item_ids, x, c)` over all rows, x and c from
     `pipelines.stats_core.user_contributions` (weights, clip, `prepare_rows`) on the real rows;
     (a) rows in file order (by user: arbitrary item order), (b) rows pre-sorted by item, and
-    (c) what a Spark partition does (sort by item and user, contributions, one grouped_sums).
+    (c) what a Spark task does with its rows (sort by item and user, contributions, one grouped_sums).
     Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
     (target >= 30%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
  3. Spark: `pipelines.stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run twice
@@ -440,7 +440,7 @@ def report(figures: dict) -> list[str]:
         f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of {len(g['times'])})",
         f"2. kernel grouped_sums, 2 n d^2 = {k['flops'] / 1e9:.1f} GFLOP:",
     ]
-    for key, what in (("unsorted", "(a) file order (by user)"), ("sorted", "(b) pre-sorted by item"), ("partition", "(c) a Spark partition's path")):
+    for key, what in (("unsorted", "(a) file order (by user)"), ("sorted", "(b) pre-sorted by item"), ("partition", "(c) a Spark task's path")):
         frac = k[f"{key}_gflops"] / g["gflops"]
         check = f"{'meets' if frac >= KERNEL_TARGET else 'MISSES'} the >= {KERNEL_TARGET:.0%} target" if key != "partition" else "incl. sort and contributions"
         lines.append(f"   {what:34s} {k[f'{key}_s']:7.2f} s  {k[f'{key}_gflops']:6.2f} GFLOP/s = {frac:6.1%} of GEMM ({check})")

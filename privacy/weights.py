@@ -17,27 +17,45 @@ import numpy as np
 DEFAULT_EXPONENT = -0.25
 
 
+def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
+    if not np.isfinite(wbar) or wbar <= 0:
+        raise ValueError(f"wbar must be a finite number > 0, got {wbar}")
+    if not np.isfinite(exponent):
+        raise ValueError(f"weight exponent must be finite, got {exponent}")
+    if counts.size and (not np.all(np.isfinite(counts)) or counts.min() < 1.0):
+        raise ValueError("DP counts must be finite and floored at 1")
+
+
 def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
     """Weights for rows given each row's user id and the DP count of its item.
 
     Rows may come in any order; the per-user normaliser is computed over all rows of each user
     present in the arrays (so a caller must pass all of a user's rows together).
     """
-    wbar = float(wbar)
-    if not np.isfinite(wbar) or wbar <= 0:
-        raise ValueError(f"wbar must be a finite number > 0, got {wbar}")
-    if not np.isfinite(exponent):
-        raise ValueError(f"weight exponent must be finite, got {exponent}")
     user_ids = np.asarray(user_ids)
     counts = np.asarray(row_counts, dtype=np.float64)
     if user_ids.shape != counts.shape:
         raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
-    if counts.size and (not np.all(np.isfinite(counts)) or counts.min() < 1.0):
-        raise ValueError("DP counts must be finite and floored at 1")
-    raw = counts**exponent
+    _check(float(wbar), exponent, counts)
     _, group = np.unique(user_ids, return_inverse=True)
-    norm = np.bincount(group, weights=raw**2)
-    return wbar * raw / np.sqrt(norm[group])
+    norm = np.bincount(group, weights=counts ** (2 * exponent))
+    return weights_from_normalisers(counts, norm[group], wbar, exponent)
+
+
+def normaliser_sql(count_column: str, exponent: float = DEFAULT_EXPONENT) -> str:
+    """The per-user normaliser `sum n_j^(2e)` as a SQL aggregate, for engines that group users in
+    their own runtime (the Spark job): the same quantity `user_level_weights` computes."""
+    if not np.isfinite(exponent):
+        raise ValueError(f"weight exponent must be finite, got {exponent}")
+    return f"sum(power({count_column}, {2 * float(exponent)!r}))"
+
+
+def weights_from_normalisers(row_counts: np.ndarray, normalisers: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
+    """`w_i = wbar * n_j^e / sqrt(normaliser of the row's user)`, the normaliser being the sum of
+    n^(2e) over all of that user's rows (computed by `user_level_weights` or `normaliser_sql`)."""
+    counts = np.asarray(row_counts, dtype=np.float64)
+    _check(float(wbar), exponent, counts)
+    return float(wbar) * counts**exponent / np.sqrt(np.asarray(normalisers, dtype=np.float64))
 
 
 def example_level_weights(n_rows: int) -> np.ndarray:

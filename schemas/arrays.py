@@ -1,7 +1,6 @@
 """Arrow columns <-> numpy matrices: how vectors (embeddings, packed statistics) travel in tables.
 
-A d-vector per row is a `list<double>` column in stored tables, or, between the stages of an
-engine, a `binary` column of the row's float64 bytes (cheap to move: no per-element handling).
+A d-vector per row is a `list<double>` column in stored tables.
 """
 
 from __future__ import annotations
@@ -27,25 +26,3 @@ def matrix_to_list_column(matrix: np.ndarray) -> pa.ListArray:
     n, width = matrix.shape
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width)
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix).ravel(), pa.float64()))
-
-
-def matrix_to_binary(matrix: np.ndarray) -> pa.BinaryArray:
-    """Each row of an (n, width) float64 array as one binary value (its bytes): cheap for engines
-    to move, unlike lists of doubles."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
-    n, width = matrix.shape
-    offsets = np.arange(n + 1, dtype=np.int32) * (width * 8)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(matrix.tobytes())])
-
-
-def binary_to_matrix(column: pa.Array | pa.ChunkedArray, width: int) -> np.ndarray:
-    """Inverse of `matrix_to_binary` for a column without nulls."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if len(column) == 0:
-        return np.zeros((0, width))
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-    if np.any(np.diff(offsets) != width * 8):
-        raise ValueError(f"binary rows must hold {width} float64 values each")
-    return data.view(np.float64).reshape(-1, width)

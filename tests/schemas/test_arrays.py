@@ -1,20 +1,18 @@
-"""Vectors in Arrow columns: list<double> and binary forms round-trip exactly and refuse bad rows."""
+"""Vectors in Arrow columns: list<double> columns round-trip exactly and refuse bad rows."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas.arrays import binary_to_matrix, list_column_to_matrix, matrix_to_binary, matrix_to_list_column
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 
 
 def test_round_trips_are_exact():
     m = np.array([[1.5, -2.0, 3.25], [0.0, 1e-300, -7.0]])
     np.testing.assert_array_equal(list_column_to_matrix(matrix_to_list_column(m), 3, "v"), m)
-    np.testing.assert_array_equal(binary_to_matrix(matrix_to_binary(m), 3), m)
     assert matrix_to_list_column(m).to_pylist() == m.tolist()
-    sliced = matrix_to_binary(np.arange(12.0).reshape(4, 3)).slice(1, 2)  # offsets not at 0
-    np.testing.assert_array_equal(binary_to_matrix(sliced, 3), np.arange(3.0, 9.0).reshape(2, 3))
-    assert binary_to_matrix(pa.array([], pa.binary()), 3).shape == (0, 3)
+    sliced = matrix_to_list_column(np.arange(12.0).reshape(4, 3)).slice(1, 2)  # offsets not at 0
+    np.testing.assert_array_equal(list_column_to_matrix(sliced, 3, "v"), np.arange(3.0, 9.0).reshape(2, 3))
 
 
 def test_bad_rows_are_named():
@@ -22,5 +20,3 @@ def test_bad_rows_are_named():
         list_column_to_matrix(pa.array([[1.0, 2.0], [3.0]]), 2, "embedding")
     with pytest.raises(ValueError, match="embedding of row 0 has 0 entries, expected 2"):
         list_column_to_matrix(pa.array([None, [3.0, 4.0]], pa.list_(pa.float64())), 2, "embedding")
-    with pytest.raises(ValueError, match="must hold 2 float64 values"):
-        binary_to_matrix(pa.array([b"\0" * 8]), 2)
