@@ -61,7 +61,7 @@ def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
 def test_noise_scale_and_reproducible_release(spark, tmp_path):
     catalog = list(range(1, 1501))  # most items have no rows: their statistics are pure noise
     paths = write_inputs(tmp_path, INTERACTIONS[:2] + [(3, 5, 1.0)], {1: [3.0, 4.0], 3: [1.0, 0.0]}, {j: 3.0 for j in catalog}, catalog)
-    seed = SeedFile.create(str(tmp_path / "seed")).path
+    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # a fixed test seed: the statistics below are reproducible
     settings = StatsSettings(2, 0.5, 2.0, "user", 1.5)
     privacy = PrivacySettings(noise_multiplier=1.2, resamples=2)
     stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)
