@@ -185,7 +185,6 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
     s_items, s_x, s_c = items[order], np.ascontiguousarray(x[order]), np.ascontiguousarray(c[order])
     log("kernel (b): rows pre-sorted by item")
     t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_x, s_c), repeats)
-    del s_x, s_c
     log("kernel (c): one Spark partition's path (sort by item and user, contributions, grouped sums)")
     t_c, times_c = best_of(lambda: partition_kernel(rows, settings), repeats)
     sizes = np.bincount(np.unique(items, return_inverse=True)[1])
@@ -396,7 +395,6 @@ def profile_kernel(rows: dict, settings, repeats: int) -> dict:
     w = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
     u_bar, y_bar = clip_rows(rows["embeddings"], settings.clip_u), clip_labels(rows["labels"], settings.clip_y)
     prep["x = sqrt(w) u_bar, c = w y_bar u_bar"] = best_of(lambda: (np.sqrt(w)[:, None] * u_bar, (w * y_bar)[:, None] * u_bar), repeats)[0]
-    del u_bar
     prep["prepare_rows (all of the above but weights)"] = best_of(lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], w, settings.clip_u, settings.clip_y), repeats)[0]
     return {"phases_s": best, "phases_total_s": sum(best.values()), **info, "prepare_s": prep}
 

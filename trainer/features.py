@@ -10,7 +10,6 @@ features).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,9 +84,3 @@ class FeatureSpace:
         if not np.all(found):
             raise ValueError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
         return order[pos]
-
-    def describe(self) -> dict:
-        return {"items": self.size, "families": {f.name: f.size for f in self.families}}
-
-    def to_json(self) -> str:
-        return json.dumps({"families": [f.name for f in self.families], "vocabulary_sizes": [f.size for f in self.families]})

@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import math
 import os
 
 import numpy as np
