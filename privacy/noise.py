@@ -1,7 +1,9 @@
 """Keyed Gaussian noise: a pure function of (secret run seed, release index, item id).
 
-Each item's noise comes from its own counter-based generator (numpy Philox keyed by a SeedSequence
-of the 256-bit secret seed with spawn key (release, item)), so it does not depend on which engine,
+Each item's noise comes from its own stream of a counter-based generator: numpy Philox, keyed by a
+SeedSequence of the 256-bit secret seed with spawn key (release,), its 256-bit counter starting at
+(0, 0, item id, 0), so that items never share counter values (an item draws far fewer than 2^128
+blocks). It does not depend on which engine,
 partition, task attempt or order produced the item: re-running or retrying reproduces a release
 exactly, Spark and Beam give identical noise, and an item with no rows gets the same kind of noise
 as any other.
@@ -19,20 +21,26 @@ SEED_BYTES = 32
 _UINT64 = 1 << 64
 
 
-def _generator(seed: bytes, release: int, item_id: int) -> np.random.Generator:
+def release_key(seed: bytes, release: int) -> np.ndarray:
+    """The Philox key (2 x 64 bits) of one release: a hash of the secret seed and the release index."""
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a noise seed has {SEED_BYTES} bytes, got {len(seed)}")
     if release < 0:
         raise ValueError(f"release index must be >= 0, got {release}")
-    key = np.random.SeedSequence(int.from_bytes(seed, "big"), spawn_key=(int(release), int(item_id) % _UINT64))
-    return np.random.Generator(np.random.Philox(key))
+    return np.random.SeedSequence(int.from_bytes(seed, "big"), spawn_key=(int(release),)).generate_state(2, np.uint64)
+
+
+def _generator(key: np.ndarray, item_id: int) -> np.random.Generator:
+    counter = np.array([0, 0, int(item_id) % _UINT64, 0], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(counter=counter, key=key))
 
 
 def standard_normal(seed: bytes, release: int, item_ids: np.ndarray, size: int) -> np.ndarray:
     """Unscaled N(0, 1) noise of shape (len(item_ids), size), row k a pure function of
     (seed, release, item_ids[k]); the first entries of a longer draw equal a shorter draw."""
+    key = release_key(seed, release)
     item_ids = np.asarray(item_ids, dtype=np.int64)
     out = np.empty((item_ids.size, size), dtype=np.float64)
     for row, item_id in enumerate(item_ids.tolist()):
-        out[row] = _generator(seed, release, item_id).standard_normal(size)
+        _generator(key, item_id).standard_normal(size, out=out[row])
     return out
