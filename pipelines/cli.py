@@ -13,11 +13,12 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, before it is imported
 
 from pipelines import counts, ingest, splits, stats_job, synth, train, user_update
+from pipelines.lock import RunLockedError
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
 from schemas import SchemaError, storage
 
-USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError)
+USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError, RunLockedError)
 
 
 def _run_split(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from pipelines import ingest, release, splits, stats_job, user_update
 from pipelines.counts import COUNTS_TABLE, DEFAULT_MAX_ITEMS_PER_USER, dp_counts
+from pipelines.lock import run_lock
 from pipelines.mean import dp_mean
 from pipelines.stats_core import StatsSettings
 from privacy.ledger import Ledger
@@ -166,7 +167,15 @@ def _item_embeddings_path(run: Run, step: int) -> str:
 
 
 def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
-    """Run (or resume) the whole training; returns the metrics written to RUN/metrics.json."""
+    """Run (or resume) the whole training; returns the metrics written to RUN/metrics.json.
+
+    Holds the run directory's lock throughout: a second run on the same directory is refused.
+    """
+    with run_lock(config.out):
+        return _run(config, spark, progress)
+
+
+def _run(config: TrainConfig, spark, progress: bool) -> dict:
     import tensorflow as tf
 
     from trainer import encoder as encoders

@@ -65,7 +65,8 @@ def _arrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether `fs` is the local disk (atomic renames, file locks)."""
     return isinstance(fs, fsspec.implementations.local.LocalFileSystem)
 
 
@@ -81,7 +82,7 @@ class StagedWrite:
         self.path = path.rstrip("/")
         self.write_id = write_id or uuid.uuid4().hex
         fs, final = filesystem(self.path)
-        self.local = _is_local(fs)
+        self.local = is_local(fs)
         if self.local:
             parent, name = posixpath.split(final)
             self.directory, self.suffix = posixpath.join(parent, f".{name}.tmp-{self.write_id}"), ""
@@ -273,7 +274,7 @@ def write_json(document: dict, path: str) -> None:
     """Write a small JSON document atomically (temporary file, then rename or single put)."""
     fs, inner = filesystem(path)
     payload = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
-    if _is_local(fs):
+    if is_local(fs):
         os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
         tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as out:
