@@ -43,6 +43,7 @@ class PrivacySettings:
     resamples: int = 1
     count_share: float = 0.1
     mean_share: float = 0.0
+    gram_share: float = 0.0
 
     def __post_init__(self):
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -54,11 +55,11 @@ class PrivacySettings:
         if self.noise_multiplier is not None and (not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0):
             raise ValueError(f"noise multiplier must be a finite number >= 0, got {self.noise_multiplier}")
         accounting.make_accountant(self.accountant)
-        accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share)
+        accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
 
     def multipliers(self) -> dict[str, float]:
         """Per-event noise multipliers of the run's release groups ('counts', 'stats')."""
-        plan = accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share)
+        plan = accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
         if self.noise_multiplier is not None:
             return {group.name: self.noise_multiplier for group in plan}
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)

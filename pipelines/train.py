@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from pipelines import ingest, release, splits, stats_job, user_update
 from pipelines.counts import COUNTS_TABLE, DEFAULT_MAX_ITEMS_PER_USER, dp_counts
+from pipelines.gram import dp_gram
 from pipelines.lock import run_lock
 from pipelines.mean import dp_mean
 from pipelines.stats_core import StatsSettings
@@ -70,6 +71,8 @@ class TrainConfig:
     learning_rate: float = 0.01
     ridge: float = 0.1
     noise_ridge: float = 0.25
+    gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
+    gram_share: float = 0.05
     psd_projection: bool = True
     rating_min: float = 0.5
     rating_max: float = 5.0
@@ -85,6 +88,8 @@ class TrainConfig:
             object.__setattr__(self, "dim", 32 if self.non_private else 8)
         if self.item_id_feature is None:
             object.__setattr__(self, "item_id_feature", self.non_private)
+        if self.gravity is None:
+            object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" else 0.0)
         if self.protocol not in splits.PROTOCOLS:
             raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.engine not in ("spark", "beam"):
@@ -100,7 +105,9 @@ class TrainConfig:
 
     def privacy(self) -> release.PrivacySettings:
         mean_share = self.mean_share if self.protocol == "rmse" else 0.0
-        common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share, mean_share=mean_share)
+        gram_share = self.gram_share if self.gravity > 0 else 0.0
+        common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
+                      mean_share=mean_share, gram_share=gram_share)
         if self.non_private:
             return release.PrivacySettings(noise_multiplier=0.0, **common)
         return release.PrivacySettings(epsilon=self.epsilon, **common)
@@ -255,12 +262,15 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
                 summary = stats.run(job, active_spark)
             expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
             tables = stats_job.stats_tables(run_dir.step(s, "stats"))
+            gravity = None
+            if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
+                gravity = config.gravity * dp_gram(user_path, Ledger.open(ledger_path), seeds, config.dim, settings.clip_u, s)
             if config.item_update == "als":
                 from trainer import als
 
-                model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected))
+                model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
             else:
-                ssp.train(model, tables, ssp_config, expected, progress, ridge_scale)
+                ssp.train(model, tables, ssp_config, expected, progress, ridge_scale, gravity)
             storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, s))
             checkpoint.write(storage.join(run_dir.step(s, "checkpoint"), "ckpt-1"))
             step_seconds[s] = time.perf_counter() - t0
@@ -361,6 +371,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "item_id_feature": "the features encoder also embeds the (public) item id (default: on for --non-private runs, off for private ones)",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",
+        "gravity": "implicit-feedback weight alpha on the users' DP Gram matrix (default: 0.1 for --protocol recall, 0 for rmse)",
         "unit": "unit of privacy: user or example",
     }
     for item in fields(TrainConfig):

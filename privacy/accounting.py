@@ -71,20 +71,23 @@ class Group:
     events: int
 
 
-def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0) -> list[Group]:
+def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0, gram_share: float = 0.0) -> list[Group]:
     """The AM-SSP plan: the count release, optionally the DP mean rating (a sum and a count: two
-    events), then S x R stats tables of two events (A and b) each."""
+    events) and one users' Gram matrix per outer step (the implicit-feedback "gravity"), then
+    S x R stats tables of two events (A and b) each."""
     for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if not 0 < count_share < 1:
         raise ValueError(f"count share must be in (0, 1), got {count_share}")
-    if not 0 <= mean_share < 1 - count_share:
-        raise ValueError(f"mean share must be in [0, 1 - count share), got {mean_share}")
+    if not 0 <= mean_share or not 0 <= gram_share or not mean_share + gram_share < 1 - count_share:
+        raise ValueError(f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}")
     plan = [Group("counts", count_share, 1)]
     if mean_share > 0:
         plan.append(Group("mean", mean_share, 2))
-    return plan + [Group("stats", 1 - count_share - mean_share, 2 * outer_steps * resamples)]
+    if gram_share > 0:
+        plan.append(Group("gram", gram_share, outer_steps))
+    return plan + [Group("stats", 1 - count_share - mean_share - gram_share, 2 * outer_steps * resamples)]
 
 
 def multipliers_for(total_multiplier: float, plan: list[Group]) -> dict[str, float]:

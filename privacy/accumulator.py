@@ -63,6 +63,13 @@ def unpack_upper(packed: np.ndarray, d: int) -> np.ndarray:
     return out
 
 
+def project_psd(a_upper: np.ndarray, d: int) -> np.ndarray:
+    """Packed matrices projected onto the PSD cone (negative eigenvalues set to 0)."""
+    eigenvalues, vectors = np.linalg.eigh(unpack_upper(a_upper, d))
+    projected = (vectors * np.maximum(eigenvalues, 0.0)[:, None, :]) @ np.swapaxes(vectors, 1, 2)
+    return pack_upper(projected)
+
+
 def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> tuple[np.ndarray, np.ndarray]:
     """Clip and weight rows: x_i = sqrt(w_i) Clip(u_i), c_i = w_i Clip(y_i) Clip(u_i), so that
     A_j = sum x_i x_i^T and b_j = sum c_i."""

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.accumulator import packed_size, unpack_upper
+from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.features import FeatureSpace
-from trainer.ssp import check_stats, project_psd
+from trainer.ssp import check_stats
 
 
 def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
-                psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048) -> np.ndarray:
+                psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048, gravity: np.ndarray | None = None) -> np.ndarray:
     """Item embeddings (catalog order) solved from one stats table; items without a row stay 0."""
     if not np.isfinite(ridge) or ridge <= 0:
         raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
@@ -33,7 +33,7 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
         if psd_projection:
             a_upper = project_psd(a_upper, dim)
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
-        gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim)
+        gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
         b = list_column_to_matrix(batch.column("b"), dim, "b")
         vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
     return vectors

@@ -43,7 +43,11 @@ class ItemEncoder(tf.keras.Model):
         self._families = []
         for family in families:
             ragged = tf.RaggedTensor.from_row_splits(tf.constant(family.values, tf.int64), tf.constant(family.row_splits, tf.int64), validate=False)
-            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=init)
+            # In the features encoder the item id is a residual on top of the shared features: it
+            # starts at zero, so an item never trained on (no statistics) is embedded by its
+            # public features alone rather than by a random vector.
+            start = "zeros" if kind == "features" and family.name == ITEM_ID_FAMILY else init
+            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=start)
             self._families.append((family.name, ragged, table))
         self._dense = tf.keras.layers.Dense(dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)) if kind == "features" else None
 

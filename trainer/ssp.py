@@ -26,7 +26,7 @@ import pyarrow as pa
 import tensorflow as tf
 from tqdm import tqdm
 
-from privacy.accumulator import packed_size, pack_upper, unpack_upper
+from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
@@ -72,13 +72,6 @@ def check_stats(path: str, expected: dict) -> dict:
     return meta
 
 
-def project_psd(a_upper: np.ndarray, d: int) -> np.ndarray:
-    """Packed matrices projected onto the PSD cone (negative eigenvalues set to 0)."""
-    eigenvalues, vectors = np.linalg.eigh(unpack_upper(a_upper, d))
-    projected = (vectors * np.maximum(eigenvalues, 0.0)[:, None, :]) @ np.swapaxes(vectors, 1, 2)
-    return pack_upper(projected)
-
-
 def project_table(path: str, out: str, batch_size: int = 2048) -> str:
     """Stream a stats table into `out` with every A_j projected onto the PSD cone; returns `out`."""
     schema = storage.read_schema(path)
@@ -91,11 +84,13 @@ def project_table(path: str, out: str, batch_size: int = 2048) -> str:
     return out
 
 
-def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(catalog positions, A_j + ridge scale_j I (B, d, d), b_j (B, d)) minibatches of items,
-    shuffled within a bounded buffer of record batches."""
+def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
+                 gravity: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(catalog positions, A_j + ridge scale_j I (+ gravity) (B, d, d), b_j (B, d)) minibatches of
+    items, shuffled within a bounded buffer of record batches."""
     d = encoder.dim
     eye = np.eye(d)
+    extra = gravity if gravity is not None else 0.0
     buffer: list[pa.RecordBatch] = []
 
     def drain(batches):
@@ -107,7 +102,7 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         for start in range(0, order.size, config.batch_size):
             rows = order[start : start + config.batch_size]
             scale = ridge_scale[positions[rows]] if ridge_scale is not None else np.ones(rows.size)
-            yield positions[rows], unpack_upper(a[rows], d) + (config.ridge * scale)[:, None, None] * eye, b[rows]
+            yield positions[rows], unpack_upper(a[rows], d) + (config.ridge * scale)[:, None, None] * eye + extra, b[rows]
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
         buffer.append(batch)
@@ -126,12 +121,14 @@ def ssp_loss(encoder: ItemEncoder, positions, a, b):
 
 
 def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
-          ridge_scale: np.ndarray | None = None) -> list[float]:
+          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
     Returns the mean loss of every epoch. `expected` lists release parameters the tables must
     carry (e.g. d, clip_u, clip_y, noise_multiplier from the ledger). `ridge_scale` (one value per
-    catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge.
+    catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge;
+    `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
+    implicit-feedback penalty on every item's scores.
     """
     if not stats_paths:
         raise ValueError("no stats tables to train on")
@@ -162,7 +159,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
-        for positions, a, b in item_batches(path, encoder, config, rng, ridge_scale):
+        for positions, a, b in item_batches(path, encoder, config, rng, ridge_scale, gravity):
             loss = step(tf.constant(positions), tf.constant(a, tf.float32), tf.constant(b, tf.float32))
             total += float(loss) * positions.size
             count += positions.size

@@ -71,4 +71,6 @@ def test_recall_protocol_trains_on_top_items_by_dp_count(spark, tmp_path):
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
     assert stats.num_rows == int(np.ceil(0.1 * 9742))  # the top 10% items by DP count
     names = [row["name"] for row in Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows]
-    assert names == ["counts", "step-1/stats/r0", "step-2/stats/r0"]  # no mean release in the ranking protocol
+    # no mean release in the ranking protocol; one users' Gram matrix (implicit-feedback gravity) per step
+    assert names == ["counts", "step-1/stats/r0", "step-1/gram", "step-2/stats/r0", "step-2/gram"]
+    assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
