@@ -73,6 +73,10 @@ def dp_counts(
     release.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
 
     if unit == "user":
+        # one count per distinct (user, item): a repeated rating must not add twice, or a user's
+        # count vector could move by K in one coordinate instead of sqrt(K) in L2 norm
+        pairs = np.unique(np.stack([users, rated], axis=1), axis=0)
+        users, rated = pairs[:, 0], pairs[:, 1]
         key = int.from_bytes(hmac.new(seeds.seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
         rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
     exact = np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64)

@@ -44,12 +44,13 @@ def ingest(
     layout = movielens.detect_layout(source)
     items = movielens.read_catalog(source, public_features)
     catalog = np.sort(items["item_id"].to_numpy())
-    unknown = {"ratings": 0, "items": np.empty(0, np.int64)}
+    unknown = {"ratings": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
         bar = tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr)
         for batch in movielens.iter_ratings(source):
             bar.update(batch.num_rows)
+            unknown["seen"] += batch.num_rows
             known = np.isin(batch.column("item_id").to_numpy(), catalog)
             if not known.all():
                 unknown["ratings"] += int((~known).sum())
@@ -58,6 +59,8 @@ def ingest(
                 continue  # keep scanning to report the full count; nothing will be published
             yield batch.filter(pa.array(known))
         bar.close()
+        if unknown["seen"] == 0:
+            raise movielens.IngestError(f"{storage.join(source, layout.ratings)} holds no ratings")
         if unknown["ratings"]:
             # write_dataset reads the manifest only after the last batch, so this lands in it
             manifest["unknown_items"].update(dropped_ratings=unknown["ratings"], dropped_items=int(unknown["items"].size))

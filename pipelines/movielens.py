@@ -278,6 +278,8 @@ def _split_line(layout: Layout) -> Callable[[str], list[str]]:
 
 def _locate_bad_line(path: str, layout: Layout, error: Exception) -> IngestError:
     """Scan the ratings file for the first line that does not parse, and describe it."""
+    if "Empty CSV file" in str(error):
+        return IngestError(f"{path} is empty (not even a header line)")
     if "does not exist in CSV file" in str(error):
         return IngestError(f"{path}, line 1: expected the header userId,movieId,rating,timestamp ({error})")
     split = _split_line(layout)

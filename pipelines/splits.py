@@ -58,7 +58,9 @@ def _generator(seed: int) -> np.random.Generator:
 
 
 def _canonical(interactions: pa.Table) -> pa.Table:
-    """Validated interactions in canonical row order: sorted by user, item, timestamp, label."""
+    """Validated interactions in canonical row order (sorted by user, item, timestamp, label), one
+    row per (user, item): a repeated rating keeps only its latest (the last in that order). The
+    privacy bounds count each (user, item) pair once."""
     table = validate_interactions(interactions)
     if table.num_rows == 0:
         raise ValueError("cannot split an empty interactions table")
@@ -66,7 +68,10 @@ def _canonical(interactions: pa.Table) -> pa.Table:
         table,
         sort_keys=[("user_id", "ascending"), ("item_id", "ascending"), ("timestamp", "ascending"), ("label", "ascending")],
     )  # null timestamps sort last (the default)
-    return table.take(order).combine_chunks()
+    table = table.take(order).combine_chunks()
+    users, items = table["user_id"].to_numpy(), table["item_id"].to_numpy()
+    last = np.r_[(users[1:] != users[:-1]) | (items[1:] != items[:-1]), True]
+    return table if last.all() else table.filter(pa.array(last))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,3 +74,9 @@ def test_unknown_items_and_bad_cap(tmp_path):
     with pytest.raises(ValueError, match="--max-items-per-user must be a positive integer"):
         dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), max_items_per_user=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_repeated_rating_counts_once_per_user(tmp_path):
+    interactions, items = write(tmp_path, [(1, 10), (1, 10), (1, 10), (2, 10)], [10, 20])
+    dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=5)
+    assert counts_of(str(tmp_path / "out" / "counts.parquet")) == {10: 2.0, 20: 1.0}  # two users, whatever the repeats

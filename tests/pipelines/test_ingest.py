@@ -221,3 +221,12 @@ def test_year_from_title():
     assert movielens.year_from_title("Babylon 5 (1994\u2013)") == 1994
     assert movielens.year_from_title("Hyena Road") is None
     assert movielens.year_from_title("Film (a.k.a. 1995)") is None
+
+
+def test_empty_and_header_only_ratings_are_refused(csv_source, tmp_path):
+    (csv_source / "ratings.csv").write_bytes(b"")
+    assert_refused(csv_source, tmp_path / "out", r"ratings.csv is empty \(not even a header line\)")
+    (csv_source / "ratings.csv").write_bytes(b"userId,movieId,rating,timestamp\n")
+    assert_refused(csv_source, tmp_path / "out", r"ratings.csv holds no ratings")
+    (csv_source / "ratings.csv").write_bytes(b"userId;movieId;rating;timestamp\n1;10;4.0;5\n")  # wrong delimiter
+    assert_refused(csv_source, tmp_path / "out", r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp")

@@ -386,3 +386,10 @@ def test_bundled_ranking_split(bundled):
         assert {i for _, i in history | targets} <= train_items
     for name in splits.HELDOUT_PARTS:
         assert split[name]["label"].to_numpy().min() > 3.5
+
+
+def test_repeated_ratings_keep_the_latest():
+    table = pa.table({"user_id": [1, 1, 1, 2], "item_id": [5, 5, 6, 5], "label": [1.0, 4.5, 3.0, 2.0], "timestamp": [10, 20, 15, 1]})
+    split = splits.split_ratings(table, seed=0)
+    rows = sorted(r for part in split.values() for r in zip(part["user_id"].to_pylist(), part["item_id"].to_pylist(), part["label"].to_pylist()))
+    assert rows == [(1, 5, 4.5), (1, 6, 3.0), (2, 5, 2.0)]

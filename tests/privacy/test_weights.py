@@ -117,3 +117,13 @@ def test_example_level_weights_are_ones():
     assert w.dtype == np.float64
     assert w.tolist() == [1.0, 1.0, 1.0, 1.0]
     assert example_level_weights(0).shape == (0,)
+
+
+def test_a_huge_history_is_still_bounded():
+    """One user with 10^5 ratings among light users: their squared weights still sum to wbar^2."""
+    rng = np.random.default_rng(7)
+    users = np.r_[np.zeros(100_000, np.int64), rng.integers(1, 50, 500)]
+    counts = rng.integers(1, 10_000, users.size).astype(float)
+    w = user_level_weights(users, counts, 1.5)
+    assert np.isclose(np.sum(w[users == 0] ** 2), 1.5**2, rtol=1e-12)
+    assert w[users == 0].max() < 0.05  # each of the heavy user's rows weighs little (wbar 1.5 over 10^5 rows)
