@@ -84,8 +84,23 @@ def item_shard(settings, specs, staged, embeddings_path: str, batches: Iterator[
                                          schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64())]))
 
 
-def run(job: stats_job.StatsJob, spark) -> dict:
-    """Prepare the releases, compute and write them with Spark, commit; returns the step summary."""
+def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) -> Iterator[pa.RecordBatch]:
+    """Pass a task's results through, or (fault injection) fail its first attempt at the end."""
+    from pyspark import TaskContext
+
+    produced = list(results)
+    if fail_first_attempt and TaskContext.get().attemptNumber() == 0:
+        raise RuntimeError("injected failure of a first task attempt")
+    yield from produced
+
+
+def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> dict:
+    """Prepare the releases, compute and write them with Spark, commit; returns the step summary.
+
+    `fail_first_attempts` is fault injection for tests: every item task fails on its first attempt,
+    after writing its part files, so Spark's retry must reproduce them exactly (keyed noise and a
+    fixed summation order make that so).
+    """
     from pyspark import TaskContext
     from pyspark.sql import functions as F
 
@@ -108,7 +123,8 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     by_item = rows.select(*columns).unionByName(catalog).repartition(partitions, "item_id")
     embeddings = job.user_embeddings
     written = by_item.mapInArrow(
-        lambda batches: item_shard(settings, specs, staged, embeddings, batches, TaskContext.get().partitionId()), WRITTEN_DDL
+        lambda batches: _maybe_failing(item_shard(settings, specs, staged, embeddings, batches, TaskContext.get().partitionId()), fail_first_attempts),
+        WRITTEN_DDL
     ).collect()
     names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
     written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
