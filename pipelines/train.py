@@ -186,7 +186,7 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
     import tensorflow as tf
 
     from trainer import encoder as encoders
-    from trainer import evaluate, ssp
+    from trainer import ssp
     from trainer.features import FeatureSpace
 
     started = time.perf_counter()
@@ -286,6 +286,23 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
     storage.write_table(ssp.item_embeddings_table(model), run_dir.path("item_embeddings.parquet"))
     encoders.export(model, run_dir.path("encoder"))
 
+    metrics = _evaluate(config, space, split_dir, train_rows, item_vectors, final_users, mean, unit)
+    final_ledger = Ledger.open(ledger_path)
+    metrics.update(
+        epsilon_spent=final_ledger.epsilon_spent(), delta=config.delta, epsilon_budget=final_ledger.budget["epsilon"],
+        releases=len(final_ledger.rows), seconds=time.perf_counter() - started, step_seconds=step_seconds,
+        outputs={"run": run_dir.root, "ledger": ledger_path, "encoder": run_dir.path("encoder"), "item_embeddings": run_dir.path("item_embeddings.parquet")},
+    )
+    storage.write_json(_json_safe(metrics), run_dir.path("metrics.json"))
+    manifest["status"] = "done"
+    storage.write_json(manifest, run_dir.path("manifest.json"))
+    return metrics
+
+
+def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str) -> dict:
+    """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side)."""
+    from trainer import evaluate
+
     train = storage.read_table(train_rows, columns=["item_id"])
     buckets = evaluate.popularity_buckets(space.item_ids, train["item_id"].to_numpy())
     metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit}
@@ -314,15 +331,6 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
         metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
-    final_ledger = Ledger.open(ledger_path)
-    metrics.update(
-        epsilon_spent=final_ledger.epsilon_spent(), delta=config.delta, epsilon_budget=final_ledger.budget["epsilon"],
-        releases=len(final_ledger.rows), seconds=time.perf_counter() - started, step_seconds=step_seconds,
-        outputs={"run": run_dir.root, "ledger": ledger_path, "encoder": run_dir.path("encoder"), "item_embeddings": run_dir.path("item_embeddings.parquet")},
-    )
-    storage.write_json(_json_safe(metrics), run_dir.path("metrics.json"))
-    manifest["status"] = "done"
-    storage.write_json(manifest, run_dir.path("manifest.json"))
     return metrics
 
 
