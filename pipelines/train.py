@@ -249,7 +249,7 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
                 continue
             t0 = time.perf_counter()
             user_path = run_dir.private(f"step-{s}", "user_embeddings.parquet")
-            user_update.run(active_spark, centred, _item_embeddings_path(run_dir, s - 1), user_path, config.lambda_u, config.dim)
+            user_update.run(active_spark, centred, _item_embeddings_path(run_dir, s - 1), user_path, config.lambda_u, config.dim, config.gravity)
             job = stats_job.StatsJob(centred, user_path, stats_items, storage.join(counts_out, COUNTS_TABLE), run_dir.step(s, "stats"), settings,
                                      privacy, step=s, ledger_path=ledger_path, seed_file=seeds.path, shards=config.shards)
             if config.engine == "beam":
@@ -278,7 +278,7 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
             storage.write_json(manifest, run_dir.path("manifest.json"))
             release.log(f"outer step {s}/{config.outer_steps} done in {step_seconds[s]:.1f} s (epsilon spent {summary['epsilon_spent']:.4g})")
         final_users = run_dir.private("user_embeddings.parquet")
-        user_update.run(active_spark, centred, _item_embeddings_path(run_dir, config.outer_steps), final_users, config.lambda_u, config.dim)
+        user_update.run(active_spark, centred, _item_embeddings_path(run_dir, config.outer_steps), final_users, config.lambda_u, config.dim, config.gravity)
         return final_users
 
     final_users = with_spark(steps)
@@ -327,6 +327,7 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             report = evaluate.recall_report(
                 (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
                 (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), item_vectors, config.lambda_u, buckets,
+                gravity=config.gravity,
             )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]

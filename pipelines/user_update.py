@@ -28,7 +28,7 @@ WRITTEN_DDL = "name string, rows long"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 
-def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, staged: storage.StagedWrite, part: int) -> Iterator[pa.RecordBatch]:
+def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, staged: storage.StagedWrite, part: int, gravity=None) -> Iterator[pa.RecordBatch]:
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table."""
     writer = None
     rows = 0
@@ -38,7 +38,7 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, stag
     def solve(tables):
         nonlocal writer, rows
         table = pa.Table.from_batches(tables).combine_chunks()
-        users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True)
+        users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True, gravity=gravity)
         out = pa.Table.from_arrays([pa.array(users, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
             writer = staged.open_part(part, USER_EMBEDDINGS)
@@ -64,14 +64,22 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, stag
         yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows]}, schema=pa.schema([("name", pa.string()), ("rows", pa.int64())]))
 
 
-def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None) -> int:
-    """Solve every user of `interactions` against `item_embeddings`; write `out`; returns the user count."""
+def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0) -> int:
+    """Solve every user of `interactions` against `item_embeddings`; write `out`; returns the user count.
+
+    `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
+    system: the item embeddings are released data, so this costs no privacy.
+    """
     from pyspark import TaskContext
 
     if not np.isfinite(lambda_u) or lambda_u <= 0:
         raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
     items = validate_item_embeddings(storage.read_table(item_embeddings), dim=dim)
     d = len(items["embedding"][0].as_py()) if items.num_rows else dim
+    gram = None
+    if gravity > 0:
+        v = list_column_to_matrix(items["embedding"], d, "item embedding")
+        gram = gravity * (v.T @ v)
     rated = spark.read.parquet(*storage.table_files(interactions)).select("user_id", "item_id", "label")
     vectors = spark.read.parquet(*storage.table_files(item_embeddings)).select("item_id", "embedding")
     missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
@@ -80,7 +88,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     joined = rated.join(vectors.hint("broadcast"), "item_id")
     by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
     staged = storage.StagedWrite(out)
-    written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId()), WRITTEN_DDL).collect()
+    written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId(), gram), WRITTEN_DDL).collect()
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
     log(f"user update: {users:,} users solved (d={d}, lambda_u={lambda_u:g})")

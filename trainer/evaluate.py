@@ -52,12 +52,13 @@ def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarra
 
 
 def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
-                  lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS) -> dict:
+                  lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS, gravity: float = 0.0) -> dict:
     """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
     of the targets; item_vectors in catalog order."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
-    users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True)
+    users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True,
+                                gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None)
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise ValueError("no held-out user has both a history and targets")

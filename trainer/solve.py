@@ -15,11 +15,14 @@ import numpy as np
 from privacy.accumulator import grouped_sums, unpack_upper
 
 
-def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
+                gravity: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
     weighted-lambda ALS of Zhou et al. 2008), which suits keys with very different row counts.
+    `gravity` (d x d, e.g. alpha V^T V over all items) is added to every key's Gram matrix: the
+    implicit-feedback penalty on scores of unobserved items.
     """
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
@@ -28,5 +31,5 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     d = vectors.shape[1]
     unique, gram_upper, rhs = grouped_sums(keys, vectors, labels[:, None] * vectors)
     strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
-    gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d)
+    gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
     return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]
