@@ -52,6 +52,25 @@ def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpE
     return event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
 
 
+def dpsgd_event(noise_multiplier: float, sampling_probability: float, steps: int) -> dp_accounting.DpEvent:
+    """`steps` DP-SGD steps: each a Gaussian with the noise multiplier on a Poisson sample of the
+    units (users or examples) with the given probability."""
+    if not 0 < sampling_probability <= 1:
+        raise ValueError(f"sampling probability must be in (0, 1], got {sampling_probability}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"DP-SGD steps must be a positive integer, got {steps}")
+    step = dp_accounting.PoissonSampledDpEvent(sampling_probability, gaussian_event(noise_multiplier))
+    return dp_accounting.SelfComposedDpEvent(step, steps)
+
+
+def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, int]:
+    """(sampling probability, steps) of `epochs` passes over `units` in expected batches of
+    `batch_size`, as TF-Privacy counts them."""
+    if units < 1 or not 1 <= batch_size <= units or epochs <= 0:
+        raise ValueError(f"need 1 <= batch size <= units and epochs > 0, got units={units}, batch size={batch_size}, epochs={epochs}")
+    return batch_size / units, int(math.ceil(epochs * units / batch_size))
+
+
 def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = "rdp") -> float:
     """Epsilon at `delta` of the composition of `events` (inf if any is not private)."""
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in events):

@@ -198,3 +198,29 @@ def test_event_json_shape():
 def test_round_tripped_nested_event_has_same_epsilon():
     back = acct.event_from_json(json.loads(json.dumps(acct.event_to_json(NESTED))))
     assert direct_epsilon([back]) == pytest.approx(direct_epsilon([NESTED]), rel=1e-12)
+
+
+def test_dpsgd_event_matches_tf_privacy_statement():
+    """The DP-SGD event the ledger will record gives the epsilon TF-Privacy states for the same
+    parameters (Poisson sampling line), within 5%."""
+    import re
+
+    from tensorflow_privacy.privacy.analysis.compute_dp_sgd_privacy_lib import compute_dp_sgd_privacy_statement
+
+    for units, batch, epochs, z in ((10_000, 100, 5, 1.1), (60_000, 256, 3, 0.9), (610, 64, 10, 2.0)):
+        q, steps = acct.dpsgd_schedule(units, batch, epochs)
+        ours = acct.epsilon_of([acct.dpsgd_event(z, q, steps)], 1e-5)
+        statement = compute_dp_sgd_privacy_statement(number_of_examples=units, batch_size=batch, num_epochs=epochs, noise_multiplier=z,
+                                                      delta=1e-5, used_microbatching=False)
+        theirs = float(re.search(r"Poisson sampling \(\*\):\s+([0-9.]+)", statement).group(1))
+        assert ours == pytest.approx(theirs, rel=0.05), (units, batch, epochs, z, ours, theirs)
+
+
+def test_dpsgd_schedule_and_bad_parameters():
+    assert acct.dpsgd_schedule(1000, 100, 2.5) == (0.1, 25)
+    with pytest.raises(ValueError, match="batch size"):
+        acct.dpsgd_schedule(10, 20, 1)
+    with pytest.raises(ValueError, match="sampling probability"):
+        acct.dpsgd_event(1.0, 0.0, 10)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        acct.dpsgd_event(1.0, 0.5, 0)
