@@ -3,10 +3,9 @@
 Each item's noise comes from its own stream of a counter-based generator: numpy Philox, keyed by a
 SeedSequence of the 256-bit secret seed with spawn key (release,), its 256-bit counter starting at
 (0, 0, item id, 0), so that items never share counter values (an item draws far fewer than 2^128
-blocks). It does not depend on which engine,
-partition, task attempt or order produced the item: re-running or retrying reproduces a release
-exactly, Spark and Beam give identical noise, and an item with no rows gets the same kind of noise
-as any other.
+blocks). It does not depend on which engine, partition, task attempt or order produced the item:
+re-running or retrying reproduces a release exactly, Spark and Beam give identical noise, and an
+item with no rows gets the same kind of noise as any other.
 
 Privacy: the seed is secret (drawn from the OS CSPRNG and kept in the run's private directory).
 Reusing a seed and release index on different data would reveal the difference of the two
