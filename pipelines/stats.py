@@ -1,10 +1,10 @@
 """The stats job on Spark: `spark-submit pipelines/stats.py --help` (also `ssp stats`).
 
 One pass over the interactions, with rows partitioned by ITEM so that no partial sums are shuffled:
-the narrow rows (user, item, label) get their item's DP count from a broadcast join and, at user
-level, their user's weight normaliser from a SQL aggregate over the user's rows (the same sum
-`privacy.weights` defines); one empty row per catalog item joins them, and the union is
-repartitioned by item. Each task then holds complete items: it reads the user embeddings table,
+the narrow rows (user, item, label) get their item's DP count and, at user level, their user's
+weight normaliser (a sum over all of the user's rows, computed by `StatsJob.prepare()` with
+`privacy.weights` in its pass over the rows) from broadcast joins; one empty row per catalog item
+joins them, and the union is repartitioned by item. Each task then holds complete items: it reads the user embeddings table,
 turns its rows into clipped, weighted contributions, sums them per item with one numpy call
 (`mapInArrow`, grouped GEMM, no per-row Python), adds the noise once to every item it holds (rows or
 not) and writes its part of each resample's stats table; the driver commits them. Shuffle volume is
@@ -30,7 +30,6 @@ import pyarrow as pa  # noqa: E402
 
 from pipelines import stats_job  # noqa: E402
 from pipelines.stats_core import release_metadata, stats_table, user_contributions  # noqa: E402
-from privacy.weights import normaliser_sql  # noqa: E402
 from schemas.arrays import list_column_to_matrix  # noqa: E402
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
@@ -110,9 +109,10 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     read = lambda path: spark.read.parquet(*storage.table_files(path))  # noqa: E731
     counts = read(job.counts).select("item_id", "count")
     rows = read(job.interactions).select("user_id", "item_id", "label").join(F.broadcast(counts), "item_id")
-    if settings.unit == "user":
-        normalisers = rows.groupBy("user_id").agg(F.expr(normaliser_sql("count", settings.weight_exponent)).alias("normaliser"))
-        rows = rows.join(normalisers, "user_id")
+    if settings.unit == "user":  # computed by prepare() in its pass over the rows (privacy.weights)
+        users, values = job.normalisers
+        normalisers = spark.createDataFrame(pa.table({"user_id": users, "normaliser": values}))
+        rows = rows.join(F.broadcast(normalisers), "user_id")
     else:
         rows = rows.withColumn("normaliser", F.lit(1.0))
     columns = ["user_id", "item_id", "label", "count", "normaliser"]

@@ -26,6 +26,7 @@ from pipelines.stats_core import StatsSettings
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
 from privacy.seeds import digest_batches, digest_table
+from privacy.weights import user_normalisers
 from schemas import storage
 from schemas.tables import validate_counts, validate_interactions, validate_user_embeddings
 
@@ -60,6 +61,7 @@ class StatsJob:
     releases: list[NoiseSpec] = field(default_factory=list)
     catalog: np.ndarray | None = None
     rows: int = 0
+    normalisers: tuple[np.ndarray, np.ndarray] | None = None  # (user ids, sum of n^(2e) over each user's rows)
 
     def __post_init__(self):
         if not isinstance(self.step, int) or self.step < 1:
@@ -115,6 +117,10 @@ class StatsJob:
                 k = order[1:][same][0]
                 raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {users[k]} item {rated[k]}; "
                                  "each pair must appear once (its weight bounds the user's contribution)")
+            if self.settings.unit == "user":  # the weights' per-user normalisers, for engines that group rows by item
+                count_of = counts.sort_by("item_id")
+                row_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), rated)]
+                self.normalisers = user_normalisers(users, row_counts, self.settings.weight_exponent)
         return {
             "interactions": interactions_digest,
             "user_embeddings": digest_table(self.user_embeddings),

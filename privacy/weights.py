@@ -26,33 +26,30 @@ def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
         raise ValueError("DP counts must be finite and floored at 1")
 
 
+def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: float = DEFAULT_EXPONENT) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted user ids, each user's normaliser sum n_j^(2e) over all of the user's rows)."""
+    user_ids = np.asarray(user_ids)
+    counts = np.asarray(row_counts, dtype=np.float64)
+    if user_ids.shape != counts.shape:
+        raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
+    _check(1.0, exponent, counts)
+    users, group = np.unique(user_ids, return_inverse=True)
+    return users, np.bincount(group, weights=counts ** (2 * exponent), minlength=users.size)
+
+
 def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
     """Weights for rows given each row's user id and the DP count of its item.
 
     Rows may come in any order; the per-user normaliser is computed over all rows of each user
     present in the arrays (so a caller must pass all of a user's rows together).
     """
-    user_ids = np.asarray(user_ids)
-    counts = np.asarray(row_counts, dtype=np.float64)
-    if user_ids.shape != counts.shape:
-        raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
-    _check(float(wbar), exponent, counts)
-    _, group = np.unique(user_ids, return_inverse=True)
-    norm = np.bincount(group, weights=counts ** (2 * exponent))
-    return weights_from_normalisers(counts, norm[group], wbar, exponent)
-
-
-def normaliser_sql(count_column: str, exponent: float = DEFAULT_EXPONENT) -> str:
-    """The per-user normaliser `sum n_j^(2e)` as a SQL aggregate, for engines that group users in
-    their own runtime (the Spark job): the same quantity `user_level_weights` computes."""
-    if not np.isfinite(exponent):
-        raise ValueError(f"weight exponent must be finite, got {exponent}")
-    return f"sum(power({count_column}, {2 * float(exponent)!r}))"
+    users, norms = user_normalisers(user_ids, row_counts, exponent)
+    return weights_from_normalisers(row_counts, norms[np.searchsorted(users, np.asarray(user_ids))], wbar, exponent)
 
 
 def weights_from_normalisers(row_counts: np.ndarray, normalisers: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
     """`w_i = wbar * n_j^e / sqrt(normaliser of the row's user)`, the normaliser being the sum of
-    n^(2e) over all of that user's rows (computed by `user_level_weights` or `normaliser_sql`)."""
+    n^(2e) over all of that user's rows (`user_normalisers`)."""
     counts = np.asarray(row_counts, dtype=np.float64)
     _check(float(wbar), exponent, counts)
     return float(wbar) * counts**exponent / np.sqrt(np.asarray(normalisers, dtype=np.float64))
