@@ -2,7 +2,7 @@
 
 Runs `pipelines.synth.generate` in a fresh child interpreter (so the figure is the generator's own,
 imports included, and not this script's) and reports the child's wall time and peak resident set
-size from getrusage(RUSAGE_CHILDREN). The generator streams interactions chunk by chunk, so its peak
+size (the child's own VmHWM, bench.child). The generator streams interactions chunk by chunk, so its peak
 must not grow with the row count; the target is under 1 GiB.
 
     python -m bench.synth_memory                     # 333,334 users x 30 ratings, 20,000 items
@@ -14,22 +14,16 @@ Exit status 0 when the peak is within --limit-mib, 1 when above it, 2 when the c
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.child import run_measured
 
 _CHILD = """
-import json, sys
 from pipelines.synth import generate
-kwargs = json.loads(sys.argv[1])
-dataset = generate(**kwargs)
-print(json.dumps({"ratings": dataset.manifest["ratings"], "users": dataset.manifest["users"]}))
+dataset = generate(**json.loads(sys.argv[1]))
+result = {"ratings": dataset.manifest["ratings"], "users": dataset.manifest["users"]}
 """
 
 
@@ -43,17 +37,8 @@ def measure(out: str, users: int, items: int, ratings_per_user: int, alpha: floa
         "out": out, "users": users, "items": items, "ratings_per_user": ratings_per_user,
         "alpha": alpha, "seed": seed, "rank": rank, "progress": progress,
     }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    started = time.perf_counter()
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(kwargs)], env=env, stdout=subprocess.PIPE, text=True, check=False
-    )
-    wall = time.perf_counter() - started
-    if child.returncode != 0:
-        raise RuntimeError(f"generator child exited with status {child.returncode}")
-    summary = json.loads(child.stdout.strip().splitlines()[-1])
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-    return {**summary, "wall_s": wall, "peak_rss_mib": peak_kib / 1024, "bytes_written": _folder_bytes(out)}
+    report = run_measured(_CHILD, kwargs)
+    return {**report, "wall_s": report["wall_seconds"], "bytes_written": _folder_bytes(out)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,18 +15,15 @@ should be close and under 2 GiB. The encoder uses the public features without th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.child import run_measured
 
 _CHILD = """
-import json, sys, time
+import time
 from schemas import storage
 from trainer import ssp
 from trainer.encoder import ItemEncoder
@@ -38,10 +35,7 @@ del items
 encoder = ItemEncoder(space, args["dim"])
 started = time.perf_counter()
 losses = ssp.train(encoder, [args["stats"]], ssp.SSPConfig(epochs=1, batch_size=512, psd_projection=False), progress=False)
-# VmHWM is this process image's own peak; getrusage's ru_maxrss would include the peak of the
-# parent it was forked from (Linux keeps it across exec).
-peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
-print(json.dumps({"seconds": time.perf_counter() - started, "loss": losses[-1], "peak_rss_mib": peak}))
+result = {"seconds": time.perf_counter() - started, "loss": losses[-1]}
 """
 
 
@@ -77,14 +71,8 @@ def write_inputs(folder: str, items: int, dim: int, seed: int = 0) -> tuple[str,
 def measure(folder: str, items: int, dim: int) -> dict:
     """Peak RSS and time of one training epoch in a child interpreter."""
     catalog, stats = write_inputs(folder, items, dim)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", _CHILD, json.dumps({"items": catalog, "stats": stats, "dim": dim})],
-                            capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-3000:])
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    return {"items": items, "dim": dim, "peak_rss_mib": report["peak_rss_mib"], "train_seconds": report["seconds"], "wall_seconds": time.perf_counter() - started}
+    report = run_measured(_CHILD, {"items": catalog, "stats": stats, "dim": dim})
+    return {"items": items, "dim": dim, "peak_rss_mib": report["peak_rss_mib"], "train_seconds": report["seconds"], "wall_seconds": report["wall_seconds"]}
 
 
 def main(argv: list[str] | None = None) -> int:
