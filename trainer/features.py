@@ -11,6 +11,7 @@ features).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -74,9 +75,14 @@ class FeatureSpace:
     def size(self) -> int:
         return int(self.item_ids.size)
 
+    @cached_property
+    def _order(self) -> np.ndarray:
+        """The catalog positions in item id order (computed once: index_of runs per minibatch)."""
+        return np.argsort(self.item_ids, kind="stable")
+
     def index_of(self, item_ids: np.ndarray) -> np.ndarray:
         """Positions of catalog items in this space; raises for an item not in the catalog."""
-        order = np.argsort(self.item_ids, kind="stable")
+        order = self._order
         item_ids = np.asarray(item_ids)
         pos = np.searchsorted(self.item_ids, item_ids, sorter=order)
         pos = np.minimum(pos, self.size - 1)
