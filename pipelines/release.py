@@ -16,7 +16,6 @@ must never be published; the ledger and its fingerprints may be.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -111,11 +110,6 @@ def privacy_settings(args: argparse.Namespace) -> PrivacySettings:
         epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
         outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share,
     )
-
-
-def write_summary(path: str, summary: dict) -> None:
-    """A job's closing summary (release indices, multipliers, epsilon spent), written last."""
-    storage.write_json(json.loads(json.dumps(summary, default=str)), path)
 
 
 def log(message: str) -> None:

@@ -170,7 +170,7 @@ class StatsJob:
             "epsilon_spent": self._ledger.epsilon_spent(),
             "ledger": self.ledger_path,
         }
-        release.write_summary(storage.join(self.out, RELEASE_SUMMARY), summary)
+        storage.write_json(summary, storage.join(self.out, RELEASE_SUMMARY))
         return summary
 
 

@@ -293,7 +293,7 @@ def _run(config: TrainConfig, spark, progress: bool) -> dict:
         releases=len(final_ledger.rows), seconds=time.perf_counter() - started, step_seconds=step_seconds,
         outputs={"run": run_dir.root, "ledger": ledger_path, "encoder": run_dir.path("encoder"), "item_embeddings": run_dir.path("item_embeddings.parquet")},
     )
-    storage.write_json(_json_safe(metrics), run_dir.path("metrics.json"))
+    storage.write_json(metrics, run_dir.path("metrics.json"))
     manifest["status"] = "done"
     storage.write_json(manifest, run_dir.path("manifest.json"))
     return metrics
@@ -333,17 +333,6 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
         metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
     return metrics
-
-
-def _json_safe(value):
-    """inf -> "inf" (JSON has no infinity), recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def describe(metrics: dict) -> str:

@@ -15,6 +15,7 @@ write's parts are deleted after the commit.
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import uuid
@@ -270,10 +271,24 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
             yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, columns=columns)
 
 
+def _json_ready(value):
+    """Standard JSON has no infinity or NaN: such floats become the strings "inf", "-inf", "nan"
+    (float() reads them back); numpy scalars become Python numbers."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
 def write_json(document: dict, path: str) -> None:
     """Write a small JSON document atomically (temporary file, then rename or single put)."""
     fs, inner = filesystem(path)
-    payload = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+    payload = json.dumps(_json_ready(document), indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
     if is_local(fs):
         os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
         tmp = f"{inner}.tmp-{uuid.uuid4().hex}"

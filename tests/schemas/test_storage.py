@@ -105,3 +105,16 @@ def test_json_round_trip_and_missing(tmp_path):
     assert storage.read_json(str(tmp_path / "sub" / "m.json")) == {"b": 1}
     with pytest.raises(storage.MissingTableError):
         storage.read_json(str(tmp_path / "none.json"))
+
+
+def test_json_is_standard_with_non_finite_floats_as_strings(tmp_path):
+    import json
+
+    import numpy as np
+
+    path = str(tmp_path / "m.json")
+    storage.write_json({"epsilon": float("inf"), "values": [np.float64(1.5), float("nan")], "n": np.int64(3)}, path)
+    text = open(path).read()
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text) == {"epsilon": "inf", "values": [1.5, "nan"], "n": 3}
+    assert float(storage.read_json(path)["epsilon"]) == float("inf")
