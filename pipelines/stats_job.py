@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,13 @@ from schemas import storage
 from schemas.tables import validate_counts, validate_interactions, validate_user_embeddings
 
 RELEASE_SUMMARY = "release.json"
+
+
+def _lookup(sorted_ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(position of each value in `sorted_ids`, whether it is there)."""
+    at = np.searchsorted(sorted_ids, values)
+    found = sorted_ids[np.minimum(at, sorted_ids.size - 1)] == values if sorted_ids.size else np.zeros(values.size, bool)
+    return at, found
 
 
 def resample_path(out: str, resample: int) -> str:
@@ -91,40 +99,42 @@ class StatsJob:
             raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
         embeddings = validate_user_embeddings(storage.read_table(self.user_embeddings), dim=self.settings.dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
-        pairs = []
+        pairs = []  # per batch: user position * catalog size + item position (both sorted lookups)
 
         def checked_batches():
             for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
                 table = validate_interactions(pa.Table.from_batches([batch]))
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
-                unknown = rated[~np.isin(rated, self.catalog)]
-                if unknown.size:
-                    raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {unknown[0]})")
-                lost = users[~np.isin(users, known_users)]
-                if lost.size:
-                    raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(lost).size} user(s) of the interactions (e.g. {lost[0]})")
-                pairs.append((users, rated))
+                item_at, in_catalog = _lookup(self.catalog, rated)
+                if not in_catalog.all():
+                    raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
+                user_at, known = _lookup(known_users, users)
+                if not known.all():
+                    raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
+                pairs.append(user_at * self.catalog.size + item_at)
                 yield from table.to_batches()
 
-        interactions_digest = digest_batches(checked_batches())
-        self.rows = sum(len(p[0]) for p in pairs)
-        if pairs:
-            users = np.concatenate([p[0] for p in pairs])
-            rated = np.concatenate([p[1] for p in pairs])
-            order = np.lexsort((rated, users))
-            same = (users[order][1:] == users[order][:-1]) & (rated[order][1:] == rated[order][:-1])
-            if same.any():
-                k = order[1:][same][0]
-                raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {users[k]} item {rated[k]}; "
-                                 "each pair must appear once (its weight bounds the user's contribution)")
-            if self.settings.unit == "user":  # the weights' per-user normalisers, for engines that group rows by item
-                count_of = counts.sort_by("item_id")
-                row_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), rated)]
-                self.normalisers = user_normalisers(users, row_counts, self.settings.weight_exponent)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the other tables' digests beside the pass over the rows (numpy releases the GIL)
+            others = pool.map(digest_table, (self.user_embeddings, self.counts))
+            interactions_digest = digest_batches(checked_batches())
+            embeddings_digest, counts_digest = others
+        keys = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
+        self.rows = int(keys.size)
+        ordered = np.sort(keys)
+        same = ordered[1:] == ordered[:-1]
+        if same.any():
+            user_at, item_at = divmod(int(ordered[1:][same][0]), self.catalog.size)
+            raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user_at]} item {self.catalog[item_at]}; "
+                             "each pair must appear once (its weight bounds the user's contribution)")
+        if self.settings.unit == "user" and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
+            count_of = counts.sort_by("item_id")
+            catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
+            user_at, item_at = np.divmod(keys, self.catalog.size)
+            self.normalisers = user_normalisers(known_users[user_at], catalog_counts[item_at], self.settings.weight_exponent, known_users)
         return {
             "interactions": interactions_digest,
-            "user_embeddings": digest_table(self.user_embeddings),
-            "counts": digest_table(self.counts),
+            "user_embeddings": embeddings_digest,
+            "counts": counts_digest,
             "items": digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
         }
 

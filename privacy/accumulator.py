@@ -185,16 +185,21 @@ class NoiseSpec:
 
 
 def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Add the release's keyed Gaussian noise to merged statistics of the given items."""
-    a_upper = np.array(a_upper, dtype=np.float64)
-    b = np.array(b, dtype=np.float64)
+    """Add the release's keyed Gaussian noise to merged statistics of the given items (new arrays).
+
+    The noise is drawn straight into the two output arrays and scaled and summed in place: no
+    item-sized temporaries.
+    """
+    a_upper = np.asarray(a_upper, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
     item_ids = np.asarray(item_ids)
     if not (item_ids.ndim == 1 and a_upper.shape[0] == b.shape[0] == item_ids.size):
         raise ValueError(f"finalize needs one item id per row: {item_ids.shape} ids, {a_upper.shape[0]} A rows, {b.shape[0]} b rows")
     if spec.sigma == 0:
-        return a_upper, b
-    t, d = a_upper.shape[1], b.shape[1]
-    z = noise.standard_normal(spec.seed, spec.release, item_ids, t + d)
-    a_upper += spec.sigma * spec.clip_u**2 * z[:, :t]
-    b += spec.sigma * spec.clip_y * spec.clip_u * z[:, t:]
-    return a_upper, b
+        return a_upper.copy(), b.copy()
+    noised_a, noised_b = noise.standard_normal_blocks(spec.seed, spec.release, item_ids, (a_upper.shape[1], b.shape[1]))
+    noised_a *= spec.sigma * spec.clip_u**2
+    noised_a += a_upper
+    noised_b *= spec.sigma * spec.clip_y * spec.clip_u
+    noised_b += b
+    return noised_a, noised_b

@@ -37,9 +37,18 @@ def _generator(key: np.ndarray, item_id: int) -> np.random.Generator:
 def standard_normal(seed: bytes, release: int, item_ids: np.ndarray, size: int) -> np.ndarray:
     """Unscaled N(0, 1) noise of shape (len(item_ids), size), row k a pure function of
     (seed, release, item_ids[k]); the first entries of a longer draw equal a shorter draw."""
+    return standard_normal_blocks(seed, release, item_ids, (size,))[0]
+
+
+def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, sizes: tuple[int, ...]) -> list[np.ndarray]:
+    """Item k's stream cut into consecutive blocks, one (len(item_ids), size) array per size: the
+    same numbers as `standard_normal` with the sizes' sum, split by columns, but each block
+    contiguous (the packed A noise and the b noise of a release, without a copy)."""
     key = release_key(seed, release)
     item_ids = np.asarray(item_ids, dtype=np.int64)
-    out = np.empty((item_ids.size, size), dtype=np.float64)
+    blocks = [np.empty((item_ids.size, size), dtype=np.float64) for size in sizes]
     for row, item_id in enumerate(item_ids.tolist()):
-        _generator(key, item_id).standard_normal(size, out=out[row])
-    return out
+        generator = _generator(key, item_id)
+        for block in blocks:
+            generator.standard_normal(block.shape[1], out=block[row])
+    return blocks

@@ -119,7 +119,9 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         with np.errstate(over="ignore"):
             per_value = mix64(flat ^ mix64(position.astype(np.uint64) + salt64))
         sums = np.zeros(lengths.size, dtype=np.uint64)
-        np.add.at(sums, np.repeat(np.arange(lengths.size), lengths), per_value)
+        filled = lengths > 0  # reduceat over the non-empty lists' starts (strictly increasing)
+        if filled.any():
+            sums[filled] = np.add.reduceat(per_value, np.r_[0, np.cumsum(lengths)[:-1]][filled])
         with np.errstate(over="ignore"):
             hashed = mix64(sums + lengths.astype(np.uint64) * salt64)
         if column.null_count:  # a null list differs from an empty one

@@ -26,14 +26,24 @@ def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
         raise ValueError("DP counts must be finite and floored at 1")
 
 
-def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: float = DEFAULT_EXPONENT) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted user ids, each user's normaliser sum n_j^(2e) over all of the user's rows)."""
+def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: float = DEFAULT_EXPONENT,
+                     known_users: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted user ids, each user's normaliser sum n_j^(2e) over all of the user's rows).
+
+    `known_users` (sorted, holding every user of the rows) replaces the sort of the rows' user
+    ids by a lookup; the sums are the same.
+    """
     user_ids = np.asarray(user_ids)
     counts = np.asarray(row_counts, dtype=np.float64)
     if user_ids.shape != counts.shape:
         raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
     _check(1.0, exponent, counts)
-    users, group = np.unique(user_ids, return_inverse=True)
+    if known_users is None:
+        users, group = np.unique(user_ids, return_inverse=True)
+    else:
+        group = np.searchsorted(known_users, user_ids)
+        present = np.bincount(group, minlength=known_users.size) > 0
+        users, group = known_users[present], np.cumsum(present)[group] - 1
     return users, np.bincount(group, weights=counts ** (2 * exponent), minlength=users.size)
 
 

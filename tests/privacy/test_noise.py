@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privacy.noise import SEED_BYTES, standard_normal
+from privacy.noise import SEED_BYTES, standard_normal, standard_normal_blocks
 
 SEED = bytes(range(SEED_BYTES))
 OTHER_SEED = bytes(range(1, SEED_BYTES + 1))
@@ -68,6 +68,13 @@ def test_prefix_property():
     long = standard_normal(SEED, 5, [1, 2, 3], 40)
     for k in (1, 3, 10, 39):
         assert np.array_equal(standard_normal(SEED, 5, [1, 2, 3], k), long[:, :k])
+
+
+def test_blocks_are_the_single_draw_cut_by_columns():
+    whole = standard_normal(SEED, 2, [4, 9, -3], 2080 + 64)
+    a, b = standard_normal_blocks(SEED, 2, [4, 9, -3], (2080, 64))
+    assert np.array_equal(a, whole[:, :2080]) and np.array_equal(b, whole[:, 2080:])
+    assert a.flags.c_contiguous and b.flags.c_contiguous
 
 
 def test_empirical_mean_and_std():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights
+from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, user_normalisers
 
 
 def test_default_exponent_is_minus_a_quarter():
@@ -127,3 +127,13 @@ def test_a_huge_history_is_still_bounded():
     w = user_level_weights(users, counts, 1.5)
     assert np.isclose(np.sum(w[users == 0] ** 2), 1.5**2, rtol=1e-12)
     assert w[users == 0].max() < 0.05  # each of the heavy user's rows weighs little (wbar 1.5 over 10^5 rows)
+
+
+def test_normalisers_with_known_users_equal_the_sorting_path():
+    users = np.array([30, 10, 30, 20, 10, 30])
+    counts = np.array([4.0, 16.0, 1.0, 9.0, 4.0, 16.0])
+    expected_users, expected = user_normalisers(users, counts)
+    known_users, known = user_normalisers(users, counts, known_users=np.array([5, 10, 20, 25, 30]))
+    assert known_users.tolist() == expected_users.tolist() == [10, 20, 30]
+    # by hand, n^(2e) = n^(-1/2): user 10: 1/4 + 1/2; user 20: 1/3; user 30: 1/2 + 1 + 1/4
+    assert np.allclose(expected, [0.75, 1 / 3, 1.75]) and np.array_equal(known, expected)
