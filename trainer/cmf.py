@@ -1,0 +1,203 @@
+"""The item update of DP-CMF (Curmei et al. 2023, "Private Matrix Factorization with Public Item Features").
+
+Owns: the public item-feature matrix X of the catalog, the closed-form item solve (every catalog
+item) and the closed-form feature solve of collective matrix factorization, alternated for a few
+inner iterations, and the objective they minimise.
+
+Collective matrix factorization factorises the rating matrix stacked with the public feature
+matrix: every public feature value f (each value of each non-id family of the FeatureSpace) is one
+more "user" row with a learned embedding p_f in R^d whose "ratings" are the column X_{:,f}. With
+V (n x d) the item vectors, P (F x d) the feature vectors and mu >= 0 the feature weight,
+
+    L(V, P) = sum_{j in stats} [ 1/2 v_j^T A~_j v_j - b_j^T v_j ]        (the users' rows, from the stats)
+            + sum_j 1/2 v_j^T (lambda s_j I + G) v_j                      (item ridge, optional gravity G)
+            + mu/2 ||X - V P^T||_F^2                                     (the public feature rows, not noised)
+            + lambda_f/2 ||P||_F^2                                       (feature ridge)
+
+where A~_j = PSD(A_j) (or A_j without the projection) and b_j are the released statistics; note
+1/2 v^T A_j v - b_j^T v = 1/2 sum_{i in Omega_j} w_i (y_i - u_i.v)^2 + const, so the two parts are on
+the same scale and mu weighs one public feature entry as one (unit-weight) rating. The feature term
+is over the whole matrix X, zeros included (X is fully observed: an item without a feature value has
+that entry 0). Setting each block's gradient to zero gives:
+
+    item solve (per item j, P fixed):
+        v_j = (A~_j + lambda s_j I + G + mu P^T P)^-1 (b_j + mu P^T x_j),   x_j = row j of X
+    feature solve (all features at once, V fixed):
+        P^T = (mu V^T V + lambda_f I)^-1 mu V^T X,   i.e.  p_f = (mu sum_j v_j v_j^T + lambda_f I)^-1 mu sum_j X_jf v_j
+
+mu P^T P = mu sum_f p_f p_f^T is the same d x d matrix for every item, and P^T x_j = sum_f X_jf p_f
+touches only item j's own features (X is sparse). An inner iteration is one item solve followed by
+one feature solve; each is an exact block minimisation of the convex-in-each-block L, so L never
+increases. With mu = 0 the item solve is exactly DP-ALS (trainer.als). An item without a stats row
+(only in non-private runs: a release noises every catalog item) has A_j = 0, b_j = 0 and gets its
+vector from the feature term alone: v_j = (lambda s_j I + G + mu P^T P)^-1 mu P^T x_j.
+
+Feature matrix X (the choice made here): the entries mirror the features encoder's bag average
+(trainer.encoder): for each non-id family, item j's bag of value ids is averaged, so
+X_jf = (count of value f in j's bag) / (bag length) (repeated values weigh more; a univalent value
+is 1). The "unknown" id 0 is not a feature value: its occurrences are dropped (also from the bag
+length), so an item with no known value in a family has an all-zero block. The item-id family is
+not a feature (it is the item's own free vector v_j). Columns are ordered family by family (the
+space's order), values in vocabulary order: `feature_labels`.
+
+Scale: the stats table is streamed in item batches once per inner iteration (as trainer.als does);
+what is held in memory is V (n x d), P (F x d) and the sparse X, never all the A_j.
+
+Privacy: reads only released (noised) statistics and the public item features; P is fitted from
+X and the released item vectors only. All of it is post-processing of the DP release.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from privacy.accumulator import packed_size, project_psd, unpack_upper
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from trainer.features import ITEM_ID_FAMILY, FeatureSpace
+from trainer.ssp import check_stats
+
+
+def feature_families(space: FeatureSpace) -> list:
+    """The families that are public features for CMF: every family but the item id."""
+    return [family for family in space.families if family.name != ITEM_ID_FAMILY]
+
+
+def feature_labels(space: FeatureSpace) -> list[tuple[str, str]]:
+    """(family, value) of every column of `feature_matrix(space)`, in column order."""
+    return [(family.name, value) for family in feature_families(space) for value in family.vocabulary]
+
+
+def feature_matrix(space: FeatureSpace) -> sp.csr_matrix:
+    """X (n items x F feature values, CSR): each family's bag of known values averaged, as the encoder does."""
+    n = space.size
+    rows, cols, weights, offset = [], [], [], 0
+    for family in feature_families(space):
+        item = np.repeat(np.arange(n, dtype=np.int64), np.diff(family.row_splits))
+        values = np.asarray(family.values, dtype=np.int64)
+        known = values > 0
+        item, values = item[known], values[known]
+        lengths = np.bincount(item, minlength=n)
+        rows.append(item)
+        cols.append(offset + values - 1)
+        weights.append(1.0 / lengths[item])
+        offset += family.size - 1
+    if not rows:
+        return sp.csr_matrix((n, 0))
+    x = sp.coo_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n, offset))
+    return x.tocsr()  # duplicate (item, value) entries are summed: count / bag length
+
+
+def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, feature_ridge: float) -> np.ndarray:
+    """The feature solve: P (F x d) = argmin mu/2 ||X - V P^T||^2 + lambda_f/2 ||P||^2, V fixed."""
+    _check_weights(feature_weight, feature_ridge)
+    dim = vectors.shape[1]
+    gram = feature_weight * (vectors.T @ vectors) + feature_ridge * np.eye(dim)
+    rhs = feature_weight * np.asarray(x.T @ vectors)  # (F, d): row f is mu sum_j X_jf v_j
+    if rhs.shape[0] == 0:
+        return np.zeros((0, dim))
+    return np.linalg.solve(gram, rhs.T).T
+
+
+def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
+                psd_projection: bool = True, expected: dict | None = None, feature_weight: float = 1.0,
+                feature_ridge: float = 1.0, inner_iterations: int = 3, feature_vectors: np.ndarray | None = None,
+                gravity: np.ndarray | None = None, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """(item vectors (n x d, catalog order), feature vectors (F x d, `feature_labels` order)) after
+    `inner_iterations` rounds of item solve then feature solve.
+
+    `feature_vectors` are the feature vectors to start from (the caller carries the returned ones
+    across outer steps); None starts from P = 0, so the first item solve is plain DP-ALS. The
+    returned P is the feature solve for the returned V.
+    """
+    if not np.isfinite(ridge) or ridge <= 0:
+        raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
+    _check_weights(feature_weight, feature_ridge)
+    if isinstance(inner_iterations, bool) or not isinstance(inner_iterations, (int, np.integer)) or inner_iterations < 1:
+        raise ValueError(f"inner_iterations must be a positive integer, got {inner_iterations!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if ridge_scale is not None and np.shape(ridge_scale) != (space.size,):
+        raise ValueError(f"ridge_scale must have one entry per catalog item ({space.size}), got shape {np.shape(ridge_scale)}")
+    if gravity is not None and np.shape(gravity) != (dim, dim):
+        raise ValueError(f"gravity must be a {dim} x {dim} matrix, got shape {np.shape(gravity)}")
+    check_stats(stats_path, {"d": dim, **(expected or {})})
+    x = feature_matrix(space)
+    if feature_vectors is None:
+        features = np.zeros((x.shape[1], dim))
+    else:
+        features = np.asarray(feature_vectors, dtype=np.float64)
+        if features.shape != (x.shape[1], dim):
+            raise ValueError(f"feature_vectors must be {x.shape[1]} x {dim} (features x d), got shape {features.shape}")
+    if feature_weight == 0 or x.shape[1] == 0:
+        inner_iterations = 1  # no feature term: the item solve does not depend on P, one pass is exact
+    vectors = np.zeros((space.size, dim))
+    for _ in range(inner_iterations):
+        vectors = _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, feature_weight, x, features)
+        features = solve_features(x, vectors, feature_weight, feature_ridge)
+    return vectors, features
+
+
+def objective(stats_path: str, space: FeatureSpace, vectors: np.ndarray, feature_vectors: np.ndarray, ridge: float,
+              ridge_scale: np.ndarray | None = None, psd_projection: bool = True, feature_weight: float = 1.0,
+              feature_ridge: float = 1.0, gravity: np.ndarray | None = None, batch_size: int = 2048) -> float:
+    """L(V, P) of the module docstring (up to the constant of the users' rows), streamed over the stats."""
+    dim = vectors.shape[1]
+    total = 0.0
+    for batch in storage.iter_batches(stats_path, batch_size=batch_size):
+        positions = space.index_of(batch.column("item_id").to_numpy())
+        a_upper = list_column_to_matrix(batch.column("a_upper"), packed_size(dim), "a_upper")
+        if psd_projection:
+            a_upper = project_psd(a_upper, dim)
+        v = vectors[positions]
+        b = list_column_to_matrix(batch.column("b"), dim, "b")
+        total += 0.5 * np.einsum("bi,bij,bj->", v, unpack_upper(a_upper, dim), v) - np.sum(b * v)
+    scale = ridge_scale if ridge_scale is not None else np.ones(space.size)
+    total += 0.5 * ridge * np.sum(scale * np.sum(vectors**2, axis=1))
+    if gravity is not None:
+        total += 0.5 * np.einsum("bi,ij,bj->", vectors, gravity, vectors)
+    x = feature_matrix(space)
+    # ||X - V P^T||^2 = ||X||^2 - 2 <X^T V, P> + <V^T V, P^T P>, without forming the dense n x F matrix.
+    residual = x.multiply(x).sum() - 2.0 * np.sum(np.asarray(x.T @ vectors) * feature_vectors) + np.sum((vectors.T @ vectors) * (feature_vectors.T @ feature_vectors))
+    return float(total + 0.5 * feature_weight * residual + 0.5 * feature_ridge * np.sum(feature_vectors**2))
+
+
+def _check_weights(feature_weight: float, feature_ridge: float) -> None:
+    if not np.isfinite(feature_weight) or feature_weight < 0:
+        raise ValueError(f"the feature weight mu must be >= 0, got {feature_weight}")
+    if not np.isfinite(feature_ridge) or feature_ridge <= 0:
+        raise ValueError(f"the feature ridge must be > 0 for a closed-form solve, got {feature_ridge}")
+
+
+def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, mu, x, features) -> np.ndarray:
+    """One item solve over the whole catalog, P fixed: the stats table streamed in batches, then the
+    items without a stats row from the feature term alone."""
+    vectors = np.zeros((space.size, dim))
+    seen = np.zeros(space.size, dtype=bool)
+    use_features = mu > 0 and features.shape[0] > 0
+    if use_features:
+        shared = mu * (features.T @ features)  # mu P^T P, the same for every item
+        pulled = mu * np.asarray(x @ features)  # (n, d): row j is mu P^T x_j
+    for batch in storage.iter_batches(stats_path, batch_size=batch_size):
+        positions = space.index_of(batch.column("item_id").to_numpy())
+        a_upper = list_column_to_matrix(batch.column("a_upper"), packed_size(dim), "a_upper")
+        if psd_projection:
+            a_upper = project_psd(a_upper, dim)
+        scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
+        # Same expression as trainer.als, so that mu = 0 reproduces DP-ALS bit for bit.
+        gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
+        b = list_column_to_matrix(batch.column("b"), dim, "b")
+        if use_features:
+            gram = gram + shared
+            b = b + pulled[positions]
+        vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
+        seen[positions] = True
+    if use_features:
+        missing = np.flatnonzero(~seen)
+        for start in range(0, missing.size, batch_size):
+            positions = missing[start:start + batch_size]
+            scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
+            gram = (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0) + shared
+            vectors[positions] = np.linalg.solve(gram, pulled[positions][..., None])[..., 0]
+    return vectors
