@@ -139,6 +139,29 @@ def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str =
     return multipliers_for(float(total), plan)
 
 
+def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps: int, sampling_probability: float, steps: int,
+                    accountant: str = "rdp") -> dict[str, float]:
+    """The plan with its stats releases replaced by DP-SGD training (AM-DPSGD): per outer step,
+    `steps` Poisson-sampled Gaussian steps. The other groups (counts, mean, gram) keep the
+    multipliers they get in the AM-SSP plan of the same budget (so every method pays the same for
+    them), and the DP-SGD multiplier is calibrated with dp-accounting to spend the rest exactly.
+    Returns the other groups' multipliers and 'dpsgd' (no 'stats')."""
+    multipliers = calibrate(epsilon, delta, plan, accountant)
+    fixed = [gaussian_event(multipliers[group.name], group.events) for group in plan if group.name != "stats"]
+    del multipliers["stats"]
+    if epsilon == math.inf:
+        return {**multipliers, "dpsgd": 0.0}
+    dpsgd_event(1.0, sampling_probability, steps)  # validates q and steps
+    multipliers["dpsgd"] = float(dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant),
+        lambda z: dp_accounting.ComposedDpEvent(fixed + [dpsgd_event(z, sampling_probability, steps)] * outer_steps),
+        epsilon,
+        delta,
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),  # a Poisson-sampled event needs z > 0
+    ))
+    return multipliers
+
+
 def event_to_json(event: dp_accounting.DpEvent) -> dict:
     """A dp-accounting event as plain JSON data (class name and fields, nested)."""
     fields = {}

@@ -224,3 +224,21 @@ def test_dpsgd_schedule_and_bad_parameters():
         acct.dpsgd_event(1.0, 0.0, 10)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         acct.dpsgd_event(1.0, 0.5, 0)
+
+
+def test_dpsgd_calibration_spends_the_budget_and_keeps_the_other_groups():
+    plan = acct.stats_plan(3, 1, count_share=0.1, mean_share=0.05)
+    ssp = acct.calibrate(5.0, 1e-5, plan)
+    multipliers = acct.calibrate_dpsgd(5.0, 1e-5, plan, 3, 0.05, 200)
+    assert set(multipliers) == {"counts", "mean", "dpsgd"}
+    assert multipliers["counts"] == ssp["counts"] and multipliers["mean"] == ssp["mean"]
+    events = [acct.gaussian_event(multipliers["counts"]), acct.gaussian_event(multipliers["mean"], 2)]
+    events += [acct.dpsgd_event(multipliers["dpsgd"], 0.05, 200)] * 3
+    assert acct.epsilon_of(events, 1e-5) == pytest.approx(5.0, rel=1e-3)
+    # more steps at the same budget need more noise
+    assert acct.calibrate_dpsgd(5.0, 1e-5, plan, 3, 0.05, 400)["dpsgd"] > multipliers["dpsgd"]
+
+
+def test_dpsgd_calibration_of_a_non_private_run_is_zero_noise():
+    plan = acct.stats_plan(2)
+    assert acct.calibrate_dpsgd(math.inf, 1e-5, plan, 2, 0.1, 10) == {"counts": 0.0, "dpsgd": 0.0}
