@@ -1,14 +1,15 @@
 """The stats job on Spark: `spark-submit pipelines/stats.py --help` (also `ssp stats`).
 
 One pass over the interactions, with rows partitioned by ITEM so that no partial sums are shuffled:
-the narrow rows (user, item, label) get their item's DP count and, at user level, their user's
-weight normaliser (a sum over all of the user's rows, computed by `StatsJob.prepare()` with
-`privacy.weights` in its pass over the rows) from broadcast joins; one empty row per catalog item
-joins them, and the union is repartitioned by item. Each task then holds complete items: it reads the user embeddings table,
-turns its rows into clipped, weighted contributions, sums them per item with one numpy call
-(`mapInArrow`, grouped GEMM, no per-row Python), adds the noise once to every item it holds (rows or
-not) and writes its part of each resample's stats table; the driver commits them. Shuffle volume is
-O(rows) of narrow rows; each task reads the user embeddings (users x d), which bounds its memory.
+the narrow rows (user, item, label), unioned with one empty row per catalog item, are repartitioned
+by item. Each task then holds complete items: it looks up its rows' DP counts and, at user level,
+their users' weight normalisers (sums over all of a user's rows, computed by `StatsJob.prepare()`
+with `privacy.weights`) in a broadcast, turns the rows into clipped, weighted contributions, sums
+them per item with one numpy call (`mapInArrow`, grouped GEMM, no per-row Python), adds the noise
+once to every item it holds (rows or not) and writes its part of each resample's stats table; the
+driver commits them. Shuffle volume is O(rows) of narrow rows. The user embeddings (users x d,
+which bounds a task's memory) are read once per Python worker and release: Spark reuses workers
+across tasks.
 
 Privacy: the same as pipelines.stats_job / privacy.accumulator: the noise is added after the sums
 are complete, to every catalog item, keyed by the release index the ledger gave.
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from pipelines import stats_job  # noqa: E402
-from pipelines.stats_core import release_metadata, stats_table, user_contributions  # noqa: E402
+from pipelines.stats_core import RowLookups, release_metadata, stats_table, user_contributions  # noqa: E402
 from schemas.arrays import list_column_to_matrix  # noqa: E402
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
@@ -39,15 +40,22 @@ CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigge
 ROWS_PER_PARTITION = 2_000_000  # bounds a task's memory: its rows and their d-wide contributions (about 3 GiB at d=64)
 
 
-def user_vectors(path: str, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted user ids, their embeddings) of a user embeddings table."""
-    table = storage.read_table(path)
-    users = table["user_id"].to_numpy()
-    order = np.argsort(users)
-    return users[order], list_column_to_matrix(table["embedding"], d, "user embedding")[order]
+_last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the last embeddings read, by content digest
 
 
-def item_shard(settings, specs, staged, embeddings_path: str, batches: Iterator[pa.RecordBatch], shard: int) -> Iterator[pa.RecordBatch]:
+def user_vectors(path: str, digest: str, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted user ids, their embeddings) of a user embeddings table whose content digest
+    (from prepare()) is `digest`; a worker's next task of the same release reuses them."""
+    if _last_vectors.get("digest") != digest:
+        table = storage.read_table(path)
+        users = table["user_id"].to_numpy()
+        order = np.argsort(users)
+        _last_vectors.clear()
+        _last_vectors.update(digest=digest, value=(users[order], list_column_to_matrix(table["embedding"], d, "user embedding")[order]))
+    return _last_vectors["value"]
+
+
+def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, batches: Iterator[pa.RecordBatch], shard: int) -> Iterator[pa.RecordBatch]:
     """One shard of complete items -> its noised statistics, written as part `shard` of each table.
 
     Rows are summed in (item, user) order, so reruns are bit-identical whatever order the shuffle
@@ -62,17 +70,18 @@ def item_shard(settings, specs, staged, embeddings_path: str, batches: Iterator[
     a = np.zeros((items.size, accumulator.packed_size(settings.dim)))
     b = np.zeros((items.size, settings.dim))
     if rows.num_rows:
-        owners, vectors = user_vectors(embeddings_path, settings.dim)
+        owners, vectors = user_vectors(*embeddings, settings.dim)
         users, rated = rows["user_id"].to_numpy(), rows["item_id"].to_numpy()
         order = np.lexsort((users, rated))
-        users, rated = users[order], rated[order]
-        labels, counts, normalisers = (rows[name].to_numpy()[order] for name in ("label", "count", "normaliser"))
+        users, rated, labels = users[order], rated[order], rows["label"].to_numpy()[order]
+        counts, normalisers = lookups.of(users, rated)
         # Chunks of whole items: small arrays the allocator reuses (fresh GB-sized arrays cost page faults)
         item_starts = np.flatnonzero(np.r_[True, rated[1:] != rated[:-1]])
         bounds = np.unique(np.r_[item_starts[np.searchsorted(item_starts, np.arange(0, rated.size, CHUNK_ROWS), side="right") - 1], rated.size])
         for start, end in zip(bounds[:-1], bounds[1:]):
             part = slice(start, end)
-            keys, x, c = user_contributions(users[part], rated[part], labels[part], vectors[np.searchsorted(owners, users[part])], counts[part], settings, normalisers[part])
+            keys, x, c = user_contributions(users[part], rated[part], labels[part], vectors[np.searchsorted(owners, users[part])], counts[part], settings,
+                                            None if normalisers is None else normalisers[part])
             keys, sums_a, sums_b = accumulator.grouped_sums(keys, x, c)
             at = np.searchsorted(items, keys)
             a[at], b[at] = sums_a, sums_b
@@ -101,31 +110,22 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     fixed summation order make that so).
     """
     from pyspark import TaskContext
-    from pyspark.sql import functions as F
 
     specs = job.prepare()
     staged = job.staged_writes()
     settings = job.settings
-    read = lambda path: spark.read.parquet(*storage.table_files(path))  # noqa: E731
-    counts = read(job.counts).select("item_id", "count")
-    rows = read(job.interactions).select("user_id", "item_id", "label").join(F.broadcast(counts), "item_id")
-    if settings.unit == "user":  # computed by prepare() in its pass over the rows (privacy.weights)
-        users, values = job.normalisers
-        normalisers = spark.createDataFrame(pa.table({"user_id": users, "normaliser": values}))
-        rows = rows.join(F.broadcast(normalisers), "user_id")
-    else:
-        rows = rows.withColumn("normaliser", F.lit(1.0))
-    columns = ["user_id", "item_id", "label", "count", "normaliser"]
-    catalog = spark.createDataFrame(pa.table(
-        {"user_id": pa.nulls(job.catalog.size, pa.int64()), "item_id": job.catalog, "label": pa.nulls(job.catalog.size, pa.float64()),
-         "count": pa.nulls(job.catalog.size, pa.float64()), "normaliser": pa.nulls(job.catalog.size, pa.float64())}))
+    users, normalisers = job.normalisers if settings.unit == "user" and job.normalisers else (None, None)  # by prepare(), privacy.weights
+    lookups = spark.sparkContext.broadcast(RowLookups(job.catalog, job.catalog_counts, users, normalisers))
+    rows = spark.read.parquet(*storage.table_files(job.interactions)).select("user_id", "item_id", "label")
+    catalog = spark.createDataFrame(pa.table({"user_id": pa.nulls(job.catalog.size, pa.int64()), "item_id": job.catalog, "label": pa.nulls(job.catalog.size, pa.float64())}))
     partitions = max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
-    by_item = rows.select(*columns).unionByName(catalog).repartition(partitions, "item_id")
-    embeddings = job.user_embeddings
+    by_item = rows.unionByName(catalog).repartition(partitions, "item_id")
+    embeddings = (job.user_embeddings, job.digests["user_embeddings"])
     written = by_item.mapInArrow(
-        lambda batches: _maybe_failing(item_shard(settings, specs, staged, embeddings, batches, TaskContext.get().partitionId()), fail_first_attempts),
+        lambda batches: _maybe_failing(item_shard(settings, specs, staged, embeddings, lookups.value, batches, TaskContext.get().partitionId()), fail_first_attempts),
         WRITTEN_DDL
     ).collect()
+    lookups.unpersist()
     names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
     written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
     return job.commit(names, written_rows)

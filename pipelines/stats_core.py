@@ -76,6 +76,22 @@ def user_contributions(
     return np.asarray(item_ids), x, c
 
 
+@dataclass(frozen=True)
+class RowLookups:
+    """What an engine's item task looks up per row (broadcast once): the catalog's DP counts and,
+    at user level, each user's weight normaliser (None at example level)."""
+
+    catalog: np.ndarray
+    counts: np.ndarray
+    users: np.ndarray | None
+    normalisers: np.ndarray | None
+
+    def of(self, users: np.ndarray, rated: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(DP count of each row's item, normaliser of each row's user or None)."""
+        counts = self.counts[np.searchsorted(self.catalog, rated)]
+        return counts, None if self.users is None else self.normalisers[np.searchsorted(self.users, users)]
+
+
 def stats_table(items: np.ndarray, a_upper: np.ndarray, b: np.ndarray, metadata: dict[str, str]) -> pa.Table:
     """Finished statistics as a table of the STATS schema with the release parameters as metadata."""
     return pa.Table.from_arrays(

@@ -67,9 +67,11 @@ class StatsJob:
     seed_file: str | None = None
     shards: int = 4
     releases: list[NoiseSpec] = field(default_factory=list)
-    catalog: np.ndarray | None = None
+    catalog: np.ndarray | None = None  # sorted catalog item ids, by prepare()
+    catalog_counts: np.ndarray | None = None  # their DP counts
     rows: int = 0
     normalisers: tuple[np.ndarray, np.ndarray] | None = None  # (user ids, sum of n^(2e) over each user's rows)
+    digests: dict[str, str] = field(default_factory=dict)  # content digests of the inputs, by prepare()
 
     def __post_init__(self):
         if not isinstance(self.step, int) or self.step < 1:
@@ -126,11 +128,11 @@ class StatsJob:
             user_at, item_at = divmod(int(ordered[1:][same][0]), self.catalog.size)
             raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user_at]} item {self.catalog[item_at]}; "
                              "each pair must appear once (its weight bounds the user's contribution)")
+        count_of = counts.sort_by("item_id")
+        self.catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
         if self.settings.unit == "user" and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
-            count_of = counts.sort_by("item_id")
-            catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
             user_at, item_at = np.divmod(keys, self.catalog.size)
-            self.normalisers = user_normalisers(known_users[user_at], catalog_counts[item_at], self.settings.weight_exponent, known_users)
+            self.normalisers = user_normalisers(known_users[user_at], self.catalog_counts[item_at], self.settings.weight_exponent, known_users)
         return {
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,
@@ -140,7 +142,7 @@ class StatsJob:
 
     def prepare(self) -> list[NoiseSpec]:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
-        digests = self._check_inputs()
+        self.digests = digests = self._check_inputs()
         ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit)
         seeds = release.open_seed_file(self.seed_file, self.ledger_path)
         multiplier = ledger.budget["multipliers"]["stats"]
