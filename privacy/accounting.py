@@ -54,11 +54,13 @@ def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpE
 
 def dpsgd_event(noise_multiplier: float, sampling_probability: float, steps: int) -> dp_accounting.DpEvent:
     """`steps` DP-SGD steps: each a Gaussian with the noise multiplier on a Poisson sample of the
-    units (users or examples) with the given probability."""
+    units (users or examples) with the given probability; noise multiplier 0 is not private."""
     if not 0 < sampling_probability <= 1:
         raise ValueError(f"sampling probability must be in (0, 1], got {sampling_probability}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"DP-SGD steps must be a positive integer, got {steps}")
+    if noise_multiplier == 0:
+        return dp_accounting.NonPrivateDpEvent()
     step = dp_accounting.PoissonSampledDpEvent(sampling_probability, gaussian_event(noise_multiplier))
     return dp_accounting.SelfComposedDpEvent(step, steps)
 
