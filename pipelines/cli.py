@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, before it is imported
 
-from pipelines import counts, ingest, splits, stats_job, synth, train, user_update
+from pipelines import counts, ingest, publish, splits, stats_job, synth, train, user_update
 from pipelines.lock import RunLockedError
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
@@ -51,7 +51,13 @@ def _run_stats(args: argparse.Namespace) -> int:
 
 def _run_privacy(args: argparse.Namespace) -> int:
     path = args.run if args.run.endswith(".parquet") else storage.join(args.run, "ledger.parquet")
-    print(Ledger.open(path).describe())
+    ledger = Ledger.open(path)
+    print(ledger.describe())
+    spent = ledger.epsilon_spent()
+    if args.max_epsilon is not None and not spent <= args.max_epsilon * (1 + publish.TOLERANCE):
+        raise ValueError(f"{path}: epsilon spent {spent:.6g} exceeds the allowed {args.max_epsilon:g}")
+    if args.max_delta is not None and not ledger.budget["delta"] <= args.max_delta:
+        raise ValueError(f"{path}: the run's delta {ledger.budget['delta']:g} exceeds the allowed {args.max_delta:g}")
     return 0
 
 
@@ -99,8 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
     user_update.add_arguments(user_cmd)
     user_cmd.set_defaults(handler=user_update.main)
 
+    item_cmd = commands.add_parser("item-update", help="a run's item update of outer step s (TensorFlow), from its released statistics")
+    train.add_stage_arguments(item_cmd, step=True)
+    item_cmd.set_defaults(handler=train.item_update_main)
+
+    evaluate_cmd = commands.add_parser("evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json")
+    train.add_stage_arguments(evaluate_cmd, step=False)
+    evaluate_cmd.set_defaults(handler=train.evaluate_main)
+
+    publish_cmd = commands.add_parser("publish", help="copy a finished run's encoder, item embeddings and privacy summary to a destination, "
+                                      "if its ledger is within budget")
+    publish.add_arguments(publish_cmd)
+    publish_cmd.set_defaults(handler=publish.main)
+
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
+    privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
+    privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
     privacy_cmd.set_defaults(handler=_run_privacy)
     return parser
 

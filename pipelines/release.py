@@ -100,6 +100,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--outer-steps", type=int, default=1, help="outer steps S of alternating minimization the budget covers (default: %(default)s)")
     group.add_argument("--resamples", type=int, default=1, help="independently noised copies R of each stats release (SSP1; default: %(default)s)")
     group.add_argument("--count-share", type=float, default=0.1, help="share of the budget spent on the DP item counts (default: %(default)s)")
+    group.add_argument("--mean-share", type=float, default=0.0, help="share planned for the DP mean rating (a regression run of `ssp train`; default: %(default)s)")
+    group.add_argument("--gram-share", type=float, default=0.0, help="share planned for the users' DP Gram matrices (implicit feedback; default: %(default)s)")
     group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
     group.add_argument("--seed-file", help="secret noise seed of the run (default: <ledger folder>/private/seed, created from the OS CSPRNG); "
                        "reusing one reproduces the same releases and is refused for different data")
@@ -108,7 +110,7 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
 def privacy_settings(args: argparse.Namespace) -> PrivacySettings:
     return PrivacySettings(
         epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
-        outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share,
+        outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share, mean_share=args.mean_share, gram_share=args.gram_share,
     )
 
 

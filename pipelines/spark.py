@@ -1,9 +1,9 @@
 """Spark sessions for the jobs: local by default, the cluster's when launched by spark-submit.
 
 The Python workers must import this project: locally the session puts the repository on their
-PYTHONPATH; on a cluster the project ships as a wheel (see infra/). Arrow batches are large so
-that each numpy call works on many rows, and BLAS runs one thread per worker (Spark already runs
-one worker per core).
+PYTHONPATH; on a cluster the project ships as its wheel, under a .zip name in --py-files
+(infra/build.sh). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
+one thread per worker (Spark already runs one worker per core).
 """
 
 from __future__ import annotations

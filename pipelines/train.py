@@ -1,19 +1,29 @@
-"""`ssp train`: the end-to-end private training run, alternating minimization with SSP.
+"""`ssp train`: the end-to-end private training run, alternating minimization with SSP, in stages.
 
-    data -> split (protocol) -> DP item counts -> DP mean label -> centred, clipped labels
-    -> initial item embeddings from public features only (no privacy cost)
-    -> S outer steps of: user update (Spark) -> stats release (Spark or Beam) -> SSP trainer
-    -> evaluation (RMSE or Recall@20, sliced by popularity) -> metrics.json, encoder, item embeddings
+    prepare       data -> split (protocol) -> DP item counts -> DP mean label -> centred, clipped
+                  labels -> initial item embeddings from public features only (no privacy cost)
+    step s=1..S   user update (Spark) -> stats release (Spark or Beam) -> item update (TensorFlow:
+                  SSP trainer, or DP-ALS); the last step exports the encoder and item embeddings
+    final         user update against the final item embeddings (Spark)
+    evaluate      RMSE or Recall@20, sliced by popularity -> metrics.json
+    (publish      pipelines.publish, once the ledger is checked)
+
+`run(TrainConfig)` runs the stages in one process with one Spark session (`ssp train`, `ssp demo`).
+A scheduler runs the same stage functions as separate tasks against one run directory (see
+infra/dags/retrain.py): `ssp train --stage prepare` is the only one given the configuration, which
+it records in RUN/manifest.json; every later stage takes only `--run RUN` (and `--step s`) and reads
+the rest from the manifest (pipelines.run_dir): `ssp user-update` (or `spark-submit
+pipelines/user_update.py`), the stats job with the flags `stats_job_for` implies, `ssp item-update`,
+`ssp evaluate`.
 
 Everything lands in the run directory RUN: `ledger.parquet` (every release), `manifest.json`
-(settings, steps done), `counts/`, `step-<s>/stats/` (released statistics of step s),
-`step-<s>/item_embeddings.parquet` and `step-<s>/checkpoint/` (the encoder after step s),
-`encoder/` (SavedModel), `item_embeddings.parquet`, `metrics.json`; and `RUN/private/`, which must
-never leave the trusted zone: the noise seed, the ingested data, the split, the centred training
-labels, the user embeddings. A run killed mid-way resumes after its last completed step, and its
-releases are not spent twice (the ledger and seed binding recognise a release made before).
-
-Usable from a scheduler: `run(TrainConfig(...))` returns the metrics.
+(settings, what prepare produced, steps done), `counts/`, `step-<s>/stats/` (released statistics of
+step s), `step-<s>/item_embeddings.parquet` and `step-<s>/checkpoint/` (the encoder after step s;
+step 0: the initial one), `encoder/` (SavedModel), `item_embeddings.parquet`, `metrics.json`; and
+`RUN/private/`, which must never leave the trusted zone: the noise seed, the ingested data, the
+split, the centred training labels, the user embeddings. A run killed mid-way resumes after its last
+completed step, and its releases are not spent twice (the ledger and seed binding recognise a
+release made before).
 """
 
 from __future__ import annotations
@@ -27,16 +37,19 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines import ingest, release, splits, stats_job, user_update
-from pipelines.counts import COUNTS_TABLE, DEFAULT_MAX_ITEMS_PER_USER, dp_counts
+from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts
 from pipelines.gram import dp_gram
 from pipelines.lock import run_lock
 from pipelines.mean import dp_mean
+from pipelines.run_dir import Run, require_steps
 from pipelines.stats_core import StatsSettings
 from privacy.ledger import Ledger
 from schemas import storage
-from schemas.tables import INTERACTIONS, validate_user_embeddings
+from schemas.arrays import list_column_to_matrix
+from schemas.tables import INTERACTIONS, validate_item_embeddings, validate_user_embeddings
 
 ITEM_UPDATES = ("ssp", "als")  # SSP2 trainer; DP-ALS closed-form solve (id-only encoder)
+STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 
 
 @dataclass(frozen=True)
@@ -121,34 +134,22 @@ class TrainConfig:
         return "example" if self.non_private else self.unit
 
 
-class Run:
-    """The paths of a run directory."""
-
-    def __init__(self, root: str):
-        self.root = root.rstrip("/")
-
-    def path(self, *parts: str) -> str:
-        return storage.join(self.root, *parts)
-
-    def private(self, *parts: str) -> str:
-        return storage.join(self.root, "private", *parts)
-
-    def step(self, s: int, *parts: str) -> str:
-        return storage.join(self.root, f"step-{s}", *parts)
+def config_of(run: Run, manifest: dict) -> TrainConfig:
+    """The configuration a prepared run was started with (recorded once, by prepare)."""
+    return TrainConfig(**manifest["config"], out=run.root)
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
     """The run's manifest: new, or the one of an interrupted run with the same settings."""
-    path = run.path("manifest.json")
     wanted = {key: value for key, value in asdict(config).items() if key != "out"}
-    if storage.exists(path):
-        manifest = storage.read_json(path)
+    if storage.exists(run.manifest_path):
+        manifest = run.read_manifest()
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
             raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}); resume it with the same flags or use a new --out")
         return manifest
     manifest = {"config": wanted, "steps_done": [], "status": "running"}
-    storage.write_json(manifest, path)
+    run.write_manifest(manifest)
     return manifest
 
 
@@ -169,133 +170,212 @@ def ledger_multiplier(ledger_path: str) -> float:
     return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
 
 
-def _item_embeddings_path(run: Run, step: int) -> str:
-    return run.step(step, "item_embeddings.parquet")
+def stats_items_path(run: Run, config: TrainConfig, data_items: str) -> str:
+    """The catalog the statistics cover: every item of the data set (regression), or the top 10% by
+    DP count that prepare writes (ranking)."""
+    return run.path("train_items.parquet") if config.protocol == "recall" else data_items
 
 
-def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
-    """Run (or resume) the whole training; returns the metrics written to RUN/metrics.json.
-
-    Holds the run directory's lock throughout: a second run on the same directory is refused.
-    """
-    with run_lock(config.out):
-        return _run(config, spark, progress)
-
-
-def _run(config: TrainConfig, spark, progress: bool) -> dict:
+def _encoder(config: TrainConfig, items: pa.Table):
+    """(feature space, item encoder) of the run, freshly initialised (deterministic in model_seed)."""
     import tensorflow as tf
 
     from trainer import encoder as encoders
-    from trainer import ssp
     from trainer.features import FeatureSpace
-
-    started = time.perf_counter()
-    run_dir = Run(config.out)
-    manifest = _check_manifest(run_dir, config)
-    privacy, settings, unit = config.privacy(), config.settings(), config.unit_of_privacy()
-    ledger_path = run_dir.path("ledger.parquet")
-
-    data = ingest.load_or_ingest(config.data, run_dir.private("data"), progress=progress)
-    split_dir = run_dir.private("split")
-    if not storage.exists(storage.join(split_dir, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, split_dir, config.split_seed)
-    train_rows = storage.join(split_dir, "train.parquet")
-    items = storage.read_table(data.items)
-
-    privacy.open_ledger(ledger_path, unit)  # creates the run's budget, or checks it on resume
-    seeds = release.open_seed_file(config.seed_file, ledger_path)
-    counts_out = run_dir.path("counts")
-    dp_counts(train_rows, data.items, counts_out, privacy, unit, config.max_items_per_user, ledger_path, seeds.path)
-    counts = storage.read_table(storage.join(counts_out, COUNTS_TABLE))
-    mean = 0.0
-    if config.protocol == "rmse":
-        mean = dp_mean(train_rows, Ledger.open(ledger_path), seeds, (config.rating_min, config.rating_max), unit)["mean"]
-    keep_items, stats_items = None, data.items
-    if config.protocol == "recall":  # train on the top 10% items by DP count (not exact counts)
-        keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), splits.TRAIN_ITEM_FRACTION)
-        stats_items = run_dir.path("train_items.parquet")
-        storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), keep_items))), stats_items)
-    centred = run_dir.private("train_centred.parquet")
-    _write_centred(train_rows, centred, mean, config.protocol, keep_items)
 
     tf.keras.utils.set_random_seed(config.model_seed)
     space = FeatureSpace.from_items(items, use_item_id=config.item_id_feature or config.encoder == "id")
-    model = encoders.ItemEncoder(space, config.dim, config.encoder, seed=config.model_seed)
-    checkpoint = tf.train.Checkpoint(model=model)
-    if not storage.exists(_item_embeddings_path(run_dir, 0)):
-        storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, 0))
-    # Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count n^(1+e)
-    # under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (about
-    # 2 sqrt(d) sigma Gamma_u^2 in spectral norm), so that pure noise shrinks to 0.
+    return space, encoders.ItemEncoder(space, config.dim, config.encoder, seed=config.model_seed)
+
+
+def prepare(config: TrainConfig, progress: bool = True) -> dict:
+    """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
+    initial item embeddings (public features only); returns the manifest. Done once: a prepared run
+    is left as it is (a different configuration is refused)."""
+    import tensorflow as tf
+
+    from trainer import ssp
+
+    run = Run(config.out)
+    manifest = _check_manifest(run, config)
+    if "prepared" in manifest:
+        return manifest
+    started = time.time()
+    privacy, unit = config.privacy(), config.unit_of_privacy()
+    data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
+    if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
+        splits.make_split(data, config.protocol, run.split, config.split_seed)
+    train_rows = storage.join(run.split, "train.parquet")
+    items = storage.read_table(data.items)
+
+    privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
+    seeds = release.open_seed_file(config.seed_file, run.ledger)
+    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path)
+    counts = storage.read_table(run.counts)
+    mean = 0.0
+    if config.protocol == "rmse":
+        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, (config.rating_min, config.rating_max), unit)["mean"]
+    keep_items, stats_items = None, stats_items_path(run, config, data.items)
+    if config.protocol == "recall":  # train on the top 10% items by DP count (not exact counts)
+        keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), splits.TRAIN_ITEM_FRACTION)
+        storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), keep_items))), stats_items)
+    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)
+
+    _, model = _encoder(config, items)
+    storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
+    tf.train.Checkpoint(model=model).write(run.checkpoint(0))
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "started_at": started, "at": time.time()}
+    run.write_manifest(manifest)
+    release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
+    return manifest
+
+
+def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
+    """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
+    return stats_job.StatsJob(run.centred, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
+                              step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards)
+
+
+def release_stats(run: Run, step: int, spark=None) -> dict:
+    """Stage 2b of step s: release the noised statistics with the run's engine; returns the step summary."""
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    job = stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
+    if config.engine == "beam":
+        from pipelines import beam_stats
+
+        return beam_stats.run(job)
+    from pipelines import stats
+
+    return stats.run(job, spark)
+
+
+def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table) -> np.ndarray:
+    """Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count
+    n^(1+e) under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (about
+    2 sqrt(d) sigma Gamma_u^2 in spectral norm), so that pure noise shrinks to 0."""
+    settings = config.settings()
     noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) if not config.non_private else 0.0
     ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
     exponent = settings.weight_exponent if settings.unit == "user" else 0.0
     ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
+    return ridge_scale
+
+
+def _check_step(config: TrainConfig, step: int) -> None:
+    if not isinstance(step, int) or not 1 <= step <= config.outer_steps:
+        raise ValueError(f"--step must be an outer step of the run, 1..{config.outer_steps}, got {step}")
+
+
+def item_update(run: Run, step: int, progress: bool = True) -> dict:
+    """Stage 2c of step s (TensorFlow): fit the encoder from step s's released statistics and the
+    public features, starting from step s-1's checkpoint; the last step also exports the encoder
+    and the final item embeddings. Marks the step done and returns the manifest (a done step is
+    left as it is)."""
+    import tensorflow as tf
+
+    from trainer import encoder as encoders
+    from trainer import ssp
+
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    _check_step(config, step)
+    if step in manifest["steps_done"]:
+        release.log(f"outer step {step} of {run.root} is already done")
+        return manifest
+    require_steps(run, manifest, step)
+    if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
+        raise ValueError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
+    summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
+    settings = config.settings()
+    space, model = _encoder(config, storage.read_table(manifest["prepared"]["items"]))
+    checkpoint = tf.train.Checkpoint(model=model)
+    checkpoint.restore(run.checkpoint(step - 1)).expect_partial()
+    counts = storage.read_table(run.counts)
+    ridge_scale = _ridge_scale(config, space, run.ledger, counts)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
-    step_seconds = {}
+    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
+    tables = stats_job.stats_tables(run.stats(step))
+    gravity = None
+    if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
+        seeds = release.open_seed_file(config.seed_file, run.ledger)
+        gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
+    if config.item_update == "als":
+        from trainer import als
 
-    def with_spark(fn):
+        model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+    else:
+        ssp.train(model, tables, ssp_config, expected, progress, ridge_scale, gravity)
+    embeddings = ssp.item_embeddings_table(model)
+    storage.write_table(embeddings, run.item_embeddings(step))
+    checkpoint.write(run.checkpoint(step))
+    if step == config.outer_steps:
+        storage.write_table(embeddings, run.path("item_embeddings.parquet"))
+        encoders.export(model, run.path("encoder"))
+    manifest = run.mark_step_done(step)
+    release.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {Ledger.open(run.ledger).epsilon_spent():.4g})")
+    return manifest
+
+
+def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
+    """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
+
+    The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones.
+    Holds the run directory's lock throughout: a second run on the same directory is refused.
+    """
+    with run_lock(config.out):
+        layout = Run(config.out)
+        prepare(config, progress)
+
+        def steps(active_spark):
+            for s in range(1, config.outer_steps + 1):
+                if s in layout.read_manifest()["steps_done"]:
+                    continue
+                user_update.run_step(active_spark, layout.root, s)
+                release_stats(layout, s, active_spark)
+                item_update(layout, s, progress)
+            user_update.run_step(active_spark, layout.root, None)
+
         if spark is not None:
-            return fn(spark)
-        from pipelines.spark import session
+            steps(spark)
+        else:
+            from pipelines.spark import session
 
-        with session("ssp-train") as own:
-            return fn(own)
+            with session("ssp-train") as own:
+                steps(own)
+        return evaluate(layout)
 
-    def steps(active_spark):
-        for s in range(1, config.outer_steps + 1):
-            if s in manifest["steps_done"]:
-                checkpoint.restore(storage.join(run_dir.step(s, "checkpoint"), "ckpt-1")).expect_partial()
-                continue
-            t0 = time.perf_counter()
-            user_path = run_dir.private(f"step-{s}", "user_embeddings.parquet")
-            user_update.run(active_spark, centred, _item_embeddings_path(run_dir, s - 1), user_path, config.lambda_u, config.dim, config.gravity)
-            job = stats_job.StatsJob(centred, user_path, stats_items, storage.join(counts_out, COUNTS_TABLE), run_dir.step(s, "stats"), settings,
-                                     privacy, step=s, ledger_path=ledger_path, seed_file=seeds.path, shards=config.shards)
-            if config.engine == "beam":
-                from pipelines import beam_stats
 
-                summary = beam_stats.run(job)
-            else:
-                from pipelines import stats
+def evaluate(run: Run) -> dict:
+    """Last stage: valid and test metrics of the finished run (trusted side: held-out private
+    ratings and the final user embeddings), with the ledger's epsilon; writes RUN/metrics.json."""
+    from trainer.features import FeatureSpace
 
-                summary = stats.run(job, active_spark)
-            expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
-            tables = stats_job.stats_tables(run_dir.step(s, "stats"))
-            gravity = None
-            if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
-                gravity = config.gravity * dp_gram(user_path, Ledger.open(ledger_path), seeds, config.dim, settings.clip_u, s)
-            if config.item_update == "als":
-                from trainer import als
-
-                model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
-            else:
-                ssp.train(model, tables, ssp_config, expected, progress, ridge_scale, gravity)
-            storage.write_table(ssp.item_embeddings_table(model), _item_embeddings_path(run_dir, s))
-            checkpoint.write(storage.join(run_dir.step(s, "checkpoint"), "ckpt-1"))
-            step_seconds[s] = time.perf_counter() - t0
-            manifest["steps_done"] = sorted(set(manifest["steps_done"]) | {s})
-            storage.write_json(manifest, run_dir.path("manifest.json"))
-            release.log(f"outer step {s}/{config.outer_steps} done in {step_seconds[s]:.1f} s (epsilon spent {summary['epsilon_spent']:.4g})")
-        final_users = run_dir.private("user_embeddings.parquet")
-        user_update.run(active_spark, centred, _item_embeddings_path(run_dir, config.outer_steps), final_users, config.lambda_u, config.dim, config.gravity)
-        return final_users
-
-    final_users = with_spark(steps)
-    item_vectors = model.embed_all()
-    storage.write_table(ssp.item_embeddings_table(model), run_dir.path("item_embeddings.parquet"))
-    encoders.export(model, run_dir.path("encoder"))
-
-    metrics = _evaluate(config, space, split_dir, train_rows, item_vectors, final_users, mean, unit)
-    final_ledger = Ledger.open(ledger_path)
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    require_steps(run, manifest, config.outer_steps + 1)
+    prepared = manifest["prepared"]
+    if config.protocol == "rmse" and not storage.exists(run.user_embeddings(None)):
+        raise ValueError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
+    space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
+    final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.dim)
+    if final_items.num_rows != space.size:
+        raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
+    item_vectors = np.zeros((space.size, config.dim))
+    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.dim, "item embedding")
+    metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy())
+    ledger = Ledger.open(run.ledger)
+    done_at = manifest.get("step_done_at", {})
+    marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
     metrics.update(
-        epsilon_spent=final_ledger.epsilon_spent(), delta=config.delta, epsilon_budget=final_ledger.budget["epsilon"],
-        releases=len(final_ledger.rows), seconds=time.perf_counter() - started, step_seconds=step_seconds,
-        outputs={"run": run_dir.root, "ledger": ledger_path, "encoder": run_dir.path("encoder"), "item_embeddings": run_dir.path("item_embeddings.parquet")},
+        epsilon_spent=ledger.epsilon_spent(), delta=config.delta, epsilon_budget=ledger.budget["epsilon"],
+        releases=len(ledger.rows), seconds=time.time() - prepared["started_at"],
+        step_seconds={s: marks[s] - marks[s - 1] for s in range(1, len(marks)) if marks[s] is not None and marks[s - 1] is not None},
+        outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
     )
-    storage.write_json(metrics, run_dir.path("metrics.json"))
+    storage.write_json(metrics, run.path("metrics.json"))
     manifest["status"] = "done"
-    storage.write_json(manifest, run_dir.path("manifest.json"))
+    run.write_manifest(manifest)
     return metrics
 
 
@@ -384,6 +464,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id"), "unit": ("user", "example")}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
+    parser.add_argument("--stage", choices=STAGES, default="all",
+                        help="all: the whole run in this process (default); prepare: only the first stage, recording these settings in "
+                        "OUT/manifest.json for the stage commands (user-update, stats, item-update, evaluate) that a scheduler runs")
+
+
+def add_stage_arguments(parser: argparse.ArgumentParser, step: bool) -> None:
+    """The flags of a stage command: the run directory (everything else comes from its manifest)."""
+    parser.add_argument("--run", required=True, help="run directory prepared by `ssp train --stage prepare` (local or gs://)")
+    if step:
+        parser.add_argument("--step", type=int, required=True, help="outer step s (1..S)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -391,7 +481,28 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    metrics = run(config_from_args(args))
+    config = config_from_args(args)
+    if args.stage == "prepare":
+        with run_lock(config.out):
+            prepare(config)
+        print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
+        return 0
+    print(describe(run(config)))
+    return 0
+
+
+def item_update_main(args: argparse.Namespace) -> int:
+    """`ssp item-update --run RUN --step s`."""
+    with run_lock(args.run):
+        manifest = item_update(Run(args.run), args.step)
+    print(f"outer step {args.step} of {args.run} done (steps done: {manifest['steps_done']})")
+    return 0
+
+
+def evaluate_main(args: argparse.Namespace) -> int:
+    """`ssp evaluate --run RUN`."""
+    with run_lock(args.run):
+        metrics = evaluate(Run(args.run))
     print(describe(metrics))
     return 0
 

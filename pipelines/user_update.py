@@ -1,4 +1,5 @@
-"""`ssp user-update`: the user update of alternating minimization, on Spark.
+"""`ssp user-update` / `spark-submit pipelines/user_update.py`: the user update of alternating
+minimization, on Spark.
 
 Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k rows (weighted-lambda
 ALS), with the item
@@ -6,23 +7,39 @@ embeddings table broadcast to every task; each partition (sorted by user) solves
 batches with numpy (trainer.solve.ridge_solve) and writes its part of the user embeddings table,
 which the driver commits.
 
+Two modes: explicit tables (`--interactions --item-embeddings --out`), or a stage of a training
+run (`--run RUN --step s`: step s's users against step s-1's item embeddings; `--run RUN --final`:
+against the last step's, for evaluation), where inputs, output and settings come from the run's
+manifest (pipelines.run_dir). As a script (spark-submit, from the repository root or with the
+project's wheel in `--py-files` on a cluster) it takes the same flags as `ssp user-update`.
+
 Privacy: reads private interactions and released item embeddings; the user embeddings it writes
 are private (they stay in the run directory and only ever enter the stats job, which clips them).
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Iterator
+import os
+import sys
 
-import numpy as np
-import pyarrow as pa
+if __package__ in (None, ""):  # run as a script by spark-submit: make the project importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipelines.release import log
-from schemas.arrays import list_column_to_matrix, matrix_to_list_column
-from schemas import storage
-from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings
-from trainer.solve import ridge_solve
+import argparse  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from pipelines.lock import run_lock  # noqa: E402
+from pipelines.release import log  # noqa: E402
+from pipelines.run_dir import Run, require_steps  # noqa: E402
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402
+from schemas import storage  # noqa: E402
+from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
+from trainer.solve import ridge_solve  # noqa: E402
+
+DEFAULT_LAMBDA_U = 1.0
 
 WRITTEN_DDL = "name string, rows long"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
@@ -95,19 +112,61 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     return users
 
 
+def run_step(spark, root: str, step: int | None) -> int:
+    """The user update of outer step `step` of the run at `root` (against step s-1's item
+    embeddings), or the final one (`step` None: against the last step's); returns the user count."""
+    layout = Run(root)
+    manifest = layout.prepared()
+    config = manifest["config"]
+    steps = config["outer_steps"]
+    if step is not None and not (isinstance(step, int) and 1 <= step <= steps):
+        raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
+    require_steps(layout, manifest, steps + 1 if step is None else step)
+    source = layout.item_embeddings(steps if step is None else step - 1)
+    return run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"])
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interactions", required=True, help="interactions table (private)")
-    parser.add_argument("--item-embeddings", required=True, help="item embeddings table (a release or public initialisation)")
-    parser.add_argument("--out", required=True, help="user embeddings table to write (private)")
-    parser.add_argument("--lambda-u", type=float, default=1.0, help="ridge regularisation of the user solve (default: %(default)s)")
-    parser.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
+    stage = parser.add_argument_group("a stage of a training run (inputs and settings from RUN/manifest.json)")
+    stage.add_argument("--run", help="run directory prepared by `ssp train --stage prepare`")
+    stage.add_argument("--step", type=int, help="with --run: outer step s (its users against step s-1's item embeddings)")
+    stage.add_argument("--final", action="store_true", help="with --run: the final user update (against the last step's item embeddings), for evaluation")
+    tables = parser.add_argument_group("explicit tables")
+    tables.add_argument("--interactions", help="interactions table (private)")
+    tables.add_argument("--item-embeddings", help="item embeddings table (a release or public initialisation)")
+    tables.add_argument("--out", help="user embeddings table to write (private)")
+    tables.add_argument("--lambda-u", type=float, help=f"ridge regularisation of the user solve (default: {DEFAULT_LAMBDA_U})")
+    tables.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
     parser.add_argument("--master", help="Spark master (default: local[*] unless spark-submit sets one)")
 
 
 def main(args: argparse.Namespace) -> int:
     from pipelines.spark import session
 
+    explicit = {"--interactions": args.interactions, "--item-embeddings": args.item_embeddings, "--out": args.out, "--lambda-u": args.lambda_u, "--dim": args.dim}
+    if args.run is not None:
+        given = [flag for flag, value in explicit.items() if value is not None]
+        if given:
+            raise ValueError(f"--run takes the inputs and settings from the run's manifest; drop {', '.join(given)}")
+        if (args.step is None) == (not args.final):
+            raise ValueError("with --run give exactly one of --step S and --final")
+        with run_lock(args.run), session("ssp-user-update", args.master) as spark:
+            users = run_step(spark, args.run, None if args.final else args.step)
+        print(f"wrote {users:,} user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'})")
+        return 0
+    if args.step is not None or args.final:
+        raise ValueError("--step and --final belong to --run RUN")
+    missing = [flag for flag in ("--interactions", "--item-embeddings", "--out") if explicit[flag] is None]
+    if missing:
+        raise ValueError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
+    lambda_u = DEFAULT_LAMBDA_U if args.lambda_u is None else args.lambda_u
     with session("ssp-user-update", args.master) as spark:
-        users = run(spark, args.interactions, args.item_embeddings, args.out, args.lambda_u, args.dim)
+        users = run(spark, args.interactions, args.item_embeddings, args.out, lambda_u, args.dim)
     print(f"wrote {users:,} user embeddings to {args.out}")
     return 0
+
+
+if __name__ == "__main__":  # spark-submit pipelines/user_update.py FLAGS: the same command as `ssp user-update FLAGS`
+    from pipelines import cli
+
+    sys.exit(cli.main(["user-update", *sys.argv[1:]]))

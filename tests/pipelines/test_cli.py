@@ -8,6 +8,7 @@ import pytest
 from pipelines import cli
 
 SUBCOMMANDS = ["demo", "train", "ingest", "synth", "split", "counts", "stats", "user-update"]
+STAGE_COMMANDS = ["item-update", "evaluate", "publish"]  # a stage of a prepared run: --run RUN
 
 
 def ssp(*args, cwd=None):
@@ -17,8 +18,24 @@ def ssp(*args, cwd=None):
 def test_help_lists_every_subcommand():
     result = ssp("--help")
     assert result.returncode == 0
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS + STAGE_COMMANDS + ["privacy"]:
         assert name in result.stdout
+
+
+@pytest.mark.parametrize("name", STAGE_COMMANDS)
+def test_stage_command_help(name, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([name, "--help"])
+    assert info.value.code == 0
+    assert "--run" in capsys.readouterr().out
+
+
+def test_stage_commands_refuse_a_folder_without_a_run(tmp_path):
+    result = ssp("evaluate", "--run", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"ssp evaluate: error: {tmp_path} holds no run (no manifest.json)")
+    result = ssp("user-update", "--run", str(tmp_path), "--step", "1", "--final")
+    assert result.returncode == 2 and result.stderr.strip().endswith("with --run give exactly one of --step S and --final")
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)

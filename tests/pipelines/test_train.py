@@ -74,3 +74,55 @@ def test_recall_protocol_trains_on_top_items_by_dp_count(spark, tmp_path):
     # no mean release in the ranking protocol; one users' Gram matrix (implicit-feedback gravity) per step
     assert names == ["counts", "step-1/stats/r0", "step-1/gram", "step-2/stats/r0", "step-2/gram"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
+
+
+def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
+    """What the DAG does: one command per stage against one run directory, the later ones given only
+    --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
+    from pipelines import cli, stats_job
+    from pipelines.run_dir import Run
+
+    run, steps = str(tmp_path / "staged"), 2
+    settings = ["--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
+
+    def ssp_ok(*args):
+        assert cli.main(list(args)) == 0, capsys.readouterr().err
+
+    def ssp_error(*args):
+        assert cli.main(list(args)) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    assert "holds no run" in ssp_error("item-update", "--run", run, "--step", "1")
+    ssp_ok("train", "--stage", "prepare", "--out", run, *settings)
+    assert not (tmp_path / "staged" / "metrics.json").exists() and (tmp_path / "staged" / "step-0" / "checkpoint").is_dir()
+    assert "statistics of step 1 are not released" in ssp_error("item-update", "--run", run, "--step", "1")
+    assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
+    assert "drop --lambda-u" in ssp_error("user-update", "--run", run, "--step", "1", "--lambda-u", "2")
+    config = train.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
+    data_items = storage.join(run, "private", "data", "items.parquet")
+    for s in range(1, steps + 1):
+        ssp_ok("user-update", "--run", run, "--step", str(s))
+        flags = ["--interactions", storage.join(run, "private", "train_centred.parquet"),
+                 "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
+                 "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
+                 "--dim", "8", "--clip-u", "1.0", "--clip-y", "2.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--mean-share", "0.05",
+                 "--ledger", storage.join(run, "ledger.parquet")]
+        parsed = cli.build_parser().parse_args(["stats", *flags])
+        assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)
+        ssp_ok("stats", *flags)
+        ssp_ok("item-update", "--run", run, "--step", str(s))
+    assert "no final user embeddings" in ssp_error("evaluate", "--run", run)
+    ssp_ok("user-update", "--run", run, "--final")
+    ssp_ok("evaluate", "--run", run)
+    assert "test RMSE" in capsys.readouterr().out
+    assert "exceeds the allowed 4" in ssp_error("privacy", run, "--max-epsilon", "4")
+    ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
+    ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
+    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "privacy.json"]
+
+    staged = json.load(open(tmp_path / "staged" / "metrics.json"))
+    whole = train.run(small(tmp_path / "whole", seed_file=str(tmp_path / "staged" / "private" / "seed")), spark=spark, progress=False)
+    assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
+    for name in ("ledger.parquet",):
+        assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
+    assert staged["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and set(staged["step_seconds"]) == {"1", "2"}

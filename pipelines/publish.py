@@ -1,0 +1,137 @@
+"""`ssp publish --run RUN --to DEST`: hand a finished run's public results over, after checking its ledger.
+
+What is published: `encoder/` (SavedModel, signature `embed`), `item_embeddings.parquet` and
+`privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
+settings). All three are computed from DP releases and public item features only. Never published:
+`RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
+
+Refused, with nothing written, unless every outer step is done and the final encoder and item
+embeddings exist, the run is private (a `--non-private` run has no guarantee to hand over), the
+ledger's budget is the one the run was configured with, and the epsilon the ledger has spent is
+within it. The ledger refuses over-budget releases as they are made; this check is the last gate,
+against a ledger edited, replaced or shared with another run.
+
+Atomic: a local destination is assembled in a hidden sibling folder and renamed into place; on
+gs:// the files are written in place and the publication is committed by `DEST/_PUBLISHED`,
+uploaded last (consumers wait for it, as table readers wait for `_SUCCESS`). Publishing the same
+run again to the same destination does nothing; a destination holding another publication is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import posixpath
+import shutil
+import uuid
+
+from pipelines.datasets import open_dataset
+from pipelines.lock import run_lock
+from pipelines.run_dir import Run, require_steps
+from privacy.ledger import Ledger
+from schemas import storage
+
+PUBLISHED = "_PUBLISHED"
+TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
+PUBLIC_SETTINGS = ("protocol", "unit", "epsilon", "delta", "outer_steps", "resamples", "clip_u", "clip_y", "wbar", "weight_exponent",
+                   "max_items_per_user", "count_share", "mean_share", "gram_share", "dim", "encoder", "item_update", "item_id_feature")
+
+
+def privacy_summary(run: Run) -> dict:
+    """Check that the run may be published (see the module docstring); returns its privacy summary."""
+    manifest = run.prepared()
+    config = manifest["config"]
+    require_steps(run, manifest, config["outer_steps"] + 1)
+    for path in (run.path("item_embeddings.parquet"), run.path("encoder", "saved_model.pb")):
+        if not storage.exists(path):
+            raise ValueError(f"{run.root}: {path} is missing; the last item update writes it")
+    if config["non_private"]:
+        raise ValueError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
+    ledger = Ledger.open(run.ledger)
+    budget, spent = ledger.budget, ledger.epsilon_spent()
+    if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
+        raise ValueError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
+                         f"(epsilon {config['epsilon']:g}, delta {config['delta']:g}); not published")
+    if not spent <= budget["epsilon"] * (1 + TOLERANCE):
+        raise ValueError(f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published")
+    return {
+        "run": run.root,
+        "unit": budget["unit"],
+        "epsilon_spent": spent,
+        "epsilon_budget": budget["epsilon"],
+        "delta": budget["delta"],
+        "accountant": budget["accountant"],
+        "releases": [{key: row[key] for key in ("release", "name", "noise_multiplier", "epsilon_spent", "data_fingerprint", "recorded_at")} for row in ledger.rows],
+        "settings": {key: config[key] for key in PUBLIC_SETTINGS if key in config},
+        "public_features": open_dataset(manifest["prepared"]["data"]).manifest.get("public_features"),
+    }
+
+
+def _copy_tree(source: str, target: str) -> list[str]:
+    """Copy every file under `source` to `target` (any filesystems); returns the relative names."""
+    src_fs, src_root = storage.filesystem(source)
+    dst_fs, dst_root = storage.filesystem(target)
+    names = []
+    for path in sorted(src_fs.find(src_root)):
+        name = posixpath.relpath(path, src_root)
+        destination = posixpath.join(dst_root, name)
+        dst_fs.makedirs(posixpath.dirname(destination), exist_ok=True)
+        with src_fs.open(path, "rb") as reader, dst_fs.open(destination, "wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 20)
+        names.append(name)
+    return names
+
+
+def _copy_table(source: str, target: str) -> None:
+    """Copy a committed table (streamed in batches, schema metadata kept) as a committed table."""
+    with storage.TableWriter(target, storage.read_schema(source)) as writer:
+        for batch in storage.iter_batches(source):
+            writer.write(batch)
+
+
+def publish(run: Run, dest: str) -> dict:
+    """Publish the run to `dest` (see the module docstring); returns the `_PUBLISHED` marker."""
+    summary = privacy_summary(run)
+    dest = dest.rstrip("/")
+    marker_path = storage.join(dest, PUBLISHED)
+    if storage.exists(marker_path):
+        marker = storage.read_json(marker_path)
+        if marker.get("run") == run.root:
+            return marker
+        raise ValueError(f"{dest} already holds the publication of run {marker.get('run')}; publish to a new destination")
+    fs, inner = storage.filesystem(dest)
+    local = storage.is_local(fs)
+    if local and os.path.exists(inner) and os.listdir(inner):
+        raise ValueError(f"{dest} exists and is not a publication; publish to a new destination")
+    staging = storage.join(os.path.dirname(inner), f".{os.path.basename(inner)}.tmp-{uuid.uuid4().hex}") if local else dest
+    try:
+        files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]
+        _copy_table(run.path("item_embeddings.parquet"), storage.join(staging, "item_embeddings.parquet"))
+        storage.write_json(summary, storage.join(staging, "privacy.json"))
+        marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
+                  "contents": ["encoder/", "item_embeddings.parquet", "privacy.json"], "encoder_files": files}
+        storage.write_json(marker, storage.join(staging, PUBLISHED))
+        if local:
+            if os.path.exists(inner):
+                os.rmdir(inner)  # an empty folder (checked above)
+            os.rename(staging, inner)
+    except BaseException:
+        if local:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return marker
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", required=True, help="finished run directory (local or gs://)")
+    parser.add_argument("--to", required=True, help="destination folder (local or gs://), new for each publication")
+
+
+def main(args: argparse.Namespace) -> int:
+    with run_lock(args.run):
+        marker = publish(Run(args.run), args.to)
+    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json "
+          f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")
+    return 0

@@ -1,0 +1,108 @@
+"""The run directory of `ssp train`: where each stage reads and writes, and the run manifest.
+
+A run is a sequence of stages (prepare; per outer step s: user update, stats release, item update;
+final user update; evaluate; publish) that may run in one process (`ssp train`) or as separate
+tasks of a scheduler (infra/dags), each given only `--run RUN` (and `--step s`). What makes that
+possible is this module: every path of a run is a function of RUN, and `RUN/manifest.json` records
+the run's settings once (written by prepare, the one stage given the whole configuration), what
+prepare produced (the data set, the catalog the statistics cover, the DP mean) and the steps done.
+
+Privacy: `RUN/private/` holds the secret seed and everything computed from private data without
+noise; the manifest itself holds only settings, paths and released values (the DP mean).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pipelines.counts import COUNTS_TABLE
+from schemas import storage
+
+MANIFEST = "manifest.json"
+
+
+class Run:
+    """The paths of a run directory."""
+
+    def __init__(self, root: str):
+        self.root = root.rstrip("/")
+
+    def path(self, *parts: str) -> str:
+        return storage.join(self.root, *parts)
+
+    def private(self, *parts: str) -> str:
+        return storage.join(self.root, "private", *parts)
+
+    def step(self, s: int, *parts: str) -> str:
+        return storage.join(self.root, f"step-{s}", *parts)
+
+    @property
+    def manifest_path(self) -> str:
+        return self.path(MANIFEST)
+
+    @property
+    def ledger(self) -> str:
+        return self.path("ledger.parquet")
+
+    @property
+    def counts_dir(self) -> str:
+        return self.path("counts")
+
+    @property
+    def counts(self) -> str:
+        return storage.join(self.counts_dir, COUNTS_TABLE)
+
+    @property
+    def centred(self) -> str:
+        """The training rows with centred (regression) or unit (ranking) labels: private."""
+        return self.private("train_centred.parquet")
+
+    @property
+    def split(self) -> str:
+        return self.private("split")
+
+    def user_embeddings(self, s: int | None) -> str:
+        """Private user embeddings of step s, or the final ones (s None) used for evaluation."""
+        return self.private("user_embeddings.parquet") if s is None else self.private(f"step-{s}", "user_embeddings.parquet")
+
+    def item_embeddings(self, s: int) -> str:
+        """The item embeddings after step s (step 0: the initial encoder, public features only)."""
+        return self.step(s, "item_embeddings.parquet")
+
+    def checkpoint(self, s: int) -> str:
+        return storage.join(self.step(s, "checkpoint"), "ckpt-1")
+
+    def stats(self, s: int) -> str:
+        return self.step(s, "stats")
+
+    def read_manifest(self) -> dict:
+        """The manifest; a clear error when RUN holds no run (prepare has not run)."""
+        if not storage.exists(self.manifest_path):
+            raise storage.MissingTableError(f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} ...`")
+        return storage.read_json(self.manifest_path)
+
+    def prepared(self) -> dict:
+        """The manifest of a prepared run (its config and what prepare produced)."""
+        manifest = self.read_manifest()
+        if "prepared" not in manifest:
+            raise ValueError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
+        return manifest
+
+    def write_manifest(self, manifest: dict) -> None:
+        storage.write_json(manifest, self.manifest_path)
+
+    def mark_step_done(self, s: int) -> dict:
+        """Record outer step s as complete (its item update is written); returns the manifest."""
+        manifest = self.read_manifest()
+        manifest["steps_done"] = sorted(set(manifest["steps_done"]) | {s})
+        manifest.setdefault("step_done_at", {})[str(s)] = time.time()
+        self.write_manifest(manifest)
+        return manifest
+
+
+def require_steps(run: Run, manifest: dict, before: int) -> None:
+    """Refuse to start work that needs outer steps 1..before-1 complete."""
+    missing = [s for s in range(1, before) if s not in manifest["steps_done"]]
+    if missing:
+        raise ValueError(f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
+                         f"run its item update (`ssp item-update --run {run.root} --step {missing[0]}`) first")
