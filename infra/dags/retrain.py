@@ -1,0 +1,190 @@
+"""Scheduled retraining of the AM-SSP recommender: one private training run per schedule interval.
+
+    ingest -> prepare -> [user_update_<s> -> stats_<s> -> item_update_<s>] for s = 1..S
+           -> final_user_update -> evaluate -> check_privacy -> publish
+
+Every task runs an entry point of the project with the flags of its CLI (tests/infra/test_dag.py
+parses this DAG with Airflow and checks every command against the project's own argparse parsers):
+
+- ingest, prepare, item_update_<s>, evaluate, check_privacy, publish: `ssp ...` in the project's
+  container image (infra/docker/Dockerfile: GPU TensorFlow, the locked dependencies, the project
+  wheel) by KubernetesPodOperator; the item updates (the TensorFlow trainer) get a GPU.
+- user_update_<s>, final_user_update: `pipelines/user_update.py --run RUN --step s` on Dataproc
+  (DataprocSubmitJobOperator, job settings in retrain/dataproc-job.yaml, the project wheel shipped in
+  python_file_uris under a .zip name).
+- stats_<s>: the stats job with the flags of `stats_job.add_arguments`, on Dataproc
+  (`pipelines/stats.py`, SSP_STATS_ENGINE=spark, the default) or on Dataflow
+  (`python -m pipelines.beam_stats` by BeamRunPythonPipelineOperator with the DataflowRunner and the
+  options of retrain/dataflow-options.yaml, SSP_STATS_ENGINE=beam).
+
+The schedule: one run per interval (weekly), never two at once (max_active_runs=1: a gs:// run
+directory has no lock), no catch-up. The run date is in every path: the run reads the raw logs of
+`{params.raw}/{{ ds }}`, works in the run directory `{params.bucket}/runs/{{ ds }}` and publishes to
+`{params.bucket}/models/{{ ds }}`. So each scheduled run is a run of its own, with its own ledger
+and privacy budget (params epsilon and delta, the whole run's target): `ssp train --stage prepare`
+records the budget in the run's ledger, every release is checked against it as it is made,
+check_privacy fails the run if the ledger spent more than the schedule grants, and publish checks
+the ledger again before it copies anything. (Runs on overlapping users compose: the guarantee of
+each published model is its own run's.)
+
+Deployment settings are read from the scheduler's environment when the DAG is parsed (defaults in
+brackets): SSP_GCP_PROJECT, SSP_REGION [europe-west4], SSP_DATAPROC_CLUSTER [ssp-spark],
+SSP_ARTIFACTS (gs:// folder of this version's wheel, stats.py and user_update.py: infra/build.sh),
+SSP_IMAGE (the trainer image), SSP_BEAM_IMAGE (the Dataflow worker image), SSP_NAMESPACE [ssp],
+SSP_LAUNCHER_PYTHON (the Python with the project installed that launches Beam pipelines),
+SSP_STATS_ENGINE [spark]. The training settings are TRAINING below.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pendulum
+import yaml
+from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOperator
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.google.cloud.operators.dataproc import DataprocSubmitJobOperator
+from airflow.sdk import DAG, Param, chain
+from kubernetes.client import models as k8s
+
+VERSION = "0.1.0"  # the project version the artifacts and image are built from (pyproject.toml)
+CONFIG = Path(__file__).resolve().parent / "retrain"
+PROJECT = os.environ.get("SSP_GCP_PROJECT", "ssp-recsys")
+REGION = os.environ.get("SSP_REGION", "europe-west4")
+CLUSTER = os.environ.get("SSP_DATAPROC_CLUSTER", "ssp-spark")
+ARTIFACTS = os.environ.get("SSP_ARTIFACTS", f"gs://ssp-recsys-artifacts/ssp-recsys/{VERSION}")
+# the project wheel under a .zip name: PySpark puts only .zip/.egg/.jar py-files on the executors' path
+PY_FILES = f"{ARTIFACTS}/ssp_recsys-{VERSION}.zip"
+IMAGE = os.environ.get("SSP_IMAGE", f"{REGION}-docker.pkg.dev/{PROJECT}/ssp/ssp-trainer:{VERSION}")
+BEAM_IMAGE = os.environ.get("SSP_BEAM_IMAGE", f"{REGION}-docker.pkg.dev/{PROJECT}/ssp/ssp-beam-worker:{VERSION}")
+NAMESPACE = os.environ.get("SSP_NAMESPACE", "ssp")
+LAUNCHER_PYTHON = os.environ.get("SSP_LAUNCHER_PYTHON", "/opt/ssp/venv/bin/python")
+ENGINE = os.environ.get("SSP_STATS_ENGINE", "spark")
+if ENGINE not in ("spark", "beam"):
+    raise ValueError(f"SSP_STATS_ENGINE must be spark or beam, got {ENGINE!r}")
+
+# The paths of one scheduled run, rendered per run date (the layout of pipelines/run_dir.py)
+RUN = "{{ params.bucket }}/runs/{{ ds }}"
+DATA = RUN + "/private/data"  # the ingested data set (private)
+DEST = "{{ params.bucket }}/models/{{ ds }}"
+
+OUTER_STEPS = 3
+# `ssp train` settings of every scheduled run (prepare records them in RUN/manifest.json).
+TRAINING = {
+    "protocol": "rmse",
+    "engine": ENGINE,
+    "outer-steps": OUTER_STEPS,
+    "dim": 8,
+    "unit": "user",
+    "clip-u": 1.0,
+    "clip-y": 2.0,
+    "wbar": 1.0,
+    "weight-exponent": -0.25,
+    "count-share": 0.1,
+    "mean-share": 0.05,
+    "resamples": 1,
+    "shards": 16,
+}
+# The stats job is not given the run: it gets the same settings and the budget plan `ssp train` makes
+# from them (TrainConfig.privacy: the DP mean's share in the regression protocol, no Gram matrices).
+STATS_SETTINGS = ("dim", "unit", "clip-u", "clip-y", "wbar", "weight-exponent", "shards", "outer-steps", "resamples", "count-share", "mean-share")
+BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}"}
+
+GPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"})
+CPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "16Gi"})
+
+
+def flags(settings: dict) -> list[str]:
+    """{"clip-u": 1.0} -> ["--clip-u", "1.0"]."""
+    return [part for key, value in settings.items() for part in (f"--{key}", str(value))]
+
+
+def ssp(task_id: str, *args: str, gpu: bool = False) -> KubernetesPodOperator:
+    """`ssp ARGS` in the project image on Kubernetes."""
+    return KubernetesPodOperator(
+        task_id=task_id,
+        name=f"ssp-{task_id.replace('_', '-')}",
+        namespace=NAMESPACE,
+        image=IMAGE,
+        cmds=["ssp"],
+        arguments=list(args),
+        service_account_name="ssp-trainer",  # workload identity: read/write the data bucket
+        container_resources=GPU if gpu else CPU,
+        node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"} if gpu else None,
+        tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")] if gpu else None,
+        get_logs=True,
+        on_finish_action="delete_pod",
+    )
+
+
+def spark_job(task_id: str, script: str, args: list[str]) -> DataprocSubmitJobOperator:
+    """`spark-submit --py-files ssp_recsys-VERSION.zip SCRIPT ARGS` on the Dataproc cluster."""
+    job = copy.deepcopy(yaml.safe_load((CONFIG / "dataproc-job.yaml").read_text()))
+    job["placement"] = {"cluster_name": CLUSTER}
+    job["pyspark_job"].update(main_python_file_uri=f"{ARTIFACTS}/{script}", python_file_uris=[PY_FILES], args=args)
+    return DataprocSubmitJobOperator(task_id=task_id, project_id=PROJECT, region=REGION, job=job)
+
+
+def stats_flags(step: int) -> dict:
+    """The stats job of outer step `step`: the run's inputs, settings and budget."""
+    return {
+        "interactions": RUN + "/private/train_centred.parquet",
+        "user-embeddings": RUN + f"/private/step-{step}/user_embeddings.parquet",
+        "items": DATA + "/items.parquet",
+        "counts": RUN + "/counts/counts.parquet",
+        "out": RUN + f"/step-{step}/stats",
+        "step": step,
+        **{key: TRAINING[key] for key in STATS_SETTINGS},
+        **BUDGET,
+        "ledger": RUN + "/ledger.parquet",
+    }
+
+
+def stats_task(step: int):
+    if ENGINE == "spark":
+        return spark_job(f"stats_{step}", "stats.py", flags(stats_flags(step)))
+    options = yaml.safe_load((CONFIG / "dataflow-options.yaml").read_text())
+    return BeamRunPythonPipelineOperator(
+        task_id=f"stats_{step}",
+        runner="DataflowRunner",
+        py_file="pipelines.beam_stats",
+        py_options=["-m"],
+        py_interpreter=LAUNCHER_PYTHON,
+        default_pipeline_options={**options, "sdk_container_image": BEAM_IMAGE},
+        pipeline_options=stats_flags(step),
+        dataflow_config={"job_name": f"ssp-stats-{step}", "project_id": PROJECT, "location": REGION, "wait_until_finished": True},
+    )
+
+
+with DAG(
+    dag_id="ssp_retrain",
+    description="Private AM-SSP retraining: one run, one privacy budget, per schedule interval",
+    schedule="@weekly",
+    start_date=pendulum.datetime(2026, 1, 5, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
+    params={
+        "bucket": Param("gs://ssp-recsys-data", type="string", description="storage root of runs and published models"),
+        "raw": Param("gs://ssp-recsys-data/raw/movielens", type="string", description="raw logs, one MovieLens-layout folder per run date"),
+        "epsilon": Param(1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"),
+        "delta": Param(1e-6, type="number", exclusiveMinimum=0, exclusiveMaximum=1, description="delta of one run"),
+    },
+    tags=["ssp", "privacy"],
+) as dag:
+    ingest = ssp("ingest", "ingest", "--source", "{{ params.raw }}/{{ ds }}", "--out", DATA)
+    prepare = ssp("prepare", "train", "--stage", "prepare", "--data", DATA, "--out", RUN, *flags(BUDGET), *flags(TRAINING))
+    steps = []
+    for s in range(1, OUTER_STEPS + 1):
+        steps += [
+            spark_job(f"user_update_{s}", "user_update.py", ["--run", RUN, "--step", str(s)]),
+            stats_task(s),
+            ssp(f"item_update_{s}", "item-update", "--run", RUN, "--step", str(s), gpu=True),
+        ]
+    final_users = spark_job("final_user_update", "user_update.py", ["--run", RUN, "--final"])
+    evaluate = ssp("evaluate", "evaluate", "--run", RUN)
+    check_privacy = ssp("check_privacy", "privacy", RUN, "--max-epsilon", "{{ params.epsilon }}", "--max-delta", "{{ params.delta }}")
+    publish = ssp("publish", "publish", "--run", RUN, "--to", DEST)
+    chain(ingest, prepare, *steps, final_users, evaluate, check_privacy, publish)
