@@ -70,6 +70,23 @@ def project_psd(a_upper: np.ndarray, d: int) -> np.ndarray:
     return pack_upper(projected)
 
 
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable"), faster for integer keys spanning less than 2^48: least
+    significant 16 bits first, one radix pass per 16 bits (numpy radix-sorts 16-bit keys)."""
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu" or keys.size < 2:
+        return np.argsort(keys, kind="stable")
+    low = int(keys.min())
+    span = int(keys.max()) - low
+    if span >= 1 << 48:
+        return np.argsort(keys, kind="stable")
+    shifted = (keys - low).astype(np.uint64) if low else keys.astype(np.uint64, copy=False)
+    order = np.argsort((shifted & 0xFFFF).astype(np.uint16), kind="stable")
+    for shift in range(16, span.bit_length(), 16):
+        order = order[np.argsort(((shifted[order] >> shift) & 0xFFFF).astype(np.uint16), kind="stable")]
+    return order
+
+
 def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> tuple[np.ndarray, np.ndarray]:
     """Clip and weight rows: x_i = sqrt(w_i) Clip(u_i), c_i = w_i Clip(y_i) Clip(u_i), so that
     A_j = sum x_i x_i^T and b_j = sum c_i."""
@@ -98,7 +115,8 @@ def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.nda
         raise ValueError(f"keys {keys.shape}, x {x.shape} and c {c.shape} do not line up")
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
-    order = np.arange(n) if np.all(keys[1:] >= keys[:-1]) else np.argsort(keys, kind="stable")
+    in_order = bool(np.all(keys[1:] >= keys[:-1]))
+    order = np.arange(n) if in_order else stable_argsort(keys)
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
     sizes = np.diff(np.r_[starts, n])
@@ -106,8 +124,8 @@ def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.nda
     b = membership @ c
     a = np.empty((starts.size, packed_size(d)))
     packed = _flat_upper(d)
-    for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):
-        block = np.take(x, order[starts[g] : starts[g] + sizes[g]], axis=0)
+    for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):  # sorted rows: a view, no copy
+        block = x[starts[g] : starts[g] + sizes[g]] if in_order else np.take(x, order[starts[g] : starts[g] + sizes[g]], axis=0)
         a[g] = np.take(block.T @ block, packed)
     small = np.flatnonzero(sizes < GEMM_MIN_ROWS)
     gram = np.empty((_STACK_GROUPS, d, d))

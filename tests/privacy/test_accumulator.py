@@ -439,3 +439,12 @@ def test_example_level_sensitivity(n, d, clip_u, clip_y, seed, scale):
     a_without, b_without = stats(mask)
     assert np.sqrt(np.sum((a_with - a_without) ** 2)) <= clip_u**2 + 1e-9
     assert np.sqrt(np.sum((b_with - b_without) ** 2)) <= clip_y * clip_u + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=300), st.integers(0, 3))
+def test_stable_argsort_equals_numpys(values, narrow):
+    keys = np.array(values, dtype=np.int64)
+    if narrow:  # small spans take the radix path with one to three passes
+        keys = keys % (1 << (16 * narrow)) - 7
+    assert np.array_equal(acc.stable_argsort(keys), np.argsort(keys, kind="stable"))
