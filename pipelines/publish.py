@@ -43,7 +43,7 @@ def privacy_summary(run: Run) -> dict:
     manifest = run.prepared()
     config = manifest["config"]
     require_steps(run, manifest, config["outer_steps"] + 1)
-    for path in (run.path("item_embeddings.parquet"), run.path("encoder", "saved_model.pb")):
+    for path in (run.path("item_embeddings.parquet"), run.path("encoder")):  # both complete: committed by their _SUCCESS markers
         if not storage.exists(path):
             raise ValueError(f"{run.root}: {path} is missing; the last item update writes it")
     if config["non_private"]:

@@ -70,7 +70,8 @@ class Run:
         return self.step(s, "item_embeddings.parquet")
 
     def checkpoint(self, s: int) -> str:
-        return storage.join(self.step(s, "checkpoint"), "ckpt-1")
+        """The folder of the encoder's checkpoint after step s (trainer.encoder.write_checkpoint)."""
+        return self.step(s, "checkpoint")
 
     def stats(self, s: int) -> str:
         return self.step(s, "stats")

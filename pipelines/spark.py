@@ -4,17 +4,32 @@ The Python workers must import this project: locally the session puts the reposi
 PYTHONPATH; on a cluster the project ships as its wheel, under a .zip name in --py-files
 (infra/build.sh). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
 one thread per worker (Spark already runs one worker per core).
+
+Tables on gs://: a job opens its input tables with `readable_tables`. Spark reads a gs:// table
+directly when its Hadoop has a gs:// filesystem: the Cloud Storage connector, which Dataproc
+clusters carry. Without one (pyspark from pip, as here and in the tests), a local-mode session
+reads a copy downloaded to a temporary local folder for the duration of the job; a cluster without
+the connector is refused with an error that says to install it, since its executors cannot see the
+driver's disk. Tables written by the jobs' Python tasks (schemas.storage.StagedWrite, through
+gcsfs) and the user embeddings they read go through schemas.storage on any filesystem; in local
+mode the tasks get the driver's storage settings (emulator host, credentials) even when the session
+was started before they were set.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from schemas import storage
+
 ROOT = str(Path(__file__).resolve().parent.parent)
 ARROW_BATCH_ROWS = 100_000
+STORAGE_ENV_PREFIXES = ("STORAGE_EMULATOR_HOST", "FSSPEC_", "GCSFS_", "GOOGLE_")  # how gcsfs finds its endpoint and credentials
 
 
 @contextmanager
@@ -50,3 +65,51 @@ def session(app: str, master: str | None = None):
         yield spark
     finally:
         spark.stop()
+
+
+def is_local(spark) -> bool:
+    """Whether the session runs its tasks on this machine (local master)."""
+    return spark.sparkContext.master.startswith("local")
+
+
+def has_filesystem(spark, scheme: str) -> bool:
+    """Whether this Spark's Hadoop has a filesystem for URLs `scheme://` (gs: the GCS connector)."""
+    from py4j.protocol import Py4JJavaError
+
+    context = spark.sparkContext
+    try:
+        context._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, context._jsc.hadoopConfiguration())
+    except Py4JJavaError:
+        return False
+    return True
+
+
+def forward_storage_settings(spark) -> None:
+    """Give a local session's Python tasks the driver's current storage settings (the environment
+    variables gcsfs reads): a JVM started earlier passes its own, older environment to its workers."""
+    if not is_local(spark):
+        return
+    environment = spark.sparkContext.environment
+    for key in [key for key in environment if key.startswith(STORAGE_ENV_PREFIXES) and key not in os.environ]:
+        del environment[key]
+    environment.update({key: value for key, value in os.environ.items() if key.startswith(STORAGE_ENV_PREFIXES)})
+
+
+@contextmanager
+def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
+    """The data files of each committed table at `paths`, as paths this session can read, for the
+    duration of the block (the job's reads must happen inside it). See the module docstring."""
+    forward_storage_settings(spark)
+    with tempfile.TemporaryDirectory(prefix="ssp-spark-") as staging:
+        files = []
+        for index, path in enumerate(paths):
+            fs, _ = storage.filesystem(path)
+            scheme = path.split("://", 1)[0]
+            if storage.is_local(fs) or has_filesystem(spark, scheme):
+                files.append(storage.table_files(path))
+            elif is_local(spark):
+                files.append(storage.download_table(path, os.path.join(staging, str(index))))
+            else:
+                raise ValueError(f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
+                                 "(Dataproc images carry it) or run the job with a local master")
+        yield files

@@ -34,6 +34,7 @@ import pyarrow as pa  # noqa: E402
 from pipelines.lock import run_lock  # noqa: E402
 from pipelines.release import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
+from pipelines.spark import readable_tables  # noqa: E402
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402
 from schemas import storage  # noqa: E402
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
@@ -97,15 +98,16 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     if gravity > 0:
         v = list_column_to_matrix(items["embedding"], d, "item embedding")
         gram = gravity * (v.T @ v)
-    rated = spark.read.parquet(*storage.table_files(interactions)).select("user_id", "item_id", "label")
-    vectors = spark.read.parquet(*storage.table_files(item_embeddings)).select("item_id", "embedding")
-    missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
-    if missing:
-        raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
-    joined = rated.join(vectors.hint("broadcast"), "item_id")
-    by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
-    staged = storage.StagedWrite(out)
-    written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId(), gram), WRITTEN_DDL).collect()
+    with readable_tables(spark, interactions, item_embeddings) as (rated_files, vector_files):
+        rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
+        vectors = spark.read.parquet(*vector_files).select("item_id", "embedding")
+        missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
+        if missing:
+            raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
+        joined = rated.join(vectors.hint("broadcast"), "item_id")
+        by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
+        staged = storage.StagedWrite(out)
+        written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId(), gram), WRITTEN_DDL).collect()
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
     log(f"user update: {users:,} users solved (d={d}, lambda_u={lambda_u:g})")

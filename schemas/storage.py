@@ -10,6 +10,12 @@ On a local disk a write goes to a hidden temporary sibling folder, renamed into 
 folder under names unique to the write, and the commit is the single upload of the marker that lists
 them: readers see either the previous complete table or the new one, never a mix. The previous
 write's parts are deleted after the commit.
+
+Folders whose file names a library fixes (TensorFlow checkpoints and SavedModels) are written into a
+local folder and committed the same way by `write_folder`: renamed into place on a local disk;
+uploaded and then marked complete by `_SUCCESS` on gs://. `read_folder` hands such a folder to a
+library as a local path (a downloaded copy when it lives on gs://). Libraries thus never need a
+gs:// filesystem of their own, and a reader never sees a half-written model.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import json
 import math
 import os
 import posixpath
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 # gcsfs probes for hierarchical-namespace buckets on every access unless told not to; against the
 # storage emulator each probe hangs for about a minute. Set before gcsfs can be imported.
@@ -118,14 +127,7 @@ class StagedWrite:
             os.makedirs(self.directory, exist_ok=True)
             with open(os.path.join(self.directory, SUCCESS), "wb") as out:
                 out.write(marker)
-            old = None
-            if os.path.lexists(self.final):
-                old = f"{self.directory}.old"
-                os.rename(self.final, old)
-            os.makedirs(os.path.dirname(self.final) or ".", exist_ok=True)
-            os.rename(self.directory, self.final)
-            if old:
-                fs.rm(old, recursive=True)
+            _swap_into_place(self.directory, self.final)
         else:
             fs.invalidate_cache()
             previous = [f for f in fs.ls(self.final, detail=False) if posixpath.basename(f) not in names] if fs.exists(self.final) else []
@@ -221,6 +223,101 @@ def write_table(table: pa.Table, path: str, rows_per_file: int = DEFAULT_ROWS_PE
     """Write a whole table atomically (schema metadata included)."""
     with TableWriter(path, table.schema, rows_per_file) as writer:
         writer.write(table)
+
+
+def _swap_into_place(staging: str, final: str) -> None:
+    """Rename the local folder `staging` to `final`, replacing any folder there (local disk only)."""
+    old = None
+    if os.path.lexists(final):
+        old = f"{staging}.old"
+        os.rename(final, old)
+    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    os.rename(staging, final)
+    if old:
+        shutil.rmtree(old)
+
+
+def _folder_marker(local: str) -> tuple[list[str], bytes]:
+    """The relative names of the files under the local folder `local`, and its `_SUCCESS` marker."""
+    names = sorted(posixpath.relpath(os.path.join(top, name), local).replace(os.sep, "/") for top, _, files in os.walk(local) for name in files)
+    return names, json.dumps({"files": names}).encode()
+
+
+@contextmanager
+def write_folder(path: str) -> Iterator[str]:
+    """A local folder to fill (e.g. with a TensorFlow checkpoint or SavedModel) that becomes the
+    folder at `path` when the block ends without an exception, replacing any previous one.
+
+    Local `path`: the block writes a hidden sibling folder that is renamed into place. gs://: it
+    writes a local temporary folder; the previous marker is removed first (the folder reads as
+    incomplete from then on, never as a mix of two versions), the files are uploaded, stale files
+    of the previous version deleted, and the `_SUCCESS` marker listing the files is uploaded last.
+    """
+    fs, final = filesystem(path.rstrip("/"))
+    if is_local(fs):
+        parent, name = os.path.split(final)
+        staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+        os.makedirs(staging)
+        try:
+            yield staging
+            names, marker = _folder_marker(staging)
+            with open(os.path.join(staging, SUCCESS), "wb") as out:
+                out.write(marker)
+            _swap_into_place(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return
+    staging = tempfile.mkdtemp(prefix="ssp-folder-")
+    try:
+        yield staging
+        names, marker = _folder_marker(staging)
+        fs.invalidate_cache()
+        previous = [posixpath.relpath(f, final) for f in fs.find(final)] if fs.exists(final) else []
+        if SUCCESS in previous:
+            fs.rm_file(posixpath.join(final, SUCCESS))
+        for name in names:
+            fs.put_file(os.path.join(staging, name), posixpath.join(final, name))
+        stale = [posixpath.join(final, name) for name in previous if name not in names and name != SUCCESS]
+        if stale:
+            fs.rm(stale)
+        fs.pipe(posixpath.join(final, SUCCESS), marker)
+        fs.invalidate_cache()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def read_folder(path: str) -> Iterator[str]:
+    """The folder committed at `path` by `write_folder`, as a local path for the block: the folder
+    itself on a local disk, a temporary downloaded copy of its listed files on gs://."""
+    fs, inner = filesystem(path.rstrip("/"))
+    marker = posixpath.join(inner, SUCCESS)
+    fs.invalidate_cache()
+    if not fs.exists(marker):
+        raise MissingTableError(f"{path} is missing or incomplete: no {SUCCESS} marker (its write did not finish)")
+    if is_local(fs):
+        yield inner
+        return
+    names = json.loads(fs.cat_file(marker))["files"]
+    staging = tempfile.mkdtemp(prefix="ssp-folder-")
+    try:
+        for name in names:
+            os.makedirs(os.path.dirname(os.path.join(staging, name)), exist_ok=True)
+            fs.get_file(posixpath.join(inner, name), os.path.join(staging, name))
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def download_table(path: str, folder: str) -> list[str]:
+    """Copy the data files of the committed table at `path` into the local `folder`; returns their
+    local paths (for engines that cannot read its filesystem)."""
+    fs, files = _table_files(path)
+    os.makedirs(folder, exist_ok=True)
+    local = [os.path.join(folder, posixpath.basename(f)) for f in files]
+    for remote, target in zip(files, local):
+        fs.get_file(remote, target)
+    return local
 
 
 def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:

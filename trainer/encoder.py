@@ -9,7 +9,13 @@ item (matrix factorization's item side), for the ALS-style baselines.
 Lookups go through `tf.nn.safe_embedding_lookup_sparse`, so the gradients of the embedding tables
 are `tf.IndexedSlices` (sparse: only the rows of the features present in the batch), and the model
 runs unchanged on a GPU when one is present. `export` writes a SavedModel whose `embed` signature
-maps item ids to embeddings.
+maps item ids to embeddings; `write_checkpoint` / `restore_checkpoint` save and load the encoder's
+variables between the stages of a run.
+
+Both go through `schemas.storage` folders, on a local disk or gs://: TensorFlow writes into a local
+folder that storage commits atomically (and reads from a local copy). TensorFlow's own gs://
+filesystem is not used: it would write the files one by one with no commit, and it cannot be pointed
+at a storage emulator, so the path that tests run would not be the one production runs.
 
 Privacy: the encoder only ever sees public features; what it learns from private data comes
 through the noised statistics (trainer.ssp).
@@ -17,12 +23,16 @@ through the noised statistics (trainer.ssp).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 
+from schemas import storage
 from trainer.features import ITEM_ID_FAMILY, FeatureSpace
 
 ENCODERS = ("features", "id")
+CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
 
 
 class ItemEncoder(tf.keras.Model):
@@ -76,8 +86,23 @@ class ItemEncoder(tf.keras.Model):
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.dim))
 
 
+def write_checkpoint(encoder: ItemEncoder, folder: str) -> None:
+    """Save the encoder's variables as the checkpoint folder `folder` (local or gs://), atomically."""
+    with storage.write_folder(folder) as local:
+        tf.train.Checkpoint(model=encoder).write(os.path.join(local, CHECKPOINT_PREFIX))
+
+
+def restore_checkpoint(encoder: ItemEncoder, folder: str) -> None:
+    """Load the variables saved by `write_checkpoint` into `encoder` (built here first, so that every
+    variable is restored while the checkpoint is at hand rather than on a later first call)."""
+    encoder(tf.zeros([1], tf.int64))
+    with storage.read_folder(folder) as local:
+        tf.train.Checkpoint(model=encoder).read(os.path.join(local, CHECKPOINT_PREFIX)).assert_existing_objects_matched()
+
+
 def export(encoder: ItemEncoder, path: str) -> None:
-    """Write a SavedModel with an `embed(item_ids: int64[n]) -> float32[n, d]` signature."""
+    """Write a SavedModel with an `embed(item_ids: int64[n]) -> float32[n, d]` signature at `path`
+    (local or gs://), atomically."""
     module = tf.Module()
     module.encoder = encoder
     module.lookup = tf.lookup.StaticHashTable(
@@ -91,4 +116,5 @@ def export(encoder: ItemEncoder, path: str) -> None:
         return {"embedding": module.encoder(positions)}
 
     module.embed = embed
-    tf.saved_model.save(module, path, signatures={"embed": embed})
+    with storage.write_folder(path) as local:
+        tf.saved_model.save(module, local, signatures={"embed": embed})

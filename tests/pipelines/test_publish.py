@@ -20,7 +20,7 @@ from schemas import storage
 from schemas.tables import ITEM_EMBEDDINGS
 
 
-def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps_done=(1, 2), non_private=False) -> Run:
+def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps_done=(1, 2), non_private=False, encoder_committed=True) -> Run:
     """A run directory as the last item update leaves it."""
     run = Run(root)
     data = run.private("data")
@@ -32,8 +32,11 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
     ledger = Ledger.create(run.ledger, epsilon=epsilon, delta=delta)
     ledger.record("counts", accounting.gaussian_event(spent_multiplier), "ab12")
     storage.write_table(pa.table({"item_id": [1, 2, 3], "embedding": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]}, schema=ITEM_EMBEDDINGS), run.path("item_embeddings.parquet"))
-    for name, payload in (("saved_model.pb", b"model"), ("variables/variables.index", b"index")):
-        storage.write_json({"bytes": payload.decode()}, run.path("encoder", name))
+    with storage.write_folder(run.path("encoder")) as local:
+        for name, payload in (("saved_model.pb", b"model"), ("variables/variables.index", b"index")):
+            storage.write_json({"bytes": payload.decode()}, os.path.join(local, name))
+    if not encoder_committed:  # an export that died before its commit
+        storage.remove(run.path("encoder", storage.SUCCESS))
     storage.write_json({"secret": "seed"}, run.private("seed"))
     return run
 
@@ -42,7 +45,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     run = finished_run(str(tmp_path / "run"))
     marker = publish(run, str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "encoder", "item_embeddings.parquet", "privacy.json"]
-    assert sorted(marker["encoder_files"]) == ["encoder/saved_model.pb", "encoder/variables/variables.index"]
+    assert sorted(marker["encoder_files"]) == ["encoder/_SUCCESS", "encoder/saved_model.pb", "encoder/variables/variables.index"]  # a committed folder
     assert storage.read_table(str(tmp_path / "out" / "item_embeddings.parquet")).equals(storage.read_table(run.path("item_embeddings.parquet")))
     summary = json.load(open(tmp_path / "out" / "privacy.json"))
     spent = Ledger.open(run.ledger).epsilon_spent()
@@ -63,6 +66,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
         (dict(steps_done=(1,)), "outer step 2 is not done"),
         (dict(non_private=True), "non-private run"),
         (dict(spent_multiplier=0.3), "exceeds the run's budget"),
+        (dict(encoder_committed=False), r"encoder is missing"),
     ],
 )
 def test_refusals_write_nothing(tmp_path, change, message):

@@ -1,6 +1,7 @@
 """Table storage: atomic writes with a success marker, on a local disk and on gs:// (emulator)."""
 
 import os
+import posixpath
 
 import pyarrow as pa
 import pytest
@@ -118,3 +119,39 @@ def test_json_is_standard_with_non_finite_floats_as_strings(tmp_path):
     assert "Infinity" not in text and "NaN" not in text
     assert json.loads(text) == {"epsilon": "inf", "values": [1.5, "nan"], "n": 3}
     assert float(storage.read_json(path)["epsilon"]) == float("inf")
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_folders_are_committed_whole_and_read_back_locally(where, tmp_path, request):
+    """What checkpoints and SavedModels go through: a local folder committed at a local or gs:// path."""
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("gcs_path")
+    path = storage.join(root, "model")
+
+    def write(files: dict[str, bytes]) -> None:
+        with storage.write_folder(path) as local:
+            for name, payload in files.items():
+                os.makedirs(os.path.dirname(os.path.join(local, name)), exist_ok=True)
+                with open(os.path.join(local, name), "wb") as out:
+                    out.write(payload)
+
+    def read() -> dict[str, bytes]:
+        with storage.read_folder(path) as local:
+            found = {os.path.relpath(os.path.join(top, name), local): open(os.path.join(top, name), "rb").read() for top, _, names in os.walk(local) for name in names}
+        return {name: payload for name, payload in found.items() if name != storage.SUCCESS}
+
+    with pytest.raises(storage.MissingTableError, match="no _SUCCESS marker"):
+        with storage.read_folder(path):
+            pass
+    write({"saved_model.pb": b"one", "variables/variables.index": b"index one", "old.txt": b"x"})
+    assert storage.exists(path) and read() == {"saved_model.pb": b"one", "variables/variables.index": b"index one", "old.txt": b"x"}
+    with pytest.raises(RuntimeError):
+        with storage.write_folder(path) as local:
+            open(os.path.join(local, "saved_model.pb"), "wb").write(b"half")
+            raise RuntimeError("export died")
+    assert read()["saved_model.pb"] == b"one"  # the previous version, whole
+    write({"saved_model.pb": b"two", "variables/variables.index": b"index two"})
+    assert read() == {"saved_model.pb": b"two", "variables/variables.index": b"index two"}  # the stale file is gone
+    fs, inner = storage.filesystem(path)
+    assert sorted(posixpath.relpath(f, inner) for f in fs.find(inner)) == ["_SUCCESS", "saved_model.pb", "variables/variables.index"]
+    if where == "local":
+        assert os.listdir(tmp_path) == ["model"]  # no staging folder left behind

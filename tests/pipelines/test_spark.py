@@ -1,0 +1,33 @@
+"""Spark and storage: gs:// tables staged for a Spark without a GCS connector; storage settings reach the Python tasks."""
+
+import os
+import uuid
+
+import pyarrow as pa
+
+from pipelines.spark import forward_storage_settings, has_filesystem, readable_tables
+from schemas import storage
+
+
+def test_python_tasks_get_storage_settings_set_after_the_session_started(spark, monkeypatch):
+    def seen_by_a_task():
+        return spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("FSSPEC_GS_SSP_PROBE")).collect()[0]
+
+    value = uuid.uuid4().hex
+    monkeypatch.setenv("FSSPEC_GS_SSP_PROBE", value)
+    assert seen_by_a_task() is None  # the JVM and its Python workers predate the variable
+    forward_storage_settings(spark)
+    assert seen_by_a_task() == value
+    monkeypatch.delenv("FSSPEC_GS_SSP_PROBE")
+    forward_storage_settings(spark)
+    assert seen_by_a_task() is None
+
+
+def test_gs_table_is_read_from_a_local_copy_without_a_gcs_connector(spark, gcs_path):
+    path = f"{gcs_path}/t.parquet"
+    storage.write_table(pa.table({"a": list(range(10))}), path, rows_per_file=4)
+    assert has_filesystem(spark, "file") and not has_filesystem(spark, "gs")  # pyspark from pip: no connector
+    with readable_tables(spark, path, path) as (files, again):
+        assert len(files) == 3 and all(os.path.isfile(f) for f in files) and set(files).isdisjoint(again)
+        assert sorted(row["a"] for row in spark.read.parquet(*files).collect()) == list(range(10))
+    assert not any(os.path.exists(f) for f in files)  # the copy lives for the block only
