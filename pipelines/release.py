@@ -43,6 +43,7 @@ class PrivacySettings:
     count_share: float = 0.1
     mean_share: float = 0.0
     gram_share: float = 0.0
+    dpsgd: tuple[float, int] | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases
 
     def __post_init__(self):
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -57,10 +58,14 @@ class PrivacySettings:
         accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
 
     def multipliers(self) -> dict[str, float]:
-        """Per-event noise multipliers of the run's release groups ('counts', 'stats')."""
+        """Per-event noise multipliers of the run's release groups ('counts', 'stats', ...; 'dpsgd'
+        in place of 'stats' for an AM-DPSGD run)."""
         plan = accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
         if self.noise_multiplier is not None:
-            return {group.name: self.noise_multiplier for group in plan}
+            names = [group.name for group in plan if not (self.dpsgd and group.name == "stats")] + (["dpsgd"] if self.dpsgd else [])
+            return {name: self.noise_multiplier for name in names}
+        if self.dpsgd:
+            return accounting.calibrate_dpsgd(self.epsilon, self.delta, plan, self.outer_steps, *self.dpsgd, self.accountant)
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)
 
     def open_ledger(self, path: str, unit: str) -> Ledger:

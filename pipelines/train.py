@@ -3,7 +3,8 @@
     prepare       data -> split (protocol) -> DP item counts -> DP mean label -> centred, clipped
                   labels -> initial item embeddings from public features only (no privacy cost)
     step s=1..S   user update (Spark) -> stats release (Spark or Beam) -> item update (TensorFlow:
-                  SSP trainer, or DP-ALS); the last step exports the encoder and item embeddings
+                  SSP trainer; or the DP-ALS / DP-CMF solves; or, with no stats release, AM-DPSGD's
+                  TF-Privacy trainer); the last step exports the encoder and item embeddings
     final         user update against the final item embeddings (Spark)
     evaluate      RMSE or Recall@20, sliced by popularity -> metrics.json
     (publish      pipelines.publish, once the ledger is checked)
@@ -43,12 +44,16 @@ from pipelines.lock import run_lock
 from pipelines.mean import dp_mean
 from pipelines.run_dir import Run, require_steps
 from pipelines.stats_core import StatsSettings
+from privacy import accounting
 from privacy.ledger import Ledger
+from privacy.seeds import digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import INTERACTIONS, validate_item_embeddings, validate_user_embeddings
 
-ITEM_UPDATES = ("ssp", "als")  # SSP2 trainer; DP-ALS closed-form solve (id-only encoder)
+# SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
+# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released)
+ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd")
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 
 
@@ -87,6 +92,14 @@ class TrainConfig:
     gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
     gram_share: float = 0.05
     psd_projection: bool = True
+    feature_weight: float = 1.0  # DP-CMF: weight mu of the public feature rows
+    feature_ridge: float = 1.0  # DP-CMF: ridge of the feature embeddings
+    cmf_iterations: int = 3  # DP-CMF: item/feature solves per outer step
+    dpsgd_epochs: float = 5.0
+    dpsgd_batch_size: int = 64  # expected units (users, or rows at example level) per DP-SGD step
+    dpsgd_learning_rate: float = 0.01
+    dpsgd_clip: float = 1.0  # per-unit gradient clip norm C
+    dpsgd_max_rows_per_user: int = 256
     rating_min: float = 0.5
     rating_max: float = 5.0
     split_seed: int = splits.DEFAULT_SEED
@@ -109,18 +122,21 @@ class TrainConfig:
             raise ValueError(f"--engine must be spark or beam, got {self.engine!r}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
-        if self.item_update == "als" and self.encoder != "id":
-            raise ValueError("--item-update als (DP-ALS) solves one free vector per item: use it with --encoder id")
+        if self.item_update in ("als", "cmf") and self.encoder != "id":
+            raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
         if not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
         self.privacy()  # validates the budget and plan
         self.settings()
 
-    def privacy(self) -> release.PrivacySettings:
+    def privacy(self, units: int | None = None) -> release.PrivacySettings:
+        """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps from the number of units
+        (users, or rows at example level) that prepare counts: `units`, None when unknown yet."""
         mean_share = self.mean_share if self.protocol == "rmse" else 0.0
-        gram_share = self.gram_share if self.gravity > 0 else 0.0
+        gram_share = self.gram_share if self.gravity > 0 and self.item_update != "dpsgd" else 0.0
+        dpsgd = self.dpsgd_schedule(units) if self.item_update == "dpsgd" and units is not None else None
         common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
-                      mean_share=mean_share, gram_share=gram_share)
+                      mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
         if self.non_private:
             return release.PrivacySettings(noise_multiplier=0.0, **common)
         return release.PrivacySettings(epsilon=self.epsilon, **common)
@@ -132,6 +148,21 @@ class TrainConfig:
 
     def unit_of_privacy(self) -> str:
         return "example" if self.non_private else self.unit
+
+    def dpsgd_config(self, units: int, seed: int | None = None):
+        """The DP-SGD trainer's settings over `units` privacy units (AM-DPSGD); no clipping in a
+        non-private run."""
+        from trainer.dpsgd import DPSGDConfig
+
+        return DPSGDConfig(epochs=self.dpsgd_epochs, batch_size=min(self.dpsgd_batch_size, units), learning_rate=self.dpsgd_learning_rate,
+                           l2_norm_clip=math.inf if self.non_private else self.dpsgd_clip, max_rows_per_user=self.dpsgd_max_rows_per_user,
+                           unit=self.unit_of_privacy(), seed=seed)
+
+    def dpsgd_schedule(self, units: int) -> tuple[float, int]:
+        """(sampling probability, steps) of one outer step's DP-SGD training over `units` units."""
+        from trainer import dpsgd
+
+        return dpsgd.schedule(units, self.dpsgd_config(units))
 
 
 def config_of(run: Run, manifest: dict) -> TrainConfig:
@@ -192,8 +223,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
     is left as it is (a different configuration is refused)."""
-    import tensorflow as tf
-
+    from trainer import encoder as encoders
     from trainer import ssp
 
     run = Run(config.out)
@@ -201,12 +231,14 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     if "prepared" in manifest:
         return manifest
     started = time.time()
-    privacy, unit = config.privacy(), config.unit_of_privacy()
+    unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
         splits.make_split(data, config.protocol, run.split, config.split_seed)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
+    units = _privacy_units(train_rows, unit) if config.item_update == "dpsgd" else None
+    privacy = config.privacy(units)
 
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
@@ -223,11 +255,19 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
 
     _, model = _encoder(config, items)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
-    tf.train.Checkpoint(model=model).write(run.checkpoint(0))
-    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "started_at": started, "at": time.time()}
+    encoders.write_checkpoint(model, run.checkpoint(0))
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
     return manifest
+
+
+def _privacy_units(train_rows: str, unit: str) -> int:
+    """The number of privacy units in the training rows (users, or rows at example level), which
+    AM-DPSGD's sampling rate is planned over. Like DP-SGD accounting everywhere (TF-Privacy's
+    statement takes the data set size), it treats this number as public."""
+    users = storage.read_table(train_rows, columns=["user_id"])["user_id"]
+    return len(users) if unit == "example" else len(users.unique())
 
 
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
@@ -272,8 +312,6 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     public features, starting from step s-1's checkpoint; the last step also exports the encoder
     and the final item embeddings. Marks the step done and returns the manifest (a done step is
     left as it is)."""
-    import tensorflow as tf
-
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -284,15 +322,33 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
         release.log(f"outer step {step} of {run.root} is already done")
         return manifest
     require_steps(run, manifest, step)
+    space, model = _encoder(config, storage.read_table(manifest["prepared"]["items"]))
+    encoders.restore_checkpoint(model, run.checkpoint(step - 1))
+    if config.item_update == "dpsgd":
+        _dpsgd_update(run, config, manifest, step, space, model, progress)
+    else:
+        _stats_update(run, config, step, space, model, progress)
+    embeddings = ssp.item_embeddings_table(model)
+    storage.write_table(embeddings, run.item_embeddings(step))
+    encoders.write_checkpoint(model, run.checkpoint(step))
+    if step == config.outer_steps:
+        storage.write_table(embeddings, run.path("item_embeddings.parquet"))
+        encoders.export(model, run.path("encoder"))
+    manifest = run.mark_step_done(step)
+    release.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {Ledger.open(run.ledger).epsilon_spent():.4g})")
+    return manifest
+
+
+def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progress: bool) -> None:
+    """The item update from step s's released statistics: the SSP trainer, or the DP-ALS / DP-CMF
+    closed-form solves (post-processing of the release)."""
+    from trainer import ssp
+
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
         raise ValueError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
-    space, model = _encoder(config, storage.read_table(manifest["prepared"]["items"]))
-    checkpoint = tf.train.Checkpoint(model=model)
-    checkpoint.restore(run.checkpoint(step - 1)).expect_partial()
-    counts = storage.read_table(run.counts)
-    ridge_scale = _ridge_scale(config, space, run.ledger, counts)
+    ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts))
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
     tables = stats_job.stats_tables(run.stats(step))
@@ -304,17 +360,56 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
         from trainer import als
 
         model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+    elif config.item_update == "cmf":
+        from trainer import cmf
+
+        # The feature vectors are a function of the previous item vectors (the feature solve), so
+        # nothing but the encoder carries over between steps; step 1 starts from DP-ALS (P = 0).
+        features = cmf.solve_features(cmf.feature_matrix(space), model.embed_all(), config.feature_weight, config.feature_ridge) if step > 1 else None
+        table = tables[-1]
+        if ssp_config.psd_projection:  # once, not once per inner iteration
+            table = ssp.project_table(table, storage.join(run.stats(step), "psd-" + table.rsplit("/", 1)[-1]))
+        vectors, _ = cmf.solve_items(table, space, config.dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
+                                     config.cmf_iterations, features, gravity)
+        model.set_item_vectors(vectors)
     else:
         ssp.train(model, tables, ssp_config, expected, progress, ridge_scale, gravity)
-    embeddings = ssp.item_embeddings_table(model)
-    storage.write_table(embeddings, run.item_embeddings(step))
-    checkpoint.write(run.checkpoint(step))
-    if step == config.outer_steps:
-        storage.write_table(embeddings, run.path("item_embeddings.parquet"))
-        encoders.export(model, run.path("encoder"))
-    manifest = run.mark_step_done(step)
-    release.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {Ledger.open(run.ledger).epsilon_spent():.4g})")
-    return manifest
+
+
+def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
+    """AM-DPSGD's item update: TF-Privacy DP-SGD on the private training rows (weighted, clipped
+    per unit) against step s's user embeddings, released through the ledger as one DP-SGD event.
+    Its sampling and noise are seeded from the run's secret seed and the release index, so a rerun
+    of the step (after a crash) reproduces the same release rather than spending budget twice."""
+    import hashlib
+
+    from privacy.weights import user_level_weights
+    from trainer import dpsgd
+
+    units = manifest["prepared"]["units"]
+    settings = config.settings()
+    rows = storage.read_table(run.centred)
+    users, positions = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy())
+    if settings.unit == "user":
+        counts = storage.read_table(run.counts).sort_by("item_id")
+        row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
+        weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent)
+    else:
+        weights = np.ones(rows.num_rows)
+    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.dim).sort_by("user_id")
+    user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.dim, "user embedding"))
+    ledger = Ledger.open(run.ledger)
+    multiplier = float(ledger.budget["multipliers"]["dpsgd"])
+    q, steps = config.dpsgd_schedule(units)
+    seeds = release.open_seed_file(config.seed_file, run.ledger)
+    event = accounting.dpsgd_event(multiplier, q, steps)
+    inputs = {"rows": digest_table(run.centred), "user_embeddings": digest_table(run.user_embeddings(step)), "counts": digest_table(run.counts)}
+    index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
+    seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
+    result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
+                         settings.clip_u, settings.clip_y, progress, units=units)
+    if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
+        raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")
 
 
 def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
@@ -332,7 +427,8 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
                 if s in layout.read_manifest()["steps_done"]:
                     continue
                 user_update.run_step(active_spark, layout.root, s)
-                release_stats(layout, s, active_spark)
+                if config.item_update != "dpsgd":  # AM-DPSGD releases no statistics
+                    release_stats(layout, s, active_spark)
                 item_update(layout, s, progress)
             user_update.run_step(active_spark, layout.root, None)
 
@@ -445,7 +541,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
         "engine": "stats job engine: spark or beam",
-        "item_update": "item update: ssp (SSP2 trainer of the encoder) or als (DP-ALS closed-form solve, with --encoder id)",
+        "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
+                       "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
+                       "its budget share is the statistics', and it ignores --gravity in the item update)",
+        "feature_weight": "DP-CMF: weight mu of the public feature rows (0: DP-ALS)",
+        "dpsgd_batch_size": "AM-DPSGD: expected users (rows at example level) per DP-SGD step",
+        "dpsgd_clip": "AM-DPSGD: per-user (per-row at example level) gradient clip norm",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "item_id_feature": "the features encoder also embeds the (public) item id (default: on for --non-private runs, off for private ones)",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",

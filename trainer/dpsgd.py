@@ -98,25 +98,31 @@ def schedule(units: int, config: DPSGDConfig) -> tuple[float, int]:
 
 
 def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDConfig, noise_multiplier: float,
-          clip_u: float, clip_y: float, progress: bool = True) -> dict:
+          clip_u: float, clip_y: float, progress: bool = True, units: int | None = None) -> dict:
     """Fit `model` in place with DP-SGD; returns the run's schedule, timing and privacy event.
 
     rows: (user_ids int64[n], catalog positions int64[n], labels float[n], weights float[n]);
-    user_vectors: (sorted user ids int64[m], embeddings float[m, d]).
+    user_vectors: (sorted user ids int64[m], embeddings float[m, d]). `units`: the number of privacy
+    units the sampling was planned over (default: those in the rows); the units beyond the rows'
+    are sampled like any other and contribute nothing.
     """
     if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
         raise ValueError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
     if noise_multiplier > 0 and config.l2_norm_clip == math.inf:
         raise ValueError("a private run (noise multiplier > 0) needs a finite l2_norm_clip")
     cap_rng, sample_rng, noise = _randomness(config.seed)
-    units = _Units(model, rows, user_vectors, config, clip_u, clip_y, cap_rng)
-    q, steps = schedule(units.count, config)
-    step = _make_step(model, config, noise_multiplier, units.count, noise)
+    data = _Units(model, rows, user_vectors, config, clip_u, clip_y, cap_rng)
+    count = data.count if units is None else units
+    if count < data.count:
+        raise ValueError(f"the rows hold {data.count} privacy units, more than the {count} the run planned for")
+    q, steps = schedule(count, config)
+    step = _make_step(model, config, noise_multiplier, count, noise)
     start = time.perf_counter()
     for _ in tqdm(range(steps), desc="dpsgd", unit="step", file=sys.stderr, disable=not progress, mininterval=2.0):
-        step(*units.batch(np.flatnonzero(sample_rng.random(units.count) < q)))
+        sampled = np.flatnonzero(sample_rng.random(count) < q)
+        step(*data.batch(sampled[sampled < data.count]))
     event = dpsgd_event(noise_multiplier, q, steps)
-    return {"steps": steps, "sampling_probability": q, "noise_multiplier": float(noise_multiplier), "units": units.count,
+    return {"steps": steps, "sampling_probability": q, "noise_multiplier": float(noise_multiplier), "units": count,
             "seconds": time.perf_counter() - start, "event": event}
 
 

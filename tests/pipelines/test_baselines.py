@@ -1,0 +1,72 @@
+"""The comparators under `ssp train`: DP-ALS, DP-CMF and AM-DPSGD on the bundled data, same pipeline."""
+
+import numpy as np
+import pytest
+
+from pipelines import train
+from privacy import accounting
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from trainer.solve import ridge_solve
+
+
+def small(out, **kwargs):
+    return train.TrainConfig(out=str(out), outer_steps=2, epochs=2, **kwargs)
+
+
+def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    table = storage.read_table(path)
+    table = table.sort_by(table.column_names[0])
+    return table.column(0).to_numpy(), list_column_to_matrix(table["embedding"], dim, "embedding")
+
+
+def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
+    """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows."""
+    config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4)
+    metrics = train.run(config, spark=spark, progress=False)
+    run = train.Run(config.out)
+    rows = storage.read_table(run.centred)
+    users, items, labels = rows["user_id"].to_numpy(), rows["item_id"].to_numpy(), rows["label"].to_numpy()
+    catalog, item_v = vectors(run.item_embeddings(0), 4)
+    counts = storage.read_table(run.counts).sort_by("item_id")
+    scale = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]  # non-private: lambda_j = lambda n_j
+    for step in (1, 2):
+        owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True)
+        u = user_u[np.searchsorted(owners, users)]
+        item_v = np.zeros_like(item_v)  # items without rows: no statistics, vector 0
+        order = np.argsort(items, kind="stable")
+        for group in np.split(order, np.flatnonzero(np.diff(items[order])) + 1):
+            at = np.searchsorted(catalog, items[group[0]])
+            a = u[group].T @ u[group] + config.ridge * scale[at] * np.eye(4)
+            item_v[at] = np.linalg.solve(a, u[group].T @ labels[group])
+        got_items, got = vectors(run.item_embeddings(step), 4)
+        assert np.array_equal(got_items, catalog)
+        np.testing.assert_allclose(got, item_v, rtol=1e-4, atol=1e-5)  # the encoder's table is float32
+    assert metrics["test_rmse"] < 1.0
+
+
+def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path):
+    als = train.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4), spark=spark, progress=False)
+    cmf0 = train.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0), spark=spark, progress=False)
+    assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
+    np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), 4)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), 4)[1], atol=1e-6)
+    cmf = train.run(small(tmp_path / "cmf", epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
+    assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
+    assert (tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS").exists()  # projected once per step
+
+
+def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
+    config = small(tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64)
+    metrics = train.run(config, spark=spark, progress=False)
+    ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
+    assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/dpsgd", "step-2/dpsgd"]
+    assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-3)
+    users = storage.read_table(str(tmp_path / "run" / "private" / "split" / "train.parquet"), columns=["user_id"])["user_id"].unique()
+    q, steps = config.dpsgd_schedule(len(users))
+    assert (q, steps) == (64 / len(users), int(np.ceil(len(users) / 64)))
+    z = ledger.budget["multipliers"]["dpsgd"]
+    assert ledger.events()[2] == accounting.dpsgd_event(z, q, steps)
+    assert "stats" not in ledger.budget["multipliers"] and not (tmp_path / "run" / "step-1" / "stats").exists()
+    assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
+    assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
