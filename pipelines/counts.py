@@ -24,7 +24,7 @@ from privacy import accounting
 from privacy.noise import standard_normal
 from privacy.seeds import digest_table, mix64
 from schemas import storage
-from schemas.tables import COUNTS, validate_counts, validate_interactions
+from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
 
 COUNTS_TABLE = "counts.parquet"
 DEFAULT_MAX_ITEMS_PER_USER = 100
@@ -52,7 +52,7 @@ def dp_counts(
     if unit not in ("user", "example"):
         raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
-    catalog = np.sort(storage.read_table(items, columns=["item_id"])["item_id"].to_numpy())
+    catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
     batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]
     users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
     rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)

@@ -47,18 +47,17 @@ def ingest(
     unknown = {"ratings": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
-        bar = tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr)
-        for batch in movielens.iter_ratings(source):
-            bar.update(batch.num_rows)
-            unknown["seen"] += batch.num_rows
-            known = np.isin(batch.column("item_id").to_numpy(), catalog)
-            if not known.all():
-                unknown["ratings"] += int((~known).sum())
-                unknown["items"] = np.union1d(unknown["items"], batch.column("item_id").to_numpy()[~known])
-            if unknown["ratings"] and unknown_items == "fail":
-                continue  # keep scanning to report the full count; nothing will be published
-            yield batch.filter(pa.array(known))
-        bar.close()
+        with tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr) as bar:  # closed (its line ended) before any error is printed
+            for batch in movielens.iter_ratings(source):
+                bar.update(batch.num_rows)
+                unknown["seen"] += batch.num_rows
+                known = np.isin(batch.column("item_id").to_numpy(), catalog)
+                if not known.all():
+                    unknown["ratings"] += int((~known).sum())
+                    unknown["items"] = np.union1d(unknown["items"], batch.column("item_id").to_numpy()[~known])
+                if unknown["ratings"] and unknown_items == "fail":
+                    continue  # keep scanning to report the full count; nothing will be published
+                yield batch.filter(pa.array(known))
         if unknown["seen"] == 0:
             raise movielens.IngestError(f"{storage.join(source, layout.ratings)} holds no ratings")
         if unknown["ratings"]:

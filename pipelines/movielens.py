@@ -91,7 +91,7 @@ def _read_text(folder: str, name: str) -> str:
         raise IngestError(f"{path}: file not found")
     raw = fs.cat_file(inner)
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # a byte-order mark (files saved by spreadsheets) is not part of the header
     except UnicodeDecodeError:
         return raw.decode("latin-1")
 
@@ -122,7 +122,9 @@ def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None 
         return
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
-    if header is None or [h.strip() for h in header[: len(csv_header)]] != csv_header:
+    if header is None:
+        raise IngestError(f"{storage.join(folder, name)} is empty (not even a header line)")
+    if [h.strip() for h in header[: len(csv_header)]] != csv_header:
         raise IngestError(f"{storage.join(folder, name)}, line 1: expected the header {','.join(csv_header)}, found {header}")
     yield from ((reader.line_num, fields) for fields in reader if fields)
 
@@ -206,6 +208,8 @@ def read_catalog(folder: str, public_features: tuple[str, ...] = DEFAULT_PUBLIC_
         ids.append(item_id)
         titles.append(title)
         genres.append(item_genres)
+    if not ids:
+        raise IngestError(f"{path} holds no movies (the catalog is empty)")
     columns = {"item_id": ids, "title": titles}
     if "genres" in public_features:
         columns["genres"] = genres
@@ -278,13 +282,15 @@ def _split_line(layout: Layout) -> Callable[[str], list[str]]:
 
 def _locate_bad_line(path: str, layout: Layout, error: Exception) -> IngestError:
     """Scan the ratings file for the first line that does not parse, and describe it."""
+    fs, inner = storage.filesystem(path)
     if "Empty CSV file" in str(error):
-        return IngestError(f"{path} is empty (not even a header line)")
+        return IngestError(f"{path} is empty" + (" (not even a header line)" if layout.header else ""))
     if "does not exist in CSV file" in str(error):
-        return IngestError(f"{path}, line 1: expected the header userId,movieId,rating,timestamp ({error})")
+        with fs.open(inner, "rb") as raw:
+            first = raw.readline().decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
+        return IngestError(f"{path}, line 1: expected the header userId,movieId,rating,timestamp separated by {layout.delimiter!r}, found {first!r}")
     split = _split_line(layout)
     what = ("user id", "movie id", "rating", "timestamp")
-    fs, inner = storage.filesystem(path)
     with fs.open(inner, "rb") as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
         for number, line in enumerate(text, 1):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import dp_accounting
 
 from privacy import accounting
+from privacy.clipping import check_bound
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -48,7 +49,10 @@ class PrivacySettings:
     def __post_init__(self):
         if (self.epsilon is None) == (self.noise_multiplier is None):
             raise ValueError("give either --epsilon (with --delta) or --noise-multiplier")
-        if self.epsilon is not None and self.epsilon != math.inf:
+        if self.epsilon == math.inf:  # would calibrate to no noise at all: say so explicitly instead
+            raise ValueError("epsilon must be finite (inf would add no noise); for a run without privacy give --noise-multiplier 0 "
+                             "(ssp train: --non-private)")
+        if self.epsilon is not None:
             accounting.check_budget(self.epsilon, self.delta)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
@@ -72,6 +76,19 @@ class PrivacySettings:
         """The run's ledger at `path`, created with this budget if new (checked if not)."""
         cap = self.epsilon if self.epsilon is not None else math.inf
         return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers())
+
+
+def check_bounds(settings, noised: bool, max_items_per_user: int = 1, gradient_clip: float = 1.0) -> None:
+    """The bounds a run's sensitivity rests on, checked before anything is written or spent:
+    the clip norms of `settings` (`clip_u`, `clip_y`) finite when the release is noised (infinite
+    ones mean no clipping, for runs without noise only), K (`--max-items-per-user`, the items a user
+    adds to the DP counts) a positive integer, the DP-SGD gradient clip finite and > 0."""
+    if noised:
+        check_bound("--clip-u", settings.clip_u)
+        check_bound("--clip-y", settings.clip_y)
+    if isinstance(max_items_per_user, bool) or not isinstance(max_items_per_user, int) or max_items_per_user < 1:
+        raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
+    check_bound("--dpsgd-clip", gradient_clip)
 
 
 def default_seed_path(ledger_path: str) -> str:

@@ -28,8 +28,8 @@ from privacy import accounting
 from privacy.accumulator import NoiseSpec
 from privacy.seeds import digest_batches, digest_table
 from privacy.weights import user_normalisers
-from schemas import storage
-from schemas.tables import validate_counts, validate_interactions, validate_user_embeddings
+from schemas import SchemaError, storage
+from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_user_embeddings
 
 RELEASE_SUMMARY = "release.json"
 
@@ -39,6 +39,14 @@ def _lookup(sorted_ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     at = np.searchsorted(sorted_ids, values)
     found = sorted_ids[np.minimum(at, sorted_ids.size - 1)] == values if sorted_ids.size else np.zeros(values.size, bool)
     return at, found
+
+
+def _validated(path: str, validate, table: pa.Table, **kwargs) -> pa.Table:
+    """`validate(table)`, its error prefixed with the table's path."""
+    try:
+        return validate(table, **kwargs)
+    except SchemaError as exc:
+        raise SchemaError(exc.table, f"{exc.problem} (in {path})", exc.column, exc.row) from None
 
 
 def resample_path(out: str, resample: int) -> str:
@@ -78,6 +86,7 @@ class StatsJob:
             raise ValueError(f"--step must be a positive integer, got {self.step}")
         if not isinstance(self.shards, int) or self.shards < 1:
             raise ValueError(f"--shards must be a positive integer, got {self.shards}")
+        release.check_bounds(self.settings, noised=self.privacy.noise_multiplier != 0)  # infinite clip norms only without noise
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
@@ -91,21 +100,19 @@ class StatsJob:
 
     def _check_inputs(self) -> dict[str, str]:
         """Validate all inputs (one streamed pass over the interactions); return their digests."""
-        items = storage.read_table(self.items, columns=["item_id"])["item_id"].to_numpy()
-        if np.unique(items).size != items.size:
-            raise ValueError(f"{self.items}: item ids are not unique")
+        items = _validated(self.items, validate_catalog, storage.read_table(self.items, columns=["item_id"]))["item_id"].to_numpy()  # unique int64 ids
         self.catalog = np.sort(items)
-        counts = validate_counts(storage.read_table(self.counts))
+        counts = _validated(self.counts, validate_counts, storage.read_table(self.counts))
         missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
         if missing.size:
             raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
-        embeddings = validate_user_embeddings(storage.read_table(self.user_embeddings), dim=self.settings.dim)
+        embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
         pairs = []  # per batch: user position * catalog size + item position (both sorted lookups)
 
         def checked_batches():
             for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
-                table = validate_interactions(pa.Table.from_batches([batch]))
+                table = _validated(self.interactions, validate_interactions, pa.Table.from_batches([batch]))
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
                 item_at, in_catalog = _lookup(self.catalog, rated)
                 if not in_catalog.all():

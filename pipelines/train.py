@@ -127,7 +127,7 @@ class TrainConfig:
         if not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
         self.privacy()  # validates the budget and plan
-        self.settings()
+        release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
 
     def privacy(self, units: int | None = None) -> release.PrivacySettings:
         """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps from the number of units
@@ -350,7 +350,10 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     settings = config.settings()
     ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts))
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
-    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": summary["noise_multiplier"]}
+    # the release parameters the run's own ledger planned (not the folder's word for them)
+    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": ledger_multiplier(run.ledger)}
+    if summary["noise_multiplier"] != expected["noise_multiplier"]:
+        raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
     tables = stats_job.stats_tables(run.stats(step))
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix

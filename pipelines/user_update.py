@@ -89,6 +89,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     system: the item embeddings are released data, so this costs no privacy.
     """
     from pyspark import TaskContext
+    from pyspark.sql import functions as F
 
     if not np.isfinite(lambda_u) or lambda_u <= 0:
         raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
@@ -104,6 +105,10 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
         missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
         if missing:
             raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
+        label = F.col("label")
+        bad = rated.filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
+        if bad:  # a NaN or infinite label would solve to a NaN embedding
+            raise ValueError(f"{interactions}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")
         joined = rated.join(vectors.hint("broadcast"), "item_id")
         by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
         staged = storage.StagedWrite(out)

@@ -36,6 +36,7 @@ INTERACTIONS = pa.schema(
 # int64 or string value, null when unknown) are listed in the schema metadata under b"features".
 ITEMS_BASE = pa.schema([pa.field("item_id", pa.int64(), nullable=False), pa.field("title", pa.string())])
 MULTIVALENT, UNIVALENT = "multivalent", "univalent"
+CATALOG = pa.schema([ITEMS_BASE.field("item_id")])  # the keys of an items table: what jobs that only need the catalog read
 
 USER_EMBEDDINGS = pa.schema(
     [pa.field("user_id", pa.int64(), nullable=False), pa.field("embedding", FLOAT_LIST, nullable=False)]
@@ -118,6 +119,13 @@ def validate_items(table: pa.Table) -> pa.Table:
             kept = table.schema.field(name).type
             univalent_types[name] = pa.string() if pa.types.is_string(kept) or pa.types.is_large_string(kept) else pa.int64()
     table = _conform(table, items_schema(features, univalent_types), "items")
+    _require_unique(table, "item_id", "items")
+    return table
+
+
+def validate_catalog(table: pa.Table) -> pa.Table:
+    """The catalog's keys (an items table, or just its `item_id` column): unique non-null int64 ids."""
+    table = _conform(table.select(["item_id"]) if "item_id" in table.column_names else table, CATALOG, "items")
     _require_unique(table, "item_id", "items")
     return table
 
