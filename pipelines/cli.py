@@ -61,6 +61,14 @@ def _run_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_bench(argv: list[str]) -> int:
+    """`ssp bench ...` is `python -m bench ...` (its own parser and --help): the experiment harness
+    sits above the pipelines, so it is imported only here, when asked for."""
+    from bench.__main__ import main as bench_main
+
+    return bench_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssp",
@@ -118,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_arguments(publish_cmd)
     publish_cmd.set_defaults(handler=publish.main)
 
+    commands.add_parser("bench", add_help=False, help="reproduce the paper's experiments into a report (`ssp bench --help`; same as `python -m bench`)")
+
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
     privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
@@ -127,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return _run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

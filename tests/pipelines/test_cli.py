@@ -58,3 +58,12 @@ def test_split_accepts_a_movielens_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "train  rows=80668" in out and "test   rows=10085" in out
     assert (tmp_path / "split" / "data" / "manifest.json").exists()
+
+
+def test_bench_is_the_experiment_harness(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "all", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--quick" in out and "--protocol" in out and "--data" in out
+    assert "bench" in ssp("--help").stdout
