@@ -1,8 +1,11 @@
-"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N]`: run registered experiments.
+"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N] [--data ML_DIR] [--protocol P] [--methods ...]`.
 
 Each experiment module registers itself with `bench.harness.experiment`; adding one is adding its
 module to MODULES. `all` runs every registered experiment in order. Results accumulate in
 DIR/results.json (finished cells are reused), figures in DIR/*.png, the report in DIR/report.md.
+The training experiments run on --data (any MovieLens folder or data set folder; default: the
+bundled ml-latest-small) under --protocol, for the --methods of bench.training.METHODS; use one
+DIR per data set and protocol (their sections describe the latest invocation).
 """
 
 from __future__ import annotations
@@ -12,14 +15,19 @@ import importlib
 import sys
 import time
 
-from bench import harness
+from bench import harness, training
 
-MODULES = ("bench.complexity", "bench.theorem")
+MODULES = ("bench.privacy_utility", "bench.time_to_quality", "bench.resampling", "bench.long_tail", "bench.complexity", "bench.theorem", "bench.perf")
 
 
 def main(argv: list[str] | None = None) -> int:
     for module in MODULES:
         importlib.import_module(module)
+    # the report's (and `all`'s) order is MODULES', whatever imported the modules first
+    rank = {module: position for position, module in enumerate(MODULES)}
+    ordered = sorted(harness.EXPERIMENTS.items(), key=lambda item: rank.get(item[1].run.__module__, len(rank)))
+    harness.EXPERIMENTS.clear()
+    harness.EXPERIMENTS.update(ordered)
     parser = argparse.ArgumentParser(prog="python -m bench", description="Reproduce the paper's experiments into a report.")
     commands = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     for name, spec in [*((n, e.help) for n, e in harness.EXPERIMENTS.items()), ("all", "every experiment above, in order")]:
@@ -28,13 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--quick", action="store_true", help="small sizes: seconds to a minute per experiment")
         sub.add_argument("--seeds", type=int, default=3, help="seeds (repeats) per setting (default 3)")
         sub.add_argument("--no-progress", action="store_true", help="no progress bars")
+        sub.add_argument("--data", help="MovieLens folder (any layout) or data set folder of the training experiments (default: the bundled ml-latest-small)")
+        sub.add_argument("--protocol", choices=("rmse", "recall"), default="rmse", help="benchmark protocol of the training experiments (default: rmse)")
+        sub.add_argument("--methods", nargs="+", choices=list(training.METHODS), metavar="METHOD",
+                         help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.train offers)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
     names = list(harness.EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     for name in names:
         start = time.perf_counter()
-        harness.run_experiment(name, args.out, quick=args.quick, seeds=args.seeds, progress=not args.no_progress)
+        harness.run_experiment(name, args.out, quick=args.quick, seeds=args.seeds, progress=not args.no_progress, data=args.data, protocol=args.protocol,
+                               methods=args.methods)
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(f"report: {args.out}/report.md")
     return 0

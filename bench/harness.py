@@ -58,10 +58,11 @@ class Results:
         self.cells[self.key(experiment, params)] = {"experiment": experiment, "params": params, "value": value}
         storage.write_json({"cells": self.cells}, self.path)
 
-    def run(self, experiment: str, cells: list[dict], compute: Callable[[dict], dict], progress: bool = True) -> list[dict]:
-        """The value of every cell (parameters), computing (with a progress bar) only the missing ones."""
+    def run(self, experiment: str, cells: list[dict], compute: Callable[[dict], dict], progress: bool = True, desc: str | None = None) -> list[dict]:
+        """The value of every cell (parameters), computing (with a progress bar, `desc` or the
+        experiment's name) only the missing ones."""
         values = []
-        with tqdm(cells, desc=experiment, unit="cell", file=sys.stderr, disable=not progress) as bar:
+        with tqdm(cells, desc=desc or experiment, unit="cell", file=sys.stderr, disable=not progress) as bar:
             for params in bar:
                 value = self.get(experiment, params)
                 if value is None:
@@ -99,13 +100,17 @@ class Section:
 
 @dataclass
 class Context:
-    """What an experiment gets: where to write, how big to run, and its result cells."""
+    """What an experiment gets: where to write, how big to run, its result cells, and what to run on
+    (the training experiments' data set, protocol and methods; None: the bundled data, every method)."""
 
     out: str
     quick: bool
     seeds: int
     results: Results
     progress: bool = True
+    data: str | None = None
+    protocol: str = "rmse"
+    methods: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,11 @@ def experiment(name: str, help: str):
     return register
 
 
-def run_experiment(name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True) -> Section:
-    """Run a registered experiment into OUT: its cells, its section, then the whole report."""
+def run_experiment(name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True, **options) -> Section:
+    """Run a registered experiment into OUT: its cells, its section, then the whole report.
+    `options`: Context's data, protocol and methods."""
     os.makedirs(out, exist_ok=True)
-    section = EXPERIMENTS[name].run(Context(out, quick, seeds, Results(out), progress))
+    section = EXPERIMENTS[name].run(Context(out, quick, seeds, Results(out), progress, **options))
     _write_text(os.path.join(out, SECTIONS, f"{name}.md"), section.markdown())
     write_report(out)
     return section
