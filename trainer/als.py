@@ -20,13 +20,11 @@ from trainer.features import FeatureSpace
 from trainer.ssp import check_stats
 
 
-def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
-                psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048, gravity: np.ndarray | None = None) -> np.ndarray:
-    """Item embeddings (catalog order) solved from one stats table; items without a row stay 0."""
-    if not np.isfinite(ridge) or ridge <= 0:
-        raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
-    check_stats(stats_path, {"d": dim, **(expected or {})})
-    vectors = np.zeros((space.size, dim))
+def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
+                 psd_projection: bool = True, batch_size: int = 2048, gravity: np.ndarray | None = None):
+    """The per-item ridge systems of a stats table, streamed: (catalog positions, PSD(A_j) +
+    lambda_j I (+ gravity), b_j) per batch of items. DP-ALS solves them as they are; DP-CMF
+    (trainer.cmf) adds its public feature terms first."""
     for batch in storage.iter_batches(stats_path, batch_size=batch_size):
         positions = space.index_of(batch.column("item_id").to_numpy())
         a_upper = list_column_to_matrix(batch.column("a_upper"), packed_size(dim), "a_upper")
@@ -34,6 +32,16 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
             a_upper = project_psd(a_upper, dim)
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
         gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
-        b = list_column_to_matrix(batch.column("b"), dim, "b")
+        yield positions, gram, list_column_to_matrix(batch.column("b"), dim, "b")
+
+
+def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
+                psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048, gravity: np.ndarray | None = None) -> np.ndarray:
+    """Item embeddings (catalog order) solved from one stats table; items without a row stay 0."""
+    if not np.isfinite(ridge) or ridge <= 0:
+        raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
+    check_stats(stats_path, {"d": dim, **(expected or {})})
+    vectors = np.zeros((space.size, dim))
+    for positions, gram, b in item_systems(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity):
         vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
     return vectors

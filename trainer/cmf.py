@@ -55,6 +55,7 @@ import scipy.sparse as sp
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from trainer.als import item_systems
 from trainer.features import ITEM_ID_FAMILY, FeatureSpace
 from trainer.ssp import check_stats
 
@@ -179,15 +180,8 @@ def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch
     if use_features:
         shared = mu * (features.T @ features)  # mu P^T P, the same for every item
         pulled = mu * np.asarray(x @ features)  # (n, d): row j is mu P^T x_j
-    for batch in storage.iter_batches(stats_path, batch_size=batch_size):
-        positions = space.index_of(batch.column("item_id").to_numpy())
-        a_upper = list_column_to_matrix(batch.column("a_upper"), packed_size(dim), "a_upper")
-        if psd_projection:
-            a_upper = project_psd(a_upper, dim)
-        scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
-        # Same expression as trainer.als, so that mu = 0 reproduces DP-ALS bit for bit.
-        gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
-        b = list_column_to_matrix(batch.column("b"), dim, "b")
+    # DP-ALS's own systems (trainer.als), so that mu = 0 reproduces DP-ALS bit for bit
+    for positions, gram, b in item_systems(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity):
         if use_features:
             gram = gram + shared
             b = b + pulled[positions]
