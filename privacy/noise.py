@@ -29,11 +29,6 @@ def release_key(seed: bytes, release: int) -> np.ndarray:
     return np.random.SeedSequence(int.from_bytes(seed, "big"), spawn_key=(int(release),)).generate_state(2, np.uint64)
 
 
-def _generator(key: np.ndarray, item_id: int) -> np.random.Generator:
-    counter = np.array([0, 0, int(item_id) % _UINT64, 0], dtype=np.uint64)
-    return np.random.Generator(np.random.Philox(counter=counter, key=key))
-
-
 def standard_normal(seed: bytes, release: int, item_ids: np.ndarray, size: int) -> np.ndarray:
     """Unscaled N(0, 1) noise of shape (len(item_ids), size), row k a pure function of
     (seed, release, item_ids[k]); the first entries of a longer draw equal a shorter draw."""
@@ -44,11 +39,15 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     """Item k's stream cut into consecutive blocks, one (len(item_ids), size) array per size: the
     same numbers as `standard_normal` with the sizes' sum, split by columns, but each block
     contiguous (the packed A noise and the b noise of a release, without a copy)."""
-    key = release_key(seed, release)
     item_ids = np.asarray(item_ids, dtype=np.int64)
     blocks = [np.empty((item_ids.size, size), dtype=np.float64) for size in sizes]
+    bits = np.random.Philox(key=release_key(seed, release))
+    generator = np.random.Generator(bits)
+    state = bits.state  # counter 0, empty buffer: each item starts from here with its own counter
+    counter = state["state"]["counter"]
     for row, item_id in enumerate(item_ids.tolist()):
-        generator = _generator(key, item_id)
+        counter[2] = item_id % _UINT64
+        bits.state = state  # cheaper than a new Philox per item; the same stream
         for block in blocks:
             generator.standard_normal(block.shape[1], out=block[row])
     return blocks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privacy.noise import SEED_BYTES, standard_normal, standard_normal_blocks
+from privacy.noise import SEED_BYTES, release_key, standard_normal, standard_normal_blocks
 
 SEED = bytes(range(SEED_BYTES))
 OTHER_SEED = bytes(range(1, SEED_BYTES + 1))
@@ -62,6 +62,17 @@ def test_large_and_negative_item_ids():
     z = standard_normal(SEED, 0, ids, 4)
     assert len({tuple(row) for row in z.tolist()}) == 4
     assert np.array_equal(z[2], standard_normal(SEED, 0, [-1], 4)[0])
+
+
+def test_each_item_is_its_own_philox_stream():
+    # the documented construction: Philox keyed by the release key, counter starting at (0, 0, id, 0)
+    key = release_key(SEED, 5)
+    ids = np.array([0, 3, -2, 2**40])
+    got = standard_normal(SEED, 5, ids, 9)
+    for row, item in enumerate(ids.tolist()):
+        counter = np.array([0, 0, item % 2**64, 0], dtype=np.uint64)
+        want = np.random.Generator(np.random.Philox(counter=counter, key=key)).standard_normal(9)
+        np.testing.assert_array_equal(got[row], want)
 
 
 def test_prefix_property():
