@@ -8,7 +8,7 @@ at the same time:
  1. GEMM: np.matmul of two n x n float64 matrices (n=3000), warm-up then best of --repeats, under
     the same BLAS thread count as the kernel (--blas-threads, default 1: what each Spark Python
     worker uses); rate 2 n^3 / time.
- 2. Kernel: `privacy.accumulator.grouped_sums(item_ids, x, c)` over all rows, x and c from
+ 2. Kernel: `privacy.accumulator.grouped_sums(item_ids, rows)` over all rows, the kernel rows from
     `pipelines.stats_core.user_contributions` (weights, clip, `prepare_rows`) on the real rows;
     (a) rows in file order (by user: arbitrary item order), (b) rows pre-sorted by item, and
     (c) what a Spark task does with its rows (sort by item and user, contributions, one grouped_sums).
@@ -160,9 +160,8 @@ def partition_kernel(rows: dict, settings):
     from privacy import accumulator
 
     order = np.lexsort((rows["user_ids"], rows["item_ids"]))
-    items, x, c = user_contributions(rows["user_ids"][order], rows["item_ids"][order], rows["labels"][order], np.take(rows["embeddings"], order, axis=0),
-                                     rows["counts"][order], settings)
-    return accumulator.grouped_sums(items, x, c)
+    return accumulator.grouped_sums(*user_contributions(rows["user_ids"][order], rows["item_ids"][order], rows["labels"][order],
+                                                        np.take(rows["embeddings"], order, axis=0), rows["counts"][order], settings))
 
 
 def measure_kernel(rows: dict, settings, repeats: int) -> dict:
@@ -176,15 +175,15 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
     t_contrib, _ = best_of(contrib, repeats)
     weights = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
     t_prepare, _ = best_of(lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], weights, settings.clip_u, settings.clip_y), repeats)
-    items, x, c = contrib()
+    items, kernel_rows = contrib()
     result = {"rows": n, "dim": d, "flops": flops, "user_contributions_s": t_contrib, "prepare_rows_s": t_prepare}
 
     log(f"kernel (a): {n:,} rows in file order")
-    t_a, times_a = best_of(lambda: accumulator.grouped_sums(items, x, c), repeats)
+    t_a, times_a = best_of(lambda: accumulator.grouped_sums(items, kernel_rows), repeats)
     order = np.argsort(items, kind="stable")
-    s_items, s_x, s_c = items[order], np.ascontiguousarray(x[order]), np.ascontiguousarray(c[order])
+    s_items, s_rows = items[order], np.ascontiguousarray(kernel_rows[order])
     log("kernel (b): rows pre-sorted by item")
-    t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_x, s_c), repeats)
+    t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_rows), repeats)
     log("kernel (c): one Spark partition's path (sort by item and user, contributions, grouped sums)")
     t_c, times_c = best_of(lambda: partition_kernel(rows, settings), repeats)
     sizes = np.bincount(np.unique(items, return_inverse=True)[1])
@@ -316,111 +315,30 @@ def measure_spark(paths: dict, work: str, settings, master: str, shards: int, ru
 # Profiles (--profile)
 
 
-def _kernel_phases(items: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[dict, dict]:
-    """One pass of grouped_sums' steps (a copy of its code, file-order rows) with a timer per phase."""
-    import scipy.sparse
+def profile_calls(fn, top: int = 12) -> dict:
+    """cProfile of one call of fn() (after a warm-up call): total and the `top` functions by own time."""
+    import cProfile
+    import pstats
 
-    from privacy import accumulator
-
-    n, d = x.shape
-    phases, info = {}, {}
-
-    def tick(name, begun):
-        phases[name] = phases.get(name, 0.0) + time.perf_counter() - begun
-        return time.perf_counter()
-
-    t = time.perf_counter()
-    order = np.argsort(items, kind="stable")
-    t = tick("sort: argsort of item ids", t)
-    keys, xs = items[order], x[order]
-    t = tick("sort: gather x[order]", t)
-    cs = c[order]
-    t = tick("sort: gather c[order]", t)
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    membership = scipy.sparse.csr_matrix((np.ones(n), np.arange(n), np.r_[starts, n]), shape=(starts.size, n))
-    membership @ cs
-    t = tick("b: sparse membership @ c", t)
-    a = np.empty((starts.size, accumulator.packed_size(d)))
-    packed = accumulator._flat_upper(d)
-    big = np.flatnonzero(sizes >= accumulator.GEMM_MIN_ROWS)
-    for g in big:
-        block = xs[starts[g] : starts[g] + sizes[g]]
-        a[g] = np.take(block.T @ block, packed)
-    t = tick("big groups: one X^T X per group + pack", t)
-    small = np.flatnonzero(sizes < accumulator.GEMM_MIN_ROWS)
-    gram = np.empty((accumulator._STACK_GROUPS, d, d))
-    width, padded = 1, 0
-    while width // 2 < accumulator.GEMM_MIN_ROWS:
-        bucket = small[(sizes[small] <= width) & (sizes[small] > width // 2)]
-        offsets = np.arange(width)
-        for first in range(0, bucket.size, accumulator._STACK_GROUPS):
-            groups = bucket[first : first + accumulator._STACK_GROUPS]
-            t = time.perf_counter()
-            inside = offsets < sizes[groups, None]
-            stack = xs[np.where(inside, starts[groups, None] + offsets, 0)] * inside[..., None]
-            t = tick("small groups: gather + zero-pad stacks", t)
-            out = gram[: groups.size]
-            np.matmul(stack.transpose(0, 2, 1), stack, out=out)
-            t = tick("small groups: stacked matmul", t)
-            a[groups] = np.take(out.reshape(groups.size, d * d), packed, axis=1)
-            t = tick("small groups: pack upper", t)
-            padded += stack.shape[0] * stack.shape[1]
-        width *= 2
-    info.update(big_groups=int(big.size), big_rows=int(sizes[big].sum()), small_groups=int(small.size),
-                small_rows=int(sizes[small].sum()), padded_rows=padded)
-    return phases, info
+    fn()
+    profiler = cProfile.Profile()
+    begun = time.perf_counter()
+    profiler.runcall(fn)
+    total = time.perf_counter() - begun
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own time, cumulative, callers)}
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return {"total_s": total, "functions": [{"function": f"{os.path.basename(file)}:{line}({name})" if line else name, "calls": calls, "own_s": own}
+                                            for (file, line, name), (calls, _, own, _, _) in rows]}
 
 
-def profile_kernel(rows: dict, settings, repeats: int) -> dict:
-    """Phases of user_contributions and grouped_sums (file order): manual timers, warm-up, best of `repeats` per phase."""
-    from privacy import accumulator
-    from privacy.clipping import clip_labels, clip_rows
-    from privacy.weights import user_level_weights
+def profile_kernel(rows: dict, settings) -> dict:
+    """Where the kernel (file order) and a Spark task's path spend their time."""
     from pipelines.stats_core import user_contributions
+    from privacy import accumulator
 
-    items, x, c = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
-    best, info = {}, {}
-    for attempt in range(repeats + 1):
-        phases, info = _kernel_phases(items, x, c)
-        if attempt:
-            best = {k: min(v, best.get(k, math.inf)) for k, v in phases.items()}
-    prep = {}
-    for name, fn in (
-        ("weights (user_level_weights)", lambda: user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)),
-        ("clip_rows", lambda: clip_rows(rows["embeddings"], settings.clip_u)),
-        ("clip_labels", lambda: clip_labels(rows["labels"], settings.clip_y)),
-    ):
-        prep[name] = best_of(fn, repeats)[0]
-    w = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
-    u_bar, y_bar = clip_rows(rows["embeddings"], settings.clip_u), clip_labels(rows["labels"], settings.clip_y)
-    prep["x = sqrt(w) u_bar, c = w y_bar u_bar"] = best_of(lambda: (np.sqrt(w)[:, None] * u_bar, (w * y_bar)[:, None] * u_bar), repeats)[0]
-    prep["prepare_rows (all of the above but weights)"] = best_of(lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], w, settings.clip_u, settings.clip_y), repeats)[0]
-    return {"phases_s": best, "phases_total_s": sum(best.values()), **info, "prepare_s": prep}
-
-
-@contextlib.contextmanager
-def _timers(targets: list[tuple[object, str, str]]):
-    """Temporarily wrap attributes (owner, attribute, label) of this process with wall-clock timers."""
-    spent, saved = {}, []
-
-    def wrap(fn, label):
-        def timed(*args, **kwargs):
-            begun = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - begun
-        return timed
-
-    try:
-        for owner, name, label in targets:
-            saved.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, wrap(getattr(owner, name), label))
-        yield spent
-    finally:
-        for owner, name, fn in reversed(saved):
-            setattr(owner, name, fn)
+    items, kernel_rows = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
+    return {"kernel (a), file order": profile_calls(lambda: accumulator.grouped_sums(items, kernel_rows)),
+            "kernel (c), a Spark task's path": profile_calls(lambda: partition_kernel(rows, settings))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,7 +377,7 @@ def report(figures: dict) -> list[str]:
         if jobs:
             lines.append(f"   Spark jobs {sum(job['wall_s'] for job in jobs):.1f} s; driver outside jobs and prepare() "
                          f"{run['end_to_end_s'] - run['prepare_s'] - sum(job['wall_s'] for job in jobs):.1f} s; "
-                         f"{len(small)} small job(s) (schema, catalog) {sum(job['wall_s'] for job in small):.1f} s")
+                         f"{len(small)} small job(s) {sum(job['wall_s'] for job in small):.1f} s")
         for job in jobs:
             if job in small:
                 continue
@@ -477,15 +395,9 @@ def report(figures: dict) -> list[str]:
                 lines.append(f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time {st.get('run_ms', 0) / 1e3:5.1f} s: "
                              f"{' > '.join(op.strip() for op in st['operators']) or st['name'][:60]}")
                 lines.append(f"        {', '.join(extra)}")
-    p = figures.get("profile")
-    if p:
-        kp = p["kernel"]
-        lines.append(f"profile: grouped_sums phases (file order; best of {figures['repeats']} per phase), total {kp['phases_total_s']:.2f} s; "
-                     f"{kp['big_groups']:,} big groups hold {kp['big_rows']:,} rows, {kp['small_groups']:,} small groups {kp['small_rows']:,} rows "
-                     f"(padded to {kp['padded_rows']:,}):")
-        lines += [f"   {name:80s} {sec:6.2f} s {sec / kp['phases_total_s']:5.0%}" for name, sec in kp["phases_s"].items()]
-        lines.append("profile: user_contributions phases (best of each):")
-        lines += [f"   {name:80s} {sec:6.2f} s" for name, sec in kp["prepare_s"].items()]
+    for what, profile in figures.get("profile", {}).items():
+        lines.append(f"profile of {what}: {profile['total_s']:.2f} s; functions by own time:")
+        lines += [f"   {f['own_s']:6.3f} s {f['own_s'] / profile['total_s']:5.0%} {f['calls']:7,} call(s)  {f['function']}" for f in profile["functions"]]
     return lines
 
 
@@ -534,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures["kernel"] = measure_kernel(rows, settings, args.repeats)
                 if args.profile:
                     log("profiling the kernel")
-                    figures["profile"] = {"kernel": profile_kernel(rows, settings, args.repeats)}
+                    figures["profile"] = profile_kernel(rows, settings)
             rows = None
             if not args.skip_spark:
                 figures["spark"] = measure_spark(paths, work, settings, args.master, args.shards, args.spark_runs)

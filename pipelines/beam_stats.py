@@ -50,7 +50,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import GlobalWindows
 
 from pipelines import stats_job
-from pipelines.stats_core import StatsSettings, release_metadata, stats_table, user_contributions
+from pipelines.stats_core import STATS_PARQUET, StatsSettings, release_metadata, stats_table, user_contributions
 from privacy import accumulator
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -191,8 +191,7 @@ class UserPartials(beam.DoFn):
         known = ids[where] == items if ids.size else np.zeros(items.size, bool)
         if not known.all():
             raise ValueError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
-        rated, x, c = user_contributions(users, items, labels, embeddings, values[where], self.settings)
-        keys, a, b = accumulator.grouped_sums(rated, x, c)
+        keys, a, b = accumulator.grouped_sums(*user_contributions(users, items, labels, embeddings, values[where], self.settings))
         if self._running is not None:
             previous = self._running
             keys, a, b = accumulator.reduce_by_key(np.r_[previous[0], keys], np.vstack([previous[1], a]), np.vstack([previous[2], b]))
@@ -294,7 +293,7 @@ class WriteShard(beam.DoFn):
         for resample, (spec, target) in enumerate(zip(self.specs, self.staged)):
             a = np.stack([row[1][resample][0] for row in rows])
             b = np.stack([row[1][resample][1] for row in rows])
-            name = target.write_part(shard, stats_table(items, a, b, release_metadata(self.settings, spec, resample)))
+            name = target.write_part(shard, stats_table(items, a, b, release_metadata(self.settings, spec, resample)), **STATS_PARQUET)
             written.append({"resample": resample, "name": name, "rows": int(items.size)})
         if self.manifests is not None:
             storage.write_json({"shard": int(shard), "parts": written}, manifest_path(self.manifests, shard))

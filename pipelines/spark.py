@@ -5,7 +5,7 @@ PYTHONPATH; on a cluster the project ships as its wheel, under a .zip name in --
 (infra/build.sh). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
 one thread per worker (Spark already runs one worker per core).
 
-Tables on gs://: a job opens its input tables with `readable_tables`. Spark reads a gs:// table
+Tables on gs://: a job whose Spark reads input tables opens them with `readable_tables`. Spark reads a gs:// table
 directly when its Hadoop has a gs:// filesystem: the Cloud Storage connector, which Dataproc
 clusters carry. Without one (pyspark from pip, as here and in the tests), a local-mode session
 reads a copy downloaded to a temporary local folder for the duration of the job; a cluster without

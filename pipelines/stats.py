@@ -1,15 +1,19 @@
 """The stats job on Spark: `spark-submit pipelines/stats.py --help` (also `ssp stats`).
 
-One pass over the interactions, with rows partitioned by ITEM so that no partial sums are shuffled:
-the narrow rows (user, item, label), unioned with one empty row per catalog item, are repartitioned
-by item. Each task then holds complete items: it looks up its rows' DP counts and, at user level,
-their users' weight normalisers (sums over all of a user's rows, computed by `StatsJob.prepare()`
-with `privacy.weights`) in a broadcast, turns the rows into clipped, weighted contributions, sums
-them per item with one numpy call (`mapInArrow`, grouped GEMM, no per-row Python), adds the noise
-once to every item it holds (rows or not) and writes its part of each resample's stats table; the
-driver commits them. Shuffle volume is O(rows) of narrow rows. The user embeddings (users x d,
-which bounds a task's memory) are read once per Python worker and release: Spark reuses workers
-across tasks.
+One pass over the interactions, with rows partitioned by ITEM so that no partial sums are shuffled.
+Map side: each task reads row groups of the interactions (schemas.storage, so local paths and
+gs:// alike) and packs their narrow rows (user, item, label) into one binary block per item shard
+(stats_core.shard_of, a fixed hash); the task reading the first row group also declares every
+shard with an empty block, so a shard without rows still gets its task. Spark shuffles the blocks
+(a few records per task and shard, not one per row: the JVM never touches a row) into one
+partition per shard (`partition_keys`). Reduce side: each task holds complete items: it looks up
+its rows' DP counts and, at user level, their users' weight normalisers (sums over all of a
+user's rows, computed by `StatsJob.prepare()` with `privacy.weights`) in a broadcast, turns the
+rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
+the noise once to every item of the shard (rows or not) and writes its part of each resample's
+stats table, a row group at a time; the driver commits them. Shuffle volume is O(rows) x 24 bytes.
+The user embeddings (users x d, which bounds a task's memory) are read once per Python worker and
+release: Spark reuses workers across tasks.
 
 Privacy: the same as pipelines.stats_job / privacy.accumulator: the noise is added after the sums
 are complete, to every catalog item, keyed by the release index the ledger gave.
@@ -24,74 +28,176 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make the proje
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from pipelines import stats_job  # noqa: E402
-from pipelines.spark import readable_tables  # noqa: E402
-from pipelines.stats_core import RowLookups, release_metadata, stats_table, user_contributions  # noqa: E402
+from pipelines.spark import forward_storage_settings  # noqa: E402
+from pipelines.stats_core import STATS_PARQUET, RowLookups, release_metadata, shard_of, stats_table, user_contributions  # noqa: E402
 from schemas.arrays import list_column_to_matrix  # noqa: E402
+from schemas.ids import IdIndex  # noqa: E402
+from schemas.tables import STATS  # noqa: E402
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
 
 WRITTEN_DDL = "resample int, name string, rows long"
+BLOCK_SCHEMA = pa.schema([("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())])  # rows of one item shard, shuffled as one record
+BLOCK_SCHEMA_DDL = "key int, shard int, block binary"
 CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one chunk)
-ROWS_PER_PARTITION = 2_000_000  # bounds a task's memory: its rows and their d-wide contributions (about 3 GiB at d=64)
+ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time (about 17 MiB of statistics at d=64)
+READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
+READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
+ROWS_PER_PARTITION = 2_000_000  # bounds a reduce task's memory: its rows (24 bytes each) and their sort (about 0.2 GiB)
 
 
 _last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the last embeddings read, by content digest
 
 
-def user_vectors(path: str, digest: str, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted user ids, their embeddings) of a user embeddings table whose content digest
-    (from prepare()) is `digest`; a worker's next task of the same release reuses them."""
+def user_vectors(path: str, digest: str, d: int) -> tuple[IdIndex, np.ndarray]:
+    """(index of the sorted user ids, their embeddings) of a user embeddings table whose content
+    digest (from prepare()) is `digest`; a worker's next task of the same release reuses them."""
     if _last_vectors.get("digest") != digest:
         table = storage.read_table(path)
         users = table["user_id"].to_numpy()
         order = np.argsort(users)
         _last_vectors.clear()
-        _last_vectors.update(digest=digest, value=(users[order], list_column_to_matrix(table["embedding"], d, "user embedding")[order]))
+        _last_vectors.update(digest=digest, value=(IdIndex(users[order]), list_column_to_matrix(table["embedding"], d, "user embedding")[order]))
     return _last_vectors["value"]
 
 
-def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, batches: Iterator[pa.RecordBatch], shard: int) -> Iterator[pa.RecordBatch]:
-    """One shard of complete items -> its noised statistics, written as part `shard` of each table.
+def read_and_pack(units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """Map side: the row groups `units[i]` for the ids i in `picked` -> their rows, as blocks per
+    item shard. The task given id 0 also declares every shard (an empty block each), so that a
+    shard with no rows reaches its task too."""
+    for batch in picked:
+        for unit in batch.column("id").to_pylist():
+            if unit == 0:
+                yield pa.RecordBatch.from_arrays([pa.array(keys, pa.int32()), pa.array(np.arange(shards), pa.int32()), pa.array([b""] * shards, pa.binary())],
+                                                 schema=BLOCK_SCHEMA)
+            if unit < len(units):
+                file, group, _ = units[unit]
+                yield from pack_rows(storage.iter_row_group(file, group, ["user_id", "item_id", "label"], READ_BATCH_ROWS), shards, keys)
 
-    Rows are summed in (item, user) order, so reruns are bit-identical whatever order the shuffle
-    delivered them in.
+
+def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """Each Arrow batch of (user_id, item_id, label) rows (checked by prepare(): no nulls) -> one
+    binary block of rows per item shard it touches (stats_core.shard_of), keyed for the shuffle by `keys[shard]`."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        users, rated, labels = (batch.column(name).to_numpy() for name in ("user_id", "item_id", "label"))
+        shard = shard_of(rated, shards)
+        order = accumulator.stable_argsort(shard)
+        cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+        present = np.flatnonzero(np.diff(cuts))
+        blocks = [encode_rows(users[rows], rated[rows], labels[rows]) for rows in (order[cuts[k] : cuts[k + 1]] for k in present)]
+        yield pa.RecordBatch.from_arrays([pa.array(keys[present], pa.int32()), pa.array(present, pa.int32()), pa.array(blocks, pa.binary())],
+                                         schema=BLOCK_SCHEMA)
+
+
+def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int,
+                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Reduce side: the blocks of one or more item shards (each with its declaration, so that a
+    shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
+    received: dict[int, list[bytes]] = {}
+    for batch in batches:
+        for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist()):
+            received.setdefault(shard, []).append(block)
+    for shard in sorted(received):
+        yield from item_shard(settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]))
+
+
+def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int, shard: int,
+               rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Iterator[pa.RecordBatch]:
+    """One shard of complete items: every catalog item with shard_of == shard, and all their rows
+    (users, items, labels) -> noised statistics, written as part `shard` of each table.
+
+    Items go ITEMS_PER_ROW_GROUP at a time (a Parquet row group each): their rows' sums, then each
+    resample's noise and write, so a task's memory stays small whatever the shard's size. Rows are
+    summed in (item, user) order, so reruns are bit-identical whatever order the shuffle delivered them in.
     """
-    collected = [batch for batch in batches if batch.num_rows]
-    if not collected:
+    catalog = lookups.catalog.ids
+    items = catalog[shard_of(catalog, shards) == shard]  # sorted: every item of the shard, rows or not
+    if not items.size:
         return
-    table = pa.Table.from_batches(collected)
-    items = np.unique(table["item_id"].to_numpy())  # every item of the shard, rows or not
-    rows = table.filter(table["user_id"].is_valid())
-    a = np.zeros((items.size, accumulator.packed_size(settings.dim)))
-    b = np.zeros((items.size, settings.dim))
-    if rows.num_rows:
-        owners, vectors = user_vectors(*embeddings, settings.dim)
-        users, rated = rows["user_id"].to_numpy(), rows["item_id"].to_numpy()
-        by_user = accumulator.stable_argsort(users)
-        order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
-        users, rated, labels = users[order], rated[order], rows["label"].to_numpy()[order]
-        counts, normalisers = lookups.of(users, rated)
-        # Chunks of whole items: small arrays the allocator reuses (fresh GB-sized arrays cost page faults)
-        item_starts = np.flatnonzero(np.r_[True, rated[1:] != rated[:-1]])
-        bounds = np.unique(np.r_[item_starts[np.searchsorted(item_starts, np.arange(0, rated.size, CHUNK_ROWS), side="right") - 1], rated.size])
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            part = slice(start, end)
-            keys, x, c = user_contributions(users[part], rated[part], labels[part], vectors[np.searchsorted(owners, users[part])], counts[part], settings,
-                                            None if normalisers is None else normalisers[part])
-            keys, sums_a, sums_b = accumulator.grouped_sums(keys, x, c)
-            at = np.searchsorted(items, keys)
-            a[at], b[at] = sums_a, sums_b
-    for resample, (spec, target) in enumerate(zip(specs, staged)):
-        noised_a, noised_b = accumulator.finalize(items, a, b, spec)
-        name = target.write_part(shard, stats_table(items, noised_a, noised_b, release_metadata(settings, spec, resample)))
-        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [name], "rows": [int(items.size)]},
+    users, rated, labels = rows
+    if rated.size and not np.all(shard_of(rated, shards) == shard):
+        raise RuntimeError(f"item shard {shard} received rows of other shards")
+    by_user = accumulator.stable_argsort(users)
+    order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
+    users, rated, labels = users[order], rated[order], labels[order]
+    counts, normalisers = lookups.of(users, rated)
+    owners, vectors = user_vectors(*embeddings, settings.dim) if rated.size else (None, None)
+    tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
+    writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
+    try:
+        with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
+            pending: list = []
+            for first in range(0, items.size, ITEMS_PER_ROW_GROUP):
+                group = items[first : first + ITEMS_PER_ROW_GROUP]
+                a = np.zeros((group.size, accumulator.packed_size(settings.dim)))
+                b = np.zeros((group.size, settings.dim))
+                for part in _row_chunks(rated, np.searchsorted(rated, group[0], side="left"), np.searchsorted(rated, group[-1], side="right")):
+                    keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
+                        users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
+                        None if normalisers is None else normalisers[part]))
+                    at = np.searchsorted(group, keys)
+                    a[at], b[at] = sums_a, sums_b
+                for writer, spec, metadata in zip(writers, specs, tables):
+                    pending.append(output.submit(writer.write_table, stats_table(group, *accumulator.finalize(group, a, b, spec), metadata)))
+                while len(pending) > len(writers):  # at most one group waiting to be written
+                    pending.pop(0).result()
+            for write in pending:
+                write.result()
+    finally:
+        for writer in writers:
+            writer.close()
+    for resample, target in enumerate(staged):
+        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)]},
                                          schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64())]))
+
+
+def _row_chunks(rated: np.ndarray, low: int, high: int) -> Iterator[slice]:
+    """Slices of rows[low:high] (sorted by item) of about CHUNK_ROWS rows each, never splitting an item."""
+    start = low
+    while start < high:
+        end = min(start + CHUNK_ROWS, high)
+        if end < high:  # move the cut to the end of the item it falls in
+            end = int(np.searchsorted(rated, rated[end - 1], side="right"))
+        yield slice(start, end)
+        start = end
+
+
+def encode_rows(users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> bytes:
+    """Rows as one block: n user ids, n item ids (int64), n labels (float64)."""
+    return np.concatenate([users.astype(np.int64, copy=False), items.astype(np.int64, copy=False), labels.astype(np.float64, copy=False).view(np.int64)]).tobytes()
+
+
+def decode_rows(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of `encode_rows` -> (user ids, item ids, labels) of all their rows."""
+    parts = [np.frombuffer(block, dtype=np.int64).reshape(3, -1) for block in blocks if block]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    users, items, labels = np.concatenate(parts, axis=1)
+    return users, items, labels.view(np.float64)
+
+
+_partition_keys: dict[int, np.ndarray] = {}  # by partition count: Spark's hash is the same in every session
+
+
+def partition_keys(spark, partitions: int) -> np.ndarray:
+    """For each shard k < partitions, an int key that Spark's hash partitioning (pmod of the SQL
+    `hash`, as `repartition(n, column)` does) sends to partition k: one shard per task. Were the
+    mapping ever different, the job would stay correct (a task handles whatever shards it gets),
+    only less balanced. Found with one small Spark query, once per partition count."""
+    if partitions not in _partition_keys:
+        candidates = spark.range(0, 64 * partitions).selectExpr("cast(id as int) as key", f"pmod(hash(cast(id as int)), {partitions}) as shard")
+        found = {row["shard"]: row["key"] for row in candidates.groupBy("shard").min("key").withColumnRenamed("min(key)", "key").collect()}
+        _partition_keys[partitions] = np.array([found.get(k, k) for k in range(partitions)], dtype=np.int32)
+    return _partition_keys[partitions]
 
 
 def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) -> Iterator[pa.RecordBatch]:
@@ -117,17 +223,18 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     staged = job.staged_writes()
     settings = job.settings
     users, normalisers = job.normalisers if settings.unit == "user" and job.normalisers else (None, None)  # by prepare(), privacy.weights
-    lookups = spark.sparkContext.broadcast(RowLookups(job.catalog, job.catalog_counts, users, normalisers))
-    with readable_tables(spark, job.interactions) as (interactions,):
-        rows = spark.read.parquet(*interactions).select("user_id", "item_id", "label")
-        catalog = spark.createDataFrame(pa.table({"user_id": pa.nulls(job.catalog.size, pa.int64()), "item_id": job.catalog, "label": pa.nulls(job.catalog.size, pa.float64())}))
-        partitions = max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
-        by_item = rows.unionByName(catalog).repartition(partitions, "item_id")
-        embeddings = (job.user_embeddings, job.digests["user_embeddings"])
-        written = by_item.mapInArrow(
-            lambda batches: _maybe_failing(item_shard(settings, specs, staged, embeddings, lookups.value, batches, TaskContext.get().partitionId()), fail_first_attempts),
-            WRITTEN_DDL
-        ).collect()
+    lookups = spark.sparkContext.broadcast(RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers))
+    partitions = max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
+    keys = partition_keys(spark, partitions)
+    embeddings = (job.user_embeddings, job.digests["user_embeddings"])
+    forward_storage_settings(spark)
+    units = storage.row_groups(job.interactions)
+    read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
+    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, partitions, keys), BLOCK_SCHEMA_DDL)
+    written = blocks.repartition(partitions, "key").mapInArrow(
+        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, partitions, batches), fail_first_attempts),
+        WRITTEN_DDL
+    ).collect()
     lookups.unpersist()
     names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
     written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]

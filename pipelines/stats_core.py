@@ -22,11 +22,15 @@ import pyarrow as pa
 
 from privacy import accumulator
 from privacy.clipping import check_bound
+from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas.arrays import matrix_to_list_column
+from schemas.ids import IdIndex
 from schemas.tables import STATS
 
 UNITS = ("user", "example")
+# Noised statistics are incompressible and their min/max say nothing: Parquet writes them as they are
+STATS_PARQUET = {"compression": "none", "use_dictionary": False, "write_statistics": False}
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,8 @@ class StatsSettings:
 def user_contributions(
     user_ids: np.ndarray, item_ids: np.ndarray, labels: np.ndarray, embeddings: np.ndarray, counts: np.ndarray, settings: StatsSettings,
     normalisers: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(item_ids, x, c) for rows: x = sqrt(w) Clip(u), c = w Clip(y) Clip(u).
+) -> tuple[np.ndarray, np.ndarray]:
+    """(item_ids, kernel rows [sqrt(w) Clip(u), sqrt(w) Clip(y)]) for rows (privacy.accumulator.prepare_rows).
 
     User-level weights need each row's user normaliser: given (computed by the engine over all
     the user's rows), or computed here, in which case the rows must hold complete users.
@@ -72,24 +76,30 @@ def user_contributions(
         weights = user_level_weights(user_ids, counts, settings.wbar, settings.weight_exponent)
     else:
         weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent)
-    x, c = accumulator.prepare_rows(embeddings, labels, weights, settings.clip_u, settings.clip_y)
-    return np.asarray(item_ids), x, c
+    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.clip_u, settings.clip_y)
 
 
 @dataclass(frozen=True)
 class RowLookups:
     """What an engine's item task looks up per row (broadcast once): the catalog's DP counts and,
-    at user level, each user's weight normaliser (None at example level)."""
+    at user level, each user's weight normaliser (None at example level). The rows were checked
+    by `StatsJob.prepare()`: every item is in the catalog, every user has a normaliser."""
 
-    catalog: np.ndarray
+    catalog: IdIndex
     counts: np.ndarray
-    users: np.ndarray | None
+    users: IdIndex | None
     normalisers: np.ndarray | None
 
     def of(self, users: np.ndarray, rated: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(DP count of each row's item, normaliser of each row's user or None)."""
-        counts = self.counts[np.searchsorted(self.catalog, rated)]
-        return counts, None if self.users is None else self.normalisers[np.searchsorted(self.users, users)]
+        counts = self.counts[self.catalog.positions(rated, "catalog item")]
+        return counts, None if self.users is None else self.normalisers[self.users.positions(users, "user")]
+
+
+def shard_of(item_ids: np.ndarray, shards: int) -> np.ndarray:
+    """The item shard (0..shards-1) of each item id: a fixed hash, the same on every worker and run."""
+    hashed = mix64(np.asarray(item_ids, dtype=np.int64).view(np.uint64))
+    return (hashed % np.uint64(shards)).astype(np.int64)
 
 
 def stats_table(items: np.ndarray, a_upper: np.ndarray, b: np.ndarray, metadata: dict[str, str]) -> pa.Table:

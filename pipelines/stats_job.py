@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,16 +30,20 @@ from privacy.accumulator import NoiseSpec
 from privacy.seeds import digest_batches, digest_table
 from privacy.weights import user_normalisers
 from schemas import SchemaError, storage
+from schemas.ids import IdIndex
 from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_user_embeddings
 
 RELEASE_SUMMARY = "release.json"
 
 
-def _lookup(sorted_ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(position of each value in `sorted_ids`, whether it is there)."""
-    at = np.searchsorted(sorted_ids, values)
-    found = sorted_ids[np.minimum(at, sorted_ids.size - 1)] == values if sorted_ids.size else np.zeros(values.size, bool)
-    return at, found
+def _read_ahead(items: Iterator, pool: ThreadPoolExecutor) -> Iterator:
+    """The items of an iterator, each next one produced in `pool` while the caller works on the last."""
+    iterator = iter(items)
+    done = object()
+    upcoming = pool.submit(next, iterator, done)
+    while (item := upcoming.result()) is not done:
+        upcoming = pool.submit(next, iterator, done)
+        yield item
 
 
 def _validated(path: str, validate, table: pa.Table, **kwargs) -> pa.Table:
@@ -108,24 +113,26 @@ class StatsJob:
             raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
         embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
+        catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         pairs = []  # per batch: user position * catalog size + item position (both sorted lookups)
 
         def checked_batches():
             for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
                 table = _validated(self.interactions, validate_interactions, pa.Table.from_batches([batch]))
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
-                item_at, in_catalog = _lookup(self.catalog, rated)
+                item_at, in_catalog = catalog_index.lookup(rated)
                 if not in_catalog.all():
                     raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
-                user_at, known = _lookup(known_users, users)
+                user_at, known = user_index.lookup(users)
                 if not known.all():
                     raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
                 pairs.append(user_at * self.catalog.size + item_at)
                 yield from table.to_batches()
 
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the other tables' digests beside the pass over the rows (numpy releases the GIL)
+        # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow release the GIL)
+        with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as reader:
             others = pool.map(digest_table, (self.user_embeddings, self.counts))
-            interactions_digest = digest_batches(checked_batches())
+            interactions_digest = digest_batches(_read_ahead(checked_batches(), reader))
             embeddings_digest, counts_digest = others
         keys = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
         self.rows = int(keys.size)

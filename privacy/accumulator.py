@@ -8,6 +8,10 @@ included, row by row) and b_j. The accumulator follows the combiner protocol (as
 per-partition kernel), `create` / `merge` (combine partials), `finalize` (add the noise, once,
 after the merge). Spark and Beam call only these.
 
+A row enters the kernel augmented: z_i = [x_i, s_i] with x_i = sqrt(w_i) Clip(u_i) and
+s_i = sqrt(w_i) Clip(y_i), so that A_j = sum x_i x_i^T and b_j = sum s_i x_i are both blocks of the
+one Gram matrix sum z_i z_i^T: each row is read once, by one GEMM, for A and b together.
+
 Privacy: with each user's weights satisfying sum w_i^2 <= wbar^2 and each (user, item) pair once,
 removing a user changes (A_1..A_m) by at most wbar * G_u^2 in Frobenius norm (and the packed upper
 triangle by no more) and (b_1..b_m) by at most wbar * G_y * G_u in L2 norm. `finalize` adds
@@ -87,32 +91,44 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     return order
 
 
-def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> tuple[np.ndarray, np.ndarray]:
-    """Clip and weight rows: x_i = sqrt(w_i) Clip(u_i), c_i = w_i Clip(y_i) Clip(u_i), so that
-    A_j = sum x_i x_i^T and b_j = sum c_i."""
+def augment(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Kernel rows [x_i, s_i] (n x (d+1)) from vectors x (n x d) and scalars s (n): their grouped
+    sums are A = sum x x^T and b = sum s x."""
+    x = np.asarray(x, dtype=np.float64)
+    rows = np.empty((x.shape[0], x.shape[1] + 1))
+    rows[:, :-1] = x
+    rows[:, -1] = s
+    return rows
+
+
+def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> np.ndarray:
+    """Clip and weight rows into kernel rows [x_i, s_i]: x_i = sqrt(w_i) Clip(u_i) and
+    s_i = sqrt(w_i) Clip(y_i), so that A_j = sum x_i x_i^T and b_j = sum s_i x_i = sum w_i Clip(y_i) Clip(u_i)."""
     w = np.asarray(w, dtype=np.float64)
     if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
         raise ValueError("weights must be finite and non-negative")
     u = np.asarray(u, dtype=np.float64)
-    scale = row_scales(u, clip_u)  # u_bar = scale * u, folded into one multiplication per output
-    y_bar = clip_labels(y, clip_y)
-    return u * (np.sqrt(w) * scale)[:, None], u * (w * y_bar * scale)[:, None]
+    root_w = np.sqrt(w)
+    rows = np.empty((u.shape[0], u.shape[1] + 1))
+    np.multiply(u, (root_w * row_scales(u, clip_u))[:, None], out=rows[:, :-1])  # u_bar = scale * u, one multiplication
+    np.multiply(root_w, clip_labels(y, clip_y), out=rows[:, -1])
+    return rows
 
 
-def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per key: packed sum of x x^T and sum of c. Returns (sorted unique keys, a_upper, b).
+def grouped_sums(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key, from kernel rows z_i = [x_i, s_i] (n x (d+1), see `prepare_rows` and `augment`):
+    the packed sum of x x^T and the sum of s x. Returns (sorted unique keys, a_upper, b).
 
-    Rows are grouped through a stable sort of the keys (skipped when they are already sorted);
-    each row is read once: large groups are one GEMM each (x_g^T x_g), small groups are
-    zero-padded to a bucket width and multiplied as stacks, and b is one sparse (groups x rows)
-    product. Within a key, rows are summed in their given order. Cost O(rows d^2), no per-row Python.
+    Both are blocks of the key's Gram matrix sum z z^T. Rows are grouped through a stable sort of
+    the keys (skipped when they are already sorted); each row is read once: large groups are one
+    GEMM each (z_g^T z_g), small groups are zero-padded to a bucket width and multiplied as stacks.
+    Within a key, rows are summed in their given order. Cost O(rows d^2), no per-row Python.
     """
     keys = np.asarray(keys)
-    x = np.asarray(x, dtype=np.float64)
-    c = np.asarray(c, dtype=np.float64)
-    n, d = x.shape
-    if keys.shape != (n,) or c.shape != (n, d):
-        raise ValueError(f"keys {keys.shape}, x {x.shape} and c {c.shape} do not line up")
+    z = np.asarray(rows, dtype=np.float64)
+    if z.ndim != 2 or z.shape[1] < 2 or keys.shape != (z.shape[0],):
+        raise ValueError(f"keys {keys.shape} and kernel rows {z.shape} do not line up (rows are [x, s]: n x (d+1), d >= 1)")
+    n, d = z.shape[0], z.shape[1] - 1
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
     in_order = bool(np.all(keys[1:] >= keys[:-1]))
@@ -120,15 +136,15 @@ def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.nda
     sorted_keys = keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
     sizes = np.diff(np.r_[starts, n])
-    membership = scipy.sparse.csr_matrix((np.ones(n), order, np.r_[starts, n]), shape=(starts.size, n))
-    b = membership @ c
     a = np.empty((starts.size, packed_size(d)))
-    packed = _flat_upper(d)
+    b = np.empty((starts.size, d))
+    a_at, b_at = _gram_positions(d)
     for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):  # sorted rows: a view, no copy
-        block = x[starts[g] : starts[g] + sizes[g]] if in_order else np.take(x, order[starts[g] : starts[g] + sizes[g]], axis=0)
-        a[g] = np.take(block.T @ block, packed)
+        block = z[starts[g] : starts[g] + sizes[g]] if in_order else np.take(z, order[starts[g] : starts[g] + sizes[g]], axis=0)
+        gram = (block.T @ block).ravel()
+        a[g], b[g] = gram[a_at], gram[b_at]
     small = np.flatnonzero(sizes < GEMM_MIN_ROWS)
-    gram = np.empty((_STACK_GROUPS, d, d))
+    grams = np.empty((_STACK_GROUPS, d + 1, d + 1))
     low = 0
     for width in _BUCKET_WIDTHS:
         bucket = small[(sizes[small] <= width) & (sizes[small] > low)]
@@ -137,20 +153,22 @@ def grouped_sums(keys: np.ndarray, x: np.ndarray, c: np.ndarray) -> tuple[np.nda
         for first in range(0, bucket.size, _STACK_GROUPS):
             groups = bucket[first : first + _STACK_GROUPS]
             inside = offsets < sizes[groups, None]  # (groups, width): real rows, the rest is padding
-            rows = order[np.where(inside, starts[groups, None] + offsets, 0)]
-            stack = np.take(x, rows, axis=0)
+            stack = np.take(z, order[np.where(inside, starts[groups, None] + offsets, 0)], axis=0)
             stack *= inside[..., None]
-            out = gram[: groups.size]
+            out = grams[: groups.size]
             np.matmul(stack.transpose(0, 2, 1), stack, out=out)
-            a[groups] = np.take(out.reshape(groups.size, d * d), packed, axis=1)
+            flat = out.reshape(groups.size, (d + 1) ** 2)
+            a[groups] = np.take(flat, a_at, axis=1)
+            b[groups] = np.take(flat, b_at, axis=1)
     return sorted_keys[starts], a, b
 
 
 @lru_cache(maxsize=16)
-def _flat_upper(d: int) -> np.ndarray:
-    """Positions of the packed upper-triangle entries in a flattened d x d matrix."""
+def _gram_positions(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions, in a flattened (d+1) x (d+1) Gram matrix of kernel rows, of A's packed upper
+    triangle and of b (the last column's first d entries)."""
     rows, cols = upper_indices(d)
-    return rows * d + cols
+    return rows * (d + 1) + cols, np.arange(d) * (d + 1) + d
 
 
 def reduce_by_key(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

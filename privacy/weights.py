@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.ids import IdIndex
+
 DEFAULT_EXPONENT = -0.25
 
 
@@ -31,7 +33,7 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     """(sorted user ids, each user's normaliser sum n_j^(2e) over all of the user's rows).
 
     `known_users` (sorted, holding every user of the rows) replaces the sort of the rows' user
-    ids by a lookup; the sums are the same.
+    ids by a lookup (schemas.ids); the sums are the same.
     """
     user_ids = np.asarray(user_ids)
     counts = np.asarray(row_counts, dtype=np.float64)
@@ -41,7 +43,7 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     if known_users is None:
         users, group = np.unique(user_ids, return_inverse=True)
     else:
-        group = np.searchsorted(known_users, user_ids)
+        group = IdIndex(known_users).positions(user_ids, "user")
         present = np.bincount(group, minlength=known_users.size) > 0
         users, group = known_users[present], np.cumsum(present)[group] - 1
     return users, np.bincount(group, weights=counts ** (2 * exponent), minlength=users.size)

@@ -107,15 +107,15 @@ class StagedWrite:
     def part_name(self, index: int) -> str:
         return f"part-{index:05d}{self.suffix}.parquet"
 
-    def open_part(self, index: int, schema: pa.Schema) -> pq.ParquetWriter:
-        """A Parquet writer for part `index` (the caller closes it)."""
+    def open_part(self, index: int, schema: pa.Schema, **parquet_options) -> pq.ParquetWriter:
+        """A Parquet writer for part `index` (the caller closes it); options go to pq.ParquetWriter."""
         fs = self.fs
         fs.makedirs(self.directory, exist_ok=True)
-        return pq.ParquetWriter(posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs))
+        return pq.ParquetWriter(posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs), **parquet_options)
 
-    def write_part(self, index: int, table: pa.Table) -> str:
+    def write_part(self, index: int, table: pa.Table, **parquet_options) -> str:
         """Write one whole part; returns its name for `commit`."""
-        with self.open_part(index, table.schema) as writer:
+        with self.open_part(index, table.schema, **parquet_options) as writer:
             writer.write_table(table)
         return self.part_name(index)
 
@@ -339,8 +339,13 @@ def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
 def table_files(path: str) -> list[str]:
     """The data files of a committed table, as full paths or URLs (for engines that read them)."""
     fs, files = _table_files(path)
+    return [_url(fs, f) for f in files]
+
+
+def _url(fs: fsspec.AbstractFileSystem, inner: str) -> str:
+    """A filesystem's path as a URL (local paths stay paths)."""
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    return files if protocol in ("file", "local") else [f"{protocol}://{f}" for f in files]
+    return inner if protocol in ("file", "local") else f"{protocol}://{inner}"
 
 
 def read_schema(path: str) -> pa.Schema:
@@ -366,6 +371,26 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
     for f in files:
         with arrow_fs.open_input_file(f) as handle:
             yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, columns=columns)
+
+
+def row_groups(path: str) -> list[tuple[str, int, int]]:
+    """(file, row group, rows) of every row group of a committed table, in order, the files as
+    `table_files` gives them: work units for engines whose tasks read a table themselves."""
+    fs, files = _table_files(path)
+    arrow_fs = _arrow_fs(fs)
+    units = []
+    for inner in files:
+        with arrow_fs.open_input_file(inner) as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        units += [(_url(fs, inner), group, metadata.row_group(group).num_rows) for group in range(metadata.num_row_groups)]
+    return units
+
+
+def iter_row_group(file: str, group: int, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Stream one row group of a data file (from `row_groups`) in record batches."""
+    fs, inner = filesystem(file)
+    with _arrow_fs(fs).open_input_file(inner) as handle:
+        yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, row_groups=[group], columns=columns)
 
 
 def _json_ready(value):

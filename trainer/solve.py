@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.accumulator import grouped_sums, unpack_upper
+from privacy.accumulator import augment, grouped_sums, unpack_upper
 
 
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
@@ -29,7 +29,7 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     d = vectors.shape[1]
-    unique, gram_upper, rhs = grouped_sums(keys, vectors, labels[:, None] * vectors)
+    unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
     strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
     gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
     return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]

@@ -52,17 +52,19 @@ def test_unpack_wrong_size_raises():
 # grouped_sums against a naive loop
 
 
-def naive(keys, x, c):
+def naive(keys, rows):
+    """A_k = sum x x^T and b_k = sum s x over the kernel rows [x, s] of key k, one key at a time."""
     out_keys = np.unique(keys)
+    x, s = rows[:, :-1], rows[:, -1]
     d = x.shape[1]
     a = np.array([acc.pack_upper(x[keys == k].T @ x[keys == k]) for k in out_keys]).reshape(-1, acc.packed_size(d))
-    b = np.array([c[keys == k].sum(axis=0) for k in out_keys]).reshape(-1, d)
+    b = np.array([(s[keys == k, None] * x[keys == k]).sum(axis=0) for k in out_keys]).reshape(-1, d)
     return out_keys, a, b
 
 
-def check_against_naive(keys, x, c):
-    got_keys, got_a, got_b = acc.grouped_sums(keys, x, c)
-    want_keys, want_a, want_b = naive(keys, x, c)
+def check_against_naive(keys, rows):
+    got_keys, got_a, got_b = acc.grouped_sums(keys, rows)
+    want_keys, want_a, want_b = naive(keys, rows)
     np.testing.assert_array_equal(got_keys, want_keys)
     np.testing.assert_allclose(got_a, want_a, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(got_b, want_b, rtol=1e-10, atol=1e-10)
@@ -72,9 +74,7 @@ def sizes_data(sizes, d, seed):
     rng = np.random.default_rng(seed)
     item_ids = rng.choice(np.arange(-1000, 100_000), size=len(sizes), replace=False)
     keys = np.repeat(item_ids, sizes)
-    x = rng.normal(size=(keys.size, d))
-    c = rng.normal(size=(keys.size, d))
-    return keys, x, c
+    return keys, rng.normal(size=(keys.size, d + 1))  # kernel rows [x, s]
 
 
 def test_grouped_sums_all_sizes_1_to_300_unsorted_and_sorted():
@@ -82,27 +82,27 @@ def test_grouped_sums_all_sizes_1_to_300_unsorted_and_sorted():
     # 128 bucket) and the GEMM path from GEMM_MIN_ROWS = 128 on
     assert acc.GEMM_MIN_ROWS == 128
     sizes = np.arange(1, 301)
-    keys, x, c = sizes_data(sizes, 3, 0)
+    keys, rows = sizes_data(sizes, 3, 0)
     perm = np.random.default_rng(1).permutation(keys.size)
-    check_against_naive(keys[perm], x[perm], c[perm])  # unsorted: sorted inside
+    check_against_naive(keys[perm], rows[perm])  # unsorted: sorted inside
     order = np.argsort(keys, kind="stable")
-    check_against_naive(keys[order], x[order], c[order])  # pre-sorted: the sort is skipped
+    check_against_naive(keys[order], rows[order])  # pre-sorted: the sort is skipped
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 63, 64, 65, 100, 127, 128, 129, 256])
 def test_grouped_sums_single_bucket_sizes(size):
     sizes = np.full(5, size)
-    keys, x, c = sizes_data(sizes, 4, size)
+    keys, rows = sizes_data(sizes, 4, size)
     perm = np.random.default_rng(size).permutation(keys.size)
-    check_against_naive(keys[perm], x[perm], c[perm])
+    check_against_naive(keys[perm], rows[perm])
 
 
 def test_grouped_sums_more_small_groups_than_one_stack():
     # more than _STACK_GROUPS groups in one bucket: the stack loop runs in several chunks
     sizes = np.r_[np.ones(2500, dtype=int), np.full(1100, 2), np.full(30, 70)]
-    keys, x, c = sizes_data(sizes, 2, 7)
+    keys, rows = sizes_data(sizes, 2, 7)
     perm = np.random.default_rng(2).permutation(keys.size)
-    check_against_naive(keys[perm], x[perm], c[perm])
+    check_against_naive(keys[perm], rows[perm])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,29 +112,31 @@ def test_grouped_sums_more_small_groups_than_one_stack():
     seed=st.integers(0, 2**31),
 )
 def test_grouped_sums_property(sizes, d, seed):
-    keys, x, c = sizes_data(np.array(sizes), d, seed)
+    keys, rows = sizes_data(np.array(sizes), d, seed)
     perm = np.random.default_rng(seed).permutation(keys.size)
-    check_against_naive(keys[perm], x[perm], c[perm])
+    check_against_naive(keys[perm], rows[perm])
 
 
 def test_grouped_sums_empty_input():
-    keys, a, b = acc.grouped_sums(np.array([], dtype=np.int64), np.zeros((0, 3)), np.zeros((0, 3)))
+    keys, a, b = acc.grouped_sums(np.array([], dtype=np.int64), np.zeros((0, 4)))
     assert keys.shape == (0,) and a.shape == (0, 6) and b.shape == (0, 3)
 
 
 def test_grouped_sums_misaligned_inputs_raise():
     with pytest.raises(ValueError, match="line up"):
-        acc.grouped_sums(np.array([1, 2]), np.zeros((3, 2)), np.zeros((3, 2)))
+        acc.grouped_sums(np.array([1, 2]), np.zeros((3, 3)))
     with pytest.raises(ValueError, match="line up"):
-        acc.grouped_sums(np.array([1, 2, 3]), np.zeros((3, 2)), np.zeros((3, 3)))
+        acc.grouped_sums(np.array([1, 2, 3]), np.zeros((3, 1)))  # no room for both x and s
+    with pytest.raises(ValueError, match="line up"):
+        acc.grouped_sums(np.array([1, 2, 3]), np.zeros(3))
 
 
 def test_grouped_sums_does_not_modify_inputs():
-    keys, x, c = sizes_data(np.array([3, 1, 2]), 2, 3)
-    keys, x, c = keys[::-1].copy(), x[::-1].copy(), c[::-1].copy()
-    saved = keys.copy(), x.copy(), c.copy()
-    acc.grouped_sums(keys, x, c)
-    for before, after in zip(saved, (keys, x, c)):
+    keys, rows = sizes_data(np.array([3, 1, 2]), 2, 3)
+    keys, rows = keys[::-1].copy(), rows[::-1].copy()
+    saved = keys.copy(), rows.copy()
+    acc.grouped_sums(keys, rows)
+    for before, after in zip(saved, (keys, rows)):
         np.testing.assert_array_equal(before, after)
 
 
@@ -150,10 +152,10 @@ def test_hand_example_d2():
     y = np.array([5.0, 3.0, -1.0])
     w = np.array([0.25, 4.0, 1.0])
     keys = np.array([10, 20, 10])
-    x, c = acc.prepare_rows(u, y, w, clip_u=1.0, clip_y=2.0)
-    np.testing.assert_allclose(x, [[0.3, 0.4], [0.0, 0.0], [0.5, 0.0]], atol=1e-15)
-    np.testing.assert_allclose(c, [[0.3, 0.4], [0.0, 0.0], [-0.5, 0.0]], atol=1e-15)
-    out_keys, a, b = acc.grouped_sums(keys, x, c)
+    rows = acc.prepare_rows(u, y, w, clip_u=1.0, clip_y=2.0)
+    # [sqrt(w) Clip(u), sqrt(w) Clip(y)]: y=3 clips to 2, sqrt(4) * 2 = 4
+    np.testing.assert_allclose(rows, [[0.3, 0.4, 1.0], [0.0, 0.0, 4.0], [0.5, 0.0, -1.0]], atol=1e-15)
+    out_keys, a, b = acc.grouped_sums(keys, rows)
     assert out_keys.tolist() == [10, 20]
     # A_10 = 0.25*[[.36,.48],[.48,.64]] + [[.25,0],[0,0]] = [[.34,.12],[.12,.16]]
     np.testing.assert_allclose(a, [[0.34, 0.12, 0.16], [0.0, 0.0, 0.0]], rtol=0, atol=1e-15)
@@ -176,8 +178,7 @@ def test_prepare_rows_matches_definition(n, d, clip_u, clip_y, seed):
     y = rng.normal(scale=4.0, size=n)
     w = rng.uniform(0.0, 2.0, size=n)
     keys = rng.integers(0, 4, size=n)
-    x, c = acc.prepare_rows(u, y, w, clip_u, clip_y)
-    out_keys, a, b = acc.grouped_sums(keys, x, c)
+    out_keys, a, b = acc.grouped_sums(keys, acc.prepare_rows(u, y, w, clip_u, clip_y))
     for row, key in enumerate(out_keys):
         A = np.zeros((d, d))
         bj = np.zeros(d)
@@ -213,11 +214,11 @@ def test_create_is_zero():
 
 
 def test_merge_of_partitions_equals_whole():
-    keys, x, c = sizes_data(np.array([5, 1, 40, 130, 3]), 3, 11)
+    keys, rows = sizes_data(np.array([5, 1, 40, 130, 3]), 3, 11)
     perm = np.random.default_rng(5).permutation(keys.size)
-    keys, x, c = keys[perm], x[perm], c[perm]
-    whole_keys, whole_a, whole_b = acc.grouped_sums(keys, x, c)
-    parts = [acc.grouped_sums(keys[s], x[s], c[s]) for s in (slice(0, 60), slice(60, 61), slice(61, None))]
+    keys, rows = keys[perm], rows[perm]
+    whole_keys, whole_a, whole_b = acc.grouped_sums(keys, rows)
+    parts = [acc.grouped_sums(keys[s], rows[s]) for s in (slice(0, 60), slice(60, 61), slice(61, None))]
     for row, key in enumerate(whole_keys):
         partials = [acc.create(3)]
         for part_keys, part_a, part_b in parts:
@@ -347,8 +348,7 @@ def test_finalize_rejects_item_ids_not_matching_rows():
 def all_item_stats(users, items, u, y, counts, n_items, wbar, clip_u, clip_y, d):
     """Un-noised (A, b) for items 0..n_items-1 (zeros for items with no rows), user-level weights."""
     w = user_level_weights(users, counts[items], wbar)
-    x, c = acc.prepare_rows(u, y, w, clip_u, clip_y)
-    keys, a, b = acc.grouped_sums(items, x, c)
+    keys, a, b = acc.grouped_sums(items, acc.prepare_rows(u, y, w, clip_u, clip_y))
     full_a = np.zeros((n_items, acc.packed_size(d)))
     full_b = np.zeros((n_items, d))
     full_a[keys], full_b[keys] = a, b
@@ -427,8 +427,7 @@ def test_example_level_sensitivity(n, d, clip_u, clip_y, seed, scale):
     removed = int(rng.integers(0, n))
 
     def stats(mask):
-        x, c = acc.prepare_rows(u[mask], y[mask], np.ones(mask.sum()), clip_u, clip_y)
-        k, a, b = acc.grouped_sums(keys[mask], x, c)
+        k, a, b = acc.grouped_sums(keys[mask], acc.prepare_rows(u[mask], y[mask], np.ones(mask.sum()), clip_u, clip_y))
         full_a, full_b = np.zeros((3, acc.packed_size(d))), np.zeros((3, d))
         full_a[k], full_b[k] = a, b
         return acc.unpack_upper(full_a, d), full_b

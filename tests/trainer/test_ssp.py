@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines.stats_core import stats_table
-from privacy.accumulator import grouped_sums, pack_upper, unpack_upper
+from privacy.accumulator import augment, grouped_sums, pack_upper, unpack_upper
 from schemas import storage
 from schemas.tables import items_schema
 from trainer import ssp
@@ -31,7 +31,7 @@ def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
     encoder = ItemEncoder(space, dim=3, kind="features", family_dim=4)
     rng = np.random.default_rng(0)
     positions, u, y = random_examples(rng, 40, 3, space.size)
-    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    keys, a_upper, b = grouped_sums(positions, augment(u, y))
     with tf.GradientTape(persistent=True) as tape:
         v_rows = tf.cast(encoder(tf.constant(positions)), tf.float64)
         exact = 0.5 * tf.reduce_sum((tf.reduce_sum(v_rows * u, axis=1) - y) ** 2)
@@ -66,7 +66,7 @@ def test_id_encoder_reproduces_closed_form_als_item_solve(tmp_path):
     d, ridge = 3, 0.5
     rng = np.random.default_rng(1)
     positions, u, y = random_examples(rng, 60, d, space.size)
-    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    keys, a_upper, b = grouped_sums(positions, augment(u, y))
     write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
     encoder = ItemEncoder(space, dim=d, kind="id")
     config = ssp.SSPConfig(epochs=1500, batch_size=8, learning_rate=0.02, ridge=ridge, psd_projection=False)
@@ -131,7 +131,7 @@ def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
     d, ridge = 3, 0.5
     rng = np.random.default_rng(4)
     positions, u, y = random_examples(rng, 60, d, space.size)
-    keys, a_upper, b = grouped_sums(positions, u, y[:, None] * u)
+    keys, a_upper, b = grouped_sums(positions, augment(u, y))
     write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
     scale = np.arange(1.0, space.size + 1)
     solved = als.solve_items(str(tmp_path / "s.parquet"), space, d, ridge, scale, psd_projection=True)
