@@ -14,8 +14,9 @@ at the same time:
     (c) what a Spark task does with its rows (sort by item and user, contributions, one grouped_sums).
     Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
     (target >= 30%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
- 3. Spark: `pipelines.stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run twice
-    in one session (the first warms the JVM), the second reported; its end-to-end time over the
+ 3. Spark: `pipelines.stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run three
+    times in one session (the first warms the JVM and the Python workers), the fastest of the others
+    reported, as the best of the kernel's repeats is; its end-to-end time over the
     kernel time (target <= 3x). Session start-up and `StatsJob.prepare()` (driver-side validation
     and digests, inside the end-to-end time) are reported separately, and so are the Spark stages
     of the second run (from the event log).
@@ -39,6 +40,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -305,10 +307,18 @@ def measure_spark(paths: dict, work: str, settings, master: str, shards: int, ru
             run = {"end_to_end_s": time.perf_counter() - begun, **timing, "items": summary["items"], "since_ms": since, "until_ms": time.time() * 1e3}
             log(f"run {attempt + 1}: {run['end_to_end_s']:.1f} s (prepare {run['prepare_s']:.1f} s)")
             result["runs"].append(run)
+            shutil.rmtree(os.path.join(work, f"stats-{attempt}"), ignore_errors=True)  # 8 bytes x items x d^2/2 per run: keep the page cache as it was
+    warm = result["runs"][1:] or result["runs"]
+    result["reported"] = result["runs"].index(min(warm, key=lambda r: r["end_to_end_s"]))
     if events:
-        last = result["runs"][-1]
-        result["breakdown"] = _stage_breakdown(event_dir, last["since_ms"] - 1, last["until_ms"] + 1)
+        best = reported_run(result)
+        result["breakdown"] = _stage_breakdown(event_dir, best["since_ms"] - 1, best["until_ms"] + 1)
     return result
+
+
+def reported_run(spark: dict) -> dict:
+    """The Spark run a report gives: the fastest after the first (which warms the JVM and the workers)."""
+    return spark["runs"][spark["reported"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,11 +373,11 @@ def report(figures: dict) -> list[str]:
     lines.append(f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone {k['prepare_rows_s']:.2f} s")
     s = figures.get("spark")
     if s:
-        run = s["runs"][-1]
+        run = reported_run(s)
         ratio = run["end_to_end_s"] / k["unsorted_s"]
         lines += [
             f"3. Spark {s['master']} (Spark {s['spark_version']}, {s['shards']} shards): session start-up {s['session_start_s']:.1f} s; "
-            f"runs {', '.join('%.1f s' % r['end_to_end_s'] for r in s['runs'])} (run {len(s['runs'])} reported)",
+            f"runs {', '.join('%.1f s' % r['end_to_end_s'] for r in s['runs'])} (run {s['reported'] + 1}, the fastest after the first, reported)",
             f"   end-to-end {run['end_to_end_s']:.1f} s, of which StatsJob.prepare() {run['prepare_s']:.1f} s, engine {run['end_to_end_s'] - run['prepare_s']:.1f} s",
             f"   Spark / kernel (a) = {ratio:.1f}x ({'meets' if ratio <= SPARK_TARGET else 'MISSES'} the <= {SPARK_TARGET:g}x target); "
             f"/ kernel (b) = {run['end_to_end_s'] / k['sorted_s']:.1f}x; engine only / kernel (a) = {(run['end_to_end_s'] - run['prepare_s']) / k['unsorted_s']:.1f}x",
@@ -418,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads for GEMM and kernel (default %(default)s: as each Spark worker)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--shards", type=int, default=4, help="stats job shards (default %(default)s)")
-    parser.add_argument("--spark-runs", type=int, default=2, help="Spark runs in one session, the last reported (default %(default)s)")
+    parser.add_argument("--spark-runs", type=int, default=3, help="Spark runs in one session; the fastest after the first is reported (default %(default)s)")
     parser.add_argument("--skip-spark", action="store_true", help="measure GEMM and kernel only")
     parser.add_argument("--profile", action="store_true", help="also break down the kernel's and the Spark job's Python time")
     parser.add_argument("--out-json", help="write every figure to this JSON file")
@@ -462,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["kernel_fraction_sorted"] = figures["kernel"]["sorted_gflops"] / figures["gemm"]["gflops"]
     ok = kernel_fraction >= KERNEL_TARGET
     if "spark" in figures:
-        figures["spark_over_kernel"] = figures["spark"]["runs"][-1]["end_to_end_s"] / figures["kernel"]["unsorted_s"]
+        figures["spark_over_kernel"] = reported_run(figures["spark"])["end_to_end_s"] / figures["kernel"]["unsorted_s"]
         ok = ok and figures["spark_over_kernel"] <= SPARK_TARGET
     print("\n".join(report(figures)))
     if args.out_json:
