@@ -46,8 +46,8 @@ from schemas import storage  # noqa: E402
 WRITTEN_DDL = "resample int, name string, rows long"
 BLOCK_SCHEMA = pa.schema([("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())])  # rows of one item shard, shuffled as one record
 BLOCK_SCHEMA_DDL = "key int, shard int, block binary"
-CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one chunk)
-ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time (about 17 MiB of statistics at d=64)
+CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one group)
+ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
 READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
 READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
 ROWS_PER_PARTITION = 2_000_000  # bounds a reduce task's memory: its rows (24 bytes each) and their sort (about 0.2 GiB)
@@ -115,9 +115,10 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     """One shard of complete items: every catalog item with shard_of == shard, and all their rows
     (users, items, labels) -> noised statistics, written as part `shard` of each table.
 
-    Items go ITEMS_PER_ROW_GROUP at a time (a Parquet row group each): their rows' sums, then each
-    resample's noise and write, so a task's memory stays small whatever the shard's size. Rows are
-    summed in (item, user) order, so reruns are bit-identical whatever order the shuffle delivered them in.
+    Items go in groups of at most ITEMS_PER_ROW_GROUP items and CHUNK_ROWS rows (a Parquet row
+    group each): their rows' sums (one grouped_sums), then each resample's noise and write, so a
+    task's memory stays small whatever the shard's size. Rows are summed in (item, user) order, so
+    reruns are bit-identical whatever order the shuffle delivered them in.
     """
     catalog = lookups.catalog.ids
     items = catalog[shard_of(catalog, shards) == shard]  # sorted: every item of the shard, rows or not
@@ -136,18 +137,16 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     try:
         with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
             pending: list = []
-            for first in range(0, items.size, ITEMS_PER_ROW_GROUP):
-                group = items[first : first + ITEMS_PER_ROW_GROUP]
-                a = np.zeros((group.size, accumulator.packed_size(settings.dim)))
-                b = np.zeros((group.size, settings.dim))
-                for part in _row_chunks(rated, np.searchsorted(rated, group[0], side="left"), np.searchsorted(rated, group[-1], side="right")):
+            for group, part in _groups(items, rated):
+                if part.stop > part.start:
                     keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
                         users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
                         None if normalisers is None else normalisers[part]))
-                    at = np.searchsorted(group, keys)
-                    a[at], b[at] = sums_a, sums_b
+                else:  # no rows: noise only
+                    keys, sums_a, sums_b = group[:0], np.zeros((0, accumulator.packed_size(settings.dim))), np.zeros((0, settings.dim))
+                at = np.searchsorted(group, keys)
                 for writer, spec, metadata in zip(writers, specs, tables):
-                    pending.append(output.submit(writer.write_table, stats_table(group, *accumulator.finalize(group, a, b, spec), metadata)))
+                    pending.append(output.submit(writer.write_table, stats_table(group, *accumulator.finalize(group, sums_a, sums_b, spec, at), metadata)))
                 while len(pending) > len(writers):  # at most one group waiting to be written
                     pending.pop(0).result()
             for write in pending:
@@ -160,15 +159,18 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
                                          schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64())]))
 
 
-def _row_chunks(rated: np.ndarray, low: int, high: int) -> Iterator[slice]:
-    """Slices of rows[low:high] (sorted by item) of about CHUNK_ROWS rows each, never splitting an item."""
-    start = low
-    while start < high:
-        end = min(start + CHUNK_ROWS, high)
-        if end < high:  # move the cut to the end of the item it falls in
-            end = int(np.searchsorted(rated, rated[end - 1], side="right"))
-        yield slice(start, end)
-        start = end
+def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS) -> Iterator[tuple[np.ndarray, slice]]:
+    """(items, their rows) of consecutive groups of the shard's sorted items, each at most
+    `max_items` items and `max_rows` rows (or a single item with more rows); `rated` (the rows'
+    items, sorted) holds only items of `items`."""
+    ends = np.searchsorted(rated, items, side="right")  # rows up to and including each item
+    first = 0
+    while first < items.size:
+        begin = int(ends[first - 1]) if first else 0
+        last = min(first + max_items, int(np.searchsorted(ends, begin + max_rows, side="right")), items.size)
+        last = max(last, first + 1)
+        yield items[first:last], slice(begin, int(ends[last - 1]))
+        first = last
 
 
 def encode_rows(users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> bytes:

@@ -220,22 +220,33 @@ class NoiseSpec:
         return self.noise_multiplier * self.wbar
 
 
-def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Add the release's keyed Gaussian noise to merged statistics of the given items (new arrays).
+def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec, at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The released statistics of the given items (new arrays): their merged sums plus the
+    release's keyed Gaussian noise, which every item gets.
 
-    The noise is drawn straight into the two output arrays and scaled and summed in place: no
-    item-sized temporaries.
+    `a_upper` and `b` hold one row per item, or, with `at`, the sums of the items at positions
+    `at` of `item_ids` only (items with rows; the others' sums are zero). The noise is drawn
+    straight into the two output arrays and scaled and summed in place: no item-sized temporaries.
     """
     a_upper = np.asarray(a_upper, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     item_ids = np.asarray(item_ids)
-    if not (item_ids.ndim == 1 and a_upper.shape[0] == b.shape[0] == item_ids.size):
-        raise ValueError(f"finalize needs one item id per row: {item_ids.shape} ids, {a_upper.shape[0]} A rows, {b.shape[0]} b rows")
+    rows = np.arange(item_ids.size) if at is None else np.asarray(at)
+    if not (item_ids.ndim == 1 and a_upper.ndim == b.ndim == 2 and a_upper.shape[0] == b.shape[0] == rows.size
+            and (rows.size == 0 or (rows.min() >= 0 and rows.max() < item_ids.size and np.all(rows[1:] > rows[:-1])))):
+        raise ValueError(f"finalize needs one row of sums per item, or per distinct position `at`: {item_ids.shape} ids, "
+                         f"{a_upper.shape[0]} A rows, {b.shape[0]} b rows, {rows.size} positions")
+    full = rows.size == item_ids.size  # increasing positions, as many as items: every item, in order
     if spec.sigma == 0:
-        return a_upper.copy(), b.copy()
-    noised_a, noised_b = noise.standard_normal_blocks(spec.seed, spec.release, item_ids, (a_upper.shape[1], b.shape[1]))
-    noised_a *= spec.sigma * spec.clip_u**2
-    noised_a += a_upper
-    noised_b *= spec.sigma * spec.clip_y * spec.clip_u
-    noised_b += b
+        noised_a, noised_b = np.zeros((item_ids.size, a_upper.shape[1])), np.zeros((item_ids.size, b.shape[1]))
+    else:
+        noised_a, noised_b = noise.standard_normal_blocks(spec.seed, spec.release, item_ids, (a_upper.shape[1], b.shape[1]))
+        noised_a *= spec.sigma * spec.clip_u**2
+        noised_b *= spec.sigma * spec.clip_y * spec.clip_u
+    if full:
+        noised_a += a_upper
+        noised_b += b
+    else:
+        noised_a[rows] += a_upper
+        noised_b[rows] += b
     return noised_a, noised_b

@@ -283,6 +283,30 @@ def test_finalize_does_not_modify_inputs():
     assert np.all(na != 0) and np.all(nb != 0)  # items with no rows still get noise
 
 
+def test_finalize_with_positions_adds_sums_where_rows_were_and_noise_everywhere():
+    ids = np.array([10, 20, 30, 40])
+    sums_a, sums_b = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), np.array([[7.0, 8.0], [9.0, 10.0]])
+    at = np.array([0, 2])  # items 10 and 30 had rows; 20 and 40 none
+    na, nb = acc.finalize(ids, sums_a, sums_b, spec(noise_multiplier=0.0), at)
+    assert na.tolist() == [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [4.0, 5.0, 6.0], [0.0, 0.0, 0.0]]
+    assert nb.tolist() == [[7.0, 8.0], [0.0, 0.0], [9.0, 10.0], [0.0, 0.0]]
+    full_a, full_b = np.zeros((4, 3)), np.zeros((4, 2))
+    full_a[at], full_b[at] = sums_a, sums_b
+    for positions, a, b in ((at, sums_a, sums_b), (None, full_a, full_b), (np.arange(4), full_a, full_b)):
+        na, nb = acc.finalize(ids, a, b, spec(), positions)  # the same release whichever way the sums are given
+        want_a, want_b = acc.finalize(ids, full_a, full_b, spec())
+        np.testing.assert_array_equal(na, want_a)
+        np.testing.assert_array_equal(nb, want_b)
+    na, nb = acc.finalize(ids, np.zeros((0, 3)), np.zeros((0, 2)), spec(), np.zeros(0, np.int64))  # no rows at all: noise only
+    np.testing.assert_array_equal(na, acc.finalize(ids, np.zeros((4, 3)), np.zeros((4, 2)), spec())[0])
+
+
+@pytest.mark.parametrize("at", [[2, 0], [0, 0], [0, 4], [-1, 1], [1]])
+def test_finalize_rejects_bad_positions(at):
+    with pytest.raises(ValueError, match="positions"):
+        acc.finalize(np.arange(4), np.zeros((2, 3)), np.zeros((2, 2)), spec(), np.array(at))
+
+
 def test_finalize_noise_is_the_keyed_draw_scaled():
     d, t = 3, 6
     ids = np.array([4, 9, 1])

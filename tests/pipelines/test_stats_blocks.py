@@ -1,0 +1,61 @@
+"""The Spark stats job's numpy parts: item shards, row blocks, and the groups a task noises and writes."""
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines import stats
+from pipelines.stats_core import shard_of
+
+
+def test_shard_of_is_a_balanced_function_of_the_item():
+    items = np.arange(-50_000, 50_000)
+    shards = shard_of(items, 4)
+    assert shards.min() == 0 and shards.max() == 3
+    np.testing.assert_array_equal(shard_of(items[::-1], 4), shards[::-1])  # per item, not per position
+    counts = np.bincount(shards)
+    assert counts.min() > 0.97 * items.size / 4  # consecutive ids spread evenly
+    assert np.all(shard_of(np.array([2**62, -(2**62)]), 7) < 7)
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(0, 300), shards=st.integers(1, 9), seed=st.integers(0, 2**31))
+def test_packed_blocks_hold_each_row_once_in_its_shard(n, shards, seed):
+    rng = np.random.default_rng(seed)
+    users, rated = rng.integers(-10**12, 10**12, n), rng.integers(-10**12, 10**12, n)
+    labels = rng.normal(size=n) * 1e6
+    keys = np.arange(100, 100 + shards, dtype=np.int32)
+    batches = [pa.RecordBatch.from_pydict({"user_id": users[k::3], "item_id": rated[k::3], "label": labels[k::3]}) for k in range(3)]
+    blocks = pa.Table.from_batches(list(stats.pack_rows(iter(batches), shards, keys)), schema=stats.BLOCK_SCHEMA)
+    got = []
+    for shard in range(shards):
+        mine = blocks.filter(pa.compute.equal(blocks["shard"], shard))
+        assert set(mine["key"].to_pylist()) <= {int(keys[shard])}
+        u, i, y = stats.decode_rows(mine["block"].to_pylist())
+        assert np.all(shard_of(i, shards) == shard)
+        got += list(zip(u.tolist(), i.tolist(), y.tolist()))
+    assert sorted(got) == sorted(zip(users.tolist(), rated.tolist(), labels.tolist()))  # bit-exact labels
+
+
+def test_decode_of_no_blocks_or_empty_blocks_is_no_rows():
+    for blocks in ([], [b"", b""]):
+        users, items, labels = stats.decode_rows(blocks)
+        assert users.size == items.size == labels.size == 0 and labels.dtype == np.float64
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows_per_item=st.lists(st.integers(0, 90), min_size=1, max_size=60), chunk=st.integers(1, 100), per_group=st.integers(1, 12))
+def test_groups_cover_items_and_rows_in_order_within_the_limits(rows_per_item, chunk, per_group):
+    items = np.arange(len(rows_per_item)) * 3 + 5
+    rated = np.repeat(items, rows_per_item)
+    groups = list(stats._groups(items, rated, per_group, chunk))
+    np.testing.assert_array_equal(np.concatenate([group for group, _ in groups]), items)
+    assert [part.start for _, part in groups] == [0] + [part.stop for _, part in groups[:-1]] and groups[-1][1].stop == rated.size
+    for group, part in groups:
+        assert 1 <= group.size <= per_group
+        assert set(rated[part].tolist()) <= set(group.tolist())
+        assert part.stop - part.start <= chunk or group.size == 1  # only a single item may hold more rows than a chunk
+        if group is not groups[-1][0]:  # greedy: the next item would have broken a limit
+            following = items[np.searchsorted(items, group[-1]) + 1]
+            assert group.size == per_group or (part.stop - part.start) + np.count_nonzero(rated == following) > chunk
