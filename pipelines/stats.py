@@ -5,8 +5,9 @@ Map side: each task reads row groups of the interactions (schemas.storage, so lo
 gs:// alike) and packs their narrow rows (user, item, label) into one binary block per item shard
 (stats_core.shard_of, a fixed hash); the task reading the first row group also declares every
 shard with an empty block, so a shard without rows still gets its task. Spark shuffles the blocks
-(a few records per task and shard, not one per row: the JVM never touches a row) into one
-partition per shard (`partition_keys`). Reduce side: each task holds complete items: it looks up
+(a few records per task and shard, not one per row: the JVM never touches a row) to the reduce
+tasks: one per shard, or fewer when the shards outnumber the cores (`partition_keys`; a task then
+works through its shards one after another). Reduce side: each task holds complete items: it looks up
 its rows' DP counts and, at user level, their users' weight normalisers (sums over all of a
 user's rows, computed by `StatsJob.prepare()` with `privacy.weights`) in a broadcast, turns the
 rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
@@ -50,7 +51,7 @@ CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigge
 ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
 READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
 READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
-ROWS_PER_PARTITION = 2_000_000  # bounds a reduce task's memory: its rows (24 bytes each) and their sort (about 0.2 GiB)
+ROWS_PER_PARTITION = 2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
 
 
 _last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the last embeddings read, by content digest
@@ -191,10 +192,10 @@ _partition_keys: dict[int, np.ndarray] = {}  # by partition count: Spark's hash 
 
 
 def partition_keys(spark, partitions: int) -> np.ndarray:
-    """For each shard k < partitions, an int key that Spark's hash partitioning (pmod of the SQL
-    `hash`, as `repartition(n, column)` does) sends to partition k: one shard per task. Were the
-    mapping ever different, the job would stay correct (a task handles whatever shards it gets),
-    only less balanced. Found with one small Spark query, once per partition count."""
+    """For each k < partitions, an int key that Spark's hash partitioning (pmod of the SQL `hash`,
+    as `repartition(n, column)` does) sends to partition k. Were the mapping ever different, the
+    job would stay correct (a task handles whatever shards it gets), only less balanced. Found with
+    one small Spark query, once per partition count."""
     if partitions not in _partition_keys:
         candidates = spark.range(0, 64 * partitions).selectExpr("cast(id as int) as key", f"pmod(hash(cast(id as int)), {partitions}) as shard")
         found = {row["shard"]: row["key"] for row in candidates.groupBy("shard").min("key").withColumnRenamed("min(key)", "key").collect()}
@@ -226,15 +227,17 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     settings = job.settings
     users, normalisers = job.normalisers if settings.unit == "user" and job.normalisers else (None, None)  # by prepare(), privacy.weights
     lookups = spark.sparkContext.broadcast(RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers))
-    partitions = max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
-    keys = partition_keys(spark, partitions)
+    needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
+    shards = max(job.shards, needed)
+    tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
+    keys = partition_keys(spark, tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
     embeddings = (job.user_embeddings, job.digests["user_embeddings"])
     forward_storage_settings(spark)
     units = storage.row_groups(job.interactions)
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
-    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, partitions, keys), BLOCK_SCHEMA_DDL)
-    written = blocks.repartition(partitions, "key").mapInArrow(
-        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, partitions, batches), fail_first_attempts),
+    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
+    written = blocks.repartition(tasks, "key").mapInArrow(
+        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches), fail_first_attempts),
         WRITTEN_DDL
     ).collect()
     lookups.unpersist()
