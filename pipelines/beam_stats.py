@@ -54,6 +54,7 @@ from pipelines.stats_core import STATS_PARQUET, StatsSettings, release_metadata,
 from privacy import accumulator
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.ids import IdIndex
 
 INPUTS = ("interactions", "user_embeddings", "counts", "items")
 KERNEL_ROWS = 262_144  # complete users' rows gathered before one grouped-sums call (as in Spark)
@@ -119,8 +120,8 @@ def embeddings_by_user(batch: pa.RecordBatch | pa.Table, dim: int) -> Iterable[t
         yield user, row.copy()
 
 
-def counts_lookup(tables: list[pa.Table | pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """DP count tables -> (sorted item ids, their counts), the side input of the weights."""
+def counts_lookup(tables: list[pa.Table | pa.RecordBatch]) -> tuple[IdIndex, np.ndarray]:
+    """DP count tables -> (index of the sorted item ids, their counts), the side input of the weights."""
     ids = [np.asarray(t.column("item_id").to_numpy(), np.int64) for t in tables]
     counts = [np.asarray(t.column("count").to_numpy(), np.float64) for t in tables]
     ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
@@ -129,7 +130,7 @@ def counts_lookup(tables: list[pa.Table | pa.RecordBatch]) -> tuple[np.ndarray, 
     ids, counts = ids[order], counts[order]
     if ids.size > 1 and np.any(ids[1:] == ids[:-1]):
         raise ValueError(f"DP counts: item {ids[1:][ids[1:] == ids[:-1]][0]} has more than one count")
-    return ids, counts
+    return IdIndex(ids), counts
 
 
 def catalog_declarations(batch: pa.RecordBatch | pa.Table) -> Iterable[tuple[int, None]]:
@@ -186,9 +187,8 @@ class UserPartials(beam.DoFn):
             return
         users, items, labels, embeddings = (np.concatenate(part) for part in zip(*self._buffer))
         self._buffer, self._rows = [], 0
-        ids, values = self._counts
-        where = np.minimum(np.searchsorted(ids, items), max(ids.size - 1, 0))
-        known = ids[where] == items if ids.size else np.zeros(items.size, bool)
+        index, values = self._counts
+        where, known = index.lookup(items)
         if not known.all():
             raise ValueError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
         keys, a, b = accumulator.grouped_sums(*user_contributions(users, items, labels, embeddings, values[where], self.settings))
