@@ -2,20 +2,37 @@
 
 This module owns the split protocols of the paper's benchmarks and the layout of a split folder:
 
-* ``rmse`` (regression, the ML10M benchmark): a random 80/10/10 train/valid/test split of the
-  ratings (`split_ratings`).
+* ``rmse`` (regression, the ML10M benchmark): each rating goes to train, valid or test with fixed
+  probabilities 1 - h, h/2, h/2 (h = ``holdout``, 0.2 by default: 80/10/10) (`split_ratings`).
 * ``recall`` (ranking, the ML20M benchmark): the preprocessing of Liang et al. 2018 (VAE-CF) as used
-  by the DP-ALS papers: positives only, held-out validation and test users whose positives are split
-  into fold-in history and targets (`split_heldout_users`). The restriction of training to the 10%
-  most frequent items is not applied here: it must use DP counts, not exact ones, so the protocol
-  only records ``train_item_fraction`` and `top_items` applies it later to released counts.
+  by the DP-ALS papers: positives only, held-out validation and test users (each eligible user is
+  one with probabilities 1 - h, h/2, h/2) whose positives are split into fold-in history and targets
+  (`split_heldout_users`). The restriction of training to the 10% most frequent items is not
+  applied here: it must use DP counts, not exact ones, so the protocol only records
+  ``train_item_fraction`` and `top_items` applies it later to released counts.
+
+``holdout`` 0 is the production mode: every row (rmse) or every eligible user (recall) is a
+training one and the held-out tables are empty.
+
+Neighbouring data sets (see ARCHITECTURE.md): every split is row-local. A row's part depends on
+that row alone, through a keyed hash (splitmix64 of the split seed, the user id and, for row
+decisions, the item id) mapped to [0, 1) and compared with fixed fractions, never on other rows,
+on the row order or on exact totals. There are no exact part sizes: the sizes are binomial around
+the fractions. So removing a user's rows from the input removes exactly those rows from every part
+and changes nothing else (the training part is what the DP releases are computed from, and the
+noise is calibrated for one user's rows in it). The only steps that look at more than one row are
+user-local (the dedup of repeated ratings, the recall eligibility and the < 5 rows rule) except one:
+in the recall protocol held-out rows are restricted to the items of the training positives, as in
+Liang et al. That restriction touches the held-out tables only, which feed nothing but the private
+evaluation (metrics.json, never published, not a release); the training table never depends on it.
+With ``restrict_to_train_items=False`` every part is exactly row-local.
 
 A split folder holds one table per part (``<out>/<name>.parquet``) and ``<out>/split.json``, written
-last, which marks the folder complete and records the protocol, the seed and the table sizes.
+last, which marks the folder complete and records the protocol, the seed, the fractions and the
+table sizes.
 
-Both splits are deterministic functions of the *set* of input rows and the seed: rows are sorted by
-(user_id, item_id, timestamp, label) before any randomness is drawn, so the input row order does not
-matter, and all randomness comes from ``numpy.random.Generator(Philox(seed))``.
+Both splits are deterministic functions of the *set* of input rows and the seed: the input row order
+does not matter, and every table comes out in (user_id, item_id, timestamp, label) order.
 
 Privacy: splits are private tables (they are interactions); they stay in the run directory, next
 to the data set they come from, and are never released. split.json holds exact sizes of private
@@ -25,6 +42,7 @@ tables, so it is private too.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 
 import numpy as np
@@ -32,29 +50,73 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.datasets import Dataset
+from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import validate_interactions
 
 DEFAULT_SEED = 1234
+DEFAULT_HOLDOUT = 0.2  # share of rows (rmse) or eligible users (recall) held out: half valid, half test
 PROTOCOLS = ("rmse", "recall")
 SPLIT_MANIFEST = "split.json"
 
-# Regression protocol: train = floor(0.8 n), valid = floor(0.1 n), test = the rest.
+# Regression protocol: each row is train, valid or test with probabilities 1 - h, h/2, h/2.
 RATING_PARTS = ("train", "valid", "test")
 
 # Ranking protocol (Liang et al. 2018).
 HELDOUT_PARTS = ("train", "valid_history", "valid_targets", "test_history", "test_targets")
 POSITIVE_THRESHOLD = 3.5  # labels above it are positives
 MIN_POSITIVES = 5  # users with fewer positives are dropped
-TARGET_FRACTION = 0.2  # share of a held-out user's items that are targets
-MAX_HELDOUT_USERS = 10_000  # per held-out group (validation, test), at full scale
-HELDOUT_PERCENT = 10  # per held-out group, for smaller sets
+TARGET_FRACTION = 0.2  # probability that a held-out user's row is a target
+MIN_TARGET_ROWS = 5  # a held-out user with fewer rows keeps them all as history
 TRAIN_ITEM_FRACTION = 0.1  # training keeps the top 10% items by DP count (applied later)
-MIN_ELIGIBLE_USERS = 3  # one training, one validation and one test user at the very least
+
+HOLDOUT_HELP = (
+    "share of rows (rmse) or users (recall) held out for evaluation, half validation and half test, chosen by a keyed hash "
+    "of the row or user so that the split never couples users; 0 is the production mode: train on every row, no held-out evaluation"
+)
+
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _generator(seed: int) -> np.random.Generator:
-    return np.random.Generator(np.random.Philox(seed))
+def check_holdout(holdout: float) -> float:
+    """`holdout` as a float, or ValueError unless it is in [0, 1)."""
+    try:
+        value = float(holdout)
+    except (TypeError, ValueError):
+        raise ValueError(f"holdout must be a number in [0, 1), got {holdout!r}") from None
+    if not 0.0 <= value < 1.0:  # also refuses NaN
+        raise ValueError(f"holdout must be in [0, 1) (the share of rows or users held out for evaluation; 0 trains on every row), got {holdout!r}")
+    return value
+
+
+def _key(seed: int, purpose: str) -> np.uint64:
+    """A 64-bit hash key per (seed, purpose): the decisions of different purposes are independent."""
+    digest = hashlib.blake2b(f"ssp-split-v1/{purpose}/{int(seed)}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def row_uniform(seed: int, purpose: str, *columns: np.ndarray) -> np.ndarray:
+    """A uniform number in [0, 1) per row, a keyed hash of the row's values in `columns` (int64 ids).
+
+    Each row's number depends on the seed, the purpose and that row's values only (splitmix64
+    finaliser chained over the columns, top 53 bits), never on other rows or their order.
+    """
+    h = None
+    with np.errstate(over="ignore"):
+        for position, column in enumerate(columns, start=1):
+            values = np.ascontiguousarray(column, dtype=np.int64).view(np.uint64)
+            if h is None:
+                h = np.full(values.shape, _key(seed, purpose), dtype=np.uint64)
+            h = mix64(h ^ mix64(values + np.uint64((_GOLDEN * position) & 0xFFFFFFFFFFFFFFFF)))
+    if h is None:
+        raise ValueError("row_uniform needs at least one column")
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _parts(uniform: np.ndarray, holdout: float) -> np.ndarray:
+    """0 (train) below 1 - h, 1 (valid) below 1 - h/2, 2 (test) above: fixed fractions 1 - h, h/2, h/2.
+    With h = 0 everything is train (uniform < 1 always)."""
+    return np.where(uniform < 1.0 - holdout, 0, np.where(uniform < 1.0 - holdout / 2, 1, 2))
 
 
 def _canonical(interactions: pa.Table) -> pa.Table:
@@ -78,53 +140,23 @@ def _canonical(interactions: pa.Table) -> pa.Table:
 # Regression protocol
 
 
-def split_ratings(interactions: pa.Table, seed: int = DEFAULT_SEED) -> dict[str, pa.Table]:
-    """Random 80/10/10 train/valid/test split of the ratings (the regression benchmark).
+def split_ratings(interactions: pa.Table, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT) -> dict[str, pa.Table]:
+    """Row-local train/valid/test split of the ratings (the regression benchmark; 80/10/10 by default).
 
-    Rows are sorted by (user_id, item_id, timestamp, label), then permuted with
-    Generator(Philox(seed)); the first floor(0.8 n) permuted rows are train, the next
-    floor(0.1 n) valid and the rest (n - floor(0.8 n) - floor(0.1 n)) test. Every table keeps the
-    canonical (sorted) row order.
+    Repeated (user, item) ratings keep the latest (user-local). Each remaining row gets
+    x = `row_uniform(seed, "rmse-row", user_id, item_id)` and goes to train if x < 1 - holdout, to
+    valid if x < 1 - holdout/2 and to test otherwise: each part's size is binomial around its fixed
+    fraction, and a row's part never depends on another row. holdout 0 puts every row in train.
+    Every table is in canonical (user_id, item_id, timestamp, label) order.
     """
+    holdout = check_holdout(holdout)
     table = _canonical(interactions)
-    n = table.num_rows
-    n_train, n_valid = n * 8 // 10, n // 10  # exact integer floors, no float rounding
-    perm = _generator(seed).permutation(n)
-    bounds = {"train": perm[:n_train], "valid": perm[n_train : n_train + n_valid], "test": perm[n_train + n_valid :]}
-    return {name: table.take(pa.array(np.sort(rows))) for name, rows in bounds.items()}
+    part = _parts(row_uniform(seed, "rmse-row", table["user_id"].to_numpy(), table["item_id"].to_numpy()), holdout)
+    return {name: table.filter(pa.array(part == index)) for index, name in enumerate(RATING_PARTS)}
 
 
 # ---------------------------------------------------------------------------------------------
 # Ranking protocol
-
-
-def heldout_user_count(n_eligible: int) -> int:
-    """Users per held-out group: min(10000, round(0.1 n_eligible)), at least 1.
-
-    The rounding is half-up in exact integer arithmetic ((10 n + 50) // 100). The floor of 1 only matters
-    below 15 eligible users, where 10% rounds to 0; it keeps tiny data sets usable.
-    """
-    if n_eligible < MIN_ELIGIBLE_USERS:
-        raise ValueError(f"the ranking protocol needs at least {MIN_ELIGIBLE_USERS} eligible users, got {n_eligible}")
-    return max(1, min(MAX_HELDOUT_USERS, (n_eligible * HELDOUT_PERCENT + 50) // 100))
-
-
-def _fold_in_split(users: np.ndarray, rng: np.random.Generator, target_fraction: float) -> np.ndarray:
-    """Target mask for held-out rows (grouped by user, sorted): int(fraction * n_u) random rows per
-    user with n_u >= 5 rows; users with fewer than 5 rows get no targets (all history)."""
-    n = users.size
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    n_targets = np.where(sizes >= 5, np.floor(target_fraction * sizes).astype(np.int64), 0)
-    # A uniformly random subset per user: rank each user's rows by a random key, keep the lowest ranks.
-    keys = rng.random(n)
-    order = np.lexsort((keys, users))  # by user, then by random key
-    group = np.repeat(np.arange(starts.size), sizes)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n) - starts[group]  # users are contiguous, so order keeps the groups in place
-    return rank < n_targets[group]
 
 
 def split_heldout_users(
@@ -133,52 +165,55 @@ def split_heldout_users(
     positive_threshold: float = POSITIVE_THRESHOLD,
     min_positives: int = MIN_POSITIVES,
     target_fraction: float = TARGET_FRACTION,
+    *,
+    holdout: float = DEFAULT_HOLDOUT,
+    restrict_to_train_items: bool = True,
 ) -> dict[str, pa.Table]:
-    """The ranking protocol of Liang et al. 2018 (VAE-CF), as used for ML20M by the DP-ALS papers.
+    """The ranking protocol of Liang et al. 2018 (VAE-CF), as used for ML20M by the DP-ALS papers,
+    with row-local (hash) decisions instead of a global shuffle.
 
     1. Rows with label > positive_threshold are the positives (labels are kept as they are); all
        other rows are dropped.
     2. Users with at least `min_positives` positives are eligible; the others are dropped.
-    3. The eligible users (ascending ids) are shuffled with Generator(Philox(seed)); with
-       h = `heldout_user_count(n_eligible)`, the first n - 2h are training users, the next h
-       validation users and the last h test users.
-    4. Held-out users' rows are restricted to the items that appear in the training users'
-       positives (a held-out user left with no rows then appears in no table).
-    5. Each held-out user's remaining n_u rows are split into fold-in history and targets:
-       int(target_fraction * n_u) random rows are targets when n_u >= 5. Users with fewer than 5
-       rows keep everything as history and have no targets (evaluation skips them).
+    3. Each eligible user is a training, validation or test user by x = `row_uniform(seed,
+       "recall-user", user_id)`: train if x < 1 - holdout, validation if x < 1 - holdout/2, test
+       otherwise (no exact number of held-out users, no cap: the groups are binomial around their
+       fractions). holdout 0 makes every eligible user a training one.
+    4. With `restrict_to_train_items` (the paper's rule, the default) held-out users' rows are
+       restricted to the items that appear in the training users' positives (a held-out user left
+       with no rows then appears in no table). This is the one step that looks at other users' rows;
+       it shapes the held-out tables only, which feed the private evaluation and no release.
+    5. Each held-out user's remaining n_u rows are split into fold-in history and targets: a row is
+       a target when `row_uniform(seed, "recall-target", user_id, item_id)` < target_fraction and
+       n_u >= 5. Users with fewer than 5 rows keep everything as history and have no targets
+       (evaluation skips them, and users whose rows all came out history or all targets).
 
     Returns the tables train, valid_history, valid_targets, test_history, test_targets, each in
     (user_id, item_id, timestamp, label) order.
     """
     if not 0.0 <= target_fraction < 1.0:
         raise ValueError(f"target_fraction must be in [0, 1), got {target_fraction}")
+    holdout = check_holdout(holdout)
     table = _canonical(interactions)
     table = table.filter(pc.greater(table["label"], positive_threshold))
     users = table["user_id"].to_numpy()
-    ids, counts = np.unique(users, return_counts=True)
-    eligible = ids[counts >= min_positives]
-    h = heldout_user_count(eligible.size)
-    rng = _generator(seed)
-    shuffled = eligible[rng.permutation(eligible.size)]
-    n_train_users = eligible.size - 2 * h
-    groups = {
-        "train": shuffled[:n_train_users],
-        "valid": shuffled[n_train_users : n_train_users + h],
-        "test": shuffled[n_train_users + h :],
-    }
+    ids, inverse, counts = np.unique(users, return_inverse=True, return_counts=True)
+    eligible = counts >= min_positives
+    if not eligible.any():
+        raise ValueError(f"the ranking protocol needs users with at least {min_positives} positives (labels above {positive_threshold}); there are none")
+    group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]  # per row; -1: dropped
 
     items = table["item_id"].to_numpy()
-    train_mask = np.isin(users, groups["train"])
-    train_items = np.unique(items[train_mask])
-    known_item = np.isin(items, train_items)
+    train_mask = group == 0
     split = {"train": table.filter(pa.array(train_mask))}
-    for name in ("valid", "test"):
-        mask = np.isin(users, groups[name]) & known_item
-        rows = np.flatnonzero(mask)
-        target = _fold_in_split(users[rows], rng, target_fraction)
-        split[f"{name}_history"] = table.take(pa.array(rows[~target]))
-        split[f"{name}_targets"] = table.take(pa.array(rows[target]))
+    known_item = np.isin(items, np.unique(items[train_mask])) if restrict_to_train_items else np.ones(items.size, dtype=bool)
+    target = row_uniform(seed, "recall-target", users, items) < target_fraction
+    for index, name in ((1, "valid"), (2, "test")):
+        rows = np.flatnonzero((group == index) & known_item)
+        _, held_inverse, held_counts = np.unique(users[rows], return_inverse=True, return_counts=True)
+        is_target = target[rows] & (held_counts >= MIN_TARGET_ROWS)[held_inverse]
+        split[f"{name}_history"] = table.take(pa.array(rows[~is_target]))
+        split[f"{name}_targets"] = table.take(pa.array(rows[is_target]))
     return split
 
 
@@ -228,36 +263,41 @@ def write_split(split: dict[str, pa.Table], out: str, manifest: dict) -> dict:
     return document
 
 
-def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED) -> dict:
-    """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json."""
+def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT) -> dict:
+    """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
+
+    split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
+    against and the (private, exact) table sizes."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    holdout = check_holdout(holdout)
     interactions = storage.read_table(data.interactions)
     if interactions.num_rows == 0:
         raise ValueError(f"{data.path} has no interactions to split")
-    manifest = {"protocol": protocol, "seed": int(seed), "source": data.path}
+    fractions = {"train": 1.0 - holdout, "valid": holdout / 2, "test": holdout / 2}
+    manifest = {"protocol": protocol, "seed": int(seed), "holdout": holdout, "source": data.path, "assignment": "keyed hash (row-local)"}
     if protocol == "rmse":
-        split = split_ratings(interactions, seed)
-        manifest["fractions"] = {"train": 0.8, "valid": 0.1, "test": 0.1}
+        split = split_ratings(interactions, seed, holdout)
+        manifest["fractions"] = fractions  # of the rows
     else:
-        split = split_heldout_users(interactions, seed, POSITIVE_THRESHOLD, MIN_POSITIVES, TARGET_FRACTION)
-        n_eligible = _eligible_users(interactions)
+        split = split_heldout_users(interactions, seed, POSITIVE_THRESHOLD, MIN_POSITIVES, TARGET_FRACTION, holdout=holdout)
         manifest.update(
+            user_fractions=fractions,  # of the eligible users
             positive_threshold=POSITIVE_THRESHOLD,
             min_positives=MIN_POSITIVES,
             target_fraction=TARGET_FRACTION,
+            min_target_rows=MIN_TARGET_ROWS,
+            restrict_heldout_to_train_items=True,
             train_item_fraction=TRAIN_ITEM_FRACTION,
-            n_eligible_users=n_eligible,
-            # Users drawn per held-out group; a drawn user whose rows all fall outside the training
-            # items appears in no table, so the tables' user counts can be smaller.
-            n_heldout=heldout_user_count(n_eligible),
+            n_eligible_users=_eligible_users(interactions),
         )
     return write_split(split, out, manifest)
 
 
 def _eligible_users(interactions: pa.Table) -> int:
-    """Users with at least MIN_POSITIVES labels above POSITIVE_THRESHOLD."""
-    users = interactions.filter(pc.greater(interactions["label"], POSITIVE_THRESHOLD))["user_id"].to_numpy()
+    """Users with at least MIN_POSITIVES labels above POSITIVE_THRESHOLD (after the dedup of repeated ratings)."""
+    table = _canonical(interactions)
+    users = table.filter(pc.greater(table["label"], POSITIVE_THRESHOLD))["user_id"].to_numpy()
     _, counts = np.unique(users, return_counts=True)
     return int((counts >= MIN_POSITIVES).sum())
 
@@ -273,16 +313,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--protocol",
         required=True,
         choices=PROTOCOLS,
-        help="rmse: random 80/10/10 split of the ratings; recall: Liang et al. 2018 held-out users "
+        help="rmse: each rating is train, valid or test (80/10/10 by default); recall: Liang et al. 2018 held-out users "
         "(positives > 3.5, users with >= 5 positives, 80/20 fold-in history/targets)",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the Philox generator (default {DEFAULT_SEED})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")
+    parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
 
 
 def run(args: argparse.Namespace, data: Dataset) -> int:
     """Make the split and print one line per table (rows and users)."""
-    document = make_split(data, args.protocol, args.out, args.seed)
+    document = make_split(data, args.protocol, args.out, args.seed, args.holdout)
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")
