@@ -17,7 +17,9 @@ removing a user changes (A_1..A_m) by at most wbar * G_u^2 in Frobenius norm (an
 triangle by no more) and (b_1..b_m) by at most wbar * G_y * G_u in L2 norm. `finalize` adds
 N(0, (sigma G_u^2)^2) to every packed entry of A_j (Sym(N): the upper triangle i.i.d., mirrored)
 and N(0, (sigma G_y G_u)^2) to every entry of b_j, with sigma = noise_multiplier * wbar: a Gaussian
-mechanism with that noise multiplier for each of A and b. It must run for every catalog item.
+mechanism with that noise multiplier for each of A and b (sums and noise on a power-of-two grid
+against floating-point attacks; privacy.noise bounds what the rounding adds to the sensitivity).
+It must run for every catalog item.
 """
 
 from __future__ import annotations
@@ -222,11 +224,13 @@ class NoiseSpec:
 
 def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec, at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The released statistics of the given items (new arrays): their merged sums plus the
-    release's keyed Gaussian noise, which every item gets.
+    release's keyed Gaussian noise, which every item gets, both on the noise's grid
+    (`privacy.noise.add_noise`: the sums rounded to a power-of-two grid, the noise drawn on it).
 
     `a_upper` and `b` hold one row per item, or, with `at`, the sums of the items at positions
     `at` of `item_ids` only (items with rows; the others' sums are zero). The noise is drawn
-    straight into the two output arrays and scaled and summed in place: no item-sized temporaries.
+    straight into the two output arrays and scaled, rounded and summed in place (one temporary:
+    the sums on the grid).
     """
     a_upper = np.asarray(a_upper, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -237,16 +241,13 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
         raise ValueError(f"finalize needs one row of sums per item, or per distinct position `at`: {item_ids.shape} ids, "
                          f"{a_upper.shape[0]} A rows, {b.shape[0]} b rows, {rows.size} positions")
     full = rows.size == item_ids.size  # increasing positions, as many as items: every item, in order
-    if spec.sigma == 0:
+    if spec.sigma == 0:  # no noise (clip norms may then be infinite): the sums as they are
         noised_a, noised_b = np.zeros((item_ids.size, a_upper.shape[1])), np.zeros((item_ids.size, b.shape[1]))
+        std_a = std_b = 0.0
     else:
         noised_a, noised_b = noise.standard_normal_blocks(spec.seed, spec.release, item_ids, (a_upper.shape[1], b.shape[1]))
-        noised_a *= spec.sigma * spec.clip_u**2
-        noised_b *= spec.sigma * spec.clip_y * spec.clip_u
-    if full:
-        noised_a += a_upper
-        noised_b += b
-    else:
-        noised_a[rows] += a_upper
-        noised_b[rows] += b
+        std_a, std_b = spec.sigma * spec.clip_u**2, spec.sigma * spec.clip_y * spec.clip_u
+    positions = None if full else rows
+    noise.add_noise(noised_a, std_a, a_upper, positions)
+    noise.add_noise(noised_b, std_b, b, positions)
     return noised_a, noised_b

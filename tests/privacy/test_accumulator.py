@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from privacy import accumulator as acc
-from privacy.noise import standard_normal
+from privacy.noise import add_noise, granularity, standard_normal
 from privacy.weights import user_level_weights
 
 SEED = bytes(range(100, 132))
@@ -315,8 +315,13 @@ def test_finalize_noise_is_the_keyed_draw_scaled():
     b = np.ones((3, 3))
     na, nb = acc.finalize(ids, a, b, s)
     z = standard_normal(SEED, 3, ids, t + d)
-    np.testing.assert_allclose(na - a, s.sigma * 0.5**2 * z[:, :t], rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(nb - b, s.sigma * 2.0 * 0.5 * z[:, t:], rtol=1e-12, atol=1e-15)
+    std_a, std_b = s.sigma * 0.5**2, s.sigma * 2.0 * 0.5
+    # exactly the helper's release: sums and scaled draws rounded to the noise's grid
+    np.testing.assert_array_equal(na, add_noise(z[:, :t].copy(), std_a, a))
+    np.testing.assert_array_equal(nb, add_noise(z[:, t:].copy(), std_b, b))
+    # which is the sums plus the scaled draws, to within the grid (two roundings of half a step)
+    np.testing.assert_allclose(na - a, std_a * z[:, :t], rtol=0, atol=granularity(std_a))
+    np.testing.assert_allclose(nb - b, std_b * z[:, t:], rtol=0, atol=granularity(std_b))
 
 
 def test_finalize_noise_std_matches_sigma_and_clip_norms():
