@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pipelines import release
 from privacy import accounting
-from privacy.noise import standard_normal
+from privacy.noise import add_noise, standard_normal
 from privacy.seeds import digest_table, mix64
 from schemas import storage
 from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
@@ -80,7 +80,7 @@ def dp_counts(
         key = int.from_bytes(hmac.new(seeds.seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
         rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
     exact = np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64)
-    noised = exact + multiplier * sensitivity * standard_normal(seeds.seed, index, catalog, 1)[:, 0]
+    noised = add_noise(standard_normal(seeds.seed, index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
     counts = np.maximum(noised, 1.0)
     metadata = {b"noise_multiplier": repr(multiplier).encode(), b"release": str(index).encode(), b"unit": unit.encode(),
                 b"max_items_per_user": str(max_items_per_user).encode()}

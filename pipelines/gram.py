@@ -18,7 +18,7 @@ from privacy import accounting
 from privacy.accumulator import pack_upper, project_psd, unpack_upper
 from privacy.clipping import clip_rows
 from privacy.ledger import Ledger
-from privacy.noise import standard_normal
+from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile, digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -33,6 +33,6 @@ def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, dim: int, cli
     index = release.make_release(ledger, seeds, f"step-{step}/gram", accounting.gaussian_event(multiplier), description)
     packed = pack_upper(u.T @ u)
     if multiplier > 0:
-        packed = packed + multiplier * clip_u**2 * standard_normal(seeds.seed, index, np.array([0]), packed.size)[0]
+        packed = add_noise(standard_normal(seeds.seed, index, np.array([0]), packed.size)[0], multiplier * clip_u**2, packed)  # on the noise's grid
     release.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")
     return unpack_upper(project_psd(packed[None, :], dim)[0], dim)

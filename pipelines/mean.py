@@ -21,7 +21,7 @@ import numpy as np
 from pipelines import release
 from privacy import accounting
 from privacy.ledger import Ledger
-from privacy.noise import standard_normal
+from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile, digest_table
 from schemas import storage
 
@@ -51,9 +51,9 @@ def dp_mean(
     event = accounting.gaussian_event(multiplier, 2)
     description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": digest_table(interactions)}}
     index = release.make_release(ledger, seeds, "mean", event, description)
-    noise = standard_normal(seeds.seed, index, np.array([0]), 2)[0] * multiplier
-    weighted_sum = float(weights @ labels) + noise[0] * scale * half
-    weighted_count = float(weights.sum()) + noise[1] * scale
+    z = standard_normal(seeds.seed, index, np.array([0]), 2)[0]
+    weighted_sum = float(add_noise(z[:1], multiplier * scale * half, float(weights @ labels))[0])  # on the noise's grid
+    weighted_count = float(add_noise(z[1:], multiplier * scale, float(weights.sum()))[0])
     mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))
     release.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
     return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}
