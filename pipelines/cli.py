@@ -58,6 +58,7 @@ def _run_privacy(args: argparse.Namespace) -> int:
         raise ValueError(f"{path}: epsilon spent {spent:.6g} exceeds the allowed {args.max_epsilon:g}")
     if args.max_delta is not None and not ledger.budget["delta"] <= args.max_delta:
         raise ValueError(f"{path}: the run's delta {ledger.budget['delta']:g} exceeds the allowed {args.max_delta:g}")
+    ledger.check_account()  # a run that took its data source past the account's cap is refused
     return 0
 
 

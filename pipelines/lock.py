@@ -197,3 +197,45 @@ def _lease(url: str, run_dir: str, lease_seconds: float):
         lease.release()
     if lease.lost:  # found out while closing: the block's work is done, but another run may have written meanwhile
         raise RunLockedError(f"{run_dir}: this run lost its lock ({lease.lost}); another run may have used the directory meanwhile")
+
+
+RELEASE_LOCK_WAIT = 120.0  # seconds a release waits for another one on the same ledger
+
+
+@contextmanager
+def release_lock(path: str, wait_seconds: float = RELEASE_LOCK_WAIT):
+    """Hold the lock of one ledger (or budget account) at `path` while a release is bound,
+    recorded and charged: a short critical section that concurrent releases wait for (up to
+    `wait_seconds`) instead of being refused. Locally an `fcntl.flock` on `<path>.lock`; on gs://
+    the lease object `<path>.lock` (see run_lock), taken when free."""
+    fs, inner = storage.filesystem(path)
+    deadline = time.monotonic() + wait_seconds
+    if storage.is_local(fs):
+        os.makedirs(os.path.dirname(os.path.abspath(inner)), exist_ok=True)
+        with open(f"{inner}.lock", "a+") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RunLockedError(f"{path} is being written by another release for over {wait_seconds:g} s; try again later") from None
+                    time.sleep(0.05)
+            yield
+        return
+    if not path.startswith("gs://"):
+        raise ValueError(f"{path}: a ledger must be on a local path or gs:// (no release lock for this filesystem)")
+    while True:
+        lease = _Lease(f"{path}.lock", path, LEASE_SECONDS)
+        try:
+            lease.acquire()
+            break
+        except RunLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    try:
+        yield
+    finally:
+        lease.close()
+        lease.release()

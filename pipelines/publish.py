@@ -55,6 +55,7 @@ def privacy_summary(run: Run) -> dict:
                          f"(epsilon {config['epsilon']:g}, delta {config['delta']:g}); not published")
     if not spent <= budget["epsilon"] * (1 + TOLERANCE):
         raise ValueError(f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published")
+    account = ledger.check_account()  # the data source's lifetime budget, over every run on these users
     return {
         "run": run.root,
         "unit": budget["unit"],
@@ -62,6 +63,7 @@ def privacy_summary(run: Run) -> dict:
         "epsilon_budget": budget["epsilon"],
         "delta": budget["delta"],
         "accountant": budget["accountant"],
+        "budget_account": account,
         "releases": [{key: row[key] for key in ("release", "name", "noise_multiplier", "epsilon_spent", "data_fingerprint", "recorded_at")} for row in ledger.rows],
         "settings": {key: config[key] for key in PUBLIC_SETTINGS if key in config},
         "public_features": open_dataset(manifest["prepared"]["data"]).manifest.get("public_features"),

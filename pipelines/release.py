@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import dp_accounting
 
 from privacy import accounting
+from privacy.account import BudgetAccount
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
+from pipelines.lock import release_lock
 from privacy.seeds import SeedFile
 from schemas import storage
 
@@ -45,6 +47,9 @@ class PrivacySettings:
     mean_share: float = 0.0
     gram_share: float = 0.0
     dpsgd: tuple[float, int] | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases
+    account: str | None = None  # the data source's budget account (privacy.account), charged with every release
+    account_cap: float | None = None  # its lifetime epsilon cap, set when the account is created
+    account_window_days: float | None = None  # its renewal window, set when the account is created
 
     def __post_init__(self):
         if (self.epsilon is None) == (self.noise_multiplier is None):
@@ -59,6 +64,12 @@ class PrivacySettings:
         if self.noise_multiplier is not None and (not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0):
             raise ValueError(f"noise multiplier must be a finite number >= 0, got {self.noise_multiplier}")
         accounting.make_accountant(self.accountant)
+        if self.account_cap is not None and not (math.isfinite(self.account_cap) and self.account_cap > 0):
+            raise ValueError(f"--account-cap must be a finite epsilon > 0, got {self.account_cap}")
+        if self.account_window_days is not None and not (math.isfinite(self.account_window_days) and self.account_window_days > 0):
+            raise ValueError(f"--account-window-days must be a positive number of days, got {self.account_window_days}")
+        if self.account is None and (self.account_cap is not None or self.account_window_days is not None):
+            raise ValueError("--account-cap and --account-window-days need --budget-account")
         accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
 
     def multipliers(self) -> dict[str, float]:
@@ -75,7 +86,12 @@ class PrivacySettings:
     def open_ledger(self, path: str, unit: str) -> Ledger:
         """The run's ledger at `path`, created with this budget if new (checked if not)."""
         cap = self.epsilon if self.epsilon is not None else math.inf
-        return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers())
+        account = None
+        if self.account is not None:
+            BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
+            account = storage.canonical(self.account)
+        return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers(),
+                                     account=account)
 
 
 def check_bounds(settings, noised: bool, max_items_per_user: int = 1, gradient_clip: float = 1.0) -> None:
@@ -105,11 +121,47 @@ def open_seed_file(seed_file: str | None, ledger_path: str) -> SeedFile:
 
 
 def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accounting.DpEvent, description: dict) -> int:
-    """Bind, record and return the index of a release (see the module docstring)."""
-    index = ledger.next_index(name)
-    fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), **description})
-    seed_file.bind(index, fingerprint)
-    return ledger.record(name, event, fingerprint)
+    """Check, record and bind a release; returns its index (see the module docstring).
+
+    Under the ledger's release lock, so that concurrent releases into one ledger get distinct
+    indices: the ledger and the seed file are re-read (what other processes recorded counts), a
+    ledger missing releases the seed file saw recorded in it is refused, the seed binding of the
+    index is checked, the release is recorded (and charged to the budget account) and bound. All
+    of it happens before any noise is drawn."""
+    with release_lock(ledger.path):
+        if storage.exists(ledger.path):
+            ledger.reload()
+        elif ledger.rows:
+            raise ValueError(f"{ledger.path}: the privacy ledger was deleted while in use; its releases still count, nothing is released")
+        else:
+            ledger.save()
+        if storage.exists(seed_file.path):
+            seed_file.reload()
+        ledger_id = storage.canonical(ledger.path)
+        lost = seed_file.missing_from(ledger_id, {row["release"]: row["data_fingerprint"] for row in ledger.rows})
+        if lost:
+            raise ValueError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded there: the ledger was "
+                             "deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run (nothing was released)")
+        index = ledger.next_index(name)
+        fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), **description})
+        seed_file.check(index, fingerprint)
+        index = ledger.record(name, event, fingerprint)
+        seed_file.bind(index, fingerprint, ledger_id)
+    return index
+
+
+def check_counts_release(ledger: Ledger, seed_file: SeedFile, counts_path: str, counts_digest: str) -> None:
+    """Refuse a counts table that is not a DP counts release recorded in this ledger: the weights'
+    sensitivity bound holds only for noised counts (exact counts, with the same schema, would
+    make the weights a function of other users' data)."""
+    if storage.exists(ledger.path):
+        ledger.reload()
+    if storage.exists(seed_file.path):
+        seed_file.reload()
+    recorded = [row["release"] for row in ledger.rows if row["name"] == "counts"]
+    if not recorded or seed_file.outputs.get(recorded[0]) != counts_digest:
+        raise ValueError(f"{counts_path} is not the DP counts release recorded in the ledger {ledger.path} (its content is not what that release "
+                         "wrote); use the counts released into this run's ledger (`ssp counts` with the same --ledger)")
 
 
 def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +177,11 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mean-share", type=float, default=0.0, help="share planned for the DP mean rating (a regression run of `ssp train`; default: %(default)s)")
     group.add_argument("--gram-share", type=float, default=0.0, help="share planned for the users' DP Gram matrices (implicit feedback; default: %(default)s)")
     group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
+    group.add_argument("--budget-account", help="the data source's budget account (a JSON file kept beside the runs): every release is also "
+                       "charged there, so the users' lifetime epsilon over all runs is composed and capped (default: none for this job)")
+    group.add_argument("--account-cap", type=float, help="lifetime epsilon cap of a new budget account: a release past it is refused")
+    group.add_argument("--account-window-days", type=float, help="renewal window of a new budget account: releases older than this many days "
+                       "stop counting against its cap (default: none, they count forever)")
     group.add_argument("--seed-file", help="secret noise seed of the run (default: <ledger folder>/private/seed, created from the OS CSPRNG); "
                        "reusing one reproduces the same releases and is refused for different data")
 
@@ -133,6 +190,7 @@ def privacy_settings(args: argparse.Namespace) -> PrivacySettings:
     return PrivacySettings(
         epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier, accountant=args.accountant,
         outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share, mean_share=args.mean_share, gram_share=args.gram_share,
+        account=args.budget_account, account_cap=args.account_cap, account_window_days=args.account_window_days,
     )
 
 

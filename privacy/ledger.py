@@ -11,7 +11,15 @@ returns the existing index without spending anything (a rerun or a resumed run r
 same release); with a different event or fingerprint it is refused.
 
 What the ledger proves: the listed releases are all the run made from private data, and their
-composition is (epsilon_spent, delta)-DP for the unit of privacy it states.
+composition is (epsilon_spent, delta)-DP for the unit of privacy it states. The run's seed file
+lists the releases recorded here too (privacy.seeds), so a ledger that lost rows is refused, not
+silently restarted; the ledger is one Parquet file replaced in one atomic step.
+
+When the budget names a budget account (privacy.account), every release is also charged there,
+before it is recorded here: the data source's lifetime epsilon over all runs stays under the
+account's cap. `record` is the one writer; callers hold the release lock
+(pipelines.lock.release_lock) around it, so two processes releasing into one ledger get distinct
+indices and both rows.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import dp_accounting
 import pyarrow as pa
 
 from privacy import accounting
+from privacy.account import BudgetAccount
 from schemas import storage
 from schemas.tables import LEDGER, validate_ledger
 
@@ -45,8 +54,10 @@ class Ledger:
         self.path, self.budget, self.rows = path, budget, rows
 
     @classmethod
-    def create(cls, path: str, epsilon: float, delta: float, accountant: str = "rdp", unit: str = "user", multipliers: dict | None = None) -> Ledger:
-        """A new, empty ledger with a budget. epsilon = inf is a non-private run (no cap)."""
+    def create(cls, path: str, epsilon: float, delta: float, accountant: str = "rdp", unit: str = "user", multipliers: dict | None = None,
+               account: str | None = None) -> Ledger:
+        """A new, empty ledger with a budget (and the path of its data source's budget account, if
+        any). epsilon = inf is a non-private run (no cap)."""
         if epsilon != math.inf:
             accounting.check_budget(epsilon, delta)
         elif not 0 < delta < 1:
@@ -55,13 +66,18 @@ class Ledger:
         if unit not in ("user", "example"):
             raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
         budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {}}
+        if account is not None:
+            budget["account"] = account
         ledger = cls(path, budget, [])
-        ledger._save()
+        ledger.save()
         return ledger
 
     @classmethod
     def open(cls, path: str) -> Ledger:
-        table = validate_ledger(storage.read_table(path))
+        try:
+            table = validate_ledger(storage.read_table(path))
+        except storage.MissingTableError:
+            raise storage.MissingTableError(f"privacy ledger not found: {path}") from None
         raw = (table.schema.metadata or {}).get(b"budget")
         if raw is None:
             raise ValueError(f"{path}: ledger has no budget in its metadata")
@@ -77,14 +93,52 @@ class Ledger:
         ledger = cls.open(path)
         expected = {"accountant": "rdp", "unit": "user", **budget}
         expected["multipliers"] = expected.get("multipliers") or {}
+        if expected.get("account") is None:
+            expected.pop("account", None)
         if any(ledger.budget.get(key) != value for key, value in expected.items()):
             raise ValueError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
         return ledger
 
-    def _save(self) -> None:
+    def reload(self) -> None:
+        """Take in what other processes recorded since this ledger was read. A ledger that lost
+        rows it had, or vanished, is refused: its releases happened and still count."""
+        if not storage.exists(self.path):
+            raise ValueError(f"{self.path}: the privacy ledger was deleted while in use ({len(self.rows)} releases recorded); "
+                             "its releases still count, so nothing more is released until it is restored")
+        current = Ledger.open(self.path)
+        if current.budget != self.budget:
+            raise ValueError(f"{self.path}: the ledger's budget was replaced while in use ({current.budget}, not {self.budget})")
+        known = {(row["release"], row["data_fingerprint"]) for row in current.rows}
+        lost = [row["release"] for row in self.rows if (row["release"], row["data_fingerprint"]) not in known]
+        if lost:
+            raise ValueError(f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released")
+        self.rows = current.rows
+
+    def account(self) -> BudgetAccount | None:
+        """The data source's budget account this ledger charges, if any."""
+        path = self.budget.get("account")
+        return BudgetAccount.open(path) if path else None
+
+    def check_account(self) -> dict | None:
+        """The data source's lifetime budget as the account holds it ({path, epsilon, delta, cap,
+        releases}), after checking that it lists every release of this ledger and is within its
+        cap; None when the ledger charges no account."""
+        account = self.account()
+        if account is None:
+            return None
+        missing = account.missing(storage.canonical(self.path), [row["release"] for row in self.rows])
+        if missing:
+            raise ValueError(f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced")
+        lifetime = account.epsilon()
+        if account.cap is not None and lifetime > account.cap * (1 + _TOLERANCE):
+            raise ValueError(f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}")
+        return {"path": account.path, "epsilon": lifetime, "delta": account.delta, "cap": account.cap,
+                "window_days": account.document.get("window_days"), "releases": len(account.counted())}
+
+    def save(self) -> None:
         budget = {**self.budget, "epsilon": str(self.budget["epsilon"])}  # JSON has no inf
         table = pa.Table.from_pylist(self.rows, schema=LEDGER).replace_schema_metadata({b"budget": json.dumps(budget).encode()})
-        storage.write_table(validate_ledger(table), self.path)
+        storage.write_table_file(validate_ledger(table), self.path)
 
     def events(self) -> list[dp_accounting.DpEvent]:
         return [accounting.event_from_json(json.loads(row["event"])) for row in self.rows]
@@ -126,6 +180,9 @@ class Ledger:
                 f"release {name!r} would bring the run to epsilon {epsilon:.4g} at delta {self.budget['delta']:g}, "
                 f"over its budget of {cap:g} (already spent {self.epsilon_spent():.4g}); nothing was released"
             )
+        account = self.account()
+        if account is not None:  # charged first: a crash before the row below over-counts, never under-counts
+            account.charge(storage.canonical(self.path), len(self.rows), name, event)
         noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
         self.rows.append(
             {
@@ -139,7 +196,7 @@ class Ledger:
                 "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
         )
-        self._save()
+        self.save()
         return len(self.rows) - 1
 
     def describe(self) -> str:
@@ -153,4 +210,7 @@ class Ledger:
         for row in self.rows:
             lines.append(f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} {row['epsilon_spent']:>14.4g}")
         lines.append(f"  epsilon spent: {self.epsilon_spent():.4g} of {b['epsilon']:g}")
+        account = self.account()
+        if account is not None:
+            lines.append(f"  {account.describe()}")
         return "\n".join(lines)

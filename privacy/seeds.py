@@ -1,11 +1,19 @@
 """The secret noise seed of a run, and what binds it to the releases it was used for.
 
 The seed is 32 bytes from the OS CSPRNG (`secrets`), kept in a seed file in the run's private
-directory: `{"seed": hex, "releases": {release index: fingerprint}}`. Before a release is noised,
-its fingerprint (an HMAC under the seed of the release's name, parameters and a digest of every
-input table) is checked against the seed file: the same index with another fingerprint is refused,
-because the same noise on two different inputs would reveal their difference exactly. The same
-fingerprint is allowed: it reproduces the release byte for byte (reruns, retries, resumes).
+directory: `{"seed": hex, "releases": {release index: fingerprint}, "ledgers": {ledger path:
+[indices]}, "run": fingerprint}`. Before a release is noised, its fingerprint (an HMAC under the
+seed of the release's name, parameters and a digest of every input table) is checked against the
+seed file: the same index with another fingerprint is refused, because the same noise on two
+different inputs would reveal their difference exactly. The same fingerprint is allowed: it
+reproduces the release byte for byte (reruns, retries, resumes, another engine).
+
+The seed file is also the durable witness of what was released: it lists, per ledger, the indices
+recorded there, so a ledger that lost rows (deleted, replaced, or rolled back) is detected
+(`missing_from`). A training run binds the seed to the run's settings and data (`bind_run`), so
+a seed presented with other data or other settings is refused before anything is written. Every
+change re-reads the file first and is written atomically: two holders of one seed file never drop
+each other's bindings (callers serialise releases with a lock, pipelines.lock.release_lock).
 
 Table digests are order-independent (a multiset hash of the rows), so two engines or two
 partitionings of one table give one digest. The fingerprints are keyed by the secret seed: stored
@@ -40,8 +48,10 @@ def new_seed() -> bytes:
 class SeedFile:
     """A seed and the release fingerprints it is bound to, stored as JSON at `path`."""
 
-    def __init__(self, path: str, seed: bytes, releases: dict[int, str]):
+    def __init__(self, path: str, seed: bytes, releases: dict[int, str], ledgers: dict[str, list[int]] | None = None, run: str | None = None,
+                 outputs: dict[int, str] | None = None):
         self.path, self.seed, self.releases = path, seed, releases
+        self.ledgers, self.run, self.outputs = ledgers or {}, run, outputs or {}
 
     @classmethod
     def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
@@ -55,22 +65,39 @@ class SeedFile:
 
     @classmethod
     def load(cls, path: str) -> SeedFile:
-        document = storage.read_json(path)
         try:
+            document = storage.read_json(path)
             seed = bytes.fromhex(document["seed"])
             releases = {int(index): str(fp) for index, fp in document.get("releases", {}).items()}
-        except (KeyError, ValueError, AttributeError) as exc:
-            raise ValueError(f"{path} is not a seed file ({exc})") from None
+            ledgers = {str(ledger): sorted(int(i) for i in indices) for ledger, indices in document.get("ledgers", {}).items()}
+            run = document.get("run")
+            outputs = {int(index): str(digest) for index, digest in document.get("outputs", {}).items()}
+        except storage.MissingTableError:
+            raise storage.MissingTableError(f"seed file not found: {path}") from None
+        except (KeyError, ValueError, AttributeError, TypeError) as exc:
+            raise ValueError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
         if len(seed) != SEED_BYTES:
             raise ValueError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
-        return cls(path, seed, releases)
+        return cls(path, seed, releases, ledgers, run, outputs)
+
+    def reload(self) -> None:
+        """Take in what other holders of the file bound since it was read (the seed must not change)."""
+        current = SeedFile.load(self.path)
+        if current.seed != self.seed:
+            raise SeedReuseError(f"{self.path} was replaced by another seed while in use; refusing to release with either")
+        self.releases, self.ledgers, self.run, self.outputs = current.releases, current.ledgers, current.run, current.outputs
 
     @classmethod
     def load_or_create(cls, path: str) -> SeedFile:
         return cls.load(path) if storage.exists(path) else cls.create(path)
 
     def _save(self) -> None:
-        document = {"seed": self.seed.hex(), "releases": {str(i): fp for i, fp in sorted(self.releases.items())}}
+        document = {"seed": self.seed.hex(), "releases": {str(i): fp for i, fp in sorted(self.releases.items())},
+                    "ledgers": {ledger: sorted(indices) for ledger, indices in sorted(self.ledgers.items())}}
+        if self.run is not None:
+            document["run"] = self.run
+        if self.outputs:
+            document["outputs"] = {str(i): digest for i, digest in sorted(self.outputs.items())}
         storage.write_json(document, self.path)
 
     def fingerprint(self, description: dict) -> str:
@@ -78,19 +105,68 @@ class SeedFile:
         payload = json.dumps(description, sort_keys=True, separators=(",", ":")).encode()
         return hmac.new(self.seed, b"ssp-release-v1\0" + payload, hashlib.sha256).hexdigest()
 
-    def bind(self, release: int, fingerprint: str) -> None:
-        """Bind `release` to `fingerprint`, or refuse if it is bound to another one."""
+    def check(self, release: int, fingerprint: str) -> None:
+        """Refuse (without writing) if `release` is bound to another fingerprint."""
         bound = self.releases.get(release)
-        if bound == fingerprint:
-            return
-        if bound is not None:
+        if bound is not None and bound != fingerprint:
             raise SeedReuseError(
                 f"the seed in {self.path} was already used for release {release} on different data or "
                 "settings; reusing it would add the same noise to different statistics and reveal their "
                 "difference exactly. Use a new run (no --seed-file) or the original inputs and flags."
             )
+
+    def bind(self, release: int, fingerprint: str, ledger: str | None = None) -> None:
+        """Bind `release` to `fingerprint` (and note that `ledger` recorded it), or refuse if it is
+        bound to another one. Re-reads the file first, so no other holder's binding is dropped."""
+        if storage.exists(self.path):
+            self.reload()
+        self.check(release, fingerprint)
+        listed = ledger is None or release in self.ledgers.get(ledger, [])
+        if self.releases.get(release) == fingerprint and listed:
+            return
         self.releases[release] = fingerprint
+        if ledger is not None:
+            self.ledgers[ledger] = sorted(set(self.ledgers.get(ledger, [])) | {release})
         self._save()
+
+    def record_output(self, release: int, digest: str) -> None:
+        """Note the digest of what release `release` wrote, so a later job can check that a table
+        it is handed is that release (and not, say, exact counts with the same schema)."""
+        if storage.exists(self.path):
+            self.reload()
+        if release not in self.releases:
+            raise ValueError(f"{self.path}: release {release} is not bound to this seed; record its output after the release")
+        self.outputs[release] = digest
+        self._save()
+
+    def missing_from(self, ledger: str, recorded: dict[int, str]) -> list[int]:
+        """The releases this seed file saw recorded in `ledger` that it no longer lists with the
+        same fingerprint (`recorded`: index -> fingerprint): a lost or replaced ledger."""
+        return [i for i in self.ledgers.get(ledger, []) if recorded.get(i) != self.releases.get(i)]
+
+    def run_fingerprint(self, description: dict) -> str:
+        """The fingerprint of a training run's identity (its settings and data)."""
+        return self.fingerprint({"run": description})
+
+    def check_run(self, fingerprint: str) -> None:
+        """Refuse (without writing) a seed bound to another training run, or already used for
+        releases outside a training run."""
+        if self.run == fingerprint:
+            return
+        if self.run is not None:
+            raise SeedReuseError(f"the seed in {self.path} belongs to a run with other data or settings; reusing it would add the same "
+                                 "noise to different statistics. Use a new run (no --seed-file) or the original data and flags.")
+        if self.releases:
+            raise SeedReuseError(f"the seed in {self.path} was already used for releases outside a training run; use a new seed (no --seed-file)")
+
+    def bind_run(self, fingerprint: str) -> None:
+        """Bind the seed to one training run's settings and data; refuse it for any other."""
+        if storage.exists(self.path):
+            self.reload()
+        self.check_run(fingerprint)
+        if self.run != fingerprint:
+            self.run = fingerprint
+            self._save()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,12 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
+def canonical(path: str) -> str:
+    """One spelling of a path, for records that name it (absolute locally; URLs as given)."""
+    fs, inner = filesystem(path)
+    return os.path.abspath(inner) if is_local(fs) else path.rstrip("/")
+
+
 def exists(path: str) -> bool:
     """Whether a complete table or a file exists at `path`."""
     fs, inner = filesystem(path)
@@ -223,6 +229,32 @@ def write_table(table: pa.Table, path: str, rows_per_file: int = DEFAULT_ROWS_PE
     """Write a whole table atomically (schema metadata included)."""
     with TableWriter(path, table.schema, rows_per_file) as writer:
         writer.write(table)
+
+
+def write_table_file(table: pa.Table, path: str) -> None:
+    """Write a small table as one Parquet file that replaces any previous one in a single atomic
+    step (a temporary file renamed over it locally; one object upload on gs://): a reader, or a
+    crash, never finds the path missing or half written. A table folder left at `path` by an older
+    write is swapped out first."""
+    fs, inner = filesystem(path)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    payload = sink.getvalue().to_pybytes()
+    if is_local(fs):
+        os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
+        tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as out:
+            out.write(payload)
+            out.flush()
+            os.fsync(out.fileno())
+        if os.path.isdir(inner):
+            shutil.rmtree(inner)
+        os.replace(tmp, inner)
+    else:
+        if fs.isdir(inner):
+            fs.rm(inner, recursive=True)
+        fs.pipe(inner, payload)
+    fs.invalidate_cache()
 
 
 def _swap_into_place(staging: str, final: str) -> None:

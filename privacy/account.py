@@ -1,0 +1,145 @@
+"""The budget account of a data source: every run's releases on the same users, composed.
+
+A run's ledger bounds one run. The same users are trained on again and again (the weekly retraining
+DAG), and each run's guarantee composes with the others'. The account, a JSON document kept beside
+the runs (one per data source), lists every release of every run that charged it, with its
+dp-accounting event; its lifetime epsilon is the composition of all of them at the account's delta
+(`epsilon`), and a release that would take it past its cap is refused before it is made (`charge`,
+called by `Ledger.record` under the release lock). Deleting a run's ledger and seed does not give
+the users a fresh budget: the account still lists that run's releases.
+
+Policy (stated in the README): the cap is a lifetime epsilon for the data source; with a window of
+N days, releases recorded more than N days ago no longer count against the cap ("renewal"), which
+is an operator's policy about how long a guarantee matters, not something differential privacy
+itself provides. Without a window (the default) nothing ever drops out.
+
+A charge is written before the ledger row it accounts for (conservative: a crash in between
+leaves the account charged for a release that was never made, never the other way round), keyed by
+(ledger, release index), so a rerun of the same release charges nothing more.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+
+import dp_accounting
+
+from privacy import accounting
+from schemas import storage
+
+_TOLERANCE = 1e-9
+
+
+class AccountCapError(ValueError):
+    """A release that would take a data source's lifetime budget past its cap."""
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+class BudgetAccount:
+    """The lifetime budget of one data source, persisted atomically after every change."""
+
+    def __init__(self, path: str, document: dict):
+        self.path, self.document = path, document
+
+    @classmethod
+    def open_or_create(cls, path: str, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld", window_days: float | None = None) -> BudgetAccount:
+        """The account at `path`, created with this cap, delta, accountant and window if new. An
+        existing account keeps its own settings; a different cap or window given for it is refused
+        (changing the policy of a data source is an explicit edit, not a side effect of a run)."""
+        if storage.exists(path):
+            account = cls.open(path)
+            for key, value in (("cap", cap), ("window_days", window_days)):
+                if value is not None and account.document.get(key) != value:
+                    raise ValueError(f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy")
+            return account
+        if cap is not None and not (cap > 0):
+            raise ValueError(f"the account's lifetime epsilon cap must be > 0, got {cap}")
+        if window_days is not None and not (math.isfinite(window_days) and window_days > 0):
+            raise ValueError(f"the account's window must be a positive number of days, got {window_days}")
+        accounting.check_budget(1.0, delta)
+        accounting.make_accountant(accountant)
+        account = cls(path, {"cap": cap, "delta": delta, "accountant": accountant, "window_days": window_days, "charges": []})
+        account._save()
+        return account
+
+    @classmethod
+    def open(cls, path: str) -> BudgetAccount:
+        try:
+            document = storage.read_json(path)
+            for key in ("delta", "accountant", "charges"):
+                document[key]
+        except storage.MissingTableError:
+            raise storage.MissingTableError(f"budget account not found: {path}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path} is not a budget account ({type(exc).__name__}: {exc})") from None
+        if document.get("cap") is not None:
+            document["cap"] = float(document["cap"])
+        return cls(path, document)
+
+    def reload(self) -> None:
+        self.document = BudgetAccount.open(self.path).document
+
+    def _save(self) -> None:
+        storage.write_json(self.document, self.path)
+
+    @property
+    def cap(self) -> float | None:
+        return self.document.get("cap")
+
+    @property
+    def delta(self) -> float:
+        return float(self.document["delta"])
+
+    def counted(self, now: datetime.datetime | None = None) -> list[dict]:
+        """The charges that count against the cap (all, or those inside the window)."""
+        window = self.document.get("window_days")
+        if window is None:
+            return list(self.document["charges"])
+        since = (now or _now()) - datetime.timedelta(days=window)
+        return [c for c in self.document["charges"] if datetime.datetime.fromisoformat(c["recorded_at"]) >= since]
+
+    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), now: datetime.datetime | None = None) -> float:
+        """The lifetime epsilon at the account's delta: every counted charge (and `extra`) composed."""
+        events = [accounting.event_from_json(json.loads(c["event"])) for c in self.counted(now)] + list(extra)
+        return accounting.epsilon_of(events, self.delta, self.document["accountant"]) if events else 0.0
+
+    def find(self, ledger: str, release: int) -> dict | None:
+        return next((c for c in self.document["charges"] if c["ledger"] == ledger and c["release"] == release), None)
+
+    def charge(self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent) -> None:
+        """Charge release `release` of `ledger` to the account, or refuse it past the cap (nothing
+        is charged). Charging the same release with the same event again does nothing."""
+        self.reload()
+        event_json = json.dumps(accounting.event_to_json(event), sort_keys=True)
+        existing = self.find(ledger, release)
+        if existing is not None:
+            if existing["event"] != event_json:
+                raise ValueError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
+            return
+        if self.cap is not None and not isinstance(event, dp_accounting.NonPrivateDpEvent):
+            lifetime = self.epsilon([event])
+            if lifetime > self.cap * (1 + _TOLERANCE):
+                raise AccountCapError(
+                    f"release {name!r} would bring the data source's lifetime epsilon to {lifetime:.4g} at delta {self.delta:g}, over the cap "
+                    f"{self.cap:g} of its budget account {self.path} (already spent {self.epsilon():.4g} over {len(self.counted())} releases); "
+                    "nothing was released")
+        self.document["charges"].append({"ledger": ledger, "release": release, "name": name, "event": event_json,
+                                         "recorded_at": _now().isoformat(timespec="seconds")})
+        self._save()
+
+    def missing(self, ledger: str, releases: list[int]) -> list[int]:
+        """The releases of `ledger` the account has no charge for."""
+        return [r for r in releases if self.find(ledger, r) is None]
+
+    def describe(self) -> str:
+        counted = self.counted()
+        runs = len({c["ledger"] for c in counted})
+        cap = "no cap" if self.cap is None else f"cap {self.cap:g}"
+        window = "lifetime" if self.document.get("window_days") is None else f"last {self.document['window_days']:g} days"
+        return (f"budget account {self.path}: epsilon {self.epsilon():.4g} at delta {self.delta:g} ({window}, {cap}) "
+                f"over {len(counted)} releases of {runs} run(s)")

@@ -1,0 +1,104 @@
+"""privacy.account: a data source's lifetime budget, composed over every run's releases."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+
+from privacy import account as accounts
+from privacy import accounting
+from privacy.account import AccountCapError, BudgetAccount
+from privacy.ledger import Ledger
+
+DELTA = 1e-5
+
+
+def ledger_with_account(tmp_path, name, account, epsilon=5.0):
+    return Ledger.create(str(tmp_path / name / "ledger.parquet"), epsilon, DELTA, accountant="pld", account=account)
+
+
+def test_releases_of_every_run_compose_into_the_account(tmp_path):
+    path = str(tmp_path / "account.json")
+    BudgetAccount.open_or_create(path, cap=None, delta=DELTA, accountant="pld")
+    events = {"a": [accounting.gaussian_event(6.0), accounting.gaussian_event(9.0, 2)], "b": [accounting.gaussian_event(7.5)]}
+    for run, run_events in events.items():
+        ledger = ledger_with_account(tmp_path, run, path)
+        for k, event in enumerate(run_events):
+            ledger.record(f"release-{k}", event, f"fp-{run}-{k}")
+    reference = pld_privacy_accountant.PLDAccountant()
+    for event in events["a"] + events["b"]:
+        reference.compose(event)
+    account = BudgetAccount.open(path)
+    assert len(account.document["charges"]) == 3
+    assert account.epsilon() == pytest.approx(reference.get_epsilon(DELTA), rel=1e-9)
+    # each run's own ledger spends less than the account: the account is what the users bear
+    assert max(Ledger.open(str(tmp_path / r / "ledger.parquet")).epsilon_spent() for r in events) < account.epsilon()
+    assert Ledger.open(str(tmp_path / "a" / "ledger.parquet")).check_account()["epsilon"] == pytest.approx(account.epsilon())
+
+
+def test_a_release_past_the_cap_is_refused_and_charges_nothing(tmp_path):
+    path = str(tmp_path / "account.json")
+    z = accounting.calibrate(1.0, DELTA, [accounting.Group("one", 1.0, 1)], "pld")["one"]  # one release spends epsilon 1
+    BudgetAccount.open_or_create(path, cap=1.2, delta=DELTA, accountant="pld")
+    first = ledger_with_account(tmp_path, "first", path)
+    first.record("counts", accounting.gaussian_event(z), "fp1")
+    second = ledger_with_account(tmp_path, "second", path)  # a fresh run on the same users: its own budget is untouched
+    with pytest.raises(AccountCapError, match=r"lifetime epsilon .* over the cap 1.2") as info:
+        second.record("counts", accounting.gaussian_event(z), "fp2")
+    assert "nothing was released" in str(info.value)
+    assert second.rows == [] and Ledger.open(second.path).rows == []
+    assert len(BudgetAccount.open(path).document["charges"]) == 1
+    # deleting the first run's ledger does not give the users a fresh budget
+    (tmp_path / "first" / "ledger.parquet").unlink()
+    with pytest.raises(AccountCapError):
+        ledger_with_account(tmp_path, "third", path).record("counts", accounting.gaussian_event(z), "fp3")
+
+
+def test_recharging_the_same_release_is_free(tmp_path):
+    path = str(tmp_path / "account.json")
+    account = BudgetAccount.open_or_create(path, cap=10.0, delta=DELTA)
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0))
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0))
+    assert len(BudgetAccount.open(path).document["charges"]) == 1
+    with pytest.raises(ValueError, match="charged with another event"):
+        account.charge("L", 0, "counts", accounting.gaussian_event(4.0))
+
+
+def test_window_lets_old_releases_drop_out(tmp_path, monkeypatch):
+    path = str(tmp_path / "account.json")
+    account = BudgetAccount.open_or_create(path, cap=None, delta=DELTA, window_days=7)
+    then = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    monkeypatch.setattr(accounts, "_now", lambda: then)
+    account.charge("L", 0, "old", accounting.gaussian_event(3.0))
+    monkeypatch.setattr(accounts, "_now", lambda: then + datetime.timedelta(days=10))
+    account.charge("L", 1, "new", accounting.gaussian_event(3.0))
+    assert [c["name"] for c in account.counted()] == ["new"]
+    assert account.epsilon() == pytest.approx(accounting.epsilon_of([accounting.gaussian_event(3.0)], DELTA, "pld"))
+
+
+def test_an_account_keeps_its_policy(tmp_path):
+    path = str(tmp_path / "account.json")
+    BudgetAccount.open_or_create(path, cap=4.0, delta=DELTA)
+    assert BudgetAccount.open_or_create(path).cap == 4.0  # later runs need not repeat it
+    with pytest.raises(ValueError, match="has cap 4.0, not 8.0"):
+        BudgetAccount.open_or_create(path, cap=8.0)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="cap must be > 0"):
+            BudgetAccount.open_or_create(str(tmp_path / f"bad{bad}.json"), cap=bad)
+    (tmp_path / "broken.json").write_text(json.dumps({"cap": 1}))
+    with pytest.raises(ValueError, match="broken.json is not a budget account"):
+        BudgetAccount.open(str(tmp_path / "broken.json"))
+
+
+def test_check_account_refuses_a_ledger_the_account_does_not_list(tmp_path):
+    path = str(tmp_path / "account.json")
+    BudgetAccount.open_or_create(path, cap=None, delta=DELTA)
+    ledger = ledger_with_account(tmp_path, "run", path)
+    ledger.record("counts", dp_accounting.GaussianDpEvent(5.0), "fp")
+    (tmp_path / "account.json").write_text(json.dumps({**json.loads((tmp_path / "account.json").read_text()), "charges": []}))
+    with pytest.raises(ValueError, match=r"releases \[0\] are not charged to the budget account"):
+        Ledger.open(ledger.path).check_account()
