@@ -86,6 +86,7 @@ def dp_counts(
                 b"max_items_per_user": str(max_items_per_user).encode()}
     table = pa.Table.from_arrays([pa.array(catalog), pa.array(counts)], schema=COUNTS.with_metadata(metadata))
     storage.write_table(validate_counts(table), storage.join(out, COUNTS_TABLE))
+    seeds.record_output(index, digest_table(storage.join(out, COUNTS_TABLE)))  # later jobs check they are handed this release
     summary = {"release": index, "noise_multiplier": multiplier, "noise_std": multiplier * sensitivity, "items": int(catalog.size),
                "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
     return summary

@@ -10,6 +10,13 @@ Nothing is published when any check fails.
 
 Outputs under `--out`: `resample-<k>.parquet` (k = 0..R-1, stats tables) and `release.json`
 (written last: release indices, noise multiplier, epsilon spent).
+
+Unit of privacy: the user (default), whose rows' weights have sum of squares <= wbar^2. `--unit
+example` (weight 1 per row, sensitivity one row) is sound only when the user embeddings are given
+and fixed, i.e. not computed from the same ratings: an embedding solved from a user's ratings (as
+`ssp train`'s user update does) changes with any one of them, so removing one rating moves that
+user's row in every item's statistics, not just one row. `ssp train` therefore has no example-level
+mode; user-level DP implies example-level DP with the same epsilon and delta.
 """
 
 from __future__ import annotations
@@ -159,6 +166,7 @@ class StatsJob:
         self.digests = digests = self._check_inputs()
         ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit)
         seeds = release.open_seed_file(self.seed_file, self.ledger_path)
+        release.check_counts_release(ledger, seeds, self.counts, digests["counts"])
         multiplier = ledger.budget["multipliers"]["stats"]
         event = accounting.gaussian_event(multiplier, 2)  # A and b
         description = {"settings": self.settings.to_json(), "inputs": digests}
@@ -210,7 +218,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, required=True, help="embedding dimension d")
     parser.add_argument("--clip-u", type=float, required=True, help="Gamma_u: user embeddings are clipped to this L2 norm")
     parser.add_argument("--clip-y", type=float, required=True, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y]")
-    parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
+    parser.add_argument("--unit", choices=("user", "example"), default="user",
+                        help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and fixed, "
+                        "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding depends on "
+                        "all of the user's ratings, so one rating moves the user's row in every item's statistics")
     parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
     parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
     parser.add_argument("--step", type=int, default=1, help="outer step this release belongs to (default: %(default)s)")

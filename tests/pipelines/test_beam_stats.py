@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
-from stats_inputs import expected_stats, write_inputs
+from stats_inputs import expected_stats, registered, write_inputs
 
 from pipelines import beam_stats, stats, stats_job
 from pipelines.release import PrivacySettings
@@ -29,7 +29,7 @@ CATALOG = [10, 20, 30, 40]
 
 
 def make_job(paths, out, privacy, settings, **kwargs):
-    return stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs)
+    return registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs))
 
 
 def read_stats(path):

@@ -75,7 +75,7 @@ def test_refusals_write_nothing(tmp_path, change, message):
         run = finished_run(str(tmp_path / "run"), epsilon=1000.0, **kwargs)
         ledger = Ledger.open(run.ledger)
         ledger.budget["epsilon"] = 1.0
-        ledger._save()
+        ledger.save()
         manifest = run.read_manifest()
         manifest["config"]["epsilon"] = 1.0
         run.write_manifest(manifest)

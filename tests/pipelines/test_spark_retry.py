@@ -21,8 +21,10 @@ DRIVER = textwrap.dedent("""
     from pipelines.spark import session
     from pipelines.stats_core import StatsSettings
     paths, out, seed, fail = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "fail"
-    job = stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], out,
-                             StatsSettings(2, 1.0, 5.0), PrivacySettings(noise_multiplier=1.0), seed_file=seed, shards=3)
+    sys.path.insert(0, "tests/pipelines")
+    from stats_inputs import registered
+    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], out,
+                                        StatsSettings(2, 1.0, 5.0), PrivacySettings(noise_multiplier=1.0), seed_file=seed, shards=3))
     with session("retry-test", "local[2,2]") as spark:  # two attempts per task
         stats.run(job, spark, fail_first_attempts=fail)
 """)

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, write_inputs
+from stats_inputs import expected_stats, registered, write_inputs
 
 from pipelines import stats, stats_job
 from pipelines.counts import dp_counts
@@ -26,7 +26,7 @@ CATALOG = [10, 20, 30, 40]
 
 
 def make_job(paths, out, privacy, settings=StatsSettings(2, 1.0, 5.0, "user", 2.0), **kwargs):
-    return stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs)
+    return registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs))
 
 
 def read_stats(path):
@@ -53,9 +53,9 @@ def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
     np.testing.assert_allclose(b[0], w1_10 * 4.0 * np.array([0.6, 0.8]) + w2_10 * 1.0 * u2, rtol=1e-12)
     np.testing.assert_allclose(b[1], w1_20 * 5.0 * np.array([0.6, 0.8]) + 2 * 1 / np.sqrt(norm2) * -5.0 * u2, rtol=1e-12)
     assert np.all(a[3] == 0) and np.all(b[3] == 0)
-    assert summary["releases"] == [0] and summary["epsilon_spent"] == float("inf")
+    assert summary["releases"] == [1] and summary["epsilon_spent"] == float("inf")  # release 0: the counts
     ledger = Ledger.open(str(tmp_path / "out" / "ledger.parquet"))
-    assert [row["name"] for row in ledger.rows] == ["step-1/stats/r0"]
+    assert [row["name"] for row in ledger.rows] == ["counts", "step-1/stats/r0"]
 
 
 def test_noise_scale_and_reproducible_release(spark, tmp_path):
@@ -80,7 +80,7 @@ def test_noise_scale_and_reproducible_release(spark, tmp_path):
     stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)  # a rerun: same releases
     after = {name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read() for name in os.listdir(tmp_path / "out" / "resample-0.parquet")}
     assert before == after
-    assert len(Ledger.open(str(tmp_path / "out" / "ledger.parquet")).rows) == 2
+    assert len(Ledger.open(str(tmp_path / "out" / "ledger.parquet")).rows) == 3  # the counts and the two resamples
 
 
 def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
@@ -89,12 +89,12 @@ def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
     stats.run(make_job(paths, tmp_path / "run", privacy), spark)
     seed_path = str(tmp_path / "run" / "private" / "seed")
     seed = SeedFile.load(seed_path)
-    assert len(seed.seed) == 32 and list(seed.releases) == [0]
+    assert len(seed.seed) == 32 and list(seed.releases) == [0, 1]  # the counts, the stats
     stats.run(make_job(paths, tmp_path / "run2", privacy), spark)
     assert SeedFile.load(str(tmp_path / "run2" / "private" / "seed")).seed != seed.seed
     # the same seed file on neighbouring data (one user less) is refused before anything is written
     other = write_inputs(tmp_path / "other", INTERACTIONS[:-1], {1: EMBEDDINGS[1], 2: EMBEDDINGS[2]}, COUNTS, CATALOG)
-    with pytest.raises(SeedReuseError, match="already used for release 0 on different data"):
+    with pytest.raises(SeedReuseError, match="already used for release 1 on different data"):
         stats.run(make_job(other, tmp_path / "run3", privacy, seed_file=seed_path), spark)
     assert not (tmp_path / "run3" / "resample-0.parquet").exists()
 
@@ -104,6 +104,7 @@ def test_budget_is_enforced_across_steps(spark, tmp_path):
     privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5)
     ledger = str(tmp_path / "ledger.parquet")
     dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger)
+    paths = {**paths, "counts": str(tmp_path / "counts" / "counts.parquet")}  # the released counts: the job refuses any other
     summary = stats.run(make_job(paths, tmp_path / "s1", privacy, ledger_path=ledger), spark)
     assert summary["epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # the plan spends exactly the budget
     with pytest.raises(BudgetExceededError, match="over its budget of 2"):
@@ -124,7 +125,8 @@ def test_budget_is_enforced_across_steps(spark, tmp_path):
 )
 def test_bad_inputs_are_refused_before_any_release(spark, tmp_path, change, message):
     paths = write_inputs(tmp_path, change.get("interactions", INTERACTIONS), change.get("embeddings", EMBEDDINGS), change.get("counts", COUNTS), CATALOG)
-    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), change.get("settings", StatsSettings(2, 1.0, 5.0)))
+    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), change.get("settings", StatsSettings(2, 1.0, 5.0)),
+                   ledger_path=str(tmp_path / "ledger.parquet"))
     with pytest.raises(ValueError, match=message):
         stats.run(job, spark)
     assert not (tmp_path / "out").exists()
