@@ -30,8 +30,10 @@ release made before).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -49,7 +51,7 @@ from privacy.ledger import Ledger
 from privacy.seeds import digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
-from schemas.tables import INTERACTIONS, validate_item_embeddings, validate_user_embeddings
+from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings, validate_user_embeddings
 
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
 # statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released)
@@ -75,7 +77,6 @@ class TrainConfig:
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
     outer_steps: int = 3
     resamples: int = 1
-    unit: str = "user"
     clip_u: float = 1.0
     clip_y: float = 2.0
     wbar: float = 1.0
@@ -96,15 +97,19 @@ class TrainConfig:
     feature_ridge: float = 1.0  # DP-CMF: ridge of the feature embeddings
     cmf_iterations: int = 3  # DP-CMF: item/feature solves per outer step
     dpsgd_epochs: float = 5.0
-    dpsgd_batch_size: int = 64  # expected units (users, or rows at example level) per DP-SGD step
+    dpsgd_batch_size: int = 64  # expected users per DP-SGD step (rows in a non-private run)
     dpsgd_learning_rate: float = 0.01
-    dpsgd_clip: float = 1.0  # per-unit gradient clip norm C
+    dpsgd_clip: float = 1.0  # per-user gradient clip norm C
     dpsgd_max_rows_per_user: int = 256
     rating_min: float = 0.5
     rating_max: float = 5.0
     split_seed: int = splits.DEFAULT_SEED
+    holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
+    budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
+    account_cap: float | None = None
+    account_window_days: float | None = None
 
     def __post_init__(self):
         # Defaults tuned per mode on the validation split of ml-latest-small and synthetic data: under
@@ -126,6 +131,9 @@ class TrainConfig:
             raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
         if not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
+        if isinstance(self.holdout, bool) or not isinstance(self.holdout, (int, float)) or not 0.0 <= self.holdout < 1.0:
+            raise ValueError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
+        _check_settings(self)
         self.privacy()  # validates the budget and plan
         release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
 
@@ -137,17 +145,34 @@ class TrainConfig:
         dpsgd = self.dpsgd_schedule(units) if self.item_update == "dpsgd" and units is not None else None
         common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
                       mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
-        if self.non_private:
+        if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
             return release.PrivacySettings(noise_multiplier=0.0, **common)
-        return release.PrivacySettings(epsilon=self.epsilon, **common)
+        return release.PrivacySettings(epsilon=self.epsilon, account=self.account_path(), account_cap=self.account_cap,
+                                       account_window_days=self.account_window_days, **common)
+
+    def account_path(self) -> str:
+        """The data source's budget account: --budget-account, or one kept beside the runs, named
+        after the data set's path (runs on the same data compose into it)."""
+        if self.budget_account is not None:
+            return self.budget_account
+        source = storage.canonical(self.data)
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in source.rstrip("/").rsplit("/", 1)[-1]) or "data"
+        key = hashlib.sha256(source.encode()).hexdigest()[:12]
+        parent = self.out.rstrip("/").rsplit("/", 1)[0] if "/" in self.out.rstrip("/") else "."
+        return storage.join(parent, "budget-accounts", f"{name}-{key}.json")
 
     def settings(self) -> StatsSettings:
         if self.non_private:  # no noise, no clipping limits, plain sums
             return StatsSettings(self.dim, math.inf, math.inf, "example", 1.0, self.weight_exponent)
-        return StatsSettings(self.dim, self.clip_u, self.clip_y, self.unit, self.wbar if self.unit == "user" else 1.0, self.weight_exponent)
+        return StatsSettings(self.dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent)
 
     def unit_of_privacy(self) -> str:
-        return "example" if self.non_private else self.unit
+        """Always the user in a private run. There is no example-level training: a user's embedding is
+        solved from all of that user's ratings, so removing one rating moves that user's row in every
+        item's statistics (and the Gram release, and the user's DP-SGD gradient), not one row; and
+        user-level DP already implies example-level DP with the same epsilon and delta. A
+        non-private run has no unit; it runs the plain, unweighted, unclipped ("example") sums."""
+        return "example" if self.non_private else "user"
 
     def dpsgd_config(self, units: int, seed: int | None = None):
         """The DP-SGD trainer's settings over `units` privacy units (AM-DPSGD); no clipping in a
@@ -165,23 +190,84 @@ class TrainConfig:
         return dpsgd.schedule(units, self.dpsgd_config(units))
 
 
+# Every numeric setting's valid range, checked before anything is written or spent: a setting found
+# wrong after the first release would strand a run whose budget is partly spent.
+_POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epochs", "batch_size", "cmf_iterations", "dpsgd_batch_size",
+                  "dpsgd_max_rows_per_user", "shards")
+_NON_NEGATIVE_INTS = ("split_seed", "model_seed")
+_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate")
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "gravity", "feature_weight", "gram_share", "mean_share")
+_FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
+
+
+def _check_settings(config: TrainConfig) -> None:
+    """Refuse any setting outside its range (NaN included), naming the flag."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in _POSITIVE_INTS + _NON_NEGATIVE_INTS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE_INTS else 0):
+            raise ValueError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
+    for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{flag(name)} must be a finite number, got {value!r}")
+        if name in _POSITIVE_FLOATS and value <= 0 or name in _NON_NEGATIVE_FLOATS and value < 0:
+            raise ValueError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
+
+
 def config_of(run: Run, manifest: dict) -> TrainConfig:
     """The configuration a prepared run was started with (recorded once, by prepare)."""
-    return TrainConfig(**manifest["config"], out=run.root)
+    recorded = dict(manifest["config"])
+    if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
+        raise ValueError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
+    return TrainConfig(**recorded, out=run.root)
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
-    """The run's manifest: new, or the one of an interrupted run with the same settings."""
+    """The run's manifest: new (not written yet), or the one of an interrupted run with the same
+    settings. A folder that holds something else (a data set, a file) is refused."""
     wanted = {key: value for key, value in asdict(config).items() if key != "out"}
+    fs, inner = storage.filesystem(run.root)
+    if fs.isfile(inner):
+        raise ValueError(f"--out {run.root} is a file, not a run directory")
     if storage.exists(run.manifest_path):
         manifest = run.read_manifest()
+        if not isinstance(manifest.get("config"), dict):
+            raise ValueError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
             raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}); resume it with the same flags or use a new --out")
         return manifest
-    manifest = {"config": wanted, "steps_done": [], "status": "running"}
-    run.write_manifest(manifest)
-    return manifest
+    for name in ("counts", "step-1", "ledger.parquet", "private"):  # a run's outputs without its manifest: not a fresh directory
+        if _present(run.path(name)):
+            raise ValueError(f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out")
+    return {"config": wanted, "steps_done": [], "status": "running"}
+
+
+def _data_fingerprint(path: str) -> dict:
+    """What identifies the training data, read-only: the digests of a data set's tables, or of the
+    files of a raw (MovieLens) folder."""
+    if ingest.is_dataset(path):
+        data = ingest.open_dataset(path)
+        return {"interactions": digest_table(data.interactions), "items": digest_table(data.items)}
+    fs, inner = storage.filesystem(path)
+    if not fs.isdir(inner):
+        raise storage.MissingTableError(f"--data {path}: no such data set or MovieLens folder")
+    files = {}
+    for name in sorted(fs.find(inner)):
+        digest = hashlib.sha256()
+        with fs.open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        files[name[len(inner):].lstrip("/")] = digest.hexdigest()
+    return {"files": files}
+
+
+def _run_identity(config: TrainConfig) -> dict:
+    """The settings and data a run's seed is bound to (everything but where it is written)."""
+    return {"config": {key: value for key, value in asdict(config).items() if key not in ("out", "seed_file")}, "data": _data_fingerprint(config.data)}
 
 
 def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
@@ -219,6 +305,35 @@ def _encoder(config: TrainConfig, items: pa.Table):
     return space, encoders.ItemEncoder(space, config.dim, config.encoder, seed=config.model_seed)
 
 
+def _present(path: str) -> bool:
+    """Whether anything (a file or a folder, complete or not) is at `path`."""
+    fs, inner = storage.filesystem(path)
+    fs.invalidate_cache()
+    return fs.exists(inner)
+
+
+def _released_anything(run: Run) -> bool:
+    """Whether the run directory records a release (or cannot be read to tell)."""
+    try:
+        return storage.exists(run.ledger) and bool(Ledger.open(run.ledger).rows)
+    except Exception:
+        return True
+
+
+@contextmanager
+def removed_if_refused(root: str):
+    """A run directory this command creates is removed whole if the command fails before the run's
+    first release: a refused command leaves nothing behind, and the corrected command can use the
+    same --out. After a release the directory stays: its ledger is the record of what was spent."""
+    created = not _present(root)
+    try:
+        yield
+    except Exception:
+        if created and _present(root) and not _released_anything(Run(root)):
+            storage.remove(root)
+        raise
+
+
 def prepare(config: TrainConfig, progress: bool = True) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
@@ -226,22 +341,38 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     from trainer import encoder as encoders
     from trainer import ssp
 
+    from privacy.seeds import SeedFile
+
     run = Run(config.out)
     manifest = _check_manifest(run, config)
     if "prepared" in manifest:
+        run.require_ledger()
         return manifest
+    # every check before the first write: the data, a given seed's binding, the catalog's features
+    identity = _run_identity(config)
+    if config.seed_file is not None:
+        given = SeedFile.load(config.seed_file)
+        given.check_run(given.run_fingerprint(identity))
+    if storage.exists(run.manifest_path) and storage.exists(run.counts):  # an interrupted prepare that released the counts
+        run.require_ledger()
+    run.write_manifest(manifest)
     started = time.time()
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, run.split, config.split_seed)
+        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
+    if config.encoder == "features" and not config.item_id_feature and not item_features(items.schema):
+        raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
+                         "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
+    _, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
     units = _privacy_units(train_rows, unit) if config.item_update == "dpsgd" else None
     privacy = config.privacy(units)
 
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
+    seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
     dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path)
     counts = storage.read_table(run.counts)
     mean = 0.0
@@ -253,7 +384,6 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), keep_items))), stats_items)
     _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)
 
-    _, model = _encoder(config, items)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units, "started_at": started, "at": time.time()}
@@ -407,6 +537,7 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     event = accounting.dpsgd_event(multiplier, q, steps)
     inputs = {"rows": digest_table(run.centred), "user_embeddings": digest_table(run.user_embeddings(step)), "counts": digest_table(run.counts)}
+    release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
     index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
     seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
     result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
@@ -421,7 +552,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones.
     Holds the run directory's lock throughout: a second run on the same directory is refused.
     """
-    with run_lock(config.out):
+    with removed_if_refused(config.out), run_lock(config.out):
         layout = Run(config.out)
         prepare(config, progress)
 
@@ -454,7 +585,7 @@ def evaluate(run: Run) -> dict:
     config = config_of(run, manifest)
     require_steps(run, manifest, config.outer_steps + 1)
     prepared = manifest["prepared"]
-    if config.protocol == "rmse" and not storage.exists(run.user_embeddings(None)):
+    if config.protocol == "rmse" and config.holdout > 0 and not storage.exists(run.user_embeddings(None)):
         raise ValueError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
     final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.dim)
@@ -484,7 +615,10 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
 
     train = storage.read_table(train_rows, columns=["item_id"])
     buckets = evaluate.popularity_buckets(space.item_ids, train["item_id"].to_numpy())
-    metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit}
+    metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit, "holdout": config.holdout}
+    if config.holdout == 0:  # production mode: every row trained, so there is nothing to evaluate on
+        metrics["no_heldout_data"] = "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
+        return metrics
     if config.protocol == "rmse":
         users = validate_user_embeddings(storage.read_table(final_users), dim=config.dim).sort_by("user_id")
         user_table = (users["user_id"].to_numpy(), np.array(users["embedding"].to_pylist(), dtype=np.float64).reshape(-1, config.dim))
@@ -517,7 +651,9 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
 def describe(metrics: dict) -> str:
     """The human summary printed at the end of a run."""
     lines = []
-    if metrics["protocol"] == "rmse":
+    if "no_heldout_data" in metrics:
+        lines.append(f"no test metrics: {metrics['no_heldout_data']}")
+    elif metrics["protocol"] == "rmse":
         lines.append(f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})")
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_rmse_sliced"])
         lines.append(f"test RMSE by item popularity (least to most popular fifth): {sliced}")
@@ -548,13 +684,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
                        "its budget share is the statistics', and it ignores --gravity in the item update)",
         "feature_weight": "DP-CMF: weight mu of the public feature rows (0: DP-ALS)",
-        "dpsgd_batch_size": "AM-DPSGD: expected users (rows at example level) per DP-SGD step",
-        "dpsgd_clip": "AM-DPSGD: per-user (per-row at example level) gradient clip norm",
+        "dpsgd_batch_size": "AM-DPSGD: expected users per DP-SGD step",
+        "dpsgd_clip": "AM-DPSGD: per-user gradient clip norm",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "item_id_feature": "the features encoder also embeds the (public) item id (default: on for --non-private runs, off for private ones)",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",
+        "holdout": splits.HOLDOUT_HELP,
+        "budget_account": "the data source's budget account, a JSON file kept beside the runs: every release of every run on these users is "
+                          "charged there, so their lifetime epsilon is composed and capped (default: <folder of --out>/budget-accounts/<data>.json)",
+        "account_cap": "lifetime epsilon cap of a new budget account: a release that would take the users past it is refused (default: no cap, "
+                       "the lifetime epsilon is only reported)",
+        "account_window_days": "renewal window of a new budget account: releases older than this many days stop counting against its cap "
+                               "(default: none, every release counts forever)",
         "gravity": "implicit-feedback weight alpha on the users' DP Gram matrix (default: 0.1 for --protocol recall, 0 for rmse)",
-        "unit": "unit of privacy: user or example",
     }
     for item in fields(TrainConfig):
         name = "--" + item.name.replace("_", "-")
@@ -565,7 +707,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(name, action=action, default=default, help=helps.get(item.name, item.name.replace("_", " ")))
             continue
         kind = {"int": int, "float": float}.get(kind_name.split(" ")[0], str)
-        choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id"), "unit": ("user", "example")}.get(item.name)
+        choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id")}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
     parser.add_argument("--stage", choices=STAGES, default="all",
@@ -587,7 +729,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.stage == "prepare":
-        with run_lock(config.out):
+        with removed_if_refused(config.out), run_lock(config.out):
             prepare(config)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0

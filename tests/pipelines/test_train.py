@@ -14,7 +14,9 @@ from trainer import ssp
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     metrics = train.run(train.TrainConfig(out=str(tmp_path / "run"), non_private=True), spark=spark, progress=False)
-    assert metrics["test_rmse"] < 0.90  # plain ALS ~0.89 on this split
+    # Plain ALS: 0.904 on this split (seed 1234); 0.880, 0.881, 0.897 with split seeds 1, 2, 3, and 0.878
+    # on the former permutation split: which ratings fall in the 10% test part moves it by ~0.02.
+    assert metrics["test_rmse"] < 0.91
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"] - 0.1
     assert len(metrics["test_rmse_sliced"]) == 5 and all(v > 0 for v in metrics["test_rmse_sliced"])
     assert metrics["epsilon_spent"] == float("inf") and metrics["non_private"]
@@ -65,6 +67,23 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     assert again["test_rmse"] == pytest.approx(metrics["test_rmse"], abs=1e-9)
 
 
+def test_holdout_zero_is_the_production_mode(spark, tmp_path):
+    """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
+    says there is no held-out data instead of reporting test metrics."""
+    config = train.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
+    metrics = train.run(config, spark=spark, progress=False)
+    split = json.load(open(tmp_path / "run" / "private" / "split" / "split.json"))
+    assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == 100_836  # every bundled rating
+    assert split["sizes"]["valid"]["rows"] == split["sizes"]["test"]["rows"] == 0
+    assert not any(key.startswith(("test_", "valid_")) for key in metrics) and "--holdout 0" in metrics["no_heldout_data"]
+    assert metrics["holdout"] == 0.0 and metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["releases"] == 3
+    assert json.load(open(tmp_path / "run" / "metrics.json"))["no_heldout_data"] == metrics["no_heldout_data"]
+    text = train.describe(metrics)
+    assert text.splitlines()[0].startswith("no test metrics: --holdout 0 (production mode)") and "epsilon spent 5" in text
+    with pytest.raises(ValueError, match=r"--holdout must be a number in \[0, 1\)"):
+        small(tmp_path / "bad", holdout=1.0)
+
+
 def test_recall_protocol_trains_on_top_items_by_dp_count(spark, tmp_path):
     metrics = train.run(small(tmp_path / "run", protocol="recall"), spark=spark, progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
@@ -106,7 +125,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
                  "--dim", "8", "--clip-u", "1.0", "--clip-y", "2.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--mean-share", "0.05",
-                 "--ledger", storage.join(run, "ledger.parquet")]
+                 "--ledger", storage.join(run, "ledger.parquet"), "--budget-account", config.account_path()]
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)
         ssp_ok("stats", *flags)

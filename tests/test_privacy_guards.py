@@ -1,0 +1,146 @@
+"""The ledger and the seed cannot be fooled, through the installed `ssp` command (subprocesses).
+
+A fault probe found that a run handed another run's seed file released its DP counts with the
+other run's noise before anything was refused, that a prepared run whose ledger was deleted got a
+fresh one (and reused release 0's noise key), and that budget was spent before the settings were
+checked. Each case here runs the real `ssp` binary, as an operator would: refusals exit 2 with one
+line naming the problem, spend nothing, and leave no new run directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from privacy import accounting
+from privacy.account import BudgetAccount
+from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
+
+SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+FAST = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "1", "--dim", "4"]
+
+
+def ssp(*args, check=True):
+    result = subprocess.run([SSP, *map(str, args)], capture_output=True, text=True, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def refused(*args, pattern):
+    """`ssp args` exits 2 with one error line matching `pattern` and no traceback."""
+    result = ssp(*args, check=False)
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(errors) == 1 and pattern in errors[0], result.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("guards") / "data"
+    ssp("synth", "--users", 150, "--items", 60, "--ratings-per-user", 8, "--out", folder)
+    return str(folder)
+
+
+def prepare(data, out, *flags, check=True):
+    return ssp("train", "--stage", "prepare", "--data", data, "--out", out, *FAST, *flags, check=check)
+
+
+def test_another_runs_seed_is_refused_before_anything_is_written(data, tmp_path):
+    first = str(tmp_path / "first")
+    prepare(data, first)
+    seed = os.path.join(first, "private", "seed")
+    bound = SeedFile.load(seed)
+    names = {row["release"]: row["data_fingerprint"] for row in Ledger.open(os.path.join(first, "ledger.parquet")).rows}
+    assert bound.releases == names and sorted(names) == [0, 1]  # the counts' binding survived the mean release
+    # other settings (epsilon 8 instead of 5: counts with the same noise and two multipliers would give the exact counts)
+    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "other", *FAST[2:], "--epsilon", "8", "--seed-file", seed,
+            pattern="belongs to a run with other data or settings")
+    assert not (tmp_path / "other").exists()
+    # other data
+    ssp("synth", "--users", 149, "--items", 60, "--ratings-per-user", 8, "--out", tmp_path / "data2")
+    refused("train", "--stage", "prepare", "--data", tmp_path / "data2", "--out", tmp_path / "other", *FAST, "--seed-file", seed,
+            pattern="belongs to a run with other data or settings")
+    assert not (tmp_path / "other").exists()
+    assert SeedFile.load(seed).releases == bound.releases
+    # the same data and settings reproduce the releases exactly
+    prepare(data, tmp_path / "again", "--seed-file", seed)
+    assert open(os.path.join(first, "counts", "counts.parquet", "part-00000.parquet"), "rb").read() == \
+        open(tmp_path / "again" / "counts" / "counts.parquet" / "part-00000.parquet", "rb").read()
+
+
+def test_a_missing_ledger_is_refused(data, tmp_path):
+    run = str(tmp_path / "run")
+    prepare(data, run)
+    os.remove(os.path.join(run, "ledger.parquet"))
+    refused("train", "--stage", "prepare", "--data", data, "--out", run, *FAST, pattern="its ledger")
+    refused("train", "--data", data, "--out", run, *FAST, pattern="its ledger")
+    refused("privacy", run, pattern="privacy ledger not found")
+    assert not os.path.exists(os.path.join(run, "ledger.parquet"))
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--batch-size", "0"), ("--epochs", "0"), ("--ridge", "-1"), ("--lambda-u", "-1"), ("--shards", "0"), ("--model-seed", "-5"),
+    ("--learning-rate", "nan"), ("--dim", "0"), ("--dpsgd-epochs", "inf"),
+])
+def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, flag, value):
+    refused("train", "--data", data, "--out", tmp_path / "run", *FAST, flag, value, pattern=flag)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_path):
+    folder = tmp_path / "movies"
+    folder.mkdir()
+    (folder / "ratings.csv").write_text("userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{1 + (u * i) % 5},0\n" for u in range(1, 30) for i in range(1, 9)))
+    (folder / "movies.csv").write_text("movieId,title,genres\n" + "".join(f"{i},Movie {i} (2000),Drama\n" for i in range(1, 9)))
+    ssp("ingest", "--source", folder, "--out", tmp_path / "data", "--public-features", "year")
+    import pyarrow.parquet as pq
+
+    assert pq.read_schema(next((tmp_path / "data" / "items.parquet").glob("*.parquet"))).metadata  # ingested with one family
+    # a data set whose only declared family is dropped: build it by ingesting with an empty declaration
+    result = ssp("ingest", "--source", folder, "--out", tmp_path / "bare", "--public-features", "", check=False)
+    if result.returncode != 0:
+        pytest.skip(f"ingest refuses an empty feature declaration itself: {result.stderr.strip().splitlines()[-1]}")
+    refused("train", "--data", tmp_path / "bare", "--out", tmp_path / "run", *FAST, pattern="declares no public feature family")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_path):
+    account = str(tmp_path / "accounts" / "users.json")
+    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "tiny", *FAST, "--budget-account", account, "--account-cap", "0.3",
+            pattern="over the cap 0.3")
+    assert not (tmp_path / "tiny").exists() and BudgetAccount.open(account).document["charges"] == []
+    os.remove(account)
+    # a cap that two prepared runs fit under and three do not (prepare releases the counts and the mean)
+    from pipelines.train import TrainConfig
+
+    plan = TrainConfig(data=data, epsilon=5.0, outer_steps=1, epochs=1, dim=4).privacy()
+    multipliers, kind = plan.multipliers(), plan.accountant
+    per_run = [accounting.gaussian_event(multipliers["counts"]), accounting.gaussian_event(multipliers["mean"], 2)]
+    cap = round((accounting.epsilon_of(per_run * 2, 1e-5, kind) + accounting.epsilon_of(per_run * 3, 1e-5, kind)) / 2, 3)
+    for run in ("a", "b"):
+        prepare(data, tmp_path / run, "--budget-account", account, "--account-cap", cap)
+    events = [event for run in ("a", "b") for event in Ledger.open(str(tmp_path / run / "ledger.parquet")).events()]
+    held = BudgetAccount.open(account)
+    reference = pld_privacy_accountant.PLDAccountant() if held.document["accountant"] == "pld" else rdp_privacy_accountant.RdpAccountant()
+    for event in events:
+        reference.compose(event)
+    assert held.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+    shown = ssp("privacy", tmp_path / "a").stdout
+    assert f"budget account {account}: epsilon {held.epsilon():.4g}" in shown
+    # a third run would take the users past the cap: refused at its first release, nothing spent
+    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "c", *FAST, "--budget-account", account, pattern=f"over the cap {cap:g}")
+    assert not (tmp_path / "c").exists() and len(BudgetAccount.open(account).document["charges"]) == len(events)
+    assert math.isfinite(held.epsilon()) and held.epsilon() <= cap * (1 + 1e-9)
+    assert json.load(open(account))["cap"] == cap
+    assert accounting.epsilon_of(events, 1e-5, held.document["accountant"]) == pytest.approx(held.epsilon())
