@@ -77,7 +77,6 @@ TRAINING = {
     "engine": ENGINE,
     "outer-steps": OUTER_STEPS,
     "dim": 8,
-    "unit": "user",
     "clip-u": 1.0,
     "clip-y": 2.0,
     "wbar": 1.0,
@@ -89,7 +88,7 @@ TRAINING = {
 }
 # The stats job is not given the run: it gets the same settings and the budget plan `ssp train` makes
 # from them (TrainConfig.privacy: the DP mean's share in the regression protocol, no Gram matrices).
-STATS_SETTINGS = ("dim", "unit", "clip-u", "clip-y", "wbar", "weight-exponent", "shards", "outer-steps", "resamples", "count-share", "mean-share")
+STATS_SETTINGS = ("dim", "clip-u", "clip-y", "wbar", "weight-exponent", "shards", "outer-steps", "resamples", "count-share", "mean-share")
 BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}"}
 
 GPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"})
@@ -136,6 +135,7 @@ def stats_flags(step: int) -> dict:
         "counts": RUN + "/counts/counts.parquet",
         "out": RUN + f"/step-{step}/stats",
         "step": step,
+        "unit": "user",  # `ssp train` is user level only
         **{key: TRAINING[key] for key in STATS_SETTINGS},
         **BUDGET,
         "ledger": RUN + "/ledger.parquet",

@@ -67,3 +67,20 @@ def test_bench_is_the_experiment_harness(capsys):
     out = capsys.readouterr().out
     assert "--quick" in out and "--protocol" in out and "--data" in out
     assert "bench" in ssp("--help").stdout
+
+
+@pytest.mark.parametrize("unit", ["example", "user"])
+def test_train_has_no_unit_flag(tmp_path, unit, capsys):
+    """Training is user level only: an embedding solved from all of a user's ratings makes a
+    one-rating guarantee unsound, so `ssp train --unit example` is an argparse error (status 2)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--unit", unit, "--out", str(tmp_path / "run")])
+    assert info.value.code == 2
+    assert f"unrecognized arguments: --unit {unit}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_stats_help_says_when_example_level_is_sound(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["stats", "--help"])
+    assert "example is sound only when --user-embeddings are given and fixed" in " ".join(capsys.readouterr().out.split())
