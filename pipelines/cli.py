@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, before it is imported
 
-from pipelines import counts, ingest, publish, splits, stats_job, synth, train, user_update
+from pipelines import counts, ingest, publish, release, splits, stats_job, synth, train, user_update
 from pipelines.lock import RunLockedError
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
@@ -52,6 +52,8 @@ def _run_stats(args: argparse.Namespace) -> int:
 def _run_privacy(args: argparse.Namespace) -> int:
     path = args.run if args.run.endswith(".parquet") else storage.join(args.run, "ledger.parquet")
     ledger = Ledger.open(path)
+    if not args.run.endswith(".parquet"):  # a run folder: its own seed file witnesses what the ledger must list
+        release.check_ledger_complete(ledger, storage.join(args.run, "private", "seed"))
     print(ledger.describe())
     spent = ledger.epsilon_spent()
     if args.max_epsilon is not None and not spent <= args.max_epsilon * (1 + publish.TOLERANCE):

@@ -28,6 +28,7 @@ import uuid
 
 from pipelines.datasets import open_dataset
 from pipelines.lock import run_lock
+from pipelines.release import check_ledger_complete
 from pipelines.run_dir import Run, require_steps
 from privacy.ledger import Ledger
 from schemas import storage
@@ -49,6 +50,7 @@ def privacy_summary(run: Run) -> dict:
     if config["non_private"]:
         raise ValueError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
     ledger = Ledger.open(run.ledger)
+    check_ledger_complete(ledger, config.get("seed_file") or run.private("seed"))
     budget, spent = ledger.budget, ledger.epsilon_spent()
     if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
         raise ValueError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "

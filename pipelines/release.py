@@ -150,6 +150,19 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
     return index
 
 
+def check_ledger_complete(ledger: Ledger, seed_path: str) -> None:
+    """Refuse a ledger that lacks releases its seed file saw recorded in it (deleted, replaced or
+    rolled back): the epsilon it reports would leave them out, and their noise keys would be
+    handed out again."""
+    if not storage.exists(seed_path):
+        return
+    recorded = {row["release"]: row["data_fingerprint"] for row in ledger.rows}
+    lost = SeedFile.load(seed_path).missing_from(storage.canonical(ledger.path), recorded)
+    if lost:
+        raise ValueError(f"{ledger.path} does not list releases {lost} that the seed file {seed_path} saw recorded there: the ledger was "
+                         "deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run")
+
+
 def check_counts_release(ledger: Ledger, seed_file: SeedFile, counts_path: str, counts_digest: str) -> None:
     """Refuse a counts table that is not a DP counts release recorded in this ledger: the weights'
     sensitivity bound holds only for noised counts (exact counts, with the same schema, would

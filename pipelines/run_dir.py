@@ -87,15 +87,19 @@ class Run:
         manifest = self.read_manifest()
         if "prepared" not in manifest:
             raise ValueError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
-        self.require_ledger()
+        self.require_ledger(manifest["config"].get("seed_file"))
         return manifest
 
-    def require_ledger(self) -> None:
-        """Refuse a prepared run whose ledger is gone: its releases happened and still count, and a
-        fresh ledger would hand their noise keys out again."""
+    def require_ledger(self, seed_file: str | None = None) -> None:
+        """Refuse a prepared run whose ledger is gone, or lacks releases its seed file saw: those
+        releases happened and still count, and a fresh ledger would hand their noise keys out again."""
+        from pipelines.release import check_ledger_complete
+        from privacy.ledger import Ledger
+
         if not storage.exists(self.ledger):
             raise ValueError(f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
                              "so it cannot go on: restore the ledger or start a new run")
+        check_ledger_complete(Ledger.open(self.ledger), seed_file or self.private("seed"))
 
     def write_manifest(self, manifest: dict) -> None:
         storage.write_json(manifest, self.manifest_path)

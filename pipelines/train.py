@@ -346,7 +346,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     run = Run(config.out)
     manifest = _check_manifest(run, config)
     if "prepared" in manifest:
-        run.require_ledger()
+        run.require_ledger(config.seed_file)
         return manifest
     # every check before the first write: the data, a given seed's binding, the catalog's features
     identity = _run_identity(config)
@@ -354,7 +354,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         given = SeedFile.load(config.seed_file)
         given.check_run(given.run_fingerprint(identity))
     if storage.exists(run.manifest_path) and storage.exists(run.counts):  # an interrupted prepare that released the counts
-        run.require_ledger()
+        run.require_ledger(config.seed_file)
     run.write_manifest(manifest)
     started = time.time()
     unit = config.unit_of_privacy()

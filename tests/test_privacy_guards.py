@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -87,6 +88,36 @@ def test_a_missing_ledger_is_refused(data, tmp_path):
     refused("train", "--data", data, "--out", run, *FAST, pattern="its ledger")
     refused("privacy", run, pattern="privacy ledger not found")
     assert not os.path.exists(os.path.join(run, "ledger.parquet"))
+    # a ledger put back empty (or from an earlier point) is refused too: the seed file witnessed releases 0 and 1
+    Ledger.create(os.path.join(run, "ledger.parquet"), 5.0, 1e-5)
+    refused("privacy", run, pattern="does not list releases [0, 1]")
+    refused("train", "--data", data, "--out", run, *FAST, pattern="does not list releases [0, 1]")
+
+
+def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(data, tmp_path):
+    """Neighbouring data sets, end to end through prepare: the training rows (which the counts and
+    the mean are computed from) of D minus one user are exactly those of D minus that user's rows."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from schemas import storage
+
+    rows = storage.read_table(os.path.join(data, "interactions.parquet"))
+    user = rows["user_id"][0].as_py()
+    smaller = tmp_path / "smaller"
+    shutil.copytree(data, smaller)
+    shutil.rmtree(smaller / "interactions.parquet")
+    storage.write_table(rows.filter(pc.not_equal(rows["user_id"], user)), str(smaller / "interactions.parquet"))
+    prepare(data, tmp_path / "full")
+    prepare(str(smaller), tmp_path / "less")
+
+    def train_rows(run):
+        table = storage.read_table(str(tmp_path / run / "private" / "split" / "train.parquet"))
+        return set(zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "label", "timestamp"))))
+
+    full, less = train_rows("full"), train_rows("less")
+    assert any(r[0] == user for r in full)
+    assert less == {r for r in full if r[0] != user}
 
 
 @pytest.mark.parametrize("flag, value", [
