@@ -16,6 +16,7 @@ from pipelines.publish import PUBLISHED, publish
 from pipelines.run_dir import Run
 from privacy import accounting
 from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import ITEM_EMBEDDINGS
 
@@ -37,7 +38,7 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
             storage.write_json({"bytes": payload.decode()}, os.path.join(local, name))
     if not encoder_committed:  # an export that died before its commit
         storage.remove(run.path("encoder", storage.SUCCESS))
-    storage.write_json({"secret": "seed"}, run.private("seed"))
+    SeedFile.create(run.private("seed")).bind(0, "ab12", storage.canonical(run.ledger))  # the run's secret seed, witness of its release
     return run
 
 
