@@ -15,7 +15,7 @@ The construction (noise version 2; every constant below is part of what a releas
    R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64, at most 1 - 2^-53 (so R is in
    [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and
    t = 2 pi w_2k+1 / 2^64. ln, cos and sin are computed here from + - * / and sqrt only (tables
-   of 1024 entries built at import from Taylor series, then short polynomials: `_box_muller`),
+   built at import from Taylor series, then short polynomials: `_box_muller`),
    operations IEEE 754 rounds exactly, so a value is the same bits on every machine and numpy
    build (numpy's float64 log gives other last bits with AVX-512 than without: a task retried on
    another worker would not reproduce its release) and within 4 units in the last place of R of
@@ -84,7 +84,7 @@ MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 words, 2^32 ChaCh
 _CHUNK_BYTES = 1 << 19  # keystream drawn at a time (whole items)
 _SLICE_WORDS = 1 << 13  # words turned into values at a time (arrays of 32 KiB: in the CPU's cache)
 
-# ln 2 split so that e * _LN2_HI is exact for |e| < 2^20 (fdlibm's constants)
+# ln 2 split so that e * _LN2_HI is exact for |e| < 2^20 (fdlibm's constants): the log table's ln(1/2)
 _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _SQRT_HALF = math.sqrt(0.5)
@@ -168,83 +168,75 @@ def _log_series(m: np.ndarray) -> np.ndarray:
     return 2.0 * s * _horner(s * s, _ATANH) - np.where(low, _LN2_HI, 0.0) - np.where(low, _LN2_LO, 0.0)
 
 
-# Angle table: cos and sin of 2 pi (j + 1/2) / 2^_TURN_BITS; a draw's angle is the nearest entry's plus
-# a remainder |d| <= pi / 2^_TURN_BITS, whose sin and cos short polynomials give to well under 2^-53.
-_TURN_BITS = 10
+# Angle table: cos and sin of 2 pi (j + 1/2) / 2^_TURN_BITS. A draw's angle is its entry's plus a
+# remainder |d| <= pi / 2^_TURN_BITS: sin d = d - d^3/6 and cos d = 1 - d^2/2 leave out under 2^-56.
+_TURN_BITS = 14
 _TURN_COS, _TURN_SIN = _sin_cos_turns((np.arange(1 << _TURN_BITS, dtype=np.uint64) << np.uint64(64 - _TURN_BITS))
                                       + np.uint64(1 << (63 - _TURN_BITS)))
-# Log table: for mantissas m in [1/2, 1), bin i = floor(m 2^(_LOG_BITS+1)) in [2^_LOG_BITS, 2^(_LOG_BITS+1)):
-# its centre c_i, 1 / c_i and ln c_i; ln m = ln c_i + log1p((m - c_i) / c_i), |(m - c_i) / c_i| <= 2^-(_LOG_BITS+1).
-_LOG_BITS = 10
+# Log table: mantissas m in [1/2, 1) fall in bins i = floor(m 2^(_LOG_BITS+1)) in [2^_LOG_BITS, 2^(_LOG_BITS+1)),
+# each with its centre c_i (the top bin: 1, so that ln u near 0 keeps its relative precision), 1 / c_i
+# and -2 ln c_i. Then -2 ln m = -2 ln c_i - 2 log1p(r), r = (m - c_i) / c_i, |r| <= 2^-(_LOG_BITS+1), and
+# -2 log1p(r) = -2r + r^2 - 2r^3/3 + r^4/2 leaves out under 2^-54 r.
+_LOG_BITS = 12
 _LOG_CENTRE = (np.arange(2 << _LOG_BITS, dtype=np.float64) + 0.5) * 2.0 ** -(_LOG_BITS + 1)
 _LOG_CENTRE[: 1 << _LOG_BITS] = 1.0  # unused bins (m < 1/2)
-_LOG_CENTRE[-1] = 1.0  # the top bin's r = m - 1 exactly: ln u near 0 keeps its relative precision
+_LOG_CENTRE[-1] = 1.0
 _LOG_INVERSE = 1.0 / _LOG_CENTRE
-_LOG_OF_CENTRE = _log_series(_LOG_CENTRE)
+_MINUS_TWO_LOG_CENTRE = -2.0 * _log_series(_LOG_CENTRE)
+_MINUS_TWO_LN2 = -2.0 * math.log(2.0)  # e (-2 ln 2) in one rounding: within 2^-54 |e| of exact, far below an ulp of -2 ln u
 
 
 def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Standard normal values from 64-bit words (1-d, even length): value 2k = R cos t, 2k+1 = R sin t
     of words 2k, 2k+1 (module docstring, step 3), from IEEE-exact operations and the tables above."""
     halves = words.astype("<u8", copy=False).view("<u4")  # each word's low half first
-    # u = (w + 1/2) / 2^64 with one rounding: hi 2^-32 and (lo + 1/2) 2^-64 are exact, their sum rounds once
+    # u = (w + 1/2) / 2^64 with one rounding (hi 2^-32 and (lo + 1/2) 2^-64 are exact), below 1
     u = halves[1::4].astype(np.float64)
     u *= 2.0**-32
     low = halves[0::4].astype(np.float64)
     low += 0.5
     low *= 2.0**-64
     u += low
-    np.minimum(u, _BELOW_ONE, out=u)  # u < 1: ln u < 0
-    # ln u = e ln 2 + ln c + log1p(r), u = m 2^e, m in [1/2, 1), c the centre of m's bin, r = (m - c) / c
+    np.minimum(u, _BELOW_ONE, out=u)
+    # R^2 = -2 ln u = e (-2 ln 2) - 2 ln c - 2 log1p(r), u = m 2^e, m in [1/2, 1), c the centre of m's bin
     m, e = np.frexp(u)
     bins = np.multiply(m, float(2 << _LOG_BITS), out=u).astype(np.intp)
-    r = m - _LOG_CENTRE.take(bins)  # exact: m and c within a factor 2
+    r = np.subtract(m, _LOG_CENTRE.take(bins), out=m)  # exact: m and c within a factor 2
     r *= _LOG_INVERSE.take(bins)
-    log = r * 0.2  # log1p(r) = r - r^2/2 + r^3/3 - r^4/4 + r^5/5 (the next term is below 2^-57 r)
-    log -= 0.25
-    log *= r
-    log += 1.0 / 3.0
-    log *= r
-    log -= 0.5
-    log *= r
-    log *= r
-    log += r
+    r2 = r * 0.5
+    r2 -= 2.0 / 3.0
+    r2 *= r
+    r2 += 1.0
+    r2 *= r
+    r2 -= 2.0
+    r2 *= r
+    r2 += _MINUS_TWO_LOG_CENTRE.take(bins)
     e = e.astype(np.float64)
-    log += _LOG_OF_CENTRE.take(bins)
-    r = np.multiply(e, _LN2_LO, out=r)
-    log += r
-    e *= _LN2_HI  # exact
-    log += e
-    np.minimum(log, 0.0, out=log)  # ln u < 0 already (u < 1): a guard against a NaN radius
-    log *= -2.0
-    radius = np.sqrt(log, out=log)
+    e *= _MINUS_TWO_LN2
+    r2 += e
+    np.maximum(r2, 0.0, out=r2)  # positive already (u < 1): a guard against a NaN radius
+    radius = np.sqrt(r2, out=r2)
     # t = 2 pi w / 2^64 = 2 pi (j + 1/2) / 2^_TURN_BITS + d: j the top bits, d from the others (exact in float64)
     angle = words[1::2]
     j = (angle >> np.uint64(64 - _TURN_BITS)).view(np.int64)
     d = ((angle & np.uint64((1 << (64 - _TURN_BITS)) - 1)).view(np.int64) - np.int64(1 << (63 - _TURN_BITS))).astype(np.float64)
-    d *= 2 * math.pi / 2.0**64  # |d| <= pi / 2^_TURN_BITS
-    d2 = d * d
-    sin_d = d2 * (1.0 / 120.0)  # sin d = d - d^3/6 + d^5/120, cos d = 1 - h, h = d^2/2 - d^4/24
-    sin_d -= 1.0 / 6.0
-    sin_d *= d2
+    d *= 2 * math.pi / 2.0**64
+    h = d * d
+    sin_d = np.multiply(h, -1.0 / 6.0, out=e)
     sin_d *= d
     sin_d += d
-    h = np.multiply(d2, -1.0 / 24.0, out=d)
-    h += 0.5
-    h *= d2
+    h *= 0.5  # cos d = 1 - h
     cos_j, sin_j = _TURN_COS.take(j), _TURN_SIN.take(j)
     out = np.empty(words.shape, dtype=np.float64) if out is None else out
-    # cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d)
-    first = np.multiply(cos_j, h, out=d2)
-    first += np.multiply(sin_j, sin_d, out=m)
+    # cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d), times R
+    first = np.multiply(cos_j, h, out=d)
+    first += np.multiply(sin_j, sin_d, out=u)
     np.subtract(cos_j, first, out=first)
-    first *= radius
-    out[0::2] = first
+    np.multiply(first, radius, out=out[0::2])
     second = np.multiply(sin_j, h, out=h)
     second -= np.multiply(cos_j, sin_d, out=sin_d)
     np.subtract(sin_j, second, out=second)
-    second *= radius
-    out[1::2] = second
+    np.multiply(second, radius, out=out[1::2])
     return out
 
 
