@@ -11,18 +11,18 @@ The construction (noise version 2; every constant below is part of what a releas
    w_1, ...; a draw of n values uses the first 2 ceil(n/2) words, so a longer draw starts with the
    shorter one. A draw has at most MAX_VALUES values (2^32 ChaCha20 blocks), so the counter never
    reaches the nonce and two items never share keystream.
-3. Gaussians: Box-Muller on consecutive words, value 2k = R cos t and value 2k+1 = R sin t with
-   R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64, at most 1 - 2^-53 (so R is in
-   [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and
-   t = 2 pi w_2k+1 / 2^64. ln, cos and sin are computed here from + - * / and sqrt only (tables
-   built at import from Taylor series, then short polynomials: `_box_muller`),
-   operations IEEE 754 rounds exactly, so a value is the same bits on every machine and numpy
-   build (numpy's float64 log gives other last bits with AVX-512 than without: a task retried on
-   another worker would not reproduce its release) and within 4 units in the last place of R of
-   the formula. Box-Muller rather than the inverse CDF of one 64-bit word: an inverse CDF reaches
-   only a sparse set of values in the tails (beyond about 5.4 standard deviations most cells of the
-   grid below would be unreachable: holes, whose place after the shift reveals the data), while
-   Box-Muller spreads each radius over 2^64 angles and reaches every cell out to |z| = 9.4.
+3. Gaussians: Box-Muller on consecutive words, value 2k = R cos t and value 2k+1 = R sin t, with
+   R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64 and capped at 1 - 2^-53 (so R is
+   in [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and t = 2 pi w_2k+1 / 2^64. ln, cos
+   and sin are computed here from + - * / and sqrt only (tables built at import from Taylor
+   series, then short polynomials: `_box_muller`), operations IEEE 754 rounds exactly, so a value
+   is the same bits on every machine and numpy build (numpy's float64 log gives other last bits
+   with AVX-512 than without: a task retried on another worker would not reproduce its release)
+   and within 4 units in the last place of R of the formula. Box-Muller rather than the inverse
+   CDF of one 64-bit word: an inverse CDF reaches only a sparse set of values in the tails (beyond
+   about 5.4 standard deviations most cells of the grid below would be unreachable: holes, whose
+   place after the shift reveals the data), while Box-Muller spreads each radius over 2^64 angles
+   and reaches every cell out to |z| = 9.4.
 4. Grid: the mitigation of floating-point attacks. Mironov (2012, "On significance of the least
    significant bits for differential privacy", CCS) showed that x + Z computed in floating point
    leaks x through its low-order bits (which floats x + Z can take depends on x); Jin et al. (2022,
@@ -39,11 +39,12 @@ The construction (noise version 2; every constant below is part of what a releas
    sum rounds again, a function of that integer sum: post-processing.) In exact arithmetic
    rint(x / g) + rint(s Z / g) = rint((g rint(x / g) + s Z) / g): the Gaussian mechanism on the
    rounded value, then rounding, which is post-processing. What floating point leaves is how far
-   the sampled K is from that rounded Gaussian: s z / g is computed to within 2^-13 of a cell for
-   |z| < 16 (a standard deviation spans 2^32 to 2^33 cells), so a draw can land in the neighbouring
-   cell only that close to a cell boundary, and the same way whatever the data. Google's library
-   samples K exactly (a binomial, by rejection), which allows its finer grid (about s 2^-56);
-   rounding a float sample needs cells far wider than the sample's rounding error, hence 2^-32.
+   the sampled K is from that rounded Gaussian: s z / g is computed to within 2^-13 of a cell (z
+   to 4 ulps of R <= 9.5; a standard deviation spans 2^32 to 2^33 cells), so a draw can land in
+   the neighbouring cell only that close to a cell boundary, and the same way whatever the data.
+   Google's library samples K exactly (a binomial, by rejection), which allows its finer grid
+   (about s 2^-56); rounding a float sample needs cells far wider than the sample's rounding
+   error, hence 2^-32.
    The alternative, Holohan and Braghin's sum of several Gaussians (2021, "Secure random sampling
    in differential privacy", ESORICS; Opacus' secure mode), costs four draws per value and still
    leaves x + Z in floating point.
