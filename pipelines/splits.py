@@ -18,14 +18,16 @@ Neighbouring data sets (see ARCHITECTURE.md): every split is row-local. A row's 
 that row alone, through a keyed hash (splitmix64 of the split seed, the user id and, for row
 decisions, the item id) mapped to [0, 1) and compared with fixed fractions, never on other rows,
 on the row order or on exact totals. There are no exact part sizes: the sizes are binomial around
-the fractions. So removing a user's rows from the input removes exactly those rows from every part
-and changes nothing else (the training part is what the DP releases are computed from, and the
-noise is calibrated for one user's rows in it). The only steps that look at more than one row are
-user-local (the dedup of repeated ratings, the recall eligibility and the < 5 rows rule) except one:
-in the recall protocol held-out rows are restricted to the items of the training positives, as in
-Liang et al. That restriction touches the held-out tables only, which feed nothing but the private
-evaluation (metrics.json, never published, not a release); the training table never depends on it.
-With ``restrict_to_train_items=False`` every part is exactly row-local.
+the fractions. So removing a user's rows from the input removes exactly those rows from the training
+part and changes nothing else in it (the DP releases are computed from the training part, and the
+noise is calibrated for one user's rows in it); the same holds for every other part, with the one
+exception below. The only steps that look at more than one row are user-local (the dedup of
+repeated ratings, the recall eligibility and the < 5 rows rule) except one: in the recall protocol
+held-out rows are restricted to the items of the training positives, as in Liang et al., so removing
+a training user can also drop held-out rows on items only that user had. That restriction touches
+the held-out tables only, which feed nothing but the private evaluation (metrics.json, never
+published, not a release); the training table never depends on it. With
+``restrict_to_train_items=False`` every part is exactly row-local.
 
 A split folder holds one table per part (``<out>/<name>.parquet``) and ``<out>/split.json``, written
 last, which marks the folder complete and records the protocol, the seed, the fractions and the
