@@ -189,6 +189,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check(ingest.out == config.data, f"prepare reads {config.data}, ingest writes {ingest.out}")
     check((config.epsilon, config.delta) == (params["epsilon"], params["delta"]), f"the run's budget {(config.epsilon, config.delta)} is not the DAG's params")
     check(not config.non_private and config.engine == engine, f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}")
+    check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
     order = ["ingest", "prepare"]
     items = train.stats_items_path(run, config, storage.join(ingest.out, "items.parquet"))
     for s in range(1, config.outer_steps + 1):
