@@ -56,7 +56,7 @@ def test_bad_input_is_one_line_error_with_status_2(tmp_path):
 def test_split_accepts_a_movielens_folder(tmp_path, capsys):
     assert cli.main(["split", "--protocol", "rmse", "--out", str(tmp_path / "split")]) == 0
     out = capsys.readouterr().out
-    assert "train  rows=80668" in out and "test   rows=10085" in out
+    assert "train  rows=80688" in out and "valid  rows=10091" in out and "test   rows=10057" in out  # the keyed-hash 80/10/10 (seed 1234)
     assert (tmp_path / "split" / "data" / "manifest.json").exists()
 
 
