@@ -40,7 +40,7 @@ class PrivacySettings:
     epsilon: float | None = None
     delta: float = DEFAULT_DELTA
     noise_multiplier: float | None = None
-    accountant: str = "rdp"
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
     outer_steps: int = 1
     resamples: int = 1
     count_share: float = 0.1
@@ -183,7 +183,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epsilon", type=float, help="target epsilon of the whole run (noise is calibrated to spend exactly this)")
     group.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="target delta (default: %(default)g)")
     group.add_argument("--noise-multiplier", type=float, help="use this noise multiplier instead of calibrating (0: no noise, infinite epsilon, for tests and non-private top lines)")
-    group.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default="rdp", help="RDP (default, as in the paper) or PLD accounting")
+    group.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=accounting.DEFAULT_ACCOUNTANT,
+                       help="pld (default: privacy loss distributions, at least as tight as RDP for the plans ssp train makes) or rdp (as in the paper)")
     group.add_argument("--outer-steps", type=int, default=1, help="outer steps S of alternating minimization the budget covers (default: %(default)s)")
     group.add_argument("--resamples", type=int, default=1, help="independently noised copies R of each stats release (SSP1; default: %(default)s)")
     group.add_argument("--count-share", type=float, default=0.1, help="share of the budget spent on the DP item counts (default: %(default)s)")

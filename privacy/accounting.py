@@ -4,36 +4,75 @@ A run releases: the DP item counts (one Gaussian event, noise multiplier sigma_c
 user adds 1 to at most K items), optionally other small releases, then for each of S outer steps
 and R resamples one stats table, which is two Gaussian events (A and b) with the stats noise
 multiplier z. The plan gives each release group a share of the budget and a number of events;
-`calibrate` finds, with dp-accounting (RDP by default, as in the paper; PLD as an option), the
-multipliers that spend exactly the target (epsilon, delta) over the whole planned run, before the
-first release. Since Gaussian mechanisms compose into a Gaussian whose squared inverse multiplier
-is the sum of theirs, a group with share s and n events gets multiplier z_total * sqrt(n / s).
+`calibrate` finds, with dp-accounting, the multipliers that spend exactly the target (epsilon,
+delta) over the whole planned run, before the first release. Since Gaussian mechanisms compose into
+a Gaussian whose squared inverse multiplier is the sum of theirs, a group with share s and n events
+gets multiplier z_total * sqrt(n / s).
 
-Privacy: the unit (user or example) is carried by the sensitivities the jobs enforce (weights
-with sum w_i^2 <= wbar^2 per user; one row per example at example level); these multipliers are
-noise standard deviation over that sensitivity.
+Accountant: PLD (privacy loss distributions) by default, RDP as an option (the paper's). PLD is at
+least as tight as RDP for every plan `ssp train` ships (tests/privacy/test_accounting.py checks
+them all): for the demo's plan (epsilon 10, three outer steps) it needs stats noise multiplier
+1.328 where RDP needs 1.407. PLD discretises the privacy loss on a grid of `PLD_DISCRETIZATION`
+(pessimistically: a coarser grid only overstates epsilon); 1e-3 keeps the calibration of an
+AM-DPSGD plan (Poisson-sampled steps) to about a second, at a cost below 1e-4 in epsilon. PLD
+composition is not exactly associative in floating point, so `canonical` puts any list of events
+in one form (identical events merged and self-composed, in a fixed order): the calibration and
+every later `epsilon_of` (the ledger's, release by release) compose exactly the same thing, and the
+ledger's total equals the calibrated target to the last bit instead of drifting past it.
+
+Privacy: the unit (user, or example for a stats release on given, fixed user embeddings) is
+carried by the sensitivities the jobs enforce (weights with sum w_i^2 <= wbar^2 per user; one row
+per example at example level); these multipliers are noise standard deviation over that
+sensitivity.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import attr
 import dp_accounting
+from scipy import optimize
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = ("pld", "rdp")
+DEFAULT_ACCOUNTANT = "pld"
+PLD_DISCRETIZATION = 1e-3  # the PLD accountant's value_discretization_interval (dp-accounting's default: 1e-4)
 
 
 def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
-    """A fresh dp-accounting accountant: 'rdp' (default) or 'pld'."""
+    """A fresh dp-accounting accountant: 'pld' (default) or 'rdp'."""
     if kind == "rdp":
         return rdp_privacy_accountant.RdpAccountant()
     if kind == "pld":
-        return pld_privacy_accountant.PLDAccountant()
+        return pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+
+
+def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent]:
+    """The composition of `events` in one canonical form: compositions and self-compositions
+    unfolded into their basic events (a Gaussian, a Poisson-sampled Gaussian, ...), identical ones
+    merged into one self-composition, in a fixed order. Composition is commutative, so this is the
+    same mechanism; any two lists of the same basic events get the same form whatever their order
+    or grouping (a plan's `SelfComposedDpEvent(stats, 2 S R)` and a ledger's S R events of two)."""
+    counts: dict[str, list] = {}
+
+    def unfold(event: dp_accounting.DpEvent, times: int) -> None:
+        if isinstance(event, dp_accounting.ComposedDpEvent):
+            for inner in event.events:
+                unfold(inner, times)
+        elif isinstance(event, dp_accounting.SelfComposedDpEvent):
+            unfold(event.event, times * event.count)
+        elif not isinstance(event, dp_accounting.NoOpDpEvent):
+            key = json.dumps(event_to_json(event), sort_keys=True)
+            counts.setdefault(key, [event, 0])[1] += times
+
+    for event in events:
+        unfold(event, 1)
+    return [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for _, (event, count) in sorted(counts.items())]
 
 
 def check_budget(epsilon: float, delta: float) -> None:
@@ -73,14 +112,54 @@ def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, i
     return batch_size / units, int(math.ceil(epochs * units / batch_size))
 
 
-def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = "rdp") -> float:
-    """Epsilon at `delta` of the composition of `events` (inf if any is not private)."""
+def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
+    """Epsilon at `delta` of the composition of `events` (inf if any is not private), composed in
+    their `canonical` form."""
+    events = canonical(events)
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in events):
         return math.inf
+    if not events:
+        return 0.0
     acc = make_accountant(accountant)
-    for event in events:
-        acc.compose(event)
+    acc.compose(dp_accounting.ComposedDpEvent(events))
     return float(acc.get_epsilon(delta))
+
+
+def _calibrate(make_event, epsilon: float, delta: float, accountant: str, guess: float, tol: float = 1e-6) -> float:
+    """The smallest parameter z (a noise multiplier, to `tol`) whose `make_event(z)` spends at most
+    (epsilon, delta), composed as `epsilon_of` composes (so the ledger finds the same epsilon).
+
+    As dp-accounting's `calibrate_dp_mechanism`: a bracket, scipy's brentq, then a step up if the
+    root spends a hair too much. The bracket is searched from `guess` by halving and doubling
+    (dp-accounting's search starts at its lower endpoint, and a PLD of a tiny multiplier, with its
+    huge privacy losses, can take minutes), and every epsilon is computed once."""
+    cache: dict[float, float] = {}
+
+    def gap(z: float) -> float:
+        if z not in cache:
+            cache[z] = epsilon_of([make_event(z)], delta, accountant) - epsilon
+        return cache[z]
+
+    if gap(guess) > 0:  # too little noise: double until enough
+        low, high = guess, guess * 2
+        for _ in range(60):
+            if gap(high) <= 0:
+                break
+            low, high = high, high * 2
+        else:
+            raise ValueError(f"no noise multiplier up to {high:g} spends at most epsilon {epsilon:g}")
+    else:  # enough noise: halve until too little
+        low, high = guess / 2, guess
+        for _ in range(60):
+            if gap(low) > 0:
+                break
+            low, high = low / 2, low
+        else:
+            return low  # a vanishing multiplier already fits (epsilon huge)
+    root = float(optimize.brentq(gap, low, high, xtol=tol))
+    while gap(root) > 0:
+        root = min(root + tol, high)
+    return root
 
 
 @dataclass(frozen=True)
@@ -123,26 +202,33 @@ def plan_events(multipliers: dict[str, float], plan: list[Group]) -> list[dp_acc
     return [gaussian_event(multipliers[group.name], group.events) for group in plan]
 
 
-def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str = "rdp") -> dict[str, float]:
+def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str = DEFAULT_ACCOUNTANT) -> dict[str, float]:
     """Per-group noise multipliers that spend (epsilon, delta) over the whole plan.
 
     The search runs dp-accounting's `calibrate_dp_mechanism` on the composed event of the full
-    plan; epsilon = inf gives zeros (a non-private run).
+    plan (PLD: from the RDP calibration, which is fast and close); epsilon = inf gives zeros (a
+    non-private run).
     """
     if epsilon == math.inf:
         return {group.name: 0.0 for group in plan}
     check_budget(epsilon, delta)
-    total = dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(accountant),
-        lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)),
-        epsilon,
-        delta,
-    )
-    return multipliers_for(float(total), plan)
+    if accountant == "rdp":  # fast: dp-accounting's own bracket search
+        total = dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(accountant),
+            lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)),
+            epsilon,
+            delta,
+        )
+        return multipliers_for(float(total), plan)
+    make_accountant(accountant)
+    guess = calibrate(epsilon, delta, plan, "rdp")
+    total = guess[plan[0].name] / multipliers_for(1.0, plan)[plan[0].name]
+    return multipliers_for(_calibrate(lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)), epsilon, delta,
+                                      accountant, total), plan)
 
 
 def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps: int, sampling_probability: float, steps: int,
-                    accountant: str = "rdp") -> dict[str, float]:
+                    accountant: str = DEFAULT_ACCOUNTANT) -> dict[str, float]:
     """The plan with its stats releases replaced by DP-SGD training (AM-DPSGD): per outer step,
     `steps` Poisson-sampled Gaussian steps. The other groups (counts, mean, gram) keep the
     multipliers they get in the AM-SSP plan of the same budget (so every method pays the same for
@@ -154,13 +240,8 @@ def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps
     if epsilon == math.inf:
         return {**multipliers, "dpsgd": 0.0}
     dpsgd_event(1.0, sampling_probability, steps)  # validates q and steps
-    multipliers["dpsgd"] = float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(accountant),
-        lambda z: dp_accounting.ComposedDpEvent(fixed + [dpsgd_event(z, sampling_probability, steps)] * outer_steps),
-        epsilon,
-        delta,
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),  # a Poisson-sampled event needs z > 0
-    ))
+    multipliers["dpsgd"] = _calibrate(lambda z: dp_accounting.ComposedDpEvent(fixed + [dpsgd_event(z, sampling_probability, steps)] * outer_steps),
+                                      epsilon, delta, accountant, 1.0)  # a Poisson-sampled event needs z > 0: a bracket above 0
     return multipliers
 
 

@@ -54,7 +54,7 @@ class Ledger:
         self.path, self.budget, self.rows = path, budget, rows
 
     @classmethod
-    def create(cls, path: str, epsilon: float, delta: float, accountant: str = "rdp", unit: str = "user", multipliers: dict | None = None,
+    def create(cls, path: str, epsilon: float, delta: float, accountant: str = accounting.DEFAULT_ACCOUNTANT, unit: str = "user", multipliers: dict | None = None,
                account: str | None = None) -> Ledger:
         """A new, empty ledger with a budget (and the path of its data source's budget account, if
         any). epsilon = inf is a non-private run (no cap)."""
@@ -91,7 +91,7 @@ class Ledger:
         if not storage.exists(path):
             return cls.create(path, **budget)
         ledger = cls.open(path)
-        expected = {"accountant": "rdp", "unit": "user", **budget}
+        expected = {"accountant": accounting.DEFAULT_ACCOUNTANT, "unit": "user", **budget}
         expected["multipliers"] = expected.get("multipliers") or {}
         if expected.get("account") is None:
             expected.pop("account", None)
