@@ -24,8 +24,11 @@ directory has no lock), no catch-up. The run date is in every path: the run read
 and privacy budget (params epsilon and delta, the whole run's target): `ssp train --stage prepare`
 records the budget in the run's ledger, every release is checked against it as it is made,
 check_privacy fails the run if the ledger spent more than the schedule grants, and publish checks
-the ledger again before it copies anything. (Runs on overlapping users compose: the guarantee of
-each published model is its own run's.)
+the ledger again before it copies anything. Runs on overlapping users compose: every run charges its
+releases to one budget account of the data source (params account, kept beside the runs), so the
+users' lifetime epsilon over all scheduled runs is composed and capped (params account_cap): a run
+that would take it past the cap is refused at its first release over it, and check_privacy and
+publish refuse a run the account does not fully list.
 
 Deployment settings are read from the scheduler's environment when the DAG is parsed (defaults in
 brackets): SSP_GCP_PROJECT, SSP_REGION [europe-west4], SSP_DATAPROC_CLUSTER [ssp-spark],
@@ -94,7 +97,8 @@ TRAINING = {
 # The stats job is not given the run: it gets the same settings and the budget plan `ssp train` makes
 # from them (TrainConfig.privacy: the DP mean's share in the regression protocol, no Gram matrices).
 STATS_SETTINGS = ("dim", "clip-u", "clip-y", "wbar", "weight-exponent", "shards", "outer-steps", "resamples", "count-share", "mean-share")
-BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}"}
+BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}", "budget-account": "{{ params.account }}",
+          "account-cap": "{{ params.account_cap }}"}
 
 GPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"})
 CPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "16Gi"})
@@ -176,6 +180,10 @@ with DAG(
         "raw": Param("gs://ssp-recsys-data/raw/movielens", type="string", description="raw logs, one MovieLens-layout folder per run date"),
         "epsilon": Param(1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"),
         "delta": Param(1e-6, type="number", exclusiveMinimum=0, exclusiveMaximum=1, description="delta of one run"),
+        "account": Param("gs://ssp-recsys-data/budget-accounts/movielens.json", type="string",
+                         description="the data source's budget account: every run's releases are charged there"),
+        "account_cap": Param(20.0, type="number", exclusiveMinimum=0,
+                             description="lifetime epsilon cap of the data source's users (set when the account is created)"),
     },
     tags=["ssp", "privacy"],
 ) as dag:

@@ -189,6 +189,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check(ingest.out == config.data, f"prepare reads {config.data}, ingest writes {ingest.out}")
     check((config.epsilon, config.delta) == (params["epsilon"], params["delta"]), f"the run's budget {(config.epsilon, config.delta)} is not the DAG's params")
     check(not config.non_private and config.engine == engine, f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}")
+    check((config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
+          f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params")
     check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
     order = ["ingest", "prepare"]
     items = train.stats_items_path(run, config, storage.join(ingest.out, "items.parquet"))
@@ -227,7 +229,8 @@ def test_run_date_is_templated_into_every_path(exported):
     for engine in ENGINES:
         first, second = ({task["task_id"]: task["argv"] for task in exported[engine][date]["dags"]["ssp_retrain"]["tasks"]} for date in DATES)
         for task_id, argv in first.items():
-            paths = [token.split("=", 1)[-1] for token in argv if "gs://ssp-recsys-data/" in token]
+            # every path is the run date's, except the data source's budget account: one for all runs (they compose there)
+            paths = [token.split("=", 1)[-1] for token in argv if "gs://ssp-recsys-data/" in token and "/budget-accounts/" not in token]
             assert paths and all(DATES[0] in path for path in paths), (task_id, paths)
             unique = [token for token in argv if not token.startswith("--job_name=")]  # Dataflow job names get a random suffix
             assert [token for token in second[task_id] if not token.startswith("--job_name=")] == [token.replace(DATES[0], DATES[1]) for token in unique], task_id
@@ -283,7 +286,8 @@ def test_kubernetes_spark_application_is_the_dags_stats_job(exported):
     assert document["kind"] == "SparkApplication" and spec["mainApplicationFile"].endswith("/stats.py")
     tasks = {task["task_id"]: task for task in exported["spark"][DATES[0]]["dags"]["ssp_retrain"]["tasks"]}
     prepare = parse_command(tasks["prepare"]["argv"])[1]
-    values = {"${RUN}": prepare.out, "${STEP}": "2", "${EPSILON}": str(prepare.epsilon), "${DELTA}": str(prepare.delta)}
+    values = {"${RUN}": prepare.out, "${STEP}": "2", "${EPSILON}": str(prepare.epsilon), "${DELTA}": str(prepare.delta),
+              "${ACCOUNT_CAP}": str(prepare.account_cap), "${ACCOUNT}": prepare.budget_account}
     argv = list(spec["arguments"])
     for name, value in values.items():
         argv = [token.replace(name, value) for token in argv]
