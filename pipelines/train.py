@@ -420,12 +420,13 @@ def release_stats(run: Run, step: int, spark=None) -> dict:
     return stats.run(job, spark)
 
 
-def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table) -> np.ndarray:
+def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table, averaged: int = 1) -> np.ndarray:
     """Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count
     n^(1+e) under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (about
-    2 sqrt(d) sigma Gamma_u^2 in spectral norm), so that pure noise shrinks to 0."""
+    2 sqrt(d) sigma Gamma_u^2 in spectral norm, over sqrt(R) for the mean of `averaged` = R
+    resamples), so that pure noise shrinks to 0."""
     settings = config.settings()
-    noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) if not config.non_private else 0.0
+    noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) / math.sqrt(averaged) if not config.non_private else 0.0
     ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
     exponent = settings.weight_exponent if settings.unit == "user" else 0.0
     ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
@@ -470,36 +471,45 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
 
 
 def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progress: bool) -> None:
-    """The item update from step s's released statistics: the SSP trainer, or the DP-ALS / DP-CMF
-    closed-form solves (post-processing of the release)."""
+    """The item update from step s's released statistics: the SSP trainer (each of the R resamples
+    in turn), or the DP-ALS / DP-CMF closed-form solves from the mean of the R resamples
+    (post-processing of the release: R independent noisy copies, all paid for, average to 1/R of
+    the noise variance)."""
     from trainer import ssp
 
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
         raise ValueError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
-    ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts))
+    tables = stats_job.stats_tables(run.stats(step))
+    averaged = len(tables) if config.item_update in ("als", "cmf") else 1
+    ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": ledger_multiplier(run.ledger)}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
         raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
-    tables = stats_job.stats_tables(run.stats(step))
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
         seeds = release.open_seed_file(config.seed_file, run.ledger)
         gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
+    if config.item_update in ("als", "cmf") and len(tables) > 1:
+        from trainer import als
+
+        for table in tables:  # each resample as released (what the ledger planned), before they are mixed
+            ssp.check_stats(table, {"d": config.dim, **expected})
+        tables = [als.mean_table(tables, storage.join(run.stats(step), "mean-of-resamples.parquet"))]
     if config.item_update == "als":
         from trainer import als
 
-        model.set_item_vectors(als.solve_items(tables[-1], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+        model.set_item_vectors(als.solve_items(tables[0], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
     elif config.item_update == "cmf":
         from trainer import cmf
 
         # The feature vectors are a function of the previous item vectors (the feature solve), so
         # nothing but the encoder carries over between steps; step 1 starts from DP-ALS (P = 0).
         features = cmf.solve_features(cmf.feature_matrix(space), model.embed_all(), config.feature_weight, config.feature_ridge) if step > 1 else None
-        table = tables[-1]
+        table = tables[0]
         if ssp_config.psd_projection:  # once, not once per inner iteration
             table = ssp.project_table(table, storage.join(run.stats(step), "psd-" + table.rsplit("/", 1)[-1]))
         vectors, _ = cmf.solve_items(table, space, config.dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,

@@ -70,3 +70,28 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     assert "stats" not in ledger.budget["multipliers"] and not (tmp_path / "run" / "step-1" / "stats").exists()
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
+
+
+def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
+    """With R resamples the budget pays for R noisy copies: DP-ALS uses their mean (1/R of the noise
+    variance, and a noise ridge floor 1/sqrt(R) as high), not only the last copy."""
+    from pipelines import stats_job
+    from trainer import als
+
+    config = train.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4)
+    train.run(config, spark=spark, progress=False)
+    run = train.Run(config.out)
+    tables = stats_job.stats_tables(run.stats(1))
+    assert len(tables) == 2 and [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean", "step-1/stats/r0", "step-1/stats/r1"]
+    mean = storage.join(run.stats(1), "mean-of-resamples.parquet")
+    by_item = [storage.read_table(path).sort_by("item_id") for path in (*tables, mean)]
+    for column, width in (("a_upper", 10), ("b", 4)):
+        r0, r1, averaged = (list_column_to_matrix(table[column], width, column) for table in by_item)
+        np.testing.assert_allclose(averaged, (r0 + r1) / 2, rtol=1e-14, atol=1e-14)
+    space, _ = train._encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
+    ridge = train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged=2)
+    want = als.solve_items(mean, space, 4, config.ridge, ridge, True)
+    items, got = vectors(run.item_embeddings(1), 4)
+    np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
+    last_only = als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts)), True)
+    assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)

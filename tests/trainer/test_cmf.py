@@ -158,3 +158,35 @@ def test_invalid_arguments_raise(tmp_path, bad):
     args = {"dim": 2, "ridge": 1.0, **bad}
     with pytest.raises(ValueError):
         cmf.solve_items(path, space, **args)
+
+
+def test_mean_table_averages_the_resamples_item_by_item(tmp_path):
+    """DP-ALS / DP-CMF solve from the mean of a step's R resamples (all R were paid for): A_j and
+    b_j averaged item by item, streamed in lockstep whatever the batch boundaries."""
+    space = FeatureSpace.from_items(ITEMS)
+    d, rng = 3, np.random.default_rng(5)
+    a = rng.normal(size=(3, 6, d, d))
+    a = a + np.swapaxes(a, 2, 3)
+    b = rng.normal(size=(3, 6, d))
+    paths = [write_stats(str(tmp_path / f"r{k}.parquet"), space.item_ids, a[k], b[k], d, noise_multiplier=2.0, release=4 + k, resample=k) for k in range(3)]
+    mean = als.mean_table(paths, str(tmp_path / "mean.parquet"), batch_size=4)
+    table = storage.read_table(mean)
+    assert table["item_id"].to_pylist() == space.item_ids.tolist()
+    np.testing.assert_allclose(np.array(table["a_upper"].to_pylist()), pack_upper(a.mean(axis=0)), rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(np.array(table["b"].to_pylist()), b.mean(axis=0), rtol=1e-15, atol=1e-15)
+    assert table.schema.metadata[b"averaged_resamples"] == b"3" and table.schema.metadata[b"averaged_releases"] == b"4,5,6"
+    # the solve of the mean is the solve of the averaged statistics, not of any one resample
+    by_hand = write_stats(str(tmp_path / "by-hand.parquet"), space.item_ids, a.mean(axis=0), b.mean(axis=0), d, noise_multiplier=2.0)
+    solved = als.solve_items(mean, space, d, 0.5, expected={"noise_multiplier": 2.0})
+    np.testing.assert_allclose(solved, als.solve_items(by_hand, space, d, 0.5), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(solved, als.solve_items(paths[-1], space, d, 0.5))
+    # resamples of different releases, or listing other items, are refused
+    other = write_stats(str(tmp_path / "other.parquet"), space.item_ids, a[0], b[0], d, noise_multiplier=3.0)
+    with pytest.raises(ValueError, match="different noise_multiplier"):
+        als.mean_table([paths[0], other], str(tmp_path / "bad.parquet"))
+    shuffled = write_stats(str(tmp_path / "shuffled.parquet"), space.item_ids[::-1], a[1], b[1], d, noise_multiplier=2.0)
+    with pytest.raises(ValueError, match="different orders"):
+        als.mean_table([paths[0], shuffled], str(tmp_path / "bad.parquet"))
+    short = write_stats(str(tmp_path / "short.parquet"), space.item_ids[:4], a[1][:4], b[1][:4], d, noise_multiplier=2.0)
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        als.mean_table([paths[0], short], str(tmp_path / "bad.parquet"))
