@@ -1,10 +1,20 @@
-"""`ssp counts`: the DP item counts, one Gaussian release over every catalog item.
+"""`ssp counts`: the DP item counts and the DP number of units, one Gaussian release.
 
-User level: each user contributes to at most K of their items (a keyed random sample), 1 each, so
-one user changes the count vector by at most sqrt(K) in L2 norm and the noise standard deviation
-is noise_multiplier * sqrt(K). Example level: every row counts once (sensitivity 1). Noise is
-keyed (privacy.noise) and every catalog item gets a noised count, floored at 1 (post-processing).
-The counts feed the user-level weights and the popularity-based choices of later steps.
+The release is one vector: the count of every catalog item and the number of privacy units (users;
+rows at example level). User level: each user contributes to at most K of their items (a keyed
+random sample), 1 each, and 1 to the number of users, so one user changes the vector by at most
+sqrt(K + 1) in L2 norm and the noise standard deviation of every entry is noise_multiplier *
+sqrt(K + 1). Example level: a row adds 1 to one item and 1 to the number of rows (sqrt(2)). Noise
+is keyed (privacy.noise) and every catalog item gets a noised count, floored at 1; the number of
+units is rounded and floored at 1 (post-processing) and stored in the table's metadata
+(`dp_units`). The counts feed the user-level weights and the popularity-based choices of later
+steps; the number of units is what AM-DPSGD plans its sampling rate over (the exact number is never
+written outside the run's private directory).
+
+The units' noise is keyed like an item's, but by a key of its own: `standard_normal` with the seed
+HMAC-SHA256(seed, "ssp-unit-count") (a pseudorandom function of the secret seed, so its stream is
+independent of every item's), the release's index and id 0. No item id is reserved for it, so the
+catalog may hold any int64 id.
 
 Privacy: reads private interactions; releases only the noised counts, through the run's ledger.
 """
@@ -28,6 +38,20 @@ from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_i
 
 COUNTS_TABLE = "counts.parquet"
 DEFAULT_MAX_ITEMS_PER_USER = 100
+UNITS_KEY = b"dp_units"  # the counts table's metadata: the DP number of units of the release
+
+
+def units_noise_seed(seed: bytes) -> bytes:
+    """The seed the units' noise is drawn with (module docstring): HMAC-SHA256 of the run's seed."""
+    return hmac.new(seed, b"ssp-unit-count", hashlib.sha256).digest()
+
+
+def dp_units(counts_path: str) -> int:
+    """The DP number of units (users) released with the counts table at `counts_path`."""
+    metadata = storage.read_schema(counts_path).metadata or {}
+    if UNITS_KEY not in metadata:
+        raise ValueError(f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again")
+    return int(metadata[UNITS_KEY])
 
 
 def sampled_rows(user_ids: np.ndarray, item_ids: np.ndarray, max_items: int, key: int) -> np.ndarray:
@@ -63,10 +87,11 @@ def dp_counts(
     ledger = privacy.open_ledger(ledger_path, unit)
     seeds = release.open_seed_file(seed_file, ledger_path)
     multiplier = ledger.budget["multipliers"]["counts"]
-    sensitivity = math.sqrt(max_items_per_user) if unit == "user" else 1.0
+    sensitivity = math.sqrt((max_items_per_user if unit == "user" else 1) + 1)  # the item counts and the number of units
     description = {
         "unit": unit,
         "max_items_per_user": max_items_per_user if unit == "user" else None,
+        "sensitivity": sensitivity,  # of the item counts with the number of units
         "inputs": {"interactions": digest_table(interactions), "items": digest_table(items)},
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
@@ -79,16 +104,20 @@ def dp_counts(
         users, rated = pairs[:, 0], pairs[:, 1]
         key = int.from_bytes(hmac.new(seeds.seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
         rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
+    units = np.unique(users).size if unit == "user" else users.size  # exact: never written, only noised
     exact = np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64)
     noised = add_noise(standard_normal(seeds.seed, index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
     counts = np.maximum(noised, 1.0)
+    noised_units = add_noise(standard_normal(units_noise_seed(seeds.seed), index, np.zeros(1, np.int64), 1)[:, 0], multiplier * sensitivity,
+                             np.array([float(units)]))[0]
+    released_units = max(1, int(np.rint(noised_units)))
     metadata = {b"noise_multiplier": repr(multiplier).encode(), b"release": str(index).encode(), b"unit": unit.encode(),
-                b"max_items_per_user": str(max_items_per_user).encode()}
+                b"max_items_per_user": str(max_items_per_user).encode(), UNITS_KEY: str(released_units).encode()}
     table = pa.Table.from_arrays([pa.array(catalog), pa.array(counts)], schema=COUNTS.with_metadata(metadata))
     storage.write_table(validate_counts(table), storage.join(out, COUNTS_TABLE))
     seeds.record_output(index, digest_table(storage.join(out, COUNTS_TABLE)))  # later jobs check they are handed this release
     summary = {"release": index, "noise_multiplier": multiplier, "noise_std": multiplier * sensitivity, "items": int(catalog.size),
-               "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
+               "dp_units": released_units, "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
     return summary
 
 
@@ -104,6 +133,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
                         args.max_items_per_user, args.ledger, args.seed_file)
-    print(f"released DP counts of {summary['items']:,} items (noise std {summary['noise_std']:.4g}); "
+    print(f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
           f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
     return 0

@@ -31,6 +31,10 @@ from privacy.seeds import SeedFile
 from schemas import storage
 
 DEFAULT_DELTA = 1e-5
+# PrivacySettings.dpsgd of an AM-DPSGD run before its DP-SGD schedule is known: the schedule is
+# planned over the DP number of users, which the counts release (pipelines.counts) publishes, so
+# the ledger is opened with the other groups' multipliers only (they do not depend on it)
+DPSGD_PENDING = "planned from the DP counts"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class PrivacySettings:
     count_share: float = 0.1
     mean_share: float = 0.0
     gram_share: float = 0.0
-    dpsgd: tuple[float, int] | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases
+    dpsgd: tuple[float, int] | str | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     account: str | None = None  # the data source's budget account (privacy.account), charged with every release
     account_cap: float | None = None  # its lifetime epsilon cap, set when the account is created
     account_window_days: float | None = None  # its renewal window, set when the account is created
@@ -74,11 +78,14 @@ class PrivacySettings:
 
     def multipliers(self) -> dict[str, float]:
         """Per-event noise multipliers of the run's release groups ('counts', 'stats', ...; 'dpsgd'
-        in place of 'stats' for an AM-DPSGD run)."""
+        in place of 'stats' for an AM-DPSGD run, none while its schedule is DPSGD_PENDING)."""
         plan = accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
+        planned = self.dpsgd is not None and self.dpsgd != DPSGD_PENDING
         if self.noise_multiplier is not None:
-            names = [group.name for group in plan if not (self.dpsgd and group.name == "stats")] + (["dpsgd"] if self.dpsgd else [])
+            names = [group.name for group in plan if not (self.dpsgd and group.name == "stats")] + (["dpsgd"] if planned else [])
             return {name: self.noise_multiplier for name in names}
+        if self.dpsgd == DPSGD_PENDING:  # the groups calibrate_dpsgd keeps as the AM-SSP plan has them
+            return {name: value for name, value in accounting.calibrate(self.epsilon, self.delta, plan, self.accountant).items() if name != "stats"}
         if self.dpsgd:
             return accounting.calibrate_dpsgd(self.epsilon, self.delta, plan, self.outer_steps, *self.dpsgd, self.accountant)
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)

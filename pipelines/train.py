@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines import ingest, release, splits, stats_job, user_update
-from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts
+from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts, dp_units
 from pipelines.gram import dp_gram
 from pipelines.lock import run_lock
 from pipelines.mean import dp_mean
@@ -138,11 +138,14 @@ class TrainConfig:
         release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
 
     def privacy(self, units: int | None = None) -> release.PrivacySettings:
-        """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps from the number of units
-        (users, or rows at example level) that prepare counts: `units`, None when unknown yet."""
+        """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps over `units`, the DP number
+        of users the counts release publishes (pipelines.counts; never the exact number); None
+        before that release: its DP-SGD schedule is then release.DPSGD_PENDING."""
         mean_share = self.mean_share if self.protocol == "rmse" else 0.0
         gram_share = self.gram_share if self.gravity > 0 and self.item_update != "dpsgd" else 0.0
-        dpsgd = self.dpsgd_schedule(units) if self.item_update == "dpsgd" and units is not None else None
+        dpsgd = None
+        if self.item_update == "dpsgd":
+            dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
         common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
                       mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
         if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
@@ -367,14 +370,17 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
                          "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
     _, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
-    units = _privacy_units(train_rows, unit) if config.item_update == "dpsgd" else None
-    privacy = config.privacy(units)
+    privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
     dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path)
     counts = storage.read_table(run.counts)
+    units = dpsgd_multiplier = None
+    if config.item_update == "dpsgd":  # plan the DP-SGD sampling over the DP number of users (released with the counts)
+        units = dp_units(run.counts)
+        dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
     mean = 0.0
     if config.protocol == "rmse":
         mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, (config.rating_min, config.rating_max), unit)["mean"]
@@ -386,18 +392,11 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
 
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
-    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units, "started_at": started, "at": time.time()}
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units,
+                           "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
     return manifest
-
-
-def _privacy_units(train_rows: str, unit: str) -> int:
-    """The number of privacy units in the training rows (users, or rows at example level), which
-    AM-DPSGD's sampling rate is planned over. Like DP-SGD accounting everywhere (TF-Privacy's
-    statement takes the data set size), it treats this number as public."""
-    users = storage.read_table(train_rows, columns=["user_id"])["user_id"]
-    return len(users) if unit == "example" else len(users.unique())
 
 
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
@@ -521,7 +520,9 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
 
 def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
     """AM-DPSGD's item update: TF-Privacy DP-SGD on the private training rows (weighted, clipped
-    per unit) against step s's user embeddings, released through the ledger as one DP-SGD event.
+    per user) against step s's user embeddings, released through the ledger as one DP-SGD event.
+    Its sampling rate is planned over the DP number of users (so the event's q reveals no exact
+    count); every user is still sampled with that rate when the true number is larger.
     Its sampling and noise are seeded from the run's secret seed and the release index, so a rerun
     of the step (after a crash) reproduces the same release rather than spending budget twice."""
     import hashlib
@@ -529,7 +530,7 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     from privacy.weights import user_level_weights
     from trainer import dpsgd
 
-    units = manifest["prepared"]["units"]
+    units = manifest["prepared"]["units"]  # the DP number of users (released with the counts), never the exact one
     settings = config.settings()
     rows = storage.read_table(run.centred)
     users, positions = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy())
@@ -542,7 +543,7 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.dim).sort_by("user_id")
     user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.dim, "user embedding"))
     ledger = Ledger.open(run.ledger)
-    multiplier = float(ledger.budget["multipliers"]["dpsgd"])
+    multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
     q, steps = config.dpsgd_schedule(units)
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     event = accounting.dpsgd_event(multiplier, q, steps)

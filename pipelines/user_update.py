@@ -115,7 +115,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
         written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId(), gram), WRITTEN_DDL).collect()
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
-    log(f"user update: {users:,} users solved (d={d}, lambda_u={lambda_u:g})")
+    log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
     return users
 
 
@@ -158,8 +158,8 @@ def main(args: argparse.Namespace) -> int:
         if (args.step is None) == (not args.final):
             raise ValueError("with --run give exactly one of --step S and --final")
         with run_lock(args.run), session("ssp-user-update", args.master) as spark:
-            users = run_step(spark, args.run, None if args.final else args.step)
-        print(f"wrote {users:,} user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'})")
+            run_step(spark, args.run, None if args.final else args.step)
+        print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
         return 0
     if args.step is not None or args.final:
         raise ValueError("--step and --final belong to --run RUN")
@@ -168,8 +168,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
     lambda_u = DEFAULT_LAMBDA_U if args.lambda_u is None else args.lambda_u
     with session("ssp-user-update", args.master) as spark:
-        users = run(spark, args.interactions, args.item_embeddings, args.out, lambda_u, args.dim)
-    print(f"wrote {users:,} user embeddings to {args.out}")
+        run(spark, args.interactions, args.item_embeddings, args.out, lambda_u, args.dim)
+    print(f"wrote the user embeddings to {args.out} (private)")
     return 0
 
 

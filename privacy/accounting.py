@@ -1,7 +1,8 @@
 """Privacy accounting with dp-accounting: the run's plan, noise calibration, epsilon spent.
 
-A run releases: the DP item counts (one Gaussian event, noise multiplier sigma_c / sqrt(K): each
-user adds 1 to at most K items), optionally other small releases, then for each of S outer steps
+A run releases: the DP item counts with the DP number of users (one Gaussian event, noise
+multiplier sigma_c / sqrt(K + 1): each user adds 1 to at most K items and 1 to the number of
+users), optionally other small releases, then for each of S outer steps
 and R resamples one stats table, which is two Gaussian events (A and b) with the stats noise
 multiplier z. The plan gives each release group a share of the budget and a number of events;
 `calibrate` finds, with dp-accounting, the multipliers that spend exactly the target (epsilon,

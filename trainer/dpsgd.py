@@ -103,8 +103,9 @@ def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDCon
 
     rows: (user_ids int64[n], catalog positions int64[n], labels float[n], weights float[n]);
     user_vectors: (sorted user ids int64[m], embeddings float[m, d]). `units`: the number of privacy
-    units the sampling was planned over (default: those in the rows); the units beyond the rows'
-    are sampled like any other and contribute nothing.
+    units the sampling was planned over (default: those in the rows; `ssp train` gives a DP estimate,
+    never the exact number). Every unit of the rows is sampled with probability q = batch / units,
+    whether `units` is above the rows' number (the units beyond them contribute nothing) or below it.
     """
     if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
         raise ValueError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
@@ -113,13 +114,12 @@ def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDCon
     cap_rng, sample_rng, noise = _randomness(config.seed)
     data = _Units(model, rows, user_vectors, config, clip_u, clip_y, cap_rng)
     count = data.count if units is None else units
-    if count < data.count:
-        raise ValueError(f"the rows hold {data.count} privacy units, more than the {count} the run planned for")
+    slots = max(count, data.count)  # one Poisson draw per unit of the rows (and per planned unit beyond them)
     q, steps = schedule(count, config)
     step = _make_step(model, config, noise_multiplier, count, noise)
     start = time.perf_counter()
     for _ in tqdm(range(steps), desc="dpsgd", unit="step", file=sys.stderr, disable=not progress, mininterval=2.0):
-        sampled = np.flatnonzero(sample_rng.random(count) < q)
+        sampled = np.flatnonzero(sample_rng.random(slots) < q)
         step(*data.batch(sampled[sampled < data.count]))
     event = dpsgd_event(noise_multiplier, q, steps)
     return {"steps": steps, "sampling_probability": q, "noise_multiplier": float(noise_multiplier), "units": count,

@@ -57,17 +57,31 @@ def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path):
 
 
 def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
-    config = small(tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64)
+    """AM-DPSGD plans its sampling over the DP number of users released with the counts: the exact
+    number appears nowhere outside RUN/private/ (manifest, ledger event, logs)."""
+    import json
+
+    from pipelines.counts import dp_units
+    from privacy.seeds import SeedFile
+
+    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # a fixed test seed: the DP number of users below is reproducible
+    config = small(tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64, seed_file=seed)
     metrics = train.run(config, spark=spark, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/dpsgd", "step-2/dpsgd"]
-    assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-3)
-    users = storage.read_table(str(tmp_path / "run" / "private" / "split" / "train.parquet"), columns=["user_id"])["user_id"].unique()
-    q, steps = config.dpsgd_schedule(len(users))
-    assert (q, steps) == (64 / len(users), int(np.ceil(len(users) / 64)))
-    z = ledger.budget["multipliers"]["dpsgd"]
+    assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["epsilon_spent"] <= 5.0
+    exact = len(storage.read_table(str(tmp_path / "run" / "private" / "split" / "train.parquet"), columns=["user_id"])["user_id"].unique())
+    manifest = json.load(open(tmp_path / "run" / "manifest.json"))
+    units = manifest["prepared"]["units"]
+    assert units == dp_units(str(tmp_path / "run" / "counts" / "counts.parquet"))  # the DP release, not a count of the rows
+    assert units != exact and abs(units - exact) < 5 * ledger.budget["multipliers"]["counts"] * np.sqrt(config.max_items_per_user + 1)
+    assert str(exact) not in json.dumps(manifest)
+    q, steps = config.dpsgd_schedule(units)
+    assert (q, steps) == (64 / units, int(np.ceil(units / 64)))
+    z = manifest["prepared"]["dpsgd_multiplier"]
+    assert z == config.privacy(units).multipliers()["dpsgd"]
     assert ledger.events()[2] == accounting.dpsgd_event(z, q, steps)
-    assert "stats" not in ledger.budget["multipliers"] and not (tmp_path / "run" / "step-1" / "stats").exists()
+    assert set(ledger.budget["multipliers"]) == {"counts", "mean"} and not (tmp_path / "run" / "step-1" / "stats").exists()
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
 

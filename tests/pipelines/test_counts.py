@@ -56,13 +56,15 @@ def test_noise_scale_and_ledger(tmp_path):
     summary = dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=2.0), max_items_per_user=4)
     values = np.array(list(counts_of(str(tmp_path / "out" / "counts.parquet")).values()))
     assert values.size == 3000 and values.min() >= 1.0
-    # noise std = multiplier * sqrt(K) = 4; counts are 0 + noise, floored at 1: compare the share floored
+    # noise std = multiplier * sqrt(K + 1) = 2 sqrt(5) (the counts are released with the number of
+    # users); counts are 0 + noise, floored at 1: compare the share floored
     from scipy.stats import norm
 
-    assert np.mean(values == 1.0) == pytest.approx(norm.cdf(1.0 / 4.0), abs=0.03)
+    std = 2.0 * np.sqrt(5.0)
+    assert np.mean(values == 1.0) == pytest.approx(norm.cdf(1.0 / std), abs=0.03)
     above = values[values > 1.0]
-    assert np.mean(above > 4.0) == pytest.approx((1 - norm.cdf(1.0)) / (1 - norm.cdf(0.25)), abs=0.04)
-    assert summary["noise_std"] == 4.0
+    assert np.mean(above > std) == pytest.approx((1 - norm.cdf(1.0)) / (1 - norm.cdf(1.0 / std)), abs=0.04)
+    assert summary["noise_std"] == std
     ledger = Ledger.open(str(tmp_path / "out" / "ledger.parquet"))
     assert [(row["name"], row["noise_multiplier"]) for row in ledger.rows] == [("counts", 2.0)]
 
@@ -80,3 +82,42 @@ def test_a_repeated_rating_counts_once_per_user(tmp_path):
     interactions, items = write(tmp_path, [(1, 10), (1, 10), (1, 10), (2, 10)], [10, 20])
     dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=5)
     assert counts_of(str(tmp_path / "out" / "counts.parquet")) == {10: 2.0, 20: 1.0}  # two users, whatever the repeats
+
+
+def test_the_number_of_users_is_released_with_dp(tmp_path):
+    """The counts release also releases the number of units (users; rows at example level): each
+    adds 1 to it, so the vector (item counts, units) has sensitivity sqrt(K + 1), and that count gets
+    the same noise std. It lands in the table's metadata (rounded, at least 1), never the exact one."""
+    from scipy.stats import kstest
+
+    from pipelines.counts import dp_units
+    from privacy.seeds import SeedFile
+
+    rng = np.random.default_rng(0)
+    rows = sorted({(int(u), int(rng.integers(1, 40))) for u in range(1, 2001) for _ in range(int(rng.integers(1, 6)))})
+    interactions, items = write(tmp_path, rows, list(range(1, 40)))
+    exact = 2000
+    released = []
+    for k in range(40):  # independent seeds: the released value is N(exact, (z sqrt(K + 1))^2), rounded
+        summary = dp_counts(interactions, items, str(tmp_path / f"out{k}"), PrivacySettings(noise_multiplier=3.0), max_items_per_user=3,
+                            seed_file=SeedFile.create(str(tmp_path / f"seed{k}")).path)
+        path = str(tmp_path / f"out{k}" / "counts.parquet")
+        assert summary["dp_units"] == dp_units(path) == int(storage.read_schema(path).metadata[b"dp_units"])
+        assert summary["noise_std"] == 3.0 * 2.0  # sqrt(K + 1) = 2
+        released.append(summary["dp_units"])
+    released = np.array(released)
+    assert np.all(np.abs(released - exact) <= 5 * 6.0)  # within 5 std of the truth
+    assert kstest((released - exact) / 6.0, "norm").pvalue > 1e-3
+    assert len(set(released.tolist())) > 10  # noised, not the exact count
+    # a pure function of (seed, release): the same seed gives the same value, and the units' noise is not any item's
+    again = dp_counts(interactions, items, str(tmp_path / "again"), PrivacySettings(noise_multiplier=3.0), max_items_per_user=3,
+                      seed_file=str(tmp_path / "seed0"))
+    assert again["dp_units"] == released[0]
+    # without noise the exact numbers: distinct users at user level, rows at example level
+    assert dp_counts(interactions, items, str(tmp_path / "exact"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3)["dp_units"] == exact
+    assert dp_counts(interactions, items, str(tmp_path / "rows"), PrivacySettings(noise_multiplier=0.0), unit="example")["dp_units"] == len(rows)
+    # at least 1
+    (tmp_path / "tiny").mkdir()
+    tiny, tiny_items = write(tmp_path / "tiny", [(1, 5)], [5])
+    low = [dp_counts(tiny, tiny_items, str(tmp_path / f"tiny{k}"), PrivacySettings(noise_multiplier=50.0), max_items_per_user=1)["dp_units"] for k in range(5)]
+    assert min(low) >= 1

@@ -198,3 +198,21 @@ def test_bad_inputs_raise():
         dpsgd.train(model, (rows[0], np.array([0, 6]), rows[2], rows[3]), vectors, config, 0.0, 1.0, 1.0, progress=False)
     with pytest.raises(ValueError, match="need 1 <= batch size <= units"):
         dpsgd.train(model, rows, vectors, dpsgd.DPSGDConfig(batch_size=3), 0.0, 1.0, 1.0, progress=False)
+
+
+def test_planned_units_below_the_rows_still_sample_every_unit():
+    """`ssp train` plans the sampling over a DP number of users, which may fall below the true
+    number: every unit of the rows is still sampled with q (here q = 1: all 9 of them, over the
+    planned expected batch of 7), none is left out."""
+    model = encoder("features")
+    rng = np.random.default_rng(1)
+    rows, vectors = random_rows(rng, users=9, per_user=5, items=6, d=3, big_user=4)
+    units = [np.flatnonzero(rows[0] == user) for user in range(9)]
+    clip, lr = 3.0, 0.3
+    expected_sum, _ = clipped_sum(model, units, rows, vectors, clip)
+    before = weights_of(model)
+    config = dpsgd.DPSGDConfig(epochs=1, batch_size=7, learning_rate=lr, l2_norm_clip=clip, optimizer="sgd", seed=0)
+    out = dpsgd.train(model, rows, (np.arange(9), vectors), config, noise_multiplier=0.0, clip_u=math.inf, clip_y=math.inf, progress=False, units=7)
+    assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, 7)
+    for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
+        np.testing.assert_allclose((w0 - w1) / lr, g / 7, rtol=2e-4, atol=1e-6, err_msg=var.name)
