@@ -201,9 +201,9 @@ def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     np.minimum(u, _BELOW_ONE, out=u)
     # R^2 = -2 ln u = e (-2 ln 2) - 2 ln c - 2 log1p(r), u = m 2^e, m in [1/2, 1), c the centre of m's bin
     m, e = np.frexp(u)
-    bins = np.multiply(m, float(2 << _LOG_BITS), out=u).astype(np.intp)
-    r = np.subtract(m, _LOG_CENTRE.take(bins), out=m)  # exact: m and c within a factor 2
-    r *= _LOG_INVERSE.take(bins)
+    bins = np.multiply(m, float(2 << _LOG_BITS), out=u).astype(np.intp)  # in range: take(mode="wrap") skips the checks
+    r = np.subtract(m, _LOG_CENTRE.take(bins, mode="wrap"), out=m)  # exact: m and c within a factor 2
+    r *= _LOG_INVERSE.take(bins, mode="wrap")
     r2 = r * 0.5
     r2 -= 2.0 / 3.0
     r2 *= r
@@ -211,7 +211,7 @@ def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     r2 *= r
     r2 -= 2.0
     r2 *= r
-    r2 += _MINUS_TWO_LOG_CENTRE.take(bins)
+    r2 += _MINUS_TWO_LOG_CENTRE.take(bins, mode="wrap")
     e = e.astype(np.float64)
     e *= _MINUS_TWO_LN2
     r2 += e
@@ -227,7 +227,7 @@ def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     sin_d *= d
     sin_d += d
     h *= 0.5  # cos d = 1 - h
-    cos_j, sin_j = _TURN_COS.take(j), _TURN_SIN.take(j)
+    cos_j, sin_j = _TURN_COS.take(j, mode="wrap"), _TURN_SIN.take(j, mode="wrap")
     out = np.empty(words.shape, dtype=np.float64) if out is None else out
     # cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d), times R
     first = np.multiply(cos_j, h, out=d)
