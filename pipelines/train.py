@@ -73,7 +73,7 @@ class TrainConfig:
     engine: str = "spark"
     item_update: str = "ssp"
     encoder: str = "features"
-    item_id_feature: bool | None = None  # None: on for non-private runs, off for private ones
+    item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
     outer_steps: int = 3
     resamples: int = 1
@@ -107,6 +107,7 @@ class TrainConfig:
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
+    residual_penalty: float = 1.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
     budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
     account_cap: float | None = None
     account_window_days: float | None = None
@@ -117,8 +118,8 @@ class TrainConfig:
         # item's noise) generalise best; without noise the id embedding and a larger d win.
         if self.dim is None:
             object.__setattr__(self, "dim", 32 if self.non_private else 8)
-        if self.item_id_feature is None:
-            object.__setattr__(self, "item_id_feature", self.non_private)
+        if self.item_id_feature is None:  # the per-item residual, held at the features by its penalty until the data outweighs the noise
+            object.__setattr__(self, "item_id_feature", True)
         if self.gravity is None:
             object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" else 0.0)
         if self.protocol not in splits.PROTOCOLS:
@@ -199,7 +200,7 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
                   "dpsgd_max_rows_per_user", "shards")
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate")
-_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "gravity", "feature_weight", "gram_share", "mean_share")
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "gravity", "feature_weight", "gram_share", "mean_share")
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
 
 
@@ -366,7 +367,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
-    if config.encoder == "features" and not config.item_id_feature and not item_features(items.schema):
+    if config.encoder == "features" and not item_features(items.schema):
         raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
                          "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
     _, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
@@ -390,6 +391,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), keep_items))), stats_items)
     _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)
 
+    normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units,
@@ -432,6 +434,35 @@ def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table,
     return ridge_scale
 
 
+def _ssp_penalties(config: TrainConfig, space, ledger_path: str, averaged: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The SSP item update's per-item ridge scale and residual penalty, in the units the release
+    defines (never bare numbers): S = wbar Gamma_u^2, the most one user adds to an A_j, and
+    N = 2 sqrt(d) z S / sqrt(R), about the spectral norm of the noise in A_j (z: the stats noise
+    multiplier; R: resamples averaged). The ridge is ridge * S + noise_ridge * N, the same for every
+    item: its share of an item's problem fades as the item's data grows, so popular items are not
+    shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
+    free residual at zero until its statistics outweigh the noise: such an item stays what its
+    public features say (the starting point), not what the noise says."""
+    settings = config.settings()
+    unit = settings.wbar * settings.clip_u**2 if not config.non_private else settings.wbar
+    noise = ledger_multiplier(ledger_path) * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged) if not config.non_private else 0.0
+    ridge_scale = np.full(space.size, unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
+    return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise))
+
+
+def normalise_embeddings(model) -> float:
+    """Rescale the encoder so that its item embeddings have root-mean-square norm 1 over the
+    catalog (public post-processing: predictions u^T v are unchanged once the users are solved
+    again). The user ridge and the user clip are then stated against a fixed item scale. Returns
+    the factor applied."""
+    vectors = model.embed_all()
+    rms = float(np.sqrt(np.mean(np.sum(vectors**2, axis=1)))) if vectors.size else 0.0
+    if not rms > 0:
+        return 1.0
+    model.rescale(1.0 / rms)
+    return 1.0 / rms
+
+
 def _check_step(config: TrainConfig, step: int) -> None:
     if not isinstance(step, int) or not 1 <= step <= config.outer_steps:
         raise ValueError(f"--step must be an outer step of the run, 1..{config.outer_steps}, got {step}")
@@ -458,6 +489,7 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
         _dpsgd_update(run, config, manifest, step, space, model, progress)
     else:
         _stats_update(run, config, step, space, model, progress)
+    normalise_embeddings(model)
     embeddings = ssp.item_embeddings_table(model)
     storage.write_table(embeddings, run.item_embeddings(step))
     encoders.write_checkpoint(model, run.checkpoint(step))
@@ -483,6 +515,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     tables = stats_job.stats_tables(run.stats(step))
     averaged = len(tables) if config.item_update in ("als", "cmf") else 1
     ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged)
+    ssp_ridge, residual_penalty = _ssp_penalties(config, space, run.ledger, averaged)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": ledger_multiplier(run.ledger)}
@@ -515,7 +548,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
                                      config.cmf_iterations, features, gravity)
         model.set_item_vectors(vectors)
     else:
-        ssp.train(model, tables, ssp_config, expected, progress, ridge_scale, gravity)
+        ssp.train(model, tables, ssp_config, expected, progress, ssp_ridge, gravity, residual_penalty)
 
 
 def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
@@ -641,7 +674,9 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             report = evaluate.rmse_report(predictions, labels, buckets[positions])
             metrics[f"{part}_rmse"] = report["rmse"]
             metrics[f"{part}_rmse_sliced"] = report["sliced"]
-            metrics[f"{part}_mean_predictor_rmse"] = evaluate.rmse_report(np.full(labels.size, mean), labels, buckets[positions])["rmse"]
+            baseline = evaluate.rmse_report(np.full(labels.size, mean), labels, buckets[positions])  # the DP mean, on the same slices
+            metrics[f"{part}_mean_predictor_rmse"] = baseline["rmse"]
+            metrics[f"{part}_mean_predictor_rmse_sliced"] = baseline["sliced"]
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:
@@ -668,6 +703,9 @@ def describe(metrics: dict) -> str:
         lines.append(f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})")
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_rmse_sliced"])
         lines.append(f"test RMSE by item popularity (least to most popular fifth): {sliced}")
+        if "test_mean_predictor_rmse_sliced" in metrics:
+            sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_mean_predictor_rmse_sliced"])
+            lines.append(f"  predicting the DP mean, same fifths: {sliced}")
     else:
         lines.append(f"test Recall@20 {metrics['test_recall_at_20']:.4f} (valid {metrics['valid_recall_at_20']:.4f})")
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_recall_at_20_sliced"])
@@ -698,7 +736,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "dpsgd_batch_size": "AM-DPSGD: expected users per DP-SGD step",
         "dpsgd_clip": "AM-DPSGD: per-user gradient clip norm",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
-        "item_id_feature": "the features encoder also embeds the (public) item id (default: on for --non-private runs, off for private ones)",
+        "item_id_feature": "the features encoder adds a free per-item residual to what the public features say, held at zero by "
+                           "--residual-penalty until the item's statistics outweigh the noise (default: on)",
+        "residual_penalty": "penalty on each item's residual, in units of the most one user adds to an item's statistics plus the "
+                            "noise's spectral norm: larger keeps rare items at their public features",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",
         "holdout": splits.HOLDOUT_HELP,
         "budget_account": "the data source's budget account, a JSON file kept beside the runs: every release of every run on these users is "

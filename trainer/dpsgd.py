@@ -216,6 +216,13 @@ def _norm_model(model: ItemEncoder) -> tuple[tf.keras.Model, list]:
         bags.append((tf.cast(ragged.to_tensor(), tf.int32), tf.ones_like(ragged, tf.float32).to_tensor() / tf.maximum(sizes, 1.0)[:, None]))
     hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
     v = model._dense(hidden) if model._dense is not None else hidden
+    if model.has_residual:  # the per-item residual: a bag of one (the item's own row) added to the output
+        ids = tf.keras.Input((None, None), dtype=tf.int32, name="item_residual_ids")
+        share = tf.keras.Input((None, None), name="item_residual_bag_weights")
+        inputs += [ids, share]
+        v = v + tf.reduce_sum(_TableLookup(model._residual, name="item_residual_lookup")(ids) * share[..., None], axis=2)
+        rows = tf.range(1, model.space.size + 1, dtype=tf.int32)[:, None]
+        bags.append((rows, tf.ones_like(rows, tf.float32)))
     user = tf.keras.Input((model.dim,), name="user")
     norm_model = tf.keras.Model(inputs + [user], tf.reduce_sum(v * user[:, None, :], axis=-1))
     if {w.ref() for w in norm_model.trainable_variables} != {w.ref() for w in model.trainable_variables}:

@@ -3,8 +3,11 @@
 Features encoder (the paper's): one embedding table per feature family; a multivalent family is a
 bag of values whose embeddings are averaged (repeated values weigh more), a univalent family is a
 single lookup; the family embeddings are concatenated and a dense layer maps them to dimension d.
-The item id may be one of the families (trainer.features). Id-only encoder: one free embedding per
-item (matrix factorization's item side), for the ALS-style baselines.
+With the item id (trainer.features), the encoder adds a free per-item residual r_j in R^d to that
+output: v_j = dense(features_j) + r_j. The residual starts at zero and has its own penalty in the
+item update (trainer.ssp), so an item whose statistics are mostly noise stays at what its public
+features say, and an item never trained on is embedded by its features alone. Id-only encoder: one
+free embedding per item (matrix factorization's item side), for the ALS-style baselines.
 
 Lookups go through `tf.nn.safe_embedding_lookup_sparse`, so the gradients of the embedding tables
 are `tf.IndexedSlices` (sparse: only the rows of the features present in the batch), and the model
@@ -45,21 +48,22 @@ class ItemEncoder(tf.keras.Model):
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"encoder dimension must be a positive integer, got {dim}")
         self.kind, self.dim, self.space = kind, dim, space
-        families = space.families if kind == "features" else [f for f in space.families if f.name == ITEM_ID_FAMILY]
-        if not families:
+        ids = [f for f in space.families if f.name == ITEM_ID_FAMILY]
+        families = [f for f in space.families if f.name != ITEM_ID_FAMILY] if kind == "features" else ids
+        if kind == "id" and not families:
             raise ValueError("the id-only encoder needs a feature space built with the item id family")
+        if kind == "features" and not families:
+            raise ValueError("the features encoder needs at least one public feature family besides the item id")
         family_dim = family_dim or dim
         init = tf.keras.initializers.RandomNormal(stddev=1.0 / np.sqrt(family_dim), seed=seed)
         self._families = []
         for family in families:
             ragged = tf.RaggedTensor.from_row_splits(tf.constant(family.values, tf.int64), tf.constant(family.row_splits, tf.int64), validate=False)
-            # In the features encoder the item id is a residual on top of the shared features: it
-            # starts at zero, so an item never trained on (no statistics) is embedded by its
-            # public features alone rather than by a random vector.
-            start = "zeros" if kind == "features" and family.name == ITEM_ID_FAMILY else init
-            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=start)
+            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=init)
             self._families.append((family.name, ragged, table))
         self._dense = tf.keras.layers.Dense(dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)) if kind == "features" else None
+        # the per-item residual of the features encoder (row 0: no item), from zero
+        self._residual = self.add_weight(name="item_residual", shape=(space.size + 1, dim), initializer="zeros") if kind == "features" and ids else None
 
     def get_config(self) -> dict:
         return {"dim": self.dim, "kind": self.kind, "families": [name for name, _, _ in self._families]}
@@ -71,7 +75,30 @@ class ItemEncoder(tf.keras.Model):
             ids = tf.gather(ragged, positions).to_sparse()
             parts.append(tf.nn.safe_embedding_lookup_sparse(table, ids, combiner="mean"))
         hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
-        return self._dense(hidden) if self._dense is not None else hidden
+        if self._dense is None:
+            return hidden
+        out = self._dense(hidden)
+        return out + self.residual(positions) if self._residual is not None else out
+
+    @property
+    def has_residual(self) -> bool:
+        return self._residual is not None
+
+    def residual(self, positions):
+        """The per-item residuals r_j of catalog positions (features encoder with the item id)."""
+        return tf.gather(self._residual, tf.cast(positions, tf.int64) + 1)
+
+    def rescale(self, factor: float) -> None:
+        """Multiply every embedding by `factor` (the output layer and the residuals are linear in it):
+        the public post-processing that keeps released item embeddings at a fixed scale."""
+        if self._dense is None:
+            _, _, table = self._families[0]
+            table.assign(table * factor)
+            return
+        self._dense.kernel.assign(self._dense.kernel * factor)
+        self._dense.bias.assign(self._dense.bias * factor)
+        if self._residual is not None:
+            self._residual.assign(self._residual * factor)
 
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""

@@ -42,6 +42,7 @@ class SSPConfig:
     learning_rate: float = 0.01
     ridge: float = 1.0  # lambda: lambda * scale_j I is added to every A_j (scale_j: DP count, or 1)
     weight_decay: float = 0.0  # L2 on the encoder's dense kernel
+    cosine_decay: bool = True  # the learning rate decays to 0 along a cosine over the run's steps
     psd_projection: bool = True
     shuffle_batches: int = 8  # batches held in the shuffle buffer
     seed: int = 0
@@ -113,22 +114,27 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         yield from drain(buffer)
 
 
-def ssp_loss(encoder: ItemEncoder, positions, a, b):
-    """Mean over the batch's items of 1/2 v^T A v - b^T v (A already holds the ridge term)."""
+def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None):
+    """Mean over the batch's items of 1/2 v^T A v - b^T v (A already holds the ridge term), plus
+    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item) is given."""
     v = encoder(positions)
     av = tf.einsum("bij,bj->bi", a, v)
-    return tf.reduce_mean(0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1))
+    loss = 0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1)
+    if residual_penalty is not None:
+        loss += 0.5 * residual_penalty * tf.reduce_sum(tf.square(encoder.residual(positions)), axis=-1)
+    return tf.reduce_mean(loss)
 
 
 def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
-          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None) -> list[float]:
+          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None, residual_penalty: np.ndarray | None = None) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
     Returns the mean loss of every epoch. `expected` lists release parameters the tables must
     carry (e.g. d, clip_u, clip_y, noise_multiplier from the ledger). `ridge_scale` (one value per
     catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge;
     `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
-    implicit-feedback penalty on every item's scores.
+    implicit-feedback penalty on every item's scores. `residual_penalty` (one mu_j per catalog
+    position) penalises the per-item residuals of a features encoder with the item id.
     """
     if not stats_paths:
         raise ValueError("no stats tables to train on")
@@ -140,13 +146,18 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     tables = stats_paths
     if config.psd_projection:
         tables = [project_table(path, _projected_path(path)) for path in stats_paths]
-    optimizer = tf.keras.optimizers.Adam(config.learning_rate)
+    items = sum(rows for _, _, rows in storage.row_groups(tables[0]))  # the catalog the tables cover
+    steps = config.epochs * max(1, math.ceil(items / config.batch_size))
+    rate = tf.keras.optimizers.schedules.CosineDecay(config.learning_rate, steps) if config.cosine_decay else config.learning_rate
+    optimizer = tf.keras.optimizers.Adam(rate)
     dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
+    use_residual = residual_penalty is not None and encoder.has_residual
+    penalty_of = tf.constant(residual_penalty if use_residual else np.zeros(1), tf.float32)
 
     @tf.function(reduce_retracing=True)
     def step(positions, a, b):
         with tf.GradientTape() as tape:
-            loss = ssp_loss(encoder, positions, a, b)
+            loss = ssp_loss(encoder, positions, a, b, tf.gather(penalty_of, positions) if use_residual else None)
             penalty = config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense]) if dense and config.weight_decay else 0.0
             total = loss + penalty
         grads = tape.gradient(total, encoder.trainable_variables)

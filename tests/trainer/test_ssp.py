@@ -109,7 +109,7 @@ def test_ssp1_phases_use_each_resample(tmp_path):
     for k, target in enumerate(targets):  # A = I, b = target: the minimiser of each table is v = target / (1 + ridge)
         write_stats(str(tmp_path / f"r{k}.parquet"), space.item_ids, np.tile(pack_upper(np.eye(d)), (5, 1)), target, d, resample=k)
     encoder = ItemEncoder(space, dim=d, kind="id")
-    ssp.train(encoder, [str(tmp_path / "r0.parquet"), str(tmp_path / "r1.parquet")], ssp.SSPConfig(epochs=400, batch_size=5, learning_rate=0.05, ridge=0.0), progress=False)
+    ssp.train(encoder, [str(tmp_path / "r0.parquet"), str(tmp_path / "r1.parquet")], ssp.SSPConfig(epochs=400, batch_size=5, learning_rate=0.05, ridge=0.0, cosine_decay=False), progress=False)
     np.testing.assert_allclose(encoder.embed_all(), -1.0, atol=0.05)  # the last phase's table wins
 
 
@@ -143,3 +143,42 @@ def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
     np.testing.assert_allclose(encoder.embed_all(), solved, rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="ridge must be > 0"):
         als.solve_items(str(tmp_path / "s.parquet"), space, d, 0.0)
+
+
+def test_residual_moves_only_items_whose_statistics_call_for_it(tmp_path):
+    """The features encoder's per-item residual under its penalty: an item with no statistics stays
+    exactly what its public features say; an item with strong statistics reaches its own solution."""
+    tf.keras.utils.set_random_seed(1)
+    space = FeatureSpace.from_items(ITEMS)  # with the item id: the residual
+    d = 2
+    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+    assert encoder.has_residual
+    start = encoder.embed_all()
+    target = np.array([3.0, -2.0])
+    a = np.zeros((5, 3))
+    b = np.zeros((5, d))
+    a[0], b[0] = pack_upper(50.0 * np.eye(d)), 50.0 * target  # item 10: A = 50 I, b = 50 target -> v = target
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids, a, b, d)
+    penalty = np.full(space.size, 1.0)
+    # only the residuals train here: the shared features part is fixed, so the other items' embeddings are theirs
+    shared = [w for w in encoder.trainable_variables if "residual" not in w.name]
+    for w in shared:
+        w._trainable = False
+    ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1500, batch_size=5, learning_rate=0.1, ridge=0.0, psd_projection=False),
+              progress=False, residual_penalty=penalty)
+    after = encoder.embed_all()
+    residual = encoder.residual(tf.range(space.size)).numpy()
+    np.testing.assert_allclose(residual[1:], 0.0)  # no statistics: exactly the features
+    np.testing.assert_allclose(after[1:], start[1:], rtol=1e-6)
+    # item 10 minimises 1/2 v^T 50 v - 50 target^T v + 1/2 ||v - f||^2: v = (50 target + f) / 51
+    np.testing.assert_allclose(after[0], (50 * target + start[0]) / 51, atol=2e-2)
+
+
+def test_rescale_multiplies_every_embedding():
+    space = FeatureSpace.from_items(ITEMS)
+    encoder = ItemEncoder(space, dim=3, kind="features")
+    encoder.residual(tf.range(2))
+    encoder._residual.assign(tf.random.normal(encoder._residual.shape))
+    before = encoder.embed_all()
+    encoder.rescale(0.25)
+    np.testing.assert_allclose(encoder.embed_all(), 0.25 * before, rtol=1e-5, atol=1e-6)
