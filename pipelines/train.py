@@ -54,8 +54,9 @@ from schemas.arrays import list_column_to_matrix
 from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings, validate_user_embeddings
 
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
-# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released)
-ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd")
+# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); none: the starting point
+# (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
+ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 
 
@@ -143,7 +144,7 @@ class TrainConfig:
         of users the counts release publishes (pipelines.counts; never the exact number); None
         before that release: its DP-SGD schedule is then release.DPSGD_PENDING."""
         mean_share = self.mean_share if self.protocol == "rmse" else 0.0
-        gram_share = self.gram_share if self.gravity > 0 and self.item_update != "dpsgd" else 0.0
+        gram_share = self.gram_share if self.gravity > 0 and self.item_update not in ("dpsgd", "none") else 0.0
         dpsgd = None
         if self.item_update == "dpsgd":
             dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
@@ -487,7 +488,7 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     encoders.restore_checkpoint(model, run.checkpoint(step - 1))
     if config.item_update == "dpsgd":
         _dpsgd_update(run, config, manifest, step, space, model, progress)
-    else:
+    elif config.item_update != "none":  # none: the encoder stays as it started
         _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model)
     embeddings = ssp.item_embeddings_table(model)
@@ -605,7 +606,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
                 if s in layout.read_manifest()["steps_done"]:
                     continue
                 user_update.run_step(active_spark, layout.root, s)
-                if config.item_update != "dpsgd":  # AM-DPSGD releases no statistics
+                if config.item_update not in ("dpsgd", "none"):  # AM-DPSGD releases no statistics, the starting point none
                     release_stats(layout, s, active_spark)
                 item_update(layout, s, progress)
             user_update.run_step(active_spark, layout.root, None)
@@ -731,7 +732,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "engine": "stats job engine: spark or beam",
         "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
-                       "its budget share is the statistics', and it ignores --gravity in the item update)",
+                       "its budget share is the statistics', and it ignores --gravity in the item update), or none (the starting point: "
+                       "the public-feature encoder as initialised, users fitted to it; no statistics released)",
         "feature_weight": "DP-CMF: weight mu of the public feature rows (0: DP-ALS)",
         "dpsgd_batch_size": "AM-DPSGD: expected users per DP-SGD step",
         "dpsgd_clip": "AM-DPSGD: per-user gradient clip norm",

@@ -39,19 +39,24 @@ def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wb
     return a, b
 
 
-def registered(job):
-    """The job, with its hand-made counts table recorded as the counts release of its ledger (as
-    `ssp counts` would have released it): the stats job accepts only counts released into its
-    ledger. A ledger that already has a counts release is left as it is."""
+def register_counts(counts: str, ledger_path: str, privacy, seed_file=None, unit: str = "user") -> None:
+    """Record a hand-made counts table as the counts release of a ledger (as `ssp counts` would
+    have released it): the stats job accepts only counts released into its ledger. A ledger that
+    already has a counts release is left as it is."""
     from pipelines import release
     from privacy import accounting
     from privacy.seeds import digest_table
 
-    ledger = job.privacy.open_ledger(job.ledger_path, job.settings.unit)
+    ledger = privacy.open_ledger(ledger_path, unit)
     if ledger.find("counts") is None:
-        seeds = release.open_seed_file(job.seed_file, job.ledger_path)
-        digest = digest_table(job.counts)
+        seeds = release.open_seed_file(seed_file, ledger_path)
+        digest = digest_table(counts)
         event = accounting.gaussian_event(ledger.budget["multipliers"]["counts"])
         index = release.make_release(ledger, seeds, "counts", event, {"inputs": {"counts": digest}})
         seeds.record_output(index, digest)
+
+
+def registered(job):
+    """The job, with its hand-made counts table recorded as the counts release of its ledger."""
+    register_counts(job.counts, job.ledger_path, job.privacy, job.seed_file, job.settings.unit)
     return job

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
-from stats_inputs import expected_stats, registered, write_inputs
+from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 from pipelines import beam_stats, stats, stats_job
 from pipelines.release import PrivacySettings
@@ -76,10 +76,10 @@ def test_exact_statistics_for_every_catalog_item(tmp_path, unit, wbar):
         full = expected_stats(INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG, 1.0, 2.0, wbar)[0]  # the shared helper agrees
         np.testing.assert_allclose(got_a, np.array([pack_upper(full[j]) for j in CATALOG]), rtol=1e-12, atol=1e-15)
     meta = stats_metadata(table.schema)
-    assert (meta["d"], meta["noise_multiplier"], meta["wbar"], meta["release"], meta["resample"]) == (2, 0.0, wbar, 0, 0)
+    assert (meta["d"], meta["noise_multiplier"], meta["wbar"], meta["release"], meta["resample"]) == (2, 0.0, wbar, 1, 0)  # release 0: the counts
     assert metadata[b"unit"] == unit.encode()
-    assert summary["items"] == 4 and summary["releases"] == [0]
-    assert sorted(os.listdir(tmp_path / "out")) == ["ledger.parquet", "private", "release.json", "resample-0.parquet"]  # no staging left
+    assert summary["items"] == 4 and summary["releases"] == [1]
+    assert sorted(os.listdir(tmp_path / "out")) == ["ledger.parquet", "ledger.parquet.lock", "private", "release.json", "resample-0.parquet"]  # no staging left (the lock file of the ledger stays)
     assert len(storage.table_files(str(tmp_path / "out" / "resample-0.parquet"))) == 3  # shards 0, 1, 2 by item_id % 3
 
 
@@ -136,7 +136,7 @@ def test_beam_and_spark_give_the_same_release(spark, tmp_path):
         out = {engine: tmp_path / f"{engine}-{multiplier}" for engine in ("beam", "spark")}
         beam_summary = beam_stats.run(make_job(paths, out["beam"], privacy, settings, seed_file=seed, shards=3), PipelineOptions(DIRECT))
         spark_summary = stats.run(make_job(paths, out["spark"], privacy, settings, seed_file=seed, shards=2), spark)
-        assert beam_summary["releases"] == spark_summary["releases"] == [0, 1]
+        assert beam_summary["releases"] == spark_summary["releases"] == [1, 2]  # release 0: the counts
         for resample in range(2):
             (beam_meta, beam), (spark_meta, spark_table) = (read_stats(str(out[e] / f"resample-{resample}.parquet")) for e in ("beam", "spark"))
             assert beam_meta == spark_meta
@@ -159,8 +159,9 @@ def test_cli_runs_beam_options_through_and_reports_errors_in_one_line(tmp_path, 
     paths = write_inputs(tmp_path / "in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG)
     flags = ["--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"], "--items", paths["items"],
              "--counts", paths["counts"], "--dim", "2", "--clip-u", "1", "--clip-y", "2", "--wbar", "1.5", "--noise-multiplier", "0"]
+    register_counts(paths["counts"], str(tmp_path / "out" / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
     assert beam_stats.main([*flags, "--out", str(tmp_path / "out"), "--shards", "2", "--runner", "DirectRunner", "--direct_num_workers", "1"]) == 0
-    assert "stats step 1: 1 table(s) of 4 items, releases [0]" in capsys.readouterr().out
+    assert "stats step 1: 1 table(s) of 4 items, releases [1]" in capsys.readouterr().out
     _, table = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
     np.testing.assert_allclose(np.array(table["b"].to_pylist())[0], by_formula("user", 1.5)[1][10], rtol=1e-12)
 

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, registered, write_inputs
+from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 from pipelines import stats, stats_job
 from pipelines.counts import dp_counts
@@ -157,6 +157,7 @@ def test_spark_submit_entry_point(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    register_counts(paths["counts"], str(tmp_path / "out" / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
     result = subprocess.run(
         [submit, "--master", "local[2]", "pipelines/stats.py", "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
          "--items", paths["items"], "--counts", paths["counts"], "--out", str(tmp_path / "out"), "--dim", "2", "--clip-u", "1", "--clip-y", "5",
