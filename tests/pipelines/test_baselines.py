@@ -86,6 +86,11 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
 
 
+def unit_rms(vectors: np.ndarray) -> np.ndarray:
+    """Item vectors as the item update releases them: rescaled to RMS norm 1 over the catalog."""
+    return vectors / np.sqrt(np.mean(np.sum(vectors**2, axis=1)))
+
+
 def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     """With R resamples the budget pays for R noisy copies: DP-ALS uses their mean (1/R of the noise
     variance, and a noise ridge floor 1/sqrt(R) as high), not only the last copy."""
@@ -104,8 +109,8 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
         np.testing.assert_allclose(averaged, (r0 + r1) / 2, rtol=1e-14, atol=1e-14)
     space, _ = train._encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
     ridge = train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged=2)
-    want = als.solve_items(mean, space, 4, config.ridge, ridge, True)
+    want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge, True))
     items, got = vectors(run.item_embeddings(1), 4)
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
-    last_only = als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts)), True)
+    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts)), True))
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
