@@ -27,6 +27,7 @@ from privacy.account import BudgetAccount
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
 from pipelines.lock import release_lock
+from privacy.noise import NOISE_VERSION
 from privacy.seeds import SeedFile
 from schemas import storage
 
@@ -150,7 +151,7 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
             raise ValueError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded there: the ledger was "
                              "deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run (nothing was released)")
         index = ledger.next_index(name)
-        fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), **description})
+        fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), "noise": NOISE_VERSION, **description})
         seed_file.check(index, fingerprint)
         index = ledger.record(name, event, fingerprint)
         seed_file.bind(index, fingerprint, ledger_id)

@@ -79,6 +79,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SEED_BYTES = 32
+NOISE_VERSION = 2  # part of every release's fingerprint: a release made with other noise is never resumed with this one
 KEY_INFO = b"ssp-recsys noise v2: ChaCha20 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
 GRID_BITS = 32  # the grid of a noise standard deviation s: 2^(floor(log2 s) - GRID_BITS)
 MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 words, 2^32 ChaCha20 blocks of 64 bytes

@@ -122,3 +122,13 @@ def test_counts_must_be_the_release_of_the_same_ledger(tmp_path):
     storage.write_table(pa.table({"item_id": pa.array([1, 2], pa.int64()), "count": [3.0, 5.0]}), counts)  # exact counts, say
     with pytest.raises(ValueError, match="is not the DP counts release"):
         release.check_counts_release(ledger, seeds, counts, digest_table(counts))
+
+
+def test_a_release_made_with_other_noise_is_not_resumed(tmp_path, monkeypatch):
+    """A run interrupted under an older noise construction: resuming it would draw the same release
+    index again with the new noise, two independent draws the ledger would count once. Refused."""
+    _one_release(tmp_path, "counts")
+    monkeypatch.setattr(release, "NOISE_VERSION", release.NOISE_VERSION + 1)
+    with pytest.raises(SeedReuseError, match="already used for release 0"):
+        _one_release(tmp_path, "counts")
+    assert len(Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows) == 1
