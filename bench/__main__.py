@@ -1,11 +1,13 @@
-"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N] [--data ML_DIR] [--protocol P] [--methods ...]`.
+"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N] [--data ML_DIR] [--protocol P] [--methods ...] [--epsilons ...] [--tune-on DIR]`.
 
 Each experiment module registers itself with `bench.harness.experiment`; adding one is adding its
 module to MODULES. `all` runs every registered experiment in order. Results accumulate in
 DIR/results.json (finished cells are reused), figures in DIR/*.png, the report in DIR/report.md.
 The training experiments run on --data (any MovieLens folder or data set folder; default: the
 bundled ml-latest-small) under --protocol, for the --methods of bench.training.METHODS; use one
-DIR per data set and protocol (their sections describe the latest invocation).
+DIR per data set and protocol (their sections describe the latest invocation). privacy-utility
+tunes on --tune-on's validation split when given (transfer mode; default: --data's own) and runs
+the --epsilons given (default: its own list); both select cells, so it can run in parts into one DIR.
 """
 
 from __future__ import annotations
@@ -40,14 +42,20 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--protocol", choices=("rmse", "recall"), default="rmse", help="benchmark protocol of the training experiments (default: rmse)")
         sub.add_argument("--methods", nargs="+", choices=list(training.METHODS), metavar="METHOD",
                          help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.train offers)")
+        sub.add_argument("--epsilons", nargs="+", type=float, metavar="EPSILON",
+                         help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); with --methods, runs the experiment in parts")
+        sub.add_argument("--tune-on", metavar="DATA", help="privacy-utility: tune every method on this data set's validation split (e.g. an "
+                         "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; default: tune on --data)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.epsilons and not all(0 < e < float("inf") for e in args.epsilons):
+        parser.error(f"--epsilons must be finite and > 0, got {args.epsilons}")
     names = list(harness.EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     for name in names:
         start = time.perf_counter()
         harness.run_experiment(name, args.out, quick=args.quick, seeds=args.seeds, progress=not args.no_progress, data=args.data, protocol=args.protocol,
-                               methods=args.methods)
+                               methods=args.methods, epsilons=args.epsilons, tune_on=args.tune_on)
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(f"report: {args.out}/report.md")
     return 0

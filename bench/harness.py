@@ -101,7 +101,9 @@ class Section:
 @dataclass
 class Context:
     """What an experiment gets: where to write, how big to run, its result cells, and what to run on
-    (the training experiments' data set, protocol and methods; None: the bundled data, every method)."""
+    (the training experiments' data set, protocol and methods; None: the bundled data, every method;
+    the privacy-utility experiment's epsilons, None: its own, and the data set it tunes on, None:
+    the data set itself)."""
 
     out: str
     quick: bool
@@ -111,6 +113,8 @@ class Context:
     data: str | None = None
     protocol: str = "rmse"
     methods: list[str] | None = None
+    epsilons: list[float] | None = None
+    tune_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ def experiment(name: str, help: str):
 
 def run_experiment(name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True, **options) -> Section:
     """Run a registered experiment into OUT: its cells, its section, then the whole report.
-    `options`: Context's data, protocol and methods."""
+    `options`: Context's data, protocol, methods, epsilons and tune_on."""
     os.makedirs(out, exist_ok=True)
     section = EXPERIMENTS[name].run(Context(out, quick, seeds, Results(out), progress, **options))
     _write_text(os.path.join(out, SECTIONS, f"{name}.md"), section.markdown())

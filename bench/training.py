@@ -1,10 +1,17 @@
-"""Training runs for the paper's experiments: the methods, their tuning draws, one measured run per cell.
+"""Training runs for the paper's experiments: the methods, their tuning, one measured run per cell.
 
 The methods are a table (METHODS): a name, the TrainConfig fields that make the method (item update,
-encoder, non-private) and its tuning search space (TrainConfig field -> candidate values). A method
-whose item update `pipelines.train` does not offer yet is reported as unavailable and skipped, and a
-search-space field TrainConfig does not have yet is left at its default and named in the report, so
-a method starts to run, and to be tuned, as soon as the pipeline has it.
+encoder, non-private), the protocols it runs under, and its tuning search space (TrainConfig field
+-> a `Range`, continuous or integer, on a log scale where the field is a scale, or a `Choice`). A
+method whose item update `pipelines.train` does not offer yet is reported as unavailable and
+skipped, and a search-space field TrainConfig does not have yet is left at its default and named in
+the report, so a method starts to run, and to be tuned, as soon as the pipeline has it.
+
+Tuning is Optuna's TPE sampler (`suggest`), seeded and replayable: the configuration of trial t is a
+pure function of (the study seed, t, the configurations and validation values of trials 0..t-1),
+with trial 0 always the method's defaults; the sampler is rebuilt for every trial from the finished
+trials, so a study replayed from its recorded cells suggests exactly what it suggested when it ran
+(bench.privacy_utility keeps every trial as a harness cell and resumes from them).
 
 A cell is one real run of `pipelines.train.run` (Spark jobs, ledger, TensorFlow trainer; nothing of
 the privacy path is replaced): its parameters are {data, protocol, method, epsilon, config, seed},
@@ -12,10 +19,15 @@ where `config` holds every TrainConfig field the cell sets, and its value the va
 metric (overall and per popularity bucket), the epsilon the ledger spent, the wall time and the
 trajectory: the metrics after every outer step (the step's item embeddings with the user update
 made against them) at the wall time that step finished. The run directory is deleted once the cell
-is measured (a d=64 run writes gigabytes of statistics); only the cell is kept.
+is measured (a d=64 run writes gigabytes of statistics); only the cell is kept. The DP popularity
+ranker ("dp-popularity", ranking protocol only) is the exception: its cell is `train.prepare` of
+its config (the split and the DP counts release, nothing more) and the held-out users' candidates
+scored by their DP count with trainer.evaluate's Recall@20.
 
 Privacy: the runs are the pipeline's own, each with a fresh noise seed from the OS CSPRNG; the
 metrics are evaluations on held-out private ratings (trusted side), as the pipeline's metrics.json.
+Tuning on validation ratings is itself not private (as in the paper); the transfer mode of
+bench.privacy_utility tunes on another data set instead.
 """
 
 from __future__ import annotations
@@ -27,20 +39,25 @@ import json
 import math
 import os
 import shutil
+import time
+import warnings
 import zlib
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from pipelines import ingest, train
+from pipelines.lock import run_lock
 from pipelines.run_dir import Run
+from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings
 
 DELTA = 1e-5
 BUCKETS = 5  # popularity buckets of the sliced metrics, least to most popular
-SEARCH_SEED = 20240101  # the random search's draws are a function of (this, method, epsilon)
+SEARCH_SEED = 20240101  # a tuning study's seed is a function of (this, method, epsilon)
+STARTUP_TRIALS = 5  # TPE draws at random (seeded) until this many trials are finished, the defaults included
 TEST_SEED = 100  # test runs use model seeds TEST_SEED + s, apart from the trials' 0..T-1
 
 
@@ -64,50 +81,99 @@ METRICS = {
 
 
 @dataclass(frozen=True)
+class Range:
+    """A tuned field's interval [low, high], uniform or on a log scale, of floats or integers."""
+
+    low: float
+    high: float
+    log: bool = False
+    integer: bool = False
+
+    def capped(self, cap) -> Range:
+        return Range(min(self.low, cap), min(self.high, cap), self.log, self.integer)
+
+    def contains(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return False
+        return self.low <= value <= self.high and (not self.integer or float(value).is_integer())
+
+    def distribution(self):
+        from optuna import distributions
+
+        if self.integer:
+            return distributions.IntDistribution(int(self.low), int(self.high), log=self.log)
+        return distributions.FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+    def __str__(self) -> str:
+        return f"{'log ' if self.log else ''}{self.low:g}..{self.high:g}{' (integer)' if self.integer else ''}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A tuned field's candidate values."""
+
+    values: tuple
+
+    def capped(self, cap) -> Choice:
+        return Choice(tuple(v for v in self.values if v <= cap) or (cap,))
+
+    def contains(self, value) -> bool:
+        return value in self.values
+
+    def distribution(self):
+        from optuna import distributions
+
+        return distributions.CategoricalDistribution(self.values)
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{v:g}" for v in self.values) + "}"
+
+
+@dataclass(frozen=True)
 class Method:
-    """One method: its label, the TrainConfig fields that make it, its tuning search space."""
+    """One method: its label, the TrainConfig fields that make it, its tuning search space, the
+    protocols it runs under and how a cell runs it ("train": pipelines.train.run; "popularity": the
+    DP popularity ranker)."""
 
     label: str
     overrides: dict
     space: dict
+    protocols: tuple = ("rmse", "recall")
+    kind: str = "train"
 
     @property
     def private(self) -> bool:
         return not self.overrides.get("non_private", False)
 
 
-_GRID = {  # candidate values shared by the methods (the paper: d up to 64)
-    "dim": [8, 16, 32, 64],
-    "outer_steps": [1, 2, 3, 4],
-    "clip_u": [0.5, 1.0, 2.0],
-    "clip_y": [1.0, 2.0, 3.0],
-    "wbar": [0.5, 1.0, 2.0],
-    "count_share": [0.05, 0.1, 0.2],
-    "max_items_per_user": [50, 100, 200],
-    "lambda_u": [0.03, 0.1, 0.3, 1.0],
-    "ridge": [0.03, 0.1, 0.3, 1.0],
-    "learning_rate": [0.003, 0.01, 0.03],
-    "epochs": [10, 20, 30],
-}
-_PRIVACY = ["clip_u", "clip_y", "wbar", "count_share", "max_items_per_user"]  # clip norms, wbar, count share, cap K
-_SOLVE = ["dim", "outer_steps", "lambda_u", "ridge"]
-
-
-def _space(*names: str, **extra: list) -> dict:
-    return {**{name: _GRID[name] for name in names}, **extra}
-
+# The search spaces (the paper: d up to 64). Scales are searched on a log scale over ranges wide
+# enough to hold every method's good region: ridges and penalties are stated in the release's units
+# (pipelines.train), so one range serves the private and the non-private runs.
+_USER = {"dim": Choice((8, 16, 32, 64)), "lambda_u": Range(1e-3, 1.0, log=True), "outer_steps": Range(1, 4, integer=True)}
+_RIDGE = {"ridge": Range(1e-3, 3.0, log=True)}
+_NOISE_RIDGE = {"noise_ridge": Range(0.01, 3.0, log=True)}
+_SGD = {"learning_rate": Range(1e-3, 0.1, log=True), "epochs": Range(5, 200, log=True, integer=True)}
+_RESIDUAL = {"residual_penalty": Range(0.1, 30.0, log=True)}  # AM-SSP's per-item residual (the features encoder with the id residual)
+_COUNTS = {"count_share": Range(0.02, 0.3, log=True), "max_items_per_user": Range(20, 400, log=True, integer=True)}  # the DP counts release
+_CLIPS = {"clip_u": Range(0.05, 2.0, log=True), "clip_y": Range(0.5, 3.0)}
+# wbar is a pure scale of AM-SSP's statistics, noise and penalties (all in units of wbar Gamma_u^2),
+# so it is tuned only where it is not: DP-ALS/DP-CMF (their count-grown ridge) and AM-DPSGD (weights)
+_WBAR = {"wbar": Range(0.3, 3.0, log=True)}
+_DPSGD = {"dpsgd_learning_rate": Range(1e-3, 0.3, log=True), "dpsgd_epochs": Range(1, 20, log=True, integer=True),
+          "dpsgd_clip": Range(0.1, 10.0, log=True), "dpsgd_batch_size": Choice((32, 64, 128, 256, 512))}
+_CMF = {"feature_weight": Range(0.03, 30.0, log=True), "feature_ridge": Range(0.03, 30.0, log=True)}
 
 METHODS: dict[str, Method] = {
     "nonprivate-ssp": Method("non-private (features)", {"non_private": True, "item_update": "ssp", "encoder": "features"},
-                             _space(*_SOLVE, "learning_rate", "epochs", dim=[16, 32, 64])),
-    "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, _space(*_SOLVE, dim=[16, 32, 64])),
-    "als": Method("DP-ALS", {"item_update": "als", "encoder": "id"}, _space(*_SOLVE, *_PRIVACY)),
-    "cmf": Method("DP-CMF", {"item_update": "cmf", "encoder": "id"},
-                  _space(*_SOLVE, *_PRIVACY, feature_weight=[0.1, 1.0, 10.0], feature_ridge=[0.1, 1.0, 10.0])),
+                             {**_USER, **_RIDGE, **_RESIDUAL, **_SGD}),
+    "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE}),
+    "none": Method("starting point (public features)", {"item_update": "none", "encoder": "features"}, dict(_USER)),
+    "dp-popularity": Method("DP popularity", {"item_update": "none", "encoder": "id"}, dict(_COUNTS), protocols=("recall",), kind="popularity"),
+    "als": Method("DP-ALS", {"item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS}),
+    "cmf": Method("DP-CMF", {"item_update": "cmf", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS, **_CMF}),
     "dpsgd": Method("AM-DPSGD", {"item_update": "dpsgd", "encoder": "features"},  # DP-SGD has its own step size, epochs and clip; no ridge
-                    _space("dim", "outer_steps", "lambda_u", *_PRIVACY, dpsgd_learning_rate=[0.003, 0.01, 0.03], dpsgd_epochs=[2.0, 5.0, 10.0],
-                           dpsgd_clip=[0.3, 1.0, 3.0], dpsgd_batch_size=[32, 64, 128])),
-    "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"}, _space(*_SOLVE, *_PRIVACY, "learning_rate", "epochs")),
+                    {**_USER, **_CLIPS, **_WBAR, **_COUNTS, **_DPSGD}),
+    "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_CLIPS, **_COUNTS, **_SGD}),
 }
 _FIELDS = {item.name for item in fields(train.TrainConfig)}
 
@@ -120,6 +186,11 @@ def color(name: str) -> str:
 def available(name: str) -> bool:
     """Whether pipelines.train offers the method's item update."""
     return METHODS[name].overrides["item_update"] in train.ITEM_UPDATES
+
+
+def runs_under(name: str, protocol: str) -> bool:
+    """Whether the method has a meaning under the protocol (the popularity ranker ranks, it predicts no rating)."""
+    return protocol in METHODS[name].protocols
 
 
 def untunable(name: str) -> list[str]:
@@ -135,17 +206,61 @@ def select(names: list[str] | None) -> list[str]:
     return [name for name in METHODS if names is None or name in names]
 
 
-def draws(name: str, epsilon: float | None, trials: int, caps: dict) -> list[dict]:
-    """The random search's `trials` configurations of a method at an epsilon: the first is the
-    method's defaults, the others draw every tunable field uniformly from its candidates (those
-    within `caps`, field -> largest value, or the cap itself when none is), seeded by
-    (SEARCH_SEED, method, epsilon)."""
-    rng = np.random.default_rng([SEARCH_SEED, zlib.crc32(name.encode()), 0 if epsilon is None else round(epsilon * 1000)])
-    space = {key: [v for v in values if v <= caps.get(key, math.inf)] or [caps[key]] for key, values in METHODS[name].space.items() if key in _FIELDS}
-    out = [{}]
-    for _ in range(trials - 1):
-        out.append({key: values[rng.integers(len(values))] for key, values in space.items()})
-    return out
+def search_space(name: str, caps: dict) -> dict:
+    """The method's tunable fields (those TrainConfig has), each within `caps` (field -> largest value)."""
+    return {key: dim.capped(caps[key]) if key in caps else dim for key, dim in METHODS[name].space.items() if key in _FIELDS}
+
+
+def describe_space(space: dict) -> str:
+    return ", ".join(f"{key} {dim}" for key, dim in space.items()) or "nothing"
+
+
+def study_seed(name: str, epsilon: float | None) -> int:
+    """The seed of the (method, epsilon) tuning study."""
+    sequence = np.random.SeedSequence([SEARCH_SEED, zlib.crc32(name.encode()), 0 if epsilon is None else round(epsilon * 1000)])
+    return int(sequence.generate_state(1)[0])
+
+
+def tuned_values(name: str, config: dict, caps: dict) -> dict:
+    """The values a cell config gives the method's tuned fields (TrainConfig's defaults for those it
+    leaves out), those inside the search space: what the sampler is told of a finished trial."""
+    effective = train.TrainConfig(**{key: value for key, value in config.items() if key in _FIELDS})
+    values = {key: getattr(effective, key) for key, dim in search_space(name, caps).items() if dim.contains(getattr(effective, key))}
+    return {key: int(value) if getattr(METHODS[name].space[key], "integer", False) else value for key, value in values.items()}
+
+
+def suggest(name: str, seed: int, history: list[tuple[dict, float | None]], caps: dict, lower_is_better: bool,
+            startup: int = STARTUP_TRIALS) -> dict:
+    """The draw (tuned field -> value) of trial len(history) of a study: {} (the method's defaults)
+    for trial 0; then Optuna's (multivariate) TPE given the finished trials `history`, pairs of
+    (tuned values, validation metric or None for a failed trial), seeded by (seed, trial number);
+    the first `startup` trials are seeded random draws. The same arguments give the same draw."""
+    if not history:
+        return {}
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = search_space(name, caps)
+    if not space:
+        return {}
+    distributions = {key: dim.distribution() for key, dim in space.items()}
+    trial_seed = int(np.random.SeedSequence([seed, len(history)]).generate_state(1)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(seed=trial_seed, n_startup_trials=startup, multivariate=True)
+        study = optuna.create_study(direction="minimize" if lower_is_better else "maximize", sampler=sampler)
+        for params, value in history:
+            params = {key: value for key, value in params.items() if key in distributions}
+            finished = value is not None and math.isfinite(value)
+            study.add_trial(optuna.trial.create_trial(
+                params=params, distributions={key: distributions[key] for key in params},
+                value=float(value) if finished else None, state=optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.FAIL))
+        trial = study.ask(distributions)
+    return {key: _plain(trial.params[key]) for key in distributions}
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def cell_config(name: str, base: dict, draw: dict) -> dict:
@@ -193,14 +308,20 @@ def train_config(params: dict, data_set: str, out: str) -> train.TrainConfig:
     return train.TrainConfig(data=data_set, protocol=params["protocol"], out=out, delta=DELTA, model_seed=params["seed"], **epsilon, **params["config"])
 
 
+def run_root(out: str, params: dict) -> str:
+    """The run directory of a cell (deleted once the cell is measured)."""
+    return os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
+
+
 def run_cell(out: str, params: dict) -> dict:
     """Train one cell's configuration on the shared Spark session and measure it (see module doc)."""
-    key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    root = os.path.join(out, "runs", key)
+    if METHODS[params["method"]].kind == "popularity":
+        return popularity_cell(out, params)
+    root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
-        print(f"== {key} {params}", file=log, flush=True)
+        print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
         metrics = train.run(config, spark=spark(), progress=False)
         steps = trajectory(Run(root), config)
     metric = METRICS[params["protocol"]].key
@@ -211,6 +332,75 @@ def run_cell(out: str, params: dict) -> dict:
     }
     shutil.rmtree(root)
     return value
+
+
+def run_trial(out: str, params: dict) -> dict:
+    """A tuning trial's cell: `run_cell`, or, when the run fails (a configuration the pipeline
+    refuses, or one that diverges to non-finite predictions), a failed cell that records the
+    error (the sampler is told the trial failed; it is never chosen). Trial 0, the method's
+    defaults, must run: its failure is raised."""
+    try:
+        return run_cell(out, params)
+    except Exception as error:
+        if params["seed"] == 0:
+            raise
+        shutil.rmtree(run_root(out, params), ignore_errors=True)
+        return {"valid": None, "test": None, "test_sliced": [None] * BUCKETS, "epsilon_spent": None, "seconds": None, "trajectory": [],
+                "failed": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
+def popularity_cell(out: str, params: dict) -> dict:
+    """The DP popularity ranker's cell: `train.prepare` of the cell's config (split, DP counts; the
+    ranking protocol releases nothing else there), then every held-out user's candidates (every
+    catalog item outside the user's history) ranked by DP count, scored with trainer.evaluate's
+    Recall@20. The epsilon spent is the counts release's (the ledger's)."""
+    if params["protocol"] != "recall":
+        raise ValueError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
+    root = run_root(out, params)
+    config = train_config(params, dataset(out, params["data"]), root)
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
+        print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
+        with train.removed_if_refused(root), run_lock(root):
+            prepared = train.prepare(config, progress=False)["prepared"]
+    run = Run(root)
+    catalog = storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy()
+    train_items = storage.read_table(storage.join(run.split, "train.parquet"), columns=["item_id"])["item_id"].to_numpy()
+    counts = storage.read_table(run.counts, columns=["item_id", "count"])
+    metrics = popularity_recall(run.split, catalog, train_items, counts["item_id"].to_numpy(), counts["count"].to_numpy())
+    spent = Ledger.open(run.ledger).epsilon_spent()
+    seconds = time.time() - prepared["started_at"]
+    value = {"valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"], "test_sliced": metrics["test"]["sliced"],
+             "epsilon_spent": spent if math.isfinite(spent) else None, "seconds": seconds,
+             "trajectory": [{"step": 0, "seconds": seconds, "valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"]}]}
+    shutil.rmtree(root)
+    return value
+
+
+def popularity_recall(split_dir: str, catalog: np.ndarray, train_items: np.ndarray, count_items: np.ndarray, counts: np.ndarray) -> dict:
+    """Valid and test Recall@20 (overall and per popularity bucket) of ranking every catalog item by
+    its DP count: trainer.evaluate.recall_report itself, with each item's DP count as its
+    one-dimensional embedding. A held-out user's fold-in is then one positive number (the ridge
+    solve of positive labels on positive counts: counts are floored at 1), so the user's scores
+    are the counts times a positive constant: the same ranking, ties included (the lower catalog
+    index first), and the same metric code as every other method."""
+    from trainer import evaluate
+    from trainer.features import FeatureSpace
+
+    space = FeatureSpace(np.asarray(catalog), [])
+    vectors = np.zeros((space.size, 1))
+    vectors[space.index_of(np.asarray(count_items)), 0] = np.asarray(counts, dtype=np.float64)
+    if not np.all(vectors > 0):
+        raise ValueError("every catalog item needs a positive DP count (the counts release floors them at 1)")
+    buckets = evaluate.popularity_buckets(space.item_ids, np.asarray(train_items))
+    out = {}
+    for part in ("valid", "test"):
+        history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"), columns=["user_id", "item_id"])
+        targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"), columns=["user_id", "item_id"])
+        out[part] = evaluate.recall_report(
+            (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
+            (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, 1.0, buckets)
+    return out
 
 
 def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:

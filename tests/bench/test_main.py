@@ -103,6 +103,43 @@ def test_recall_protocol_time_to_quality_with_defaults(tmp_path, spark, counted)
     assert "Recall@20" in report and "defaults" in report and "**Ratio:** not computed" in report
 
 
+def test_transfer_mode_on_generated_data_sets(tmp_path, spark, counted, monkeypatch):
+    """--tune-on A --data B, 1 trial per method: the studies run on A only, B runs the settings chosen on A."""
+    from pipelines import synth
+
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: {**TINY_PU, "trials": 1})
+    a = synth.generate(str(tmp_path / "A"), users=120, items=40, ratings_per_user=10, seed=1).path
+    b = synth.generate(str(tmp_path / "B"), users=120, items=40, ratings_per_user=10, seed=2).path
+    out = str(tmp_path / "out")
+    assert bench_main.main(["privacy-utility", "--tune-on", a, "--data", b, "--out", out, "--quick", "--seeds", "1", "--no-progress",
+                            "--methods", "none", "ssp", "--epsilons", "5"]) == 0
+    trials = [p for p in counted if p["seed"] < training.TEST_SEED]
+    tests = [p for p in counted if p["seed"] >= training.TEST_SEED]
+    assert [(p["method"], p["data"]) for p in trials] == [("none", a), ("ssp", a)]
+    assert [(p["method"], p["data"], p["config"]) for p in tests] == [(p["method"], b, p["config"]) for p in trials]
+    with open(tmp_path / "out" / "results.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [(r["mode"], r["tuned_on"], r["method"], r["epsilon"]) for r in table] == [("transfer", a, "none", "5.0"), ("transfer", a, "ssp", "5.0")]
+    assert all(0 < float(r["epsilon_spent"]) <= 5.0 + 1e-6 for r in table)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "transfer mode: tuning costs" in report and "| AM-SSP | transfer: tuned on A | 5 |" in report
+
+
+def test_dp_popularity_on_the_ranking_protocol(tmp_path, spark, counted):
+    """DP popularity runs train.prepare only (the counts release): its epsilon spent is the counts' share."""
+    data, out = str(write_ml1m(tmp_path / "ml-1m", users=150)), str(tmp_path / "out")
+    assert bench_main.main(["privacy-utility", "--data", data, "--out", out, "--quick", "--seeds", "1", "--no-progress", "--protocol", "recall",
+                            "--methods", "dp-popularity", "--epsilons", "5"]) == 0
+    assert [p["seed"] for p in counted] == [0, 1, training.TEST_SEED] and {p["method"] for p in counted} == {"dp-popularity"}
+    values = [c["value"] for c in json.loads((tmp_path / "out" / "results.json").read_text())["cells"].values()]
+    assert all(0.0 <= v["valid"] <= 1.0 and 0.0 <= v["test"] <= 1.0 and len(v["test_sliced"]) == 5 for v in values)
+    assert all(0.0 < v["epsilon_spent"] < 2.5 for v in values)  # the counts release alone: a share of epsilon 5
+    assert not list((tmp_path / "out" / "runs").glob("*/manifest.json"))  # run directories deleted once measured
+    with open(tmp_path / "out" / "results.csv") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["method"], row["label"], row["metric"]) == ("dp-popularity", "DP popularity", "Recall@20")
+
+
 def test_unknown_method_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_main.main(["privacy-utility", "--out", str(tmp_path), "--methods", "nope"])

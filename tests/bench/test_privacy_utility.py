@@ -38,9 +38,14 @@ def test_best_trial_by_validation_first_among_ties():
     assert privacy_utility.best_trial([{"valid": 0.5}, {"valid": 0.5}], "rmse") == 0
 
 
-def test_every_method_gets_the_same_trial_budget():
-    params = [privacy_utility.trial_params(DATA, "rmse", name, eps, SIZE) for name, eps in privacy_utility.groups(list(training.METHODS), SIZE)]
-    assert {len(p) for p in params} == {SIZE["trials"]}
+def test_every_method_gets_the_same_trial_budget(tmp_path):
+    results = harness.Results(str(tmp_path))
+    counted = {}
+    for name, eps in privacy_utility.groups(list(training.METHODS), SIZE):
+        trials = privacy_utility.study(results, DATA, "rmse", name, eps, SIZE, lambda p: counted.setdefault((p["method"], p["epsilon"]), []).append(p) or value(1.0))
+        assert [t["params"]["seed"] for t in trials] == list(range(SIZE["trials"]))
+        assert trials[0]["params"]["config"] == training.cell_config(name, SIZE["base"], {})  # trial 0: the defaults
+    assert {len(v) for v in counted.values()} == {SIZE["trials"]} and len(counted) == len(privacy_utility.groups(list(training.METHODS), SIZE))
     # top lines once, private methods at every epsilon
     assert privacy_utility.groups(["nonprivate-als", "als"], SIZE) == [("nonprivate-als", None), ("als", 1.0), ("als", 10.0)]
 
@@ -89,3 +94,139 @@ def test_methods_pipelines_train_lacks_are_named_not_run(tmp_path, monkeypatch):
     report = (tmp_path / "report.md").read_text()
     assert "**Not run** (pipelines.train has no such item update yet): Future (`future`)." in report
     assert "epsilon = 10: DP-ALS wins with test Recall@20 0.2000 ± 0.0000 (the only private method run)." in report
+
+
+SIX = {"epsilons": [1.0], "trials": 6, "startup": 2, "base": {}, "caps": {}}
+A = "/data/synth-a"
+
+
+class Killed(BaseException):
+    """The process dies mid-trial (not an error a trial could record)."""
+
+
+def fake_training(monkeypatch, calls: list, kill_at: int | None = None):
+    """training.run_cell replaced by a fake objective of (data, config): the same code path (studies,
+    harness cells, run_trial) without training; killed when `kill_at` cells have been computed."""
+
+    def run(out, params):
+        if kill_at is not None and len(calls) == kill_at:
+            raise Killed
+        calls.append(params)
+        config = params["config"]
+        best = 0.01 if params["data"] == A else 0.5  # the two data sets prefer different user ridges
+        score = 1.0 + 0.1 * (math.log10(training.tuned_values(params["method"], config, {})["lambda_u"]) - math.log10(best)) ** 2
+        return value(score + 0.001 * (params["seed"] >= training.TEST_SEED) * (params["seed"] - training.TEST_SEED), spent=params["epsilon"])
+
+    monkeypatch.setattr(training, "run_cell", run)
+
+
+def test_an_interrupted_study_resumes_without_rerunning_finished_trials(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: SIX)
+    methods = dict(seeds=1, progress=False, data=DATA, methods=["als", "ssp"])
+    whole = []
+    fake_training(monkeypatch, whole)
+    harness.run_experiment("privacy-utility", str(tmp_path / "whole"), **methods)
+    assert len(whole) == 2 * 6 + 2  # 6 trials per study, one test run each
+
+    first = []
+    fake_training(monkeypatch, first, kill_at=8)  # killed in the third trial of the second study
+    with pytest.raises(Killed):
+        harness.run_experiment("privacy-utility", str(tmp_path / "cut"), **methods)
+    assert len(harness.Results(str(tmp_path / "cut")).cells) == 8  # every finished trial was recorded; the one in flight is lost
+    again = []
+    fake_training(monkeypatch, again)
+    harness.run_experiment("privacy-utility", str(tmp_path / "cut"), **methods)
+    assert len(again) == 14 - 8 and not [p for p in again if p in first]  # nothing finished runs twice
+    # the resumed studies suggested what the uninterrupted ones did: the same cells, the same choice
+    assert first + again == whole
+    assert harness.Results(str(tmp_path / "cut")).cells.keys() == harness.Results(str(tmp_path / "whole")).cells.keys()
+    assert (tmp_path / "cut" / "results.csv").read_text() == (tmp_path / "whole" / "results.csv").read_text()
+
+
+def test_failed_trials_are_recorded_and_never_chosen_but_the_defaults_must_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: SIX)
+    calls = []
+
+    def diverging(out, params):
+        calls.append(params)
+        if params["seed"] in (2, 3):
+            raise ValueError("predictions and labels must be finite")
+        return value(1.0 - 0.01 * params["seed"] if params["seed"] < training.TEST_SEED else 0.9)
+
+    monkeypatch.setattr(training, "run_cell", diverging)
+    harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"])
+    results = harness.Results(str(tmp_path))
+    trials = privacy_utility.study(results, DATA, "rmse", "ssp", 1.0, SIX)
+    assert [bool(t["value"].get("failed")) for t in trials] == [False, False, True, True, False, False]
+    assert "ValueError: predictions and labels must be finite" in trials[2]["value"]["failed"]
+    assert privacy_utility.best_trial([t["value"] for t in trials], "rmse") == 5
+    assert "**Failed trials**" in (tmp_path / "report.md").read_text() and len(calls) == 7  # rerunning computes nothing
+    harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"])
+    assert len(calls) == 7
+
+    monkeypatch.setattr(training, "run_cell", lambda out, params: (_ for _ in ()).throw(ValueError("the defaults are broken")))
+    with pytest.raises(ValueError, match="the defaults are broken"):
+        harness.run_experiment("privacy-utility", str(tmp_path / "other"), seeds=1, progress=False, data=DATA, methods=["als"])
+
+
+def test_transfer_mode_runs_the_settings_chosen_on_a_on_b_and_both_modes_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: SIX)
+    calls = []
+    fake_training(monkeypatch, calls)
+    out = str(tmp_path)
+    harness.run_experiment("privacy-utility", out, seeds=2, progress=False, data=DATA, tune_on=A, methods=["nonprivate-als", "ssp"])
+    trials = [p for p in calls if p["seed"] < training.TEST_SEED]
+    tests = [p for p in calls if p["seed"] >= training.TEST_SEED]
+    assert len(trials) == 2 * 6 and {p["data"] for p in trials} == {A}  # tuning touched only A: B's privacy is not spent on it
+    assert len(tests) == 2 * 2 and {p["data"] for p in tests} == {DATA}
+    results = harness.Results(out)
+    for name, eps in (("nonprivate-als", None), ("ssp", 1.0)):
+        on_a = privacy_utility.tuned_config(results, A, "rmse", name, eps, SIX)
+        assert [p["config"] for p in tests if p["method"] == name] == [on_a] * 2
+    with open(tmp_path / "results.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [(r["mode"], r["tuned_on"], r["method"]) for r in table] == [("transfer", A, "nonprivate-als"), ("transfer", A, "ssp")]
+
+    # then the direct mode into the same folder: tuned on B itself; the report and table hold both
+    harness.run_experiment("privacy-utility", out, seeds=2, progress=False, data=DATA, methods=["nonprivate-als", "ssp"])
+    direct = privacy_utility.tuned_config(harness.Results(out), DATA, "rmse", "ssp", 1.0, SIX)
+    assert direct != privacy_utility.tuned_config(harness.Results(out), A, "rmse", "ssp", 1.0, SIX)
+    with open(tmp_path / "results.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [(r["mode"], r["method"]) for r in table] == [("direct", "nonprivate-als"), ("transfer", "nonprivate-als"), ("direct", "ssp"), ("transfer", "ssp")]
+    # the fake prefers lambda_u 0.5 on B: tuning on B itself does better on B than the settings transferred from A
+    assert float(table[2]["mean"]) < float(table[3]["mean"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| AM-SSP | transfer: tuned on synth-a | 1 |" in report and "| AM-SSP | direct | 1 |" in report
+    assert "**Who wins (direct).**" in report and "**Who wins (transfer: tuned on synth-a).**" in report
+    collected = privacy_utility.collect(harness.Context(out, False, 2, harness.Results(out), False, DATA, "rmse", ["nonprivate-als", "ssp"]))
+    assert [m["mode"] for m in privacy_utility.modes(collected)] == ["direct", "transfer"]
+    fig = privacy_utility.plot(collected, "rmse")
+    assert "AM-SSP [transfer: tuned on synth-a] (mean ± std, 2 seeds)" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+
+
+def test_dp_popularity_reported_for_recall_and_skipped_for_rmse(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: SIZE)
+    forbid_training(monkeypatch)
+    fill_privacy_utility(str(tmp_path), "recall", {("dp-popularity", 1.0): [0.10, 0.12], ("dp-popularity", 10.0): [0.11, 0.11],
+                                                   ("ssp", 1.0): [0.05, 0.07], ("ssp", 10.0): [0.20, 0.22]})
+    harness.run_experiment("privacy-utility", str(tmp_path), seeds=2, progress=False, data=DATA, protocol="recall", methods=["dp-popularity", "ssp"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| DP popularity | direct | 1 | 0.11 |" in report and "**DP popularity** ranks every candidate by the run's DP item count" in report
+    assert "epsilon = 1: DP popularity wins with test Recall@20 0.1100" in report and "epsilon = 10: AM-SSP wins" in report
+    assert "count_share log 0.02..0.3, max_items_per_user log 20..400 (integer)" in report
+
+    harness.run_experiment("privacy-utility", str(tmp_path / "rmse"), seeds=2, progress=False, data=DATA, methods=["dp-popularity"])
+    report = (tmp_path / "rmse" / "report.md").read_text()
+    assert "**Not run under protocol `rmse`**: DP popularity (protocol recall only)." in report and "| DP popularity |" not in report
+
+
+def test_epsilons_select_the_studies(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: {**SIX, "epsilons": [1.0, 5.0, 10.0]})
+    calls = []
+    fake_training(monkeypatch, calls)
+    harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"], epsilons=[5.0])
+    assert {p["epsilon"] for p in calls} == {5.0} and len(calls) == 7
+    harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"], epsilons=[1.0, 5.0])
+    assert len(calls) == 14 and {p["epsilon"] for p in calls[7:]} == {1.0}  # epsilon 5 reused
