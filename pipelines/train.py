@@ -76,10 +76,10 @@ class TrainConfig:
     encoder: str = "features"
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
-    outer_steps: int = 3
+    outer_steps: int = 2
     resamples: int = 1
-    clip_u: float = 1.0
-    clip_y: float = 2.0
+    clip_u: float = 0.3  # against item embeddings of unit RMS norm: most users are clipped, i.e. normalised
+    clip_y: float = 1.0  # centred labels
     wbar: float = 1.0
     weight_exponent: float = -0.25
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
@@ -108,7 +108,7 @@ class TrainConfig:
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
-    residual_penalty: float = 1.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
+    residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
     budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
     account_cap: float | None = None
     account_window_days: float | None = None
@@ -252,27 +252,32 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
 
 
 def _data_fingerprint(path: str) -> dict:
-    """What identifies the training data, read-only: the digests of a data set's tables, or of the
-    files of a raw (MovieLens) folder."""
+    """What identifies the training data, read-only and wherever it is stored: the digests of a
+    data set's tables, or of the files a MovieLens folder is ingested from (the ratings, the
+    catalog and its tags: the ml-100k genre list is fixed)."""
+    from pipelines.movielens import detect_layout
+
     if ingest.is_dataset(path):
         data = ingest.open_dataset(path)
         return {"interactions": digest_table(data.interactions), "items": digest_table(data.items)}
+    layout = detect_layout(path)
     fs, inner = storage.filesystem(path)
-    if not fs.isdir(inner):
-        raise storage.MissingTableError(f"--data {path}: no such data set or MovieLens folder")
     files = {}
-    for name in sorted(fs.find(inner)):
+    for name in (layout.ratings, layout.movies, layout.tags):
+        if name is None or not fs.isfile(storage.join(inner, name)):
+            continue
         digest = hashlib.sha256()
-        with fs.open(name, "rb") as handle:
+        with fs.open(storage.join(inner, name), "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
-        files[name[len(inner):].lstrip("/")] = digest.hexdigest()
-    return {"files": files}
+        files[name] = digest.hexdigest()
+    return {"layout": layout.name, "files": files}
 
 
 def _run_identity(config: TrainConfig) -> dict:
-    """The settings and data a run's seed is bound to (everything but where it is written)."""
-    return {"config": {key: value for key, value in asdict(config).items() if key not in ("out", "seed_file")}, "data": _data_fingerprint(config.data)}
+    """The settings and data a run's seed is bound to (everything but where things are stored)."""
+    where = ("out", "seed_file", "data", "budget_account")  # where things are stored: the data are identified by content
+    return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
 
 
 def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:

@@ -163,10 +163,10 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
         prepare(data, tmp_path / run, "--budget-account", account, "--account-cap", cap)
     events = [event for run in ("a", "b") for event in Ledger.open(str(tmp_path / run / "ledger.parquet")).events()]
     held = BudgetAccount.open(account)
-    reference = pld_privacy_accountant.PLDAccountant() if held.document["accountant"] == "pld" else rdp_privacy_accountant.RdpAccountant()
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION) if held.document["accountant"] == "pld" else rdp_privacy_accountant.RdpAccountant()
     for event in events:
         reference.compose(event)
-    assert held.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+    assert held.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-5)  # PLD: the grid's order of composition
     shown = ssp("privacy", tmp_path / "a").stdout
     assert f"budget account {account}: epsilon {held.epsilon():.4g}" in shown
     # a third run would take the users past the cap: refused at its first release, nothing spent

@@ -73,7 +73,7 @@ RUN = "{{ params.bucket }}/runs/{{ ds }}"
 DATA = RUN + "/private/data"  # the ingested data set (private)
 DEST = "{{ params.bucket }}/models/{{ ds }}"
 
-OUTER_STEPS = 3
+OUTER_STEPS = 2
 # `ssp train` settings of every scheduled run (prepare records them in RUN/manifest.json).
 TRAINING = {
     "protocol": "rmse",
@@ -85,8 +85,8 @@ TRAINING = {
     "engine": ENGINE,
     "outer-steps": OUTER_STEPS,
     "dim": 8,
-    "clip-u": 1.0,
-    "clip-y": 2.0,
+    "clip-u": 0.3,
+    "clip-y": 1.0,
     "wbar": 1.0,
     "weight-exponent": -0.25,
     "count-share": 0.1,

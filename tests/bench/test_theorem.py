@@ -48,7 +48,7 @@ def test_schedules_by_hand():
     ssp1, gd = theorem.schedule("ssp1", size, 2048), theorem.schedule("gd", size, 2048)
     assert (ssp1["steps"], ssp1["events"], gd["steps"], gd["events"]) == (978, 1956, 4, 4)
     for plan in (ssp1, gd):
-        assert epsilon_of([gaussian_event(plan["sigma"], plan["events"])], 1e-5) == pytest.approx(1.0, abs=1e-3)
+        assert epsilon_of([gaussian_event(plan["sigma"], plan["events"])], 1e-5, "rdp") == pytest.approx(1.0, abs=1e-3)
     # the bounds' ratio is sqrt(p/m) / 2 = sqrt(256) / 2
     assert gd["bound"] / ssp1["bound"] == pytest.approx(8.0)
 

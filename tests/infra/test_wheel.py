@@ -72,6 +72,12 @@ def test_stats_and_user_update_scripts_run_from_the_wheel(py_files, cluster_dir)
     storage.write_table(pa.table({"item_id": catalog, "count": [2.0] * 4}, schema=COUNTS), paths["counts"])
     storage.write_table(pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]}, schema=items_schema({"genres": "multivalent"})), paths["items"])
     out = cluster_dir / "stats"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
+    from stats_inputs import register_counts
+
+    from pipelines.release import PrivacySettings
+
+    register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=1.0))  # the job takes released counts only
     stdout = spark_submit(py_files, cluster_dir, "stats.py", "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
                           "--items", paths["items"], "--counts", paths["counts"], "--out", out, "--dim", "2", "--clip-u", "1", "--clip-y", "2",
                           "--noise-multiplier", "1", "--shards", "2")

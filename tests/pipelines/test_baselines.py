@@ -40,6 +40,7 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
             at = np.searchsorted(catalog, items[group[0]])
             a = u[group].T @ u[group] + config.ridge * scale[at] * np.eye(4)
             item_v[at] = np.linalg.solve(a, u[group].T @ labels[group])
+        item_v /= np.sqrt(np.mean(np.sum(item_v**2, axis=1)))  # released at unit RMS norm (train.normalise_embeddings)
         got_items, got = vectors(run.item_embeddings(step), 4)
         assert np.array_equal(got_items, catalog)
         np.testing.assert_allclose(got, item_v, rtol=1e-4, atol=1e-5)  # the encoder's table is float32

@@ -25,7 +25,7 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
         assert key in on_disk
     assert on_disk["epsilon_spent"] == "inf"
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
-    assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "step-1", "step-2", "step-3", "train_centred.parquet", "user_embeddings.parquet"]
+    assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "step-1", "step-2", "train_centred.parquet", "user_embeddings.parquet"]
 
 
 def small(out, **kwargs):
@@ -124,7 +124,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         flags = ["--interactions", storage.join(run, "private", "train_centred.parquet"),
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
-                 "--dim", "8", "--clip-u", "1.0", "--clip-y", "2.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--mean-share", "0.05",
+                 "--dim", "8", "--clip-u", "0.3", "--clip-y", "1.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--mean-share", "0.05",
                  "--ledger", storage.join(run, "ledger.parquet"), "--budget-account", config.account_path()]
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)

@@ -29,12 +29,12 @@ def test_releases_of_every_run_compose_into_the_account(tmp_path):
         ledger = ledger_with_account(tmp_path, run, path)
         for k, event in enumerate(run_events):
             ledger.record(f"release-{k}", event, f"fp-{run}-{k}")
-    reference = pld_privacy_accountant.PLDAccountant()
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION)
     for event in events["a"] + events["b"]:
         reference.compose(event)
     account = BudgetAccount.open(path)
     assert len(account.document["charges"]) == 3
-    assert account.epsilon() == pytest.approx(reference.get_epsilon(DELTA), rel=1e-9)
+    assert account.epsilon() == pytest.approx(reference.get_epsilon(DELTA), rel=1e-5)  # PLD: the grid's order of composition
     # each run's own ledger spends less than the account: the account is what the users bear
     assert max(Ledger.open(str(tmp_path / r / "ledger.parquet")).epsilon_spent() for r in events) < account.epsilon()
     assert Ledger.open(str(tmp_path / "a" / "ledger.parquet")).check_account()["epsilon"] == pytest.approx(account.epsilon())
