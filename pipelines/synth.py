@@ -6,8 +6,14 @@ the number of users, while the signal grows with it, so the privacy-utility trad
 studying at 1e5-1e6 users. No public rating data set of that size comes with the public item features
 this pipeline relies on, so we plant a model and sample from it.
 
-What this module owns: the generator of the canonical data set folder (`pipelines.datasets`) for a
-given (users N, items M, ratings per user K, popularity exponent alpha, rank r, seed).
+What this module owns: the generators of the canonical data set folder (`pipelines.datasets`). Two:
+the idealised one (default), whose public features explain the ratings almost entirely (the case
+where features help most: checks that the pipeline recovers a planted model), and the realistic
+one, `like="movielens"` (`ssp synth --like movielens`), calibrated to MovieLens-1M, for
+privacy-utility studies that should look like real rating data.
+
+Idealised generator, for given (users N, items M, ratings per user K, popularity exponent alpha,
+rank r, seed):
 
 - Items: M rows, item ids 1..M, title "Synthetic item j", and three public feature families:
   `genres` (multivalent, 1-3 distinct of 20 names "genre-07"), `tags` (multivalent, 0-5 values drawn
@@ -25,12 +31,80 @@ given (users N, items M, ratings per user K, popularity exponent alpha, rank r, 
   exactly with exponential keys.
 - Timestamps: int64 seconds, uniform over 2000-01-01 .. 2023-12-31.
 
-Interactions are produced chunk by chunk (at most `CHUNK_USERS` users, `MAX_CHUNK_ROWS` rows) as Arrow
-record batches and streamed into Parquet by `write_dataset`, so peak memory does not grow with the
-number of rows (10^7 rows: about 330 MiB peak RSS, imports included; see bench/synth_memory.py).
-Every chunk has its own random stream (Philox keyed by SeedSequence(seed, spawn_key=(stream, chunk))),
-and so do the catalog, the model and the popularity ranks: the same parameters and seed give
-identical tables.
+MovieLens-like generator (`like="movielens"`), for given (users N, default 6,040; seed). Calibrated
+against published figures of MovieLens-1M (6,040 users, 3,883 movies of which 3,706 rated,
+1,000,209 whole-star ratings; the figures are `bench.ladder.MOVIELENS_1M` and `LADDER_1M`), and
+against nothing else. Every constant below is either a published figure itself, or was tuned
+(iteratively: generate 6,040 users, print the summary and the ladder, adjust) to the figure named.
+
+- Catalog: M = round(ML_ITEMS * (N / ML_USERS) ** CATALOG_GROWTH) movies: 3,883 at 6,040 users,
+  20,919 at 10^5, 83,281 at 10^6 (sub-linear growth; 0.6 is a choice, not a fit: MovieLens-20M has
+  27,278 movies for 138,493 users, 0.6 gives 25,400). Ids 1..M, title "Synthetic movie j", and the
+  public feature families `ssp ingest` writes for MovieLens (same `items_schema` machinery), so every
+  command and the features encoder run on it unchanged:
+  `genres` (multivalent): 1-5 of the 18 MovieLens-1M genre names per movie, how many with
+  GENRE_COUNT_SHARES (mean 1.65, the published figure), which ones drawn successively without
+  replacement with ML_GENRE_WEIGHTS (about the number of ML-1M movies of each genre: Drama, then
+  Comedy, most common; rounded from the catalog, not tuned); `year` (univalent int64, 1919-2000):
+  RECENT_SHARE of the movies from the last RECENT_YEARS years, the others older by an exponential
+  age of mean OLDER_MEAN_AGE (the shape of a 2000 catalog; a choice, not a fit).
+- Activity: every user rates their own number of movies, the quantile function at a uniform u:
+  log-linear between the ACTIVITY_KNOTS (min 20, quartiles 44 / 96 / 208, 90th percentile 400: the
+  published quantiles), above the 90th percentile a Pareto tail of exponent ACTIVITY_TAIL truncated
+  at ACTIVITY_MAX (2,314: the published max; 2.6: tuned to the mean, 1,000,209 / 6,040 = 165.6
+  ratings per user), and at most ACTIVITY_CAP of the catalog (2,314 / 3,706: only binds for tiny
+  N). A chunk's u are stratified (one in each 1/n slice, shuffled; each is still uniform), so even
+  6,040 users show the quantiles to a rating. The distribution does not depend on N.
+- Popularity: relative weights along popularity ranks (`popularity_curve`), log-log interpolated
+  between POPULARITY_KNOTS (rank, weight), ranks randomly permuted over the ids. The weights were
+  tuned by fixed-point iteration on the realised item counts of 6,040 users: rank 1 to the max 3,428,
+  rank 37 to the 44% held by the top 10% of rated items, ranks 370 / 927 / 1,853 / 2,780 to the
+  90th percentile 730 and the quartiles 350 / 124 / 33, rank 3,417 to the 7.8% of rated items with
+  under 5 ratings, ranks 3,704 and 3,883 (one tenth of it) to the 3,706 rated items. For a larger
+  catalog the rank axis is stretched in log scale (rank k of M gets the weight of rank
+  k ** (ln 3,883 / ln M)): a head of blockbusters rated by a large share of users at every N, and the
+  catalog growth spread over the middle and the tail.
+- Selection: a user's movies are a successive sample (first distinct movies of independent draws;
+  rows still short after DRAW_ROUNDS rounds completed exactly with exponential keys) from their own
+  mixture: with share 1 - TASTE_SHARE the popularity weights, with share TASTE_SHARE their taste, a
+  Dirichlet(TASTE_CONCENTRATION) mixture over TASTE_CLUSTERS clusters; every movie belongs to the
+  clusters with Dirichlet(MEMBERSHIP_CONCENTRATION) shares and cluster c draws movie j with
+  probability proportional to weight_j * share_jc. This is what makes implicit feedback
+  personal: TASTE_SHARE, TASTE_CONCENTRATION, MEMBERSHIP_CONCENTRATION and TASTE_CLUSTERS were tuned
+  to the ranking ladder (popularity and implicit ALS Recall@20). The draws cost O(ratings), never
+  O(users x items): 10^6 users are as cheap per rating as 6,040.
+- Ratings: a latent score  z = b_u + b_j + u_k . v_j + e,  cut into whole stars 1..5 at thresholds
+  that give the published shares STAR_SHARES (5.6 / 10.8 / 26.1 / 34.9 / 22.6%):
+  b_u ~ N(0, USER_BIAS_SD^2): tuned to the sd of user means 0.43;
+  b_j = FEATURE_BIAS_SD * (genre effect + AGE_EFFECT * age in decades, standardised) [the part of the
+  item effect the public features explain] + POPULARITY_BIAS_SD * (standardised log weight) +
+  ITEM_BIAS_SD * (1 + ITEM_TAIL_SPREAD * popularity rank fraction) * N(0, 1) [the item's own part,
+  wider in the tail]: tuned to the per-item mean RMSE 0.982, the genres+year encoder RMSE 0.987 and
+  the sd of item means 0.67 (POPULARITY_BIAS_SD came out 0: popular movies rated higher pushed the
+  popularity Recall@20 further above its figure);
+  u_k ~ N(0, INTERACTION_SD^2 / ML_RANK I), v_j = sqrt(FACTOR_FEATURE_SHARE) * (mean of its genre
+  vectors + its 5-year bucket's vector, standardised) + sqrt(1 - FACTOR_FEATURE_SHARE) * N(0, I)
+  (item-specific latent factors; ML_RANK, INTERACTION_SD and FACTOR_FEATURE_SHARE are choices),
+  e ~ N(0, NOISE_SD_ML^2): tuned to the matrix factorisation RMSE 0.851. The genre effects are the normal scores of 18 equally spaced
+  quantiles in a seeded order, so their spread does not depend on the seed.
+  Thresholds: given the movie, z is normal (user parts and noise do not depend on the selection), so
+  the thresholds are the STAR_SHARES quantiles of a normal mixture over the movies of a pilot sample
+  of PILOT_USERS users (its own random stream; not written).
+- Timestamps: int64 seconds, uniform over 2000-04-25 .. 2003-02-28 (the ML-1M collection period),
+  each user's rows in time order.
+
+Measured on 6,040 users (seed 0) next to ML-1M, and the ladder (`python -m bench.ladder`): see the
+README ("Realistic development data") and tests/bench/test_ladder.py. Known gap: the popularity
+Recall@20 comes out about 0.02 above the published 0.176 (heavy head items are rated by most users
+whatever their taste; no setting tried lowered it without breaking the item-count figures).
+
+Interactions are produced chunk by chunk (idealised: at most `CHUNK_USERS` users, `MAX_CHUNK_ROWS`
+rows; MovieLens-like: `ML_CHUNK_USERS` users, about 660,000 rows) as Arrow record batches and
+streamed into Parquet by `write_dataset`, so peak memory does not grow with the number of rows
+(idealised, 10^7 rows: about 330 MiB peak RSS, imports included; see bench/synth_memory.py;
+MovieLens-like: see the README). Every chunk has its own random stream (Philox keyed by
+SeedSequence(seed, spawn_key=(stream, chunk))), and so do the catalog, the model and the popularity
+ranks: the same parameters and seed give identical tables.
 
 Privacy: the generated interactions stand in for private data and are treated as such downstream;
 the items table is public by declaration, like a real catalog.
@@ -43,6 +117,7 @@ import math
 import numbers
 import sys
 import time
+from statistics import NormalDist
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +149,51 @@ FEATURES = {"genres": MULTIVALENT, "tags": MULTIVALENT, "year": UNIVALENT}
 
 # Random streams: SeedSequence(seed, spawn_key=(stream, ...)).
 _CATALOG, _MODEL, _POPULARITY, _CHUNK = 0, 1, 2, 3
+_ML_CATALOG, _ML_MODEL, _ML_CHUNK, _ML_PILOT = 4, 5, 6, 7
+
+# --- like="movielens" (see the module docstring: each constant's role and what it is calibrated to)
+LIKES = ("movielens",)
+ML_GENERATOR_VERSION = 1  # bump when the movielens output for given parameters changes
+ML_USERS, ML_ITEMS = 6040, 3883  # MovieLens-1M: users, catalog movies
+MIN_ML_ITEMS = 50
+CATALOG_GROWTH = 0.6  # catalog = ML_ITEMS * (users / ML_USERS) ** CATALOG_GROWTH
+ML_CHUNK_USERS = 4000  # users per chunk (about 660,000 rows)
+ML_GENRES = (
+    "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
+    "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western",
+)
+ML_GENRE_WEIGHTS = (503, 283, 105, 251, 1200, 211, 127, 1603, 68, 44, 343, 114, 106, 471, 276, 492, 143, 68)  # ~ML-1M movies per genre
+GENRE_COUNT_SHARES = (0.52, 0.34, 0.115, 0.022, 0.003)  # movies with 1, 2, .., 5 genres: mean 1.65 (published)
+FIRST_ML_YEAR, LAST_ML_YEAR = 1919, 2000
+RECENT_SHARE, RECENT_YEARS, OLDER_MEAN_AGE = 0.55, 11, 18.0  # year shape: a choice, not a fit
+FIRST_ML_TIME, END_ML_TIME = 956_620_800, 1_046_476_800  # 2000-04-25 .. 2003-03-01 (exclusive), UTC seconds
+ML_FEATURES = {"genres": MULTIVALENT, "year": UNIVALENT}
+ACTIVITY_KNOTS = ((0.0, 20), (0.25, 44), (0.5, 96), (0.75, 208), (0.9, 400))  # (quantile, ratings): published
+ACTIVITY_TAIL = 2.6  # Pareto exponent above the 90th percentile: tuned to the mean, 165.6 ratings per user
+ACTIVITY_MAX = 2314  # the tail's end: the published max
+ACTIVITY_CAP = 0.62  # at most this share of the catalog (2,314 / 3,706 in ML-1M)
+POPULARITY_KNOTS = (  # (popularity rank, relative weight): tuned to the item-count figures (docstring)
+    (1, 17340), (37, 2630), (370, 479.1), (927, 171.9), (1853, 46.6), (2780, 11.02), (3417, 1.494), (3704, 0.259),
+    (3883, 0.0259),
+)
+STAR_SHARES = (0.056, 0.108, 0.261, 0.349, 0.226)  # stars 1..5: published
+USER_BIAS_SD = 0.44  # tuned: sd of user means 0.43
+FEATURE_BIAS_SD = 0.39  # public part of the item effect; tuned: encoder RMSE 0.987
+AGE_EFFECT = 0.3  # older movies rated higher, per decade, inside the public part (a choice)
+POPULARITY_BIAS_SD = 0.0  # tuned (to 0): popularity Recall@20 0.176
+ITEM_BIAS_SD = 0.445  # the item's own effect; tuned: per-item mean RMSE 0.982
+ITEM_TAIL_SPREAD = 0.6  # the own effect widens to the tail; tuned: sd of item means 0.67
+ML_RANK = 16  # rank of u.v (a choice)
+INTERACTION_SD = 0.45  # sd of u.v (a choice, with NOISE_SD_ML tuned)
+FACTOR_FEATURE_SHARE = 0.5  # share of an item factor's variance from its public features (a choice)
+NOISE_SD_ML = 0.79  # tuned: matrix factorisation RMSE 0.851
+TASTE_CLUSTERS = 16  # selection; the four taste constants tuned to popularity / implicit ALS Recall@20
+MEMBERSHIP_CONCENTRATION = 0.05
+TASTE_CONCENTRATION = 0.18
+TASTE_SHARE = 1.0
+DRAW_FACTOR = 1.3  # first-round draws per wanted rating (mechanics only: the sample is exact anyway)
+DRAW_ROUNDS = 4
+PILOT_USERS = 1000  # pilot users for the star thresholds
 
 
 def _rng(seed: int, *key: int) -> np.random.Generator:
@@ -291,24 +411,34 @@ def _interaction_batches(params: dict, v: np.ndarray, p: np.ndarray, progress):
 
 def generate(
     out: str,
-    users: int,
-    items: int,
-    ratings_per_user: int,
-    alpha: float = 1.0,
+    users: int | None = None,
+    items: int | None = None,
+    ratings_per_user: int | None = None,
+    alpha: float | None = None,
     seed: int = 0,
-    rank: int = 8,
+    rank: int | None = None,
     progress: bool = False,
+    like: str | None = None,
 ) -> Dataset:
     """Write a synthetic data set (interactions, items, manifest) to the folder `out`.
 
-    `users` users each rate exactly `ratings_per_user` distinct items out of `items`, sampled with
-    popularity exponent `alpha`; ratings come from a planted rank-`rank` model whose item factors
-    depend on the public features. Same parameters and seed, same tables. `progress` shows a bar on
-    stderr.
+    Default (idealised): `users` users each rate exactly `ratings_per_user` distinct items out of
+    `items`, sampled with popularity exponent `alpha` (default 1.0); ratings come from a planted
+    rank-`rank` (default 8) model whose item factors depend on the public features.
+
+    `like="movielens"`: the MovieLens-1M-calibrated generator; `users` (default 6040) is the only
+    size, the catalog and every user's number of ratings follow from it, and `items`,
+    `ratings_per_user`, `alpha` and `rank` must be left out. Same parameters and seed, same tables.
+    `progress` shows a bar on stderr.
     """
     if not isinstance(out, str) or not out:
         raise ValueError(f"out must be a non-empty path, got {out!r}")
-    params = _check_params(users, items, ratings_per_user, alpha, seed, rank)
+    if like is not None:
+        return _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress)
+    for name, value in (("users", users), ("items", items), ("ratings_per_user", ratings_per_user)):
+        if value is None:
+            raise ValueError(f"{name} is required (unless like is given)")
+    params = _check_params(users, items, ratings_per_user, 1.0 if alpha is None else alpha, seed, 8 if rank is None else rank)
     from tqdm import tqdm
 
     catalog = _Catalog(params["items"], params["seed"])
@@ -317,6 +447,274 @@ def generate(
     manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}}
     with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
+
+
+def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
+    if like not in LIKES:
+        raise ValueError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
+    for name, value in (("items", items), ("ratings_per_user", ratings_per_user), ("alpha", alpha), ("rank", rank)):
+        if value is not None:
+            raise ValueError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
+    users = _check_positive_int("users", ML_USERS if users is None else users)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    from tqdm import tqdm
+
+    model = _MovieLensModel(users, seed)
+    manifest = {
+        "source": "synthetic",
+        "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION},
+    }
+    with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
+        return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)
+
+
+# ---------------------------------------------------------------------------------------------
+# MovieLens-like data (`like="movielens"`): see the module docstring for the model and its constants
+
+
+class _MovieLensModel:
+    """The catalog, item parameters and selection mixture of the MovieLens-like generator."""
+
+    def __init__(self, users: int, seed: int):
+        self.users = users
+        self.items = catalog_size(users)
+        m = self.items
+        rng = _rng(seed, _ML_CATALOG)
+        # Genres: 1..5 per movie, drawn successively with ML_GENRE_WEIGHTS (exponential keys).
+        n_genres = 1 + _draw(rng, np.cumsum(GENRE_COUNT_SHARES) / sum(GENRE_COUNT_SHARES), m)
+        keys = rng.standard_exponential((m, len(ML_GENRES))) / np.asarray(ML_GENRE_WEIGHTS, float)
+        ranked = np.argsort(keys, axis=1)
+        chosen = np.arange(len(ML_GENRES))[None, :] < n_genres[:, None]
+        self.genre_values = np.sort(np.where(chosen, ranked, len(ML_GENRES)), axis=1)[chosen]  # chosen ones first, sorted
+        self.genre_offsets = _offsets(n_genres)
+        # Years: most movies recent, a tail back to FIRST_ML_YEAR.
+        recent = rng.random(m) < RECENT_SHARE
+        age = np.where(recent, rng.integers(0, RECENT_YEARS, m), RECENT_YEARS + rng.exponential(OLDER_MEAN_AGE, m).astype(int))
+        self.years = np.maximum(LAST_ML_YEAR - age, FIRST_ML_YEAR).astype(np.int64)
+
+        model = _rng(seed, _ML_MODEL)
+        # Popularity: the calibrated curve over popularity ranks, ranks a random permutation of ids.
+        rank = model.permutation(m)
+        self.weight = popularity_curve(m)[rank]
+        # Item bias: public features (genre means, age), popularity, and an item-specific part.
+        genre_effect = _normal_scores(model, len(ML_GENRES))
+        counts = np.diff(self.genre_offsets)
+        rows = np.repeat(np.arange(m), counts)
+        from_genres = np.bincount(rows, genre_effect[self.genre_values], m) / counts
+        from_features = _standardise(from_genres + AGE_EFFECT * (LAST_ML_YEAR - self.years) / 10.0)
+        from_popularity = _standardise(np.log(self.weight))
+        depth = rank / max(m - 1, 1)  # 0 for the most popular item, 1 for the least
+        self.bias = (
+            FEATURE_BIAS_SD * from_features + POPULARITY_BIAS_SD * from_popularity
+            + ITEM_BIAS_SD * (1 + ITEM_TAIL_SPREAD * depth) * model.standard_normal(m)
+        )
+        # Item factors: genre and 5-year-bucket vectors (public part) plus an item-specific part.
+        r = ML_RANK
+        genre_vectors = model.standard_normal((len(ML_GENRES), r))
+        bucket = (self.years - FIRST_ML_YEAR) // 5
+        bucket_vectors = model.standard_normal((int(bucket.max()) + 1, r))
+        public = _bag_mean(self.genre_offsets, self.genre_values, genre_vectors) + bucket_vectors[bucket]
+        public = public / public.std(axis=0)
+        self.factors = math.sqrt(FACTOR_FEATURE_SHARE) * public + math.sqrt(1 - FACTOR_FEATURE_SHARE) * model.standard_normal((m, r))
+        # Selection: a global component (row 0) and TASTE_CLUSTERS taste clusters over the items.
+        membership = model.gamma(MEMBERSHIP_CONCENTRATION, size=(m, TASTE_CLUSTERS))
+        membership /= membership.sum(axis=1, keepdims=True)
+        q = np.vstack([self.weight[None, :], (self.weight[:, None] * membership).T])
+        self.q = q / q.sum(axis=1, keepdims=True)  # (1 + clusters) x items, rows sum to 1
+        self.cdf = _stacked_cdf(self.q)
+        # Star thresholds: the STAR_SHARES quantiles of the latent score over rated (user, item) pairs.
+        # Given the item, the rest of the score (user bias, u.v, noise) is normal with a known
+        # variance, whoever rated it; the rated items are those of a pilot sample of users.
+        self.thresholds = np.full(len(STAR_SHARES) - 1, np.inf)
+        pilot = _ml_users(_rng(seed, _ML_PILOT), self, PILOT_USERS)
+        sd = np.sqrt(USER_BIAS_SD**2 + INTERACTION_SD**2 * (self.factors[pilot["item"]] ** 2).sum(axis=1) / r + NOISE_SD_ML**2)
+        self.thresholds = _mixture_quantiles(pilot["latent_mean"], sd, np.cumsum(STAR_SHARES)[:-1])
+
+    def table(self) -> pa.Table:
+        ids = pa.array(np.arange(1, self.items + 1, dtype=np.int64))
+        titles = pc.binary_join_element_wise("Synthetic movie", ids.cast(pa.string()), " ")
+        names = pa.array(list(ML_GENRES), pa.string())
+        genres = pa.ListArray.from_arrays(pa.array(self.genre_offsets, pa.int32()), names.take(self.genre_values))
+        return pa.Table.from_arrays([ids, titles, genres, pa.array(self.years)], schema=items_schema(ML_FEATURES))
+
+
+def catalog_size(users: int) -> int:
+    """Catalog items for `users` users: ML_ITEMS at ML_USERS, growing as users^CATALOG_GROWTH."""
+    return max(MIN_ML_ITEMS, int(round(ML_ITEMS * (users / ML_USERS) ** CATALOG_GROWTH)))
+
+
+def popularity_curve(items: int) -> np.ndarray:
+    """Relative sampling weight of the items in popularity order (most popular first)."""
+    rank = np.arange(1, items + 1, dtype=float)
+    ml_rank = rank ** (math.log(ML_ITEMS) / math.log(max(items, 2)))  # log-rank stretch onto 1..ML_ITEMS
+    f = np.log(ml_rank / ML_ITEMS)
+    knots_f = np.log(np.array([k for k, _ in POPULARITY_KNOTS]) / ML_ITEMS)
+    knots_w = np.log(np.array([w for _, w in POPULARITY_KNOTS], float))
+    return np.exp(np.interp(f, knots_f, knots_w))
+
+
+def activity(u: np.ndarray, items: int) -> np.ndarray:
+    """Ratings per user from uniforms u: log-linear between the ACTIVITY_KNOTS quantiles, a Pareto
+    tail (exponent ACTIVITY_TAIL) truncated at ACTIVITY_MAX above the last knot; at most
+    ACTIVITY_CAP of the catalog."""
+    q = np.array([k for k, _ in ACTIVITY_KNOTS])
+    n = np.array([v for _, v in ACTIVITY_KNOTS], float)
+    body = np.exp(np.interp(u, q, np.log(n)))
+    v = np.clip((u - q[-1]) / (1 - q[-1]), 0.0, 1.0)
+    tail = n[-1] * (1 - v * (1 - (n[-1] / ACTIVITY_MAX) ** ACTIVITY_TAIL)) ** (-1.0 / ACTIVITY_TAIL)
+    out = np.floor(np.where(u <= q[-1], body, tail))
+    return np.minimum(out, max(1, int(ACTIVITY_CAP * items))).astype(np.int64)
+
+
+def _normal_scores(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n equally spaced standard normal quantiles in random order (variance close to 1 for any seed)."""
+    scores = np.array([NormalDist().inv_cdf((k + 0.5) / n) for k in range(n)])
+    return rng.permutation(scores / scores.std())
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """The standard normal cdf (Abramowitz and Stegun 7.1.26; absolute error below 1e-7)."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    half_erfc = 0.5 * poly * np.exp(-z * z)
+    return np.where(x >= 0, 1.0 - half_erfc, half_erfc)
+
+
+def _mixture_quantiles(means: np.ndarray, sds: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """The qs-quantiles of the equal-weight mixture of N(means_j, sds_j^2), by bisection."""
+    lo = np.full(len(qs), float((means - 10 * sds).min()))
+    hi = np.full(len(qs), float((means + 10 * sds).max()))
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        below = np.array([_normal_cdf((t - means) / sds).mean() for t in mid]) < qs
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _standardise(x: np.ndarray) -> np.ndarray:
+    sd = x.std()
+    return (x - x.mean()) / (sd if sd > 0 else 1.0)
+
+
+def _stacked_cdf(weights: np.ndarray) -> np.ndarray:
+    """Row k's cumulative probabilities plus k, rows end to end (row k ends at exactly k + 1)."""
+    cdf = np.cumsum(weights, axis=1)
+    return (cdf / cdf[:, -1:] + np.arange(weights.shape[0])[:, None]).ravel()
+
+
+def _draw_stacked(rng: np.random.Generator, cdf: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
+    """One independent draw from each given row of a stacked cdf (indices 0..width-1)."""
+    flat = np.searchsorted(cdf, rows + rng.random(rows.size), side="right")
+    return np.clip(flat - rows * width, 0, width - 1)
+
+
+def _ragged_first_distinct(row: np.ndarray, item: np.ndarray, need: np.ndarray, items: int):
+    """Per row, the first need[row] distinct items of its sequence (rows grouped, in sequence order)."""
+    keys = row * items + item
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first = np.ones(sorted_keys.size, bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    positions = np.sort(order[first])
+    rows = row[positions]
+    counts = np.bincount(rows, minlength=need.size)
+    rank = np.arange(positions.size) - (np.cumsum(counts) - counts)[rows]
+    keep = rank < need[rows]
+    return rows[keep], item[positions[keep]], np.minimum(counts, need)
+
+
+def _ml_select(rng, model: _MovieLensModel, mixture: np.ndarray, need: np.ndarray):
+    """Each user's need[u] distinct items by successive sampling from its mixture of model.q rows."""
+    n = need.size
+    mix_cdf = _stacked_cdf(mixture)
+    components = mixture.shape[1]
+    m = model.items
+    picked_row = np.empty(0, np.int64)
+    picked_item = np.empty(0, np.int64)
+    found = np.zeros(n, np.int64)
+    active = np.arange(n)
+    draws = np.ceil(DRAW_FACTOR * need).astype(np.int64) + 8
+    for _ in range(DRAW_ROUNDS):
+        counts = draws[active]
+        row = np.repeat(active, counts)
+        c = _draw_stacked(rng, mix_cdf, row, components)
+        item = _draw_stacked(rng, model.cdf, c, m)
+        # continue each active row's sequence after the items it already has
+        had = np.isin(picked_row, active)
+        all_row = np.concatenate([picked_row[had], row])
+        all_item = np.concatenate([picked_item[had], item])
+        order = np.argsort(all_row, kind="stable")
+        rows, items, got = _ragged_first_distinct(all_row[order], all_item[order], need, m)
+        picked_row = np.concatenate([picked_row[~had], rows])
+        picked_item = np.concatenate([picked_item[~had], items])
+        found[active] = got[active]
+        active = active[found[active] < need[active]]
+        if active.size == 0:
+            break
+        draws[active] = 2 * (need[active] - found[active]) + 8
+    if active.size:  # the rest of a successive sample: the smallest exponential keys E_j / p_j
+        batch = max(1, KEY_BATCH // m)
+        extra_rows, extra_items = [], []
+        for start in range(0, active.size, batch):
+            rows = active[start : start + batch]
+            log_p = np.log(np.maximum(mixture[rows] @ model.q, np.finfo(float).tiny))
+            keys = np.log(rng.standard_exponential((rows.size, m))) - log_p
+            mine = np.isin(picked_row, rows)
+            local = np.searchsorted(rows, picked_row[mine])
+            keys[local, picked_item[mine]] = np.inf
+            short = need[rows] - found[rows]
+            width = int(short.max())
+            best = np.argpartition(keys, width - 1, axis=1)[:, :width] if width < m else np.tile(np.arange(m), (rows.size, 1))
+            best = np.take_along_axis(best, np.argsort(np.take_along_axis(keys, best, axis=1), axis=1), axis=1)
+            take = np.arange(width)[None, :] < short[:, None]
+            extra_rows.append(np.broadcast_to(rows[:, None], best.shape)[take])
+            extra_items.append(best[take])
+        picked_row = np.concatenate([picked_row, *extra_rows])
+        picked_item = np.concatenate([picked_item, *extra_items])
+    order = np.argsort(picked_row, kind="stable")
+    return picked_row[order], picked_item[order]
+
+
+def _ml_users(rng: np.random.Generator, model: _MovieLensModel, n: int) -> dict:
+    """n new users: their rows (user index 0..n-1, item index), latent scores and stars."""
+    r = ML_RANK
+    need = activity((rng.permutation(n) + rng.random(n)) / n, model.items)  # stratified: each u is uniform
+    user_bias = USER_BIAS_SD * rng.standard_normal(n)
+    user_factors = (INTERACTION_SD / math.sqrt(r)) * rng.standard_normal((n, r))
+    taste = rng.gamma(TASTE_CONCENTRATION, size=(n, TASTE_CLUSTERS))
+    taste /= taste.sum(axis=1, keepdims=True)
+    mixture = np.hstack([np.full((n, 1), 1 - TASTE_SHARE), TASTE_SHARE * taste])
+    row, item = _ml_select(rng, model, mixture, need)
+    latent_mean = model.bias[item]
+    latent = (
+        latent_mean + user_bias[row] + np.einsum("nr,nr->n", user_factors[row], model.factors[item])
+        + NOISE_SD_ML * rng.standard_normal(row.size)
+    )
+    stars = 1.0 + (latent[:, None] > model.thresholds[None, :]).sum(axis=1)
+    return {"row": row, "item": item, "latent_mean": latent_mean, "stars": stars}
+
+
+def _ml_batches(model: _MovieLensModel, seed: int, progress):
+    for index, start in enumerate(range(0, model.users, ML_CHUNK_USERS)):
+        n = min(ML_CHUNK_USERS, model.users - start)
+        rng = _rng(seed, _ML_CHUNK, index)
+        users = _ml_users(rng, model, n)
+        row, item = users["row"], users["item"]
+        stamps = rng.integers(FIRST_ML_TIME, END_ML_TIME, row.size, dtype=np.int64)
+        order = np.lexsort((stamps, row))  # each user's ratings in time order
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(row[order] + start + 1),
+                pa.array(item[order] + 1),
+                pa.array(users["stars"][order]),
+                pa.array(stamps[order]),
+            ],
+            schema=INTERACTIONS,
+        )
+        progress.update(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,31 +743,61 @@ _non_negative_float = _number(float, 0.0, "a finite number >= 0")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `ssp synth` options to `parser`."""
-    parser.add_argument("--users", type=_positive_int, required=True, metavar="N", help="number of users (user ids 1..N)")
-    parser.add_argument("--items", type=_positive_int, required=True, metavar="M", help="number of catalog items (item ids 1..M)")
     parser.add_argument(
-        "--ratings-per-user", type=_positive_int, required=True, metavar="K",
-        help="distinct items each user rates (at most M); the data set has N*K ratings",
+        "--like", choices=LIKES, metavar="{" + ",".join(LIKES) + "}",
+        help="realistic data calibrated to a public data set: 'movielens' (MovieLens-1M: user and item biases, "
+        "heavy-tailed activity and popularity, whole stars 1-5, public genres and year); without it, the "
+        "idealised generator whose features explain the ratings almost entirely",
+    )
+    parser.add_argument(
+        "--users", type=_positive_int, metavar="N",
+        help="number of users (user ids 1..N); required without --like; with --like movielens default 6040",
+    )
+    parser.add_argument(
+        "--items", type=_positive_int, metavar="M",
+        help="number of catalog items (item ids 1..M); required without --like; with --like movielens it is "
+        f"set by N: {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g} (sub-linear catalog growth)",
+    )
+    parser.add_argument(
+        "--ratings-per-user", type=_positive_int, metavar="K",
+        help="distinct items each user rates (at most M); the data set has N*K ratings; required without --like; "
+        "with --like movielens every user has their own number, drawn from MovieLens-1M's activity "
+        "distribution (min 20, median 96, mean 166)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="data set folder to write (local path or gs://)")
     parser.add_argument(
-        "--alpha", type=_non_negative_float, default=1.0, metavar="A",
-        help="popularity exponent: item sampling probability is proportional to rank^-A (0: uniform; default %(default)s)",
+        "--alpha", type=_non_negative_float, metavar="A",
+        help="popularity exponent: item sampling probability is proportional to rank^-A (0: uniform; default 1.0; "
+        "not with --like)",
     )
     parser.add_argument(
         "--seed", type=_non_negative_int, default=0, metavar="S", help="random seed; same seed, same data (default %(default)s)"
     )
     parser.add_argument(
-        "--rank", type=_positive_int, default=8, metavar="R", help="rank of the planted rating model (default %(default)s)"
+        "--rank", type=_positive_int, metavar="R", help="rank of the planted rating model (default 8; not with --like)"
     )
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Which options go together (argparse cannot say it): ValueError naming the flags."""
+    sizes = (("--users", args.users), ("--items", args.items), ("--ratings-per-user", args.ratings_per_user))
+    if args.like is None:
+        missing = [flag for flag, value in sizes if value is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required (or give --like movielens)")
+        return
+    extra = [flag for flag, value in (*sizes[1:], ("--alpha", args.alpha), ("--rank", args.rank)) if value is not None]
+    if extra:
+        raise ValueError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
 
 
 def run(args: argparse.Namespace) -> int:
     """Generate the data set the parsed options describe, with a progress bar; print a summary."""
+    _check_args(args)
     started = time.perf_counter()
     dataset = generate(
         args.out, args.users, args.items, args.ratings_per_user,
-        alpha=args.alpha, seed=args.seed, rank=args.rank, progress=True,
+        alpha=args.alpha, seed=args.seed, rank=args.rank, progress=True, like=args.like,
     )
     wall = time.perf_counter() - started
     m = dataset.manifest
@@ -383,7 +811,12 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.synth", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        _check_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -435,7 +435,8 @@ def _parser():
 
 def test_cli_arguments_defaults_and_run(tmp_path, capsys):
     args = _parser().parse_args(["--users", "40", "--items", "30", "--ratings-per-user", "4", "--out", str(tmp_path / "d")])
-    assert (args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank) == (40, 30, 4, 1.0, 0, 8)
+    # alpha and rank left out mean 1.0 and 8 (None, so that --like can refuse them when given)
+    assert (args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.like) == (40, 30, 4, None, 0, None, None)
     assert synth.run(args) == 0
     out = capsys.readouterr().out
     assert "160 ratings" in out and "40 users" in out and "30 items" in out and " s" in out
@@ -449,12 +450,12 @@ def test_cli_arguments_defaults_and_run(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        [],  # all of users, items, ratings-per-user and out are required
-        ["--items", "2", "--ratings-per-user", "1", "--out", "x"],
+        [],  # out is always required
         ["--users", "0", "--items", "2", "--ratings-per-user", "1", "--out", "x"],
         ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--alpha", "-1"],
         ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--seed", "-2"],
         ["--users", "1", "--items", "2", "--ratings-per-user", "1"],
+        ["--like", "netflix", "--out", "x"],
     ],
 )
 def test_cli_rejects_bad_or_missing_options(argv, capsys):
@@ -464,8 +465,181 @@ def test_cli_rejects_bad_or_missing_options(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--out", "x"], "--users, --items, --ratings-per-user required"),
+        (["--items", "2", "--ratings-per-user", "1", "--out", "x"], "--users required"),
+        (["--users", "5", "--items", "2", "--out", "x"], "--ratings-per-user required"),
+        (["--like", "movielens", "--items", "10", "--out", "x"], "--items cannot be combined with --like movielens"),
+        (["--like", "movielens", "--ratings-per-user", "3", "--alpha", "1", "--out", "x"], "--ratings-per-user, --alpha cannot"),
+        (["--like", "movielens", "--rank", "4", "--out", "x"], "--rank cannot"),
+    ],
+)
+def test_cli_options_that_go_together(argv, message, tmp_path, capsys):
+    """Which sizes are needed depends on --like: checked before anything is written, naming the flags."""
+    args = _parser().parse_args(argv)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        synth.run(args)
+    with pytest.raises(SystemExit) as exit_info:  # python -m pipelines.synth: an argparse error
+        synth.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not os.path.exists("x")
+
+
 def test_progress_goes_to_stderr(tmp_path, capsys):
     synth.generate(str(tmp_path / "d"), 30, 10, 2, progress=True)
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "30" in captured.err and "user" in captured.err
+
+
+# ---------------------------------------------------------------------------------------------
+# MovieLens-like data (`like="movielens"`): calibrated to the published MovieLens-1M figures
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory):
+    """The full-size default: 6,040 users, seed 0 (about 1,000,000 ratings; a few seconds)."""
+    from bench import ladder
+
+    dataset = synth.generate(str(tmp_path_factory.mktemp("ml") / "data"), like="movielens")
+    return dataset, ladder.load(dataset.path), read_table(dataset.items)
+
+
+# (figure, tolerance, relative?) around bench.ladder.MOVIELENS_1M; measured values in the comments
+SUMMARY_TOLERANCES = {
+    "users": (0, False), "items": (0, False), "rated_items": (0.01, True), "ratings": (0.01, True),
+    "mean": (0.02, False), "sd": (0.01, True),
+    "user_min": (0, False), "user_q1": (0.02, True), "user_median": (0.02, True), "user_q3": (0.02, True),
+    "user_p90": (0.02, True), "user_max": (0.15, True),
+    "item_q1": (0.1, True), "item_median": (0.05, True), "item_q3": (0.03, True), "item_p90": (0.03, True),
+    "item_max": (0.05, True), "items_under_5": (0.01, False), "top10_share": (0.01, False),
+    "sd_user_means": (0.05, True), "sd_item_means": (0.06, True), "genres_per_item": (0.03, True),
+}
+
+
+def test_movielens_summary_matches_the_published_figures(movielens):
+    from bench import ladder
+
+    stats = ladder.summary(movielens[1])
+    assert stats["stars"] == pytest.approx(ladder.MOVIELENS_1M["stars"], abs=0.003)
+    for key, (tolerance, relative) in SUMMARY_TOLERANCES.items():
+        target = ladder.MOVIELENS_1M[key]
+        bound = pytest.approx(target, rel=tolerance) if relative else pytest.approx(target, abs=tolerance)
+        assert stats[key] == bound, (key, stats[key], target)
+    assert set(SUMMARY_TOLERANCES) | {"stars"} == set(ladder.MOVIELENS_1M)  # every figure is checked
+
+
+def test_movielens_manifest_and_rows(movielens):
+    dataset, r, _ = movielens
+    manifest = open_dataset(dataset.path).manifest
+    assert manifest["generator"] == {"like": "movielens", "users": 6040, "items": 3883, "seed": 0, "version": synth.ML_GENERATOR_VERSION}
+    assert manifest["public_features"] == {"genres": MULTIVALENT, "year": UNIVALENT}
+    assert manifest["label_range"] == [1.0, 5.0]
+    interactions = read_table(dataset.interactions)
+    labels = interactions["label"].to_numpy()
+    assert np.array_equal(labels, np.round(labels)) and set(np.unique(labels)) == {1.0, 2.0, 3.0, 4.0, 5.0}
+    users, stamps = interactions["user_id"].to_numpy(), interactions["timestamp"].to_numpy()
+    assert (np.diff(users) >= 0).all() and (np.diff(stamps)[np.diff(users) == 0] >= 0).all()
+    assert stamps.min() >= synth.FIRST_ML_TIME and stamps.max() < synth.END_ML_TIME
+    assert np.unique(r.user * r.items + r.item).size == r.label.size  # nobody rates a movie twice
+
+
+def test_movielens_items_look_like_ingested_movielens(movielens, tmp_path):
+    """Same schema (families, kinds, types) as `ssp ingest` of the bundled MovieLens, and realistic genres."""
+    from pipelines.ingest import BUNDLED, ingest
+    from trainer.features import FeatureSpace
+
+    _, _, items = movielens
+    ingested = read_table(ingest(BUNDLED, str(tmp_path / "ingested")).items)
+    assert items.schema.equals(ingested.schema, check_metadata=True)
+    assert validate_items(items).num_rows == 3883
+
+    genres = items["genres"].to_pylist()
+    counts = {g: sum(g in gs for gs in genres) for g in synth.ML_GENRES}
+    assert all(1 <= len(gs) <= 5 and len(set(gs)) == len(gs) for gs in genres)
+    assert sorted(counts, key=counts.get)[-2:] == ["Comedy", "Drama"]  # Drama, then Comedy, most common
+    assert min(counts.values()) > 0  # all 18 genres occur
+    assert set(counts) <= {g for gs in ingested["genres"].to_pylist() for g in gs} | {"Children's"}  # ML names
+    years = items["year"].to_numpy()
+    assert years.min() >= 1919 and years.max() == 2000 and 0.4 < np.mean(years >= 1990) < 0.7
+
+    space = FeatureSpace.from_items(items, use_item_id=False)  # the features encoder's view of the catalog
+    assert [f.name for f in space.families] == ["genres", "year"]
+    assert space.families[0].size == 19 and space.families[1].size == np.unique(years).size + 1
+
+
+def test_movielens_item_effects_are_only_partly_public():
+    """What the features explain of an item's effect and factor is a part, not the whole."""
+    model = synth._MovieLensModel(6040, seed=0)
+    x = np.zeros((model.items, len(synth.ML_GENRES) + 20))
+    for j in range(model.items):
+        x[j, model.genre_values[model.genre_offsets[j] : model.genre_offsets[j + 1]]] = 1
+        x[j, len(synth.ML_GENRES) + (model.years[j] - synth.FIRST_ML_YEAR) // 5] = 1
+    for target in (model.bias, model.factors):
+        fit, *_ = np.linalg.lstsq(x, target, rcond=None)
+        explained = 1 - np.var(target - x @ fit, axis=0).sum() / np.var(target, axis=0).sum()
+        assert 0.2 < explained < 0.7, explained
+
+
+def test_movielens_catalog_grows_sublinearly_and_activity_keeps_its_shape():
+    assert synth.catalog_size(6040) == 3883
+    assert synth.catalog_size(100_000) == 20_919 and synth.catalog_size(10**6) == 83_281
+    assert synth.catalog_size(1) == synth.MIN_ML_ITEMS
+    u = (np.arange(100_000) + 0.5) / 100_000
+    for items in (3883, 83_281):  # the cap (62% of the catalog) never binds at these sizes
+        n = synth.activity(u, items)
+        assert n.min() == 20 and n.max() <= 2314
+        assert np.quantile(n, [0.25, 0.5, 0.75, 0.9]) == pytest.approx([44, 96, 208, 400], abs=1)
+        assert n.mean() == pytest.approx(165.6, rel=0.01)
+    assert synth.activity(u, 50).max() == 31  # a tiny catalog caps a user at 62% of it
+    head = synth.popularity_curve(83_281)
+    assert (np.diff(head) <= 0).all() and head[0] == pytest.approx(synth.popularity_curve(3883)[0])
+
+
+def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkeypatch):
+    monkeypatch.setattr(synth, "ML_CHUNK_USERS", 128)
+    sizes = []
+    real = synth.write_dataset
+
+    def spy(out, items, batches, manifest):
+        def counted():
+            for batch in batches:
+                sizes.append((batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size))
+                yield batch
+
+        return real(out, items, counted(), manifest)
+
+    monkeypatch.setattr(synth, "write_dataset", spy)
+    a = synth.generate(str(tmp_path / "a"), users=300, like="movielens", seed=5)
+    assert [users for _, users in sizes] == [128, 128, 44]
+    b = synth.generate(str(tmp_path / "b"), users=300, like="movielens", seed=5)
+    c = synth.generate(str(tmp_path / "c"), users=300, like="movielens", seed=6)
+    (ia, ta), (ib, tb), (ic, tc) = _read(a), _read(b), _read(c)
+    assert ia.equals(ib) and ta.equals(tb, check_metadata=True)
+    assert not ia.equals(ic) and not ta.equals(tc)
+    users = ia["user_id"].to_numpy()
+    assert np.array_equal(np.unique(users), np.arange(1, 301))
+    assert np.bincount(users)[1:].min() >= 20  # every user has at least 20 ratings
+    assert a.manifest["items"] == synth.catalog_size(300)
+
+
+def test_movielens_rejects_the_sizes_it_sets(tmp_path):
+    for kwargs, name in [({"items": 10}, "items"), ({"ratings_per_user": 5}, "ratings_per_user"),
+                         ({"alpha": 1.0}, "alpha"), ({"rank": 4}, "rank"), ({"users": 0}, "users"), ({"seed": -1}, "seed")]:
+        with pytest.raises(ValueError, match=rf"\b{name}\b"):
+            synth.generate(str(tmp_path / "d"), like="movielens", **kwargs)
+    with pytest.raises(ValueError, match="like must be one of movielens"):
+        synth.generate(str(tmp_path / "d"), users=10, like="netflix")
+    with pytest.raises(ValueError, match="items is required"):
+        synth.generate(str(tmp_path / "d"), users=10)
+    assert not os.path.exists(tmp_path / "d")
+
+
+def test_cli_like_movielens(tmp_path, capsys):
+    args = _parser().parse_args(["--like", "movielens", "--users", "200", "--out", str(tmp_path / "d"), "--seed", "2"])
+    assert synth.run(args) == 0
+    out = capsys.readouterr().out
+    assert "200 users" in out and f"{synth.catalog_size(200):,} items" in out
+    assert open_dataset(str(tmp_path / "d")).manifest["generator"]["like"] == "movielens"
