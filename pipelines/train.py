@@ -108,6 +108,7 @@ class TrainConfig:
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
+    anchor: float = 0.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
     residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
     budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
     account_cap: float | None = None
@@ -201,7 +202,7 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
                   "dpsgd_max_rows_per_user", "shards")
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate")
-_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "gravity", "feature_weight", "gram_share", "mean_share")
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share")
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
 
 
@@ -440,7 +441,7 @@ def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table,
     return ridge_scale
 
 
-def _ssp_penalties(config: TrainConfig, space, ledger_path: str, averaged: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def _ssp_penalties(config: TrainConfig, space, ledger_path: str, averaged: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
     """The SSP item update's per-item ridge scale and residual penalty, in the units the release
     defines (never bare numbers): S = wbar Gamma_u^2, the most one user adds to an A_j, and
     N = 2 sqrt(d) z S / sqrt(R), about the spectral norm of the noise in A_j (z: the stats noise
@@ -448,12 +449,14 @@ def _ssp_penalties(config: TrainConfig, space, ledger_path: str, averaged: int =
     item: its share of an item's problem fades as the item's data grows, so popular items are not
     shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
     free residual at zero until its statistics outweigh the noise: such an item stays what its
-    public features say (the starting point), not what the noise says."""
+    public features say (the starting point), not what the noise says. The anchor kappa =
+    anchor * (S + N) holds the shared encoder's output near where the update began, in the same
+    units."""
     settings = config.settings()
     unit = settings.wbar * settings.clip_u**2 if not config.non_private else settings.wbar
     noise = ledger_multiplier(ledger_path) * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged) if not config.non_private else 0.0
     ridge_scale = np.full(space.size, unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
-    return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise))
+    return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise)), config.anchor * (unit + noise)
 
 
 def normalise_embeddings(model) -> float:
@@ -521,7 +524,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     tables = stats_job.stats_tables(run.stats(step))
     averaged = len(tables) if config.item_update in ("als", "cmf") else 1
     ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged)
-    ssp_ridge, residual_penalty = _ssp_penalties(config, space, run.ledger, averaged)
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, run.ledger, averaged)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": ledger_multiplier(run.ledger)}
@@ -554,7 +557,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
                                      config.cmf_iterations, features, gravity)
         model.set_item_vectors(vectors)
     else:
-        ssp.train(model, tables, ssp_config, expected, progress, ssp_ridge, gravity, residual_penalty)
+        ssp.train(model, tables, ssp_config, expected, progress, ssp_ridge, gravity, residual_penalty, anchor)
 
 
 def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
@@ -745,6 +748,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "item_id_feature": "the features encoder adds a free per-item residual to what the public features say, held at zero by "
                            "--residual-penalty until the item's statistics outweigh the noise (default: on)",
+        "anchor": "how strongly each item update holds the shared features encoder near where it began (its starting point), in the same "
+                  "units as --residual-penalty: larger keeps the model at its public-feature start when the statistics are mostly noise",
         "residual_penalty": "penalty on each item's residual, in units of the most one user adds to an item's statistics plus the "
                             "noise's spectral norm: larger keeps rare items at their public features",
         "dim": "embedding dimension d (default: 32 for --non-private runs, 8 for private ones)",

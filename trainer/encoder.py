@@ -80,6 +80,14 @@ class ItemEncoder(tf.keras.Model):
         out = self._dense(hidden)
         return out + self.residual(positions) if self._residual is not None else out
 
+    def shared(self, positions):
+        """What the shared encoder says of the items (their public features), without residuals."""
+        if self._dense is None:
+            return self(positions)
+        positions = tf.cast(positions, tf.int64)
+        parts = [tf.nn.safe_embedding_lookup_sparse(table, tf.gather(ragged, positions).to_sparse(), combiner="mean") for _, ragged, table in self._families]
+        return self._dense(tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0])
+
     @property
     def has_residual(self) -> bool:
         return self._residual is not None

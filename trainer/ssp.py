@@ -114,19 +114,24 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         yield from drain(buffer)
 
 
-def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None):
+def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None, anchor=None, start=None):
     """Mean over the batch's items of 1/2 v^T A v - b^T v (A already holds the ridge term), plus
-    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item) is given."""
+    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item) is given,
+    plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa) is given: the shared encoder's output
+    f(j) held near `start` (f0, where the step began) as strongly as the noise calls for."""
     v = encoder(positions)
     av = tf.einsum("bij,bj->bi", a, v)
     loss = 0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1)
     if residual_penalty is not None:
         loss += 0.5 * residual_penalty * tf.reduce_sum(tf.square(encoder.residual(positions)), axis=-1)
+    if anchor is not None:
+        loss += 0.5 * anchor * tf.reduce_sum(tf.square(encoder.shared(positions) - start), axis=-1)
     return tf.reduce_mean(loss)
 
 
 def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
-          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None, residual_penalty: np.ndarray | None = None) -> list[float]:
+          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None, residual_penalty: np.ndarray | None = None,
+          anchor: float = 0.0) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
     Returns the mean loss of every epoch. `expected` lists release parameters the tables must
@@ -134,7 +139,9 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge;
     `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
     implicit-feedback penalty on every item's scores. `residual_penalty` (one mu_j per catalog
-    position) penalises the per-item residuals of a features encoder with the item id.
+    position) penalises the per-item residuals of a features encoder with the item id. `anchor`
+    (kappa > 0) holds the shared encoder's output near where this update began: the item update
+    moves away from its starting point only as far as the statistics outweigh the noise.
     """
     if not stats_paths:
         raise ValueError("no stats tables to train on")
@@ -153,11 +160,15 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
     use_residual = residual_penalty is not None and encoder.has_residual
     penalty_of = tf.constant(residual_penalty if use_residual else np.zeros(1), tf.float32)
+    use_anchor = anchor > 0 and encoder.kind == "features"
+    start_of = tf.constant(np.concatenate([encoder.shared(tf.range(s, min(s + 8192, encoder.space.size))).numpy() for s in range(0, encoder.space.size, 8192)])
+                           if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
 
     @tf.function(reduce_retracing=True)
     def step(positions, a, b):
         with tf.GradientTape() as tape:
-            loss = ssp_loss(encoder, positions, a, b, tf.gather(penalty_of, positions) if use_residual else None)
+            loss = ssp_loss(encoder, positions, a, b, tf.gather(penalty_of, positions) if use_residual else None,
+                            anchor if use_anchor else None, tf.gather(start_of, positions) if use_anchor else None)
             penalty = config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense]) if dense and config.weight_decay else 0.0
             total = loss + penalty
         grads = tape.gradient(total, encoder.trainable_variables)

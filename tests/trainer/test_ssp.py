@@ -182,3 +182,23 @@ def test_rescale_multiplies_every_embedding():
     before = encoder.embed_all()
     encoder.rescale(0.25)
     np.testing.assert_allclose(encoder.embed_all(), 0.25 * before, rtol=1e-5, atol=1e-6)
+
+
+def test_anchor_holds_the_shared_encoder_at_its_start(tmp_path):
+    """Statistics that are all noise: with a strong anchor the shared encoder ends where it began;
+    without one it follows the noise."""
+    space = FeatureSpace.from_items(ITEMS, use_item_id=False)
+    d = 2
+    rng = np.random.default_rng(3)
+    noise_a = rng.normal(size=(5, d, d))
+    a = np.stack([pack_upper(m @ m.T + np.eye(d)) for m in noise_a])
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids, a, rng.normal(size=(5, d)) * 5, d)
+    moved = {}
+    for anchor in (0.0, 1e4):
+        tf.keras.utils.set_random_seed(2)
+        encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+        start = encoder.embed_all()
+        ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=200, batch_size=5, learning_rate=0.05, ridge=0.0, psd_projection=False),
+                  progress=False, anchor=anchor)
+        moved[anchor] = float(np.abs(encoder.embed_all() - start).max())
+    assert moved[1e4] < 0.01 < moved[0.0]
