@@ -137,10 +137,8 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
     index is checked, the release is recorded (and charged to the budget account) and bound. All
     of it happens before any noise is drawn."""
     with release_lock(ledger.path):
-        if storage.exists(ledger.path):
-            ledger.reload()
-        elif ledger.rows:
-            raise ValueError(f"{ledger.path}: the privacy ledger was deleted while in use; its releases still count, nothing is released")
+        if ledger.rows or storage.exists(ledger.path):
+            ledger.reload()  # refuses a ledger deleted, replaced or rolled back while in use
         else:
             ledger.save()
         if storage.exists(seed_file.path):

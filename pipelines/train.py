@@ -428,33 +428,39 @@ def release_stats(run: Run, step: int, spark=None) -> dict:
     return stats.run(job, spark)
 
 
-def _ridge_scale(config: TrainConfig, space, ledger_path: str, counts: pa.Table, averaged: int = 1) -> np.ndarray:
-    """Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count
-    n^(1+e) under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (about
-    2 sqrt(d) sigma Gamma_u^2 in spectral norm, over sqrt(R) for the mean of `averaged` = R
-    resamples), so that pure noise shrinks to 0."""
+def _release_units(config: TrainConfig, multiplier: float, averaged: int = 1) -> tuple[float, float]:
+    """(S, N) of a stats release: S = wbar Gamma_u^2, the most one user adds to an A_j (wbar when
+    nothing is clipped), and N = 2 sqrt(d) z S / sqrt(R), about the spectral norm of the noise in
+    A_j (z: the stats noise multiplier; R = `averaged` resamples averaged); 0 without noise."""
     settings = config.settings()
-    noise_scale = ledger_multiplier(ledger_path) * settings.wbar * settings.clip_u**2 * 2 * math.sqrt(config.dim) / math.sqrt(averaged) if not config.non_private else 0.0
+    if config.non_private:
+        return settings.wbar, 0.0
+    unit = settings.wbar * settings.clip_u**2
+    return unit, multiplier * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged)
+
+
+def _ridge_scale(config: TrainConfig, space, multiplier: float, counts: pa.Table, averaged: int = 1) -> np.ndarray:
+    """Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count
+    n^(1+e) under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (N of
+    `_release_units`), so that pure noise shrinks to 0."""
+    settings = config.settings()
+    _, noise_scale = _release_units(config, multiplier, averaged)
     ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
     exponent = settings.weight_exponent if settings.unit == "user" else 0.0
     ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
     return ridge_scale
 
 
-def _ssp_penalties(config: TrainConfig, space, ledger_path: str, averaged: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
+def _ssp_penalties(config: TrainConfig, space, multiplier: float) -> tuple[np.ndarray, np.ndarray, float]:
     """The SSP item update's per-item ridge scale and residual penalty, in the units the release
-    defines (never bare numbers): S = wbar Gamma_u^2, the most one user adds to an A_j, and
-    N = 2 sqrt(d) z S / sqrt(R), about the spectral norm of the noise in A_j (z: the stats noise
-    multiplier; R: resamples averaged). The ridge is ridge * S + noise_ridge * N, the same for every
+    defines (never bare numbers: S and N of `_release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
     item: its share of an item's problem fades as the item's data grows, so popular items are not
     shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
     free residual at zero until its statistics outweigh the noise: such an item stays what its
     public features say (the starting point), not what the noise says. The anchor kappa =
     anchor * (S + N) holds the shared encoder's output near where the update began, in the same
     units."""
-    settings = config.settings()
-    unit = settings.wbar * settings.clip_u**2 if not config.non_private else settings.wbar
-    noise = ledger_multiplier(ledger_path) * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged) if not config.non_private else 0.0
+    unit, noise = _release_units(config, multiplier)
     ridge_scale = np.full(space.size, unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
     return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise)), config.anchor * (unit + noise)
 
@@ -522,18 +528,18 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
     tables = stats_job.stats_tables(run.stats(step))
-    averaged = len(tables) if config.item_update in ("als", "cmf") else 1
-    ridge_scale = _ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged)
-    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, run.ledger, averaged)
+    multiplier = ledger_multiplier(run.ledger)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     # the release parameters the run's own ledger planned (not the folder's word for them)
-    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": ledger_multiplier(run.ledger)}
+    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
         raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
         seeds = release.open_seed_file(config.seed_file, run.ledger)
         gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
+    if config.item_update in ("als", "cmf"):  # weighted-lambda ridges, from the mean of the resamples
+        ridge_scale = _ridge_scale(config, space, multiplier, storage.read_table(run.counts), len(tables))
     if config.item_update in ("als", "cmf") and len(tables) > 1:
         from trainer import als
 
@@ -557,6 +563,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
                                      config.cmf_iterations, features, gravity)
         model.set_item_vectors(vectors)
     else:
+        ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
         ssp.train(model, tables, ssp_config, expected, progress, ssp_ridge, gravity, residual_penalty, anchor)
 
 

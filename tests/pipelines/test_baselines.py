@@ -109,9 +109,9 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
         r0, r1, averaged = (list_column_to_matrix(table[column], width, column) for table in by_item)
         np.testing.assert_allclose(averaged, (r0 + r1) / 2, rtol=1e-14, atol=1e-14)
     space, _ = train._encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
-    ridge = train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts), averaged=2)
+    ridge = train._ridge_scale(config, space, train.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2)
     want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge, True))
     items, got = vectors(run.item_embeddings(1), 4)
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
-    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, run.ledger, storage.read_table(run.counts)), True))
+    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, train.ledger_multiplier(run.ledger), storage.read_table(run.counts)), True))
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
