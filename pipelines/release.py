@@ -16,6 +16,7 @@ must never be published; the ledger and its fingerprints may be.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -136,7 +137,8 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
     ledger missing releases the seed file saw recorded in it is refused, the seed binding of the
     index is checked, the release is recorded (and charged to the budget account) and bound. All
     of it happens before any noise is drawn."""
-    with release_lock(ledger.path):
+    account = ledger.budget.get("account")  # shared by every run on the data source: locked too (always after the ledger)
+    with release_lock(ledger.path), release_lock(account) if account else contextlib.nullcontext():
         if ledger.rows or storage.exists(ledger.path):
             ledger.reload()  # refuses a ledger deleted, replaced or rolled back while in use
         else:

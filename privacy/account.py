@@ -5,8 +5,9 @@ DAG), and each run's guarantee composes with the others'. The account, a JSON do
 the runs (one per data source), lists every release of every run that charged it, with its
 dp-accounting event; its lifetime epsilon is the composition of all of them at the account's delta
 (`epsilon`), and a release that would take it past its cap is refused before it is made (`charge`,
-called by `Ledger.record` under the release lock). Deleting a run's ledger and seed does not give
-the users a fresh budget: the account still lists that run's releases.
+called by `Ledger.record` under the account's own release lock, which `make_release` takes after
+the ledger's, so runs charging one account at once lose no charge). Deleting a run's ledger and
+seed does not give the users a fresh budget: the account still lists that run's releases.
 
 Policy (stated in the README): the cap is a lifetime epsilon for the data source; with a window of
 N days, releases recorded more than N days ago no longer count against the cap ("renewal"), which

@@ -132,3 +132,27 @@ def test_a_release_made_with_other_noise_is_not_resumed(tmp_path, monkeypatch):
     with pytest.raises(SeedReuseError, match="already used for release 0"):
         _one_release(tmp_path, "counts")
     assert len(Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows) == 1
+
+
+def _charge_many(account: str, ledger_path: str, barrier) -> None:
+    ledger = Ledger.create(ledger_path, 100.0, 1e-5, account=account)
+    seeds = release.open_seed_file(None, ledger_path)
+    barrier.wait()
+    for k in range(RELEASES_PER_PROCESS):
+        release.make_release(ledger, seeds, f"r-{k}", accounting.gaussian_event(50.0), {"k": k})
+
+
+def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
+    from privacy.account import BudgetAccount
+
+    account = str(tmp_path / "account.json")
+    BudgetAccount.open_or_create(account, cap=None, delta=1e-5)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    runs = [context.Process(target=_charge_many, args=(account, str(tmp_path / name / "ledger.parquet"), barrier)) for name in ("a", "b")]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(120)
+        assert run.exitcode == 0
+    assert len(BudgetAccount.open(account).document["charges"]) == 2 * RELEASES_PER_PROCESS
