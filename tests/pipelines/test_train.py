@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from pipelines import train
+from pipelines import splits, train
 from privacy.ledger import Ledger
 from schemas import storage
 from trainer import ssp
@@ -84,15 +84,29 @@ def test_holdout_zero_is_the_production_mode(spark, tmp_path):
         small(tmp_path / "bad", holdout=1.0)
 
 
-def test_recall_protocol_trains_on_top_items_by_dp_count(spark, tmp_path):
-    metrics = train.run(small(tmp_path / "run", protocol="recall"), spark=spark, progress=False)
+def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path):
+    metrics = train.run(small(tmp_path / "run", protocol="recall", encoder="id"), spark=spark, progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
     assert stats.num_rows == int(np.ceil(0.1 * 9742))  # the top 10% items by DP count
+    counts = storage.read_table(str(tmp_path / "run" / "counts" / "counts.parquet"))
+    assert set(stats["item_id"].to_pylist()) == set(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), 0.1).tolist())
     names = [row["name"] for row in Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows]
     # no mean release in the ranking protocol; one users' Gram matrix (implicit-feedback gravity) per step
     assert names == ["counts", "step-1/stats/r0", "step-1/gram", "step-2/stats/r0", "step-2/gram"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
+
+
+def test_the_share_of_the_catalog_a_ranking_run_trains_on():
+    """The id encoder keeps the paper's top 10% (its rare items would be noise alone); the features
+    encoder covers the whole catalog (its rare items fall back on their features); a given share is
+    kept; one outside (0, 1] is refused by name."""
+    assert train.TrainConfig(protocol="recall", encoder="id", item_update="als").train_item_fraction == 0.1
+    assert train.TrainConfig(protocol="recall").train_item_fraction == 1.0
+    assert train.TrainConfig(protocol="recall", train_item_fraction=0.25).train_item_fraction == 0.25
+    for bad in (0.0, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match="--train-item-fraction"):
+            train.TrainConfig(protocol="recall", train_item_fraction=bad)
 
 
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
