@@ -69,24 +69,15 @@ class ItemEncoder(tf.keras.Model):
         return {"dim": self.dim, "kind": self.kind, "families": [name for name, _, _ in self._families]}
 
     def call(self, positions):
-        positions = tf.cast(positions, tf.int64)
-        parts = []
-        for _, ragged, table in self._families:
-            ids = tf.gather(ragged, positions).to_sparse()
-            parts.append(tf.nn.safe_embedding_lookup_sparse(table, ids, combiner="mean"))
-        hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
-        if self._dense is None:
-            return hidden
-        out = self._dense(hidden)
+        out = self.shared(positions)
         return out + self.residual(positions) if self._residual is not None else out
 
     def shared(self, positions):
         """What the shared encoder says of the items (their public features), without residuals."""
-        if self._dense is None:
-            return self(positions)
         positions = tf.cast(positions, tf.int64)
         parts = [tf.nn.safe_embedding_lookup_sparse(table, tf.gather(ragged, positions).to_sparse(), combiner="mean") for _, ragged, table in self._families]
-        return self._dense(tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0])
+        hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
+        return hidden if self._dense is None else self._dense(hidden)
 
     @property
     def has_residual(self) -> bool:
@@ -115,9 +106,11 @@ class ItemEncoder(tf.keras.Model):
         _, _, table = self._families[0]
         table.assign(np.vstack([np.zeros((1, self.dim)), np.asarray(vectors)]).astype(table.dtype.as_numpy_dtype))
 
-    def embed_all(self, batch_size: int = 8192) -> np.ndarray:
-        """Embeddings of every catalog item, in catalog order (float64)."""
-        out = [self(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]
+    def embed_all(self, batch_size: int = 8192, shared: bool = False) -> np.ndarray:
+        """Embeddings of every catalog item, in catalog order (float64); with `shared`, what the
+        shared encoder alone says of them (no residuals)."""
+        embed = self.shared if shared else self
+        out = [embed(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.dim))
 
 

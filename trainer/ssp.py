@@ -185,8 +185,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     use_residual = residual_penalty is not None and encoder.has_residual
     penalty_of = tf.constant(residual_penalty if use_residual else np.zeros(1), tf.float32)
     use_anchor = anchor > 0 and encoder.kind == "features"
-    start_of = tf.constant(np.concatenate([encoder.shared(tf.range(s, min(s + 8192, encoder.space.size))).numpy() for s in range(0, encoder.space.size, 8192)])
-                           if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
+    start_of = tf.constant(encoder.embed_all(shared=True) if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
 
     @tf.function(reduce_retracing=True)
     def step(positions, a, b):
