@@ -360,20 +360,26 @@ def test_rank_and_alpha_change_the_output(tmp_path):
     assert not np.array_equal(base["item_id"].to_numpy(), other_alpha["item_id"].to_numpy())
 
 
-def test_interactions_are_streamed_chunk_by_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(synth, "CHUNK_USERS", 64)
-    sizes = []
+def _record_batches(monkeypatch, measure) -> list:
+    """A list that receives measure(batch) of every record batch synth streams into write_dataset."""
+    seen = []
     real = synth.write_dataset
 
     def spy(out, items, batches, manifest):
-        def counted():
+        def recorded():
             for batch in batches:
-                sizes.append(batch.num_rows)
+                seen.append(measure(batch))
                 yield batch
 
-        return real(out, items, counted(), manifest)
+        return real(out, items, recorded(), manifest)
 
     monkeypatch.setattr(synth, "write_dataset", spy)
+    return seen
+
+
+def test_interactions_are_streamed_chunk_by_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(synth, "CHUNK_USERS", 64)
+    sizes = _record_batches(monkeypatch, lambda batch: batch.num_rows)
     dataset = synth.generate(str(tmp_path / "d"), 1000, 80, 7, seed=2)
     assert sizes == [64 * 7] * 15 + [40 * 7]
     interactions = read_table(dataset.interactions)
@@ -600,18 +606,7 @@ def test_movielens_catalog_grows_sublinearly_and_activity_keeps_its_shape():
 
 def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkeypatch):
     monkeypatch.setattr(synth, "ML_CHUNK_USERS", 128)
-    sizes = []
-    real = synth.write_dataset
-
-    def spy(out, items, batches, manifest):
-        def counted():
-            for batch in batches:
-                sizes.append((batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size))
-                yield batch
-
-        return real(out, items, counted(), manifest)
-
-    monkeypatch.setattr(synth, "write_dataset", spy)
+    sizes = _record_batches(monkeypatch, lambda batch: (batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size))
     a = synth.generate(str(tmp_path / "a"), users=300, like="movielens", seed=5)
     assert [users for _, users in sizes] == [128, 128, 44]
     b = synth.generate(str(tmp_path / "b"), users=300, like="movielens", seed=5)
