@@ -58,6 +58,16 @@ class Run:
         return self.private("train_centred.parquet")
 
     @property
+    def stats_rows(self) -> str:
+        """The centred rows of the items the statistics cover (what the stats job reads): private."""
+        return self.private("stats_rows.parquet")
+
+    @property
+    def stats_items(self) -> str:
+        """The catalog the statistics cover (public: a function of the items table and the DP counts)."""
+        return self.path("train_items.parquet")
+
+    @property
     def split(self) -> str:
         return self.private("split")
 

@@ -57,6 +57,7 @@ from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings
 # statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); none: the starting point
 # (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
 ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
+STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 
 
@@ -93,6 +94,7 @@ class TrainConfig:
     noise_ridge: float = 0.25
     gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
     train_item_fraction: float | None = None  # ranking protocol: share of the catalog (top by DP count) the statistics cover; None: see __post_init__
+    stats_threshold: float | None = None  # the statistics cover the items whose DP count is >= this times N/S; None: see __post_init__
     gram_share: float = 0.05
     psd_projection: bool = True
     feature_weight: float = 1.0  # DP-CMF: weight mu of the public feature rows
@@ -133,6 +135,14 @@ class TrainConfig:
             # Recall@20 0.078 against 0.199 when it trains on the whole catalog, where rare items learn
             # to score low from their own statistics and the gravity term).
             object.__setattr__(self, "train_item_fraction", splits.TRAIN_ITEM_FRACTION if self.encoder == "id" else 1.0)
+        if self.stats_threshold is None:
+            # AM-SSP's features encoder: an item whose DP count is below 3 N/S (N/S: the count at which
+            # its data would match the noise in its A_j) gets no statistics and keeps what its
+            # features say (trainer/ssp.py's docstring has the measurements). An id encoder has no
+            # other embedding for an item outside the statistics.
+            object.__setattr__(self, "stats_threshold", 3.0 if self.item_update == "ssp" and self.encoder == "features" else 0.0)
+        if self.stats_threshold and self.encoder == "id":
+            raise ValueError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
         if self.protocol not in splits.PROTOCOLS:
             raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.engine not in ("spark", "beam"):
@@ -211,7 +221,8 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
                   "dpsgd_max_rows_per_user", "shards")
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
-_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share")
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
+                        "stats_threshold")
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
 
 
@@ -309,10 +320,21 @@ def ledger_multiplier(ledger_path: str) -> float:
     return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
 
 
-def stats_items_path(run: Run, config: TrainConfig, data_items: str) -> str:
-    """The catalog the statistics cover: every item of the data set (regression), or the top
-    --train-item-fraction by DP count that prepare writes (ranking)."""
-    return run.path("train_items.parquet") if config.protocol == "recall" else data_items
+def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float) -> np.ndarray:
+    """The item ids the statistics cover, from the DP counts only: those of `keep_items` (the
+    ranking protocol's top share; None: every item) whose DP count is at least
+    stats_threshold * N / S (`_release_units`: the count at which an item's data would match the
+    noise in its A_j). Which rows the stats job reads then depends on released data alone."""
+    ids, dp_counts = counts["item_id"].to_numpy(), counts["count"].to_numpy()
+    chosen = np.ones(ids.size, bool) if keep_items is None else np.isin(ids, keep_items)
+    if config.stats_threshold > 0:
+        unit, noise = _release_units(config, multiplier)
+        chosen &= dp_counts >= config.stats_threshold * noise / unit
+        if not chosen.any():
+            raise ValueError(f"no catalog item has a DP count of at least {config.stats_threshold * noise / unit:.4g} (--stats-threshold "
+                             f"{config.stats_threshold:g} times N/S at this epsilon), so the statistics would cover nothing; lower "
+                             "--stats-threshold (0: every item) or raise --epsilon")
+    return ids[chosen]
 
 
 def _encoder(config: TrainConfig, items: pa.Table):
@@ -403,16 +425,20 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     mean = 0.0
     if config.protocol == "rmse":
         mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, (config.rating_min, config.rating_max), unit)["mean"]
-    keep_items, stats_items = None, stats_items_path(run, config, data.items)
+    keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
-        storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), keep_items))), stats_items)
-    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)
+    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)  # the user update's rows
+    if config.item_update in STATS_UPDATES:
+        covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger))
+        storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
+        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered)  # the stats job's rows
+        release.log(f"the statistics cover {covered.size} of {counts.num_rows} catalog items (DP count >= {config.stats_threshold:g} N/S)")
 
     normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
-    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": stats_items, "mean": mean, "units": units,
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "units": units,
                            "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
@@ -421,7 +447,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
 
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
     """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
-    return stats_job.StatsJob(run.centred, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
+    return stats_job.StatsJob(run.stats_rows, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
                               step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards)
 
 
@@ -782,6 +808,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "train_item_fraction": "--protocol recall: the statistics cover this share of the catalog, the items with the largest DP counts "
                                "(default: 0.1 for --encoder id, whose rare items would be fitted to noise alone; 1 for features, "
                                "whose rare items fall back on their features)",
+        "stats_threshold": "the statistics cover the items whose DP count is at least this many times N/S (the count at which an item's "
+                           "data would match the noise in its A_j); the others keep what their public features say, and no user's weight "
+                           "is spent on them; 0: every item (default: 3 for --item-update ssp with the features encoder, 0 otherwise)",
     }
     for item in fields(TrainConfig):
         name = "--" + item.name.replace("_", "-")

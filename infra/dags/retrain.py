@@ -138,9 +138,9 @@ def spark_job(task_id: str, script: str, args: list[str]) -> DataprocSubmitJobOp
 def stats_flags(step: int) -> dict:
     """The stats job of outer step `step`: the run's inputs, settings and budget."""
     return {
-        "interactions": RUN + "/private/train_centred.parquet",
+        "interactions": RUN + "/private/stats_rows.parquet",
         "user-embeddings": RUN + f"/private/step-{step}/user_embeddings.parquet",
-        "items": DATA + "/items.parquet",
+        "items": RUN + "/train_items.parquet",
         "counts": RUN + "/counts/counts.parquet",
         "out": RUN + f"/step-{step}/stats",
         "step": step,

@@ -193,7 +193,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
           f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params")
     check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
     order = ["ingest", "prepare"]
-    items = train.stats_items_path(run, config, storage.join(ingest.out, "items.parquet"))
+    items = run.stats_items
     for s in range(1, config.outer_steps + 1):
         order += [f"user_update_{s}", f"stats_{s}", f"item_update_{s}"]
         user, job, item = (parsed.get(f"{name}_{s}", (None, None))[1] for name in ("user_update", "stats", "item_update"))
@@ -293,5 +293,5 @@ def test_kubernetes_spark_application_is_the_dags_stats_job(exported):
         argv = [token.replace(name, value) for token in argv]
     _, args = parse_command(["spark-submit", "--py-files", "image", spec["mainApplicationFile"], *argv])
     config = train.config_from_args(prepare)
-    wanted = train.stats_job_for(Run(prepare.out), config, 2, storage.join(config.data, "items.parquet"))
+    wanted = train.stats_job_for(Run(prepare.out), config, 2, Run(prepare.out).stats_items)
     assert stats_job.StatsJob.from_args(args) == wanted

@@ -25,7 +25,7 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
         assert key in on_disk
     assert on_disk["epsilon_spent"] == "inf"
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
-    assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "step-1", "step-2", "train_centred.parquet", "user_embeddings.parquet"]
+    assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "stats_rows.parquet", "step-1", "step-2", "train_centred.parquet", "user_embeddings.parquet"]
 
 
 def small(out, **kwargs):
@@ -109,6 +109,46 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
             train.TrainConfig(protocol="recall", train_item_fraction=bad)
 
 
+def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path):
+    """AM-SSP's statistics cover the items whose DP count is at least stats_threshold * N/S
+    (N/S = 2 sqrt(d) z, from the run's planned multiplier z); the stats job reads exactly their
+    rows, the user update every row; the items left out keep what their public features say."""
+    from pipelines.run_dir import Run
+    from trainer import encoder as encoders
+
+    config = small(tmp_path / "run", stats_threshold=4.0)
+    run = Run(config.out)
+    train.run(config, spark=spark, progress=False)
+    counts = storage.read_table(run.counts)
+    tau = 4.0 * 2 * np.sqrt(8) * train.ledger_multiplier(run.ledger)
+    covered = counts["item_id"].to_numpy()[counts["count"].to_numpy() >= tau]
+    assert 0 < covered.size < counts.num_rows
+    assert sorted(storage.read_table(run.stats_items)["item_id"].to_pylist()) == sorted(covered.tolist())
+    assert sorted(storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))["item_id"].to_pylist()) == sorted(covered.tolist())
+
+    def rows(path):
+        table = storage.read_table(path)
+        return sorted(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), table["label"].to_pylist()))
+
+    every = rows(run.centred)
+    assert rows(run.stats_rows) == [row for row in every if row[1] in set(covered.tolist())]
+    assert {row[1] for row in every} - set(covered.tolist())  # the user update keeps the other items' rows
+    manifest = json.load(open(run.manifest_path))
+    space, model = train._encoder(config, storage.read_table(manifest["prepared"]["items"]))
+    encoders.restore_checkpoint(model, run.checkpoint(config.outer_steps))
+    inside = np.isin(space.item_ids, covered)
+    residuals = model.embed_all() - model.embed_all(shared=True)
+    assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
+    assert train.TrainConfig().stats_threshold == 3.0 and train.TrainConfig(item_update="dpsgd").stats_threshold == 0.0
+    assert train.TrainConfig(item_update="als", encoder="id").stats_threshold == 0.0
+    with pytest.raises(ValueError, match="--stats-threshold needs the features encoder"):
+        train.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
+    with pytest.raises(ValueError, match="--stats-threshold must be >= 0"):
+        train.TrainConfig(stats_threshold=-1.0)
+    with pytest.raises(ValueError, match="the statistics would cover nothing; lower --stats-threshold"):
+        train.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
+
+
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
     """What the DAG does: one command per stage against one run directory, the later ones given only
     --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
@@ -132,10 +172,10 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
     assert "drop --lambda-u" in ssp_error("user-update", "--run", run, "--step", "1", "--lambda-u", "2")
     config = train.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
-    data_items = storage.join(run, "private", "data", "items.parquet")
+    data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
-        flags = ["--interactions", storage.join(run, "private", "train_centred.parquet"),
+        flags = ["--interactions", storage.join(run, "private", "stats_rows.parquet"),
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
                  "--dim", "8", "--clip-u", "0.3", "--clip-y", "1.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--mean-share", "0.05",
