@@ -139,11 +139,14 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
-    assert train.TrainConfig().stats_threshold == 3.0 and train.TrainConfig(item_update="dpsgd").stats_threshold == 0.0
-    assert train.TrainConfig(item_update="als", encoder="id").stats_threshold == 0.0
+    # the default rule: 3 N/S for AM-SSP's features encoder on a catalog larger than the DP number of users
+    assert train.stats_threshold_of(train.TrainConfig(), 9742, 610) == 3.0 and train.stats_threshold_of(train.TrainConfig(), 3883, 6040) == 0.0
+    assert train.stats_threshold_of(train.TrainConfig(item_update="dpsgd"), 9742, 610) == 0.0
+    assert train.stats_threshold_of(train.TrainConfig(item_update="als", encoder="id"), 9742, 610) == 0.0
+    assert train.stats_threshold_of(train.TrainConfig(stats_threshold=0.5), 3883, 6040) == 0.5
     with pytest.raises(ValueError, match="--stats-threshold needs the features encoder"):
         train.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
-    with pytest.raises(ValueError, match="--stats-threshold must be >= 0"):
+    with pytest.raises(ValueError, match="--stats-threshold must be a finite number >= 0"):
         train.TrainConfig(stats_threshold=-1.0)
     with pytest.raises(ValueError, match="the statistics would cover nothing; lower --stats-threshold"):
         train.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
