@@ -317,20 +317,21 @@ def ledger_multiplier(ledger_path: str) -> float:
 
 
 def stats_threshold_of(config: TrainConfig, catalog_items: int, dp_users: float) -> float:
-    """--stats-threshold, or its default rule: 3 for AM-SSP's features encoder when the catalog has
+    """--stats-threshold, or its default rule: 6 for AM-SSP's features encoder when the catalog has
     more items than the DP number of users, 0 (every item) otherwise.
 
     The noise that per-item statistics put into the shared feature embeddings grows like sqrt(m),
     m the items released (the paper's sqrt(m d) bound), and the signal like the number of users.
     With more items than users, the items below the noise add more noise than signal and thin every
-    user's weight: on ml-latest-small (9,742 movies, 610 users, epsilon 5) covering only those at
-    3 N/S or more moves test RMSE from 1.046 (worse than its starting point, 1.013) to 0.995. With
-    fewer, covering every item is better: on `ssp synth --like movielens` (3,883 items, 6,040
-    users) 0.942 against 0.946 at 3 N/S (3 seeds). An id encoder has no other embedding for an
-    item outside the statistics."""
+    user's weight. On ml-latest-small (9,742 movies, 610 users) test RMSE at epsilon 1 / 5 / 10 / 20
+    is 1.062 / 1.046 / 1.008 / 0.978 with every item (worse than its starting point, 1.009-1.013),
+    0.997 / 0.969 / 0.962 / 0.947 at 6 N/S (1.020 / 0.995 / 0.967 / 0.951 at 3 N/S). With fewer
+    items than users, covering every item is better: on `ssp synth --like movielens` (3,883 items,
+    6,040 users, epsilon 5) 0.942 against 0.946 at 3 N/S (3 seeds). An id encoder has no other
+    embedding for an item outside the statistics."""
     if config.stats_threshold is not None:
         return config.stats_threshold
-    return 3.0 if config.item_update == "ssp" and config.encoder == "features" and catalog_items > dp_users else 0.0
+    return 6.0 if config.item_update == "ssp" and config.encoder == "features" and catalog_items > dp_users else 0.0
 
 
 def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float, dp_users: int) -> np.ndarray:
@@ -824,7 +825,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "whose rare items fall back on their features)",
         "stats_threshold": "the statistics cover the items whose DP count is at least this many times N/S (the count at which an item's "
                            "data would match the noise in its A_j); the others keep what their public features say, and no user's weight "
-                           "is spent on them; 0: every item (default: 3 for --item-update ssp with the features encoder when the catalog has more "
+                           "is spent on them; 0: every item (default: 6 for --item-update ssp with the features encoder when the catalog has more "
                            "items than the DP number of users, 0 otherwise)",
     }
     for item in fields(TrainConfig):

@@ -139,8 +139,8 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
-    # the default rule: 3 N/S for AM-SSP's features encoder on a catalog larger than the DP number of users
-    assert train.stats_threshold_of(train.TrainConfig(), 9742, 610) == 3.0 and train.stats_threshold_of(train.TrainConfig(), 3883, 6040) == 0.0
+    # the default rule: 6 N/S for AM-SSP's features encoder on a catalog larger than the DP number of users
+    assert train.stats_threshold_of(train.TrainConfig(), 9742, 610) == 6.0 and train.stats_threshold_of(train.TrainConfig(), 3883, 6040) == 0.0
     assert train.stats_threshold_of(train.TrainConfig(item_update="dpsgd"), 9742, 610) == 0.0
     assert train.stats_threshold_of(train.TrainConfig(item_update="als", encoder="id"), 9742, 610) == 0.0
     assert train.stats_threshold_of(train.TrainConfig(stats_threshold=0.5), 3883, 6040) == 0.5
