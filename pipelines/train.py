@@ -316,22 +316,27 @@ def ledger_multiplier(ledger_path: str) -> float:
     return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
 
 
-def stats_threshold_of(config: TrainConfig, catalog_items: int, dp_users: float) -> float:
-    """--stats-threshold, or its default rule: 6 for AM-SSP's features encoder when the catalog has
-    more items than the DP number of users, 0 (every item) otherwise.
+def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, noise_per_unit: float) -> float:
+    """--stats-threshold, or its default rule: 6 for AM-SSP's features encoder when the release's
+    noise-to-signal ratio R = sqrt(m) (N/S) / sqrt(C n) exceeds 0.03, 0 (every item) otherwise.
 
-    The noise that per-item statistics put into the shared feature embeddings grows like sqrt(m),
-    m the items released (the paper's sqrt(m d) bound), and the signal like the number of users.
-    With more items than users, the items below the noise add more noise than signal and thin every
-    user's weight. On ml-latest-small (9,742 movies, 610 users) test RMSE at epsilon 1 / 5 / 10 / 20
-    is 1.062 / 1.046 / 1.008 / 0.978 with every item (worse than its starting point, 1.009-1.013),
-    0.997 / 0.969 / 0.962 / 0.947 at 6 N/S (1.020 / 0.995 / 0.967 / 0.951 at 3 N/S). With fewer
-    items than users, covering every item is better: on `ssp synth --like movielens` (3,883 items,
-    6,040 users, epsilon 5) 0.942 against 0.946 at 3 N/S (3 seeds). An id encoder has no other
-    embedding for an item outside the statistics."""
+    m: catalog items; C: the DP counts' total; n: the DP number of users; N/S: `noise_per_unit`.
+    The noise that per-item statistics put into the shared feature embeddings grows like sqrt(m) N
+    (the paper's sqrt(m d) bound); the signal, with each user's weights normalised, like
+    sqrt(C n) S. When R is large, the items below the noise add more noise than signal and thin
+    every user's weight. Measured (test RMSE, one seed unless said):
+    ml-latest-small (R 0.05-0.27 at epsilon 20-1): 1.062 / 1.046 / 1.008 / 0.978 at epsilon
+    1 / 5 / 10 / 20 with every item (worse than its starting point, 1.009-1.013), 0.997 / 0.969 /
+    0.962 / 0.947 at 6 N/S; `ssp synth --like movielens`: epsilon 1 (R 0.05) 1.007 with every item,
+    0.984 at 3 N/S; epsilon 5 (R 0.013) 0.942 with every item against 0.946 at 3 N/S (3 seeds);
+    epsilon 20 (R 0.004) 0.921 against 0.927 at 4 N/S. An id encoder has no other embedding for an
+    item outside the statistics."""
     if config.stats_threshold is not None:
         return config.stats_threshold
-    return 6.0 if config.item_update == "ssp" and config.encoder == "features" and catalog_items > dp_users else 0.0
+    if config.item_update != "ssp" or config.encoder != "features" or noise_per_unit == 0:
+        return 0.0
+    ratio = math.sqrt(counts.size) * noise_per_unit / math.sqrt(max(float(np.sum(counts)), 1.0) * max(dp_users, 1))
+    return 6.0 if ratio > 0.03 else 0.0
 
 
 def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float, dp_users: int) -> np.ndarray:
@@ -341,9 +346,9 @@ def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray 
     the noise in its A_j). Which rows the stats job reads then depends on released data alone."""
     ids, dp_counts = counts["item_id"].to_numpy(), counts["count"].to_numpy()
     chosen = np.ones(ids.size, bool) if keep_items is None else np.isin(ids, keep_items)
-    threshold = stats_threshold_of(config, ids.size, dp_users)
+    unit, noise = _release_units(config, multiplier)
+    threshold = stats_threshold_of(config, dp_counts, dp_users, noise / unit)
     if threshold > 0:
-        unit, noise = _release_units(config, multiplier)
         chosen &= dp_counts >= threshold * noise / unit
         if not chosen.any():
             raise ValueError(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold "
@@ -825,8 +830,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "whose rare items fall back on their features)",
         "stats_threshold": "the statistics cover the items whose DP count is at least this many times N/S (the count at which an item's "
                            "data would match the noise in its A_j); the others keep what their public features say, and no user's weight "
-                           "is spent on them; 0: every item (default: 6 for --item-update ssp with the features encoder when the catalog has more "
-                           "items than the DP number of users, 0 otherwise)",
+                           "is spent on them; 0: every item (default: 6 for --item-update ssp with the features encoder when the release's noise-to-"
+                           "signal ratio sqrt(m) (N/S) / sqrt(total DP count x DP users) exceeds 0.03, 0 otherwise)",
     }
     for item in fields(TrainConfig):
         name = "--" + item.name.replace("_", "-")

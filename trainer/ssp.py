@@ -22,12 +22,12 @@ numbers are set by pipelines.train from the release, never from a look at the pr
 - The ridge, ridge S + noise_ridge N, is the same for every item: it dominates a rare item's
   problem, whose A_j is mostly noise, and fades for a popular one, whose A_j grows with its count,
   so the head is not shrunk like the tail.
-- When the catalog has more items than the DP number of users, only items whose DP count is at
-  least 6 N/S get statistics (pipelines.train.stats_threshold_of has the rule and its figures):
-  the paper's bound grows with sqrt(m d), m the items released, and below that count an item's
-  A_j, b_j are mostly noise that sums into the shared feature embeddings, while every user's
-  weight spread over them is taken from the items that carry signal. Such an item keeps what its
-  features say.
+- When the release's noise outweighs its signal in aggregate (few users per item, or a small
+  epsilon), only items whose DP count is at least 6 N/S get statistics
+  (pipelines.train.stats_threshold_of has the rule and its figures): the paper's bound grows with
+  sqrt(m d), m the items released, and below that count an item's A_j, b_j are mostly noise that
+  sums into the shared feature embeddings, while every user's weight spread over them is taken
+  from the items that carry signal. Such an item keeps what its features say.
 - The residual penalty mu = residual_penalty (S + N) lets an item's own residual move only as far
   as its statistics outweigh the noise: rare and pure-noise items stay at their features, while the
   shared feature embeddings pool the statistics of every item with a feature, averaging their noise.

@@ -139,11 +139,14 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
-    # the default rule: 6 N/S for AM-SSP's features encoder on a catalog larger than the DP number of users
-    assert train.stats_threshold_of(train.TrainConfig(), 9742, 610) == 6.0 and train.stats_threshold_of(train.TrainConfig(), 3883, 6040) == 0.0
-    assert train.stats_threshold_of(train.TrainConfig(item_update="dpsgd"), 9742, 610) == 0.0
-    assert train.stats_threshold_of(train.TrainConfig(item_update="als", encoder="id"), 9742, 610) == 0.0
-    assert train.stats_threshold_of(train.TrainConfig(stats_threshold=0.5), 3883, 6040) == 0.5
+    # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.03
+    # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
+    items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 6.71
+    assert train.stats_threshold_of(train.TrainConfig(), items, 1000, 6.6) == 0.0 and train.stats_threshold_of(train.TrainConfig(), items, 1000, 6.8) == 6.0
+    assert train.stats_threshold_of(train.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
+    assert train.stats_threshold_of(train.TrainConfig(item_update="dpsgd"), items, 1000, 50.0) == 0.0
+    assert train.stats_threshold_of(train.TrainConfig(item_update="als", encoder="id"), items, 1000, 50.0) == 0.0
+    assert train.stats_threshold_of(train.TrainConfig(stats_threshold=0.5), items, 1000, 50.0) == 0.5
     with pytest.raises(ValueError, match="--stats-threshold needs the features encoder"):
         train.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
     with pytest.raises(ValueError, match="--stats-threshold must be a finite number >= 0"):
