@@ -215,7 +215,9 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
                   "dpsgd_max_rows_per_user", "shards")
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
-_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share")
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
+                        "stats_threshold")
+_CHOSEN_AT_PREPARE = ("stats_threshold",)  # None: the default rule, applied to the DP counts once they are released
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
 
 
@@ -230,13 +232,12 @@ def _check_settings(config: TrainConfig) -> None:
             raise ValueError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
     for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:
         value = getattr(config, name)
+        if value is None and name in _CHOSEN_AT_PREPARE:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{flag(name)} must be a finite number, got {value!r}")
         if name in _POSITIVE_FLOATS and value <= 0 or name in _NON_NEGATIVE_FLOATS and value < 0:
             raise ValueError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
-    threshold = config.stats_threshold
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) or threshold < 0):
-        raise ValueError(f"--stats-threshold must be a finite number >= 0, got {threshold!r}")
     if config.train_item_fraction > 1:
         raise ValueError(f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}")
 
