@@ -96,10 +96,14 @@ def test_a_missing_ledger_is_refused(data, tmp_path):
 
 def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(data, tmp_path):
     """Neighbouring data sets, end to end through prepare: the training rows (which the counts and
-    the mean are computed from) of D minus one user are exactly those of D minus that user's rows."""
+    the mean are computed from) of D minus one user are exactly those of D minus that user's rows.
+    The rows the stats job reads are chosen by the released DP counts alone: given D's release,
+    D minus one user gives D's stats rows minus that user's."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
+    from pipelines import train
+    from pipelines.counts import dp_units
+    from pipelines.run_dir import Run
     from schemas import storage
 
     rows = storage.read_table(os.path.join(data, "interactions.parquet"))
@@ -108,25 +112,48 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     shutil.copytree(data, smaller)
     shutil.rmtree(smaller / "interactions.parquet")
     storage.write_table(rows.filter(pc.not_equal(rows["user_id"], user)), str(smaller / "interactions.parquet"))
-    prepare(data, tmp_path / "full")
-    prepare(str(smaller), tmp_path / "less")
+    prepare(data, tmp_path / "full", "--stats-threshold", 1)
+    prepare(str(smaller), tmp_path / "less", "--stats-threshold", 1)
 
-    def train_rows(run):
-        table = storage.read_table(str(tmp_path / run / "private" / "split" / "train.parquet"))
+    def rows(path):
+        table = storage.read_table(str(path))
         return set(zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "label", "timestamp"))))
 
-    full, less = train_rows("full"), train_rows("less")
+    full, less = (rows(tmp_path / run / "private" / "split" / "train.parquet") for run in ("full", "less"))
     assert any(r[0] == user for r in full)
     assert less == {r for r in full if r[0] != user}
+
+    released = Run(str(tmp_path / "full"))
+    manifest = json.load(open(released.manifest_path))
+    config = train.config_of(released, manifest)
+    covered = train.stats_catalog(config, storage.read_table(released.counts), None, train.ledger_multiplier(released.ledger), dp_units(released.counts))
+    assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
+    again = tmp_path / "less-with-full-release.parquet"
+    train._write_centred(str(tmp_path / "less" / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
+    stats_rows = rows(released.stats_rows)
+    assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
+    assert rows(again) == {r for r in stats_rows if r[0] != user}
 
 
 @pytest.mark.parametrize("flag, value", [
     ("--batch-size", "0"), ("--epochs", "0"), ("--ridge", "-1"), ("--lambda-u", "-1"), ("--shards", "0"), ("--model-seed", "-5"),
-    ("--learning-rate", "nan"), ("--dim", "0"), ("--dpsgd-epochs", "inf"),
+    ("--learning-rate", "nan"), ("--dim", "0"), ("--dpsgd-epochs", "inf"), ("--stats-threshold", "-1"), ("--stats-threshold", "nan"),
 ])
 def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, flag, value):
     refused("train", "--data", data, "--out", tmp_path / "run", *FAST, flag, value, pattern=flag)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stats_threshold_that_cannot_apply_is_refused_by_name(data, tmp_path):
+    """An id encoder with a threshold is refused before anything is written; a threshold no item's
+    DP count clears is refused once the counts are released (no traceback), and what was spent
+    stays in the run's ledger."""
+    refused("train", "--data", data, "--out", tmp_path / "id", *FAST, "--encoder", "id", "--item-update", "als", "--stats-threshold", 1,
+            pattern="--stats-threshold needs the features encoder")
+    assert not (tmp_path / "id").exists()
+    refused("train", "--data", data, "--out", tmp_path / "high", *FAST, "--stats-threshold", 1e9, pattern="the statistics would cover nothing")
+    assert [row["name"] for row in Ledger.open(str(tmp_path / "high" / "ledger.parquet")).rows] == ["counts", "mean"]
+    assert not (tmp_path / "high" / "private" / "stats_rows.parquet").exists()
 
 
 def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_path):
