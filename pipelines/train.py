@@ -58,7 +58,8 @@ from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings
 # (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
 ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
 STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
-STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
+STAGES = ("all", "prepare")
+ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal  # `ssp train --stage`: the later stages have their own commands
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class TrainConfig:
     engine: str = "spark"
     item_update: str = "ssp"
     encoder: str = "features"
+    encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
     outer_steps: int = 2
@@ -111,7 +113,7 @@ class TrainConfig:
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
-    anchor: float = 0.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
+    anchor: float = 10.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
     residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
     budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
     account_cap: float | None = None
@@ -139,6 +141,8 @@ class TrainConfig:
             raise ValueError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
         if self.protocol not in splits.PROTOCOLS:
             raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
+        if self.encoder_init not in ENCODER_INITS:
+            raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
         if self.engine not in ("spark", "beam"):
             raise ValueError(f"--engine must be spark or beam, got {self.engine!r}")
         if self.item_update not in ITEM_UPDATES:
@@ -432,7 +436,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     if config.encoder == "features" and not item_features(items.schema):
         raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
                          "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
-    _, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
+    space, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
@@ -456,6 +460,12 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
         _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered)  # the stats job's rows
 
+    if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
+        weights = np.ones(space.size)
+        weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
+        rank = model.init_principal(weights)
+        release.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
+                    + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
     normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
@@ -811,6 +821,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "dpsgd_batch_size": "AM-DPSGD: expected users per DP-SGD step",
         "dpsgd_clip": "AM-DPSGD: per-user gradient clip norm",
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
+        "encoder_init": "the features encoder's start (and the starting point every item update is held near): principal (the top-d principal "
+                        "directions of the public feature vectors, items weighted by their DP counts: free post-processing) or random",
         "item_id_feature": "the features encoder adds a free per-item residual to what the public features say, held at zero by "
                            "--residual-penalty until the item's statistics outweigh the noise (default: on)",
         "anchor": "how strongly each item update holds the shared features encoder near where it began (its starting point), in the same "
@@ -843,7 +855,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(name, action=action, default=default, help=helps.get(item.name, item.name.replace("_", " ")))
             continue
         kind = {"int": int, "float": float}.get(kind_name.split(" ")[0], str)
-        choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id")}.get(item.name)
+        choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
+                   "encoder_init": ENCODER_INITS}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
     parser.add_argument("--stage", choices=STAGES, default="all",

@@ -38,7 +38,8 @@ X_jf = (count of value f in j's bag) / (bag length) (repeated values weigh more;
 is 1). The "unknown" id 0 is not a feature value: its occurrences are dropped (also from the bag
 length), so an item with no known value in a family has an all-zero block. The item-id family is
 not a feature (it is the item's own free vector v_j). Columns are ordered family by family (the
-space's order), values in vocabulary order: `feature_labels`.
+space's order), values in vocabulary order: `trainer.features.feature_labels`; X is
+`trainer.features.feature_matrix`, shared with the encoder's principal initialisation.
 
 Scale: the stats table is streamed in item batches once per inner iteration (as trainer.als does);
 what is held in memory is V (n x d), P (F x d) and the sparse X, never all the A_j.
@@ -56,38 +57,8 @@ from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.als import item_systems
-from trainer.features import ITEM_ID_FAMILY, FeatureSpace
+from trainer.features import FeatureSpace, feature_matrix
 from trainer.ssp import check_stats
-
-
-def feature_families(space: FeatureSpace) -> list:
-    """The families that are public features for CMF: every family but the item id."""
-    return [family for family in space.families if family.name != ITEM_ID_FAMILY]
-
-
-def feature_labels(space: FeatureSpace) -> list[tuple[str, str]]:
-    """(family, value) of every column of `feature_matrix(space)`, in column order."""
-    return [(family.name, value) for family in feature_families(space) for value in family.vocabulary]
-
-
-def feature_matrix(space: FeatureSpace) -> sp.csr_matrix:
-    """X (n items x F feature values, CSR): each family's bag of known values averaged, as the encoder does."""
-    n = space.size
-    rows, cols, weights, offset = [], [], [], 0
-    for family in feature_families(space):
-        item = np.repeat(np.arange(n, dtype=np.int64), np.diff(family.row_splits))
-        values = np.asarray(family.values, dtype=np.int64)
-        known = values > 0
-        item, values = item[known], values[known]
-        lengths = np.bincount(item, minlength=n)
-        rows.append(item)
-        cols.append(offset + values - 1)
-        weights.append(1.0 / lengths[item])
-        offset += family.size - 1
-    if not rows:
-        return sp.csr_matrix((n, 0))
-    x = sp.coo_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n, offset))
-    return x.tocsr()  # duplicate (item, value) entries are summed: count / bag length
 
 
 def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, feature_ridge: float) -> np.ndarray:
@@ -105,7 +76,7 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
                 psd_projection: bool = True, expected: dict | None = None, feature_weight: float = 1.0,
                 feature_ridge: float = 1.0, inner_iterations: int = 3, feature_vectors: np.ndarray | None = None,
                 gravity: np.ndarray | None = None, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """(item vectors (n x d, catalog order), feature vectors (F x d, `feature_labels` order)) after
+    """(item vectors (n x d, catalog order), feature vectors (F x d, `features.feature_labels` order)) after
     `inner_iterations` rounds of item solve then feature solve.
 
     `feature_vectors` are the feature vectors to start from (the caller carries the returned ones

@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import scipy.sparse
+import scipy.sparse.linalg
 import tensorflow as tf
 
 from schemas import storage
@@ -99,6 +101,54 @@ class ItemEncoder(tf.keras.Model):
         if self._residual is not None:
             self._residual.assign(self._residual * factor)
 
+    def init_principal(self, weights: np.ndarray) -> int:
+        """Set the shared encoder to the top-d principal directions of the catalog's public feature
+        vectors x_j (each family's bag of values averaged, `trainer.features.feature_matrix`, and a
+        constant 1 for the bias), item j weighted by weights[j] (its DP count: post-processing of a
+        release, so free): v_j = V^T x_j with V the top-d eigenvectors of sum_j weights_j x_j x_j^T.
+
+        Why: the users of the first outer step are fitted to these embeddings, and the item update
+        starts from them. A random projection of the features mixes the few directions that tell
+        popular items apart with every rare value; the principal directions keep them, so that the
+        starting point (and every update held near it) is what the public features can say best.
+        Dimensions beyond the features' rank keep their random initialisation. Returns the number of
+        principal dimensions set (min(d, rank)). The unknown value (id 0) embeds to zero, as
+        `feature_matrix` drops it."""
+        if self.kind != "features":
+            raise ValueError("only the features encoder has public features to initialise from")
+        from trainer.features import feature_matrix
+
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError(f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}")
+        self(tf.zeros([1], tf.int64))  # builds the dense layer
+        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
+        family_dim = kernel.shape[0] // len(self._families)
+        if family_dim < self.dim:
+            raise ValueError(f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}")
+        x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
+        values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
+        rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
+        # the encoder as it stands is linear in x: its map W (rows: feature values, then the bias)
+        blocks = [table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim] for k, (_, _, table) in enumerate(self._families)]
+        linear = np.vstack(blocks + [bias[None, :]])
+        if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
+            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(_output_rms(x, linear[:, rank:]), 1e-300)
+        linear[:, :rank] = vectors[:, :rank]
+        offset = 0
+        for k, (_, _, table) in enumerate(self._families):
+            rows = table.shape[0] - 1
+            values_of = np.zeros(table.shape, np.float64)
+            values_of[1:, : self.dim] = linear[offset : offset + rows]
+            table.assign(values_of.astype(table.dtype.as_numpy_dtype))
+            offset += rows
+        identity = np.zeros_like(kernel)
+        for k in range(len(self._families)):
+            identity[k * family_dim : k * family_dim + self.dim] = np.eye(self.dim)
+        self._dense.kernel.assign(identity)
+        self._dense.bias.assign(linear[offset].astype(bias.dtype))
+        return rank
+
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
         if self.kind != "id":
@@ -112,6 +162,23 @@ class ItemEncoder(tf.keras.Model):
         embed = self.shared if shared else self
         out = [embed(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.dim))
+
+
+def _top_eigenvectors(gram: scipy.sparse.spmatrix, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(eigenvalues, eigenvectors as columns) of the k largest eigenvalues of a symmetric PSD matrix,
+    largest first: dense for a small matrix, Lanczos (ARPACK) for a large vocabulary."""
+    size = gram.shape[0]
+    if size <= 4096 or k >= size - 1:
+        values, vectors = np.linalg.eigh(gram.toarray())
+    else:
+        values, vectors = scipy.sparse.linalg.eigsh(gram.astype(np.float64), k=k, which="LA")
+    order = np.argsort(values)[::-1][:k]
+    return values[order], vectors[:, order]
+
+
+def _output_rms(x: scipy.sparse.spmatrix, linear: np.ndarray) -> np.ndarray:
+    """Root-mean-square over the items of each output dimension of x @ linear."""
+    return np.sqrt(np.mean(np.square(x @ linear), axis=0))
 
 
 def write_checkpoint(encoder: ItemEncoder, folder: str) -> None:

@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import scipy.sparse as sp
 
 from schemas.tables import MULTIVALENT, item_features, validate_items
 
@@ -90,3 +91,33 @@ class FeatureSpace:
         if not np.all(found):
             raise ValueError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
         return order[pos]
+
+
+def feature_families(space: FeatureSpace) -> list:
+    """The families that are public features (the features encoder's, DP-CMF's): every family but the item id."""
+    return [family for family in space.families if family.name != ITEM_ID_FAMILY]
+
+
+def feature_labels(space: FeatureSpace) -> list[tuple[str, str]]:
+    """(family, value) of every column of `feature_matrix(space)`, in column order."""
+    return [(family.name, value) for family in feature_families(space) for value in family.vocabulary]
+
+
+def feature_matrix(space: FeatureSpace) -> sp.csr_matrix:
+    """X (n items x F feature values, CSR): each family's bag of known values averaged, as the encoder does."""
+    n = space.size
+    rows, cols, weights, offset = [], [], [], 0
+    for family in feature_families(space):
+        item = np.repeat(np.arange(n, dtype=np.int64), np.diff(family.row_splits))
+        values = np.asarray(family.values, dtype=np.int64)
+        known = values > 0
+        item, values = item[known], values[known]
+        lengths = np.bincount(item, minlength=n)
+        rows.append(item)
+        cols.append(offset + values - 1)
+        weights.append(1.0 / lengths[item])
+        offset += family.size - 1
+    if not rows:
+        return sp.csr_matrix((n, 0))
+    x = sp.coo_matrix((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n, offset))
+    return x.tocsr()  # duplicate (item, value) entries are summed: count / bag length

@@ -155,6 +155,35 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
         train.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
 
 
+def test_the_starting_point_is_the_principal_directions_of_the_features_weighted_by_dp_counts(tmp_path):
+    """Prepare's initial item embeddings: the encoder's principal initialisation from the released DP
+    counts (nothing else of the private data), at unit RMS norm; --encoder-init random keeps the
+    seeded random projection."""
+    from pipelines.run_dir import Run
+
+    embeddings = {}
+    for init in ("principal", "random"):
+        config = small(tmp_path / init, encoder_init=init)
+        train.prepare(config, progress=False)
+        run = Run(config.out)
+        table = storage.read_table(run.item_embeddings(0))
+        embeddings[init] = np.array(table["embedding"].to_pylist())
+        np.testing.assert_allclose(np.sqrt(np.mean(np.sum(embeddings[init] ** 2, axis=1))), 1.0, rtol=1e-5)
+    counts = storage.read_table(Run(str(tmp_path / "principal")).counts)
+    space, model = train._encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    weights = np.ones(space.size)
+    weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
+    model.init_principal(weights)
+    train.normalise_embeddings(model)
+    np.testing.assert_allclose(embeddings["principal"], model.embed_all(), rtol=0, atol=1e-5)
+    _, fresh = train._encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    train.normalise_embeddings(fresh)
+    np.testing.assert_allclose(embeddings["random"], fresh.embed_all(), rtol=0, atol=1e-5)
+    assert not np.allclose(embeddings["principal"], embeddings["random"], atol=1e-2)
+    with pytest.raises(ValueError, match="--encoder-init must be one of"):
+        train.TrainConfig(encoder_init="pca")
+
+
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
     """What the DAG does: one command per stage against one run directory, the later ones given only
     --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""

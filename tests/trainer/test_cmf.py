@@ -9,7 +9,7 @@ from schemas import storage
 from schemas.arrays import matrix_to_list_column
 from schemas.tables import STATS, items_schema
 from trainer import als, cmf
-from trainer.features import Family, FeatureSpace
+from trainer.features import Family, FeatureSpace, feature_labels, feature_matrix
 
 ITEMS = pa.table(
     {"item_id": [10, 20, 30, 40, 50, 60], "title": ["a", "b", "c", "d", "e", "f"],
@@ -42,7 +42,7 @@ def noisy_stats(tmp_path, space, d, rows, seed):
 
 def test_feature_matrix_is_the_encoders_bag_average():
     space = FeatureSpace.from_items(ITEMS)
-    assert cmf.feature_labels(space) == [("genres", "x"), ("genres", "y"), ("genres", "z"), ("year", "1990"), ("year", "2000"), ("year", "2010")]
+    assert feature_labels(space) == [("genres", "x"), ("genres", "y"), ("genres", "z"), ("year", "1990"), ("year", "2000"), ("year", "2010")]
     expected = np.array([
         [1 / 2, 1 / 2, 0, 1, 0, 0],
         [0, 1, 0, 1, 0, 0],
@@ -51,10 +51,10 @@ def test_feature_matrix_is_the_encoders_bag_average():
         [0, 0, 1, 0, 0, 1],
         [0, 1 / 2, 1 / 2, 0, 1, 0],
     ])
-    np.testing.assert_allclose(cmf.feature_matrix(space).toarray(), expected, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(feature_matrix(space).toarray(), expected, rtol=0, atol=1e-15)
     # the "unknown" id 0 is no feature value: dropped, also from the bag length
     odd = FeatureSpace(np.array([1]), [Family("g", ["x"], np.array([0, 1]), np.array([0, 2]))])
-    np.testing.assert_array_equal(cmf.feature_matrix(odd).toarray(), [[1.0]])
+    np.testing.assert_array_equal(feature_matrix(odd).toarray(), [[1.0]])
 
 
 def test_zero_feature_weight_is_dp_als_exactly(tmp_path):
@@ -78,7 +78,7 @@ def test_zero_feature_weight_is_dp_als_exactly(tmp_path):
 def test_hand_computed_item_solve_and_feature_solve(tmp_path):
     items = pa.table({"item_id": [1, 2], "title": ["a", "b"], "genres": [["x"], ["x", "y"]]}, schema=items_schema({"genres": "multivalent"}))
     space = FeatureSpace.from_items(items)
-    x = cmf.feature_matrix(space)
+    x = feature_matrix(space)
     np.testing.assert_array_equal(x.toarray(), [[1.0, 0.0], [0.5, 0.5]])
     # A_1 = I, b_1 = (1, 2); A_2 = [[2, 1], [1, 2]], b_2 = (0, 3); mu = 2, ridge 1, P = I (p_x = e1, p_y = e2).
     path = write_stats(str(tmp_path / "s.parquet"), [1, 2], [np.eye(2), [[2.0, 1.0], [1.0, 2.0]]], [[1.0, 2.0], [0.0, 3.0]], 2)
