@@ -154,6 +154,7 @@ _RIDGE = {"ridge": Range(1e-3, 3.0, log=True)}
 _NOISE_RIDGE = {"noise_ridge": Range(0.01, 3.0, log=True)}
 _SGD = {"learning_rate": Range(1e-3, 0.1, log=True), "epochs": Range(5, 200, log=True, integer=True)}
 _RESIDUAL = {"residual_penalty": Range(0.1, 30.0, log=True)}  # AM-SSP's per-item residual (the features encoder with the id residual)
+_ANCHOR = {"anchor": Range(0.3, 100.0, log=True)}  # AM-SSP's hold on the shared encoder's start
 _COUNTS = {"count_share": Range(0.02, 0.3, log=True), "max_items_per_user": Range(20, 400, log=True, integer=True)}  # the DP counts release
 _CLIPS = {"clip_u": Range(0.05, 2.0, log=True), "clip_y": Range(0.5, 3.0)}
 # wbar is a pure scale of AM-SSP's statistics, noise and penalties (all in units of wbar Gamma_u^2),
@@ -173,7 +174,8 @@ METHODS: dict[str, Method] = {
     "cmf": Method("DP-CMF", {"item_update": "cmf", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS, **_CMF}),
     "dpsgd": Method("AM-DPSGD", {"item_update": "dpsgd", "encoder": "features"},  # DP-SGD has its own step size, epochs and clip; no ridge
                     {**_USER, **_CLIPS, **_WBAR, **_COUNTS, **_DPSGD}),
-    "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_CLIPS, **_COUNTS, **_SGD}),
+    "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"},
+                  {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD}),
 }
 _FIELDS = {item.name for item in fields(train.TrainConfig)}
 
