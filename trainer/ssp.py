@@ -43,7 +43,7 @@ numbers are set by pipelines.train from the release, never from a look at the pr
 Measured with the defaults at epsilon 5 (test RMSE, one seed): on `ssp synth --like movielens`
 (6,040 users) the starting point 1.019, AM-SSP 0.932, the DP mean 1.123, every popularity fifth
 better than the DP mean on it; on ml-latest-small (610 users) the starting point 0.951, AM-SSP
-0.948, AM-DPSGD 0.948.
+0.948, AM-DPSGD 0.950.
 
 There is deliberately no way to give this module interactions: its inputs are stats tables (with
 their release parameters checked against what the caller expects) and the encoder's public
