@@ -58,8 +58,8 @@ from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings
 # (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
 ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
 STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
-STAGES = ("all", "prepare")
-ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal  # `ssp train --stage`: the later stages have their own commands
+STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
+ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import scipy.sparse.linalg
 import tensorflow as tf
 
 from schemas import storage
-from trainer.features import ITEM_ID_FAMILY, FeatureSpace
+from trainer.features import ITEM_ID_FAMILY, FeatureSpace, feature_families, feature_matrix
 
 ENCODERS = ("features", "id")
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
@@ -51,7 +51,7 @@ class ItemEncoder(tf.keras.Model):
             raise ValueError(f"encoder dimension must be a positive integer, got {dim}")
         self.kind, self.dim, self.space = kind, dim, space
         ids = [f for f in space.families if f.name == ITEM_ID_FAMILY]
-        families = [f for f in space.families if f.name != ITEM_ID_FAMILY] if kind == "features" else ids
+        families = feature_families(space) if kind == "features" else ids
         if kind == "id" and not families:
             raise ValueError("the id-only encoder needs a feature space built with the item id family")
         if kind == "features" and not families:
@@ -116,8 +116,6 @@ class ItemEncoder(tf.keras.Model):
         `feature_matrix` drops it."""
         if self.kind != "features":
             raise ValueError("only the features encoder has public features to initialise from")
-        from trainer.features import feature_matrix
-
         weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise ValueError(f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}")
@@ -135,16 +133,15 @@ class ItemEncoder(tf.keras.Model):
         if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
             linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(_output_rms(x, linear[:, rank:]), 1e-300)
         linear[:, :rank] = vectors[:, :rank]
-        offset = 0
+        # family tables = the map's rows (row 0, the unknown value: zero), kernel = stacked identities
+        identity, offset = np.zeros_like(kernel), 0
         for k, (_, _, table) in enumerate(self._families):
             rows = table.shape[0] - 1
             values_of = np.zeros(table.shape, np.float64)
             values_of[1:, : self.dim] = linear[offset : offset + rows]
             table.assign(values_of.astype(table.dtype.as_numpy_dtype))
-            offset += rows
-        identity = np.zeros_like(kernel)
-        for k in range(len(self._families)):
             identity[k * family_dim : k * family_dim + self.dim] = np.eye(self.dim)
+            offset += rows
         self._dense.kernel.assign(identity)
         self._dense.bias.assign(linear[offset].astype(bias.dtype))
         return rank
