@@ -22,7 +22,9 @@ made against them) at the wall time that step finished. The run directory is del
 is measured (a d=64 run writes gigabytes of statistics); only the cell is kept. The DP popularity
 ranker ("dp-popularity", ranking protocol only) is the exception: its cell is `train.prepare` of
 its config (the split and the DP counts release, nothing more) and the held-out users' candidates
-scored by their DP count with trainer.evaluate's Recall@20.
+scored by their DP count with trainer.evaluate's Recall@20. The implicit-ALS reference ("ials",
+ranking protocol only, non-private) is the other: a textbook implicit ALS (bench.ladder's) on the
+same split, with its own (alpha, lambda) grid chosen on validation users, so it has nothing to tune.
 
 Privacy: the runs are the pipeline's own, each with a fresh noise seed from the OS CSPRNG; the
 metrics are evaluations on held-out private ratings (trusted side), as the pipeline's metrics.json.
@@ -170,6 +172,8 @@ METHODS: dict[str, Method] = {
     "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE}),
     "none": Method("starting point (public features)", {"item_update": "none", "encoder": "features"}, dict(_USER)),
     "dp-popularity": Method("DP popularity", {"item_update": "none", "encoder": "id"}, dict(_COUNTS), protocols=("recall",), kind="popularity"),
+    "ials": Method("implicit ALS (non-private, id)", {"non_private": True, "item_update": "none", "encoder": "id"}, {}, protocols=("recall",),
+                   kind="ials"),
     "als": Method("DP-ALS", {"item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS}),
     "cmf": Method("DP-CMF", {"item_update": "cmf", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS, **_CMF}),
     "dpsgd": Method("AM-DPSGD", {"item_update": "dpsgd", "encoder": "features"},  # DP-SGD has its own step size, epochs and clip; no ridge
@@ -319,6 +323,8 @@ def run_cell(out: str, params: dict) -> dict:
     """Train one cell's configuration on the shared Spark session and measure it (see module doc)."""
     if METHODS[params["method"]].kind == "popularity":
         return popularity_cell(out, params)
+    if METHODS[params["method"]].kind == "ials":
+        return ials_cell(out, params)
     root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -351,11 +357,9 @@ def run_trial(out: str, params: dict) -> dict:
                 "failed": f"{type(error).__name__}: {str(error)[:300]}"}
 
 
-def popularity_cell(out: str, params: dict) -> dict:
-    """The DP popularity ranker's cell: `train.prepare` of the cell's config (split, DP counts; the
-    ranking protocol releases nothing else there), then every held-out user's candidates (every
-    catalog item outside the user's history) ranked by DP count, scored with trainer.evaluate's
-    Recall@20. The epsilon spent is the counts release's (the ledger's)."""
+def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
+    """`train.prepare` of a ranking-only cell's config (the split and the counts release; nothing
+    else is released there): the run and its `prepared` record."""
     if params["protocol"] != "recall":
         raise ValueError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
     root = run_root(out, params)
@@ -365,7 +369,51 @@ def popularity_cell(out: str, params: dict) -> dict:
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
         with train.removed_if_refused(root), run_lock(root):
             prepared = train.prepare(config, progress=False)["prepared"]
-    run = Run(root)
+    return Run(root), prepared
+
+
+def ials_cell(out: str, params: dict) -> dict:
+    """The implicit-ALS reference's cell (non-private): Hu, Koren and Volinsky's implicit ALS
+    (bench.ladder.ials: d = 32, its (alpha, lambda) grid chosen on validation users) trained on the
+    split's training positives of the top 10% items by exact count (the protocol's training
+    restriction), held-out users folded in by its own user solve, every catalog item scored (the
+    others score 0), Recall@20 as every other method's. It answers how far the non-private pipeline
+    is from a standard implicit-feedback recommender on the same split."""
+    from bench import ladder
+    from pipelines import splits
+
+    started = time.time()
+    run, prepared = _prepared_split(out, params)
+    catalog = np.sort(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy())
+    train_rows = storage.read_table(storage.join(run.split, "train.parquet"), columns=["user_id", "item_id"])
+    users, user_index = np.unique(train_rows["user_id"].to_numpy(), return_inverse=True)
+    item_index = np.searchsorted(catalog, train_rows["item_id"].to_numpy())
+    counts = np.bincount(item_index, minlength=catalog.size)
+    top = np.isin(catalog, splits.top_items(catalog, counts))
+    keep = top[item_index]
+    held = {}
+    for part in ("valid", "test"):
+        history = storage.read_table(storage.join(run.split, f"{part}_history.parquet"), columns=["user_id", "item_id"])
+        targets = storage.read_table(storage.join(run.split, f"{part}_targets.parquet"), columns=["user_id", "item_id"])
+        h_user, t_user = history["user_id"].to_numpy(), targets["user_id"].to_numpy()
+        members = np.intersect1d(h_user, t_user)  # users with a history and targets, as trainer.evaluate
+        h_rows, t_rows = np.isin(h_user, members), np.isin(t_user, members)
+        held[part] = (np.searchsorted(members, h_user[h_rows]), np.searchsorted(catalog, history["item_id"].to_numpy()[h_rows]),
+                      np.searchsorted(members, t_user[t_rows]), np.searchsorted(catalog, targets["item_id"].to_numpy()[t_rows]), members.size)
+    split = ladder.RankingSplit(catalog.size, user_index[keep], item_index[keep], users.size, held)
+    result = ladder.ials(split, seed=params["seed"])
+    shutil.rmtree(run.root)
+    seconds = time.time() - started
+    return {"valid": result["valid"], "test": result["test"], "test_sliced": [None] * BUCKETS, "epsilon_spent": None, "seconds": seconds,
+            "trajectory": [{"step": 0, "seconds": seconds, "valid": result["valid"], "test": result["test"]}]}
+
+
+def popularity_cell(out: str, params: dict) -> dict:
+    """The DP popularity ranker's cell: `train.prepare` of the cell's config (split, DP counts; the
+    ranking protocol releases nothing else there), then every held-out user's candidates (every
+    catalog item outside the user's history) ranked by DP count, scored with trainer.evaluate's
+    Recall@20. The epsilon spent is the counts release's (the ledger's)."""
+    run, prepared = _prepared_split(out, params)
     catalog = storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy()
     train_items = storage.read_table(storage.join(run.split, "train.parquet"), columns=["item_id"])["item_id"].to_numpy()
     counts = storage.read_table(run.counts, columns=["item_id", "count"])
@@ -375,7 +423,7 @@ def popularity_cell(out: str, params: dict) -> dict:
     value = {"valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"], "test_sliced": metrics["test"]["sliced"],
              "epsilon_spent": spent if math.isfinite(spent) else None, "seconds": seconds,
              "trajectory": [{"step": 0, "seconds": seconds, "valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"]}]}
-    shutil.rmtree(root)
+    shutil.rmtree(run.root)
     return value
 
 

@@ -144,3 +144,17 @@ def test_unknown_method_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_main.main(["privacy-utility", "--out", str(tmp_path), "--methods", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_implicit_als_reference_on_the_ranking_protocol(tmp_path, spark, counted):
+    """The implicit-ALS reference has nothing to tune: one trial, then the test seed; it is non-private
+    (no epsilon spent) and leaves no run directory."""
+    data, out = str(write_ml1m(tmp_path / "ml-1m", users=150)), str(tmp_path / "out")
+    assert bench_main.main(["privacy-utility", "--data", data, "--out", out, "--quick", "--seeds", "1", "--no-progress", "--protocol", "recall",
+                            "--methods", "ials", "dp-popularity", "--epsilons", "5"]) == 0
+    assert [p["seed"] for p in counted if p["method"] == "ials"] == [0, training.TEST_SEED]
+    assert not list((tmp_path / "out" / "runs").glob("*/manifest.json"))
+    with open(tmp_path / "out" / "results.csv") as handle:
+        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    assert (rows["ials"]["label"], rows["ials"]["epsilon"], rows["ials"]["epsilon_spent"]) == ("implicit ALS (non-private, id)", "inf", "inf")
+    assert 0.0 < float(rows["ials"]["mean"]) <= 1.0
