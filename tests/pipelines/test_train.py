@@ -109,6 +109,19 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
             train.TrainConfig(protocol="recall", train_item_fraction=bad)
 
 
+def test_the_dimension_and_the_weights_follow_the_protocol():
+    """Ratings: d 8 and weights towards rare items (n^-1/4); ranking: d 16 and even weights (every
+    hit is on a popular item); non-private: d 32. A given value is kept; a non-finite exponent is
+    refused by name, and the weights the stats job gets follow the config."""
+    assert (train.TrainConfig().dim, train.TrainConfig().weight_exponent) == (8, -0.25)
+    assert (train.TrainConfig(protocol="recall").dim, train.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
+    assert train.TrainConfig(non_private=True).dim == train.TrainConfig(protocol="recall", non_private=True).dim == 32
+    assert train.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
+    assert train.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
+    with pytest.raises(ValueError, match="--weight-exponent"):
+        train.TrainConfig(weight_exponent=float("nan"))
+
+
 def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path):
     """AM-SSP's statistics cover the items whose DP count is at least stats_threshold * N/S
     (N/S = 2 sqrt(d) z, from the run's planned multiplier z); the stats job reads exactly their
