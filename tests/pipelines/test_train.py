@@ -110,11 +110,13 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
 
 
 def test_the_dimension_and_the_weights_follow_the_protocol():
-    """Ratings: d 8 and weights towards rare items (n^-1/4); ranking: d 16 and even weights (every
-    hit is on a popular item); non-private: d 32. A given value is kept; a non-finite exponent is
+    """Ratings: d 8 and weights towards rare items (n^-1/4); ranking: d 16 below epsilon 10, 32 from
+    10, and even weights (every hit is on a popular item); non-private: d 32. A given value is kept; a non-finite exponent is
     refused by name, and the weights the stats job gets follow the config."""
     assert (train.TrainConfig().dim, train.TrainConfig().weight_exponent) == (8, -0.25)
-    assert (train.TrainConfig(protocol="recall").dim, train.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
+    assert (train.TrainConfig(protocol="recall", epsilon=5).dim, train.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
+    assert train.TrainConfig(protocol="recall", epsilon=10).dim == train.TrainConfig(protocol="recall", epsilon=20).dim == 32
+    assert train.TrainConfig(epsilon=20).dim == 8
     assert train.TrainConfig(non_private=True).dim == train.TrainConfig(protocol="recall", non_private=True).dim == 32
     assert train.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
     assert train.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
