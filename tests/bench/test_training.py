@@ -94,13 +94,18 @@ def test_search_spaces_contain_the_named_ranges():
         assert training.tuned_values(name, config, {}).keys() == training.search_space(name, {}).keys(), name
 
 
-def test_dp_popularity_is_a_ranking_method():
+def test_dp_popularity_and_implicit_als_are_ranking_methods():
     method = training.METHODS["dp-popularity"]
     assert method.protocols == ("recall",) and method.kind == "popularity" and method.private and training.available("dp-popularity")
-    assert training.runs_under("dp-popularity", "recall") and not training.runs_under("dp-popularity", "rmse")
-    assert all(training.runs_under(n, "rmse") for n in training.METHODS if n != "dp-popularity")
+    reference = training.METHODS["ials"]
+    assert reference.protocols == ("recall",) and reference.kind == "ials" and not reference.private and not reference.space
+    for name in ("dp-popularity", "ials"):
+        assert training.runs_under(name, "recall") and not training.runs_under(name, "rmse")
+    assert all(training.runs_under(n, "rmse") for n in training.METHODS if n not in ("dp-popularity", "ials"))
     with pytest.raises(ValueError, match="recall protocol only"):
         training.popularity_cell("/nowhere", training.cell_params("/d", "rmse", "dp-popularity", 1.0, {}, 0))
+    with pytest.raises(ValueError, match="recall protocol only"):
+        training.ials_cell("/nowhere", training.cell_params("/d", "rmse", "ials", None, {}, 0))
 
 
 def test_caps_restrict_the_ranges_or_stand_in_for_them():
