@@ -27,7 +27,7 @@ import shutil
 import uuid
 
 from pipelines.datasets import open_dataset
-from pipelines.lock import run_lock
+from pipelines.lock import existing_run_lock
 from pipelines.release import check_ledger_complete
 from pipelines.run_dir import Run, require_steps
 from privacy.ledger import Ledger
@@ -134,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    with run_lock(args.run):
+    with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
     print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json "
           f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")

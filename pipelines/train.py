@@ -42,7 +42,7 @@ import pyarrow as pa
 from pipelines import ingest, release, splits, stats_job, user_update
 from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts, dp_units
 from pipelines.gram import dp_gram
-from pipelines.lock import run_lock
+from pipelines.lock import existing_run_lock, run_lock
 from pipelines.mean import dp_mean
 from pipelines.run_dir import Run, require_steps
 from pipelines.stats_core import StatsSettings
@@ -902,7 +902,7 @@ def main(args: argparse.Namespace) -> int:
 
 def item_update_main(args: argparse.Namespace) -> int:
     """`ssp item-update --run RUN --step s`."""
-    with run_lock(args.run):
+    with existing_run_lock(args.run):
         manifest = item_update(Run(args.run), args.step)
     print(f"outer step {args.step} of {args.run} done (steps done: {manifest['steps_done']})")
     return 0
@@ -910,7 +910,7 @@ def item_update_main(args: argparse.Namespace) -> int:
 
 def evaluate_main(args: argparse.Namespace) -> int:
     """`ssp evaluate --run RUN`."""
-    with run_lock(args.run):
+    with existing_run_lock(args.run):
         metrics = evaluate(Run(args.run))
     print(describe(metrics))
     return 0

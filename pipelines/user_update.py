@@ -31,7 +31,7 @@ from collections.abc import Iterator  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from pipelines.lock import run_lock  # noqa: E402
+from pipelines.lock import existing_run_lock  # noqa: E402
 from pipelines.release import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
 from pipelines.spark import readable_tables  # noqa: E402
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--run takes the inputs and settings from the run's manifest; drop {', '.join(given)}")
         if (args.step is None) == (not args.final):
             raise ValueError("with --run give exactly one of --step S and --final")
-        with run_lock(args.run), session("ssp-user-update", args.master) as spark:
+        with existing_run_lock(args.run), session("ssp-user-update", args.master) as spark:
             run_step(spark, args.run, None if args.final else args.step)
         print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
         return 0

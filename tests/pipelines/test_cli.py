@@ -1,5 +1,6 @@
 """The `ssp` command as a user runs it: help on every subcommand, exit codes, errors in one line."""
 
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,19 @@ def test_stage_commands_refuse_a_folder_without_a_run(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(f"ssp evaluate: error: {tmp_path} holds no run (no manifest.json)")
     result = ssp("user-update", "--run", str(tmp_path), "--step", "1", "--final")
     assert result.returncode == 2 and result.stderr.strip().endswith("with --run give exactly one of --step S and --final")
+
+
+@pytest.mark.parametrize("args", [["evaluate"], ["item-update", "--step", "1"], ["publish", "--to", "{tmp}/published"], ["user-update", "--step", "1"]])
+def test_a_stage_of_a_missing_run_is_refused_without_creating_it(tmp_path, args):
+    """Through the installed `ssp`: a --run that does not exist is refused in one line, exit 2, and
+    neither it (nor a lock in it) nor the publication folder is created."""
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    run = tmp_path / "no-run"
+    result = subprocess.run([installed, args[0], "--run", str(run), *[a.format(tmp=tmp_path) for a in args[1:]]], capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert errors == [f"ssp {args[0]}: error: {run} holds no run (no manifest.json); start it with `ssp train --stage prepare --out {run} ...`"]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)
