@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -230,7 +231,8 @@ def iter_ratings(folder: str, block_size: int = 1 << 26) -> Iterator[pa.RecordBa
     """Stream the ratings as canonical interaction batches (user_id, item_id, label, timestamp).
 
     Each batch is validated; a malformed line, a non-numeric or non-finite rating, or an id that
-    does not fit in int64 raises `IngestError` naming the file and the line.
+    does not fit in int64 raises `IngestError` naming the file and the line. Blank lines (and lines
+    whose every field is empty) are skipped, as in the catalog.
     """
     layout = detect_layout(folder)
     path = storage.join(folder, layout.ratings)
@@ -264,13 +266,18 @@ def iter_ratings(folder: str, block_size: int = 1 << 26) -> Iterator[pa.RecordBa
             table = pa.Table.from_arrays(
                 [batch.column(name) for name in picked], schema=INTERACTIONS.remove_metadata()
             )
+            # a blank line parses as a row of nulls: skipped (as in movies.csv), but counted for the line numbers
+            lines = np.flatnonzero(~np.logical_and.reduce([table[name].is_null().to_numpy(zero_copy_only=False) for name in table.column_names]))
+            rows = table.num_rows
+            if lines.size < rows:
+                table = table.take(pa.array(lines))
             try:
                 table = validate_interactions(table)
             except SchemaError as exc:
                 column = {"label": "rating", "user_id": "user id", "item_id": "movie id"}.get(exc.column, exc.column)
-                line = first_line + (exc.row or 0)
+                line = first_line + int(lines[exc.row or 0])
                 raise IngestError(f"{path}, line {line}: {column} {exc.problem}") from None
-            first_line += table.num_rows
+            first_line += rows
             yield from table.to_batches()
 
 
@@ -297,6 +304,8 @@ def _locate_bad_line(path: str, layout: Layout, error: Exception) -> IngestError
             if number == 1 and layout.header:
                 continue
             fields = split(line) if line.strip() else []
+            if not any(field.strip() for field in fields):  # blank (or every field empty): skipped, as the reader does
+                continue
             if len(fields) != 4:
                 shown = line.rstrip("\r\n")
                 return IngestError(f"{path}, line {number}: expected 4 fields separated by {layout.delimiter!r}, found {len(fields)}: {shown!r}")

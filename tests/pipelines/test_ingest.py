@@ -151,13 +151,26 @@ def assert_refused(src, out, pattern, **kwargs):
         ("3,10,NaN,5", r"ratings.csv, line 5: rating is not finite \(nan\)"),
         ("3,10,,5", r"ratings.csv, line 5: rating is null"),
         ("3,99999999999999999999,4.0,5", r"ratings.csv, line 5: movie id 99999999999999999999 does not fit in a 64-bit integer"),
-        ("", r"ratings.csv, line 5: user id is null"),
+        (",10,4.0,5", r"ratings.csv, line 5: user id is null"),
     ],
 )
 def test_bad_rating_lines_are_located(csv_source, tmp_path, line, pattern):
     with open(csv_source / "ratings.csv", "a") as f:
         f.write(line + "\n3,20,1.0,7\n")
     assert_refused(csv_source, tmp_path / "out", pattern)
+
+
+def test_blank_rating_lines_are_skipped_and_later_lines_keep_their_numbers(csv_source, tmp_path):
+    """As in movies.csv: a blank line (or one whose fields are all empty), in the middle or at the
+    end, is skipped; an error after one still names its own line."""
+    rows = len(open(csv_source / "ratings.csv").read().splitlines()) - 1
+    with open(csv_source / "ratings.csv", "a") as f:
+        f.write("\n3,20,1.0,7\n,,,\n\n")
+    data = ingest.ingest(str(csv_source), str(tmp_path / "out"))
+    assert data.manifest["ratings"] == rows + 1
+    with open(csv_source / "ratings.csv", "a") as f:
+        f.write("3,30,bad,8\n")
+    assert_refused(csv_source, tmp_path / "refused", rf"ratings.csv, line {rows + 6}: rating 'bad' is not a number")
 
 
 def test_unknown_items_fail_with_count_or_are_dropped(csv_source, tmp_path):
