@@ -128,7 +128,7 @@ INGEST_REFUSED = {
     "header-only ratings.csv": (csv_folder(ratings="userId,movieId,rating,timestamp\n"), r"ratings.csv holds no ratings"),
     "header-only movies.csv": (csv_folder(movies="movieId,title,genres\n"), r"movies.csv holds no movies"),
     "header-only both": (csv_folder("userId,movieId,rating,timestamp\n", "movieId,title,genres\n"), r"movies.csv holds no movies"),
-    "blank ratings.dat": (dat_folder(ratings="\n\n"), r"ratings.dat, line 1: user id is null"),
+    "blank ratings.dat": (dat_folder(ratings="\n\n"), r"ratings.dat holds no ratings"),  # blank lines are skipped: nothing is left
     # wrong delimiters
     "ratings.csv with ';'": (csv_folder(ratings=RATINGS.replace(",", ";")),
                              r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp separated by ',', found 'userId;movieId;rating;timestamp'"),
