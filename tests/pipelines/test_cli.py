@@ -52,6 +52,21 @@ def test_a_stage_of_a_missing_run_is_refused_without_creating_it(tmp_path, args)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("stage", [[], ["--stage", "prepare"]])
+def test_train_refuses_a_folder_that_holds_something_else_and_writes_nothing_in_it(tmp_path, stage):
+    """Through the installed `ssp`: --out pointing at a data set folder is refused in one line, exit
+    2, before the run lock would leave a file in it."""
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    folder = tmp_path / "data-set"
+    folder.mkdir()
+    (folder / "manifest.json").write_text('{"source": "synthetic", "users": 3}')
+    result = subprocess.run([installed, "train", "--out", str(folder), *stage], capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert errors == [f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no settings); use a new --out"]
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
+
+
 @pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_subcommand_help(name, capsys):
     with pytest.raises(SystemExit) as info:
