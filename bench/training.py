@@ -49,7 +49,6 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from pipelines import ingest, train
-from pipelines.lock import run_lock
 from pipelines.run_dir import Run
 from privacy.ledger import Ledger
 from schemas import storage
@@ -367,7 +366,7 @@ def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        with train.removed_if_refused(root), run_lock(root):
+        with train.run_directory(config):
             prepared = train.prepare(config, progress=False)["prepared"]
     return Run(root), prepared
 
@@ -382,7 +381,6 @@ def ials_cell(out: str, params: dict) -> dict:
     from bench import ladder
     from pipelines import splits
 
-    started = time.time()
     run, prepared = _prepared_split(out, params)
     catalog = np.sort(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy())
     train_rows = storage.read_table(storage.join(run.split, "train.parquet"), columns=["user_id", "item_id"])
@@ -403,7 +401,7 @@ def ials_cell(out: str, params: dict) -> dict:
     split = ladder.RankingSplit(catalog.size, user_index[keep], item_index[keep], users.size, held)
     result = ladder.ials(split, seed=params["seed"])
     shutil.rmtree(run.root)
-    seconds = time.time() - started
+    seconds = time.time() - prepared["started_at"]
     return {"valid": result["valid"], "test": result["test"], "test_sliced": [None] * BUCKETS, "epsilon_spent": None, "seconds": seconds,
             "trajectory": [{"step": 0, "seconds": seconds, "valid": result["valid"], "test": result["test"]}]}
 

@@ -267,15 +267,15 @@ def iter_ratings(folder: str, block_size: int = 1 << 26) -> Iterator[pa.RecordBa
                 [batch.column(name) for name in picked], schema=INTERACTIONS.remove_metadata()
             )
             # a blank line parses as a row of nulls: skipped (as in movies.csv), but counted for the line numbers
-            lines = np.flatnonzero(~np.logical_and.reduce([table[name].is_null().to_numpy(zero_copy_only=False) for name in table.column_names]))
+            non_blank = np.flatnonzero(~np.logical_and.reduce([table[name].is_null().to_numpy(zero_copy_only=False) for name in table.column_names]))
             rows = table.num_rows
-            if lines.size < rows:
-                table = table.take(pa.array(lines))
+            if non_blank.size < rows:
+                table = table.take(pa.array(non_blank))
             try:
                 table = validate_interactions(table)
             except SchemaError as exc:
                 column = {"label": "rating", "user_id": "user id", "item_id": "movie id"}.get(exc.column, exc.column)
-                line = first_line + int(lines[exc.row or 0])
+                line = first_line + int(non_blank[exc.row or 0])
                 raise IngestError(f"{path}, line {line}: {column} {exc.problem}") from None
             first_line += rows
             yield from table.to_batches()

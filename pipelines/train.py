@@ -402,7 +402,7 @@ def _released_anything(run: Run) -> bool:
 
 
 @contextmanager
-def _run_directory(config: TrainConfig):
+def run_directory(config: TrainConfig):
     """The run directory held for a command: its folder checked first, read-only (a folder holding
     something other than this run is refused before the lock would write in it), then the lock,
     and the directory removed whole if the command is refused before its first release."""
@@ -701,7 +701,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones.
     Holds the run directory's lock throughout: a second run on the same directory is refused.
     """
-    with _run_directory(config):
+    with run_directory(config):
         layout = Run(config.out)
         prepare(config, progress)
 
@@ -902,7 +902,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.stage == "prepare":
-        with _run_directory(config):
+        with run_directory(config):
             prepare(config)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0
