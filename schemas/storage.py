@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 # gcsfs probes for hierarchical-namespace buckets on every access unless told not to; against the
 # storage emulator each probe hangs for about a minute. Set before gcsfs can be imported.
@@ -127,13 +127,28 @@ class StagedWrite:
 
     def commit(self, names: list[str], rows: int) -> None:
         """Publish the listed parts atomically, replacing any previous table at the path."""
-        fs = self.fs
+        self.seal(names, rows)
+        self.publish()
+
+    def seal(self, names: list[str], rows: int) -> None:
+        """Finish the write short of publishing it: on a local disk the marker is written into the
+        staging folder, so that `publish` is a rename that needs no space (a full disk cannot stop
+        it halfway). On gs:// the marker upload is the publication itself, kept for `publish`."""
         marker = json.dumps({"rows": rows, "files": sorted(names)}).encode()
         if self.local:
             os.makedirs(self.directory, exist_ok=True)
             with open(os.path.join(self.directory, SUCCESS), "wb") as out:
                 out.write(marker)
+        self._sealed = (sorted(names), marker)
+
+    def publish(self) -> None:
+        """Make the sealed write the table at the path, replacing any previous one, and remove
+        what earlier killed or failed writes of the same table left behind."""
+        names, marker = self._sealed
+        fs = self.fs
+        if self.local:
             _swap_into_place(self.directory, self.final)
+            _clear_stale(self.final)
         else:
             fs.invalidate_cache()
             previous = [f for f in fs.ls(self.final, detail=False) if posixpath.basename(f) not in names] if fs.exists(self.final) else []
@@ -172,7 +187,7 @@ class TableWriter:
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
         self.rows = 0
-        self._done = False
+        self._sealed = self._done = False
 
     def _open_next_file(self) -> None:
         if self._writer is not None:
@@ -200,11 +215,18 @@ class TableWriter:
 
     def commit(self) -> None:
         """Publish the table atomically, replacing any previous table at the path."""
+        if not self._sealed:
+            self.seal()
+        self._staged.publish()
+        self._done = True
+
+    def seal(self) -> None:
+        """Write everything short of publishing (see `StagedWrite.seal`); `commit()` then publishes."""
         if self._writer is None:
             self._open_next_file()
         self._writer.close()
-        self._staged.commit(self._files, self.rows)
-        self._done = True
+        self._staged.seal(self._files, self.rows)
+        self._sealed = True
 
     def abort(self) -> None:
         """Discard everything written so far."""
@@ -236,25 +258,68 @@ def write_table_file(table: pa.Table, path: str) -> None:
     step (a temporary file renamed over it locally; one object upload on gs://): a reader, or a
     crash, never finds the path missing or half written. A table folder left at `path` by an older
     write is swapped out first."""
-    fs, inner = filesystem(path)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    payload = sink.getvalue().to_pybytes()
-    if is_local(fs):
-        os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
-        tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())
-        if os.path.isdir(inner):
-            shutil.rmtree(inner)
-        os.replace(tmp, inner)
-    else:
-        if fs.isdir(inner):
-            fs.rm(inner, recursive=True)
-        fs.pipe(inner, payload)
-    fs.invalidate_cache()
+    staged = StagedFile(sink.getvalue().to_pybytes(), path)
+    fs, inner = filesystem(path)
+    if fs.isdir(inner):
+        shutil.rmtree(inner) if is_local(fs) else fs.rm(inner, recursive=True)
+    staged.publish()
+
+
+class StagedFile:
+    """A small file written in full beside its path, then published in one step: a rename on a
+    local disk (which needs no space, so a full disk fails the write, never the publication), a
+    single object upload on gs://. A failed write leaves nothing behind."""
+
+    def __init__(self, payload: bytes, path: str):
+        self.path, self.payload = path, payload
+        fs, self.inner = filesystem(path)
+        self.local = is_local(fs)
+        if self.local:
+            os.makedirs(os.path.dirname(self.inner) or ".", exist_ok=True)
+            self.tmp = f"{self.inner}.tmp-{uuid.uuid4().hex}"
+            try:
+                with open(self.tmp, "wb") as out:
+                    out.write(payload)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except BaseException:
+                self.abort()
+                raise
+
+    def publish(self) -> None:
+        fs = filesystem(self.path)[0]
+        if self.local:
+            os.replace(self.tmp, self.inner)
+            _clear_stale(self.inner)
+        else:
+            fs.pipe(self.inner, self.payload)
+        fs.invalidate_cache()
+
+    def abort(self) -> None:
+        if self.local and os.path.lexists(self.tmp):
+            os.remove(self.tmp)
+
+
+def _clear_stale(final: str) -> None:
+    """Remove what killed or failed writes of the local path `final` left beside it: hidden
+    staging folders `.NAME.tmp-*` (tables, model folders) and temporary files `NAME.tmp-*`.
+    Called after a write of `final` is published: writes of one path are serialised by the run or
+    release lock, so whatever staging of it remains belongs to a write that will never finish."""
+    parent, name = os.path.split(final)
+    try:
+        entries = os.listdir(parent or ".")
+    except OSError:
+        return
+    for entry in entries:
+        if entry.startswith((f".{name}.tmp-", f"{name}.tmp-")):
+            stale = os.path.join(parent, entry)
+            if os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                with suppress(OSError):
+                    os.remove(stale)
 
 
 def _swap_into_place(staging: str, final: str) -> None:
@@ -296,6 +361,7 @@ def write_folder(path: str) -> Iterator[str]:
             with open(os.path.join(staging, SUCCESS), "wb") as out:
                 out.write(marker)
             _swap_into_place(staging, final)
+            _clear_stale(final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return
@@ -330,7 +396,7 @@ def read_folder(path: str) -> Iterator[str]:
     if is_local(fs):
         yield inner
         return
-    names = json.loads(fs.cat_file(marker))["files"]
+    names = _read_marker(fs, marker, path).get("files", [])
     staging = tempfile.mkdtemp(prefix="ssp-folder-")
     try:
         for name in names:
@@ -362,10 +428,26 @@ def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     marker = posixpath.join(inner, SUCCESS)
     if not fs.exists(marker):
         raise MissingTableError(f"table {path} is incomplete: no {SUCCESS} marker (its write did not finish)")
-    files = json.loads(fs.cat_file(marker) or b"{}").get("files")
+    present = {posixpath.basename(f) for f in fs.ls(inner, detail=False)}
+    files = _read_marker(fs, marker, path).get("files")
     if files is None:  # a marker written by another engine (Spark writes an empty one)
-        files = sorted(posixpath.basename(f) for f in fs.ls(inner, detail=False) if f.endswith(".parquet"))
+        files = sorted(name for name in present if name.endswith(".parquet"))
+    missing = [name for name in files if name not in present]
+    if missing:
+        raise MissingTableError(f"table {path} is damaged: its {SUCCESS} marker lists {missing[0]}, which is missing"
+                                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return fs, [posixpath.join(inner, name) for name in files]
+
+
+def _read_marker(fs: fsspec.AbstractFileSystem, marker: str, path: str) -> dict:
+    """The `_SUCCESS` marker of the table or folder at `path` (empty when written by another engine)."""
+    try:
+        document = json.loads(fs.cat_file(marker) or b"{}")
+        if not isinstance(document, dict) or not isinstance(document.get("files", []), list):
+            raise ValueError("not a JSON object with a list of files")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MissingTableError(f"{path} is damaged: its {SUCCESS} marker is not the list of its files ({exc})") from None
+    return document
 
 
 def table_files(path: str) -> list[str]:
@@ -380,17 +462,36 @@ def _url(fs: fsspec.AbstractFileSystem, inner: str) -> str:
     return inner if protocol in ("file", "local") else f"{protocol}://{inner}"
 
 
+class DamagedTableError(ValueError):
+    """A data file that exists but cannot be read as Parquet (truncated, overwritten, not Parquet)."""
+
+
+@contextmanager
+def _reading(file: str) -> Iterator[None]:
+    """Name the data file in the error when Arrow cannot read it (its own message names none)."""
+    try:
+        yield
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise DamagedTableError(f"{file} cannot be read as Parquet: {exc}".rstrip()) from None
+
+
 def read_schema(path: str) -> pa.Schema:
     """The schema (with its metadata) of the table at `path`."""
     fs, files = _table_files(path)
-    return pq.read_schema(files[0], filesystem=_arrow_fs(fs))
+    with _reading(files[0]):
+        return pq.read_schema(files[0], filesystem=_arrow_fs(fs))
 
 
 def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
     """Read a whole table (a Parquet file or a committed folder), keeping its schema metadata."""
     fs, files = _table_files(path)
     arrow_fs = _arrow_fs(fs)
-    parts = [pq.read_table(f, columns=columns, filesystem=arrow_fs) for f in files]
+    parts = []
+    for f in files:
+        with _reading(f):
+            parts.append(pq.read_table(f, columns=columns, filesystem=arrow_fs))
     schema = parts[0].schema
     return pa.concat_tables([part.replace_schema_metadata(schema.metadata) for part in parts])
 
@@ -401,7 +502,7 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
     fs, files = _table_files(path)
     arrow_fs = _arrow_fs(fs)
     for f in files:
-        with arrow_fs.open_input_file(f) as handle:
+        with _reading(f), arrow_fs.open_input_file(f) as handle:
             yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, columns=columns)
 
 
@@ -412,7 +513,7 @@ def row_groups(path: str) -> list[tuple[str, int, int]]:
     arrow_fs = _arrow_fs(fs)
     units = []
     for inner in files:
-        with arrow_fs.open_input_file(inner) as handle:
+        with _reading(inner), arrow_fs.open_input_file(inner) as handle:
             metadata = pq.ParquetFile(handle).metadata
         units += [(_url(fs, inner), group, metadata.row_group(group).num_rows) for group in range(metadata.num_row_groups)]
     return units
@@ -421,7 +522,7 @@ def row_groups(path: str) -> list[tuple[str, int, int]]:
 def iter_row_group(file: str, group: int, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
     """Stream one row group of a data file (from `row_groups`) in record batches."""
     fs, inner = filesystem(file)
-    with _arrow_fs(fs).open_input_file(inner) as handle:
+    with _reading(file), _arrow_fs(fs).open_input_file(inner) as handle:
         yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, row_groups=[group], columns=columns)
 
 
@@ -441,17 +542,21 @@ def _json_ready(value):
 
 def write_json(document: dict, path: str) -> None:
     """Write a small JSON document atomically (temporary file, then rename or single put)."""
+    StagedFile(json_payload(document), path).publish()
+
+
+def json_payload(document: dict) -> bytes:
+    """The bytes `write_json` writes for `document`."""
+    return json.dumps(_json_ready(document), indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
+
+
+def require_folder_target(path: str, flag: str) -> None:
+    """Refuse an output folder `path` (given as `flag`) that is an existing file, before anything is
+    written: the write would otherwise fail halfway with the operating system's words."""
     fs, inner = filesystem(path)
-    payload = json.dumps(_json_ready(document), indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
-    if is_local(fs):
-        os.makedirs(os.path.dirname(inner) or ".", exist_ok=True)
-        tmp = f"{inner}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as out:
-            out.write(payload)
-        os.replace(tmp, inner)
-    else:
-        fs.pipe(inner, payload)  # a single object upload is atomic on object stores
     fs.invalidate_cache()
+    if fs.isfile(inner):
+        raise ValueError(f"{flag} {path} is a file; give a folder (new or written by ssp)")
 
 
 def remove(path: str) -> None:
@@ -469,4 +574,7 @@ def read_json(path: str) -> dict:
     fs.invalidate_cache()
     if not fs.isfile(inner):
         raise MissingTableError(f"file not found: {path}")
-    return json.loads(fs.cat_file(inner))
+    try:
+        return json.loads(fs.cat_file(inner))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSON document ({exc})") from None
