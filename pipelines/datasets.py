@@ -86,14 +86,20 @@ class _InteractionStats:
 def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
     """Validate and write a data set: items, streamed interactions, then the manifest.
 
-    Interactions are validated batch by batch and must refer to catalog items only. Nothing is
-    published unless everything succeeds: both tables are committed after the last batch, and the
-    manifest, which marks the folder complete, last of all.
+    Interactions are validated batch by batch and must refer to catalog items only. A data set
+    already in `out` stays whole until the new one is written in full: both tables and the new
+    manifest are staged beside it first, and only then swapped in (on a local disk by renames,
+    which need no space, so a full disk or a bad row leaves the earlier data set as it was). The
+    old manifest goes first and the new one lands last: a folder caught between the two reads as
+    incomplete, never as a mix.
     """
+    storage.require_folder_target(out, "--out")
     items = validate_items(items)
     catalog = np.sort(items["item_id"].to_numpy())
     stats = _InteractionStats()
-    writer = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS)
+    interactions = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS)
+    item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
+    staged_manifest = None
     try:
         for batch in interaction_batches:
             table = validate_interactions(pa.Table.from_batches([batch]))
@@ -103,20 +109,24 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
                 raise ValueError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
             for part in table.to_batches():
                 stats.add(part)
-            writer.write(table)
+            interactions.write(table)
+        interactions.seal()
+        item_table.write(items)
+        item_table.seal()
+        full_manifest = {
+            **manifest,
+            "public_features": item_features(items.schema),
+            "items": items.num_rows,
+            **stats.summary(),
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        staged_manifest = storage.StagedFile(storage.json_payload(full_manifest), storage.join(out, MANIFEST))
     except BaseException:
-        writer.abort()
+        interactions.abort()
+        item_table.abort()
         raise
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
-    writer.commit()
-    storage.write_table(items, storage.join(out, ITEMS_TABLE))
-    features = item_features(items.schema)
-    full_manifest = {
-        **manifest,
-        "public_features": features,
-        "items": items.num_rows,
-        **stats.summary(),
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    storage.write_json(full_manifest, storage.join(out, MANIFEST))
+    interactions.commit()
+    item_table.commit()
+    staged_manifest.publish()
     return Dataset(out, full_manifest)
