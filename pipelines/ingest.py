@@ -12,6 +12,7 @@ manifest records the declaration. Tags come from users, so they are public only 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -37,10 +38,15 @@ def ingest(
     public_features: tuple[str, ...] = movielens.DEFAULT_PUBLIC_FEATURES,
     unknown_items: str = "fail",
     progress: bool = False,
+    rating_scale: tuple[float, float] = movielens.DEFAULT_RATING_SCALE,
 ) -> Dataset:
-    """Ingest the MovieLens folder `source` into the data set folder `out`."""
+    """Ingest the MovieLens folder `source` into the data set folder `out`; every rating must lie
+    on `rating_scale`, which the manifest records as the data's declared scale."""
     if unknown_items not in UNKNOWN_ITEM_POLICIES:
         raise ValueError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
+    low, high = rating_scale
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
     layout = movielens.detect_layout(source)
     items = movielens.read_catalog(source, public_features)
     catalog = np.sort(items["item_id"].to_numpy())
@@ -48,7 +54,7 @@ def ingest(
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
         with tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr) as bar:  # closed (its line ended) before any error is printed
-            for batch in movielens.iter_ratings(source):
+            for batch in movielens.iter_ratings(source, scale=rating_scale):
                 bar.update(batch.num_rows)
                 unknown["seen"] += batch.num_rows
                 known = np.isin(batch.column("item_id").to_numpy(), catalog)
@@ -74,8 +80,13 @@ def ingest(
         "source": source,
         "layout": layout.name,
         "unknown_items": {"policy": unknown_items},
+        "rating_scale": [float(low), float(high)],
     }
-    return write_dataset(out, items, known_ratings(), manifest)
+    batches = known_ratings()
+    try:
+        return write_dataset(out, items, batches, manifest)
+    finally:
+        batches.close()  # its progress bar ends its line now, before an error of the write is printed
 
 
 def load_or_ingest(path: str, workdir: str, progress: bool = False) -> Dataset:
@@ -99,7 +110,8 @@ def describe(dataset: Dataset) -> str:
         f"  items    {m['items']:>12,}  ({m['rated_items']:,} rated)",
     ]
     if m.get("label_range"):
-        lines.append(f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}")
+        scale = m.get("rating_scale")
+        lines.append(f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}" + (f" (scale {scale[0]:g} .. {scale[1]:g})" if scale else ""))
     dropped = m.get("unknown_items", {}).get("dropped_ratings")
     if dropped:
         lines.append(f"  dropped  {dropped:>12,} ratings of movies missing from the catalog")
@@ -128,13 +140,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated item feature families declared public: genres, year, tags "
         "(tags are written by users: declare them public only if your policy allows; default: %(default)s)",
     )
+    parser.add_argument("--rating-scale", nargs=2, type=float, metavar=("MIN", "MAX"), default=list(movielens.DEFAULT_RATING_SCALE),
+                        help="the data's rating scale: a rating outside it is refused; recorded as the data set's declared scale, "
+                        "which training uses (default: %(default)s, every MovieLens set)")
     parser.add_argument("--unknown-items", choices=UNKNOWN_ITEM_POLICIES, default="fail", help="what to do with ratings of movies missing from the catalog (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     features = tuple(name.strip() for name in args.public_features.split(",") if name.strip())
-    dataset = ingest(args.source, args.out, features, args.unknown_items, progress=True)
+    dataset = ingest(args.source, args.out, features, args.unknown_items, progress=True, rating_scale=tuple(args.rating_scale))
     print(describe(dataset))
     print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
     return 0

@@ -39,6 +39,8 @@ ML100K_GENRES = (
 ).split()
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})(?:\s*[-\u2013]\s*(?:\d{4})?)?\)\s*$")
 _INT64 = (-(2**63), 2**63 - 1)
+_UTF8_MULTIBYTE = re.compile(rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3}")
+DEFAULT_RATING_SCALE = (0.5, 5.0)  # every MovieLens set: half stars 0.5..5 (ml-100k and ml-1m use whole stars 1..5 within it)
 
 
 class IngestError(ValueError):
@@ -85,7 +87,9 @@ def year_from_title(title: str) -> int | None:
 
 
 def _read_text(folder: str, name: str) -> str:
-    """A whole small file as text: UTF-8 when it decodes, else latin-1 (ml-1m and ml-100k)."""
+    """A whole small file as text: UTF-8 when it decodes, else latin-1 (ml-1m and ml-100k) when it
+    holds no UTF-8 at all. A UTF-8 file with a stray byte of another encoding is refused at that
+    byte's line: read as latin-1, each of its accented characters would become two wrong ones."""
     path = storage.join(folder, name)
     fs, inner = storage.filesystem(path)
     if not fs.isfile(inner):
@@ -93,7 +97,11 @@ def _read_text(folder: str, name: str) -> str:
     raw = fs.cat_file(inner)
     try:
         return raw.decode("utf-8-sig")  # a byte-order mark (files saved by spreadsheets) is not part of the header
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as exc:
+        if _UTF8_MULTIBYTE.search(raw):
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise IngestError(f"{path}, line {line}: byte {raw[exc.start]:#04x} is not UTF-8, but the rest of the file is; "
+                              "re-save the file as UTF-8 (a file is read as UTF-8, or as latin-1 when it holds no UTF-8 at all)") from None
         return raw.decode("latin-1")
 
 
@@ -127,7 +135,12 @@ def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None 
         raise IngestError(f"{storage.join(folder, name)} is empty (not even a header line)")
     if [h.strip() for h in header[: len(csv_header)]] != csv_header:
         raise IngestError(f"{storage.join(folder, name)}, line 1: expected the header {','.join(csv_header)}, found {header}")
-    yield from ((reader.line_num, fields) for fields in reader if fields)
+    try:
+        for fields in reader:
+            if fields:
+                yield reader.line_num, fields
+    except csv.Error as exc:
+        raise IngestError(f"{storage.join(folder, name)}, line {reader.line_num}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,12 +240,13 @@ def read_catalog(folder: str, public_features: tuple[str, ...] = DEFAULT_PUBLIC_
 # Ratings
 
 
-def iter_ratings(folder: str, block_size: int = 1 << 26) -> Iterator[pa.RecordBatch]:
+def iter_ratings(folder: str, block_size: int = 1 << 26, scale: tuple[float, float] | None = None) -> Iterator[pa.RecordBatch]:
     """Stream the ratings as canonical interaction batches (user_id, item_id, label, timestamp).
 
     Each batch is validated; a malformed line, a non-numeric or non-finite rating, or an id that
     does not fit in int64 raises `IngestError` naming the file and the line. Blank lines (and lines
-    whose every field is empty) are skipped, as in the catalog.
+    whose every field is empty) are skipped, as in the catalog. With `scale` (min, max), a rating
+    outside it is refused the same way.
     """
     layout = detect_layout(folder)
     path = storage.join(folder, layout.ratings)
@@ -277,6 +291,13 @@ def iter_ratings(folder: str, block_size: int = 1 << 26) -> Iterator[pa.RecordBa
                 column = {"label": "rating", "user_id": "user id", "item_id": "movie id"}.get(exc.column, exc.column)
                 line = first_line + int(non_blank[exc.row or 0])
                 raise IngestError(f"{path}, line {line}: {column} {exc.problem}") from None
+            if scale is not None:
+                labels = table["label"].to_numpy()
+                outside = np.flatnonzero((labels < scale[0]) | (labels > scale[1]))
+                if outside.size:
+                    line = first_line + int(non_blank[outside[0]])
+                    raise IngestError(f"{path}, line {line}: rating {labels[outside[0]]:g} is outside the rating scale {scale[0]:g}..{scale[1]:g} "
+                                      f"({outside.size} such rating(s) in this block); ingest it with `ssp ingest --rating-scale MIN MAX`")
             first_line += rows
             yield from table.to_batches()
 

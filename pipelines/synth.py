@@ -448,7 +448,7 @@ def generate(
     catalog = _Catalog(params["items"], params["seed"])
     v = item_factors(catalog, params["rank"], params["seed"])
     p = popularity(params["items"], params["alpha"], params["seed"])
-    manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}}
+    manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}, "rating_scale": [MIN_RATING, MAX_RATING]}
     with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
@@ -469,6 +469,7 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
     manifest = {
         "source": "synthetic",
         "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION},
+        "rating_scale": [MIN_RATING, MAX_RATING],  # the MovieLens scale; this generator's whole stars 1..5 lie within it
     }
     with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
         return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)

@@ -107,8 +107,8 @@ class TrainConfig:
     dpsgd_learning_rate: float = 0.01
     dpsgd_clip: float = 1.0  # per-user gradient clip norm C
     dpsgd_max_rows_per_user: int = 256
-    rating_min: float = 0.5
-    rating_max: float = 5.0
+    rating_min: float | None = None  # None: the data set's declared rating scale (see rating_range)
+    rating_max: float | None = None
     split_seed: int = splits.DEFAULT_SEED
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
@@ -158,7 +158,7 @@ class TrainConfig:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
         if self.item_update in ("als", "cmf") and self.encoder != "id":
             raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
-        if not self.rating_min < self.rating_max:
+        if None not in (self.rating_min, self.rating_max) and not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
         if isinstance(self.holdout, bool) or not isinstance(self.holdout, (int, float)) or not 0.0 <= self.holdout < 1.0:
             raise ValueError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
@@ -230,7 +230,7 @@ _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
 _NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
                         "stats_threshold")
-_CHOSEN_AT_PREPARE = ("stats_threshold",)  # None: the default rule, applied to the DP counts once they are released
+_CHOSEN_AT_PREPARE = ("stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
 
 
@@ -393,6 +393,11 @@ def _present(path: str) -> bool:
     return fs.exists(inner)
 
 
+def _is_empty_folder(path: str) -> bool:
+    fs, inner = storage.filesystem(path)
+    return fs.isdir(inner) and not fs.ls(inner, detail=False)
+
+
 def _released_anything(run: Run) -> bool:
     """Whether the run directory records a release (or cannot be read to tell)."""
     try:
@@ -406,6 +411,7 @@ def run_directory(config: TrainConfig):
     """The run directory held for a command: its folder checked first, read-only (a folder holding
     something other than this run is refused before the lock would write in it), then the lock,
     and the directory removed whole if the command is refused before its first release."""
+    storage.require_folder_target(config.out, "--out")
     _check_manifest(Run(config.out), config)
     with removed_if_refused(config.out), run_lock(config.out):
         yield
@@ -417,12 +423,45 @@ def removed_if_refused(root: str):
     first release: a refused command leaves nothing behind, and the corrected command can use the
     same --out. After a release the directory stays: its ledger is the record of what was spent."""
     created = not _present(root)
+    was_empty = not created and _is_empty_folder(root)  # made by hand (or a scheduler) for this run
     try:
         yield
     except Exception:
-        if created and _present(root) and not _released_anything(Run(root)):
+        if (created or was_empty) and _present(root) and not _released_anything(Run(root)):
             storage.remove(root)
+            if was_empty:
+                storage.filesystem(root)[0].makedirs(storage.filesystem(root)[1], exist_ok=True)
         raise
+
+
+def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, float]:
+    """The run's rating range (the DP mean's clipping bounds, the predictions' limits): the data
+    set's declared scale, or --rating-min/--rating-max for data that declares none (0.5..5 if not
+    given either). Flags that contradict the declared scale are refused, and so is a regression run
+    on ratings outside its range: they would be clipped silently and the RMSE would mean nothing.
+    (A check on the trusted side before any release, like a malformed row: it releases nothing.)"""
+    declared = data.manifest.get("rating_scale")
+    given = (config.rating_min, config.rating_max)
+    if declared is not None:
+        wanted = tuple(d if g is None else g for g, d in zip(given, declared))
+        if wanted != tuple(declared):
+            raise ValueError(f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
+                             f"that {data.path} declares; leave them out to use the data's scale")
+        low, high = declared
+    else:
+        low, high = given[0] if given[0] is not None else 0.5, given[1] if given[1] is not None else 5.0
+    if not low < high:
+        raise ValueError(f"rating range must have min < max, got [{low:g}, {high:g}]")
+    observed = data.manifest.get("label_range")
+    if config.protocol == "rmse" and observed and not low <= observed[0] <= observed[1] <= high:
+        raise ValueError(f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
+                         + ("the data set declares that scale: fix the data" if declared is not None else "give the data's scale with --rating-min/--rating-max"))
+    return float(low), float(high)
+
+
+def prepared_rating_range(prepared: dict) -> tuple[float, float]:
+    """The rating range a prepared run chose (runs prepared before it was recorded used 0.5..5)."""
+    return tuple(prepared.get("rating_range", (0.5, 5.0)))
 
 
 def prepare(config: TrainConfig, progress: bool = True) -> dict:
@@ -450,6 +489,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     started = time.time()
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
+    ratings = rating_range(config, data)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
         splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout)
     train_rows = storage.join(run.split, "train.parquet")
@@ -471,7 +511,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
     mean = 0.0
     if config.protocol == "rmse":
-        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, (config.rating_min, config.rating_max), unit)["mean"]
+        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit)["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
@@ -490,7 +530,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
-    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "units": units,
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
                            "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
@@ -742,7 +782,8 @@ def evaluate(run: Run) -> dict:
         raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
     item_vectors = np.zeros((space.size, config.dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.dim, "item embedding")
-    metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy())
+    metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
+                        prepared_rating_range(prepared))
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
@@ -758,8 +799,10 @@ def evaluate(run: Run) -> dict:
     return metrics
 
 
-def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str) -> dict:
-    """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side)."""
+def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
+              ratings: tuple[float, float]) -> dict:
+    """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
+    predicted ratings are limited to `ratings`, the run's rating range."""
     from trainer import evaluate
 
     train = storage.read_table(train_rows, columns=["item_id"])
@@ -775,7 +818,7 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
             positions = space.index_of(rows["item_id"].to_numpy())
             labels = rows["label"].to_numpy()
-            predictions = evaluate.predict_ratings(rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, (config.rating_min, config.rating_max))
+            predictions = evaluate.predict_ratings(rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, ratings)
             report = evaluate.rmse_report(predictions, labels, buckets[positions])
             metrics[f"{part}_rmse"] = report["rmse"]
             metrics[f"{part}_rmse_sliced"] = report["sliced"]
@@ -828,6 +871,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     helps = {
         "data": "MovieLens folder or data set folder (default: the bundled ml-latest-small)",
         "protocol": "rmse (80/10/10 ratings split, RMSE) or recall (held-out users, Recall@20)",
+        "rating_min": "lowest rating: the DP mean's clipping bound and the predictions' floor (default: the data set's declared "
+                      "rating scale, see `ssp ingest --rating-scale`; 0.5 for data that declares none)",
+        "rating_max": "highest rating (default: the data set's declared rating scale; 5 for data that declares none)",
         "out": "run directory (local or gs://)",
         "epsilon": "target epsilon of the whole run",
         "delta": "target delta",
