@@ -1,7 +1,9 @@
 """The `ssp` command: one entry point with a subcommand per job.
 
-Bad input (missing files, malformed rows, impossible parameters) ends with a one-line error naming
-the problem and exit status 2; anything else is a bug and keeps its traceback.
+Bad input (missing or damaged files, malformed rows, impossible parameters) and a machine that
+cannot take the output (a read-only or full disk, a file-size limit) end with a one-line error naming
+the file or setting and exit status 2 (pipelines.errors decides which failures those are); anything
+else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter, before it is imported
+# TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
+# factory" errors at every import. Its real failures reach us as Python exceptions; set 0 to see its log.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from pipelines import counts, ingest, publish, release, splits, stats_job, synth, train, user_update
+from pipelines import counts, errors, ingest, publish, release, splits, stats_job, synth, train, user_update
 from pipelines.lock import RunLockedError
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
@@ -147,13 +151,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except USER_ERRORS as exc:
-        print(f"ssp {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"ssp {args.command}: interrupted; nothing partial was published", file=sys.stderr)
         return 130
+    except Exception as exc:
+        message = errors.one_line(exc, USER_ERRORS, output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None))
+        if message is None:
+            raise  # a bug: its traceback is the report
+        print(f"ssp {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    """The installed `ssp` command. A failed command leaves at once, without tearing down what it
+    loaded (Arrow's and TensorFlow's thread pools, a JVM gateway): their native destructors, run at
+    interpreter exit while a worker thread is still alive, can abort the process ("terminate
+    called without an active exception", exit 134) after the error line was printed."""
+    code = main()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -29,6 +29,7 @@ from schemas import storage
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 ARROW_BATCH_ROWS = 100_000
+LOG_CONFIG = str(Path(__file__).resolve().parent / "log4j2.properties")  # failed tasks are reported once, by the driver's error
 STORAGE_ENV_PREFIXES = ("STORAGE_EMULATOR_HOST", "FSSPEC_", "GCSFS_", "GOOGLE_")  # how gcsfs finds its endpoint and credentials
 
 
@@ -49,8 +50,8 @@ def session(app: str, master: str | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = SparkConf()
     builder = SparkSession.builder.appName(app)
-    if master or not conf.contains("spark.master"):
-        builder = builder.master(master or "local[*]")
+    if master or not conf.contains("spark.master"):  # not under spark-submit: this process starts the JVM
+        builder = builder.master(master or "local[*]").config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG}")
     spark = (
         builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
         .config("spark.driver.memory", os.environ.get("SSP_SPARK_DRIVER_MEMORY", "3g"))  # local mode: the executor's heap too
