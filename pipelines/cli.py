@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
 # factory" errors at every import. Its real failures reach us as Python exceptions; set 0 to see its log.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# google-api-core (under Beam and gcsfs) warns at every import that it will drop this Python in 2027
+warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
 from pipelines import counts, errors, ingest, publish, release, splits, stats_job, synth, train, user_update
 from pipelines.lock import RunLockedError

@@ -1,0 +1,307 @@
+"""The installed `ssp` binary against a hostile but realistic user and machine, as a subprocess.
+
+Every case must end with exit status 2 and one error line that names the file or setting; no
+traceback, no Java stack, no native abort at exit (some failures only show when the process exits,
+so the cases that once aborted there are repeated). Nothing new may be left behind (no folder, lock,
+staging or partial table) and earlier outputs stay whole. Full and read-only disks are made for real
+(a small tmpfs, a read-only bind mount) where this machine allows it, and skipped with the reason
+where it does not; the file-size limit is `ulimit -f` (RLIMIT_FSIZE) in the child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.ingest import BUNDLED
+
+SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+
+
+def ssp(*args, fsize: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the installed `ssp`; `fsize` bytes is the child's file-size limit (ulimit -f)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run([SSP, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit if fsize is not None else None)
+
+
+def assert_refused(result: subprocess.CompletedProcess, *names: str) -> str:
+    """Exit 2, no traceback, and one error line, the last, naming each of `names` (the run's progress
+    lines may come before it); returns the line."""
+    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ssp ") and ": error: " in line]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "terminate called" not in result.stderr, result.stderr[-3000:]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr[-3000:]
+    for name in names:
+        assert str(name) in errors[0], (name, errors[0])
+    return errors[0]
+
+
+def java_stack_lines(result: subprocess.CompletedProcess) -> int:
+    return sum(line.startswith("\tat ") for line in result.stderr.splitlines())
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under `folder` (hidden ones included) with the digest of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Staging folders, temporary files and locks anywhere under `folder`."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if ".tmp-" in p.name or p.name.endswith(".lock"))
+
+
+def movielens_copy(folder: Path, ratings_rows: int | None = None) -> Path:
+    """The bundled ml-latest-small, copied to be damaged (optionally its first `ratings_rows` ratings only)."""
+    shutil.copytree(BUNDLED, folder)
+    if ratings_rows is not None:
+        lines = (folder / "ratings.csv").read_text().splitlines(keepends=True)
+        (folder / "ratings.csv").write_text("".join(lines[: ratings_rows + 1]))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hostile") / "ds"
+    result = ssp("ingest", "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, dataset) -> Path:
+    """A run whose first stage is done (split, DP counts and mean released), for the stage commands."""
+    run = tmp_path_factory.mktemp("hostile-run") / "run"
+    result = ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--stage", "prepare")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def copy_of(path: Path, target: Path) -> Path:
+    shutil.copytree(path, target)
+    return target
+
+
+# --- outputs that cannot be written --------------------------------------------------------------
+
+def test_output_paths_that_are_files_are_refused_and_left_as_they_were(tmp_path, dataset, prepared):
+    occupied = tmp_path / "occupied"
+    occupied.write_text("keep me")
+    for args, flag in ((["ingest", "--out", occupied], "--out"), (["train", "--data", dataset, "--out", occupied], "--out"),
+                       (["publish", "--run", prepared, "--to", occupied], "--to")):
+        assert_refused(ssp(*args), flag, occupied, "is a file")
+        assert occupied.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A factory of small tmpfs folders (a full disk for real); skipped where mounting is not allowed."""
+    mounted = []
+
+    def make(size_kib: int) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(folder)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a small tmpfs here to fill a disk for real ({done.stderr.strip() or 'not permitted'})")
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder on a read-only mount (a read-only bind of a tmp folder); skipped where not allowed."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "before").write_text("x")
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot make a read-only bind mount here ({done.stderr.strip() or 'not permitted'})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_read_only_output_is_refused_in_one_line(read_only, dataset):
+    assert_refused(ssp("ingest", "--out", read_only / "ds"), "Read-only file system", read_only / "ds")
+    assert_refused(ssp("train", "--data", dataset, "--out", read_only / "run", "--epsilon", 5), "Read-only file system", read_only / "run")
+    assert sorted(p.name for p in read_only.iterdir()) == ["before"]
+
+
+def test_a_failed_reingest_on_a_full_disk_keeps_the_earlier_data_set_whole(small_disk, tmp_path):
+    disk = small_disk(1200)  # room for one data set of a few thousand ratings, not for two
+    small = movielens_copy(tmp_path / "small", ratings_rows=3000)
+    assert ssp("ingest", "--source", small, "--out", disk / "ds").returncode == 0
+    before = snapshot(disk / "ds")
+    assert_refused(ssp("ingest", "--out", disk / "ds"), "No space left on device", disk / "ds")  # the whole bundled set does not fit
+    assert snapshot(disk / "ds") == before and leftovers(disk) == []
+    assert ssp("split", "--data", disk / "ds", "--protocol", "rmse", "--out", tmp_path / "split").returncode == 0  # still a data set
+
+
+def test_a_full_disk_during_training_is_one_line_and_the_ledger_stays_readable(small_disk, dataset):
+    disk = small_disk(2500)  # the run's first tables fit, the ingested copy and the rest do not
+    result = ssp("train", "--data", dataset, "--out", disk / "run", "--epsilon", 5)
+    assert_refused(result, "No space left on device")
+    if (disk / "run" / "ledger.parquet").exists():  # refused after a release: the run and its ledger stay, and they are consistent
+        assert ssp("privacy", disk / "run", "--max-epsilon", 5).returncode == 0
+    else:
+        assert not (disk / "run").exists()
+
+
+def test_a_file_size_limit_is_one_line_and_the_earlier_data_set_stays_whole(tmp_path):
+    out = tmp_path / "ds"
+    small = movielens_copy(tmp_path / "small", ratings_rows=2000)
+    assert ssp("ingest", "--source", small, "--out", out).returncode == 0
+    before = snapshot(out)
+    assert_refused(ssp("ingest", "--out", out, fsize=200_000), "File too large")
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_a_file_size_limit_inside_a_spark_job_is_one_line(tmp_path, prepared):
+    run = copy_of(prepared, tmp_path / "run")
+    result = ssp("user-update", "--run", run, "--step", 1, fsize=20_000)  # too small even for Spark's native Snappy library
+    assert_refused(result, "the Spark job failed", "snappy")
+    assert java_stack_lines(result) < 60  # what snappy-java prints itself when it cannot unpack; none of Spark's or Py4J's pages
+    assert not (run / "private" / "step-1" / "user_embeddings.parquet").exists()
+
+
+# --- damaged inputs ------------------------------------------------------------------------------
+
+def test_a_truncated_part_read_by_spark_is_one_line_naming_it(tmp_path, prepared):
+    run = copy_of(prepared, tmp_path / "run")
+    part = next((run / "private" / "train_centred.parquet").glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:5000])
+    result = ssp("user-update", "--run", run, "--step", 1)
+    assert_refused(result, part.name)
+    assert java_stack_lines(result) == 0
+
+
+def test_a_truncated_part_read_by_arrow_is_one_line_naming_it(tmp_path, dataset):
+    data = copy_of(dataset, tmp_path / "ds")
+    part = next((data / "interactions.parquet").glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:100_000])
+    assert_refused(ssp("split", "--data", data, "--protocol", "rmse", "--out", tmp_path / "split"), part, "cannot be read as Parquet")
+    assert not (tmp_path / "split").exists()
+
+
+@pytest.mark.parametrize("marker, problem", [({"rows": 1, "files": ["part-00000.parquet", "part-00007.parquet"]}, "lists part-00007.parquet, which is missing"),
+                                              ("not json {", "is not the list of its files")], ids=["missing part", "not JSON"])
+def test_a_damaged_success_marker_is_refused_naming_the_table(tmp_path, dataset, marker, problem):
+    data = copy_of(dataset, tmp_path / "ds")
+    (data / "interactions.parquet" / "_SUCCESS").write_text(marker if isinstance(marker, str) else json.dumps(marker))
+    assert_refused(ssp("train", "--data", data, "--out", tmp_path / "run", "--epsilon", 5), data / "interactions.parquet", problem)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_seed_file_that_is_not_json_is_named_and_does_not_poison_the_run_folder(tmp_path, dataset):
+    seed = tmp_path / "seed.json"
+    seed.write_text("{not json")
+    run = tmp_path / "run"
+    assert_refused(ssp("train", "--data", dataset, "--out", run, "--seed-file", seed, "--epsilon", 5, "--stage", "prepare"), seed)
+    assert not run.exists()
+    run.mkdir()  # a folder made beforehand (by a scheduler) is left empty, not holding a half run
+    assert_refused(ssp("train", "--data", dataset, "--out", run, "--seed-file", seed, "--epsilon", 5, "--stage", "prepare"), seed)
+    assert list(run.iterdir()) == []
+
+
+def test_wrong_headers_exit_cleanly_every_time(tmp_path):
+    """Once, 5 runs in 10 printed the right line and then aborted at exit (status 134)."""
+    source = movielens_copy(tmp_path / "src", ratings_rows=50)
+    lines = (source / "ratings.csv").read_text().splitlines(keepends=True)
+    (source / "ratings.csv").write_text("userId,movieId,rating,stamp\n" + "".join(lines[1:]))
+    for _ in range(6):
+        assert_refused(ssp("ingest", "--source", source, "--out", tmp_path / "ds"), source / "ratings.csv", "line 1")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_one_stray_latin1_byte_is_refused_at_its_line(tmp_path):
+    source = movielens_copy(tmp_path / "src", ratings_rows=50)
+    raw = (source / "movies.csv").read_bytes().split(b"\n")
+    raw[7] = raw[7].replace(b"(", b"\xe9(", 1)
+    (source / "movies.csv").write_bytes(b"\n".join(raw))
+    assert_refused(ssp("ingest", "--source", source, "--out", tmp_path / "ds"), source / "movies.csv", "line 8", "0xe9")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_200k_character_field_is_refused_at_its_line(tmp_path):
+    source = movielens_copy(tmp_path / "src", ratings_rows=50)
+    lines = (source / "movies.csv").read_text().split("\n")
+    lines[5] = f'5,"{"x" * 200_000} (1995)",Comedy'
+    (source / "movies.csv").write_text("\n".join(lines))
+    assert_refused(ssp("ingest", "--source", source, "--out", tmp_path / "ds"), source / "movies.csv", "line 6")
+    assert not (tmp_path / "ds").exists()
+
+
+# --- ratings on another scale --------------------------------------------------------------------
+
+def test_ratings_outside_the_scale_are_refused_at_ingest_and_another_scale_is_declared(tmp_path):
+    source = movielens_copy(tmp_path / "src", ratings_rows=400)
+    lines = (source / "ratings.csv").read_text().splitlines(keepends=True)
+    user, movie, _, stamp = lines[300].strip().split(",")
+    lines[300] = f"{user},{movie},10,{stamp}\n"
+    (source / "ratings.csv").write_text("".join(lines))
+    assert_refused(ssp("ingest", "--source", source, "--out", tmp_path / "ds"), source / "ratings.csv", "line 301", "0.5..5", "--rating-scale")
+    tenfold = [lines[0]] + [",".join([*line.split(",")[:2], f"{float(line.split(',')[2]) * 100:g}", line.split(",")[3]]) for line in lines[1:]]
+    (source / "ratings.csv").write_text("".join(tenfold))  # a data set rated 50..500 (the 10 became 1000: cut it)
+    (source / "ratings.csv").write_text("".join(line for line in tenfold if ",1000," not in line))
+    result = ssp("ingest", "--source", source, "--out", tmp_path / "ds", "--rating-scale", 50, 500)
+    assert result.returncode == 0 and "scale 50 .. 500" in result.stdout, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert manifest["rating_scale"] == [50, 500] and 50 <= manifest["label_range"][0] <= manifest["label_range"][1] <= 500
+    run = tmp_path / "run"
+    result = ssp("train", "--data", tmp_path / "ds", "--out", run, "--epsilon", 5, "--rating-max", 5)
+    assert_refused(result, "--rating-min/--rating-max 50..5", "50..500")
+    assert not run.exists()
+
+
+def test_a_data_set_without_a_declared_scale_is_checked_against_the_runs_range(tmp_path, dataset):
+    data = copy_of(dataset, tmp_path / "ds")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest.pop("rating_scale", None)
+    manifest["label_range"] = [50.0, 500.0]  # what write_dataset records of a table rated 50..500 by another tool
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    assert_refused(ssp("train", "--data", data, "--out", tmp_path / "run", "--epsilon", 5), "50..500", "0.5..5", "--rating-min/--rating-max")
+    assert not (tmp_path / "run").exists()
+
+
+# --- what earlier failures left behind ------------------------------------------------------------
+
+def test_a_successful_write_removes_the_staging_that_killed_writes_left(tmp_path):
+    source = movielens_copy(tmp_path / "src", ratings_rows=500)
+    out = tmp_path / "ds"
+    assert ssp("ingest", "--source", source, "--out", out).returncode == 0
+    (out / ".interactions.parquet.tmp-0123").mkdir()
+    (out / ".interactions.parquet.tmp-0123" / "part-00000.parquet").write_bytes(b"half")
+    (out / "manifest.json.tmp-4567").write_text("{")
+    assert ssp("ingest", "--source", source, "--out", out).returncode == 0
+    assert leftovers(out) == [] and sorted(p.name for p in out.iterdir()) == ["interactions.parquet", "items.parquet", "manifest.json"]
+
+
+def test_a_truncated_part_read_by_beam_is_one_line_naming_it(tmp_path, prepared):
+    run = copy_of(prepared, tmp_path / "run")
+    assert ssp("user-update", "--run", run, "--step", 1).returncode == 0
+    rows = copy_of(run / "private" / "stats_rows.parquet", tmp_path / "rows.parquet")
+    part = next(rows.glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:3000])
+    result = ssp("stats", "--engine", "beam", "--interactions", rows, "--user-embeddings", run / "private" / "step-1" / "user_embeddings.parquet",
+                 "--items", run / "train_items.parquet", "--counts", run / "counts" / "counts.parquet", "--out", tmp_path / "stats",
+                 "--dim", 8, "--clip-u", 1, "--clip-y", 2, "--noise-multiplier", 1, "--ledger", tmp_path / "ledger.parquet")
+    assert_refused(result, part, "cannot be read as Parquet")
+    assert not (tmp_path / "stats").exists() and not (tmp_path / "ledger.parquet").exists()
