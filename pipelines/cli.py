@@ -9,6 +9,7 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -25,6 +26,7 @@ from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
 from schemas import SchemaError, storage
 
+FOLDER_OUTPUTS = {"demo": "out", "train": "out", "ingest": "out", "synth": "out", "split": "out", "counts": "out", "stats": "out", "publish": "to"}
 USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError, RunLockedError)
 
 
@@ -57,6 +59,9 @@ def _run_stats(args: argparse.Namespace) -> int:
 
 
 def _run_privacy(args: argparse.Namespace) -> int:
+    for name, limit in (("--max-epsilon", args.max_epsilon), ("--max-delta", args.max_delta)):
+        if limit is not None and not (math.isfinite(limit) and limit >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {limit}")
     path = args.run if args.run.endswith(".parquet") else storage.join(args.run, "ledger.parquet")
     ledger = Ledger.open(path)
     if not args.run.endswith(".parquet"):  # a run folder: its own seed file witnesses what the ledger must list
@@ -153,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in FOLDER_OUTPUTS and getattr(args, FOLDER_OUTPUTS[args.command], None):
+            flag = FOLDER_OUTPUTS[args.command]
+            storage.require_folder_target(getattr(args, flag), f"--{flag}")  # before anything is read or written
         return args.handler(args)
     except KeyboardInterrupt:
         print(f"ssp {args.command}: interrupted; nothing partial was published", file=sys.stderr)

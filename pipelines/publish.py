@@ -134,7 +134,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    storage.require_folder_target(args.to, "--to")
     with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
     print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json "

@@ -99,7 +99,10 @@ def test_output_paths_that_are_files_are_refused_and_left_as_they_were(tmp_path,
     occupied = tmp_path / "occupied"
     occupied.write_text("keep me")
     for args, flag in ((["ingest", "--out", occupied], "--out"), (["train", "--data", dataset, "--out", occupied], "--out"),
-                       (["publish", "--run", prepared, "--to", occupied], "--to")):
+                       (["publish", "--run", prepared, "--to", occupied], "--to"),
+                       (["split", "--data", dataset, "--protocol", "rmse", "--out", occupied], "--out"),
+                       (["counts", "--interactions", dataset / "interactions.parquet", "--items", dataset / "items.parquet", "--out", occupied,
+                         "--epsilon", 1], "--out")):
         assert_refused(ssp(*args), flag, occupied, "is a file")
         assert occupied.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
