@@ -54,8 +54,10 @@ def _os_error(exc: OSError, output: str | None) -> str:
 
 
 def _spark_cause(exc: BaseException, output: str | None) -> str | None:
-    """The root cause of a failed Spark job, if it is the user's to fix: a Python worker's user error,
-    or a Java I/O error (missing or truncated file, full disk, file-size limit)."""
+    """The one line of a failed Spark job: a Python worker's user error, or a Java input/output error
+    (missing or truncated file, full disk, file-size limit), by its own message; any other failure
+    inside the JVM by its root cause, the full trace saved to a log file. None for a bug of ours: a
+    Python worker's other exceptions, and errors raised before any job ran (a query that is wrong)."""
     texts = [str(exc)]
     java = getattr(exc, "java_exception", None)
     chain = []
