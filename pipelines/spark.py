@@ -48,24 +48,34 @@ def session(app: str, master: str | None = None):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    conf = SparkConf()
     builder = SparkSession.builder.appName(app)
-    if master or not conf.contains("spark.master"):  # not under spark-submit: this process starts the JVM
-        builder = builder.master(master or "local[*]").config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG_CONFIG}")
-    spark = (
-        builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH_ROWS))
-        .config("spark.driver.memory", os.environ.get("SSP_SPARK_DRIVER_MEMORY", "3g"))  # local mode: the executor's heap too
-        .config("spark.sql.shuffle.partitions", "8")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")  # keep the partitioning the job asks for
-        .getOrCreate()
-    )
+    for key, value in session_settings(SparkConf(), master).items():
+        builder = builder.master(value) if key == "spark.master" else builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     try:
         yield spark
     finally:
         spark.stop()
+
+
+def session_settings(conf, master: str | None) -> dict[str, str]:
+    """What the session sets: the Arrow batch size the jobs need, always; the master, memory, shuffle
+    partitions, UI, adaptive execution and console log only when this process starts the JVM (no
+    spark-submit: `conf` has no master) or a master is given. Under spark-submit the cluster's and the
+    job's own settings stay as they are."""
+    settings = {"spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
+    if master or not conf.contains("spark.master"):
+        settings.update({
+            "spark.master": master or "local[*]",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
+            "spark.driver.memory": os.environ.get("SSP_SPARK_DRIVER_MEMORY", "3g"),  # local mode: the executor's heap too
+            "spark.sql.shuffle.partitions": "8",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.adaptive.enabled": "false",  # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
+        })
+    return settings
 
 
 def is_local(spark) -> bool:

@@ -5,7 +5,7 @@ import uuid
 
 import pyarrow as pa
 
-from pipelines.spark import forward_storage_settings, has_filesystem, readable_tables
+from pipelines.spark import ARROW_BATCH_ROWS, forward_storage_settings, has_filesystem, readable_tables, session_settings
 from schemas import storage
 
 
@@ -31,3 +31,15 @@ def test_gs_table_is_read_from_a_local_copy_without_a_gcs_connector(spark, gcs_p
         assert len(files) == 3 and all(os.path.isfile(f) for f in files) and set(files).isdisjoint(again)
         assert sorted(row["a"] for row in spark.read.parquet(*files).collect()) == list(range(10))
     assert not any(os.path.exists(f) for f in files)  # the copy lives for the block only
+
+
+def test_under_spark_submit_the_session_keeps_the_clusters_settings():
+    """spark-submit puts the master in the conf: then only the Arrow batch size (which the jobs
+    need) is set, and the cluster's UI, shuffle partitions and adaptive execution stay its own."""
+    from pyspark import SparkConf
+
+    submitted = SparkConf(loadDefaults=False).set("spark.master", "yarn")
+    assert session_settings(submitted, None) == {"spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
+    local = session_settings(SparkConf(loadDefaults=False), None)
+    assert local["spark.master"] == "local[*]" and local["spark.ui.enabled"] == "false" and local["spark.sql.shuffle.partitions"] == "8"
+    assert session_settings(submitted, "local[2]")["spark.master"] == "local[2]"  # a master given on the command line: a local session
