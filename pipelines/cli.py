@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation")
     demo.add_argument("--data", default=ingest.BUNDLED, help="MovieLens or data set folder (default: the bundled ml-latest-small)")
-    demo.add_argument("--out", default="runs/demo", help="run directory (default: %(default)s)")
+    demo.add_argument("--out", default="runs/demo", help="run directory: the ledger, the model and metrics.json land there (default: %(default)s)")
     demo.add_argument("--epsilon", type=float, default=10.0, help="user-level epsilon of the whole run (default: %(default)s; delta 1e-5)")
     demo.add_argument("--non-private", action="store_true", help="the same pipeline without noise or clipping, for comparison")
     demo.set_defaults(handler=_run_demo)
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats_cmd = commands.add_parser("stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)")
     stats_job.add_arguments(stats_cmd)
     stats_cmd.add_argument("--engine", choices=("spark", "beam"), default="spark", help="Spark (default; also spark-submit pipelines/stats.py) or Beam DirectRunner")
-    stats_cmd.add_argument("--master", help="Spark master (default: local[*])")
+    stats_cmd.add_argument("--master", help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine)")
     stats_cmd.set_defaults(handler=_run_stats)
 
     user_cmd = commands.add_parser("user-update", help="solve every user's embedding against item embeddings (Spark)")

@@ -88,7 +88,7 @@ class TrainConfig:
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
     count_share: float = 0.1
     mean_share: float = 0.05
-    lambda_u: float = 0.1
+    lambda_u: float = user_update.DEFAULT_LAMBDA_U
     epochs: int = 30
     batch_size: int = 512
     learning_rate: float = 0.01
@@ -873,10 +873,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "protocol": "rmse (80/10/10 ratings split, RMSE) or recall (held-out users, Recall@20)",
         "rating_min": "lowest rating: the DP mean's clipping bound and the predictions' floor (default: the data set's declared "
                       "rating scale, see `ssp ingest --rating-scale`; 0.5 for data that declares none)",
-        "rating_max": "highest rating (default: the data set's declared rating scale; 5 for data that declares none)",
+        "rating_max": "highest rating: the DP mean's other clipping bound and the predictions' ceiling (default: the data set's declared "
+                      "rating scale; 5 for data that declares none)",
         "out": "run directory (local or gs://)",
-        "epsilon": "target epsilon of the whole run",
-        "delta": "target delta",
+        "epsilon": "target epsilon of the whole run, every release included (user level: what one user's whole history can change); "
+                   "the noise is calibrated to spend exactly this",
+        "delta": "target delta of the whole run: the chance, beyond epsilon, that the guarantee fails; keep it below 1/(number of users)",
+        "outer_steps": "outer steps S of alternating minimization (user update, then item update from newly released statistics); "
+                       "each step is one more release, so more steps mean more noise per release at the same epsilon",
+        "resamples": "independently noised copies R of each statistics release (the paper's SSP1); the budget is split among them",
+        "clip_u": "Gamma_u: each user embedding is clipped to this L2 norm before it enters the statistics (item embeddings have unit "
+                  "RMS norm); with --wbar it bounds what one user adds to A_j, and so the noise",
+        "clip_y": "Gamma_y: each centred label is clipped to [-Gamma_y, Gamma_y] before it enters b_j; with --clip-u and --wbar it bounds "
+                  "what one user adds to b_j",
+        "wbar": "bound on each user's weights: their squares sum to wbar^2 over the user's items, so one user moves A by at most wbar "
+                "Gamma_u^2 and b by wbar Gamma_y Gamma_u whatever the length of their history",
+        "max_items_per_user": "at most this many of a user's items count in the DP item counts (the first release): bounds the counts' "
+                              "sensitivity to sqrt of this",
+        "count_share": "share of the run's privacy budget spent on the DP item counts (the weights, the stats threshold and the "
+                       "encoder's start come from them)",
+        "mean_share": "share of the budget spent on the DP mean rating (--protocol rmse: labels are centred by it)",
+        "gram_share": "share of the budget spent on the users' DP Gram matrix (--gravity > 0, implicit feedback)",
+        "lambda_u": "ridge of the user update: u = (sum v v^T + lambda_u n I)^-1 sum y v over the user's n ratings (weighted lambda); "
+                    "users are solved privately on the trusted side, so it has no privacy effect",
+        "epochs": "AM-SSP: passes of the item trainer over the released statistics in each item update (post-processing: no privacy effect)",
+        "batch_size": "AM-SSP: items per minibatch of the item trainer",
+        "learning_rate": "AM-SSP: Adam learning rate of the item trainer",
+        "ridge": "ridge lambda of the item update in units of the most one user adds to an item's statistics (S): lambda S I is added to "
+                 "every A_j",
+        "noise_ridge": "extra ridge of the item update in units of the noise's spectral norm (N): noise_ridge N I is added to every A_j, "
+                       "which keeps the noised A_j positive definite and items with little signal near their start",
+        "psd_projection": "project each noised A_j onto the positive semi-definite cone before training on it (free post-processing)",
+        "feature_ridge": "DP-CMF: ridge of the feature embeddings",
+        "cmf_iterations": "DP-CMF: alternating item / feature solves in each outer step",
+        "dpsgd_epochs": "AM-DPSGD: expected passes over the users in each item update (more epochs: more DP-SGD steps, more noise per step)",
+        "dpsgd_learning_rate": "AM-DPSGD: learning rate of DP-SGD",
+        "dpsgd_max_rows_per_user": "AM-DPSGD: at most this many of a user's rows form the user's example, whose gradient is clipped",
+        "split_seed": "seed of the train/valid/test split (the split is per user or per rating by a keyed hash: one user's rows never "
+                      "move another's)",
+        "model_seed": "seed of the encoder's initialisation and the item trainer's shuffling (not of the noise: that comes from the "
+                      "secret seed file)",
+        "shards": "part files per statistics table, the parallelism of the stats job's write",
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
         "engine": "stats job engine: spark or beam",

@@ -40,7 +40,7 @@ from schemas import storage  # noqa: E402
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
 from trainer.solve import ridge_solve  # noqa: E402
 
-DEFAULT_LAMBDA_U = 1.0
+DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
 
 WRITTEN_DDL = "name string, rows long"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
@@ -142,9 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tables.add_argument("--interactions", help="interactions table (private)")
     tables.add_argument("--item-embeddings", help="item embeddings table (a release or public initialisation)")
     tables.add_argument("--out", help="user embeddings table to write (private)")
-    tables.add_argument("--lambda-u", type=float, help=f"ridge regularisation of the user solve (default: {DEFAULT_LAMBDA_U})")
+    tables.add_argument("--lambda-u", type=float, help=f"ridge of the user solve, lambda_u n I for a user with n ratings (trusted side: no privacy effect; default: {DEFAULT_LAMBDA_U})")
     tables.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
-    parser.add_argument("--master", help="Spark master (default: local[*] unless spark-submit sets one)")
+    parser.add_argument("--master", help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, unless spark-submit sets one)")
 
 
 def main(args: argparse.Namespace) -> int:

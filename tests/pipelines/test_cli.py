@@ -113,3 +113,22 @@ def test_stats_help_says_when_example_level_is_sound(capsys):
     with pytest.raises(SystemExit):
         cli.main(["stats", "--help"])
     assert "example is sound only when --user-embeddings are given and fixed" in " ".join(capsys.readouterr().out.split())
+
+
+def test_every_flag_of_every_command_has_a_help_sentence():
+    """A help text that only repeats the flag's name ("clip u", "wbar") tells a user nothing: each
+    flag needs a sentence of at least three words beyond its default."""
+    import argparse
+    import re
+
+    commands = next(action for action in cli.build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    poor = []
+    for command, parser in commands.choices.items():
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            text = re.sub(r"\s*\(default:[^)]*\)\s*$", "", action.help or "").strip().lower()
+            name_words = action.option_strings[-1].lstrip("-").replace("-", " ").removeprefix("no ")
+            if len(text.split()) < 3 or text == name_words:
+                poor.append(f"{command} {action.option_strings[-1]}: {action.help!r}")
+    assert poor == [], "\n".join(poor)
