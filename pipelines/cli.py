@@ -9,6 +9,7 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
 import os
 import sys
@@ -84,11 +85,20 @@ def _run_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml is its one source)."""
+    try:
+        return importlib.metadata.version("ssp-recsys")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run ./setup.sh)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssp",
         description="Differentially private recommendation training with public item features (AM-SSP).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation")

@@ -132,3 +132,12 @@ def test_every_flag_of_every_command_has_a_help_sentence():
             if len(text.split()) < 3 or text == name_words:
                 poor.append(f"{command} {action.option_strings[-1]}: {action.help!r}")
     assert poor == [], "\n".join(poor)
+
+
+def test_version_is_the_packages():
+    import tomllib
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    result = ssp("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"ssp {declared}"
