@@ -161,12 +161,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given_flags(argv: list[str]) -> set[str]:
+    """The settings given on the command line itself (they override a --config file): the parse of
+    `argv` by a parser without defaults."""
+    parser = build_parser()
+    for commands in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+        for sub in commands.choices.values():
+            for action in sub._actions:
+                action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) - {"command", "handler", "config"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         return _run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        args.explicit = _given_flags(argv)
     try:
         if args.command in FOLDER_OUTPUTS and getattr(args, FOLDER_OUTPUTS[args.command], None):
             flag = FOLDER_OUTPUTS[args.command]

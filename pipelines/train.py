@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import time
 from contextlib import contextmanager
@@ -966,6 +967,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "encoder_init": ENCODER_INITS}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
+    parser.add_argument("--config", help="a file of settings, one per flag (TOML: `epsilon = 5`, `item-update = \"ssp\"`; or JSON, such as "
+                        "a run's manifest.json, whose settings are fed back): flags given on the command line override it")
     parser.add_argument("--stage", choices=STAGES, default="all",
                         help="all: the whole run in this process (default); prepare: only the first stage, recording these settings in "
                         "OUT/manifest.json for the stage commands (user-update, stats, item-update, evaluate) that a scheduler runs")
@@ -979,7 +982,46 @@ def add_stage_arguments(parser: argparse.ArgumentParser, step: bool) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(**{item.name: getattr(args, item.name) for item in fields(TrainConfig)})
+    """The run's settings: the flags, over the --config file's settings (args.explicit: the flags
+    given on the command line), over the defaults."""
+    values = {item.name: getattr(args, item.name) for item in fields(TrainConfig)}
+    if getattr(args, "config", None):
+        given = getattr(args, "explicit", set())
+        values.update({name: value for name, value in read_config(args.config).items() if name not in given})
+    return TrainConfig(**values)
+
+
+def read_config(path: str) -> dict:
+    """The settings in a --config file (TOML, or JSON such as a run's manifest.json, whose "config"
+    section holds them), by TrainConfig field; an unknown setting or a value of the wrong type is
+    refused naming the file and the setting."""
+    import tomllib
+
+    fs, inner = storage.filesystem(path)
+    if not fs.isfile(inner):
+        raise storage.MissingTableError(f"--config {path}: file not found")
+    text = fs.cat_file(inner).decode("utf-8", errors="replace")
+    try:
+        document = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--config {path} is not {'TOML' if path.endswith('.toml') else 'JSON'} ({exc})") from None
+    if isinstance(document, dict) and isinstance(document.get("config"), dict):
+        document = document["config"]  # a run's manifest.json
+    if not isinstance(document, dict):
+        raise ValueError(f"--config {path}: expected a table of settings")
+    kinds = {item.name: item.type for item in fields(TrainConfig)}
+    settings = {}
+    for key, value in document.items():
+        name = key.replace("-", "_")
+        if name not in kinds:
+            raise ValueError(f"--config {path}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
+        kind = kinds[name] if isinstance(kinds[name], str) else kinds[name].__name__
+        wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}[kind.split(" ")[0]]
+        if value is None and "None" in kind or isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted):
+            settings[name] = float(value) if wanted == (int, float) and value is not None else value
+        else:
+            raise ValueError(f"--config {path}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
+    return settings
 
 
 def main(args: argparse.Namespace) -> int:

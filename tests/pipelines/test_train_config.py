@@ -1,0 +1,51 @@
+"""`ssp train --config FILE`: the same settings as the flags, flags over the file, a run's manifest fed back."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from pipelines import cli, train
+
+
+def parsed(*argv: str) -> train.TrainConfig:
+    """The run settings `ssp train ARGV` would use (as cli.main parses them)."""
+    argv = ["train", *argv]
+    args = cli.build_parser().parse_args(argv)
+    if args.config:
+        args.explicit = cli._given_flags(argv)
+    return train.config_from_args(args)
+
+
+def test_a_config_file_equals_the_same_flags(tmp_path):
+    (tmp_path / "run.toml").write_text('epsilon = 5\ndelta = 1e-6\nitem-update = "dpsgd"\nouter_steps = 3\nnon-private = false\n'
+                                       'psd-projection = false\ndim = 16\nout = "runs/x"\n')
+    by_flags = parsed("--epsilon", "5", "--delta", "1e-6", "--item-update", "dpsgd", "--outer-steps", "3", "--no-psd-projection",
+                      "--dim", "16", "--out", "runs/x")
+    assert parsed("--config", str(tmp_path / "run.toml")) == by_flags
+    assert by_flags != parsed()  # the settings are not the defaults
+
+
+def test_flags_override_the_file_even_when_they_repeat_a_default(tmp_path):
+    (tmp_path / "run.toml").write_text("epsilon = 5\nouter-steps = 3\n")
+    config = parsed("--config", str(tmp_path / "run.toml"), "--outer-steps", "2")  # 2 is the default: given, it still wins
+    assert (config.epsilon, config.outer_steps) == (5.0, 2)
+
+
+def test_a_runs_manifest_fed_back_gives_the_same_settings(tmp_path):
+    config = parsed("--epsilon", "3", "--protocol", "recall", "--gravity", "0.2", "--out", str(tmp_path / "a"))
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"config": {k: v for k, v in asdict(config).items() if k != "out"}, "steps_done": []}))
+    again = parsed("--config", str(manifest), "--out", str(tmp_path / "a"))
+    assert again == config
+
+
+@pytest.mark.parametrize("text, problem", [("epsilon = 'five'\n", "epsilon must be float"), ("epsilom = 5\n", "unknown setting 'epsilom'"),
+                                           ("dim = 2.5\n", "dim must be int"), ("non-private = 1\n", "non-private must be bool"),
+                                           ("epsilon = \n", "is not TOML")])
+def test_a_bad_config_is_refused_naming_the_file_and_the_setting(tmp_path, capsys, text, problem):
+    (tmp_path / "run.toml").write_text(text)
+    assert cli.main(["train", "--config", str(tmp_path / "run.toml"), "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert f"--config {tmp_path / 'run.toml'}" in error and problem in error
+    assert not (tmp_path / "run").exists()
