@@ -67,7 +67,14 @@ def _run_privacy(args: argparse.Namespace) -> int:
     ledger = Ledger.open(path)
     if not args.run.endswith(".parquet"):  # a run folder: its own seed file witnesses what the ledger must list
         release.check_ledger_complete(ledger, storage.join(args.run, "private", "seed"))
-    print(ledger.describe())
+    if args.format == "md":
+        if args.run.endswith(".parquet"):
+            raise ValueError("--format md needs a run folder (the report reads the run's settings), not a ledger file")
+        from pipelines.run_dir import Run
+
+        print(publish.privacy_report(Run(args.run)), end="")
+    else:
+        print(ledger.describe())
     spent = ledger.epsilon_spent()
     if args.max_epsilon is not None and not spent <= args.max_epsilon * (1 + publish.TOLERANCE):
         raise ValueError(f"{path}: epsilon spent {spent:.6g} exceeds the allowed {args.max_epsilon:g}")
@@ -155,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
+    privacy_cmd.add_argument("--format", choices=("text", "md"), default="text",
+                             help="text: the ledger as a table (default); md: the run's privacy report for a reviewer (its privacy.md)")
     privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
     privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
     privacy_cmd.set_defaults(handler=_run_privacy)

@@ -2,7 +2,7 @@
 
 What is published: `encoder/` (SavedModel, signature `embed`), `item_embeddings.parquet` and
 `privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
-settings). All three are computed from DP releases and public item features only. Never published:
+settings) with `privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases and public item features only. Never published:
 `RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
 
 Refused, with nothing written, unless every outer step is done and the final encoder and item
@@ -30,6 +30,7 @@ from pipelines.datasets import open_dataset
 from pipelines.lock import existing_run_lock
 from pipelines.release import check_ledger_complete
 from pipelines.run_dir import Run, require_steps
+from privacy import report
 from privacy.ledger import Ledger
 from schemas import storage
 
@@ -70,6 +71,15 @@ def privacy_summary(run: Run) -> dict:
         "settings": {key: config[key] for key in PUBLIC_SETTINGS if key in config},
         "public_features": open_dataset(manifest["prepared"]["data"]).manifest.get("public_features"),
     }
+
+
+def privacy_report(run: Run) -> str:
+    """The run's privacy.md (privacy.report), from its ledger, settings and declared public features."""
+    manifest = run.prepared()
+    config = manifest["config"]
+    settings = {key: config[key] for key in (*PUBLIC_SETTINGS, "clip_u", "clip_y", "wbar", "max_items_per_user", "dpsgd_clip") if key in config}
+    features = open_dataset(manifest["prepared"]["data"]).manifest.get("public_features")
+    return report.render(Ledger.open(run.ledger), settings, features, run.root)
 
 
 def _copy_tree(source: str, target: str) -> list[str]:
@@ -113,9 +123,10 @@ def publish(run: Run, dest: str) -> dict:
         files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]
         _copy_table(run.path("item_embeddings.parquet"), storage.join(staging, "item_embeddings.parquet"))
         storage.write_json(summary, storage.join(staging, "privacy.json"))
+        storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": ["encoder/", "item_embeddings.parquet", "privacy.json"], "encoder_files": files}
+                  "contents": ["encoder/", "item_embeddings.parquet", "privacy.json", "privacy.md"], "encoder_files": files}
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):
@@ -136,6 +147,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
-    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json "
+    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json, privacy.md "
           f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")
     return 0

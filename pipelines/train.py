@@ -795,6 +795,10 @@ def evaluate(run: Run) -> dict:
         outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
     )
     storage.write_json(metrics, run.path("metrics.json"))
+    if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
+        from pipelines.publish import privacy_report
+
+        storage.StagedFile(privacy_report(run).encode(), run.path("privacy.md")).publish()
     manifest["status"] = "done"
     run.write_manifest(manifest)
     return metrics

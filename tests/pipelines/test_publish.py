@@ -45,7 +45,7 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
 def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     run = finished_run(str(tmp_path / "run"))
     marker = publish(run, str(tmp_path / "out"))
-    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "encoder", "item_embeddings.parquet", "privacy.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "encoder", "item_embeddings.parquet", "privacy.json", "privacy.md"]
     assert sorted(marker["encoder_files"]) == ["encoder/_SUCCESS", "encoder/saved_model.pb", "encoder/variables/variables.index"]  # a committed folder
     assert storage.read_table(str(tmp_path / "out" / "item_embeddings.parquet")).equals(storage.read_table(run.path("item_embeddings.parquet")))
     summary = json.load(open(tmp_path / "out" / "privacy.json"))
@@ -53,6 +53,10 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert summary["epsilon_spent"] == pytest.approx(spent) and 0 < spent <= 1.0
     assert [row["name"] for row in summary["releases"]] == ["counts"] and summary["public_features"] == ["genres", "year"]
     assert "data" not in summary["settings"] and "secret" not in json.dumps(summary)
+    report = (tmp_path / "out" / "privacy.md").read_text()  # the same, for a reviewer
+    assert "**Unit of privacy: user.**" in report and "**epsilon 1, delta 1e-05**" in report and f"Spent: epsilon {spent:.4g} of 1" in report
+    assert f"| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
+    assert "secret/location" not in report and "sqrt(K + 1)" in report  # the private data location is not a public setting
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".out.tmp")]
     # publishing the same run again is a no-op; another run to the same place is refused
     assert publish(run, str(tmp_path / "out")) == marker

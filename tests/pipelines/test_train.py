@@ -241,7 +241,14 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "exceeds the allowed 4" in ssp_error("privacy", run, "--max-epsilon", "4")
     ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
     ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
-    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "privacy.json"]
+    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "privacy.json", "privacy.md"]
+    report = (tmp_path / "published" / "privacy.md").read_text()
+    assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
+    capsys.readouterr()
+    ssp_ok("privacy", run, "--format", "md")
+    assert capsys.readouterr().out == report
+    for row in Ledger.open(os.path.join(run, "ledger.parquet")).rows:
+        assert f"| {row['release']} | `{row['name']}` |" in report
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
     whole = train.run(small(tmp_path / "whole", seed_file=str(tmp_path / "staged" / "private" / "seed")), spark=spark, progress=False)
