@@ -103,9 +103,26 @@ class StatsJob:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StatsJob:
+        """The job the flags describe: a prepared run's own (--run RUN --step S: its tables, settings
+        and budget plan from its manifest, as `ssp train` runs it), or one given table by table."""
+        def flag(name: str) -> str:
+            return "--" + name.replace("_", "-")
+
+        if getattr(args, "run", None):
+            given = [flag(name) for name in (*JOB_FLAGS, *BUDGET_FLAGS) if getattr(args, name, None) is not None]
+            if given:
+                raise ValueError(f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}")
+            if args.step is None:
+                raise ValueError("with --run give --step S, the outer step whose statistics to release")
+            from pipelines import train  # the run's own job: what `ssp train` would release at this step
+
+            return train.stats_job_of_run(args.run, args.step)
+        missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
         settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent)
         return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
-                   release.privacy_settings(args), args.step, args.ledger, args.seed_file, args.shards)
+                   release.privacy_settings(args), 1 if args.step is None else args.step, args.ledger, args.seed_file, args.shards)
 
     def release_name(self, resample: int) -> str:
         return f"step-{self.step}/stats/r{resample}"
@@ -208,23 +225,29 @@ class StatsJob:
         return summary
 
 
+JOB_FLAGS = ("interactions", "user_embeddings", "items", "counts", "out", "dim", "clip_u", "clip_y")  # without --run: required
+BUDGET_FLAGS = ("epsilon", "noise_multiplier", "ledger", "seed_file", "budget_account", "account_cap", "account_window_days")  # with --run: the run's
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The stats job's flags (both engines)."""
-    parser.add_argument("--interactions", required=True, help="interactions table (private)")
-    parser.add_argument("--user-embeddings", required=True, help="user embeddings table (private): user_id, embedding of length --dim")
-    parser.add_argument("--items", required=True, help="items table: the public catalog; every item gets a noised row")
-    parser.add_argument("--counts", required=True, help="DP item counts table (a release of `ssp counts`), for the weights")
-    parser.add_argument("--out", required=True, help="output folder: resample-<k>.parquet and release.json")
-    parser.add_argument("--dim", type=int, required=True, help="embedding dimension d")
-    parser.add_argument("--clip-u", type=float, required=True, help="Gamma_u: user embeddings are clipped to this L2 norm")
-    parser.add_argument("--clip-y", type=float, required=True, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y]")
+    """The stats job's flags (both engines): --run RUN --step S, or the tables and settings by hand."""
+    parser.add_argument("--run", help="a run prepared by `ssp train --stage prepare`: its tables, settings and budget plan come from its "
+                        "manifest, as `ssp train` would run this job (give only --step; the flags below are for a job outside a run)")
+    parser.add_argument("--interactions", help="interactions table (private; required without --run)")
+    parser.add_argument("--user-embeddings", help="user embeddings table (private): user_id, embedding of length --dim (required without --run)")
+    parser.add_argument("--items", help="items table: the public catalog; every item gets a noised row (required without --run)")
+    parser.add_argument("--counts", help="DP item counts table (a release of `ssp counts`), for the weights (required without --run)")
+    parser.add_argument("--out", help="output folder: resample-<k>.parquet and release.json (required without --run)")
+    parser.add_argument("--dim", type=int, help="embedding dimension d (required without --run)")
+    parser.add_argument("--clip-u", type=float, help="Gamma_u: user embeddings are clipped to this L2 norm (required without --run)")
+    parser.add_argument("--clip-y", type=float, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y] (required without --run)")
     parser.add_argument("--unit", choices=("user", "example"), default="user",
                         help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and fixed, "
                         "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding depends on "
                         "all of the user's ratings, so one rating moves the user's row in every item's statistics")
     parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
     parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
-    parser.add_argument("--step", type=int, default=1, help="outer step this release belongs to (default: %(default)s)")
+    parser.add_argument("--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)")
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)
 

@@ -538,6 +538,18 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     return manifest
 
 
+def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob:
+    """`ssp stats --run RUN --step S`: the prepared run's stats job of step S, from its manifest."""
+    run = Run(root)
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    if config.item_update not in STATS_UPDATES:
+        raise ValueError(f"{root} runs --item-update {config.item_update}, which releases no statistics")
+    if not 1 <= step <= config.outer_steps:
+        raise ValueError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
+    return stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
+
+
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
     """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
     return stats_job.StatsJob(run.stats_rows, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),

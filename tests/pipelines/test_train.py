@@ -221,6 +221,10 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "statistics of step 1 are not released" in ssp_error("item-update", "--run", run, "--step", "1")
     assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
     assert "drop --lambda-u" in ssp_error("user-update", "--run", run, "--step", "1", "--lambda-u", "2")
+    assert "drop --dim, --epsilon" in ssp_error("stats", "--run", run, "--step", "1", "--dim", "8", "--epsilon", "5")
+    assert "with --run give --step S" in ssp_error("stats", "--run", run)
+    assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
+    assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
     config = train.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
@@ -232,7 +236,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
                  "--ledger", storage.join(run, "ledger.parquet"), "--budget-account", config.account_path()]
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)
-        ssp_ok("stats", *flags)
+        staged = cli.build_parser().parse_args(["stats", "--run", run, "--step", str(s)])  # the stage form: the same job from the manifest
+        assert stats_job.StatsJob.from_args(staged) == train.stats_job_for(Run(run), config, s, data_items)
+        ssp_ok("stats", *flags) if s == 1 else ssp_ok("stats", "--run", run, "--step", str(s))
         ssp_ok("item-update", "--run", run, "--step", str(s))
     assert "no final user embeddings" in ssp_error("evaluate", "--run", run)
     ssp_ok("user-update", "--run", run, "--final")
