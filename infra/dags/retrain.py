@@ -12,7 +12,7 @@ parses this DAG with Airflow and checks every command against the project's own 
 - user_update_<s>, final_user_update: `pipelines/user_update.py --run RUN --step s` on Dataproc
   (DataprocSubmitJobOperator, job settings in retrain/dataproc-job.yaml, the project wheel shipped in
   python_file_uris under a .zip name).
-- stats_<s>: the stats job with the flags of `stats_job.add_arguments`, on Dataproc
+- stats_<s>: the stats job of the run, `--run RUN --step s` (the rest from the run's manifest), on Dataproc
   (`pipelines/stats.py`, SSP_STATS_ENGINE=spark, the default) or on Dataflow
   (`python -m pipelines.beam_stats` by BeamRunPythonPipelineOperator with the DataflowRunner and the
   options of retrain/dataflow-options.yaml, SSP_STATS_ENGINE=beam).
@@ -94,9 +94,6 @@ TRAINING = {
     "resamples": 1,
     "shards": 16,
 }
-# The stats job is not given the run: it gets the same settings and the budget plan `ssp train` makes
-# from them (TrainConfig.privacy: the DP mean's share in the regression protocol, no Gram matrices).
-STATS_SETTINGS = ("dim", "clip-u", "clip-y", "wbar", "weight-exponent", "shards", "outer-steps", "resamples", "count-share", "mean-share")
 BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}", "budget-account": "{{ params.account }}",
           "account-cap": "{{ params.account_cap }}"}
 
@@ -136,19 +133,9 @@ def spark_job(task_id: str, script: str, args: list[str]) -> DataprocSubmitJobOp
 
 
 def stats_flags(step: int) -> dict:
-    """The stats job of outer step `step`: the run's inputs, settings and budget."""
-    return {
-        "interactions": RUN + "/private/stats_rows.parquet",
-        "user-embeddings": RUN + f"/private/step-{step}/user_embeddings.parquet",
-        "items": RUN + "/train_items.parquet",
-        "counts": RUN + "/counts/counts.parquet",
-        "out": RUN + f"/step-{step}/stats",
-        "step": step,
-        "unit": "user",  # `ssp train` is user level only
-        **{key: TRAINING[key] for key in STATS_SETTINGS},
-        **BUDGET,
-        "ledger": RUN + "/ledger.parquet",
-    }
+    """The stats job of outer step `step`: the run's own (its tables, settings and budget plan come from
+    RUN/manifest.json, as `ssp train` would run it)."""
+    return {"run": RUN, "step": step}
 
 
 def stats_task(step: int):

@@ -200,10 +200,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         check(user is not None and (user.run, user.step, user.final) == (run.root, s, False), f"user_update_{s}: not `user-update --run {run.root} --step {s}`")
         check(item is not None and (item.run, item.step) == (run.root, s) and tasks[f"item_update_{s}"]["gpu"], f"item_update_{s}: not `item-update --run RUN --step {s}` on a GPU")
         check(tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}")
-        if job is not None:
-            given, wanted = stats_job.StatsJob.from_args(job), train.stats_job_for(run, config, s, items)
-            differing = sorted(key for key in vars(wanted) if getattr(given, key) != getattr(wanted, key))
-            check(not differing, f"stats_{s}: the stats job's {differing} are not the run's")
+        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals train.stats_job_for)
+        check(job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job), f"stats_{s}: not `stats --run {run.root} --step {s}` alone")
     order += ["final_user_update", "evaluate", "check_privacy", "publish"]
     final, evaluate, privacy, publish = (parsed.get(name, (None, None))[1] for name in order[-4:])
     check(final is not None and (final.run, final.step, final.final) == (run.root, None, True), "final_user_update: not `user-update --run RUN --final`")
@@ -215,6 +213,11 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     for before, after in zip(order, order[1:]):
         check(tasks.get(after, {}).get("upstream") == [before], f"{after} must run right after {before}")
     return problems
+
+
+def _no_job_flags(args: argparse.Namespace) -> bool:
+    """Whether a stats job's flags name nothing but the run and the step."""
+    return all(getattr(args, name, None) is None for name in (*stats_job.JOB_FLAGS, *stats_job.BUDGET_FLAGS))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -251,8 +254,9 @@ def test_spark_tasks_ship_the_project_and_use_the_cluster_python(exported):
 DRIFTS = {
     "a renamed flag": ('"item-update", "--run", RUN', '"item-update", "--run-dir", RUN', "item_update_1", "--run-dir"),
     "an abbreviated flag": ('"--max-epsilon", "{{ params.epsilon }}"', '"--max-eps", "{{ params.epsilon }}"', "check_privacy", "--max-eps"),
-    "a stats flag the job does not have": ('"clip-u"', '"clip-user"', "stats_1", "--clip-user"),
-    "a stats input that is not the run's": ('RUN + "/counts/counts.parquet"', 'RUN + "/counts.parquet"', "stats_1", "counts"),
+    "a stats flag the job does not have": ('{"run": RUN, "step": step}', '{"run-dir": RUN, "step": step}', "stats_1", "--run-dir"),
+    "a stats job given another step": ('{"run": RUN, "step": step}', '{"run": RUN, "step": step + 1}', "stats_1", "--step 1"),
+    "a stats job given settings by hand": ('{"run": RUN, "step": step}', '{"run": RUN, "step": step, "dim": 8}', "stats_1", "alone"),
 }
 
 
@@ -286,12 +290,6 @@ def test_kubernetes_spark_application_is_the_dags_stats_job(exported):
     assert document["kind"] == "SparkApplication" and spec["mainApplicationFile"].endswith("/stats.py")
     tasks = {task["task_id"]: task for task in exported["spark"][DATES[0]]["dags"]["ssp_retrain"]["tasks"]}
     prepare = parse_command(tasks["prepare"]["argv"])[1]
-    values = {"${RUN}": prepare.out, "${STEP}": "2", "${EPSILON}": str(prepare.epsilon), "${DELTA}": str(prepare.delta),
-              "${ACCOUNT_CAP}": str(prepare.account_cap), "${ACCOUNT}": prepare.budget_account}
-    argv = list(spec["arguments"])
-    for name, value in values.items():
-        argv = [token.replace(name, value) for token in argv]
+    argv = [token.replace("${RUN}", prepare.out).replace("${STEP}", "2") for token in spec["arguments"]]
     _, args = parse_command(["spark-submit", "--py-files", "image", spec["mainApplicationFile"], *argv])
-    config = train.config_from_args(prepare)
-    wanted = train.stats_job_for(Run(prepare.out), config, 2, Run(prepare.out).stats_items)
-    assert stats_job.StatsJob.from_args(args) == wanted
+    assert (args.run, args.step) == (prepare.out, 2) and _no_job_flags(args)  # the DAG's stats_2, the rest from the run's manifest
