@@ -12,7 +12,9 @@ import argparse
 import importlib.metadata
 import math
 import os
+import signal
 import sys
+import threading
 import warnings
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
@@ -170,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate_with_one_line(command: str):
+    """The SIGTERM handler (a scheduler or `kill` stopping the command): one line, then leave at once,
+    as a kill would. That is safe at any moment (writes are atomic, a release is recorded before it
+    is computed, locks die with their holder, a killed run resumes: tests/test_kill_resume.py), where
+    an exception raised from the handler can be swallowed by whatever it interrupts."""
+    def terminate(signum, frame):
+        print(f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(143)
+
+    return terminate
+
+
 def _given_flags(argv: list[str]) -> set[str]:
     """The settings given on the command line itself (they override a --config file): the parse of
     `argv` by a parser without defaults."""
@@ -189,13 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "config", None):
         args.explicit = _given_flags(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate_with_one_line(args.command)) if threading.current_thread() is threading.main_thread() else None
     try:
-        if args.command in FOLDER_OUTPUTS and getattr(args, FOLDER_OUTPUTS[args.command], None):
-            flag = FOLDER_OUTPUTS[args.command]
-            storage.require_folder_target(getattr(args, flag), f"--{flag}")  # before anything is read or written
+        flag = FOLDER_OUTPUTS.get(args.command)
+        if flag and getattr(args, flag, None) is not None:  # before anything is read or written
+            if not getattr(args, flag).strip():
+                raise ValueError(f"--{flag} is empty: give a folder")
+            storage.require_folder_target(getattr(args, flag), f"--{flag}")
         return args.handler(args)
     except KeyboardInterrupt:
-        print(f"ssp {args.command}: interrupted; nothing partial was published", file=sys.stderr)
+        print(f"ssp {args.command}: interrupted; nothing partial was published (run the same command again to resume)", file=sys.stderr)
         return 130
     except Exception as exc:
         message = errors.one_line(exc, USER_ERRORS, output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None))
@@ -203,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback is the report
         print(f"ssp {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def entry() -> None:

@@ -94,6 +94,8 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     incomplete, never as a mix.
     """
     storage.require_folder_target(out, "--out")
+    fs, folder = storage.filesystem(out)
+    created = storage.is_local(fs) and not fs.exists(folder)  # removed again if this write fails
     items = validate_items(items)
     catalog = np.sort(items["item_id"].to_numpy())
     stats = _InteractionStats()
@@ -124,6 +126,8 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     except BaseException:
         interactions.abort()
         item_table.abort()
+        if created and fs.isdir(folder) and not fs.ls(folder, detail=False):
+            fs.rmdir(folder)  # a failed write leaves no new folder behind
         raise
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
     interactions.commit()

@@ -106,8 +106,11 @@ def _copy_table(source: str, target: str) -> None:
 
 def publish(run: Run, dest: str) -> dict:
     """Publish the run to `dest` (see the module docstring); returns the `_PUBLISHED` marker."""
-    summary = privacy_summary(run)
     dest = dest.rstrip("/")
+    inside, root = storage.canonical(dest), storage.canonical(run.root)
+    if inside == root or inside.startswith(root.rstrip("/") + "/"):
+        raise ValueError(f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere")
+    summary = privacy_summary(run)
     marker_path = storage.join(dest, PUBLISHED)
     if storage.exists(marker_path):
         marker = storage.read_json(marker_path)

@@ -90,13 +90,26 @@ class Run:
         """The manifest; a clear error when RUN holds no run (prepare has not run)."""
         if not storage.exists(self.manifest_path):
             raise storage.MissingTableError(f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} ...`")
-        return storage.read_json(self.manifest_path)
+        manifest = storage.read_json(self.manifest_path)
+        shapes = {"config": dict, "prepared": dict, "steps_done": list}
+        wrong = [key for key, kind in shapes.items() if key in manifest and not isinstance(manifest[key], kind)] if isinstance(manifest, dict) else ["the document"]
+        if not wrong and not all(isinstance(s, int) and not isinstance(s, bool) for s in manifest.get("steps_done", [])):
+            wrong = ["steps_done"]
+        if wrong:
+            raise ValueError(f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run")
+        return manifest
 
     def prepared(self) -> dict:
-        """The manifest of a prepared run (its config and what prepare produced)."""
+        """The manifest of a prepared run (its config and what prepare produced), its recorded
+        settings checked as `ssp train` checks flags (a damaged manifest is refused, naming it)."""
+        from pipelines.train import check_recorded  # the settings' types and ranges live with TrainConfig
+
         manifest = self.read_manifest()
         if "prepared" not in manifest:
             raise ValueError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
+        if "config" not in manifest:
+            raise ValueError(f"{self.manifest_path} is damaged: it has no settings (config); restore it or start a new run")
+        check_recorded(self.manifest_path, manifest["config"])
         self.require_ledger(manifest["config"].get("seed_file"))
         return manifest
 

@@ -19,8 +19,10 @@ was started before they were set.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,11 +54,22 @@ def session(app: str, master: str | None = None):
     for key, value in session_settings(SparkConf(), master).items():
         builder = builder.master(value) if key == "spark.master" else builder.config(key, value)
     spark = builder.getOrCreate()
+    # PySpark's Ctrl-C handler cancels the jobs through the gateway connection the interrupted call
+    # is still using (re-entrant calls: pages of Python and Java traces). A job of ours is simply
+    # interrupted once its session runs: the command stops and its JVM ends with it (stdin closes).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if threading.current_thread() is threading.main_thread() else None
     spark.sparkContext.setLogLevel("WARN")
+    interrupted = False
     try:
         yield spark
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        spark.stop()
+        if not interrupted:  # stopping would talk to a gateway left mid-call
+            spark.stop()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def session_settings(conf, master: str | None) -> dict[str, str]:

@@ -1025,19 +1025,34 @@ def read_config(path: str) -> dict:
         document = document["config"]  # a run's manifest.json
     if not isinstance(document, dict):
         raise ValueError(f"--config {path}: expected a table of settings")
+    return _typed_settings(f"--config {path}", document)
+
+
+def _typed_settings(where: str, document: dict) -> dict:
+    """`document`'s settings by TrainConfig field, each of its field's type (`where` names the source
+    in errors)."""
     kinds = {item.name: item.type for item in fields(TrainConfig)}
     settings = {}
     for key, value in document.items():
         name = key.replace("-", "_")
         if name not in kinds:
-            raise ValueError(f"--config {path}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
+            raise ValueError(f"{where}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
         kind = kinds[name] if isinstance(kinds[name], str) else kinds[name].__name__
         wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}[kind.split(" ")[0]]
         if value is None and "None" in kind or isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted):
             settings[name] = float(value) if wanted == (int, float) and value is not None else value
         else:
-            raise ValueError(f"--config {path}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
+            raise ValueError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
     return settings
+
+
+def check_recorded(path: str, recorded: dict) -> None:
+    """A run manifest's recorded settings: known, of their types and in their ranges, as flags are."""
+    settings = _typed_settings(path, {key: value for key, value in recorded.items() if key != "unit"})  # unit: recorded by older versions
+    try:
+        TrainConfig(**{**settings, "out": "-"})
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -308,3 +308,52 @@ def test_a_truncated_part_read_by_beam_is_one_line_naming_it(tmp_path, prepared)
                  "--dim", 8, "--clip-u", 1, "--clip-y", 2, "--noise-multiplier", 1, "--ledger", tmp_path / "ledger.parquet")
     assert_refused(result, part, "cannot be read as Parquet")
     assert not (tmp_path / "stats").exists() and not (tmp_path / "ledger.parquet").exists()
+
+
+def test_a_failed_ingest_into_a_new_folder_leaves_no_folder(tmp_path):
+    assert_refused(ssp("ingest", "--out", tmp_path / "new", fsize=200_000), "File too large")
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_empty_output_path_is_refused(tmp_path):
+    assert_refused(ssp("ingest", "--out", ""), "--out is empty")
+
+
+def test_publishing_inside_the_run_directory_is_refused(tmp_path, prepared):
+    run = copy_of(prepared, tmp_path / "run")
+    for dest in (run / "private" / "pub", run / "pub"):
+        assert_refused(ssp("publish", "--run", run, "--to", dest), "inside the run directory")
+        assert not dest.exists()
+
+
+@pytest.mark.parametrize("damage, named", [(lambda m: m.pop("config"), "has no settings"), (lambda m: m["config"].update(outer_steps=None), "outer_steps must be int"),
+                                           (lambda m: m["config"].update(dim="four"), "dim must be int"), (lambda m: m["config"].update(dim=0), "--dim"),
+                                           (lambda m: m.update(steps_done="x"), "steps_done")],
+                         ids=["no config", "null setting", "wrong type", "out of range", "steps not a list"])
+def test_a_damaged_run_manifest_is_refused_naming_it(tmp_path, prepared, damage, named):
+    run = copy_of(prepared, tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    damage(manifest)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert_refused(ssp("user-update", "--run", run, "--step", 1), run / "manifest.json", named)
+    assert not (run / "private" / "step-1").exists()
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_the_run_resumes(tmp_path, dataset):
+    """A scheduler stopping the task: one line, exit 143, no traceback; the same command resumes."""
+    import signal
+    import time
+
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    with open(log, "w") as err:
+        child = subprocess.Popen([SSP, *map(str, ["train", "--data", dataset, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4])],
+                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
+        deadline = time.monotonic() + 300
+        while "prepared" not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=300)
+    result = subprocess.CompletedProcess(child.args, child.returncode, "", log.read_text())
+    assert child.returncode == 143 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("ssp train: terminated; nothing partial was published")
+    assert ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4).returncode == 0
