@@ -101,7 +101,6 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     stats = _InteractionStats()
     interactions = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS)
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
-    staged_manifest = None
     try:
         for batch in interaction_batches:
             table = validate_interactions(pa.Table.from_batches([batch]))
