@@ -108,6 +108,14 @@ def test_output_paths_that_are_files_are_refused_and_left_as_they_were(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["occupied"]
 
 
+def _mount(*args: str) -> subprocess.CompletedProcess:
+    """`mount ARGS`; a machine without the command answers like one that does not permit it."""
+    try:
+        return subprocess.run(["mount", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(["mount"], 127, "", "no mount command")
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A factory of small tmpfs folders (a full disk for real); skipped where mounting is not allowed."""
@@ -116,7 +124,7 @@ def small_disk(tmp_path):
     def make(size_kib: int) -> Path:
         folder = tmp_path / f"disk{len(mounted)}"
         folder.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(folder)], capture_output=True, text=True)
+        done = _mount("-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(folder))
         if done.returncode:
             pytest.skip(f"cannot mount a small tmpfs here to fill a disk for real ({done.stderr.strip() or 'not permitted'})")
         mounted.append(folder)
@@ -133,7 +141,7 @@ def read_only(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
     (folder / "before").write_text("x")
-    done = subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)], capture_output=True, text=True)
+    done = _mount("--bind", "-o", "ro", str(folder), str(folder))
     if done.returncode:
         pytest.skip(f"cannot make a read-only bind mount here ({done.stderr.strip() or 'not permitted'})")
     try:
