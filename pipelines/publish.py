@@ -77,7 +77,7 @@ def privacy_report(run: Run) -> str:
     """The run's privacy.md (privacy.report), from its ledger, settings and declared public features."""
     manifest = run.prepared()
     config = manifest["config"]
-    settings = {key: config[key] for key in (*PUBLIC_SETTINGS, "clip_u", "clip_y", "wbar", "max_items_per_user", "dpsgd_clip") if key in config}
+    settings = {key: config[key] for key in (*PUBLIC_SETTINGS, "dpsgd_clip") if key in config}
     features = open_dataset(manifest["prepared"]["data"]).manifest.get("public_features")
     return report.render(Ledger.open(run.ledger), settings, features, run.root)
 

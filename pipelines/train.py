@@ -268,9 +268,7 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
     """The run's manifest: new (not written yet), or the one of an interrupted run with the same
     settings. A folder that holds something else (a data set, a file) is refused."""
     wanted = {key: value for key, value in asdict(config).items() if key != "out"}
-    fs, inner = storage.filesystem(run.root)
-    if fs.isfile(inner):
-        raise ValueError(f"--out {run.root} is a file, not a run directory")
+    storage.require_folder_target(run.root, "--out")
     if storage.exists(run.manifest_path):
         manifest = run.read_manifest()
         if not isinstance(manifest.get("config"), dict):
@@ -412,7 +410,6 @@ def run_directory(config: TrainConfig):
     """The run directory held for a command: its folder checked first, read-only (a folder holding
     something other than this run is refused before the lock would write in it), then the lock,
     and the directory removed whole if the command is refused before its first release."""
-    storage.require_folder_target(config.out, "--out")
     _check_manifest(Run(config.out), config)
     with removed_if_refused(config.out), run_lock(config.out):
         yield
@@ -431,7 +428,8 @@ def removed_if_refused(root: str):
         if (created or was_empty) and _present(root) and not _released_anything(Run(root)):
             storage.remove(root)
             if was_empty:
-                storage.filesystem(root)[0].makedirs(storage.filesystem(root)[1], exist_ok=True)
+                fs, inner = storage.filesystem(root)
+                fs.makedirs(inner, exist_ok=True)
         raise
 
 
