@@ -1,12 +1,15 @@
-"""`ssp ingest`: read a MovieLens folder into the canonical data set folder (interactions, items, manifest).
+"""`ssp ingest`: read a MovieLens folder, or any interactions table and item catalog
+(`--interactions`, `--catalog`: see pipelines.generic), into the canonical data set folder
+(interactions, items, manifest).
 
 The catalog decides which items exist: every movie becomes an item row, rated or not. A rating of a
 movie that is not in the catalog is an error by default (`--unknown-items fail`, reported with a
 count), or is dropped and counted in the manifest (`--unknown-items drop`). Nothing is written when
 the input is bad.
 
-Privacy: the run declares which item feature families are public (`--public-features`); the
-manifest records the declaration. Tags come from users, so they are public only on request.
+Privacy: the run declares which item feature families are public (`--public-features`, or
+`--features` for a catalog table); the manifest records the declaration. Tags come from users, so
+they are public only on request.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from pipelines import movielens
+from pipelines import generic, logs, movielens
 from pipelines.datasets import Dataset, is_dataset, open_dataset, write_dataset
 from schemas import storage
 from schemas.tables import MULTIVALENT, item_features
@@ -53,7 +56,7 @@ def ingest(
     unknown = {"ratings": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
-        with tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not progress, file=sys.stderr) as bar:  # closed (its line ended) before any error is printed
+        with tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not logs.bars(progress), file=sys.stderr) as bar:  # closed (its line ended) before any error is printed
             for batch in movielens.iter_ratings(source, scale=rating_scale):
                 bar.update(batch.num_rows)
                 unknown["seen"] += batch.num_rows
@@ -105,16 +108,17 @@ def describe(dataset: Dataset) -> str:
     items = storage.read_table(dataset.items)
     lines = [
         f"data set {dataset.path} (from {m.get('source')}, layout {m.get('layout', 'synthetic')})",
+        f"  feedback {_feedback(m)}",
         f"  ratings  {m['ratings']:>12,}",
         f"  users    {m['users']:>12,}",
         f"  items    {m['items']:>12,}  ({m['rated_items']:,} rated)",
     ]
-    if m.get("label_range"):
+    if m.get("label_range") and m.get("feedback") != "implicit":
         scale = m.get("rating_scale")
         lines.append(f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}" + (f" (scale {scale[0]:g} .. {scale[1]:g})" if scale else ""))
     dropped = m.get("unknown_items", {}).get("dropped_ratings")
     if dropped:
-        lines.append(f"  dropped  {dropped:>12,} ratings of movies missing from the catalog")
+        lines.append(f"  dropped  {dropped:>12,} ratings of {'items' if m.get('layout') == 'table' else 'movies'} missing from the catalog")
     lines.append("  public item features:")
     for name, kind in item_features(items.schema).items():
         column = items[name]
@@ -131,8 +135,16 @@ def describe(dataset: Dataset) -> str:
     return "\n".join(lines)
 
 
+def _feedback(manifest: dict) -> str:
+    """The kind of feedback a data set holds, in words."""
+    if manifest.get("feedback") == "implicit":
+        return "implicit (interactions without ratings: every row a positive, label 1)"
+    return "explicit ratings"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", default=BUNDLED, help="MovieLens folder (ml-100k, ml-1m, ml-10m, ml-20m, ml-latest layouts; local or gs://); default: the bundled ml-latest-small")
+    parser.add_argument("--source", default=None, help="MovieLens folder (ml-100k, ml-1m, ml-10m, ml-20m, ml-latest layouts; local or gs://); "
+                        "default: the bundled ml-latest-small; not with --interactions")
     parser.add_argument("--out", required=True, help="output data set folder (local or gs://)")
     parser.add_argument(
         "--public-features",
@@ -140,16 +152,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated item feature families declared public: genres, year, tags "
         "(tags are written by users: declare them public only if your policy allows; default: %(default)s)",
     )
-    parser.add_argument("--rating-scale", nargs=2, type=float, metavar=("MIN", "MAX"), default=list(movielens.DEFAULT_RATING_SCALE),
+    parser.add_argument("--rating-scale", nargs=2, type=float, metavar=("MIN", "MAX"), default=None,
                         help="the data's rating scale: a rating outside it is refused; recorded as the data set's declared scale, "
-                        "which training uses (default: %(default)s, every MovieLens set)")
-    parser.add_argument("--unknown-items", choices=UNKNOWN_ITEM_POLICIES, default="fail", help="what to do with ratings of movies missing from the catalog (default: %(default)s)")
+                        "which training uses to clip ratings (default for a MovieLens folder: 0.5 5.0, every MovieLens set; "
+                        "required with --label-col, refused without it)")
+    parser.add_argument("--unknown-items", choices=UNKNOWN_ITEM_POLICIES, default="fail", help="what to do with ratings of movies (or interactions "
+                        "of items) missing from the catalog: fail names a count and an example, drop drops them and counts them in the manifest "
+                        "(default: %(default)s)")
+    table = parser.add_argument_group("generic tables (instead of --source: any interactions table and item catalog, Parquet or CSV, local or gs://)")
+    table.add_argument("--interactions", metavar="PATH", help="interactions table: a .parquet or .csv file, or a folder of Parquet or CSV parts, "
+                       "one row per (user, item) interaction; private user data; needs --catalog and --features")
+    table.add_argument("--catalog", metavar="PATH", help="item catalog table (.parquet or .csv file or folder of parts): one row per item, "
+                       "rated or not; only its --item-col, --title-col and --features columns are read")
+    table.add_argument("--user-col", default="user_id", metavar="NAME", help="interactions column holding the user ids, integers (default: %(default)s)")
+    table.add_argument("--item-col", default="item_id", metavar="NAME", help="column holding the item ids, integers, in both the interactions "
+                       "and the catalog table (default: %(default)s)")
+    table.add_argument("--label-col", default=None, metavar="NAME", help="interactions column holding explicit ratings (numbers on --rating-scale); "
+                       "without it the data are implicit feedback: every row is a positive with label 1, for --protocol recall only")
+    table.add_argument("--timestamp-col", default=None, metavar="NAME", help="interactions column holding when each interaction happened: "
+                       "integer seconds since 1970, an Arrow timestamp, or ISO 8601 text in CSV (default: none, timestamps unknown)")
+    table.add_argument("--title-col", default=None, metavar="NAME", help="catalog column holding a display title per item, published "
+                       "with the item (default: none, titles left empty)")
+    table.add_argument("--features", metavar="SPEC", help="catalog columns declared PUBLIC item features, as COLUMN:KIND,... with KIND bag "
+                       "(a list of values, or text separated by '|', e.g. genres:bag) or value (one value per item, e.g. brand:value); "
+                       "they are published with the model, so declare only columns no user wrote; an empty SPEC declares none")
+
+
+TABLE_ONLY = ("catalog", "features", "label_col", "timestamp_col", "title_col")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The flags of one input form (a MovieLens folder, or tables), or an argparse-style error (exit status 2)."""
+    if args.interactions is not None:
+        if args.source is not None:
+            _usage_error("--source and --interactions are two kinds of input: give one")
+        missing = [f"--{name}" for name in ("catalog", "features") if getattr(args, name) is None]
+        if missing:
+            _usage_error(f"--interactions needs {' and '.join(missing)}")
+        if args.public_features != ",".join(movielens.DEFAULT_PUBLIC_FEATURES):
+            _usage_error("--public-features is for a MovieLens folder: declare a catalog table's public columns with --features")
+    else:
+        given = [f"--{name.replace('_', '-')}" for name in TABLE_ONLY if getattr(args, name) is not None]
+        given += [f"--{dest.replace('_', '-')}" for dest in ("user_col", "item_col") if getattr(args, dest) != dest.removesuffix("_col") + "_id"]
+        if given:
+            _usage_error(f"{', '.join(given)} describe(s) a generic table: give --interactions (and --catalog, --features) with it")
+
+
+def _usage_error(message: str) -> None:
+    """Leave as argparse does on a bad command line: the usage, one error line, exit status 2."""
+    print("usage: ssp ingest [-h] --out OUT [--source SOURCE | --interactions PATH --catalog PATH --features SPEC] [options]\n"
+          f"ssp ingest: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    _check_arguments(args)
+    if args.interactions is not None:
+        columns = generic.Columns(user=args.user_col, item=args.item_col, label=args.label_col, timestamp=args.timestamp_col, title=args.title_col)
+        scale = tuple(args.rating_scale) if args.rating_scale is not None else None
+        dataset = generic.ingest(args.interactions, args.catalog, args.out, args.features, columns, args.unknown_items, scale, progress=True)
+        print(describe(dataset))
+        print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
+        return 0
+    source = args.source if args.source is not None else BUNDLED
+    scale = tuple(args.rating_scale) if args.rating_scale is not None else movielens.DEFAULT_RATING_SCALE
     features = tuple(name.strip() for name in args.public_features.split(",") if name.strip())
-    dataset = ingest(args.source, args.out, features, args.unknown_items, progress=True, rating_scale=tuple(args.rating_scale))
+    dataset = ingest(source, args.out, features, args.unknown_items, progress=True, rating_scale=scale)
     print(describe(dataset))
     print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
     return 0

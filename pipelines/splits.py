@@ -5,7 +5,8 @@ This module owns the split protocols of the paper's benchmarks and the layout of
 * ``rmse`` (regression, the ML10M benchmark): each rating goes to train, valid or test with fixed
   probabilities 1 - h, h/2, h/2 (h = ``holdout``, 0.2 by default: 80/10/10) (`split_ratings`).
 * ``recall`` (ranking, the ML20M benchmark): the preprocessing of Liang et al. 2018 (VAE-CF) as used
-  by the DP-ALS papers: positives only, held-out validation and test users (each eligible user is
+  by the DP-ALS papers: positives only (labels above 3.5; every row of an implicit-feedback data set,
+  whose rows are all positives), held-out validation and test users (each eligible user is
   one with probabilities 1 - h, h/2, h/2) whose positives are split into fold-in history and targets
   (`split_heldout_users`). The restriction of training to the 10% most frequent items is not
   applied here: it must use DP counts, not exact ones, so the protocol only records
@@ -66,7 +67,7 @@ RATING_PARTS = ("train", "valid", "test")
 
 # Ranking protocol (Liang et al. 2018).
 HELDOUT_PARTS = ("train", "valid_history", "valid_targets", "test_history", "test_targets")
-POSITIVE_THRESHOLD = 3.5  # labels above it are positives
+POSITIVE_THRESHOLD = 3.5  # labels above it are positives (explicit ratings)
 MIN_POSITIVES = 5  # users with fewer positives are dropped
 TARGET_FRACTION = 0.2  # probability that a held-out user's row is a target
 MIN_TARGET_ROWS = 5  # a held-out user with fewer rows keeps them all as history
@@ -164,7 +165,7 @@ def split_ratings(interactions: pa.Table, seed: int = DEFAULT_SEED, holdout: flo
 def split_heldout_users(
     interactions: pa.Table,
     seed: int = DEFAULT_SEED,
-    positive_threshold: float = POSITIVE_THRESHOLD,
+    positive_threshold: float | None = POSITIVE_THRESHOLD,
     min_positives: int = MIN_POSITIVES,
     target_fraction: float = TARGET_FRACTION,
     *,
@@ -175,7 +176,8 @@ def split_heldout_users(
     with row-local (hash) decisions instead of a global shuffle.
 
     1. Rows with label > positive_threshold are the positives (labels are kept as they are); all
-       other rows are dropped.
+       other rows are dropped. `positive_threshold` None keeps every row (implicit feedback: every
+       interaction is a positive).
     2. Users with at least `min_positives` positives are eligible; the others are dropped.
     3. Each eligible user is a training, validation or test user by x = `row_uniform(seed,
        "recall-user", user_id)`: train if x < 1 - holdout, validation if x < 1 - holdout/2, test
@@ -196,13 +198,13 @@ def split_heldout_users(
     if not 0.0 <= target_fraction < 1.0:
         raise ValueError(f"target_fraction must be in [0, 1), got {target_fraction}")
     holdout = check_holdout(holdout)
-    table = _canonical(interactions)
-    table = table.filter(pc.greater(table["label"], positive_threshold))
+    table = _positives(_canonical(interactions), positive_threshold)
     users = table["user_id"].to_numpy()
     ids, inverse, counts = np.unique(users, return_inverse=True, return_counts=True)
     eligible = counts >= min_positives
     if not eligible.any():
-        raise ValueError(f"the ranking protocol needs users with at least {min_positives} positives (labels above {positive_threshold}); there are none")
+        which = "rows" if positive_threshold is None else f"labels above {positive_threshold}"
+        raise ValueError(f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none")
     group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]  # per row; -1: dropped
 
     items = table["item_id"].to_numpy()
@@ -217,6 +219,18 @@ def split_heldout_users(
         split[f"{name}_history"] = table.take(pa.array(rows[~is_target]))
         split[f"{name}_targets"] = table.take(pa.array(rows[is_target]))
     return split
+
+
+def _positives(table: pa.Table, positive_threshold: float | None) -> pa.Table:
+    """The rows with label > positive_threshold; every row when it is None (implicit feedback).
+    Row-local: each row is kept or dropped by its own label."""
+    return table if positive_threshold is None else table.filter(pc.greater(table["label"], positive_threshold))
+
+
+def positive_threshold_for(data: Dataset) -> float | None:
+    """The ranking protocol's positive threshold for a data set: None (every row is a positive) for
+    implicit feedback (`ssp ingest` without a label column), POSITIVE_THRESHOLD for ratings."""
+    return None if data.manifest.get("feedback") == "implicit" else POSITIVE_THRESHOLD
 
 
 def top_items(item_ids: np.ndarray, counts: np.ndarray, fraction: float = TRAIN_ITEM_FRACTION) -> np.ndarray:
@@ -269,7 +283,8 @@ def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED,
     """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
 
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
-    against and the (private, exact) table sizes."""
+    against and the (private, exact) table sizes; for recall also the positive threshold used
+    (null for an implicit-feedback data set, where every row is a positive)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     holdout = check_holdout(holdout)
@@ -282,24 +297,25 @@ def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED,
         split = split_ratings(interactions, seed, holdout)
         manifest["fractions"] = fractions  # of the rows
     else:
-        split = split_heldout_users(interactions, seed, POSITIVE_THRESHOLD, MIN_POSITIVES, TARGET_FRACTION, holdout=holdout)
+        threshold = positive_threshold_for(data)
+        split = split_heldout_users(interactions, seed, threshold, MIN_POSITIVES, TARGET_FRACTION, holdout=holdout)
         manifest.update(
             user_fractions=fractions,  # of the eligible users
-            positive_threshold=POSITIVE_THRESHOLD,
+            positive_threshold=threshold,
             min_positives=MIN_POSITIVES,
             target_fraction=TARGET_FRACTION,
             min_target_rows=MIN_TARGET_ROWS,
             restrict_heldout_to_train_items=True,
             train_item_fraction=TRAIN_ITEM_FRACTION,
-            n_eligible_users=_eligible_users(interactions),
+            n_eligible_users=_eligible_users(interactions, threshold),
         )
     return write_split(split, out, manifest)
 
 
-def _eligible_users(interactions: pa.Table) -> int:
-    """Users with at least MIN_POSITIVES labels above POSITIVE_THRESHOLD (after the dedup of repeated ratings)."""
-    table = _canonical(interactions)
-    users = table.filter(pc.greater(table["label"], POSITIVE_THRESHOLD))["user_id"].to_numpy()
+def _eligible_users(interactions: pa.Table, threshold: float | None = POSITIVE_THRESHOLD) -> int:
+    """Users with at least MIN_POSITIVES labels above `threshold` (every row when None), after the
+    dedup of repeated ratings: the rule `split_heldout_users` applies."""
+    users = _positives(_canonical(interactions), threshold)["user_id"].to_numpy()
     _, counts = np.unique(users, return_counts=True)
     return int((counts >= MIN_POSITIVES).sum())
 
@@ -316,7 +332,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         choices=PROTOCOLS,
         help="rmse: each rating is train, valid or test (80/10/10 by default); recall: Liang et al. 2018 held-out users "
-        "(positives > 3.5, users with >= 5 positives, 80/20 fold-in history/targets)",
+        "(positives > 3.5, or every row of implicit-feedback data; users with >= 5 positives, 80/20 fold-in history/targets)",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")

@@ -73,6 +73,20 @@ RUN = "{{ params.bucket }}/runs/{{ ds }}"
 DATA = RUN + "/private/data"  # the ingested data set (private)
 DEST = "{{ params.bucket }}/models/{{ ds }}"
 
+# `ssp ingest` of the day's raw tables: RAW/DATE/interactions.parquet (the private log) and
+# RAW/DATE/items.parquet (the public catalog), with their own column names; the features are declared public.
+INGEST = {
+    "interactions": "{{ params.raw }}/{{ ds }}/interactions.parquet",
+    "catalog": "{{ params.raw }}/{{ ds }}/items.parquet",
+    "user-col": "user_id",
+    "item-col": "item_id",
+    "label-col": "rating",  # explicit ratings, on RATING_SCALE; leave it out for implicit feedback (clicks, plays: --protocol recall)
+    "timestamp-col": "timestamp",
+    "title-col": "title",
+    "features": "genres:bag,year:value",
+}
+RATING_SCALE = ("0.5", "5")
+
 OUTER_STEPS = 2
 # `ssp train` settings of every scheduled run (prepare records them in RUN/manifest.json).
 TRAINING = {
@@ -164,7 +178,8 @@ with DAG(
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
     params={
         "bucket": Param("gs://ssp-recsys-data", type="string", description="storage root of runs and published models"),
-        "raw": Param("gs://ssp-recsys-data/raw/movielens", type="string", description="raw logs, one MovieLens-layout folder per run date"),
+        "raw": Param("gs://ssp-recsys-data/raw", type="string",
+                     description="raw tables, one folder per run date holding interactions.parquet and items.parquet (columns: INGEST)"),
         "epsilon": Param(1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"),
         "delta": Param(1e-6, type="number", exclusiveMinimum=0, exclusiveMaximum=1, description="delta of one run"),
         "account": Param("gs://ssp-recsys-data/budget-accounts/movielens.json", type="string",
@@ -174,7 +189,7 @@ with DAG(
     },
     tags=["ssp", "privacy"],
 ) as dag:
-    ingest = ssp("ingest", "ingest", "--source", "{{ params.raw }}/{{ ds }}", "--out", DATA)
+    ingest = ssp("ingest", "ingest", *flags(INGEST), "--rating-scale", *RATING_SCALE, "--out", DATA)
     prepare = ssp("prepare", "train", "--stage", "prepare", "--data", DATA, "--out", RUN, *flags(BUDGET), *flags(TRAINING))
     steps = []
     for s in range(1, OUTER_STEPS + 1):

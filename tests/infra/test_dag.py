@@ -185,7 +185,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check(parsed["prepare"][0] == "ssp train" and prepare.stage == "prepare", "prepare: not `ssp train --stage prepare`")
     config = train.config_from_args(prepare)
     run = Run(config.out)
-    check(f"/runs/{date}" in run.root and date in ingest.source, f"the run date {date} is not in the run's paths ({run.root}, {ingest.source})")
+    check(f"/runs/{date}" in run.root and date in ingest.interactions and date in ingest.catalog,
+          f"the run date {date} is not in the run's paths ({run.root}, {ingest.interactions}, {ingest.catalog})")
     check(ingest.out == config.data, f"prepare reads {config.data}, ingest writes {ingest.out}")
     check((config.epsilon, config.delta) == (params["epsilon"], params["delta"]), f"the run's budget {(config.epsilon, config.delta)} is not the DAG's params")
     check(not config.non_private and config.engine == engine, f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}")

@@ -1,0 +1,493 @@
+"""`ssp ingest --interactions TABLE --catalog TABLE`: any interactions table and item catalog into the
+canonical data set folder (not only MovieLens).
+
+Real data rarely comes as a MovieLens folder: it is a table of (user, item[, label][, time]) rows
+exported from a warehouse, and a catalog of items with a few attributes. This module reads both, in
+Parquet or CSV (by the file extension; a folder of Parquet or CSV parts, as Spark or BigQuery write
+them, is read part by part), on a local disk or gs://, with the columns named as they are in the
+table. Interactions are streamed in record batches (bounded memory); the catalog is read whole.
+
+- Ids (user and item) must be integers: a string id is refused, naming the column (map the ids to
+  integers first).
+- Without a label column the data are implicit feedback: every row is a positive with label 1.0, and
+  the manifest records `"feedback": "implicit"` (the ranking protocol then treats every row as a
+  positive; a regression run is refused). With one, the labels are explicit ratings on the declared
+  `rating_scale`; a label outside it is refused, naming the file, the row and the value.
+- A timestamp column may hold integer seconds since 1970 or Arrow timestamps (any unit and time
+  zone), or, in CSV, ISO 8601 date-times (UTC unless they carry an offset); it becomes int64 epoch
+  seconds.
+- Catalog features are declared one by one with their kind (`genres:bag,brand:value`): a `bag`
+  (multivalent) column is a list of strings, or a string of values separated by `|` (CSV has no
+  lists; blanks around values and empty values are dropped); a `value` (univalent) column keeps an
+  integer type as int64 and becomes a string otherwise (in CSV: int64 when every value is an
+  integer). Null or empty means no values / unknown. Every catalog row becomes an item, whether it
+  has interactions or not.
+
+Privacy: the interactions table is private user data. The catalog's declared feature columns (and
+the title) are declared PUBLIC by the run (`--features`) and the manifest records the declaration:
+declare only columns that no user wrote (a column derived from users' behaviour, such as a
+popularity or a tag list written by users, is not public).
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from tqdm import tqdm
+
+from pipelines import logs
+from pipelines.datasets import Dataset, write_dataset
+from pipelines.movielens import IngestError
+from schemas import SchemaError, storage
+from schemas.tables import MULTIVALENT, UNIVALENT, items_schema, validate_interactions, validate_items
+
+FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT}
+FORMATS = {".parquet": "parquet", ".csv": "csv"}
+BAG_SEPARATOR = "|"
+UNKNOWN_ITEM_POLICIES = ("fail", "drop")
+RESERVED = ("item_id", "title")  # the canonical items columns: no feature family may take their names
+BATCH_SIZE = 1 << 16
+_TO_SECONDS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns of the input tables hold what. `label` None: implicit feedback. The catalog's
+    item ids are in its `item` column, as in the interactions table."""
+
+    user: str = "user_id"
+    item: str = "item_id"
+    label: str | None = None
+    timestamp: str | None = None
+    title: str | None = None
+
+
+def parse_features(spec: str) -> dict[str, str]:
+    """The feature declaration `name:kind,...` (kind `bag` or `value`) as {column: multivalent or
+    univalent}, in the given order; an empty spec declares no feature."""
+    features: dict[str, str] = {}
+    for entry in (part.strip() for part in spec.split(",")):
+        if not entry:
+            continue
+        name, colon, kind = (text.strip() for text in entry.rpartition(":"))
+        if not colon or not name:
+            raise IngestError(f"--features: {entry!r} must be COLUMN:KIND with KIND bag (a list of values) or value (one value per item)")
+        if kind not in FEATURE_KINDS:
+            raise IngestError(f"--features: unknown kind {kind!r} for column {name!r}; use bag (a list of values, e.g. genres) or value (one value per item, e.g. brand)")
+        if name in features:
+            raise IngestError(f"--features: column {name!r} is declared twice")
+        if name in RESERVED:
+            raise IngestError(f"--features: {name!r} is the name of a canonical items column ({', '.join(RESERVED)}); rename the column")
+        features[name] = FEATURE_KINDS[kind]
+    return features
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading tables
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Where a batch comes from, for error messages: a data file, whether it is CSV (its columns read
+    as text), and the 1-based row number of the batch's first row (header not counted)."""
+
+    file: str
+    csv: bool
+    row: int = 1
+
+    def at(self, offset: int) -> str:
+        return f"{self.file}, row {self.row + offset}"
+
+
+def _arrow_fs(fs) -> pafs.FileSystem:
+    return pafs.LocalFileSystem() if storage.is_local(fs) else pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def _files(path: str) -> tuple[object, list[str], str]:
+    """(filesystem, data files inside it, format) of a table: one `.parquet` or `.csv` file, or a
+    folder of them (hidden and `_` files skipped; a folder with a `_SUCCESS` list of its parts is read
+    by that list)."""
+    fs, inner = storage.filesystem(path)
+    fs.invalidate_cache()
+    if fs.isfile(inner):
+        files = [inner]
+    elif fs.isdir(inner):
+        if fs.exists(posixpath.join(inner, storage.SUCCESS)):
+            files = [storage.filesystem(f)[1] for f in storage.table_files(path)]
+        else:
+            found = sorted(fs.find(inner))
+            files = [f for f in found if not any(part.startswith((".", "_")) for part in posixpath.relpath(f, inner).split("/"))]
+            files = [f for f in files if posixpath.splitext(f)[1].lower() in FORMATS]
+        if not files:
+            raise IngestError(f"{path}: the folder holds no .parquet or .csv files")
+    else:
+        raise IngestError(f"{path}: no such file or folder")
+    formats = {FORMATS.get(posixpath.splitext(f)[1].lower()) for f in files}
+    if None in formats:
+        raise IngestError(f"{path}: cannot tell the format; name the file .parquet or .csv")
+    if len(formats) > 1:
+        raise IngestError(f"{path}: the folder mixes .parquet and .csv files; give one format")
+    return fs, files, formats.pop()
+
+
+def _table_batches(path: str, columns: list[str]) -> Iterator[tuple[_Part, pa.RecordBatch]]:
+    """(where, batch) of `columns` for every record batch of a table, file by file, after checking
+    that each file has those columns. CSV columns are read as text (empty = null) and converted by
+    the callers, so a bad value is reported with its column and row."""
+    columns = list(dict.fromkeys(columns))
+    fs, files, kind = _files(path)
+    if kind == "csv":
+        convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns}, null_values=[""], strings_can_be_null=True)
+        file_format = ds.CsvFileFormat(convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 24))
+    else:
+        file_format = ds.ParquetFileFormat()
+    try:
+        dataset = ds.dataset(files, format=file_format, filesystem=_arrow_fs(fs))
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise IngestError(f"{path} cannot be read as {kind.upper()}: {' '.join(str(exc).split())}") from None
+    _, root = storage.filesystem(path)
+    for fragment in dataset.get_fragments():
+        inner = fragment.path
+        if len(files) == 1 and inner == root:
+            file = path
+        else:
+            file = inner if storage.is_local(fs) else storage.join(path, posixpath.relpath(inner, root))
+        part = _Part(file, kind == "csv")
+        try:
+            have = fragment.physical_schema.names
+            missing = [name for name in columns if name not in have]
+            if missing:
+                raise IngestError(f"{file}: no column {missing[0]!r} (its columns: {', '.join(have) or 'none'}); "
+                                  "name the right column with the ingest flags")
+            for batch in fragment.to_batches(columns=columns, batch_size=BATCH_SIZE, use_threads=False):
+                if batch.num_rows:
+                    yield part, batch
+                    part = _Part(file, part.csv, part.row + batch.num_rows)
+        except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise IngestError(f"{file} cannot be read as {kind.upper()}: {' '.join(str(exc).split())}") from None
+
+
+def _first(mask) -> int:
+    return int(np.flatnonzero(np.asarray(mask, dtype=bool))[0])
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _decoded(column: pa.Array) -> pa.Array:
+    return column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+
+
+# ---------------------------------------------------------------------------------------------
+# Column conversions (each error names the file, the row and the column as the input names it)
+
+
+def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """An id column as int64: an integer type, or (CSV) text holding integers."""
+    column = _decoded(column)
+    text = part.csv and _is_text(column.type)
+    if not (text or pa.types.is_integer(column.type)):
+        raise IngestError(f"{part.file}: column {name!r} has type {column.type}; ids must be integers (map the ids to 64-bit integers before ingesting)")
+    if column.null_count:
+        raise IngestError(f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is empty; every row needs an id")
+    if text:
+        column = pc.utf8_trim_whitespace(column)
+    try:
+        return column.cast(pa.int64())
+    except pa.ArrowInvalid:
+        values = column.to_pylist()
+        row = next((i for i, value in enumerate(values) if not (isinstance(value, int) or _is_int(value)) or not -(2**63) <= int(value) < 2**63), 0)
+        raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; ids must be integers that fit in 64 bits "
+                          "(map the ids to 64-bit integers before ingesting)") from None
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _labels(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """A label column as float64: a numeric type, or (CSV) text holding numbers."""
+    column = _decoded(column)
+    if part.csv and _is_text(column.type):
+        try:
+            return pc.utf8_trim_whitespace(column).cast(pa.float64())
+        except pa.ArrowInvalid:
+            values = column.to_pylist()
+            row = next((i for i, value in enumerate(values) if value is not None and not _is_float(value)), 0)
+            raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; labels must be numbers") from None
+    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
+        return column.cast(pa.float64())
+    raise IngestError(f"{part.file}: column {name!r} has type {column.type}; labels must be numbers")
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+_TEXT_TIMES = (pa.int64(), pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"))  # seconds, ISO 8601 (UTC), ISO 8601 with an offset
+
+
+def _timestamps(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """A timestamp column as int64 seconds since 1970 (null: unknown). Integer types are seconds;
+    Arrow timestamps of any unit are floored to seconds; CSV text is integer seconds or ISO 8601."""
+    column = _decoded(column)
+    if part.csv and _is_text(column.type):
+        text = pc.utf8_trim_whitespace(column)
+        for target in _TEXT_TIMES:
+            try:
+                column = text.cast(target)
+                break
+            except pa.ArrowInvalid:
+                continue
+        else:
+            values = text.to_pylist()
+            first = next((value for value in values if value is not None and _time_form(value) is not None), None)
+            form = _time_form(first) if first is not None else None
+            row = next((i for i, value in enumerate(values) if value is not None and (_time_form(value) if form is None else _time_form(value, form)) is None), 0)
+            raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; a timestamp must be integer seconds since 1970 "
+                              "or an ISO 8601 date-time, in one form throughout the column" + (f" (earlier rows hold {first!r})" if first is not None else ""))
+    kind = column.type
+    if pa.types.is_integer(kind):
+        try:
+            return column.cast(pa.int64())
+        except pa.ArrowInvalid:
+            raise IngestError(f"{part.file}: column {name!r} holds a timestamp that does not fit in a 64-bit integer") from None
+    if pa.types.is_timestamp(kind):
+        raw = column.cast(pa.timestamp(kind.unit)).cast(pa.int64())  # the time zone only changes how it prints
+        seconds = np.floor_divide(raw.fill_null(0).to_numpy(), _TO_SECONDS[kind.unit])
+        return pa.array(seconds, pa.int64(), mask=raw.is_null().to_numpy(zero_copy_only=False))
+    raise IngestError(f"{part.file}: column {name!r} has type {kind}; a timestamp must be integer seconds since 1970 or an Arrow timestamp")
+
+
+def _time_form(text: str, form: pa.DataType | None = None) -> pa.DataType | None:
+    """The first of the text forms (or just `form`) that `text` parses as; None if none does."""
+    for target in _TEXT_TIMES if form is None else (form,):
+        try:
+            pa.array([text]).cast(target)
+            return target
+        except pa.ArrowInvalid:
+            continue
+    return None
+
+
+def _bag(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """A bag (multivalent) column as list<string>: a list column, or text of values separated by
+    `|`; values are trimmed, empty values dropped, null means no values."""
+    column = _decoded(column)
+    kind = column.type
+    if _is_text(kind):
+        column = pc.split_pattern(column, BAG_SEPARATOR)
+    elif not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        raise IngestError(f"{part.file}: bag column {name!r} has type {kind}; give a list of strings or a text of values separated by "
+                          f"'{BAG_SEPARATOR}', or declare it a value (one value per item)")
+    try:
+        lists = column.cast(pa.list_(pa.string()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise IngestError(f"{part.file}: bag column {name!r} has type {kind}, whose values cannot be read as text") from None
+    values = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    parents = pc.list_parent_indices(lists).to_numpy()
+    keep = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(values), 0), False).to_numpy(zero_copy_only=False), dtype=bool)
+    counts = np.bincount(parents[keep], minlength=len(lists))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values.filter(pa.array(keep)))
+
+
+def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
+    """The chunks of a value (univalent) column, as one type: int64 when every chunk holds integers
+    (an integer type; in CSV, text of integers), else text; null means unknown."""
+    chunks = [(part, _decoded(column)) for part, column in chunks]
+    for part, column in chunks:
+        kind = column.type
+        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            raise IngestError(f"{part.file}: value column {name!r} has type {kind}, which is not one value per item; declare a list column a bag")
+    as_ints = []
+    for part, column in chunks:
+        source = pc.utf8_trim_whitespace(column) if part.csv and _is_text(column.type) else column
+        if not (pa.types.is_integer(source.type) or (part.csv and _is_text(source.type))):
+            break
+        try:
+            as_ints.append(source.cast(pa.int64()))
+        except pa.ArrowInvalid:
+            break
+    else:
+        return as_ints
+    out = []
+    for part, column in chunks:
+        try:
+            text = column.cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise IngestError(f"{part.file}: value column {name!r} has type {column.type}, which cannot be read as text") from None
+        out.append(pc.utf8_trim_whitespace(text) if part.csv else text)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog and interactions
+
+
+def _declared(features: dict[str, str] | str) -> dict[str, str]:
+    """A feature declaration as {column: multivalent or univalent}: the spec `genres:bag,year:value`
+    or a dict of kinds (bag/value or multivalent/univalent)."""
+    if isinstance(features, str):
+        return parse_features(features)
+    spec = ",".join(f"{name}:{next((k for k, v in FEATURE_KINDS.items() if v == kind), kind)}" for name, kind in features.items())
+    return parse_features(spec)
+
+
+def _title(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    try:
+        return column.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise IngestError(f"{part.file}: title column {name!r} has type {column.type}, which cannot be read as text") from None
+
+
+def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str) -> pa.Table:
+    """The items table from a catalog table: ids, titles (null without a title column) and the
+    declared feature columns, one item per catalog row."""
+    features = _declared(features)
+    wanted = [columns.item] + ([columns.title] if columns.title else []) + list(features)
+    ids, titles, raw = [], [], {name: [] for name in features}
+    for part, batch in _table_batches(catalog, wanted):
+        ids.append(_ids(batch.column(columns.item), columns.item, part))
+        titles.append(_title(batch.column(columns.title), columns.title, part) if columns.title else pa.nulls(batch.num_rows, pa.string()))
+        for name, family in features.items():
+            raw[name].append(_bag(batch.column(name), name, part) if family == MULTIVALENT else (part, batch.column(name)))
+    if not ids:
+        raise IngestError(f"{catalog} holds no items (the catalog is empty)")
+    data = {"item_id": pa.chunked_array(ids, pa.int64()), "title": pa.chunked_array(titles, pa.string())}
+    univalent = {}
+    for name, family in features.items():
+        if family == MULTIVALENT:
+            data[name] = pa.chunked_array(raw[name], pa.list_(pa.string()))
+        else:
+            chunks = _values(raw[name], name)
+            univalent[name] = chunks[0].type
+            data[name] = pa.chunked_array(chunks, chunks[0].type)
+    items = pa.Table.from_pydict(data, schema=items_schema(features, univalent))
+    try:
+        return validate_items(items).combine_chunks()
+    except SchemaError as exc:
+        column = columns.item if exc.column == "item_id" else exc.column
+        raise IngestError(f"{catalog}: column {column!r} {exc.problem}" + ("; item ids must be unique" if "more than once" in exc.problem else "")) from None
+
+
+def iter_interactions(source: str, columns: Columns, rating_scale: tuple[float, float] | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream the interactions table as canonical batches (user_id, item_id, label, timestamp).
+    Without a label column every label is 1.0 (implicit feedback); with `rating_scale` a label
+    outside it is refused, naming the file, the row and the value."""
+    names = {"user_id": columns.user, "item_id": columns.item, "label": columns.label, "timestamp": columns.timestamp}
+    for part, batch in _table_batches(source, [name for name in names.values() if name]):
+        n = batch.num_rows
+        table = pa.table({
+            "user_id": _ids(batch.column(columns.user), columns.user, part),
+            "item_id": _ids(batch.column(columns.item), columns.item, part),
+            "label": _labels(batch.column(columns.label), columns.label, part) if columns.label else pa.array(np.ones(n)),
+            "timestamp": _timestamps(batch.column(columns.timestamp), columns.timestamp, part) if columns.timestamp else pa.nulls(n, pa.int64()),
+        })
+        try:
+            table = validate_interactions(table)
+        except SchemaError as exc:
+            raise IngestError(f"{part.at(exc.row or 0)}: column {names.get(exc.column, exc.column)!r} {exc.problem}") from None
+        if rating_scale is not None:
+            labels = table["label"].to_numpy()
+            outside = np.flatnonzero((labels < rating_scale[0]) | (labels > rating_scale[1]))
+            if outside.size:
+                raise IngestError(f"{part.at(int(outside[0]))}: rating {labels[outside[0]]:g} is outside the rating scale "
+                                  f"{rating_scale[0]:g}..{rating_scale[1]:g} ({outside.size} such rating(s) in this batch); "
+                                  "ingest it with `ssp ingest --rating-scale MIN MAX`")
+        yield from table.to_batches()
+
+
+def ingest(
+    interactions: str,
+    catalog: str,
+    out: str,
+    features: dict[str, str] | str,
+    columns: Columns = Columns(),
+    unknown_items: str = "fail",
+    rating_scale: tuple[float, float] | None = None,
+    progress: bool = False,
+) -> Dataset:
+    """Ingest an interactions table and a catalog table into the data set folder `out`.
+
+    `features` is the declaration of the public feature columns ({column: kind} or the spec
+    `genres:bag,brand:value`). With `columns.label` the labels are ratings and `rating_scale`
+    (min, max) is required; without it the data are implicit feedback (every label 1.0) and no
+    scale may be given. Nothing is written when the input is bad."""
+    if unknown_items not in UNKNOWN_ITEM_POLICIES:
+        raise ValueError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
+    features = _declared(features)
+    if columns.label is None and rating_scale is not None:
+        raise IngestError("--rating-scale needs --label-col: without a label column the data are implicit feedback (every row a positive), which has no rating scale")
+    if columns.label is not None:
+        if rating_scale is None:
+            raise IngestError(f"--label-col {columns.label} needs --rating-scale MIN MAX: the scale of the ratings, which training clips to")
+        low, high = rating_scale
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
+    items = read_catalog(catalog, columns, features)
+    known_ids = np.sort(items["item_id"].to_numpy())
+    unknown = {"rows": 0, "items": np.empty(0, np.int64), "seen": 0}
+
+    def known_rows() -> Iterator[pa.RecordBatch]:
+        with tqdm(desc=f"ingest {interactions}", unit=" rows", unit_scale=True, disable=not logs.bars(progress), file=sys.stderr) as bar:
+            for batch in iter_interactions(interactions, columns, rating_scale):
+                bar.update(batch.num_rows)
+                unknown["seen"] += batch.num_rows
+                ids = batch.column("item_id").to_numpy()
+                known = np.isin(ids, known_ids)
+                if not known.all():
+                    unknown["rows"] += int((~known).sum())
+                    unknown["items"] = np.union1d(unknown["items"], ids[~known])
+                if unknown["rows"] and unknown_items == "fail":
+                    continue  # keep scanning to report the full count; nothing will be published
+                yield batch.filter(pa.array(known))
+        if unknown["seen"] == 0:
+            raise IngestError(f"{interactions} holds no interactions")
+        if unknown["rows"]:
+            # write_dataset reads the manifest only after the last batch, so this lands in it
+            manifest["unknown_items"].update(dropped_ratings=unknown["rows"], dropped_items=int(unknown["items"].size))
+        if unknown["rows"] and unknown_items == "fail":
+            raise IngestError(
+                f"{interactions}: {unknown['rows']} interaction(s) refer to {unknown['items'].size} item(s) missing from the catalog "
+                f"{catalog} (e.g. {unknown['items'][0]}); rerun with --unknown-items drop to drop them"
+            )
+
+    manifest = {
+        "source": interactions,
+        "catalog": catalog,
+        "layout": "table",
+        "columns": asdict(columns),
+        "feedback": "explicit" if columns.label else "implicit",
+        "unknown_items": {"policy": unknown_items},
+    }
+    if columns.label:
+        manifest["rating_scale"] = [float(rating_scale[0]), float(rating_scale[1])]
+    batches = known_rows()
+    try:
+        return write_dataset(out, items, batches, manifest)
+    finally:
+        batches.close()  # its progress bar ends its line now, before an error of the write is printed
