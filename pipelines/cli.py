@@ -23,11 +23,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # google-api-core (under Beam and gcsfs) warns at every import that it will drop this Python in 2027
 warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
-from pipelines import counts, errors, ingest, publish, release, splits, stats_job, synth, train, user_update
+from pipelines import counts, errors, ingest, logs, publish, release, splits, stats_job, synth, train, user_update
 from pipelines.lock import RunLockedError
 from pipelines.movielens import IngestError
 from privacy.ledger import Ledger
 from schemas import SchemaError, storage
+from trainer import recommend
 
 FOLDER_OUTPUTS = {"demo": "out", "train": "out", "ingest": "out", "synth": "out", "split": "out", "counts": "out", "stats": "out", "publish": "to"}
 USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError, RunLockedError)
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_arguments(train_cmd)
     train_cmd.set_defaults(handler=train.main)
 
-    ingest_cmd = commands.add_parser("ingest", help="read a MovieLens folder into the canonical tables")
+    ingest_cmd = commands.add_parser("ingest", help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the canonical tables")
     ingest.add_arguments(ingest_cmd)
     ingest_cmd.set_defaults(handler=ingest.run)
 
@@ -162,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("bench", add_help=False, help="reproduce the paper's experiments into a report (`ssp bench --help`; same as `python -m bench`)")
 
+    recommend_cmd = commands.add_parser("recommend", help="top-k items for users from a published model and their own history, "
+                                        "solved on this machine (Parquet in, Parquet or CSV out)")
+    recommend.add_arguments(recommend_cmd)
+    recommend_cmd.set_defaults(handler=recommend.run)
+
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
     privacy_cmd.add_argument("--format", choices=("text", "md"), default="text",
@@ -169,7 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
     privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
     privacy_cmd.set_defaults(handler=_run_privacy)
+    for name, command in commands.choices.items():
+        if name != "bench":  # bench parses its own flags
+            _add_verbosity(command)
     return parser
+
+
+def _add_verbosity(parser: argparse.ArgumentParser) -> None:
+    """-v / -q: how much progress output (pipelines.logs) the command writes to stderr."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                       help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's settings")
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                       help="print only warnings and errors, no progress lines or bars (results still go to stdout)")
 
 
 def _terminate_with_one_line(command: str):
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    logs.configure(args.verbosity)
     if getattr(args, "config", None):
         args.explicit = _given_flags(argv)
     previous = signal.signal(signal.SIGTERM, _terminate_with_one_line(args.command)) if threading.current_thread() is threading.main_thread() else None

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from pipelines import release
+from pipelines import logs, release
 from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import digest_table, mix64
@@ -95,7 +95,7 @@ def dp_counts(
         "inputs": {"interactions": digest_table(interactions), "items": digest_table(items)},
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
-    release.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
+    logs.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
 
     if unit == "user":
         # one count per distinct (user, item): a repeated rating must not add twice, or a user's

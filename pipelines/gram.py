@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines import release
+from pipelines import logs, release
 from privacy import accounting
 from privacy.accumulator import pack_upper, project_psd, unpack_upper
 from privacy.clipping import clip_rows
@@ -34,5 +34,5 @@ def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, dim: int, cli
     packed = pack_upper(u.T @ u)
     if multiplier > 0:
         packed = add_noise(standard_normal(seeds.seed, index, np.array([0]), packed.size)[0], multiplier * clip_u**2, packed)  # on the noise's grid
-    release.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")
+    logs.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")
     return unpack_upper(project_psd(packed[None, :], dim)[0], dim)

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from pipelines import release
+from pipelines import logs, release
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
@@ -55,5 +55,5 @@ def dp_mean(
     weighted_sum = float(add_noise(z[:1], multiplier * scale * half, float(weights @ labels))[0])  # on the noise's grid
     weighted_count = float(add_noise(z[1:], multiplier * scale, float(weights.sum()))[0])
     mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))
-    release.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
+    logs.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
     return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import sys
 from dataclasses import dataclass
 
 import dp_accounting
@@ -27,6 +26,7 @@ from privacy import accounting
 from privacy.account import BudgetAccount
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
+from pipelines import logs
 from pipelines.lock import release_lock
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import SeedFile
@@ -155,6 +155,8 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
         seed_file.check(index, fingerprint)
         index = ledger.record(name, event, fingerprint)
         seed_file.bind(index, fingerprint, ledger_id)
+    if logs.verbose():  # the accountant's sum is only worth computing when shown
+        logs.detail(f"release {index} {name}: {accounting.event_to_json(event)}; epsilon spent {ledger.epsilon_spent():.6g} of {ledger.budget['epsilon']:g}")
     return index
 
 
@@ -214,9 +216,3 @@ def privacy_settings(args: argparse.Namespace) -> PrivacySettings:
         outer_steps=args.outer_steps, resamples=args.resamples, count_share=args.count_share, mean_share=args.mean_share, gram_share=args.gram_share,
         account=args.budget_account, account_cap=args.account_cap, account_window_days=args.account_window_days,
     )
-
-
-def log(message: str) -> None:
-    """Progress output of the jobs, on stderr."""
-    print(message, file=sys.stderr, flush=True)
-

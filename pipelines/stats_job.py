@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipelines import release
+from pipelines import logs, release
 from pipelines.stats_core import StatsSettings
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
@@ -192,7 +192,7 @@ class StatsJob:
             index = release.make_release(ledger, seeds, self.release_name(resample), event, description)
             self.releases.append(NoiseSpec(multiplier, self.settings.wbar, self.settings.clip_u, self.settings.clip_y, seeds.seed, index))
         self._ledger = ledger
-        release.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
+        logs.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
                     f"epsilon spent {ledger.epsilon_spent():.4g} of {ledger.budget['epsilon']:g}")
         return self.releases
 

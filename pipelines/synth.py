@@ -127,6 +127,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines import logs
 from pipelines.datasets import Dataset, write_dataset
 from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema
 
@@ -449,7 +450,7 @@ def generate(
     v = item_factors(catalog, params["rank"], params["seed"])
     p = popularity(params["items"], params["alpha"], params["seed"])
     manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}, "rating_scale": [MIN_RATING, MAX_RATING]}
-    with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
+    with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
 
@@ -471,7 +472,7 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
         "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION},
         "rating_scale": [MIN_RATING, MAX_RATING],  # the MovieLens scale; this generator's whole stars 1..5 lie within it
     }
-    with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not progress, unit_scale=True) as bar:
+    with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
         return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)
 
 

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from pipelines.lock import existing_run_lock  # noqa: E402
-from pipelines.release import log  # noqa: E402
+from pipelines.logs import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
 from pipelines.spark import readable_tables  # noqa: E402
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402

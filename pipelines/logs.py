@@ -1,0 +1,59 @@
+"""The jobs' progress output, through `logging` (the "ssp" logger, on stderr), and its verbosity.
+
+Default: progress lines and progress bars. `-q`: warnings and errors only, no bars (the commands'
+results still go to stdout). `-v`: also the details: each release's parameters, the settings a run
+starts with. Library callers get the default without configuring anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = logging.getLogger("ssp")
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stderr` is at the time (as logging's last resort does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+if not LOGGER.handlers:
+    LOGGER.addHandler(_Stderr())
+    LOGGER.setLevel(logging.INFO)
+    LOGGER.propagate = False
+
+
+def configure(verbosity: int) -> None:
+    """-1 (`-q`): warnings only; 0: progress; 1 or more (`-v`): details too."""
+    LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
+
+
+def log(message: str) -> None:
+    """A progress line (hidden by -q)."""
+    LOGGER.info(message)
+
+
+def detail(message: str) -> None:
+    """A detail line (shown by -v)."""
+    LOGGER.debug(message)
+
+
+def verbose() -> bool:
+    """Whether detail lines show (-v)."""
+    return LOGGER.isEnabledFor(logging.DEBUG)
+
+
+def bars(progress: bool = True) -> bool:
+    """Whether a progress bar shows: the caller asked for one and the verbosity allows it."""
+    return progress and LOGGER.isEnabledFor(logging.INFO)

@@ -1,0 +1,47 @@
+"""-v / -q through the CLI: what reaches stderr at each verbosity, while results stay on stdout."""
+
+import pytest
+
+from pipelines import cli, logs
+from pipelines.ingest import BUNDLED
+from tests.test_hostile_input import write_tables
+
+
+@pytest.fixture(autouse=True)
+def default_verbosity():
+    yield
+    logs.configure(0)  # the CLI sets the process-wide level: put the default back for the next test
+
+
+def counts(tmp_path, *flags):
+    paths = write_tables(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0), (3, 30, 2.5)], {1: [0.6, 0.8], 2: [0.5, -0.5], 3: [0.0, 1.0]}, [10, 20, 30])
+    return cli.main(["counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", str(tmp_path / "run"), "--epsilon", "1", *flags])
+
+
+def test_default_shows_progress_quiet_hides_it_verbose_adds_the_releases(tmp_path, capsys):
+    assert counts(tmp_path / "a") == 0
+    out, err = capsys.readouterr()
+    assert "counts: release 0, noise multiplier" in err and "released DP counts of 3 items" in out
+    assert "epsilon spent" not in err  # a detail
+
+    assert counts(tmp_path / "b", "-q") == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "released DP counts of 3 items" in out  # the result stays
+
+    assert counts(tmp_path / "c", "--verbose") == 0
+    err = capsys.readouterr().err
+    assert "counts: release 0" in err and "release 0 counts: {" in err and "epsilon spent" in err and "of 1" in err
+
+
+def test_quiet_turns_the_progress_bars_off(tmp_path, capsys):
+    assert cli.main(["ingest", "--source", BUNDLED, "--out", str(tmp_path / "loud")]) == 0
+    assert "ratings" in capsys.readouterr().err  # tqdm's bar
+    assert cli.main(["ingest", "--source", BUNDLED, "--out", str(tmp_path / "quiet"), "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "wrote" in out
+
+
+def test_verbose_and_quiet_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["counts", "-v", "-q", "--interactions", "x", "--items", "y", "--out", "z"])
+    assert "not allowed with argument" in capsys.readouterr().err
