@@ -1,6 +1,7 @@
 """`ssp publish --run RUN --to DEST`: hand a finished run's public results over, after checking its ledger.
 
-What is published: `encoder/` (SavedModel, signature `embed`), `item_embeddings.parquet` and
+What is published: `encoder/` (SavedModel, signatures `embed` and `embed_features`),
+`item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`) and
 `privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
 settings) with `privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases and public item features only. Never published:
 `RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
@@ -82,6 +83,30 @@ def privacy_report(run: Run) -> str:
     return report.render(Ledger.open(run.ledger), settings, features, run.root)
 
 
+def model_settings(run: Run) -> dict:
+    """model.json: what a client needs to solve a user's side from the published item embeddings as
+    the run's evaluation does (trainer.recommend): public settings, the released DP mean rating and
+    the positive threshold of the split (a setting, not data), and the encoder's public families."""
+    from pipelines.splits import SPLIT_MANIFEST
+    from pipelines.train import prepared_rating_range
+
+    manifest = run.prepared()
+    config, prepared = manifest["config"], manifest["prepared"]
+    recall = config["protocol"] == "recall"
+    features = open_dataset(prepared["data"]).manifest.get("public_features") or {}
+    return {
+        "protocol": config["protocol"],
+        "dim": config["dim"],
+        "lambda_u": config["lambda_u"],
+        "gravity": config["gravity"],
+        "dp_mean": None if recall else prepared["mean"],
+        "rating_range": list(prepared_rating_range(prepared)),
+        "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold") if recall else None,
+        "encoder": config["encoder"],
+        "feature_families": features if config["encoder"] == "features" else {},
+    }
+
+
 def _copy_tree(source: str, target: str) -> list[str]:
     """Copy every file under `source` to `target` (any filesystems); returns the relative names."""
     src_fs, src_root = storage.filesystem(source)
@@ -126,10 +151,11 @@ def publish(run: Run, dest: str) -> dict:
         files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]
         _copy_table(run.path("item_embeddings.parquet"), storage.join(staging, "item_embeddings.parquet"))
         storage.write_json(summary, storage.join(staging, "privacy.json"))
+        storage.write_json(model_settings(run), storage.join(staging, "model.json"))
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": ["encoder/", "item_embeddings.parquet", "privacy.json", "privacy.md"], "encoder_files": files}
+                  "contents": ["encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"], "encoder_files": files}
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):
@@ -150,6 +176,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
-    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, privacy.json, privacy.md "
+    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, model.json, privacy.json, privacy.md "
           f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")
     return 0

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import pyarrow as pa
 
-from pipelines import ingest, release, splits, stats_job, user_update
+from pipelines import ingest, logs, release, splits, stats_job, user_update
 from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts, dp_units
 from pipelines.gram import dp_gram
 from pipelines.lock import existing_run_lock, run_lock
@@ -369,7 +369,7 @@ def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray 
             raise ValueError(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold "
                              f"{threshold:g} times N/S at this epsilon), so the statistics would cover nothing; lower "
                              "--stats-threshold (0: every item) or raise --epsilon")
-    release.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
+    logs.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
     return ids[chosen]
 
 
@@ -488,6 +488,9 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     started = time.time()
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
+    if config.protocol == "rmse" and data.manifest.get("feedback") == "implicit":  # before any release: it spends nothing
+        raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
+                         "(--protocol rmse) has no ratings to predict; use --protocol recall")
     ratings = rating_range(config, data)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
         splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout)
@@ -524,7 +527,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
         weights = np.ones(space.size)
         weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
         rank = model.init_principal(weights)
-        release.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
+        logs.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
                     + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
     normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
@@ -532,7 +535,8 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
                            "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
-    release.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
+    logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")
+    logs.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
     return manifest
 
 
@@ -628,6 +632,7 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     public features, starting from step s-1's checkpoint; the last step also exports the encoder
     and the final item embeddings. Marks the step done and returns the manifest (a done step is
     left as it is)."""
+    from trainer import curves
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -635,15 +640,17 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     config = config_of(run, manifest)
     _check_step(config, step)
     if step in manifest["steps_done"]:
-        release.log(f"outer step {step} of {run.root} is already done")
+        logs.log(f"outer step {step} of {run.root} is already done")
         return manifest
     require_steps(run, manifest, step)
+    started = time.time()
     space, model = _encoder(config, storage.read_table(manifest["prepared"]["items"]))
     encoders.restore_checkpoint(model, run.checkpoint(step - 1))
+    losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
     if config.item_update == "dpsgd":
         _dpsgd_update(run, config, manifest, step, space, model, progress)
     elif config.item_update != "none":  # none: the encoder stays as it started
-        _stats_update(run, config, step, space, model, progress)
+        losses = _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model)
     embeddings = ssp.item_embeddings_table(model)
     storage.write_table(embeddings, run.item_embeddings(step))
@@ -651,16 +658,18 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     if step == config.outer_steps:
         storage.write_table(embeddings, run.path("item_embeddings.parquet"))
         encoders.export(model, run.path("encoder"))
+    spent = Ledger.open(run.ledger).epsilon_spent()
+    curves.write_step(run.step(step), run.path("tensorboard", f"step-{step}"), losses, spent, time.time() - started)
     manifest = run.mark_step_done(step)
-    release.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {Ledger.open(run.ledger).epsilon_spent():.4g})")
+    logs.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {spent:.4g})")
     return manifest
 
 
-def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progress: bool) -> None:
+def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progress: bool) -> list[float]:
     """The item update from step s's released statistics: the SSP trainer (each of the R resamples
     in turn), or the DP-ALS / DP-CMF closed-form solves from the mean of the R resamples
     (post-processing of the release: R independent noisy copies, all paid for, average to 1/R of
-    the noise variance)."""
+    the noise variance). Returns the SSP trainer's loss by epoch (none for a closed-form solve)."""
     from trainer import ssp
 
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
@@ -690,6 +699,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         from trainer import als
 
         model.set_item_vectors(als.solve_items(tables[0], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+        return []
     elif config.item_update == "cmf":
         from trainer import cmf
 
@@ -702,9 +712,9 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         vectors, _ = cmf.solve_items(table, space, config.dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
                                      config.cmf_iterations, features, gravity)
         model.set_item_vectors(vectors)
-    else:
-        ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
-        ssp.train(model, tables, ssp_config, expected, progress, ssp_ridge, gravity, residual_penalty, anchor)
+        return []
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
+    return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
 
 
 def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
@@ -741,7 +751,7 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
     seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
     result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
-                         settings.clip_u, settings.clip_y, progress, units=units)
+                         settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
         raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")
 
@@ -778,7 +788,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
 def evaluate(run: Run) -> dict:
     """Last stage: valid and test metrics of the finished run (trusted side: held-out private
-    ratings and the final user embeddings), with the ledger's epsilon; writes RUN/metrics.json."""
+    ratings and the final user embeddings), with the ledger's epsilon and the steps' curves
+    (trainer.curves); writes RUN/metrics.json."""
+    from trainer import curves
     from trainer.features import FeatureSpace
 
     manifest = run.prepared()
@@ -804,6 +816,8 @@ def evaluate(run: Run) -> dict:
         step_seconds={s: marks[s] - marks[s - 1] for s in range(1, len(marks)) if marks[s] is not None and marks[s - 1] is not None},
         outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
     )
+    final = {name: value for name, value in metrics.items() if name.startswith(("test_", "valid_")) and isinstance(value, float)}
+    metrics["curves"] = curves.gather([run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final)
     storage.write_json(metrics, run.path("metrics.json"))
     if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
         from pipelines.publish import privacy_report

@@ -12,7 +12,8 @@ free embedding per item (matrix factorization's item side), for the ALS-style ba
 Lookups go through `tf.nn.safe_embedding_lookup_sparse`, so the gradients of the embedding tables
 are `tf.IndexedSlices` (sparse: only the rows of the features present in the batch), and the model
 runs unchanged on a GPU when one is present. `export` writes a SavedModel whose `embed` signature
-maps item ids to embeddings; `write_checkpoint` / `restore_checkpoint` save and load the encoder's
+maps item ids to embeddings and whose `embed_features` signature embeds any item, new ones too,
+from its public feature values; `write_checkpoint` / `restore_checkpoint` save and load the encoder's
 variables between the stages of a run.
 
 Both go through `schemas.storage` folders, on a local disk or gs://: TensorFlow writes into a local
@@ -77,7 +78,12 @@ class ItemEncoder(tf.keras.Model):
     def shared(self, positions):
         """What the shared encoder says of the items (their public features), without residuals."""
         positions = tf.cast(positions, tf.int64)
-        parts = [tf.nn.safe_embedding_lookup_sparse(table, tf.gather(ragged, positions).to_sparse(), combiner="mean") for _, ragged, table in self._families]
+        return self.encode_values([tf.gather(ragged, positions) for _, ragged, _ in self._families])
+
+    def encode_values(self, values: list):
+        """The shared encoder on value ids: one ragged [n, None] int64 tensor per family, in the
+        encoder's family order (id 0: the family's out-of-vocabulary row; an empty row: no value)."""
+        parts = [tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner="mean") for ids, (_, _, table) in zip(values, self._families)]
         hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
         return hidden if self._dense is None else self._dense(hidden)
 
@@ -193,8 +199,13 @@ def restore_checkpoint(encoder: ItemEncoder, folder: str) -> None:
 
 
 def export(encoder: ItemEncoder, path: str) -> None:
-    """Write a SavedModel with an `embed(item_ids: int64[n]) -> float32[n, d]` signature at `path`
-    (local or gs://), atomically."""
+    """Write a SavedModel at `path` (local or gs://), atomically, with the signatures
+    - `embed(item_ids: int64[n]) -> {"embedding": float32[n, d]}`: the catalog's items, as trained;
+    - `embed_features(<family>: string[n, None] ...) -> {"embedding": float32[n, d]}` (features
+      encoder only): any item from its public feature values alone, one string input per family
+      ("" pads a bag; a univalent family gives one value or ""), so a new catalog item is embedded
+      without retraining. A value the catalog never had gets the family's out-of-vocabulary row.
+      It is the shared encoder, without the per-item residuals of the training catalog."""
     module = tf.Module()
     module.encoder = encoder
     module.lookup = tf.lookup.StaticHashTable(
@@ -208,5 +219,24 @@ def export(encoder: ItemEncoder, path: str) -> None:
         return {"embedding": module.encoder(positions)}
 
     module.embed = embed
+    signatures = {"embed": embed}
+    if encoder.kind == "features":
+        families = [family for family in feature_families(encoder.space)]
+        module.vocabularies = [_vocabulary_table(family.vocabulary) for family in families]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])
+        def embed_features(*values):
+            ids = [tf.ragged.boolean_mask(table.lookup(strings), tf.not_equal(strings, "")) for table, strings in zip(module.vocabularies, values)]
+            return {"embedding": module.encoder.encode_values(ids)}
+
+        module.embed_features = embed_features
+        signatures["embed_features"] = embed_features
     with storage.write_folder(path) as local:
-        tf.saved_model.save(module, local, signatures={"embed": embed})
+        tf.saved_model.save(module, local, signatures=signatures)
+
+
+def _vocabulary_table(vocabulary: list[str]) -> tf.lookup.StaticHashTable:
+    """Value string -> value id (1, 2, ... in vocabulary order; 0 for a value not in it)."""
+    keys = vocabulary or [""]  # an empty family: every value is out of vocabulary ("" is padding, never looked up)
+    ids = np.arange(1, len(vocabulary) + 1, dtype=np.int64) if vocabulary else np.zeros(1, np.int64)
+    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.constant(ids, tf.int64)), default_value=0)

@@ -27,7 +27,7 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
     data = run.private("data")
     storage.write_json({"public_features": ["genres", "year"]}, storage.join(data, DATA_MANIFEST))
     config = {"outer_steps": 2, "epsilon": epsilon, "delta": delta, "non_private": non_private, "unit": "user", "protocol": "rmse", "dim": 2,
-              "clip_u": 1.0, "data": "secret/location", "seed_file": None}
+              "clip_u": 1.0, "data": "secret/location", "seed_file": None, "lambda_u": 0.1, "gravity": 0.0, "encoder": "features"}
     run.write_manifest({"config": config, "steps_done": list(steps_done), "status": "running",
                         "prepared": {"data": data, "items": storage.join(data, "items.parquet"), "stats_items": "", "mean": 3.5, "started_at": 0, "at": 0}})
     ledger = Ledger.create(run.ledger, epsilon=epsilon, delta=delta)
@@ -45,7 +45,7 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
 def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     run = finished_run(str(tmp_path / "run"))
     marker = publish(run, str(tmp_path / "out"))
-    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "encoder", "item_embeddings.parquet", "privacy.json", "privacy.md"]
+    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "encoder", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
     assert sorted(marker["encoder_files"]) == ["encoder/_SUCCESS", "encoder/saved_model.pb", "encoder/variables/variables.index"]  # a committed folder
     assert storage.read_table(str(tmp_path / "out" / "item_embeddings.parquet")).equals(storage.read_table(run.path("item_embeddings.parquet")))
     summary = json.load(open(tmp_path / "out" / "privacy.json"))
@@ -58,6 +58,9 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert f"| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
     assert "secret/location" not in report and "sqrt(K + 1)" in report  # the private data location is not a public setting
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".out.tmp")]
+    assert json.load(open(tmp_path / "out" / "model.json")) == {  # the user side's public settings, for ssp recommend
+        "protocol": "rmse", "dim": 2, "lambda_u": 0.1, "gravity": 0.0, "dp_mean": 3.5, "rating_range": [0.5, 5.0], "positive_threshold": None,
+        "encoder": "features", "feature_families": ["genres", "year"]}
     # publishing the same run again is a no-op; another run to the same place is refused
     assert publish(run, str(tmp_path / "out")) == marker
     other = finished_run(str(tmp_path / "other"))

@@ -25,7 +25,29 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
         assert key in on_disk
     assert on_disk["epsilon_spent"] == "inf"
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
+    # the curves: each outer step's SSP losses by epoch in metrics.json and in TensorBoard's event files
+    epochs = train.TrainConfig(non_private=True).epochs
+    losses = on_disk["curves"]["item_update_loss"]
+    assert sorted(losses) == ["1", "2"] and all(len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses)
+    assert losses["1"][-1] < losses["1"][0]  # the item update descends
+    assert tensorboard_scalars(tmp_path / "run" / "tensorboard" / "step-2") == {"item_update/loss": [(e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(losses["2"], 1)]}
+    by_step = tensorboard_scalars(tmp_path / "run" / "tensorboard" / "run")
+    assert by_step["item_update/last_loss"] == [(1, pytest.approx(losses["1"][-1], rel=1e-6)), (2, pytest.approx(losses["2"][-1], rel=1e-6))]
+    assert by_step["final/test_rmse"] == [(2, pytest.approx(metrics["test_rmse"], rel=1e-6))]
     assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "stats_rows.parquet", "step-1", "step-2", "train_centred.parquet", "user_embeddings.parquet"]
+
+
+def tensorboard_scalars(folder) -> dict:
+    """{tag: [(step, value)]} of the TensorBoard event files in `folder`."""
+    import tensorflow as tf
+
+    scalars = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("events."):
+            for event in tf.compat.v1.train.summary_iterator(str(folder / name)):
+                for value in event.summary.value:
+                    scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    return scalars
 
 
 def small(out, **kwargs):
@@ -247,7 +269,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "exceeds the allowed 4" in ssp_error("privacy", run, "--max-epsilon", "4")
     ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
     ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
-    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "privacy.json", "privacy.md"]
+    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
     report = (tmp_path / "published" / "privacy.md").read_text()
     assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
     capsys.readouterr()

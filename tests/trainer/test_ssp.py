@@ -124,6 +124,31 @@ def test_export_and_item_embeddings(tmp_path):
     np.testing.assert_allclose(out, np.array(table["embedding"].to_pylist())[[2, 0]], rtol=1e-6)
 
 
+def test_the_features_signature_embeds_any_item_from_its_public_features(tmp_path):
+    """Catalog items through `embed_features` equal the shared encoder (no residual); a value the
+    catalog never had is the family's out-of-vocabulary row (id 0); "" pads and counts for nothing."""
+    tf.keras.utils.set_random_seed(3)
+    space = FeatureSpace.from_items(ITEMS)  # with the item id: the residual exists
+    encoder = ItemEncoder(space, dim=3)
+    encoder(tf.range(5))
+    encoder.residual(tf.range(5))
+    encoder._residual.assign(tf.random.normal(encoder._residual.shape))  # trained residuals must not leak into new items
+    export(encoder, str(tmp_path / "model"))
+    embed = tf.saved_model.load(str(tmp_path / "model")).signatures["embed_features"]
+    genres = tf.constant([["x", "y", ""], ["y", "", ""], ["x", "x", "z"], ["", "", ""], ["z", "", ""]])
+    years = tf.constant([["1990"], ["1990"], [""], ["2000"], ["2010"]])
+    out = embed(genres=genres, year=years)["embedding"].numpy()
+    np.testing.assert_allclose(out, encoder.embed_all(shared=True), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(out, encoder.embed_all(), atol=1e-3)  # the id signature keeps the residuals
+    # a new item: one known genre, one never seen, and an unseen year
+    new = embed(genres=tf.constant([["y", "w"]]), year=tf.constant([["1999"]]))["embedding"].numpy()
+    ragged = [tf.ragged.constant([[2, 0]], dtype=tf.int64), tf.ragged.constant([[0]], dtype=tf.int64)]  # y is genre id 2; 0: out of vocabulary
+    np.testing.assert_allclose(new, encoder.encode_values(ragged).numpy(), rtol=1e-5, atol=1e-6)
+    tables = {name: table.numpy() for name, _, table in encoder._families}
+    hidden = np.r_[(tables["genres"][2] + tables["genres"][0]) / 2, tables["year"][0]]
+    np.testing.assert_allclose(new[0], hidden @ encoder._dense.kernel.numpy() + encoder._dense.bias.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
     from trainer import als
 

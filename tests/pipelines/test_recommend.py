@@ -1,0 +1,125 @@
+"""A user's own data, end to end: generic Parquet tables with implicit feedback are ingested, trained
+on (ranking protocol), published, and served by `ssp recommend` from the publication alone.
+
+The data are planted: each user favours one brand and two tags, and clicks the items that match.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import cli, train
+from pipelines.publish import publish
+from pipelines.run_dir import Run
+from schemas import storage
+from trainer import evaluate
+from trainer.recommend import PublishedModel
+
+BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in range(8)]
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int = 0) -> tuple[Path, Path]:
+    """clicks.parquet (customer, product, ts; no label: implicit feedback) and products.parquet."""
+    rng = np.random.default_rng(seed)
+    brand = rng.integers(0, len(BRANDS), items)
+    tags = [sorted(set(rng.choice(len(TAGS), 2).tolist())) for _ in range(items)]
+    product = np.arange(1000, 1000 + items)
+    catalog = pa.table({"product": product, "name": [f"p{p}" for p in product], "brand": [BRANDS[b] for b in brand],
+                        "tags": [[TAGS[t] for t in ts] for ts in tags], "year": rng.integers(2015, 2020, items)})
+    rows = []
+    for user in range(users):
+        liked_brand, liked_tags = rng.integers(0, len(BRANDS)), set(rng.choice(len(TAGS), 2, replace=False).tolist())
+        affinity = (brand == liked_brand) * 2.0 + np.array([len(liked_tags & set(ts)) for ts in tags]) + 0.05
+        chosen = rng.choice(items, size=int(rng.integers(8, 25)), replace=False, p=affinity / affinity.sum())
+        rows += [(10_000 + user, int(product[j]), int(1_600_000_000 + rng.integers(0, 10**7))) for j in chosen]
+    customer, item, ts = map(np.array, zip(*rows))
+    clicks = pa.table({"customer": customer, "product": item, "ts": ts})
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(clicks, folder / "clicks.parquet")
+    pq.write_table(catalog, folder / "products.parquet")
+    return folder / "clicks.parquet", folder / "products.parquet"
+
+
+@pytest.fixture(scope="module")
+def published(spark, tmp_path_factory):
+    """The planted tables ingested, trained (ranking protocol, implicit feedback) and published."""
+    root = tmp_path_factory.mktemp("own-data")
+    clicks, products = planted_tables(root / "raw")
+    assert cli.main(["ingest", "--interactions", str(clicks), "--catalog", str(products), "--user-col", "customer", "--item-col", "product",
+                     "--timestamp-col", "ts", "--title-col", "name", "--features", "brand:value,tags:bag,year:value", "--out", str(root / "data")]) == 0
+    config = train.TrainConfig(data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8)
+    metrics = train.run(config, spark=spark, progress=False)
+    publish(Run(str(root / "run")), str(root / "published"))
+    return root, metrics
+
+
+def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(published):
+    root, metrics = published
+    assert metrics["test_recall_at_20"] > 0.3  # the planted taste is learnt (random: about 20/160)
+    model = PublishedModel.load(str(root / "published"))
+    assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
+    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
+    targets = storage.read_table(str(root / "run" / "private" / "split" / "test_targets.parquet"))
+    users = np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy())  # the users the evaluation scores
+    top = model.recommend(history.filter(pa.array(np.isin(history["user_id"].to_numpy(), users))), k=10, exclude_seen=True)
+    assert set(top["user_id"].to_pylist()) == set(users.tolist()) and top.num_rows == 10 * users.size
+    # the evaluation's own fold-in, given the recommended items as targets: every one is in its top 10
+    run_items = storage.read_table(str(root / "run" / "item_embeddings.parquet")).sort_by("item_id")
+    vectors = np.array(run_items["embedding"].to_pylist())
+    positions = lambda ids: np.searchsorted(run_items["item_id"].to_numpy(), ids)  # noqa: E731
+    report = evaluate.recall_report((history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), np.ones(history.num_rows)),
+                                    (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())), vectors, model.settings["lambda_u"],
+                                    np.zeros(vectors.shape[0], np.int64), k=10, gravity=model.settings["gravity"])
+    assert report["recall_at_10"] == 1.0 and report["users"] == users.size
+    scores = top["score"].to_numpy().reshape(users.size, 10)
+    assert np.all(np.diff(scores, axis=1) <= 0)  # ranked best first
+
+
+def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, tmp_path):
+    root, _ = published
+    model = PublishedModel.load(str(root / "published"))
+    products = pq.read_table(root / "raw" / "products.parquet")
+    # a new item that copies catalog item 1000's public features embeds as the shared encoder says of it
+    twin = pa.table({"item_id": [5000], "brand": products["brand"][:1], "tags": products["tags"][:1], "year": products["year"][:1]})
+    (tmp_path / "new.csv").write_text("item_id,brand,tags,year\n5000,{},{},{}\n5001,newbrand,,2030\n".format(
+        products["brand"][0].as_py(), "|".join(products["tags"][0].as_py()), products["year"][0].as_py()))
+    embedded = model.embed_new_items(twin)
+    assert embedded.shape == (1, 8) and np.all(np.isfinite(embedded))
+    # a user who clicked only items of the twin's brand gets the twin among their recommendations' scores
+    same = products.filter(pa.compute.equal(products["brand"], products["brand"][0]))["product"].to_numpy()[:5]
+    (tmp_path / "history.csv").write_text("user_id,item_id\n" + "".join(f"7,{item}\n" for item in same))
+    out = tmp_path / "recs.parquet"
+    assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "history.csv"), "--new-items",
+                     str(tmp_path / "new.csv"), "--k", "200", "--exclude-seen", "--out", str(out)]) == 0
+    recs = pq.read_table(out)
+    assert recs.num_rows == products.num_rows + 2 - 5 and {5000, 5001} <= set(recs["item_id"].to_pylist())
+    twin_score = recs.filter(pa.compute.equal(recs["item_id"], 5000))["score"][0].as_py()
+    user = model.fold_in(np.full(5, 7), np.searchsorted(model.item_ids, same), None)[1][0]
+    assert twin_score == pytest.approx(float(user @ embedded[0]), rel=1e-5)
+
+
+def test_the_readme_python_example_recommends_for_one_history(published, tmp_path, monkeypatch):
+    root, _ = published
+    block = re.search(r"```python\n(from trainer.recommend import.*?)```", README.read_text(), re.S)
+    assert block, "README lost its Python recommend example"
+    (tmp_path / "published").symlink_to(root / "published")
+    monkeypatch.chdir(tmp_path)
+    result = subprocess.run([sys.executable, "-c", block.group(1)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) >= 10  # a table of the top items
+
+
+def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
+    root, _ = published
+    (tmp_path / "h.csv").write_text("customer,product\n1,2\n")
+    assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "h.csv")]) == 2
+    assert "the history has no 'user_id' column (columns: customer, product)" in capsys.readouterr().err
+    assert cli.main(["recommend", "--model", str(root / "run"), "--history", str(tmp_path / "h.csv")]) == 2
+    assert "is not a complete publication" in capsys.readouterr().err

@@ -1,0 +1,197 @@
+"""`ssp recommend`: top-k items for users, from a published model alone, solved on the client.
+
+A publication (`ssp publish`) holds the item embeddings, the encoder (SavedModel) and `model.json`,
+the public settings of the user side: the protocol, the ridge lambda_u, the implicit-feedback
+gravity, the DP mean rating and the positive threshold. A user's embedding is solved here from
+their own history against the published item embeddings, exactly as the run's evaluation folds in
+held-out users (`trainer.evaluate.recall_report`: `trainer.solve.ridge_solve` with lambda_u
+scaled by the history's length, the gravity alpha V^T V over the catalog, labels 1 for positives or
+rating minus the DP mean), then every item outside the history (with `exclude_seen`) is scored by
+u . v and the k best are returned. Items added to the catalog after training are embedded from
+their public features through the encoder's `embed_features` signature and scored with the rest.
+
+Privacy: the history never leaves the client; nothing here writes to the run or the trainer. The
+inputs are public (the publication) and the user's own data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from schemas.tables import validate_item_embeddings
+from trainer import metrics
+from trainer.solve import ridge_solve
+
+MODEL_SETTINGS = "model.json"
+RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
+                             pa.field("item_id", pa.int64(), nullable=False), pa.field("score", pa.float64(), nullable=False)])
+
+
+def read_user_table(path: str) -> pa.Table:
+    """A Parquet or CSV file (or a folder of Parquet parts), local or gs://, as an Arrow table."""
+    fs, inner = storage.filesystem(path)
+    if not fs.exists(inner):
+        raise FileNotFoundError(f"{path} does not exist")
+    if inner.endswith(".csv"):
+        with fs.open(inner, "rb") as handle:
+            return pacsv.read_csv(handle)
+    try:
+        return pq.read_table(inner, filesystem=fs)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{path} is not a Parquet file or folder (a CSV file must end in .csv): {exc}") from None
+
+
+@dataclass
+class PublishedModel:
+    """A publication's item embeddings (catalog order) and user-side settings."""
+
+    path: str
+    item_ids: np.ndarray
+    vectors: np.ndarray  # float64, (items, d)
+    settings: dict
+
+    @classmethod
+    def load(cls, path: str) -> PublishedModel:
+        """Open the publication at `path` (local or gs://), refusing one that is not complete."""
+        if not storage.exists(storage.join(path, "_PUBLISHED")):
+            raise ValueError(f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`")
+        settings_path = storage.join(path, MODEL_SETTINGS)
+        if not storage.exists(settings_path):
+            raise ValueError(f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder")
+        settings = storage.read_json(settings_path)
+        table = validate_item_embeddings(storage.read_table(storage.join(path, "item_embeddings.parquet")), dim=settings["dim"])
+        order = np.argsort(table["item_id"].to_numpy(), kind="stable")
+        vectors = list_column_to_matrix(table["embedding"], settings["dim"], "item embedding")[order]
+        return cls(path, table["item_id"].to_numpy()[order], vectors, settings)
+
+    def embed_new_items(self, items: pa.Table) -> np.ndarray:
+        """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
+        through the published encoder's `embed_features` signature."""
+        import tensorflow as tf
+
+        from trainer.features import value_strings
+
+        families = self.settings.get("feature_families")
+        if not families:
+            raise ValueError(f"{self.path}: this model's encoder has no public features (--encoder id), so it cannot embed new items")
+        missing = [name for name in families if name not in items.column_names]
+        if missing:
+            raise ValueError(f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})")
+        inputs = {}
+        for name in families:
+            rows = value_strings(items, name)
+            width = max((len(values) for values in rows), default=0)
+            inputs[name] = tf.constant([values + [""] * (width - len(values)) for values in rows], tf.string, shape=(len(rows), width))
+        with storage.read_folder(storage.join(self.path, "encoder")) as local:
+            embed = tf.saved_model.load(local).signatures["embed_features"]
+            return embed(**inputs)["embedding"].numpy().astype(np.float64)
+
+    def fold_in(self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted user ids, user embeddings) solved from history rows (catalog positions), as the
+        run's evaluation folds in held-out users."""
+        s = self.settings
+        if s["protocol"] == "rmse":
+            if labels is None:
+                raise ValueError("this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)")
+            targets = labels - s["dp_mean"]
+        else:
+            targets = np.ones(positions.size)
+        v = self.vectors
+        gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
+        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity)
+
+    def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None) -> pa.Table:
+        """The top-k items (RECOMMENDATIONS: user_id, rank from 1, item_id, score) of every user in
+        `history` (columns user_id, item_id and, for a regression model or explicit feedback, label).
+
+        Ranking protocol: only positives count (label above the model's positive threshold, every
+        row without a label or for implicit feedback). History items missing from the catalog are
+        ignored. `new_items` (item_id and the feature columns) are embedded and ranked too."""
+        if k < 1:
+            raise ValueError(f"--k must be a positive number of items, got {k}")
+        for column in ("user_id", "item_id"):
+            if column not in history.column_names:
+                raise ValueError(f"the history has no {column!r} column (columns: {', '.join(history.column_names)})")
+        users = history["user_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+        items = history["item_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+        labels = history["label"].to_numpy(zero_copy_only=False).astype(np.float64) if "label" in history.column_names else None
+        if labels is not None and not np.all(np.isfinite(labels)):
+            raise ValueError("the history's label column holds a missing or non-finite value")
+        threshold = self.settings.get("positive_threshold")
+        keep = np.isin(items, self.item_ids)
+        if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
+            keep &= labels > threshold
+        positions = np.searchsorted(self.item_ids, items[keep])
+        solved_users, solved = self.fold_in(users[keep], positions, labels[keep] if labels is not None else None)
+        catalog_ids, vectors = self.item_ids, self.vectors
+        if new_items is not None and new_items.num_rows:
+            added = new_items["item_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+            if np.isin(added, self.item_ids).any():
+                raise ValueError(f"new item {added[np.isin(added, self.item_ids)][0]} is already in the model's catalog")
+            catalog_ids, vectors = np.r_[catalog_ids, added], np.vstack([vectors, self.embed_new_items(new_items)])
+        every_user = np.unique(users)
+        out = []
+        for start in range(0, every_user.size, 1024):
+            chunk = every_user[start : start + 1024]
+            u = np.zeros((chunk.size, vectors.shape[1]))
+            found = np.isin(chunk, solved_users)  # a user with no usable history scores every item 0: ranked by index
+            u[found] = solved[np.searchsorted(solved_users, chunk[found])]
+            scores = u @ vectors.T
+            seen = np.zeros(scores.shape, dtype=bool)
+            if exclude_seen:
+                rows = np.isin(users, chunk) & keep
+                seen[np.searchsorted(chunk, users[rows]), np.searchsorted(self.item_ids, items[rows])] = True
+            top = metrics.top_k_mask(scores, seen, k) & ~seen
+            for row, user in enumerate(chunk):
+                chosen = np.flatnonzero(top[row])
+                chosen = chosen[np.lexsort((chosen, -scores[row, chosen]))]
+                out.append(pa.table({"user_id": np.full(chosen.size, user), "rank": np.arange(1, chosen.size + 1, dtype=np.int32),
+                                     "item_id": catalog_ids[chosen], "score": scores[row, chosen]}, schema=RECOMMENDATIONS))
+        return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="a publication folder written by `ssp publish` (local or gs://): its item embeddings, "
+                        "encoder and model.json are all that is read")
+    parser.add_argument("--history", required=True, help="the users' own interactions, Parquet or CSV (local or gs://) with columns user_id, item_id "
+                        "and, for a model trained on ratings, label; they stay on this machine (nothing is sent to the trainer)")
+    parser.add_argument("--k", type=int, default=20, help="how many items to recommend per user (default: %(default)s)")
+    parser.add_argument("--exclude-seen", action="store_true", help="leave out the items already in a user's history (as the evaluation does)")
+    parser.add_argument("--new-items", help="Parquet or CSV of catalog items added after training (item_id and the model's public feature columns; "
+                        "a bag's values separated by |): embedded from their features alone and ranked with the rest")
+    parser.add_argument("--out", help="write the recommendations as a Parquet file (user_id, rank, item_id, score) instead of printing them as CSV")
+
+
+def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:
+    """A CSV catalog's bag columns ("a|b|c" strings) as lists of values (an empty string is no value:
+    the encoder's signature treats "" as padding)."""
+    for name, kind in families.items():
+        if kind == "multivalent" and name in items.column_names and not pa.types.is_list(items[name].type):
+            bags = pc.split_pattern(pc.fill_null(pc.cast(items[name], pa.string()), ""), "|")
+            items = items.set_column(items.column_names.index(name), name, bags)
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    model = PublishedModel.load(args.model)
+    history = read_user_table(args.history)
+    new_items = _bags_from_csv(read_user_table(args.new_items), model.settings.get("feature_families") or {}) if args.new_items else None
+    table = model.recommend(history, args.k, args.exclude_seen, new_items)
+    if args.out:
+        storage.write_table_file(table, args.out)
+        print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write("user_id,rank,item_id,score\n")
+        for user, rank, item, score in zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names)):
+            sys.stdout.write(f"{user},{rank},{item},{score:.6g}\n")
+    return 0
