@@ -35,7 +35,8 @@ brackets): SSP_GCP_PROJECT, SSP_REGION [europe-west4], SSP_DATAPROC_CLUSTER [ssp
 SSP_ARTIFACTS (gs:// folder of this version's wheel, stats.py and user_update.py: infra/build.sh),
 SSP_IMAGE (the trainer image), SSP_BEAM_IMAGE (the Dataflow worker image), SSP_NAMESPACE [ssp],
 SSP_LAUNCHER_PYTHON (the Python with the project installed that launches Beam pipelines),
-SSP_STATS_ENGINE [spark]. The training settings are TRAINING below.
+SSP_STATS_ENGINE [spark], SSP_VERSION [pyproject.toml's, when the DAG is parsed from a checkout].
+The training settings are TRAINING below.
 """
 
 from __future__ import annotations
@@ -52,7 +53,18 @@ from airflow.providers.google.cloud.operators.dataproc import DataprocSubmitJobO
 from airflow.sdk import DAG, Param, chain
 from kubernetes.client import models as k8s
 
-VERSION = "0.1.0"  # the project version the artifacts and image are built from (pyproject.toml)
+
+def project_version() -> str:
+    """The project version, from pyproject.toml (its one place) when the DAG runs from a checkout."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        raise RuntimeError("set SSP_VERSION to the project version the artifacts were built from (infra/build.sh prints it)")
+    return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+VERSION = os.environ.get("SSP_VERSION") or project_version()  # the version the artifacts and images are built from
 CONFIG = Path(__file__).resolve().parent / "retrain"
 PROJECT = os.environ.get("SSP_GCP_PROJECT", "ssp-recsys")
 REGION = os.environ.get("SSP_REGION", "europe-west4")

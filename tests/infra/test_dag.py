@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tomllib
@@ -46,11 +47,15 @@ def airflow_python() -> Path:
     return ROOT / ".venv-airflow" / "bin" / "python"
 
 
-def export(airflow_python: Path, folder: Path, engine: str, tmp: Path) -> dict:
-    """{date: {"import_errors", "dags": {dag_id: {..., "tasks": [...]}}}} of the DAGs in `folder`."""
+def export(airflow_python: Path, folder: Path, engine: str, tmp: Path, deployed_version: str | None = VERSION) -> dict:
+    """{date: {"import_errors", "dags": {dag_id: {..., "tasks": [...]}}}} of the DAGs in `folder`. A DAG
+    copied out of the checkout is deployed as a scheduler gets it: told its version (SSP_VERSION)."""
     out = tmp / f"export-{engine}.json"
     env = {**os.environ, "SSP_STATS_ENGINE": engine, "AIRFLOW_HOME": str(tmp / "airflow-home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     env.pop("PYTHONPATH", None)
+    env.pop("SSP_VERSION", None)
+    if folder != DAGS and deployed_version:
+        env["SSP_VERSION"] = deployed_version
     result = subprocess.run([str(airflow_python), str(ROOT / "tests" / "infra" / "airflow_export.py"), str(out), str(folder), *DATES],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -281,6 +286,13 @@ def test_a_dag_that_does_not_import_is_reported(airflow_python, tmp_path):
     assert len(problems) == 1 and problems[0].startswith("import error") and "dataproc-job.yaml" in problems[0]
 
 
+def test_a_dag_deployed_without_its_version_says_so(airflow_python, tmp_path):
+    folder = tmp_path / "dags"
+    shutil.copytree(DAGS, folder)
+    result = export(airflow_python, folder, "spark", tmp_path, deployed_version=None)[DATES[0]]
+    assert "set SSP_VERSION" in json.dumps(result["import_errors"])
+
+
 # ---------------------------------------------------------------------------------------------
 # The other deployment configs that name commands
 
@@ -294,3 +306,12 @@ def test_kubernetes_spark_application_is_the_dags_stats_job(exported):
     argv = [token.replace("${RUN}", prepare.out).replace("${STEP}", "2") for token in spec["arguments"]]
     _, args = parse_command(["spark-submit", "--py-files", "image", spec["mainApplicationFile"], *argv])
     assert (args.run, args.step) == (prepare.out, 2) and _no_job_flags(args)  # the DAG's stats_2, the rest from the run's manifest
+
+
+def test_the_version_is_written_in_pyproject_only():
+    """The DAG, the images and the cluster configs take the project version from pyproject.toml (the
+    DAG reads it, the configs are rendered with it), so a release bumps one line."""
+    carriers = [path for path in (ROOT / "infra").rglob("*") if path.is_file() and path.name != "requirements.lock"
+                and re.search(rf"(?<![\d.]){re.escape(VERSION)}(?![\d.])", path.read_text(errors="replace"))]
+    assert carriers == []
+    assert "${VERSION}" in (ROOT / "infra" / "k8s" / "spark-stats.yaml").read_text() and "${VERSION}" in (ROOT / "infra" / "dataproc" / "cluster.yaml").read_text()
