@@ -39,6 +39,15 @@ DEFAULT_DELTA = 1e-5
 DPSGD_PENDING = "planned from the DP counts"
 
 
+# The budget plan's defaults, one for every command that takes them (`ssp train` and the releasing jobs).
+# A run plans the mean only for ratings (--protocol rmse) and the Gram matrices only for implicit
+# feedback (--gravity > 0); a releasing job run by hand plans what it is given.
+DEFAULT_OUTER_STEPS = 2
+DEFAULT_COUNT_SHARE = 0.1
+DEFAULT_MEAN_SHARE = 0.05
+DEFAULT_GRAM_SHARE = 0.05
+
+
 @dataclass(frozen=True)
 class PrivacySettings:
     """The run's budget: a target (epsilon, delta), or an explicit stats noise multiplier."""
@@ -47,11 +56,11 @@ class PrivacySettings:
     delta: float = DEFAULT_DELTA
     noise_multiplier: float | None = None
     accountant: str = accounting.DEFAULT_ACCOUNTANT
-    outer_steps: int = 1
+    outer_steps: int = DEFAULT_OUTER_STEPS
     resamples: int = 1
-    count_share: float = 0.1
-    mean_share: float = 0.0
-    gram_share: float = 0.0
+    count_share: float = DEFAULT_COUNT_SHARE
+    mean_share: float = DEFAULT_MEAN_SHARE
+    gram_share: float = DEFAULT_GRAM_SHARE
     dpsgd: tuple[float, int] | str | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     account: str | None = None  # the data source's budget account (privacy.account), charged with every release
     account_cap: float | None = None  # its lifetime epsilon cap, set when the account is created
@@ -195,11 +204,14 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--noise-multiplier", type=float, help="use this noise multiplier instead of calibrating (0: no noise, infinite epsilon, for tests and non-private top lines)")
     group.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=accounting.DEFAULT_ACCOUNTANT,
                        help="pld (default: privacy loss distributions, at least as tight as RDP for the plans ssp train makes) or rdp (as in the paper)")
-    group.add_argument("--outer-steps", type=int, default=1, help="outer steps S of alternating minimization the budget covers (default: %(default)s)")
+    group.add_argument("--outer-steps", type=int, default=DEFAULT_OUTER_STEPS, help="outer steps S of alternating minimization the budget covers; "
+                       "each is one stats release, so more steps mean more noise per release (default: %(default)s, as ssp train)")
     group.add_argument("--resamples", type=int, default=1, help="independently noised copies R of each stats release (SSP1; default: %(default)s)")
-    group.add_argument("--count-share", type=float, default=0.1, help="share of the budget spent on the DP item counts (default: %(default)s)")
-    group.add_argument("--mean-share", type=float, default=0.0, help="share planned for the DP mean rating (a regression run of `ssp train`; default: %(default)s)")
-    group.add_argument("--gram-share", type=float, default=0.0, help="share planned for the users' DP Gram matrices (implicit feedback; default: %(default)s)")
+    group.add_argument("--count-share", type=float, default=DEFAULT_COUNT_SHARE, help="share of the budget spent on the DP item counts (default: %(default)s)")
+    group.add_argument("--mean-share", type=float, default=DEFAULT_MEAN_SHARE, help="share of the budget planned for the DP mean rating of a "
+                       "regression run; give 0 to a job whose run releases no mean, or that share is left unspent (default: %(default)s, as ssp train)")
+    group.add_argument("--gram-share", type=float, default=DEFAULT_GRAM_SHARE, help="share of the budget planned for the users' DP Gram matrices "
+                       "of an implicit-feedback run; give 0 to a job whose run releases none, or that share is left unspent (default: %(default)s, as ssp train)")
     group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
     group.add_argument("--budget-account", help="the data source's budget account (a JSON file kept beside the runs): every release is also "
                        "charged there, so the users' lifetime epsilon over all runs is composed and capped (default: none for this job)")

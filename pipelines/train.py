@@ -80,15 +80,15 @@ class TrainConfig:
     encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
-    outer_steps: int = 2
+    outer_steps: int = release.DEFAULT_OUTER_STEPS
     resamples: int = 1
     clip_u: float = 0.3  # against item embeddings of unit RMS norm: most users are clipped, i.e. normalised
     clip_y: float = 1.0  # centred labels
     wbar: float = 1.0
     weight_exponent: float | None = None  # None: -0.25 (rmse), 0 (recall); see __post_init__
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
-    count_share: float = 0.1
-    mean_share: float = 0.05
+    count_share: float = release.DEFAULT_COUNT_SHARE
+    mean_share: float = release.DEFAULT_MEAN_SHARE
     lambda_u: float = user_update.DEFAULT_LAMBDA_U
     epochs: int = 30
     batch_size: int = 512
@@ -98,7 +98,7 @@ class TrainConfig:
     gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
     train_item_fraction: float | None = None  # ranking protocol: share of the catalog (top by DP count) the statistics cover; None: see __post_init__
     stats_threshold: float | None = None  # the statistics cover the items whose DP count is >= this times N/S; None: see stats_threshold_of
-    gram_share: float = 0.05
+    gram_share: float = release.DEFAULT_GRAM_SHARE
     psd_projection: bool = True
     feature_weight: float = 1.0  # DP-CMF: weight mu of the public feature rows
     feature_ridge: float = 1.0  # DP-CMF: ridge of the feature embeddings

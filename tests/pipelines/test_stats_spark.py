@@ -101,7 +101,7 @@ def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
 
 def test_budget_is_enforced_across_steps(spark, tmp_path):
     paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
-    privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5)
+    privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5, mean_share=0.0, gram_share=0.0)  # counts and stats only
     ledger = str(tmp_path / "ledger.parquet")
     dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger)
     paths = {**paths, "counts": str(tmp_path / "counts" / "counts.parquet")}  # the released counts: the job refuses any other
