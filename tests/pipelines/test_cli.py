@@ -134,6 +134,24 @@ def test_every_flag_of_every_command_has_a_help_sentence():
     assert poor == [], "\n".join(poor)
 
 
+def test_a_flag_shared_by_several_commands_has_one_default():
+    """`--lambda-u 1.0` in one command and 0.1 in another surprised users. A default of None means
+    "required, or taken from the run" (not another default); `--out` and `--seed` name different
+    things per command (an output, a generator's or a split's seed)."""
+    import argparse
+
+    commands = next(action for action in cli.build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    defaults = {}
+    for command, parser in commands.choices.items():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and action.default is not None and flag not in ("--help", "--out", "--seed"):
+                    defaults.setdefault(flag, {})[command] = action.default
+    differing = {flag: by_command for flag, by_command in defaults.items() if len({repr(value) for value in by_command.values()}) > 1}
+    assert differing == {}
+    assert {defaults["--outer-steps"]["train"], defaults["--outer-steps"]["stats"]} == {2} and len(defaults["--mean-share"]) == 3
+
+
 def test_version_is_the_packages():
     import tomllib
     from pathlib import Path
