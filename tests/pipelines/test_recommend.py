@@ -25,25 +25,34 @@ BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in rang
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+HELD_OUT = 12  # the last products of the catalog are left out of training: added after it, they are embedded from their features
+
+
 def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int = 0) -> tuple[Path, Path]:
-    """clicks.parquet (customer, product, ts; no label: implicit feedback) and products.parquet."""
+    """clicks.parquet (customer, product, ts; no label: implicit feedback), products.parquet (the
+    catalog trained on) and products_all.parquet (with the HELD_OUT products added after training),
+    and tastes.parquet (each customer's planted brand)."""
     rng = np.random.default_rng(seed)
     brand = rng.integers(0, len(BRANDS), items)
     tags = [sorted(set(rng.choice(len(TAGS), 2).tolist())) for _ in range(items)]
     product = np.arange(1000, 1000 + items)
     catalog = pa.table({"product": product, "name": [f"p{p}" for p in product], "brand": [BRANDS[b] for b in brand],
                         "tags": [[TAGS[t] for t in ts] for ts in tags], "year": rng.integers(2015, 2020, items)})
-    rows = []
+    rows, tastes = [], []
     for user in range(users):
         liked_brand, liked_tags = rng.integers(0, len(BRANDS)), set(rng.choice(len(TAGS), 2, replace=False).tolist())
         affinity = (brand == liked_brand) * 2.0 + np.array([len(liked_tags & set(ts)) for ts in tags]) + 0.05
+        affinity[items - HELD_OUT:] = 0.0  # not yet in the catalog when the log was written
         chosen = rng.choice(items, size=int(rng.integers(8, 25)), replace=False, p=affinity / affinity.sum())
         rows += [(10_000 + user, int(product[j]), int(1_600_000_000 + rng.integers(0, 10**7))) for j in chosen]
+        tastes.append((10_000 + user, BRANDS[liked_brand]))
     customer, item, ts = map(np.array, zip(*rows))
     clicks = pa.table({"customer": customer, "product": item, "ts": ts})
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(clicks, folder / "clicks.parquet")
-    pq.write_table(catalog, folder / "products.parquet")
+    pq.write_table(catalog.slice(0, items - HELD_OUT), folder / "products.parquet")
+    pq.write_table(catalog, folder / "products_all.parquet")
+    pq.write_table(pa.table({"user_id": [u for u, _ in tastes], "brand": [b for _, b in tastes]}), folder / "tastes.parquet")
     return folder / "clicks.parquet", folder / "products.parquet"
 
 
@@ -103,6 +112,24 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
     twin_score = recs.filter(pa.compute.equal(recs["item_id"], 5000))["score"][0].as_py()
     user = model.fold_in(np.full(5, 7), np.searchsorted(model.item_ids, same), None)[1][0]
     assert twin_score == pytest.approx(float(user @ embedded[0]), rel=1e-5)
+
+
+def test_items_held_out_of_training_are_embedded_from_their_features_and_ranked_by_taste(published):
+    """The products added after training reach, through `embed_features` alone, the users whose
+    planted brand they carry: they score higher for those users than for the others."""
+    root, _ = published
+    model = PublishedModel.load(str(root / "published"))
+    products = pq.read_table(root / "raw" / "products_all.parquet")
+    added = products.slice(products.num_rows - HELD_OUT).rename_columns(["item_id", "name", "brand", "tags", "year"])
+    assert not np.isin(added["item_id"].to_numpy(), model.item_ids).any()  # never trained on
+    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
+    users, vectors = model.fold_in(history["user_id"].to_numpy(), np.searchsorted(model.item_ids, history["item_id"].to_numpy()), None)
+    scores = vectors @ model.embed_new_items(added).T  # (users, added items)
+    tastes = pq.read_table(root / "raw" / "tastes.parquet")
+    liked = np.array(tastes["brand"].to_pylist())[np.searchsorted(tastes["user_id"].to_numpy(), users)]
+    matches = liked[:, None] == np.array(added["brand"].to_pylist())[None, :]
+    wins = [scores[matches[:, j], j].mean() > scores[~matches[:, j], j].mean() for j in range(HELD_OUT) if matches[:, j].any()]
+    assert np.mean(wins) >= 0.9, wins
 
 
 def test_the_readme_python_example_recommends_for_one_history(published, tmp_path, monkeypatch):
