@@ -115,8 +115,9 @@ class PublishedModel:
         `history` (columns user_id, item_id and, for a regression model or explicit feedback, label).
 
         Ranking protocol: only positives count (label above the model's positive threshold, every
-        row without a label or for implicit feedback). History items missing from the catalog are
-        ignored. `new_items` (item_id and the feature columns) are embedded and ranked too."""
+        row without a label or for implicit feedback); `exclude_seen` leaves out every item of the
+        history. History items missing from the catalog are ignored. `new_items` (item_id and the
+        feature columns) are embedded and ranked too."""
         if k < 1:
             raise ValueError(f"--k must be a positive number of items, got {k}")
         for column in ("user_id", "item_id"):
@@ -128,7 +129,8 @@ class PublishedModel:
         if labels is not None and not np.all(np.isfinite(labels)):
             raise ValueError("the history's label column holds a missing or non-finite value")
         threshold = self.settings.get("positive_threshold")
-        keep = np.isin(items, self.item_ids)
+        known = np.isin(items, self.item_ids)
+        keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
         positions = np.searchsorted(self.item_ids, items[keep])
@@ -149,7 +151,7 @@ class PublishedModel:
             scores = u @ vectors.T
             seen = np.zeros(scores.shape, dtype=bool)
             if exclude_seen:
-                rows = np.isin(users, chunk) & keep
+                rows = np.isin(users, chunk) & known  # every item of the history, liked or not
                 seen[np.searchsorted(chunk, users[rows]), np.searchsorted(self.item_ids, items[rows])] = True
             top = metrics.top_k_mask(scores, seen, k) & ~seen
             for row, user in enumerate(chunk):

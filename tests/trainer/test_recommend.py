@@ -1,0 +1,58 @@
+"""trainer.recommend on a hand-made publication: the fold-in, the ranking and the history rules,
+against values computed by hand."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas import storage
+from schemas.tables import ITEM_EMBEDDINGS
+from trainer.recommend import PublishedModel
+
+
+def publication(folder, protocol="rmse", threshold=None) -> str:
+    """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3."""
+    path = str(folder)
+    storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]}, schema=ITEM_EMBEDDINGS),
+                        storage.join(path, "item_embeddings.parquet"))
+    settings = {"protocol": protocol, "dim": 2, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
+                "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {}}
+    storage.write_json(settings, storage.join(path, "model.json"))
+    storage.write_json({"run": "r"}, storage.join(path, "_PUBLISHED"))
+    return path
+
+
+def test_a_rating_is_folded_in_by_the_ridge_and_the_best_unseen_items_come_first(tmp_path):
+    model = PublishedModel.load(publication(tmp_path))
+    # one rating 4 of item 10: target 4 - 3 = 1; u = (v v^T + 1 * 1 * I)^-1 v = (0.5, 0)
+    users, u = model.fold_in(np.array([7]), np.array([0]), np.array([4.0]))
+    np.testing.assert_allclose(u, [[0.5, 0.0]])
+    history = pa.table({"user_id": [7], "item_id": [10], "label": [4.0]})
+    top = model.recommend(history, k=2, exclude_seen=True)
+    assert top.to_pydict() == {"user_id": [7, 7], "rank": [1, 2], "item_id": [30, 20], "score": [0.5, 0.0]}
+    # with the history: items 10 and 30 tie at 0.5, the smaller id first
+    assert model.recommend(history, k=2, exclude_seen=False)["item_id"].to_pylist() == [10, 30]
+
+
+def test_the_ranking_protocol_folds_in_positives_and_excludes_every_seen_item(tmp_path):
+    model = PublishedModel.load(publication(tmp_path, "recall", threshold=3.5))
+    history = pa.table({"user_id": [1, 1, 1], "item_id": [20, 30, 99], "label": [5.0, 2.0, 5.0]})  # 30: not a positive; 99: not in the catalog
+    _, u = model.fold_in(np.array([1]), np.array([1]), None)  # item 20 alone, target 1
+    top = model.recommend(history, k=3, exclude_seen=True)
+    assert top["item_id"].to_pylist() == [10] and top["score"].to_pylist() == pytest.approx([float(u[0] @ [1.0, 0.0])])
+    np.testing.assert_allclose(u, [[0.0, 0.5]])
+
+
+def test_a_regression_model_needs_the_ratings_and_a_bad_k_is_refused(tmp_path):
+    model = PublishedModel.load(publication(tmp_path))
+    with pytest.raises(ValueError, match="needs a label column"):
+        model.recommend(pa.table({"user_id": [1], "item_id": [10]}))
+    with pytest.raises(ValueError, match="--k must be a positive number"):
+        model.recommend(pa.table({"user_id": [1], "item_id": [10], "label": [4.0]}), k=0)
+    with pytest.raises(ValueError, match="non-finite"):
+        model.recommend(pa.table({"user_id": [1], "item_id": [10], "label": [float("nan")]}))
+    with pytest.raises(ValueError, match="cannot embed new items"):
+        model.embed_new_items(pa.table({"item_id": [5]}))
+    assert json.load(open(tmp_path / "model.json"))["dim"] == 2
