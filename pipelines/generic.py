@@ -211,15 +211,16 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
         return column.cast(pa.int64())
     except pa.ArrowInvalid:
         values = column.to_pylist()
-        row = next((i for i, value in enumerate(values) if not (isinstance(value, int) or _is_int(value)) or not -(2**63) <= int(value) < 2**63), 0)
+        row = next((i for i, value in enumerate(values) if not (isinstance(value, int) or _parses(value, int)) or not -(2**63) <= int(value) < 2**63), 0)
         raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; ids must be integers that fit in 64 bits "
                           "(map the ids to 64-bit integers before ingesting)") from None
 
 
-def _is_int(text: str) -> bool:
+def _parses(text: str, convert) -> bool:
+    """Whether `convert` (int, float) reads `text`."""
     try:
-        int(text)
-    except ValueError:
+        convert(text)
+    except (TypeError, ValueError):
         return False
     return True
 
@@ -232,19 +233,11 @@ def _labels(column: pa.Array, name: str, part: _Part) -> pa.Array:
             return pc.utf8_trim_whitespace(column).cast(pa.float64())
         except pa.ArrowInvalid:
             values = column.to_pylist()
-            row = next((i for i, value in enumerate(values) if value is not None and not _is_float(value)), 0)
+            row = next((i for i, value in enumerate(values) if value is not None and not _parses(value, float)), 0)
             raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; labels must be numbers") from None
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
         return column.cast(pa.float64())
     raise IngestError(f"{part.file}: column {name!r} has type {column.type}; labels must be numbers")
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 _TEXT_TIMES = (pa.int64(), pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"))  # seconds, ISO 8601 (UTC), ISO 8601 with an offset
