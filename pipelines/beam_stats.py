@@ -49,7 +49,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import GlobalWindows
 
-from pipelines import stats_job
+from pipelines import logs, stats_job
 from pipelines.stats_core import STATS_PARQUET, StatsSettings, release_metadata, stats_table, user_contributions
 from privacy import accumulator
 from schemas import storage
@@ -385,7 +385,7 @@ def _discard_parts(job: stats_job.StatsJob, manifests: str) -> None:
         for staged, written in zip(job.staged_writes(), names):
             staged.abort(written)
     except Exception as exc:  # the pipeline's own error is the one to report
-        print(f"stats: warning: could not clean up the staged parts ({exc})", file=sys.stderr)
+        logs.warn(f"stats: could not clean up the staged parts ({exc})")
 
 
 def _unknown_to_beam(beam_args: list[str]) -> list[str]:

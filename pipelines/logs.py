@@ -44,6 +44,11 @@ def log(message: str) -> None:
     LOGGER.info(message)
 
 
+def warn(message: str) -> None:
+    """A warning (shown even with -q)."""
+    LOGGER.warning(f"warning: {message}")
+
+
 def detail(message: str) -> None:
     """A detail line (shown by -v)."""
     LOGGER.debug(message)

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     table = model.recommend(history, args.k, args.exclude_seen, new_items)
     if args.out:
         storage.write_table_file(table, args.out)
-        print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}", file=sys.stderr)
+        print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}")
     else:
         sys.stdout.write("user_id,rank,item_id,score\n")
         for user, rank, item, score in zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names)):
