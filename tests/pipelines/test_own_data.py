@@ -150,3 +150,10 @@ def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
     assert "the history has no 'user_id' column (columns: customer, product)" in capsys.readouterr().err
     assert cli.main(["recommend", "--model", str(root / "run"), "--history", str(tmp_path / "h.csv")]) == 2
     assert "is not a complete publication" in capsys.readouterr().err
+
+
+def test_a_regression_run_on_implicit_feedback_is_refused_before_any_release(published, tmp_path):
+    root, _ = published
+    with pytest.raises(ValueError, match="implicit feedback"):
+        train.prepare(train.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False)
+    assert not (tmp_path / "run" / "ledger.parquet").exists()
