@@ -91,6 +91,17 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert np.all(np.diff(scores, axis=1) <= 0)  # ranked best first
 
 
+def test_the_batch_mode_reads_parquet_histories_and_writes_parquet(published, tmp_path):
+    root, _ = published
+    history = storage.read_table(str(root / "run" / "private" / "split" / "valid_history.parquet"))
+    pq.write_table(history.select(["user_id", "item_id"]), tmp_path / "histories.parquet")
+    assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "histories.parquet"), "--k", "5",
+                     "--exclude-seen", "--out", str(tmp_path / "top.parquet")]) == 0
+    written = pq.read_table(tmp_path / "top.parquet")
+    expected = PublishedModel.load(str(root / "published")).recommend(history, k=5, exclude_seen=True)
+    assert written.equals(expected) and written.num_rows == 5 * len(set(history["user_id"].to_pylist()))
+
+
 def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, tmp_path):
     root, _ = published
     model = PublishedModel.load(str(root / "published"))
