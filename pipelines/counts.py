@@ -54,11 +54,17 @@ def dp_units(counts_path: str) -> int:
     return int(metadata[UNITS_KEY])
 
 
+def sampling_hash(user_ids: np.ndarray, item_ids: np.ndarray, key: int) -> np.ndarray:
+    """The keyed hash (uint64) that ranks a user's items for the sample of K."""
+    with np.errstate(over="ignore"):
+        return mix64(mix64(np.asarray(user_ids).astype(np.uint64) ^ np.uint64(key)) + np.asarray(item_ids).astype(np.uint64))
+
+
 def sampled_rows(user_ids: np.ndarray, item_ids: np.ndarray, max_items: int, key: int) -> np.ndarray:
     """Indices of the rows kept when each user keeps at most `max_items` rows, chosen by a keyed
-    hash of (user, item): a uniform sample per user that any engine reproduces."""
-    with np.errstate(over="ignore"):
-        h = mix64(mix64(user_ids.astype(np.uint64) ^ np.uint64(key)) + item_ids.astype(np.uint64))
+    hash of (user, item): a uniform sample per user that any engine reproduces (ties, which the
+    64-bit hash all but never has, go to the smaller item id of rows in (user, item) order)."""
+    h = sampling_hash(user_ids, item_ids, key)
     order = np.lexsort((h, user_ids))
     users = user_ids[order]
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]]) if users.size else np.zeros(0, np.int64)
@@ -66,26 +72,114 @@ def sampled_rows(user_ids: np.ndarray, item_ids: np.ndarray, max_items: int, key
     return np.sort(order[rank < max_items])
 
 
+def sampling_key(seed: bytes) -> int:
+    """The key of the per-user sample of K items: a pseudorandom function of the run's secret seed."""
+    return int.from_bytes(hmac.new(seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
+
+
+def read_rows(interactions: str, catalog: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(user ids, item ids) of every interaction, validated, in this process; refuses an item missing
+    from the catalog."""
+    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]
+    users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
+    rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
+    _refuse_unknown(interactions, rated, catalog)
+    return users, rated
+
+
+def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    """(exact count of every catalog item, exact number of units): user level, each distinct
+    (user, item) once and each user's keyed sample of at most K items (a repeated rating must not
+    add twice, or a user's count vector could move by K in one coordinate instead of sqrt(K) in L2
+    norm); example level, every row. Private: they are only ever noised."""
+    if unit == "user":
+        pairs = np.unique(np.stack([users, rated], axis=1), axis=0)
+        users, rated = pairs[:, 0], pairs[:, 1]
+        rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
+    units = np.unique(users).size if unit == "user" else users.size
+    return np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64), int(units)
+
+
+def check_rows_on_spark(spark, interactions: str, catalog: np.ndarray) -> None:
+    """`read_rows`'s refusals, on Spark: an interaction without ids or with a label that is not a
+    finite number, or of an item missing from the catalog."""
+    from pyspark.sql import functions as F
+
+    from pipelines.spark import readable_tables
+
+    with readable_tables(spark, interactions) as (files,):
+        rows = spark.read.parquet(*files).select("user_id", "item_id")
+        if rows.filter(F.col("user_id").isNull() | F.col("item_id").isNull()).limit(1).count():
+            raise ValueError(f"{interactions}: an interaction has no user or item id")
+        label = F.col("label")
+        bad = spark.read.parquet(*files).filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
+        if bad:
+            raise ValueError(f"{interactions}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")
+        known = spark.createDataFrame(pa.table({"item_id": catalog}).to_pandas()).hint("broadcast")
+        unknown = rows.join(known, "item_id", "left_anti").select("item_id").distinct().limit(1).collect()
+    if unknown:
+        raise ValueError(f"{interactions}: interactions refer to items missing from the catalog (e.g. {unknown[0]['item_id']})")
+
+
+def spark_aggregates(spark, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    """`exact_aggregates` on Spark (rows checked by `check_rows_on_spark`): the rows stay on the
+    executors, the driver receives one count per rated item and the number of units; the same
+    numbers, so the same release for the same seed."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipelines.spark import readable_tables
+
+    def with_hash(batches):
+        for batch in batches:
+            h = sampling_hash(batch.column("user_id").to_numpy(), batch.column("item_id").to_numpy(), key)
+            # the unsigned order of the hash is the signed order with the top bit flipped (Spark's longs are signed)
+            yield batch.append_column("hash", pa.array((h ^ np.uint64(1 << 63)).view(np.int64)))
+
+    with readable_tables(spark, interactions) as (files,):
+        rows = spark.read.parquet(*files).select("user_id", "item_id")
+        if unit == "user":
+            rows = rows.distinct()
+            units = rows.select("user_id").distinct().count()
+            rank = F.row_number().over(Window.partitionBy("user_id").orderBy("hash", "item_id"))
+            rows = rows.mapInArrow(with_hash, "user_id long, item_id long, hash long").withColumn("rank", rank).filter(F.col("rank") <= max_items_per_user)
+        else:
+            units = rows.count()
+        per_item = rows.groupBy("item_id").count().collect()  # at most one row per catalog item
+    exact = np.zeros(catalog.size)
+    exact[np.searchsorted(catalog, np.array([row["item_id"] for row in per_item], dtype=np.int64))] = [row["count"] for row in per_item]
+    return exact, int(units)
+
+
+def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -> None:
+    unknown = rated[~np.isin(rated, catalog)]
+    if unknown.size:
+        raise ValueError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
+
+
 def dp_counts(
     interactions: str, items: str, out: str, privacy: release.PrivacySettings, unit: str = "user",
-    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None,
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, spark=None,
 ) -> dict:
-    """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary."""
+    """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
+    With a Spark session the exact counts are aggregated on Spark (`spark_aggregates`), else here."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
         raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     if unit not in ("user", "example"):
         raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
     catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
-    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]
-    users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
-    rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
-    unknown = rated[~np.isin(rated, catalog)]
-    if unknown.size:
-        raise ValueError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
-
+    if spark is None:
+        users, rated = read_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
+    else:
+        check_rows_on_spark(spark, interactions, catalog)
     ledger = privacy.open_ledger(ledger_path, unit)
     seeds = release.open_seed_file(seed_file, ledger_path)
+    key = sampling_key(seeds.seed)
+    if spark is None:
+        exact, units = exact_aggregates(users, rated, catalog, unit, max_items_per_user, key)
+    else:
+        exact, units = spark_aggregates(spark, interactions, catalog, unit, max_items_per_user, key)
     multiplier = ledger.budget["multipliers"]["counts"]
     sensitivity = math.sqrt((max_items_per_user if unit == "user" else 1) + 1)  # the item counts and the number of units
     description = {
@@ -96,16 +190,6 @@ def dp_counts(
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
     logs.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
-
-    if unit == "user":
-        # one count per distinct (user, item): a repeated rating must not add twice, or a user's
-        # count vector could move by K in one coordinate instead of sqrt(K) in L2 norm
-        pairs = np.unique(np.stack([users, rated], axis=1), axis=0)
-        users, rated = pairs[:, 0], pairs[:, 1]
-        key = int.from_bytes(hmac.new(seeds.seed, b"ssp-count-sampling", hashlib.sha256).digest()[:8], "big")
-        rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
-    units = np.unique(users).size if unit == "user" else users.size  # exact: never written, only noised
-    exact = np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64)
     noised = add_noise(standard_normal(seeds.seed, index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
     counts = np.maximum(noised, 1.0)
     noised_units = add_noise(standard_normal(units_noise_seed(seeds.seed), index, np.zeros(1, np.int64), 1)[:, 0], multiplier * sensitivity,

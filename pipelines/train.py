@@ -463,10 +463,11 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
     return tuple(prepared.get("rating_range", (0.5, 5.0)))
 
 
-def prepare(config: TrainConfig, progress: bool = True) -> dict:
+def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
-    is left as it is (a different configuration is refused)."""
+    is left as it is (a different configuration is refused). With a Spark session the DP counts are
+    aggregated on Spark (the same release)."""
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -505,7 +506,7 @@ def prepare(config: TrainConfig, progress: bool = True) -> dict:
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
-    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path)
+    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, spark=spark)
     counts = storage.read_table(run.counts)
     units = dpsgd_multiplier = None
     if config.item_update == "dpsgd":  # plan the DP-SGD sampling over the DP number of users (released with the counts)
@@ -764,9 +765,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     """
     with run_directory(config):
         layout = Run(config.out)
-        prepare(config, progress)
 
-        def steps(active_spark):
+        def stages(active_spark):
+            prepare(config, progress, active_spark)
             for s in range(1, config.outer_steps + 1):
                 if s in layout.read_manifest()["steps_done"]:
                     continue
@@ -777,12 +778,12 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
             user_update.run_step(active_spark, layout.root, None)
 
         if spark is not None:
-            steps(spark)
+            stages(spark)
         else:
             from pipelines.spark import session
 
             with session("ssp-train") as own:
-                steps(own)
+                stages(own)
         return evaluate(layout)
 
 
