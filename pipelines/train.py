@@ -466,8 +466,8 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
 def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
-    is left as it is (a different configuration is refused). With a Spark session the DP counts are
-    aggregated on Spark (the same release)."""
+    is left as it is (a different configuration is refused). With a Spark session the DP counts and
+    the DP mean's sums are aggregated on Spark (the same releases)."""
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -514,7 +514,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
         dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
     mean = 0.0
     if config.protocol == "rmse":
-        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit)["mean"]
+        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, spark=spark)["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)

@@ -1,0 +1,42 @@
+"""The DP mean's weighted sums, by hand, and the same on Spark; the release for the same seed."""
+
+import pyarrow as pa
+import pytest
+
+from pipelines.mean import dp_mean, spark_weighted_sums, weighted_sums
+from pipelines.release import PrivacySettings
+from privacy.seeds import SeedFile
+from schemas import storage
+from schemas.tables import INTERACTIONS
+
+RANGE = (0.5, 5.0)  # middle 2.75
+
+
+@pytest.fixture
+def rows(tmp_path):
+    """User 1 rates 5 and 1, user 2 rates 4, user 3 rates 0.2 (clipped to 0.5)."""
+    path = str(tmp_path / "rows.parquet")
+    storage.write_table(pa.table({"user_id": [1, 1, 2, 3], "item_id": [10, 20, 10, 30], "label": [5.0, 1.0, 4.0, 0.2], "timestamp": [0] * 4},
+                                 schema=INTERACTIONS), path)
+    return path
+
+
+def test_each_user_adds_at_most_the_cap(rows):
+    # cap 1: user 1's ratings weigh 1/2 each; centred labels 2.25, -1.75 | 1.25 | -2.25
+    assert weighted_sums(rows, RANGE, "user", 1.0) == pytest.approx((0.5 * (2.25 - 1.75) + 1.25 - 2.25, 0.5 * 2 + 1 + 1))
+    assert weighted_sums(rows, RANGE, "user", 50.0) == pytest.approx((2.25 - 1.75 + 1.25 - 2.25, 4.0))  # under the cap: every rating 1
+    assert weighted_sums(rows, RANGE, "example", 1.0) == pytest.approx((-0.5, 4.0))
+
+
+@pytest.mark.parametrize("unit, cap", [("user", 1.0), ("user", 50.0), ("example", 1.0)])
+def test_spark_gives_the_same_sums(spark, rows, unit, cap):
+    assert spark_weighted_sums(spark, rows, RANGE, unit, cap) == pytest.approx(weighted_sums(rows, RANGE, unit, cap), rel=1e-12, abs=1e-12)
+
+
+def test_the_release_on_spark_is_the_in_process_one(spark, rows, tmp_path):
+    SeedFile.create(str(tmp_path / "seed"))
+    released = {}
+    for engine, session in (("local", None), ("spark", spark)):
+        ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / engine / "ledger.parquet"), "user")
+        released[engine] = dp_mean(rows, ledger, SeedFile.load(str(tmp_path / "seed")), RANGE, spark=session)
+    assert released["spark"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0
