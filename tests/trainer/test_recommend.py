@@ -13,7 +13,7 @@ from trainer.recommend import PublishedModel
 
 
 def publication(folder, protocol="rmse", threshold=None) -> str:
-    """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3."""
+    """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3 (local or gs://)."""
     path = str(folder)
     storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]}, schema=ITEM_EMBEDDINGS),
                         storage.join(path, "item_embeddings.parquet"))
@@ -56,3 +56,13 @@ def test_a_regression_model_needs_the_ratings_and_a_bad_k_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot embed new items"):
         model.embed_new_items(pa.table({"item_id": [5]}))
     assert json.load(open(tmp_path / "model.json"))["dim"] == 2
+
+
+def test_a_publication_and_histories_on_gcs(gcs_path):
+    from pipelines import cli
+
+    model = publication(f"{gcs_path}/published")
+    storage.write_table(pa.table({"user_id": [7], "item_id": [10], "label": [4.0]}), f"{gcs_path}/history.parquet")
+    assert cli.main(["recommend", "--model", model, "--history", f"{gcs_path}/history.parquet", "--k", "2", "--exclude-seen",
+                     "--out", f"{gcs_path}/top.parquet"]) == 0
+    assert storage.read_table(f"{gcs_path}/top.parquet")["item_id"].to_pylist() == [30, 20]
