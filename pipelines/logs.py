@@ -16,9 +16,6 @@ LOGGER = logging.getLogger("ssp")
 class _Stderr(logging.StreamHandler):
     """A handler that writes to whatever `sys.stderr` is at the time (as logging's last resort does)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property
     def stream(self):
         return sys.stderr

@@ -221,7 +221,7 @@ def export(encoder: ItemEncoder, path: str) -> None:
     module.embed = embed
     signatures = {"embed": embed}
     if encoder.kind == "features":
-        families = [family for family in feature_families(encoder.space)]
+        families = feature_families(encoder.space)
         module.vocabularies = [_vocabulary_table(family.vocabulary) for family in families]
 
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from schemas.tables import MULTIVALENT, UNIVALENT, item_features, validate_items
+from schemas.tables import item_features, validate_items
 
 ITEM_ID_FAMILY = "item_id"
 
@@ -31,7 +31,6 @@ class Family:
     vocabulary: list[str]  # value of id k is vocabulary[k - 1]; id 0 = unknown
     values: np.ndarray  # int64 value ids, all items concatenated
     row_splits: np.ndarray  # item i's ids are values[row_splits[i]:row_splits[i + 1]]
-    kind: str = MULTIVALENT  # or UNIVALENT: at most one value per item
 
     @property
     def size(self) -> int:
@@ -56,19 +55,12 @@ class FeatureSpace:
             raise ValueError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
         out = []
         for name in chosen:
-            column = items[name].combine_chunks() if isinstance(items[name], pa.ChunkedArray) else items[name]
-            if declared[name] == MULTIVALENT:
-                lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                flat = pc.cast(column.flatten(), pa.string()).to_numpy(zero_copy_only=False)
-            else:
-                valid = column.is_valid().to_numpy(zero_copy_only=False)
-                lengths = valid.astype(np.int64)
-                flat = pc.cast(column.drop_null(), pa.string()).to_numpy(zero_copy_only=False)
-            vocabulary, ids = np.unique(flat.astype(str), return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
-            out.append(Family(name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64), declared[name]))
+            lengths, flat = _column_values(items[name])
+            vocabulary, ids = np.unique(flat, return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
+            out.append(Family(name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64)))
         item_ids = items["item_id"].to_numpy()
         if use_item_id:
-            out.append(Family(ITEM_ID_FAMILY, [str(i) for i in item_ids], np.arange(1, item_ids.size + 1, dtype=np.int64), np.arange(item_ids.size + 1, dtype=np.int64), UNIVALENT))
+            out.append(Family(ITEM_ID_FAMILY, [str(i) for i in item_ids], np.arange(1, item_ids.size + 1, dtype=np.int64), np.arange(item_ids.size + 1, dtype=np.int64)))
         if not out:
             raise ValueError("the encoder needs at least one feature family (or the item id)")
         return cls(item_ids, out)
@@ -94,17 +86,24 @@ class FeatureSpace:
         return order[pos]
 
 
+def _column_values(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(number of values of each row, every value as a string, rows concatenated) of a feature
+    column: a bag (list<string>, repeats kept) or a single value (null: none)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths, flat = pc.list_value_length(column).fill_null(0), column.flatten()
+    else:
+        lengths, flat = column.is_valid(), column.drop_null()
+    return lengths.to_numpy(zero_copy_only=False).astype(np.int64), pc.cast(flat, pa.string()).to_numpy(zero_copy_only=False).astype(str)
+
+
 def value_strings(items: pa.Table, name: str) -> list[list[str]]:
     """Every row's values of feature family `name` as the strings the vocabularies hold (a bag's
     values in order; a univalent value as a one-element list, none when null): what the exported
     encoder's `embed_features` signature takes."""
-    column = items[name].combine_chunks() if isinstance(items[name], pa.ChunkedArray) else items[name]
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
-        flat = pc.cast(column.flatten(), pa.string()).to_pylist()
-        splits = np.r_[0, np.cumsum(lengths)]
-        return [flat[splits[i]:splits[i + 1]] for i in range(len(column))]
-    return [[] if value is None else [value] for value in pc.cast(column, pa.string()).to_pylist()]
+    lengths, flat = _column_values(items[name])
+    splits, values = np.r_[0, np.cumsum(lengths)], flat.tolist()
+    return [values[splits[i] : splits[i + 1]] for i in range(lengths.size)]
 
 
 def feature_families(space: FeatureSpace) -> list:
