@@ -66,8 +66,8 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
     for start in range(0, evaluated.size, 1024):
         chunk = evaluated[start : start + 1024]
         scores = solved[np.searchsorted(users, chunk)] @ item_vectors.T
-        hist = _mask(chunk, h_users, h_positions, item_vectors.shape[0])
-        targ = _mask(chunk, t_users, t_positions, item_vectors.shape[0])
+        hist = user_item_mask(chunk, h_users, h_positions, item_vectors.shape[0])
+        targ = user_item_mask(chunk, t_users, t_positions, item_vectors.shape[0])
         per_user.append(metrics.recall_at_k_per_user(scores, hist, targ, k))
         top = metrics.top_k_mask(scores, hist, k)
         for b in range(buckets):
@@ -80,7 +80,8 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
     return {"recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)), "sliced": sliced, "users": int(evaluated.size)}
 
 
-def _mask(chunk_users: np.ndarray, users: np.ndarray, positions: np.ndarray, m: int) -> np.ndarray:
+def user_item_mask(chunk_users: np.ndarray, users: np.ndarray, positions: np.ndarray, m: int) -> np.ndarray:
+    """(chunk users x m) booleans: True where a row (users, positions) puts a chunk user on a catalog position."""
     mask = np.zeros((chunk_users.size, m), dtype=bool)
     rows = np.isin(users, chunk_users)
     mask[np.searchsorted(chunk_users, users[rows]), positions[rows]] = True

@@ -30,6 +30,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
+from trainer.evaluate import user_item_mask
 from trainer.solve import ridge_solve
 
 MODEL_SETTINGS = "model.json"
@@ -149,16 +150,14 @@ class PublishedModel:
             found = np.isin(chunk, solved_users)  # a user with no usable history scores every item 0: ranked by index
             u[found] = solved[np.searchsorted(solved_users, chunk[found])]
             scores = u @ vectors.T
-            seen = np.zeros(scores.shape, dtype=bool)
-            if exclude_seen:
-                rows = np.isin(users, chunk) & known  # every item of the history, liked or not
-                seen[np.searchsorted(chunk, users[rows]), np.searchsorted(self.item_ids, items[rows])] = True
-            top = metrics.top_k_mask(scores, seen, k) & ~seen
-            for row, user in enumerate(chunk):
-                chosen = np.flatnonzero(top[row])
-                chosen = chosen[np.lexsort((chosen, -scores[row, chosen]))]
-                out.append(pa.table({"user_id": np.full(chosen.size, user), "rank": np.arange(1, chosen.size + 1, dtype=np.int32),
-                                     "item_id": catalog_ids[chosen], "score": scores[row, chosen]}, schema=RECOMMENDATIONS))
+            # every item of the history, liked or not
+            seen = user_item_mask(chunk, users[known], np.searchsorted(self.item_ids, items[known]), scores.shape[1]) if exclude_seen else np.zeros(scores.shape, bool)
+            rows, cols = np.nonzero(metrics.top_k_mask(scores, seen, k) & ~seen)
+            order = np.lexsort((cols, -scores[rows, cols], rows))  # each user's best first, ties by catalog position
+            rows, cols = rows[order], cols[order]
+            rank = np.arange(rows.size) - np.searchsorted(rows, rows) + 1
+            out.append(pa.table({"user_id": chunk[rows], "rank": rank.astype(np.int32), "item_id": catalog_ids[cols], "score": scores[rows, cols]},
+                                schema=RECOMMENDATIONS))
         return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
 
 
