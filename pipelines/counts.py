@@ -105,16 +105,13 @@ def check_rows_on_spark(spark, interactions: str, catalog: np.ndarray) -> None:
     finite number, or of an item missing from the catalog."""
     from pyspark.sql import functions as F
 
-    from pipelines.spark import readable_tables
+    from pipelines.spark import readable_tables, refuse_non_finite_labels
 
     with readable_tables(spark, interactions) as (files,):
-        rows = spark.read.parquet(*files).select("user_id", "item_id")
+        rows = spark.read.parquet(*files).select("user_id", "item_id", "label")
         if rows.filter(F.col("user_id").isNull() | F.col("item_id").isNull()).limit(1).count():
             raise ValueError(f"{interactions}: an interaction has no user or item id")
-        label = F.col("label")
-        bad = spark.read.parquet(*files).filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
-        if bad:
-            raise ValueError(f"{interactions}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")
+        refuse_non_finite_labels(rows, interactions)
         known = spark.createDataFrame(pa.table({"item_id": catalog}).to_pandas()).hint("broadcast")
         unknown = rows.join(known, "item_id", "left_anti").select("item_id").distinct().limit(1).collect()
     if unknown:

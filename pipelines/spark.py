@@ -137,3 +137,14 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
                 raise ValueError(f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
                                  "(Dataproc images carry it) or run the job with a local master")
         yield files
+
+
+def refuse_non_finite_labels(rows, table: str) -> None:
+    """Refuse an interactions DataFrame with a missing, NaN or infinite label (naming the first row):
+    such a label would noise or solve to NaN."""
+    from pyspark.sql import functions as F
+
+    label = F.col("label")
+    bad = rows.filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
+    if bad:
+        raise ValueError(f"{table}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")

@@ -34,7 +34,7 @@ import pyarrow as pa  # noqa: E402
 from pipelines.lock import existing_run_lock  # noqa: E402
 from pipelines.logs import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
-from pipelines.spark import readable_tables  # noqa: E402
+from pipelines.spark import readable_tables, refuse_non_finite_labels  # noqa: E402
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402
 from schemas import storage  # noqa: E402
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
@@ -89,7 +89,6 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     system: the item embeddings are released data, so this costs no privacy.
     """
     from pyspark import TaskContext
-    from pyspark.sql import functions as F
 
     if not np.isfinite(lambda_u) or lambda_u <= 0:
         raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
@@ -105,10 +104,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
         missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
         if missing:
             raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
-        label = F.col("label")
-        bad = rated.filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
-        if bad:  # a NaN or infinite label would solve to a NaN embedding
-            raise ValueError(f"{interactions}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")
+        refuse_non_finite_labels(rated, interactions)  # a NaN or infinite label would solve to a NaN embedding
         joined = rated.join(vectors.hint("broadcast"), "item_id")
         by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
         staged = storage.StagedWrite(out)

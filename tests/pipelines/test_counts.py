@@ -150,4 +150,7 @@ def test_spark_refuses_what_the_local_reader_refuses(spark, tmp_path):
     interactions, items = write(tmp_path, [(1, 5), (1, 99)], [5])
     with pytest.raises(ValueError, match=r"items missing from the catalog \(e.g. 99\)"):
         dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), spark=spark)
+    storage.write_table(pa.table({"user_id": [1, 2], "item_id": [5, 5], "label": [4.0, float("nan")], "timestamp": [0, 0]}, schema=INTERACTIONS), interactions)
+    with pytest.raises(ValueError, match=r"the label of user 2, item 5 is not finite \(nan\)"):
+        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), spark=spark)
     assert not (tmp_path / "out").exists()
