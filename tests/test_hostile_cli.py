@@ -365,3 +365,28 @@ def test_sigterm_unwinds_like_ctrl_c_and_the_run_resumes(tmp_path, dataset):
     assert child.returncode == 143 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("ssp train: terminated; nothing partial was published")
     assert ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4).returncode == 0
+
+
+def test_the_own_data_paths_refuse_bad_input_in_one_line(tmp_path):
+    """`ssp ingest` of generic tables and `ssp recommend`, through the installed binary: a missing
+    column, a table that is not there, a folder that is not a publication. Nothing is written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"customer": [1, 2], "product": [10, 10]}), tmp_path / "clicks.parquet")
+    pq.write_table(pa.table({"product": [10], "brand": ["acme"]}), tmp_path / "products.parquet")
+    flags = ["--interactions", tmp_path / "clicks.parquet", "--catalog", tmp_path / "products.parquet", "--features", "brand:value", "--out", tmp_path / "data"]
+    assert_refused(ssp("ingest", *flags), "products.parquet", "'item_id'", "product, brand")  # --item-col not given: the default column is missing
+    named = ["--user-col", "customer", "--item-col", "product"]
+    assert_refused(ssp("ingest", *flags[:1], tmp_path / "nowhere.parquet", *flags[2:], *named), "nowhere.parquet")
+    assert ssp("ingest", *flags, *named).returncode == 0 and (tmp_path / "data" / "manifest.json").exists()  # the same tables, columns named
+    shutil.rmtree(tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "history.csv").write_text("user_id,item_id\n1,10\n")
+    assert_refused(ssp("recommend", "--model", tmp_path, "--history", tmp_path / "history.csv"), "is not a complete publication")
+    from tests.trainer.test_recommend import publication
+
+    model = publication(tmp_path / "published")
+    assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "missing.csv"), "missing.csv", "does not exist")
+    assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "history.csv"), "needs a label column")  # a model of ratings
+    assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "clicks.parquet"), "the history has no 'user_id' column (columns: customer, product)")
