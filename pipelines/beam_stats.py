@@ -367,7 +367,7 @@ def run(job: stats_job.StatsJob, pipeline_options: PipelineOptions | None = None
     manifests = storage.join(job.out, f"{MANIFESTS}{uuid.uuid4().hex}")
     try:
         try:
-            with beam.Pipeline(options=pipeline_options or PipelineOptions()) as pipeline:
+            with beam.Pipeline(options=pipeline_options or PipelineOptions([])) as pipeline:
                 build(pipeline, job, manifests)
         except BaseException:
             _discard_parts(job, manifests)

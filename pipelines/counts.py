@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines import logs, release
+from pipelines.engines import add_engine_argument, engine_of
 from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import digest_table, mix64
@@ -80,11 +81,22 @@ def sampling_key(seed: bytes) -> int:
 def read_rows(interactions: str, catalog: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(user ids, item ids) of every interaction, validated, in this process; refuses an item missing
     from the catalog."""
-    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]
+    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]  # the engines: row_problem
     users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
     rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
     _refuse_unknown(interactions, rated, catalog)
     return users, rated
+
+
+def row_problem(batch: pa.RecordBatch, catalog: np.ndarray) -> str | None:
+    """What `read_rows` refuses in one batch of interactions, as its message; None when it is fine.
+    The engines check their tables batch by batch with it, so they refuse with the same words."""
+    try:
+        table = validate_interactions(pa.Table.from_batches([batch]))
+    except ValueError as exc:
+        return str(exc)
+    unknown = np.setdiff1d(table["item_id"].to_numpy(), catalog)
+    return f"interactions refer to items missing from the catalog (e.g. {unknown[0]})" if unknown.size else None
 
 
 def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
@@ -100,54 +112,6 @@ def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, 
     return np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64), int(units)
 
 
-def check_rows_on_spark(spark, interactions: str, catalog: np.ndarray) -> None:
-    """`read_rows`'s refusals, on Spark: an interaction without ids or with a label that is not a
-    finite number, or of an item missing from the catalog."""
-    from pyspark.sql import functions as F
-
-    from pipelines.spark import readable_tables, refuse_non_finite_labels
-
-    with readable_tables(spark, interactions) as (files,):
-        rows = spark.read.parquet(*files).select("user_id", "item_id", "label")
-        if rows.filter(F.col("user_id").isNull() | F.col("item_id").isNull()).limit(1).count():
-            raise ValueError(f"{interactions}: an interaction has no user or item id")
-        refuse_non_finite_labels(rows, interactions)
-        known = spark.createDataFrame(pa.table({"item_id": catalog}).to_pandas()).hint("broadcast")
-        unknown = rows.join(known, "item_id", "left_anti").select("item_id").distinct().limit(1).collect()
-    if unknown:
-        raise ValueError(f"{interactions}: interactions refer to items missing from the catalog (e.g. {unknown[0]['item_id']})")
-
-
-def spark_aggregates(spark, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
-    """`exact_aggregates` on Spark (rows checked by `check_rows_on_spark`): the rows stay on the
-    executors, the driver receives one count per rated item and the number of units; the same
-    numbers, so the same release for the same seed."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from pipelines.spark import readable_tables
-
-    def with_hash(batches):
-        for batch in batches:
-            h = sampling_hash(batch.column("user_id").to_numpy(), batch.column("item_id").to_numpy(), key)
-            # the unsigned order of the hash is the signed order with the top bit flipped (Spark's longs are signed)
-            yield batch.append_column("hash", pa.array((h ^ np.uint64(1 << 63)).view(np.int64)))
-
-    with readable_tables(spark, interactions) as (files,):
-        rows = spark.read.parquet(*files).select("user_id", "item_id")
-        if unit == "user":
-            rows = rows.distinct()
-            units = rows.select("user_id").distinct().count()
-            rank = F.row_number().over(Window.partitionBy("user_id").orderBy("hash", "item_id"))
-            rows = rows.mapInArrow(with_hash, "user_id long, item_id long, hash long").withColumn("rank", rank).filter(F.col("rank") <= max_items_per_user)
-        else:
-            units = rows.count()
-        per_item = rows.groupBy("item_id").count().collect()  # at most one row per catalog item
-    exact = np.zeros(catalog.size)
-    exact[np.searchsorted(catalog, np.array([row["item_id"] for row in per_item], dtype=np.int64))] = [row["count"] for row in per_item]
-    return exact, int(units)
-
-
 def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -> None:
     unknown = rated[~np.isin(rated, catalog)]
     if unknown.size:
@@ -156,27 +120,28 @@ def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -
 
 def dp_counts(
     interactions: str, items: str, out: str, privacy: release.PrivacySettings, unit: str = "user",
-    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, spark=None,
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, engine=None,
 ) -> dict:
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
-    With a Spark session the exact counts are aggregated on Spark (`spark_aggregates`), else here."""
+    With an engine (pipelines.prepare_spark, pipelines.prepare_beam) the exact counts are
+    aggregated there, else in this process."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
         raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     if unit not in ("user", "example"):
         raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
     catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
-    if spark is None:
+    if engine is None:
         users, rated = read_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
     else:
-        check_rows_on_spark(spark, interactions, catalog)
+        engine.check_count_rows(interactions, catalog)
     ledger = privacy.open_ledger(ledger_path, unit)
     seeds = release.open_seed_file(seed_file, ledger_path)
     key = sampling_key(seeds.seed)
-    if spark is None:
+    if engine is None:
         exact, units = exact_aggregates(users, rated, catalog, unit, max_items_per_user, key)
     else:
-        exact, units = spark_aggregates(spark, interactions, catalog, unit, max_items_per_user, key)
+        exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
     multiplier = ledger.budget["multipliers"]["counts"]
     sensitivity = math.sqrt((max_items_per_user if unit == "user" else 1) + 1)  # the item counts and the number of units
     description = {
@@ -208,12 +173,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: counts.parquet (and ledger.parquet unless --ledger)")
     parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
     parser.add_argument("--max-items-per-user", type=int, default=DEFAULT_MAX_ITEMS_PER_USER, help="K: items a user contributes at most (user level; default: %(default)s)")
+    add_engine_argument(parser)
     release.add_privacy_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
-                        args.max_items_per_user, args.ledger, args.seed_file)
+    with engine_of(args.engine) as engine:
+        summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
+                            args.max_items_per_user, args.ledger, args.seed_file, engine)
     print(f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
           f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
     return 0

@@ -25,13 +25,16 @@ from schemas.arrays import list_column_to_matrix
 
 
 def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, dim: int, clip_u: float, step: int) -> np.ndarray:
-    """Release the Gram matrix of step `step`'s user embeddings; returns it (d x d, PSD)."""
-    table = storage.read_table(user_embeddings)
-    u = clip_rows(list_column_to_matrix(table["embedding"], dim, "user embedding"), clip_u)
+    """Release the Gram matrix of step `step`'s user embeddings; returns it (d x d, PSD). The
+    embeddings are streamed: memory grows with d, not with the number of users."""
+    gram = np.zeros((dim, dim))
+    for batch in storage.iter_batches(user_embeddings, columns=["embedding"]):
+        u = clip_rows(list_column_to_matrix(batch.column("embedding"), dim, "user embedding"), clip_u)
+        gram += u.T @ u
     multiplier = ledger.budget["multipliers"].get("gram", 0.0)
     description = {"clip_u": clip_u, "dim": dim, "inputs": {"user_embeddings": digest_table(user_embeddings)}}
     index = release.make_release(ledger, seeds, f"step-{step}/gram", accounting.gaussian_event(multiplier), description)
-    packed = pack_upper(u.T @ u)
+    packed = pack_upper(gram)
     if multiplier > 0:
         packed = add_noise(standard_normal(seeds.seed, index, np.array([0]), packed.size)[0], multiplier * clip_u**2, packed)  # on the noise's grid
     logs.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")

@@ -15,9 +15,8 @@ name "mean"). Example level: c = 1 and the sensitivities are (max - min) / 2 and
 from __future__ import annotations
 
 import math
-from functools import partial
-
 import numpy as np
+import pyarrow as pa
 
 from pipelines import logs, release
 from privacy import accounting
@@ -25,16 +24,15 @@ from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile, digest_table
 from schemas import storage
+from schemas.tables import INTERACTIONS
 
 DEFAULT_USER_CAP = 50.0
 
 
-def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
-    """(weighted sum of the labels about the middle of the range, weighted count), in this process."""
+def weighted_sums_of(users: np.ndarray, labels: np.ndarray, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+    """(weighted sum of the labels about the middle of the range, weighted count) of complete users' rows."""
     low, high = rating_range
-    table = storage.read_table(interactions, columns=["user_id", "label"])
-    users = table["user_id"].to_numpy()
-    labels = np.clip(table["label"].to_numpy(), low, high) - (low + high) / 2  # in [-half, half]: half the sensitivity of raw labels
+    labels = np.clip(labels, low, high) - (low + high) / 2  # in [-half, half]: half the sensitivity of raw labels
     if unit == "user":
         _, inverse, per_user = np.unique(users, return_inverse=True, return_counts=True)
         weights = np.minimum(1.0, user_cap / per_user[inverse])
@@ -43,38 +41,33 @@ def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: st
     return float(weights @ labels), float(weights.sum())
 
 
-def spark_weighted_sums(spark, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
-    """`weighted_sums` on Spark: per-user sums on the executors, two numbers to the driver (equal to
-    float64 rounding: the order of the additions differs)."""
-    from pyspark.sql import functions as F
+def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+    """`weighted_sums_of` every row of `interactions`, in this process."""
+    table = storage.read_table(interactions, columns=["user_id", "label"])
+    return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
 
-    from pipelines.spark import readable_tables
 
-    low, high = rating_range
-    with readable_tables(spark, interactions) as (files,):
-        rows = spark.read.parquet(*files).select("user_id", F.least(F.greatest(F.col("label"), F.lit(low)), F.lit(high)).alias("label"))
-        centred = F.col("label") - F.lit((low + high) / 2)
-        if unit == "user":
-            per_user = rows.groupBy("user_id").agg(F.sum(centred).alias("total"), F.count(F.lit(1)).alias("n"))
-            weight = F.least(F.lit(1.0), F.lit(user_cap) / F.col("n"))
-            sums = per_user.agg(F.sum(weight * F.col("total")).alias("sum"), F.sum(weight * F.col("n")).alias("count")).first()
-        else:
-            sums = rows.agg(F.sum(centred).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
-    return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
+def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None) -> pa.Table:
+    """Training rows with labels centred by the DP mean (regression) or set to 1 (ranking:
+    positives), restricted to `keep_items` when given. Row-local."""
+    if keep_items is not None:
+        table = table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
+    labels = np.ones(table.num_rows) if protocol == "recall" else table["label"].to_numpy() - mean
+    return table.set_column(2, INTERACTIONS.field("label"), pa.array(labels, pa.float64()))
 
 
 def dp_mean(
     interactions: str, ledger: Ledger, seeds: SeedFile, rating_range: tuple[float, float], unit: str = "user", user_cap: float = DEFAULT_USER_CAP,
-    spark=None,
+    engine=None,
 ) -> dict:
-    """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. With a Spark
-    session the weighted sums are computed on Spark (`spark_weighted_sums`)."""
+    """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. With an engine
+    (pipelines.prepare_spark, pipelines.prepare_beam) the weighted sums are computed there."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"rating range must be two finite numbers low < high, got {rating_range}")
     if not math.isfinite(user_cap) or user_cap <= 0:
         raise ValueError(f"the per-user cap of the mean must be > 0, got {user_cap}")
-    sums = weighted_sums if spark is None else partial(spark_weighted_sums, spark)
+    sums = weighted_sums if engine is None else engine.mean_sums
     total, count = sums(interactions, (low, high), unit, user_cap)
     middle, half = (low + high) / 2, (high - low) / 2
     scale = user_cap if unit == "user" else 1.0

@@ -47,15 +47,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.chunks import complete_users
 from pipelines.datasets import Dataset
+from pipelines.engines import add_engine_argument, engine_of
 from privacy.seeds import mix64
 from schemas import storage
-from schemas.tables import validate_interactions
+from schemas.tables import INTERACTIONS, validate_interactions
 
 DEFAULT_SEED = 1234
 DEFAULT_HOLDOUT = 0.2  # share of rows (rmse) or eligible users (recall) held out: half valid, half test
@@ -171,6 +176,8 @@ def split_heldout_users(
     *,
     holdout: float = DEFAULT_HOLDOUT,
     restrict_to_train_items: bool = True,
+    train_items: np.ndarray | None = None,
+    require_eligible: bool = True,
 ) -> dict[str, pa.Table]:
     """The ranking protocol of Liang et al. 2018 (VAE-CF), as used for ML20M by the DP-ALS papers,
     with row-local (hash) decisions instead of a global shuffle.
@@ -194,6 +201,10 @@ def split_heldout_users(
 
     Returns the tables train, valid_history, valid_targets, test_history, test_targets, each in
     (user_id, item_id, timestamp, label) order.
+
+    Every step but 4 is user-local, so an engine applies this to tables of complete users (with
+    `require_eligible` False: a chunk may have no eligible user) and gets the same rows, given in
+    `train_items` the items of every training user's positives (`train_items_of`).
     """
     if not 0.0 <= target_fraction < 1.0:
         raise ValueError(f"target_fraction must be in [0, 1), got {target_fraction}")
@@ -202,7 +213,7 @@ def split_heldout_users(
     users = table["user_id"].to_numpy()
     ids, inverse, counts = np.unique(users, return_inverse=True, return_counts=True)
     eligible = counts >= min_positives
-    if not eligible.any():
+    if require_eligible and not eligible.any():
         which = "rows" if positive_threshold is None else f"labels above {positive_threshold}"
         raise ValueError(f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none")
     group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]  # per row; -1: dropped
@@ -210,7 +221,9 @@ def split_heldout_users(
     items = table["item_id"].to_numpy()
     train_mask = group == 0
     split = {"train": table.filter(pa.array(train_mask))}
-    known_item = np.isin(items, np.unique(items[train_mask])) if restrict_to_train_items else np.ones(items.size, dtype=bool)
+    if train_items is None:
+        train_items = np.unique(items[train_mask])
+    known_item = np.isin(items, train_items) if restrict_to_train_items else np.ones(items.size, dtype=bool)
     target = row_uniform(seed, "recall-target", users, items) < target_fraction
     for index, name in ((1, "valid"), (2, "test")):
         rows = np.flatnonzero((group == index) & known_item)
@@ -258,6 +271,55 @@ def top_items(item_ids: np.ndarray, counts: np.ndarray, fraction: float = TRAIN_
 # Split folders
 
 
+@dataclass(frozen=True)
+class SplitRule:
+    """A protocol with its settings: what this process, or an engine on tables of complete users,
+    applies to the interactions (`make_split`)."""
+
+    protocol: str
+    seed: int = DEFAULT_SEED
+    holdout: float = DEFAULT_HOLDOUT
+    positive_threshold: float | None = POSITIVE_THRESHOLD  # recall only; None: implicit feedback
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return RATING_PARTS if self.protocol == "rmse" else HELDOUT_PARTS
+
+    @property
+    def needs_train_items(self) -> bool:
+        """Whether held-out rows are restricted to the training users' items (a first pass on an engine)."""
+        return self.protocol == "recall" and self.holdout > 0
+
+    def apply(self, table: pa.Table, train_items: np.ndarray | None = None, whole: bool = True) -> dict[str, pa.Table]:
+        """The parts of `table` (the whole log, or with `whole` False complete users of it)."""
+        if self.protocol == "rmse":
+            return split_ratings(table, self.seed, self.holdout)
+        return split_heldout_users(table, self.seed, self.positive_threshold, MIN_POSITIVES, TARGET_FRACTION, holdout=self.holdout,
+                                   train_items=train_items, require_eligible=whole)
+
+    def eligible_users(self, table: pa.Table) -> int:
+        """Users of `table` the recall protocol keeps (0 for rmse, which has no such rule)."""
+        return _eligible_users(table, self.positive_threshold) if self.protocol == "recall" else 0
+
+    def manifest(self, source: str) -> dict:
+        """split.json's description of the rule (the sizes are added when the tables are written)."""
+        fractions = {"train": 1.0 - self.holdout, "valid": self.holdout / 2, "test": self.holdout / 2}
+        document = {"protocol": self.protocol, "seed": int(self.seed), "holdout": self.holdout, "source": source, "assignment": "keyed hash (row-local)"}
+        if self.protocol == "rmse":
+            document["fractions"] = fractions  # of the rows
+        else:
+            document.update(
+                user_fractions=fractions,  # of the eligible users
+                positive_threshold=self.positive_threshold,
+                min_positives=MIN_POSITIVES,
+                target_fraction=TARGET_FRACTION,
+                min_target_rows=MIN_TARGET_ROWS,
+                restrict_heldout_to_train_items=True,
+                train_item_fraction=TRAIN_ITEM_FRACTION,
+            )
+        return document
+
+
 def _sizes(split: dict[str, pa.Table]) -> dict[str, dict[str, int]]:
     return {
         name: {"rows": table.num_rows, "users": int(pc.count_distinct(table["user_id"]).as_py())}
@@ -279,37 +341,32 @@ def write_split(split: dict[str, pa.Table], out: str, manifest: dict) -> dict:
     return document
 
 
-def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT) -> dict:
+def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT, engine=None) -> dict:
     """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
 
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
     against and the (private, exact) table sizes; for recall also the positive threshold used
-    (null for an implicit-feedback data set, where every row is a positive)."""
+    (null for an implicit-feedback data set, where every row is a positive). With an `engine`
+    (pipelines.engines) the rows are split there, users at a time, into the same tables; else
+    the whole log is read into this process."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
-    holdout = check_holdout(holdout)
+    rule = SplitRule(protocol, seed, check_holdout(holdout), positive_threshold_for(data))
+    manifest = rule.manifest(data.path)
+    if engine is not None:
+        storage.remove(storage.join(out, SPLIT_MANIFEST))
+        sizes, eligible = engine.split(data.interactions, rule, out)
+        if protocol == "recall":
+            manifest["n_eligible_users"] = eligible
+        document = {**manifest, "sizes": sizes}
+        storage.write_json(document, storage.join(out, SPLIT_MANIFEST))
+        return document
     interactions = storage.read_table(data.interactions)
     if interactions.num_rows == 0:
         raise ValueError(f"{data.path} has no interactions to split")
-    fractions = {"train": 1.0 - holdout, "valid": holdout / 2, "test": holdout / 2}
-    manifest = {"protocol": protocol, "seed": int(seed), "holdout": holdout, "source": data.path, "assignment": "keyed hash (row-local)"}
-    if protocol == "rmse":
-        split = split_ratings(interactions, seed, holdout)
-        manifest["fractions"] = fractions  # of the rows
-    else:
-        threshold = positive_threshold_for(data)
-        split = split_heldout_users(interactions, seed, threshold, MIN_POSITIVES, TARGET_FRACTION, holdout=holdout)
-        manifest.update(
-            user_fractions=fractions,  # of the eligible users
-            positive_threshold=threshold,
-            min_positives=MIN_POSITIVES,
-            target_fraction=TARGET_FRACTION,
-            min_target_rows=MIN_TARGET_ROWS,
-            restrict_heldout_to_train_items=True,
-            train_item_fraction=TRAIN_ITEM_FRACTION,
-            n_eligible_users=_eligible_users(interactions, threshold),
-        )
-    return write_split(split, out, manifest)
+    if protocol == "recall":
+        manifest["n_eligible_users"] = rule.eligible_users(interactions)
+    return write_split(rule.apply(interactions), out, manifest)
 
 
 def _eligible_users(interactions: pa.Table, threshold: float | None = POSITIVE_THRESHOLD) -> int:
@@ -318,6 +375,91 @@ def _eligible_users(interactions: pa.Table, threshold: float | None = POSITIVE_T
     users = _positives(_canonical(interactions), threshold)["user_id"].to_numpy()
     _, counts = np.unique(users, return_counts=True)
     return int((counts >= MIN_POSITIVES).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# On an engine: partitions of rows sorted by user
+
+
+SPLIT_WRITTEN = pa.schema([("table", pa.string()), ("name", pa.string()), ("rows", pa.int64()), ("users", pa.int64()), ("eligible", pa.int64())])
+
+
+def train_items_of(batches: Iterable[pa.RecordBatch], rule: SplitRule) -> Iterator[pa.RecordBatch]:
+    """The engines' first pass of a recall split: the distinct items of the training users'
+    positives in one partition of rows sorted by user (their union is `train_items`)."""
+    for table in complete_users(batches):
+        train = rule.apply(table, train_items=np.zeros(0, np.int64), whole=False)["train"]
+        yield pa.record_batch({"item_id": pa.array(np.unique(train["item_id"].to_numpy()), pa.int64())})
+
+
+def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: dict[str, storage.StagedWrite], part: int,
+                    train_items: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+    """Split one partition of rows sorted by user, complete users at a time, writing part `part` of
+    each table through `staged`; yields what was written (SPLIT_WRITTEN rows: table, file, rows,
+    users) and one row with the partition's eligible users (table ""). Each user's rows are in one
+    partition, so the sums over partitions are the tables' sizes."""
+    writers: dict[str, object] = {}
+    rows = dict.fromkeys(rule.parts, 0)
+    users = dict.fromkeys(rule.parts, 0)
+    eligible = 0
+    try:
+        for table in complete_users(batches):
+            eligible += rule.eligible_users(table)
+            for name, piece in rule.apply(table, train_items, whole=False).items():
+                if piece.num_rows == 0:
+                    continue
+                if name not in writers:
+                    writers[name] = staged[name].open_part(part, INTERACTIONS)
+                writers[name].write_table(piece.cast(INTERACTIONS))
+                rows[name] += piece.num_rows
+                users[name] += int(pc.count_distinct(piece["user_id"]).as_py())
+    finally:
+        for writer in writers.values():
+            writer.close()
+    names = list(writers)
+    yield pa.RecordBatch.from_pydict({
+        "table": names + [""], "name": [staged[name].part_name(part) for name in names] + [""],
+        "rows": [rows[name] for name in names] + [0], "users": [users[name] for name in names] + [0], "eligible": [0] * len(names) + [eligible],
+    }, schema=SPLIT_WRITTEN)
+
+
+@contextmanager
+def discarded_on_failure(staged: dict[str, storage.StagedWrite]):
+    """Discard what an engine's split staged when it fails (on a local disk the staging folders;
+    on gs:// the parts are unlisted and never published)."""
+    try:
+        yield
+    except BaseException:
+        for table in staged.values():
+            table.abort([])
+        raise
+
+
+def commit_split(rule: SplitRule, staged: dict[str, storage.StagedWrite], written: pa.Table, interactions: str) -> tuple[dict, int]:
+    """Publish the tables an engine's `split_partition` tasks wrote (a table no task wrote is an
+    empty one); returns (sizes, eligible users) for split.json. A recall split without eligible
+    users is refused, as in this process, and nothing is published."""
+    records = written.to_pylist()
+    eligible = sum(record["eligible"] for record in records)
+    problem = None
+    if rule.protocol == "recall" and eligible == 0:
+        which = "rows" if rule.positive_threshold is None else f"labels above {rule.positive_threshold}"
+        problem = f"the ranking protocol needs users with at least {MIN_POSITIVES} positives ({which}); there are none"
+    elif not any(record["table"] for record in records):
+        problem = f"{interactions} has no interactions to split"
+    if problem:
+        for name, table in staged.items():
+            table.abort([record["name"] for record in records if record["table"] == name])
+        raise ValueError(problem)
+    sizes = {}
+    for name in rule.parts:
+        mine = [record for record in records if record["table"] == name]
+        files = [record["name"] for record in mine]
+        if not files:  # an empty table: one file with the schema (no task wrote part 0)
+            files = [staged[name].write_part(0, INTERACTIONS.empty_table())]
+        staged[name].commit(files, sum(record["rows"] for record in mine))
+        sizes[name] = {"rows": sum(record["rows"] for record in mine), "users": sum(record["users"] for record in mine)}
+    return sizes, eligible
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,11 +479,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")
     parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
+    add_engine_argument(parser)
 
 
 def run(args: argparse.Namespace, data: Dataset) -> int:
     """Make the split and print one line per table (rows and users)."""
-    document = make_split(data, args.protocol, args.out, args.seed, args.holdout)
+    with engine_of(args.engine) as engine:
+        document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine)
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")

@@ -44,7 +44,7 @@ from pipelines import ingest, logs, release, splits, stats_job, user_update
 from pipelines.counts import DEFAULT_MAX_ITEMS_PER_USER, dp_counts, dp_units
 from pipelines.gram import dp_gram
 from pipelines.lock import existing_run_lock, run_lock
-from pipelines.mean import dp_mean
+from pipelines.mean import centred, dp_mean
 from pipelines.run_dir import Run, require_steps
 from pipelines.stats_core import StatsSettings
 from privacy import accounting
@@ -308,20 +308,32 @@ def _data_fingerprint(path: str) -> dict:
 
 def _run_identity(config: TrainConfig) -> dict:
     """The settings and data a run's seed is bound to (everything but where things are stored)."""
-    where = ("out", "seed_file", "data", "budget_account")  # where things are stored: the data are identified by content
+    where = ("out", "seed_file", "data", "budget_account", "engine")  # where things are stored or run: the data are identified by content, and every engine makes the same releases
     return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
 
 
-def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
-    """The training rows with labels centred by the DP mean (regression) or set to 1 (ranking:
-    positives), restricted to `keep_items` when given."""
+def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None, engine=None) -> None:
+    """The training rows centred by `mean.centred` (on the engine when given), written to `out`."""
+    if engine is not None:
+        engine.write_centred(train, out, mean, protocol, keep_items)
+        return
     with storage.TableWriter(out, INTERACTIONS) as writer:
         for batch in storage.iter_batches(train):
-            table = pa.Table.from_batches([batch])
-            if keep_items is not None:
-                table = table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
-            labels = np.ones(table.num_rows) if protocol == "recall" else table["label"].to_numpy() - mean
-            writer.write(table.set_column(2, INTERACTIONS.field("label"), pa.array(labels, pa.float64())))
+            writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items))
+
+
+def prepare_engine(config: TrainConfig, spark=None):
+    """Where the prepare stage's row work runs: on Beam when the run's stats job does, on Spark
+    when a session is given, else in this process (None)."""
+    if config.engine == "beam":
+        from pipelines.prepare_beam import BeamEngine
+
+        return BeamEngine(scratch=Run(config.out).private("beam"))
+    if spark is not None:
+        from pipelines.prepare_spark import SparkEngine
+
+        return SparkEngine(spark)
+    return None
 
 
 def ledger_multiplier(ledger_path: str) -> float:
@@ -466,8 +478,9 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
 def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
-    is left as it is (a different configuration is refused). With a Spark session the DP counts and
-    the DP mean's sums are aggregated on Spark (the same releases)."""
+    is left as it is (a different configuration is refused). The rows are split, counted, summed
+    and centred on the run's engine (`prepare_engine`): the same tables and releases as in this
+    process, without holding the log here."""
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -493,8 +506,9 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
         raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
                          "(--protocol rmse) has no ratings to predict; use --protocol recall")
     ratings = rating_range(config, data)
+    engine = prepare_engine(config, spark)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout)
+        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):
@@ -506,7 +520,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
     privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
-    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, spark=spark)
+    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, engine=engine)
     counts = storage.read_table(run.counts)
     units = dpsgd_multiplier = None
     if config.item_update == "dpsgd":  # plan the DP-SGD sampling over the DP number of users (released with the counts)
@@ -514,15 +528,15 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
         dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
     mean = 0.0
     if config.protocol == "rmse":
-        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, spark=spark)["mean"]
+        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, engine=engine)["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
-    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items)  # the user update's rows
+    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items, engine)  # the user update's rows
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
-        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered)  # the stats job's rows
+        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered, engine)  # the stats job's rows
 
     if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
         weights = np.ones(space.size)
@@ -946,7 +960,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shards": "part files per statistics table, the parallelism of the stats job's write",
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
-        "engine": "stats job engine: spark or beam",
+        "engine": "engine of the prepare stage (split, DP counts, DP mean, centred rows) and of the stats job: spark or beam "
+                  "(the user update runs on Spark)",
         "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
                        "its budget share is the statistics', and it ignores --gravity in the item update), or none (the starting point: "
@@ -1072,7 +1087,13 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.stage == "prepare":
         with run_directory(config):
-            prepare(config)
+            if config.engine == "beam":
+                prepare(config)
+            else:
+                from pipelines.spark import session
+
+                with session("ssp-prepare") as spark:
+                    prepare(config, spark=spark)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0
     print(describe(run(config)))

@@ -31,6 +31,7 @@ from collections.abc import Iterator  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from pipelines.chunks import complete_users  # noqa: E402
 from pipelines.lock import existing_run_lock  # noqa: E402
 from pipelines.logs import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
@@ -50,33 +51,13 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, stag
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table."""
     writer = None
     rows = 0
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-
-    def solve(tables):
-        nonlocal writer, rows
-        table = pa.Table.from_batches(tables).combine_chunks()
+    for table in complete_users(batches, SOLVE_ROWS):
         users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True, gravity=gravity)
         out = pa.Table.from_arrays([pa.array(users, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
             writer = staged.open_part(part, USER_EMBEDDINGS)
         writer.write_table(out)
         rows += out.num_rows
-
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        users = batch.column("user_id").to_numpy()
-        cut = int(np.searchsorted(users, users[-1], side="left"))
-        if cut > 0:
-            pending.append(batch.slice(0, cut))
-            pending_rows += cut
-            if pending_rows >= SOLVE_ROWS:
-                solve(pending)
-                pending, pending_rows = [], 0
-        pending.append(batch.slice(cut))
-    if pending:
-        solve(pending)
     if writer is not None:
         writer.close()
         yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows]}, schema=pa.schema([("name", pa.string()), ("rows", pa.int64())]))

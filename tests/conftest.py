@@ -109,3 +109,16 @@ def spark():
 
     with session("ssp-tests", "local[2]") as spark_session:
         yield spark_session
+
+
+@pytest.fixture(params=["spark", "beam"])
+def engine(request):
+    """Each engine the prepare stage runs on: Spark (the session above) and Beam's DirectRunner,
+    with small shards so that even a small table is spread over several."""
+    if request.param == "spark":
+        from pipelines.prepare_spark import SparkEngine
+
+        return SparkEngine(request.getfixturevalue("spark"))
+    from pipelines.prepare_beam import BeamEngine
+
+    return BeamEngine(shard_rows=50)

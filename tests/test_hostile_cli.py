@@ -204,11 +204,13 @@ def test_a_truncated_part_read_by_spark_is_one_line_naming_it(tmp_path, prepared
     assert java_stack_lines(result) == 0
 
 
-def test_a_truncated_part_read_by_arrow_is_one_line_naming_it(tmp_path, dataset):
+@pytest.mark.parametrize("engine, problem", [("local", "cannot be read as Parquet"), ("spark", "Could not read footer")])
+def test_a_truncated_part_is_one_line_naming_it(tmp_path, dataset, engine, problem):
+    """Read by Arrow in this process, or by Spark's reader: either way one line naming the part."""
     data = copy_of(dataset, tmp_path / "ds")
     part = next((data / "interactions.parquet").glob("part-*.parquet"))
     part.write_bytes(part.read_bytes()[:100_000])
-    assert_refused(ssp("split", "--data", data, "--protocol", "rmse", "--out", tmp_path / "split"), part, "cannot be read as Parquet")
+    assert_refused(ssp("split", "--data", data, "--protocol", "rmse", "--out", tmp_path / "split", "--engine", engine), part, problem)
     assert not (tmp_path / "split").exists()
 
 

@@ -365,8 +365,9 @@ def test_non_finite_labels_and_embeddings_are_refused_before_any_release(spark, 
     refused(capsys, "stats", *stats_flags(paths, run, **{"--interactions": interactions}), pattern=rf"interactions: column 'label', row 1: is not finite {shown} \(in .*interactions.parquet\)")
     refused(capsys, "stats", *stats_flags(paths, run, **{"--user-embeddings": user_embeddings}),
             pattern=rf"user embeddings: column 'embedding', row 1: holds a non-finite value {shown} \(in .*user_embeddings.parquet\)")
-    refused(capsys, "counts", "--interactions", interactions, "--items", paths["items"], "--out", tmp_path / "counts", "--ledger", run / "ledger.parquet", "--epsilon", "1",
-            pattern=rf"interactions: column 'label', row 1: is not finite {shown}")
+    for engine in ("local", "spark"):  # the same words: the engines check each batch as this process does
+        refused(capsys, "counts", "--interactions", interactions, "--items", paths["items"], "--out", tmp_path / "counts", "--ledger", run / "ledger.parquet",
+                "--epsilon", "1", "--engine", engine, pattern=rf"interactions: column 'label', row 1: is not finite {shown}")
     assert snapshot(run) == before and not (tmp_path / "counts").exists()
     refused(capsys, "user-update", "--interactions", paths["interactions"], "--item-embeddings", item_embeddings, "--out", tmp_path / "users",
             pattern=rf"item embeddings: column 'embedding', row 1: holds a non-finite value {shown}")

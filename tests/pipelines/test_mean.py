@@ -1,9 +1,9 @@
-"""The DP mean's weighted sums, by hand, and the same on Spark; the release for the same seed."""
+"""The DP mean's weighted sums, by hand, and the same on Spark and Beam; the release for the same seed."""
 
 import pyarrow as pa
 import pytest
 
-from pipelines.mean import dp_mean, spark_weighted_sums, weighted_sums
+from pipelines.mean import dp_mean, weighted_sums
 from pipelines.release import PrivacySettings
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -29,14 +29,14 @@ def test_each_user_adds_at_most_the_cap(rows):
 
 
 @pytest.mark.parametrize("unit, cap", [("user", 1.0), ("user", 50.0), ("example", 1.0)])
-def test_spark_gives_the_same_sums(spark, rows, unit, cap):
-    assert spark_weighted_sums(spark, rows, RANGE, unit, cap) == pytest.approx(weighted_sums(rows, RANGE, unit, cap), rel=1e-12, abs=1e-12)
+def test_an_engine_gives_the_same_sums(engine, rows, unit, cap):
+    assert engine.mean_sums(rows, RANGE, unit, cap) == pytest.approx(weighted_sums(rows, RANGE, unit, cap), rel=1e-12, abs=1e-12)
 
 
-def test_the_release_on_spark_is_the_in_process_one(spark, rows, tmp_path):
+def test_the_release_on_an_engine_is_the_in_process_one(engine, rows, tmp_path):
     SeedFile.create(str(tmp_path / "seed"))
     released = {}
-    for engine, session in (("local", None), ("spark", spark)):
-        ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / engine / "ledger.parquet"), "user")
-        released[engine] = dp_mean(rows, ledger, SeedFile.load(str(tmp_path / "seed")), RANGE, spark=session)
-    assert released["spark"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0
+    for name, where in (("local", None), ("engine", engine)):
+        ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / name / "ledger.parquet"), "user")
+        released[name] = dp_mean(rows, ledger, SeedFile.load(str(tmp_path / "seed")), RANGE, engine=where)
+    assert released["engine"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0

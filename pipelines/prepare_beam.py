@@ -1,0 +1,171 @@
+"""The prepare stage's row work on Apache Beam (any runner; DirectRunner by default): the split, the
+aggregates of the DP counts and the DP mean, and the centred training tables.
+
+The same contract as pipelines.prepare_spark: rows stay on the workers, and what comes back is
+per-item and per-release aggregates only, through a small JSON file in a scratch folder that the
+driver reads once the pipeline has finished (runner-agnostic: no driver-side collect). Users are
+sent to shards by a hash of the user id (splitmix64), each shard's rows are sorted by user and
+cut into complete users (pipelines.chunks), and the in-process math (pipelines.splits,
+pipelines.counts, pipelines.mean) runs on them: the tables and, for the same seed, the releases
+are this process's (counts exactly, the mean's sums to float64 rounding). A shard holds about
+`shard_rows` rows, so a worker's memory is bounded by that, not by the log.
+
+Privacy: reads private interactions and writes private tables (the split, the centred rows) and
+private aggregates (into the scratch folder, removed afterwards) in the run directory; releases
+nothing itself (pipelines.counts and pipelines.mean noise the aggregates and record the releases).
+The runner's workers must be inside the trusted zone, as for the Beam stats job.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import splits
+from pipelines.beam_stats import ReadTable
+from pipelines.counts import exact_aggregates, row_problem
+from pipelines.mean import centred, weighted_sums_of
+from privacy.seeds import mix64
+from schemas import storage
+from schemas.tables import INTERACTIONS
+
+SHARD_ROWS = 2_000_000  # rows per shard of users (a worker sorts one shard at a time)
+INTERACTION_COLUMNS = ["user_id", "item_id", "label", "timestamp"]
+
+
+def _by_shard(batch: pa.RecordBatch, shards: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(shard, the batch's rows of that shard's users) for every shard present in the batch."""
+    users = np.asarray(batch.column("user_id").to_numpy(), np.int64).view(np.uint64)
+    shard = (mix64(users) % np.uint64(shards)).astype(np.int64)
+    for index in np.unique(shard).tolist():
+        yield index, batch.filter(pa.array(shard == index))
+
+
+def _sorted(batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """A shard's rows sorted by user, as batches (the input `chunks.complete_users` expects)."""
+    table = pa.Table.from_batches(list(batches))
+    return table.sort_by("user_id").to_batches(max_chunksize=65_536) if table.num_rows else []
+
+
+def _sum_aggregates(parts: Iterable[tuple]) -> tuple:
+    """Elementwise sums of equal-length tuples of numbers or arrays (an empty input sums to ())."""
+    parts = list(parts)
+    return tuple(sum(values) for values in zip(*parts)) if parts else ()
+
+
+class BeamEngine:
+    """The prepare stage's engine methods (`splits.make_split`, `counts.dp_counts`, `mean.dp_mean`,
+    `train.prepare`) as Beam pipelines run with `options`."""
+
+    name = "beam"
+
+    def __init__(self, options: PipelineOptions | None = None, scratch: str | None = None, shard_rows: int = SHARD_ROWS):
+        self.options, self.scratch, self.shard_rows = options, scratch, shard_rows
+
+    def _collect(self, build: Callable[[beam.Pipeline], beam.PCollection]) -> list:
+        """Run a pipeline whose `build` returns a PCollection of JSON values; returns them as a list."""
+        with tempfile.TemporaryDirectory(prefix="ssp-beam-") as local:
+            path = storage.join(self.scratch or local, f".collected-{uuid.uuid4().hex}.json")
+            try:
+                with beam.Pipeline(options=self.options or PipelineOptions([])) as pipeline:
+                    _ = build(pipeline) | "Gather" >> beam.combiners.ToList() | "Write" >> beam.Map(lambda values: storage.write_json({"values": values}, path))
+                return storage.read_json(path)["values"]
+            finally:
+                storage.remove(path)
+
+    def _shards(self, pipeline: beam.Pipeline, interactions: str, columns: list[str]) -> beam.PCollection:
+        """(shard, rows of that shard's users sorted by user, as batches), about `shard_rows` rows each."""
+        rows = sum(count for _, _, count in storage.row_groups(interactions))
+        shards = max(1, math.ceil(rows / self.shard_rows))
+        return (pipeline
+                | "Read" >> ReadTable(interactions, columns)
+                | "ToShards" >> beam.FlatMap(_by_shard, shards)
+                | "GroupShards" >> beam.GroupByKey()
+                | "SortShards" >> beam.MapTuple(lambda shard, batches: (shard, _sorted(batches))))
+
+    def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
+        """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""
+        staged = {name: storage.StagedWrite(storage.join(out, f"{name}.parquet")) for name in rule.parts}
+        with splits.discarded_on_failure(staged):
+            return self._split(interactions, rule, staged)
+
+    def _split(self, interactions: str, rule: splits.SplitRule, staged: dict) -> tuple[dict, int]:
+        train_items = None
+        if rule.needs_train_items:  # a first pass: the items of every training user's positives
+            found = self._collect(lambda p: self._shards(p, interactions, INTERACTION_COLUMNS)
+                                  | "TrainItems" >> beam.FlatMapTuple(lambda _, batches: splits.train_items_of(batches, rule))
+                                  | "Ids" >> beam.FlatMap(lambda batch: batch.column("item_id").to_pylist())
+                                  | "Distinct" >> beam.Distinct())
+            train_items = np.sort(np.array(found, dtype=np.int64))
+
+        def write(shard: int, batches: list[pa.RecordBatch]) -> Iterator[dict]:
+            for written in splits.split_partition(batches, rule, staged, shard, train_items):
+                yield from written.to_pylist()
+
+        records = self._collect(lambda p: self._shards(p, interactions, INTERACTION_COLUMNS) | "Split" >> beam.FlatMapTuple(write))
+        return splits.commit_split(rule, staged, pa.Table.from_pylist(records, schema=splits.SPLIT_WRITTEN), interactions)
+
+    def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
+        """`counts.read_rows`'s refusals, with its messages (`counts.row_problem` on every batch)."""
+        found = self._collect(lambda p: p | "Read" >> ReadTable(interactions) | "Check" >> beam.FlatMap(lambda batch: [problem] if (problem := row_problem(batch, catalog)) else []))
+        if found:
+            raise ValueError(f"{interactions}: {sorted(found)[0]}")
+
+    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+        """`counts.exact_aggregates`, per shard of users, summed: the same numbers."""
+        def aggregate(_, batches):
+            table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+            if table is None:
+                return np.zeros(catalog.size), 0
+            return exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, unit, max_items_per_user, key)
+
+        found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "item_id"])
+                              | "Aggregate" >> beam.MapTuple(aggregate)
+                              | "Sum" >> beam.CombineGlobally(_sum_aggregates)
+                              | "Json" >> beam.Map(lambda total: [np.asarray(total[0]).tolist(), int(total[1])] if total else None))
+        if not found or found[0] is None:
+            return np.zeros(catalog.size), 0
+        exact, units = found[0]
+        return np.asarray(exact, dtype=np.float64), int(units)
+
+    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+        """`mean.weighted_sums`: per shard of users, summed (equal to float64 rounding)."""
+        def sums(_, batches):
+            if not batches:
+                return 0.0, 0.0
+            table = pa.Table.from_batches(batches, schema=batches[0].schema)
+            return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
+
+        found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "label"])
+                              | "Sums" >> beam.MapTuple(sums)
+                              | "Total" >> beam.CombineGlobally(_sum_aggregates)
+                              | "Json" >> beam.Map(lambda total: [float(v) for v in total]))
+        return (float(found[0][0]), float(found[0][1])) if found and found[0] else (0.0, 0.0)
+
+    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
+        """`mean.centred` over every row of `train`, written to `out`, one part per input file."""
+        staged = storage.StagedWrite(out)
+
+        def write(index: int, file: str) -> Iterator[list]:
+            writer, count = None, 0
+            for batch in storage.iter_batches(file, columns=INTERACTION_COLUMNS):
+                table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items)
+                if table.num_rows:
+                    writer = writer or staged.open_part(index, INTERACTIONS)
+                    writer.write_table(table)
+                    count += table.num_rows
+            if writer is not None:
+                writer.close()
+                yield [staged.part_name(index), count]
+
+        files = list(enumerate(storage.table_files(train)))
+        written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write))
+        names = [name for name, _ in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
+        staged.commit(names, sum(count for _, count in written))

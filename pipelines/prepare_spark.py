@@ -1,0 +1,152 @@
+"""The prepare stage's row work on Spark: the split, the aggregates of the DP counts and the DP mean,
+and the centred training tables.
+
+The rows stay on the executors; the driver receives per-item and per-release aggregates only (one
+count per item, two sums, the training users' items, the written parts' names and sizes), so no
+step holds the log in one process (ARCHITECTURE.md, Scale). The math is the in-process one
+(pipelines.splits, pipelines.counts, pipelines.mean) applied to partitions of complete users
+(rows repartitioned by user and sorted within partitions), so the tables and, for the same seed,
+the releases are the ones this process would make: counts exactly, the mean's sums to float64
+rounding (the order of the additions differs).
+
+Privacy: reads private interactions and writes private tables into the run directory; releases
+nothing itself (pipelines.counts and pipelines.mean noise the aggregates and record the releases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines import splits
+from pipelines.counts import row_problem, sampling_hash
+from pipelines.mean import centred
+from pipelines.spark import forward_storage_settings, readable_tables
+from schemas import storage
+from schemas.tables import INTERACTIONS
+
+WRITTEN_DDL = "name string, rows long"
+SPLIT_DDL = "table string, name string, rows long, users long, eligible long"
+INTERACTION_COLUMNS = ("user_id", "item_id", "label", "timestamp")
+
+
+class SparkEngine:
+    """The prepare stage's engine methods (`splits.make_split`, `counts.dp_counts`, `mean.dp_mean`,
+    `train.prepare`) on a Spark session."""
+
+    name = "spark"
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    def _by_user(self, files: list[str]):
+        """The interactions repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""
+        return self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).repartition("user_id").sortWithinPartitions("user_id")
+
+    def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
+        """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""
+        from pyspark import TaskContext
+
+        staged = {name: storage.StagedWrite(storage.join(out, f"{name}.parquet")) for name in rule.parts}
+        with splits.discarded_on_failure(staged), readable_tables(self.spark, interactions) as (files,):
+            by_user = self._by_user(files)
+            train_items = None
+            if rule.needs_train_items:  # a first pass: the items of every training user's positives
+                found = by_user.mapInArrow(lambda batches: splits.train_items_of(batches, rule), "item_id long").distinct().collect()
+                train_items = np.sort(np.array([row["item_id"] for row in found], dtype=np.int64))
+            written = by_user.mapInArrow(lambda batches: splits.split_partition(batches, rule, staged, TaskContext.get().partitionId(), train_items),
+                                         SPLIT_DDL).collect()
+        return splits.commit_split(rule, staged, pa.Table.from_pylist([row.asDict() for row in written], schema=splits.SPLIT_WRITTEN), interactions)
+
+    def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
+        """`counts.read_rows`'s refusals, with its messages: each row group of the table is read and
+        validated by a Python task (`counts.row_problem`); the first problem found is raised."""
+        forward_storage_settings(self.spark)
+        units = storage.row_groups(interactions)
+        if not units:
+            return
+        work = self.spark.createDataFrame([(file, group) for file, group, _ in units], "file string, row_group int")
+
+        def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for file, group in zip(batch.column("file").to_pylist(), batch.column("row_group").to_pylist()):
+                    for rows in storage.iter_row_group(file, group):
+                        problem = row_problem(rows, catalog)
+                        if problem:
+                            yield pa.record_batch({"problem": [problem]})
+                            return
+
+        found = work.repartition(min(len(units), max(2, self.spark.sparkContext.defaultParallelism))).mapInArrow(check, "problem string").limit(1).collect()
+        if found:
+            raise ValueError(f"{interactions}: {found[0]['problem']}")
+
+    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+        """`counts.exact_aggregates` (rows checked by `check_count_rows`): one count per rated item
+        and the number of units reach the driver; the same numbers."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        def with_hash(batches):
+            for batch in batches:
+                h = sampling_hash(batch.column("user_id").to_numpy(), batch.column("item_id").to_numpy(), key)
+                # the unsigned order of the hash is the signed order with the top bit flipped (Spark's longs are signed)
+                yield batch.append_column("hash", pa.array((h ^ np.uint64(1 << 63)).view(np.int64)))
+
+        with readable_tables(self.spark, interactions) as (files,):
+            rows = self.spark.read.parquet(*files).select("user_id", "item_id")
+            if unit == "user":
+                rows = rows.distinct()
+                units = rows.select("user_id").distinct().count()
+                rank = F.row_number().over(Window.partitionBy("user_id").orderBy("hash", "item_id"))
+                rows = rows.mapInArrow(with_hash, "user_id long, item_id long, hash long").withColumn("rank", rank).filter(F.col("rank") <= max_items_per_user)
+            else:
+                units = rows.count()
+            per_item = rows.groupBy("item_id").count().collect()  # at most one row per catalog item
+        exact = np.zeros(catalog.size)
+        exact[np.searchsorted(catalog, np.array([row["item_id"] for row in per_item], dtype=np.int64))] = [row["count"] for row in per_item]
+        return exact, int(units)
+
+    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+        """`mean.weighted_sums`: per-user sums on the executors, two numbers to the driver."""
+        from pyspark.sql import functions as F
+
+        low, high = rating_range
+        with readable_tables(self.spark, interactions) as (files,):
+            rows = self.spark.read.parquet(*files).select("user_id", F.least(F.greatest(F.col("label"), F.lit(low)), F.lit(high)).alias("label"))
+            middle = F.col("label") - F.lit((low + high) / 2)
+            if unit == "user":
+                per_user = rows.groupBy("user_id").agg(F.sum(middle).alias("total"), F.count(F.lit(1)).alias("n"))
+                weight = F.least(F.lit(1.0), F.lit(user_cap) / F.col("n"))
+                sums = per_user.agg(F.sum(weight * F.col("total")).alias("sum"), F.sum(weight * F.col("n")).alias("count")).first()
+            else:
+                sums = rows.agg(F.sum(middle).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
+        return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
+
+    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
+        """`mean.centred` over every row of `train`, written to `out`, a part per input partition."""
+        with readable_tables(self.spark, train) as (files,):
+            rows = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS)
+            _write_parts(rows, storage.StagedWrite(out), lambda table: centred(table, mean, protocol, keep_items))
+
+
+def _write_parts(rows, staged: storage.StagedWrite, transform: Callable[[pa.Table], pa.Table]) -> None:
+    """Write `transform` of each partition of `rows` as one part of `staged` (interactions), and commit."""
+    from pyspark import TaskContext
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        part, writer, count = TaskContext.get().partitionId(), None, 0
+        for batch in batches:
+            table = transform(pa.Table.from_batches([batch]).cast(INTERACTIONS))
+            if table.num_rows:
+                writer = writer or staged.open_part(part, INTERACTIONS)
+                writer.write_table(table)
+                count += table.num_rows
+        if writer is not None:
+            writer.close()
+            yield pa.record_batch({"name": [staged.part_name(part)], "rows": [count]})
+
+    written = rows.mapInArrow(write, WRITTEN_DDL).collect()
+    names = [row["name"] for row in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
+    staged.commit(names, sum(row["rows"] for row in written))

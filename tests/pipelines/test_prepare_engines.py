@@ -1,0 +1,93 @@
+"""The prepare stage on Spark and on Beam: the same split tables, the same releases (DP counts, DP
+mean) and the same centred rows as in this process, for the same seed; the log never comes to
+the driver (pipelines.prepare_spark, pipelines.prepare_beam)."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines import splits, train
+from pipelines.datasets import open_dataset, write_dataset
+from pipelines.synth import generate
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.tables import INTERACTIONS, items_schema
+
+
+def _rows(table):
+    return sorted(zip(*(table[c].to_pylist() for c in INTERACTIONS.names)), key=repr)
+
+
+def _ratings_with_repeats(seed=0, users=60, items=80):
+    """Ratings 0.5..5 with repeated (user, item) pairs (later and earlier timestamps, null ones),
+    negative and extreme ids: what the split's user-local dedup must treat as this process does;
+    and rare items, which the recall protocol's restriction to training items removes."""
+    rng = np.random.default_rng(seed)
+    user_ids = np.array([-7, 2**62, *range(1, users - 1)], dtype=np.int64)
+    item_ids = np.array([-3, 2**61, *range(100, 100 + items - 2)], dtype=np.int64)
+    n = 40 * users
+    user = rng.choice(user_ids, n)
+    item = rng.choice(item_ids, n)
+    item[:users] = 5000 + np.arange(users)  # rare items, one rating each: some only held-out users have
+    label = rng.integers(1, 11, n) / 2.0
+    label[:users] = 5.0
+    stamp = pa.array(rng.integers(0, 1000, n), pa.int64()).to_pylist()
+    stamp = [None if rng.random() < 0.05 else value for value in stamp]
+    return pa.table({"user_id": user, "item_id": item, "label": label, "timestamp": pa.array(stamp, pa.int64())}, schema=INTERACTIONS)
+
+
+def _dataset(path, table):
+    catalog = np.unique(table["item_id"].to_numpy())
+    items = pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog]}, schema=items_schema({}))
+    write_dataset(str(path), items, table.to_batches(max_chunksize=500), {"source": "test"})
+    return open_dataset(str(path))
+
+
+@pytest.mark.parametrize("protocol, holdout", [("rmse", 0.2), ("recall", 0.2), ("recall", 0.0)])
+def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protocol, holdout):
+    data = _dataset(tmp_path / "data", _ratings_with_repeats())
+    local = splits.make_split(data, protocol, str(tmp_path / "local"), seed=11, holdout=holdout)
+    distributed = splits.make_split(data, protocol, str(tmp_path / engine.name), seed=11, holdout=holdout, engine=engine)
+    assert distributed == local == json.loads((tmp_path / engine.name / splits.SPLIT_MANIFEST).read_text())
+    for name in local["sizes"]:
+        expected = storage.read_table(str(tmp_path / "local" / f"{name}.parquet"))
+        got = storage.read_table(str(tmp_path / engine.name / f"{name}.parquet"))
+        assert got.schema.equals(INTERACTIONS) and _rows(got) == _rows(expected)
+    assert local["sizes"]["train"]["rows"] > 0 and (holdout == 0 or local["sizes"][splits.RATING_PARTS[1] if protocol == "rmse" else "test_targets"]["rows"] > 0)
+    if protocol == "recall" and holdout:  # the restriction of held-out rows to training items bit
+        unrestricted = splits.split_heldout_users(_ratings_with_repeats(), 11, holdout=holdout, restrict_to_train_items=False)
+        assert sum(unrestricted[name].num_rows for name in splits.HELDOUT_PARTS[1:]) > sum(local["sizes"][name]["rows"] for name in splits.HELDOUT_PARTS[1:])
+
+
+def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing(engine, tmp_path):
+    table = _ratings_with_repeats().slice(0, 30)
+    data = _dataset(tmp_path / "data", table.set_column(2, INTERACTIONS.field("label"), pa.array(np.ones(30))))  # no label above 3.5
+    with pytest.raises(ValueError, match="needs users with at least 5 positives"):
+        splits.make_split(data, "recall", str(tmp_path / "split"), engine=engine)
+    assert not (tmp_path / "split").exists() or not any(p.name.endswith(".parquet") for p in (tmp_path / "split").iterdir())
+
+
+@pytest.mark.parametrize("protocol", ["rmse", "recall"])
+def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark, tmp_path, protocol):
+    """The acceptance test of the distributed prepare stage: one seed, three engines, the same
+    releases (counts and the DP number of users byte for byte, the DP mean) and the same tables."""
+    data = generate(str(tmp_path / "data"), like="movielens", users=300)
+    prepared = {}
+    seed = None
+    for name, engine, session in (("local", "spark", None), ("spark", "spark", spark), ("beam", "beam", None)):
+        config = train.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed)
+        prepared[name] = train.prepare(train.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session)
+        seed = seed or str(tmp_path / "local" / "private" / "seed")
+    runs = {name: train.Run(str(tmp_path / name)) for name in prepared}
+    for name in ("spark", "beam"):
+        counts, expected = storage.read_table(runs[name].counts), storage.read_table(runs["local"].counts)
+        assert counts.equals(expected) and counts.schema.metadata == expected.schema.metadata, name
+        assert prepared[name]["prepared"]["mean"] == prepared["local"]["prepared"]["mean"], name
+        ledger, expected_ledger = Ledger.open(runs[name].ledger), Ledger.open(runs["local"].ledger)
+        assert [r["name"] for r in ledger.rows] == [r["name"] for r in expected_ledger.rows] and ledger.epsilon_spent() == expected_ledger.epsilon_spent(), name
+        for table in ("split/train.parquet", "train_centred.parquet", "stats_rows.parquet"):
+            got = storage.read_table(runs[name].private(table))
+            assert _rows(got) == _rows(storage.read_table(runs["local"].private(table))), (name, table)
+    assert prepared["local"]["prepared"]["mean"] != 0.0 if protocol == "rmse" else prepared["local"]["prepared"]["mean"] == 0.0
