@@ -34,14 +34,14 @@ started = time.perf_counter()
 if json.loads(sys.argv[1])["engine"] == "spark":
     from pipelines.spark import session
     with session("bench-prepare-memory") as spark:
-        manifest = train.prepare(config, progress=False, spark=spark)
+        manifest = train.prepare(config, progress=False, spark=spark, local_rows=0)
 else:
     manifest = train.prepare(config, progress=False)
 result = {"prepare_seconds": time.perf_counter() - started, "items": len(__import__("schemas.storage", fromlist=["x"]).read_table(train.Run(config.out).counts))}
 """
 
 
-def measure(data: str, engine: str, work: str, epsilon: float) -> dict:
+def measure(data: str, engine: str, work: str, epsilon: float, driver_memory: str | None) -> dict:
     """Prepare a run on `data` in a child; its wall time and the peaks of its process tree."""
     from pipelines.datasets import open_dataset
 
@@ -49,18 +49,21 @@ def measure(data: str, engine: str, work: str, epsilon: float) -> dict:
     shutil.rmtree(run, ignore_errors=True)
     config = {"out": run, "data": data, "epsilon": epsilon, "protocol": "rmse"}
     try:
+        if driver_memory:
+            os.environ["SSP_SPARK_DRIVER_MEMORY"] = driver_memory  # the child's local Spark heap (pipelines.spark)
         report = run_tree_measured(_CHILD, {"config": config, "engine": engine})
     finally:
         shutil.rmtree(run, ignore_errors=True)
     manifest = open_dataset(data).manifest
-    return {"engine": engine, "data": data, "ratings": manifest["ratings"], "users": manifest["users"], **report}
+    return {"engine": engine, "data": data, "spark_driver_memory": (driver_memory or "3g") if engine == "spark" else None,
+            "ratings": manifest["ratings"], "users": manifest["users"], **report}
 
 
 def report(cells: list[dict]) -> str:
-    lines = ["| engine | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest Python worker (MiB) | Python workers together (MiB) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for c in sorted(cells, key=lambda c: (c["engine"], c["ratings"])):
-        lines.append(f"| {c['engine']} | {c['ratings']:,} | {c['users']:,} | {c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
+    lines = ["| engine | Spark heap | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest Python worker (MiB) | Python workers together (MiB) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in sorted(cells, key=lambda c: (c["engine"], c.get("spark_driver_memory") or "", c["ratings"])):
+        lines.append(f"| {c['engine']} | {c.get('spark_driver_memory') or '-'} | {c['ratings']:,} | {c['users']:,} | {c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
                      f"{c['jvm_peak_mib']:.0f} | {c['worker_peak_mib']:.0f} | {c['workers_peak_total_mib']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -72,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder of results.json and report.md (finished cells are kept)")
     parser.add_argument("--work", help="scratch folder for the run directories (default: a temporary folder)")
     parser.add_argument("--epsilon", type=float, default=5.0, help="the run's epsilon (default %(default)s)")
+    parser.add_argument("--spark-driver-memory", help="heap of the local Spark JVM (driver and executor), e.g. 1g (default: pipelines.spark's, 3g): "
+                        "the JVM's memory is this setting, not the log's size (Spark spills to disk)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
@@ -79,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="prepare-memory-", dir=args.work) as work:
         for engine in args.engine:
             for data in args.data:
-                if any(c["engine"] == engine and c["data"] == data for c in cells):
+                heap = (args.spark_driver_memory or "3g") if engine == "spark" else None
+                if any(c["engine"] == engine and c["data"] == data and c.get("spark_driver_memory") == heap for c in cells):
                     continue
                 print(f"prepare_memory: {engine} on {data} ...", file=sys.stderr, flush=True)
                 try:
-                    cells.append(measure(data, engine, work, args.epsilon))
+                    cells.append(measure(data, engine, work, args.epsilon, args.spark_driver_memory))
                 except RuntimeError as exc:
                     print(f"prepare_memory: {engine} on {data} failed: {exc}", file=sys.stderr)
                     return 2

@@ -127,6 +127,15 @@ class Run:
     def write_manifest(self, manifest: dict) -> None:
         storage.write_json(manifest, self.manifest_path)
 
+    def record_seconds(self, phase: str, seconds: float, kind: str = "seconds") -> None:
+        """Add a stage's wall time to the manifest's `seconds` ({phase: seconds}; a stage that runs
+        again after an interruption adds to its figure), or with kind "kernel_seconds" the seconds
+        its tasks spent in the stage's kernel (summed over tasks): where a run's time goes."""
+        manifest = self.read_manifest()
+        timings = manifest.setdefault(kind, {})
+        timings[phase] = timings.get(phase, 0.0) + seconds
+        self.write_manifest(manifest)
+
     def mark_step_done(self, s: int) -> dict:
         """Record outer step s as complete (its item update is written); returns the manifest."""
         manifest = self.read_manifest()

@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make the proje
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+import time  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -44,7 +45,7 @@ from schemas.tables import STATS  # noqa: E402
 from privacy import accumulator  # noqa: E402
 from schemas import storage  # noqa: E402
 
-WRITTEN_DDL = "resample int, name string, rows long"
+WRITTEN_DDL = "resample int, name string, rows long, seconds double"
 BLOCK_SCHEMA = pa.schema([("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())])  # rows of one item shard, shuffled as one record
 BLOCK_SCHEMA_DDL = "key int, shard int, block binary"
 CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one group)
@@ -135,14 +136,17 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     owners, vectors = user_vectors(*embeddings, settings.dim) if rated.size else (None, None)
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
+    kernel = 0.0  # seconds in the statistics kernel (weights, clipping, grouped sums)
     try:
         with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
             pending: list = []
             for group, part in _groups(items, rated):
                 if part.stop > part.start:
+                    started = time.perf_counter()
                     keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
                         users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
                         None if normalisers is None else normalisers[part]))
+                    kernel += time.perf_counter() - started
                 else:  # no rows: noise only
                     keys, sums_a, sums_b = group[:0], np.zeros((0, accumulator.packed_size(settings.dim))), np.zeros((0, settings.dim))
                 at = np.searchsorted(group, keys)
@@ -156,8 +160,9 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
         for writer in writers:
             writer.close()
     for resample, target in enumerate(staged):
-        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)]},
-                                         schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64())]))
+        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)],
+                                          "seconds": [kernel if resample == 0 else 0.0]},
+                                         schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
 
 
 def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS) -> Iterator[tuple[np.ndarray, slice]]:
@@ -214,7 +219,8 @@ def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) 
 
 
 def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> dict:
-    """Prepare the releases, compute and write them with Spark, commit; returns the step summary.
+    """Prepare the releases, compute and write them with Spark, commit; returns the step summary
+    (with the seconds the tasks spent in the statistics kernel, `kernel_task_seconds`).
 
     `fail_first_attempts` is fault injection for tests: every item task fails on its first attempt,
     after writing its part files, so Spark's retry must reproduce them exactly (keyed noise and a
@@ -243,7 +249,7 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     lookups.unpersist()
     names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
     written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
-    return job.commit(names, written_rows)
+    return {**job.commit(names, written_rows), "kernel_task_seconds": sum(row["seconds"] for row in written)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,6 +177,7 @@ ACTIVITY_KNOTS = ((0.0, 20), (0.25, 44), (0.5, 96), (0.75, 208), (0.9, 400))  # 
 ACTIVITY_TAIL = 2.6  # Pareto exponent above the 90th percentile: tuned to the mean, 165.6 ratings per user
 ACTIVITY_MAX = 2314  # the tail's end: the published max
 ACTIVITY_CAP = 0.62  # at most this share of the catalog (2,314 / 3,706 in ML-1M)
+ML_MEAN_ACTIVITY = 165.6  # the mean of the activity distribution; ratings_per_user K rescales it to mean about K
 POPULARITY_KNOTS = (  # (popularity rank, relative weight): tuned to the item-count figures (docstring)
     (1, 17340), (37, 2630), (370, 479.1), (927, 171.9), (1853, 46.6), (2780, 11.02), (3417, 1.494), (3704, 0.259),
     (3883, 0.0259),
@@ -457,19 +458,21 @@ def generate(
 def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
     if like not in LIKES:
         raise ValueError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
-    for name, value in (("items", items), ("ratings_per_user", ratings_per_user), ("alpha", alpha), ("rank", rank)):
+    for name, value in (("items", items), ("alpha", alpha), ("rank", rank)):
         if value is not None:
             raise ValueError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
     users = _check_positive_int("users", ML_USERS if users is None else users)
+    scale = 1.0 if ratings_per_user is None else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     from tqdm import tqdm
 
-    model = _MovieLensModel(users, seed)
+    model = _MovieLensModel(users, seed, scale)
     manifest = {
         "source": "synthetic",
-        "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION},
+        "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION,
+                      **({} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user})},
         "rating_scale": [MIN_RATING, MAX_RATING],  # the MovieLens scale; this generator's whole stars 1..5 lie within it
     }
     with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
@@ -483,8 +486,8 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
 class _MovieLensModel:
     """The catalog, item parameters and selection mixture of the MovieLens-like generator."""
 
-    def __init__(self, users: int, seed: int):
-        self.users = users
+    def __init__(self, users: int, seed: int, activity_scale: float = 1.0):
+        self.users, self.activity_scale = users, activity_scale
         self.items = catalog_size(users)
         m = self.items
         rng = _rng(seed, _ML_CATALOG)
@@ -688,6 +691,8 @@ def _ml_users(rng: np.random.Generator, model: _MovieLensModel, n: int) -> dict:
     """n new users: their rows (user index 0..n-1, item index), latent scores and stars."""
     r = ML_RANK
     need = activity((rng.permutation(n) + rng.random(n)) / n, model.items)  # stratified: each u is uniform
+    if model.activity_scale != 1.0:  # fewer (or more) ratings per user, the same heavy-tailed shape
+        need = np.clip(np.rint(need * model.activity_scale), 1, max(1, int(ACTIVITY_CAP * model.items))).astype(np.int64)
     user_bias = USER_BIAS_SD * rng.standard_normal(n)
     user_factors = (INTERACTION_SD / math.sqrt(r)) * rng.standard_normal((n, r))
     taste = rng.gamma(TASTE_CONCENTRATION, size=(n, TASTE_CLUSTERS))
@@ -768,7 +773,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ratings-per-user", type=_positive_int, metavar="K",
         help="distinct items each user rates (at most M); the data set has N*K ratings; required without --like; "
         "with --like movielens every user has their own number, drawn from MovieLens-1M's activity "
-        "distribution (min 20, median 96, mean 166)",
+        "distribution (min 20, median 96, mean 166), and K rescales that distribution to mean about K (the same heavy-tailed "
+        "shape, at least 1 each: fewer rows for studies at many users)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="data set folder to write (local path or gs://)")
     parser.add_argument(
@@ -792,7 +798,7 @@ def _check_args(args: argparse.Namespace) -> None:
         if missing:
             raise ValueError(f"{', '.join(missing)} required (or give --like movielens)")
         return
-    extra = [flag for flag, value in (*sizes[1:], ("--alpha", args.alpha), ("--rank", args.rank)) if value is not None]
+    extra = [flag for flag, value in (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank)) if value is not None]
     if extra:
         raise ValueError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
 

@@ -322,9 +322,16 @@ def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items:
             writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items))
 
 
-def prepare_engine(config: TrainConfig, spark=None):
-    """Where the prepare stage's row work runs: on Beam when the run's stats job does, on Spark
-    when a session is given, else in this process (None)."""
+LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
+
+
+def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: int = LOCAL_PREPARE_ROWS):
+    """Where the prepare stage's row work runs for a log of `rows` rows: in this process (None)
+    below `local_rows`, where a handful of Spark or Beam jobs would cost more than the work and
+    memory is bounded by the threshold; else on Beam when the run's stats job runs there, on Spark
+    when a session is given, in this process when none is."""
+    if rows < local_rows:
+        return None
     if config.engine == "beam":
         from pipelines.prepare_beam import BeamEngine
 
@@ -475,12 +482,12 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
     return tuple(prepared.get("rating_range", (0.5, 5.0)))
 
 
-def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
+def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: int = LOCAL_PREPARE_ROWS) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
     is left as it is (a different configuration is refused). The rows are split, counted, summed
     and centred on the run's engine (`prepare_engine`): the same tables and releases as in this
-    process, without holding the log here."""
+    process, without holding the log here (a log under `local_rows` rows is prepared here)."""
     from trainer import encoder as encoders
     from trainer import ssp
 
@@ -506,7 +513,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None) -> dict:
         raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
                          "(--protocol rmse) has no ratings to predict; use --protocol recall")
     ratings = rating_range(config, data)
-    engine = prepare_engine(config, spark)
+    engine = prepare_engine(config, spark, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
         splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine)
     train_rows = storage.join(run.split, "train.parquet")
@@ -729,7 +736,16 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         model.set_item_vectors(vectors)
         return []
     ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
-    return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
+    with _kernel(run, step):
+        return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
+
+
+@contextmanager
+def _kernel(run: Run, step: int):
+    """Time the item update's trainer steps into the manifest's `kernel_seconds` (Run.record_seconds)."""
+    started = time.perf_counter()
+    yield
+    run.record_seconds(f"step-{step}/item_update", time.perf_counter() - started, "kernel_seconds")
 
 
 def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
@@ -765,8 +781,9 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
     index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
     seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
-    result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
-                         settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
+    with _kernel(run, step):
+        result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
+                             settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
         raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")
 
@@ -774,22 +791,36 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
 def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
     """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
 
-    The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones.
+    The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones;
+    each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
     Holds the run directory's lock throughout: a second run on the same directory is refused.
     """
     with run_directory(config):
         layout = Run(config.out)
 
+        @contextmanager
+        def timed(phase: str):
+            started = time.perf_counter()
+            yield
+            layout.record_seconds(phase, time.perf_counter() - started)
+
         def stages(active_spark):
-            prepare(config, progress, active_spark)
+            with timed("prepare"):  # on a resumed run: the check of its recorded settings
+                prepare(config, progress, active_spark)
             for s in range(1, config.outer_steps + 1):
                 if s in layout.read_manifest()["steps_done"]:
                     continue
-                user_update.run_step(active_spark, layout.root, s)
+                with timed(f"step-{s}/user_update"):
+                    user_update.run_step(active_spark, layout.root, s)
                 if config.item_update not in ("dpsgd", "none"):  # AM-DPSGD releases no statistics, the starting point none
-                    release_stats(layout, s, active_spark)
-                item_update(layout, s, progress)
-            user_update.run_step(active_spark, layout.root, None)
+                    with timed(f"step-{s}/stats"):
+                        summary = release_stats(layout, s, active_spark)
+                    if "kernel_task_seconds" in summary:  # the Spark job's (Beam's runners time their own)
+                        layout.record_seconds(f"step-{s}/stats", summary["kernel_task_seconds"], "kernel_seconds")
+                with timed(f"step-{s}/item_update"):
+                    item_update(layout, s, progress)
+            with timed("final_user_update"):
+                user_update.run_step(active_spark, layout.root, None)
 
         if spark is not None:
             stages(spark)
@@ -798,7 +829,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
             with session("ssp-train") as own:
                 stages(own)
-        return evaluate(layout)
+        with timed("evaluation"):
+            metrics = evaluate(layout)
+        return metrics
 
 
 def evaluate(run: Run) -> dict:

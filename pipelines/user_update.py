@@ -26,7 +26,9 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make the proje
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -43,16 +45,18 @@ from trainer.solve import ridge_solve  # noqa: E402
 
 DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
 
-WRITTEN_DDL = "name string, rows long"
+WRITTEN_DDL = "name string, rows long, seconds double"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 
 def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, staged: storage.StagedWrite, part: int, gravity=None) -> Iterator[pa.RecordBatch]:
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table."""
     writer = None
-    rows = 0
+    rows, seconds = 0, 0.0
     for table in complete_users(batches, SOLVE_ROWS):
+        started = time.perf_counter()
         users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True, gravity=gravity)
+        seconds += time.perf_counter() - started
         out = pa.Table.from_arrays([pa.array(users, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
             writer = staged.open_part(part, USER_EMBEDDINGS)
@@ -60,11 +64,20 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, stag
         rows += out.num_rows
     if writer is not None:
         writer.close()
-        yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows]}, schema=pa.schema([("name", pa.string()), ("rows", pa.int64())]))
+        yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows], "seconds": [seconds]},
+                                         schema=pa.schema([("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
 
 
-def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0) -> int:
-    """Solve every user of `interactions` against `item_embeddings`; write `out`; returns the user count.
+class Solved(NamedTuple):
+    """What a user update did: the users solved, and the seconds its tasks spent in the solves
+    (summed over tasks: the kernel's share of the job, for the scaling benchmark)."""
+
+    users: int
+    solve_seconds: float
+
+
+def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0) -> Solved:
+    """Solve every user of `interactions` against `item_embeddings`; write `out`.
 
     `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
     system: the item embeddings are released data, so this costs no privacy.
@@ -93,12 +106,13 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
     log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
-    return users
+    return Solved(users, sum(row["seconds"] for row in written))
 
 
 def run_step(spark, root: str, step: int | None) -> int:
     """The user update of outer step `step` of the run at `root` (against step s-1's item
-    embeddings), or the final one (`step` None: against the last step's); returns the user count."""
+    embeddings), or the final one (`step` None: against the last step's); returns the user count.
+    The solves' task seconds go into the manifest's `kernel_seconds`."""
     layout = Run(root)
     manifest = layout.prepared()
     config = manifest["config"]
@@ -107,7 +121,9 @@ def run_step(spark, root: str, step: int | None) -> int:
         raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
-    return run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"])
+    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"])
+    layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
+    return solved.users
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -72,13 +72,14 @@ def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing
 @pytest.mark.parametrize("protocol", ["rmse", "recall"])
 def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark, tmp_path, protocol):
     """The acceptance test of the distributed prepare stage: one seed, three engines, the same
-    releases (counts and the DP number of users byte for byte, the DP mean) and the same tables."""
+    releases (counts and the DP number of users byte for byte, the DP mean) and the same tables
+    (`local_rows=0`: on the engine however small the log)."""
     data = generate(str(tmp_path / "data"), like="movielens", users=300)
     prepared = {}
     seed = None
     for name, engine, session in (("local", "spark", None), ("spark", "spark", spark), ("beam", "beam", None)):
         config = train.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed)
-        prepared[name] = train.prepare(train.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session)
+        prepared[name] = train.prepare(train.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session, local_rows=0)
         seed = seed or str(tmp_path / "local" / "private" / "seed")
     runs = {name: train.Run(str(tmp_path / name)) for name in prepared}
     for name in ("spark", "beam"):

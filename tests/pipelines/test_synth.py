@@ -478,7 +478,7 @@ def test_cli_rejects_bad_or_missing_options(argv, capsys):
         (["--items", "2", "--ratings-per-user", "1", "--out", "x"], "--users required"),
         (["--users", "5", "--items", "2", "--out", "x"], "--ratings-per-user required"),
         (["--like", "movielens", "--items", "10", "--out", "x"], "--items cannot be combined with --like movielens"),
-        (["--like", "movielens", "--ratings-per-user", "3", "--alpha", "1", "--out", "x"], "--ratings-per-user, --alpha cannot"),
+        (["--like", "movielens", "--ratings-per-user", "3", "--alpha", "1", "--out", "x"], "--alpha cannot"),
         (["--like", "movielens", "--rank", "4", "--out", "x"], "--rank cannot"),
     ],
 )
@@ -621,7 +621,7 @@ def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkey
 
 
 def test_movielens_rejects_the_sizes_it_sets(tmp_path):
-    for kwargs, name in [({"items": 10}, "items"), ({"ratings_per_user": 5}, "ratings_per_user"),
+    for kwargs, name in [({"items": 10}, "items"), ({"ratings_per_user": 0}, "ratings_per_user"),
                          ({"alpha": 1.0}, "alpha"), ({"rank": 4}, "rank"), ({"users": 0}, "users"), ({"seed": -1}, "seed")]:
         with pytest.raises(ValueError, match=rf"\b{name}\b"):
             synth.generate(str(tmp_path / "d"), like="movielens", **kwargs)
@@ -630,6 +630,20 @@ def test_movielens_rejects_the_sizes_it_sets(tmp_path):
     with pytest.raises(ValueError, match="items is required"):
         synth.generate(str(tmp_path / "d"), users=10)
     assert not os.path.exists(tmp_path / "d")
+
+
+def test_movielens_ratings_per_user_rescales_the_activity_keeping_its_shape(tmp_path):
+    """K sets the mean ratings per user (for studies at many users); the tail stays heavy."""
+    full = synth.generate(str(tmp_path / "full"), like="movielens", users=2000, seed=4)
+    fewer = synth.generate(str(tmp_path / "fewer"), like="movielens", users=2000, seed=4, ratings_per_user=20)
+
+    def per_user(data):
+        return np.bincount(read_table(data.interactions, columns=["user_id"])["user_id"].to_numpy())[1:]
+
+    many, few = per_user(full), per_user(fewer)
+    assert 150 < many.mean() < 185 and 17 < few.mean() < 23  # MovieLens-1M's 165.6, and about K
+    assert few.min() >= 1 and np.percentile(few, 99) / np.median(few) > 5  # heavy-tailed still: ML-1M's p99 / median is about 10
+    assert fewer.manifest["generator"]["mean_ratings_per_user"] == 20 and "mean_ratings_per_user" not in full.manifest["generator"]
 
 
 def test_cli_like_movielens(tmp_path, capsys):

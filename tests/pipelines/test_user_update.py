@@ -19,7 +19,8 @@ def test_spark_user_update_matches_closed_form(spark, tmp_path):
     storage.write_table(pa.table({"user_id": pairs[:, 0], "item_id": pairs[:, 1], "label": labels, "timestamp": np.zeros(len(pairs), np.int64)}, schema=INTERACTIONS), str(tmp_path / "i.parquet"))
     v = rng.normal(size=(40, 3))
     storage.write_table(pa.table({"item_id": np.arange(1, 41), "embedding": list(v)}, schema=ITEM_EMBEDDINGS), str(tmp_path / "v.parquet"))
-    n = user_update.run(spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, 3)
+    n, solve_seconds = user_update.run(spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, 3)
+    assert solve_seconds > 0
     out = validate_user_embeddings(storage.read_table(str(tmp_path / "u.parquet")), dim=3).sort_by("user_id")
     keys, want = ridge_solve(pairs[:, 0], v[pairs[:, 1] - 1], labels, 0.5, scale_by_rows=True)
     assert n == keys.size == out.num_rows

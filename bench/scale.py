@@ -1,0 +1,212 @@
+"""`ssp bench scale`: AM-SSP against AM-DPSGD from 10^4 to 10^6 users: where the time goes, and the
+time each needs to reach the same test RMSE.
+
+The paper's efficiency claim: SSP touches the private rows once per outer step (the user update and
+one statistics pass) and then trains over items, while DP-SGD trains over the users' rows. Each size
+is a `ssp synth --like movielens` data set (realistic popularity, activity and ratings; the catalog
+grows as users^0.6) with the activity distribution rescaled to RATINGS_PER_USER ratings per user on
+average at every size (this 2-core machine cannot train on MovieLens-1M's 166 per user at 10^6
+users: 1.7 x 10^8 rows), so rows grow 10x with users. Both methods run the real pipeline
+(`pipelines.train.run`: Spark jobs, ledger, TensorFlow trainer) at epsilon EPSILON, user level, with
+their tuned settings (TUNED), one model seed per cell.
+
+Per cell: the wall time of every phase (prepare; per outer step the user update, the statistics
+release and the item update; the final user update; the evaluation) from the run's manifest
+(`Run.record_seconds`), the seconds spent inside the kernels (the user solves and the statistics
+kernel, summed over Spark tasks and divided by the session's parallelism; the trainer's steps), and
+the test RMSE after every outer step against the wall time since the run started
+(bench.training.trajectory). Time to quality: the target is the worse of the two methods' final test
+RMSEs, and a method's time is its first outer step at least that good (bench.time_to_quality).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from bench import harness, time_to_quality, training
+from pipelines import synth, train
+from pipelines.datasets import open_dataset, is_dataset
+from pipelines.run_dir import Run
+
+NAME = "scale"
+EPSILON = 5.0
+USERS = (10_000, 100_000, 1_000_000)
+QUICK_USERS = (300, 1_000)
+RATINGS_PER_USER = 20  # mean ratings per user at every size
+METHODS = ("ssp", "dpsgd")
+# The privacy-utility study's choices at epsilon 5 on the 6,040-user MovieLens-like set
+# (bench/results/movielens-like/report.md): AM-SSP's defaults won its search; AM-DPSGD's best trial.
+TUNED = {
+    "ssp": {},
+    "dpsgd": {"dim": 8, "lambda_u": 0.02978, "outer_steps": 2, "clip_u": 0.2433, "clip_y": 1.123, "wbar": 0.7115, "count_share": 0.02694,
+              "max_items_per_user": 213, "dpsgd_learning_rate": 0.01142, "dpsgd_epochs": 2, "dpsgd_clip": 0.1948, "dpsgd_batch_size": 64},
+}
+QUICK_CONFIG = {"epochs": 2}  # --quick: a smoke run of the machinery, not a measurement
+PHASES = ("prepare", "user_update", "stats", "item_update", "final_user_update", "evaluation")
+KERNELS = ("user_update", "stats", "item_update")  # the phases of an outer step, each with its kernel
+GOAL = 30.0  # AM-SSP should reach the common RMSE this many times sooner at the largest size
+
+
+def data_set(out: str, users: int) -> str:
+    """The generated data set of a size (written once under OUT/data)."""
+    path = os.path.join(out, "data", f"movielens-like-{users}-k{RATINGS_PER_USER}")
+    if not is_dataset(path):
+        synth.generate(path, like="movielens", users=users, ratings_per_user=RATINGS_PER_USER, seed=0)
+    return path
+
+
+def cells(quick: bool) -> list[dict]:
+    return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": method, "epsilon": EPSILON,
+             "config": {**TUNED[method], **(QUICK_CONFIG if quick else {})}, "seed": 0}
+            for users in (QUICK_USERS if quick else USERS) for method in METHODS]
+
+
+def phase_seconds(manifest: dict, parallelism: int) -> tuple[dict, dict]:
+    """({phase: wall seconds}, {phase: kernel seconds}) of a finished run, outer steps summed; kernel
+    task seconds of Spark jobs divided by the session's parallelism (their tasks run side by side)."""
+    walls, kernels = dict.fromkeys(PHASES, 0.0), dict.fromkeys(KERNELS, 0.0)
+    for name, seconds in manifest.get("seconds", {}).items():
+        walls[name.split("/")[-1]] += seconds
+    for name, seconds in manifest.get("kernel_seconds", {}).items():
+        phase = name.split("/")[-1]
+        if phase in kernels and name.startswith("step-"):  # the outer steps' kernels (not the final user update's)
+            kernels[phase] += seconds / (parallelism if phase in ("user_update", "stats") else 1)
+    return walls, kernels
+
+
+def run_cell(out: str, params: dict) -> dict:
+    """Train one cell on the bench's shared Spark session; its phases, kernels and trajectory."""
+    data = data_set(out, params["users"])
+    root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
+    shutil.rmtree(root, ignore_errors=True)
+    config = train.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
+                               **params["config"])
+    spark = training.spark()
+    os.makedirs(os.path.dirname(root), exist_ok=True)
+    with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log:
+        print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
+        metrics = train.run(config, spark=spark, progress=False)
+        steps = training.trajectory(Run(root), config)
+    walls, kernels = phase_seconds(Run(root).read_manifest(), spark.sparkContext.defaultParallelism)
+    manifest = open_dataset(data).manifest
+    shutil.rmtree(root)
+    return {"rows": manifest["ratings"], "items": manifest["items"], "test": metrics["test_rmse"], "seconds": walls, "kernel_seconds": kernels,
+            "outer_steps": config.outer_steps, "trajectory": steps}
+
+
+def outside_share(cell: dict) -> float:
+    """The share of the outer steps' wall time spent outside the kernels."""
+    wall = sum(cell["seconds"][phase] for phase in KERNELS)
+    return 1.0 - sum(cell["kernel_seconds"].values()) / wall if wall > 0 else float("nan")
+
+
+def summarize(by_size: dict[int, dict[str, dict]]) -> dict[int, dict]:
+    """Per size: the target (the worse final test RMSE), each method's time to it, the ratio."""
+    out = {}
+    for users, methods in by_size.items():
+        if set(methods) != set(METHODS):
+            continue
+        target = max(cell["test"] for cell in methods.values())
+        times = {name: time_to_quality.time_to_reach([p["seconds"] for p in cell["trajectory"]], [p["test"] for p in cell["trajectory"]], target, True)
+                 for name, cell in methods.items()}
+        ratio = times["dpsgd"] / times["ssp"] if times["dpsgd"] and times["ssp"] else None
+        out[users] = {"target": target, "times": times, "ratio": ratio}
+    return out
+
+
+def plot_times(by_size: dict[int, dict[str, dict]]):
+    fig, (ax,) = harness.new_figure(width=6.5)
+    for name in METHODS:
+        sizes = sorted(users for users, methods in by_size.items() if name in methods)
+        totals = [sum(by_size[users][name]["seconds"].values()) for users in sizes]
+        ax.plot(sizes, totals, marker="o", color=training.color(name), label=f"{training.METHODS[name].label}: whole run")
+        trained = [sum(by_size[users][name]["seconds"][p] for p in KERNELS) for users in sizes]
+        ax.plot(sizes, trained, marker="s", linestyle="--", color=training.color(name), label=f"{training.METHODS[name].label}: outer steps")
+    sizes = sorted(by_size)
+    if sizes:
+        first = sum(next(iter(by_size[sizes[0]].values()))["seconds"].values())
+        ax.plot(sizes, [first * users / sizes[0] for users in sizes], color="grey", linestyle=":", label="proportional to rows (slope 1)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    harness.finish(ax, f"Wall time against users (epsilon {EPSILON:g}, {RATINGS_PER_USER} ratings per user)", "users (count)", "wall time (s)")
+    return fig
+
+
+def plot_curves(by_size: dict[int, dict[str, dict]]):
+    sizes = sorted(by_size)
+    fig, axes = harness.new_figure(ncols=max(1, len(sizes)), width=5.0)
+    for ax, users in zip(axes, sizes):
+        for name, cell in sorted(by_size[users].items()):
+            points = cell["trajectory"]
+            ax.plot([p["seconds"] for p in points], [p["test"] for p in points], marker="o", color=training.color(name),
+                    label=f"{training.METHODS[name].label}, steps 0..{len(points) - 1}")
+        ax.set_xscale("log")
+        harness.finish(ax, f"{users:,} users", "wall time since the run started (s)", "test RMSE (stars)")
+    return fig
+
+
+@harness.experiment(NAME, "AM-SSP vs AM-DPSGD at 10^4..10^6 users: wall time per phase, kernels' share, RMSE against time, time to the same RMSE")
+def run(ctx: harness.Context) -> harness.Section:
+    values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
+    by_size: dict[int, dict[str, dict]] = {}
+    for params, value in zip(cells(ctx.quick), values):
+        by_size.setdefault(params["users"], {})[params["method"]] = value
+    summary = summarize(by_size)
+    section = harness.Section("Scale: AM-SSP against AM-DPSGD from 10^4 to 10^6 users")
+    section.text(
+        f"`ssp synth --like movielens --users N --ratings-per-user {RATINGS_PER_USER}` (the MovieLens-1M activity distribution rescaled to "
+        f"{RATINGS_PER_USER} ratings per user on average, at every size: this 2-core machine cannot train on the calibrated 166 per user at "
+        f"10^6 users), regression protocol, epsilon = {EPSILON:g} (user level, delta = {training.DELTA:g}), one model seed; AM-SSP with its "
+        "defaults (the privacy-utility search's choice), AM-DPSGD with the search's best settings at epsilon 5 (both on the 6,040-user "
+        "MovieLens-like set). Every run is `pipelines.train.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
+        "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the rest of an outer step "
+        "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up.")
+    rows = []
+    for users in sorted(by_size):
+        for name, cell in sorted(by_size[users].items()):
+            walls = cell["seconds"]
+            rows.append([f"{users:,}", f"{cell['rows']:,}", f"{cell['items']:,}", training.METHODS[name].label,
+                         *[f"{walls[p]:.0f}" for p in PHASES], f"{sum(walls.values()):.0f}", f"{outside_share(cell):.0%}", f"{cell['test']:.4f}"])
+    section.table(["users", "ratings", "items", "method", *[f"{p} (s)" for p in PHASES], "total (s)", "outer steps outside kernels", "final test RMSE"], rows)
+    section.figure(harness.save_figure(plot_times(by_size), ctx.out, "scale_time_vs_users.png"),
+                   "Wall time of a whole run and of its outer steps against the number of users (log-log).")
+    section.figure(harness.save_figure(plot_curves(by_size), ctx.out, "scale_rmse_vs_time.png"),
+                   "Test RMSE after each outer step against the wall time since the run started, per size.")
+    ratios = []
+    for users, result in sorted(summary.items()):
+        times = result["times"]
+        ratios.append([f"{users:,}", f"{result['target']:.4f}", "not reached" if times["ssp"] is None else f"{times['ssp']:.0f}",
+                       "not reached" if times["dpsgd"] is None else f"{times['dpsgd']:.0f}", "-" if result["ratio"] is None else f"{result['ratio']:.1f}x"])
+    section.table(["users", "target test RMSE (the worse final)", "AM-SSP time to it (s)", "AM-DPSGD time to it (s)", "ratio (AM-DPSGD / AM-SSP)"], ratios)
+    kernels = []
+    for users in sorted(by_size):
+        for name, cell in sorted(by_size[users].items()):
+            wall = {p: cell["seconds"][p] for p in KERNELS}
+            kernels.append([f"{users:,}", training.METHODS[name].label,
+                            *[f"{cell['kernel_seconds'][p]:.1f} of {wall[p]:.0f}" for p in KERNELS]])
+    section.table(["users", "method", *[f"{p}: kernel of wall (s)" for p in KERNELS]], kernels)
+    growth = [f"{training.METHODS[name].label} rows^{slope:.2f}" for name in METHODS if (slope := rows_growth(by_size, name)) is not None]
+    if growth:
+        section.text(f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "
+                     "(1: proportional to the rows).")
+    largest = max(summary, default=None)
+    if largest is not None and summary[largest]["ratio"] is not None:
+        verdict = "meets" if summary[largest]["ratio"] >= GOAL else "misses"
+        section.text(f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} {summary[largest]['ratio']:.1f}x sooner "
+                     f"than AM-DPSGD: this {verdict} the {GOAL:g}x goal.")
+    return section
+
+
+def rows_growth(by_size: dict[int, dict[str, dict]], name: str) -> float | None:
+    """The log-log slope of a method's outer-step time against rows (1: proportional)."""
+    sizes = sorted(users for users in by_size if name in by_size[users])
+    if len(sizes) < 2:
+        return None
+    rows = [by_size[u][name]["rows"] for u in sizes]
+    times = [sum(by_size[u][name]["seconds"][p] for p in KERNELS) for u in sizes]
+    return float(np.polyfit(np.log(rows), np.log(times), 1)[0])

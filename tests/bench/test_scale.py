@@ -1,0 +1,69 @@
+"""The scaling benchmark: phases and kernels from a run's manifest, time to the common RMSE, the
+growth fit, and the report from hand-made cells (the end-to-end run is a slow case)."""
+
+import os
+
+import pytest
+
+from bench import harness, scale
+
+
+def test_phases_sum_outer_steps_and_kernels_divide_spark_task_seconds_by_parallelism():
+    manifest = {
+        "seconds": {"prepare": 10.0, "step-1/user_update": 4.0, "step-2/user_update": 6.0, "step-1/stats": 8.0, "step-2/stats": 2.0,
+                    "step-1/item_update": 3.0, "step-2/item_update": 5.0, "final_user_update": 7.0, "evaluation": 1.0},
+        "kernel_seconds": {"step-1/user_update": 2.0, "step-2/user_update": 4.0, "step-1/stats": 6.0, "step-2/stats": 2.0,
+                           "step-1/item_update": 1.5, "step-2/item_update": 2.5, "final_user_update": 99.0},
+    }
+    walls, kernels = scale.phase_seconds(manifest, parallelism=2)
+    assert walls == {"prepare": 10.0, "user_update": 10.0, "stats": 10.0, "item_update": 8.0, "final_user_update": 7.0, "evaluation": 1.0}
+    assert kernels == {"user_update": 3.0, "stats": 4.0, "item_update": 4.0}  # (2 + 4) / 2, (6 + 2) / 2, 1.5 + 2.5; the final update's is not an outer step's
+    cell = {"seconds": walls, "kernel_seconds": kernels}
+    assert scale.outside_share(cell) == pytest.approx(1 - 11.0 / 28.0)
+
+
+def _cell(rows, test, times, tests, walls, kernels=None):
+    return {"rows": rows, "items": 100, "test": test, "outer_steps": len(times) - 1, "trajectory": [{"step": s, "seconds": t, "test": v} for s, (t, v) in enumerate(zip(times, tests))],
+            "seconds": {**dict.fromkeys(scale.PHASES, 1.0), **walls}, "kernel_seconds": kernels or dict.fromkeys(scale.KERNELS, 0.5)}
+
+
+def test_time_to_the_worse_final_rmse_and_the_ratio():
+    by_size = {1000: {"ssp": _cell(2e4, 0.90, [5, 10, 20], [1.0, 0.92, 0.90], {}), "dpsgd": _cell(2e4, 0.95, [5, 100, 300], [1.0, 0.97, 0.95], {})}}
+    summary = scale.summarize(by_size)
+    # target 0.95 (AM-DPSGD's final); AM-SSP reaches it at its first step (10 s), AM-DPSGD at its last (300 s)
+    assert summary[1000] == {"target": 0.95, "times": {"ssp": 10.0, "dpsgd": 300.0}, "ratio": 30.0}
+    assert scale.summarize({1000: {"ssp": by_size[1000]["ssp"]}}) == {}  # one method alone: nothing to compare
+
+
+def test_growth_is_the_log_log_slope_of_the_outer_steps_time_against_rows():
+    steps = {p: 1.0 for p in scale.KERNELS}
+    by_size = {10: {"ssp": _cell(1e3, 1, [0, 1], [1, 1], {p: 1.0 for p in scale.KERNELS})},
+               100: {"ssp": _cell(1e4, 1, [0, 1], [1, 1], {p: 10.0 for p in scale.KERNELS})},
+               1000: {"ssp": _cell(1e5, 1, [0, 1], [1, 1], {p: 100.0 for p in scale.KERNELS})}}
+    assert scale.rows_growth(by_size, "ssp") == pytest.approx(1.0)
+    by_size[1000]["ssp"]["seconds"].update({p: 1000.0 for p in steps})
+    assert scale.rows_growth(by_size, "ssp") > 1.2
+    assert scale.rows_growth(by_size, "dpsgd") is None
+
+
+def test_the_report_from_stored_cells(tmp_path):
+    results = harness.Results(str(tmp_path))
+    for params in scale.cells(quick=True):
+        fast = params["method"] == "ssp"
+        results.put(scale.NAME, params, _cell(params["users"] * 20, 0.9 if fast else 0.95, [5, 10, 20] if fast else [5, 500, 900],
+                                              [1.0, 0.92, 0.9] if fast else [1.0, 0.97, 0.95], {"item_update": 3.0}))
+    section = scale.run(harness.Context(str(tmp_path), True, 1, results, progress=False))
+    text = section.markdown()
+    assert "| 1,000 | 0.9500 | 10 | 900 | 90.0x |" in text and "meets the 30x goal" in text
+    assert os.path.exists(tmp_path / "scale_time_vs_users.png") and os.path.exists(tmp_path / "scale_rmse_vs_time.png")
+
+
+@pytest.mark.slow
+def test_quick_scale_runs_the_real_pipeline(tmp_path):
+    section = harness.run_experiment(scale.NAME, str(tmp_path), quick=True, seeds=1, progress=False)
+    cells = [c["value"] for c in harness.Results(str(tmp_path)).cells.values()]
+    assert len(cells) == 2 * len(scale.QUICK_USERS)
+    for cell in cells:
+        assert all(cell["seconds"][p] > 0 for p in scale.PHASES) and all(cell["kernel_seconds"][p] > 0 for p in scale.KERNELS)
+        assert 0 < scale.outside_share(cell) < 1 and len(cell["trajectory"]) == cell["outer_steps"] + 1
+    assert "ratio (AM-DPSGD / AM-SSP)" in section.markdown() and "Growth." in section.markdown()
