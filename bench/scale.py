@@ -62,7 +62,7 @@ def data_set(out: str, users: int) -> str:
 
 def cells(quick: bool) -> list[dict]:
     return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": method, "epsilon": EPSILON,
-             "config": {**TUNED[method], **(QUICK_CONFIG if quick else {})}, "seed": 0}
+             "config": {**training.METHODS[method].overrides, **TUNED[method], **(QUICK_CONFIG if quick else {})}, "seed": 0}
             for users in (QUICK_USERS if quick else USERS) for method in METHODS]
 
 
