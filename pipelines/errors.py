@@ -58,21 +58,10 @@ def _spark_cause(exc: BaseException, output: str | None) -> str | None:
     (missing or truncated file, full disk, file-size limit), by its own message; any other failure
     inside the JVM by its root cause, the full trace saved to a log file. None for a bug of ours: a
     Python worker's other exceptions, and errors raised before any job ran (a query that is wrong)."""
-    texts = [str(exc)]
-    java = getattr(exc, "java_exception", None)
-    chain = []
-    while java is not None:  # the Java cause chain, outermost first
-        chain.append(java)
-        texts.append(str(java.toString()))
-        cause = java.getCause()
-        java = cause if cause is not None and not cause.equals(java) else None
-    for text in texts:  # a Python worker's exception: its traceback's last line
-        if "Traceback (most recent call last)" in text:
-            tail = text[text.rindex("Traceback (most recent call last)"):]
-            for line in reversed(tail.splitlines()):
-                match = _LAST_PYTHON_LINE.match(line.strip())
-                if match:
-                    return match.group(2) if match.group(1) in USER_ERROR_NAMES else None
+    texts, chain = _java_chain(exc)
+    worker = _worker_error(texts)
+    if worker is not None:
+        return worker[1] if worker[0] in USER_ERROR_NAMES else None
     for throwable in chain:
         name, error_class = str(throwable.getClass().getName()), _error_class(throwable)
         if error_class.startswith(SPARK_USER_ERROR_CLASSES) or name.startswith(JAVA_USER_ERROR_PACKAGES):
@@ -85,6 +74,40 @@ def _spark_cause(exc: BaseException, output: str | None) -> str | None:
     root = chain[-1]
     message = _flat(str(root.getMessage() or "")) or "no message"
     return f"the Spark job failed: {root.getClass().getName()}: {message[:500]} (full trace: {_save_trace(texts)})"
+
+
+def _java_chain(exc: BaseException) -> tuple[list[str], list]:
+    """(texts of the exception and of its Java cause chain, the chain's throwables, outermost first)."""
+    texts = [str(exc)]
+    java = getattr(exc, "java_exception", None)
+    chain = []
+    while java is not None:
+        chain.append(java)
+        texts.append(str(java.toString()))
+        cause = java.getCause()
+        java = cause if cause is not None and not cause.equals(java) else None
+    return texts, chain
+
+
+def _worker_error(texts: list[str]) -> tuple[str, str] | None:
+    """(class name, message) of a Python worker's exception: its traceback's last line."""
+    for text in texts:
+        if "Traceback (most recent call last)" in text:
+            tail = text[text.rindex("Traceback (most recent call last)"):]
+            for line in reversed(tail.splitlines()):
+                match = _LAST_PYTHON_LINE.match(line.strip())
+                if match:
+                    return match.group(1), match.group(2)
+    return None
+
+
+def task_value_error(exc: BaseException) -> str | None:
+    """The message of a ValueError that a Spark job's Python task raised (a row the job refuses),
+    as the driver receives it wrapped in Spark's errors; None for anything else."""
+    if type(exc).__module__.split(".")[0] not in ("py4j", "pyspark"):
+        return None
+    worker = _worker_error(_java_chain(exc)[0])
+    return worker[1] if worker is not None and worker[0] == "ValueError" else None
 
 
 def _save_trace(texts: list[str]) -> str:

@@ -139,12 +139,16 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
         yield files
 
 
-def refuse_non_finite_labels(rows, table: str) -> None:
-    """Refuse an interactions DataFrame with a missing, NaN or infinite label (naming the first row):
-    such a label would noise or solve to NaN."""
-    from pyspark.sql import functions as F
+@contextmanager
+def task_errors_raised_here() -> Iterator[None]:
+    """A ValueError raised in a Python task of the block's jobs (a row the job refuses) is raised
+    here as a ValueError with the task's message, not wrapped in Spark's errors."""
+    from pipelines.errors import task_value_error
 
-    label = F.col("label")
-    bad = rows.filter(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf"))).limit(1).collect()
-    if bad:
-        raise ValueError(f"{table}: the label of user {bad[0]['user_id']}, item {bad[0]['item_id']} is not finite ({bad[0]['label']})")
+    try:
+        yield
+    except Exception as exc:
+        message = task_value_error(exc)
+        if message is None:
+            raise
+        raise ValueError(message) from None

@@ -37,9 +37,10 @@ from pipelines.chunks import complete_users  # noqa: E402
 from pipelines.lock import existing_run_lock  # noqa: E402
 from pipelines.logs import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
-from pipelines.spark import readable_tables, refuse_non_finite_labels  # noqa: E402
+from pipelines.spark import readable_tables, task_errors_raised_here  # noqa: E402
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402
 from schemas import storage  # noqa: E402
+from schemas.ids import IdIndex  # noqa: E402
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
 from trainer.solve import ridge_solve  # noqa: E402
 
@@ -49,15 +50,27 @@ WRITTEN_DDL = "name string, rows long, seconds double"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 
-def _solve_partition(batches: Iterator[pa.RecordBatch], d: int, lam: float, staged: storage.StagedWrite, part: int, gravity=None) -> Iterator[pa.RecordBatch]:
-    """Users of one partition (rows sorted by user) -> one part of the user embeddings table."""
+def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], lam: float, staged: storage.StagedWrite, part: int,
+                     sources: tuple[str, str], gravity=None) -> Iterator[pa.RecordBatch]:
+    """Users of one partition (rows sorted by user) -> one part of the user embeddings table. Each
+    row's item embedding is looked up here (`vectors`: the broadcast table), so the shuffle moves
+    ids and labels only; a row without an embedding or with a label that is not finite is refused."""
+    index, matrix = vectors
+    interactions, item_embeddings = sources
     writer = None
     rows, seconds = 0, 0.0
     for table in complete_users(batches, SOLVE_ROWS):
+        users, items, labels = (table[name].to_numpy() for name in ("user_id", "item_id", "label"))
+        bad = ~np.isfinite(labels)
+        if bad.any():
+            raise ValueError(f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})")
+        at, found = index.lookup(items)
+        if not found.all():
+            raise ValueError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
         started = time.perf_counter()
-        users, u = ridge_solve(table["user_id"].to_numpy(), list_column_to_matrix(table["embedding"], d, "item embedding"), table["label"].to_numpy(), lam, scale_by_rows=True, gravity=gravity)
+        solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity)
         seconds += time.perf_counter() - started
-        out = pa.Table.from_arrays([pa.array(users, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
+        out = pa.Table.from_arrays([pa.array(solved, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
             writer = staged.open_part(part, USER_EMBEDDINGS)
         writer.write_table(out)
@@ -88,21 +101,21 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
         raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
     items = validate_item_embeddings(storage.read_table(item_embeddings), dim=dim)
     d = len(items["embedding"][0].as_py()) if items.num_rows else dim
-    gram = None
-    if gravity > 0:
-        v = list_column_to_matrix(items["embedding"], d, "item embedding")
-        gram = gravity * (v.T @ v)
-    with readable_tables(spark, interactions, item_embeddings) as (rated_files, vector_files):
-        rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
-        vectors = spark.read.parquet(*vector_files).select("item_id", "embedding")
-        missing = rated.join(vectors, "item_id", "left_anti").limit(1).collect()
-        if missing:
-            raise ValueError(f"{item_embeddings}: no embedding for item {missing[0]['item_id']} of the interactions")
-        refuse_non_finite_labels(rated, interactions)  # a NaN or infinite label would solve to a NaN embedding
-        joined = rated.join(vectors.hint("broadcast"), "item_id")
-        by_user = joined.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
-        staged = storage.StagedWrite(out)
-        written = by_user.mapInArrow(lambda batches: _solve_partition(batches, d, lambda_u, staged, TaskContext.get().partitionId(), gram), WRITTEN_DDL).collect()
+    v = list_column_to_matrix(items["embedding"], d, "item embedding")
+    gram = gravity * (v.T @ v) if gravity > 0 else None
+    vectors = spark.sparkContext.broadcast((IdIndex(items["item_id"].to_numpy()), v))
+    staged = storage.StagedWrite(out)
+    try:
+        with readable_tables(spark, interactions) as (rated_files,), task_errors_raised_here():
+            rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
+            by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
+            written = by_user.mapInArrow(lambda batches: _solve_partition(batches, vectors.value, lambda_u, staged, TaskContext.get().partitionId(),
+                                                                           (interactions, item_embeddings), gram), WRITTEN_DDL).collect()
+    except BaseException:
+        staged.abort([])
+        raise
+    finally:
+        vectors.unpersist()
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
     log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
