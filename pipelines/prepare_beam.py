@@ -14,6 +14,10 @@ Privacy: reads private interactions and writes private tables (the split, the ce
 private aggregates (into the scratch folder, removed afterwards) in the run directory; releases
 nothing itself (pipelines.counts and pipelines.mean noise the aggregates and record the releases).
 The runner's workers must be inside the trusted zone, as for the Beam stats job.
+
+`ssp train --engine beam` runs it with the pipeline options of $SSP_BEAM_PIPELINE_OPTIONS (the
+scheduled DAG sets Dataflow's there); without them, on the DirectRunner, which holds a shuffle in
+memory: fine for tests and small logs, not for a log larger than the machine.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from schemas import storage
 from schemas.tables import INTERACTIONS
 
 SHARD_ROWS = 2_000_000  # rows per shard of users (a worker sorts one shard at a time)
+OPTIONS_ENV = "SSP_BEAM_PIPELINE_OPTIONS"  # the Beam pipeline options of `ssp train`'s prepare stage, as flags
 INTERACTION_COLUMNS = ["user_id", "item_id", "label", "timestamp"]
 
 
@@ -58,6 +63,23 @@ def _sum_aggregates(parts: Iterable[tuple]) -> tuple:
     """Elementwise sums of equal-length tuples of numbers or arrays (an empty input sums to ())."""
     parts = list(parts)
     return tuple(sum(values) for values in zip(*parts)) if parts else ()
+
+
+def options_from_environment() -> PipelineOptions | None:
+    """The prepare stage's Beam pipeline options from $SSP_BEAM_PIPELINE_OPTIONS ("--runner
+    DataflowRunner --project P ..."; unset: the DirectRunner). A flag Beam does not know is refused:
+    a typo would otherwise run the pipeline somewhere else than meant."""
+    import os
+    import shlex
+
+    flags = shlex.split(os.environ.get(OPTIONS_ENV, ""))
+    if not flags:
+        return None
+    options = PipelineOptions(flags)
+    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options()))
+    if unknown:
+        raise ValueError(f"${OPTIONS_ENV}: {', '.join('--' + name for name in unknown)} is not a Beam pipeline option")
+    return options
 
 
 class BeamEngine:

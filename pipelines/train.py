@@ -333,9 +333,9 @@ def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: i
     if rows < local_rows:
         return None
     if config.engine == "beam":
-        from pipelines.prepare_beam import BeamEngine
+        from pipelines.prepare_beam import BeamEngine, options_from_environment
 
-        return BeamEngine(scratch=Run(config.out).private("beam"))
+        return BeamEngine(options_from_environment(), scratch=Run(config.out).private("beam"))
     if spark is not None:
         from pipelines.prepare_spark import SparkEngine
 

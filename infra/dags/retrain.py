@@ -8,7 +8,10 @@ parses this DAG with Airflow and checks every command against the project's own 
 
 - ingest, prepare, item_update_<s>, evaluate, check_privacy, publish: `ssp ...` in the project's
   container image (infra/docker/Dockerfile: GPU TensorFlow, the locked dependencies, the project
-  wheel) by KubernetesPodOperator; the item updates (the TensorFlow trainer) get a GPU.
+  wheel) by KubernetesPodOperator; the item updates (the TensorFlow trainer) get a GPU. prepare's
+  split, DP counts and DP mean run on the run's engine: a local Spark session in the pod (bounded
+  memory: it spills to disk), or with SSP_STATS_ENGINE=beam Dataflow jobs launched from the pod
+  (their options in $SSP_BEAM_PIPELINE_OPTIONS, from retrain/dataflow-options.yaml).
 - user_update_<s>, final_user_update: `pipelines/user_update.py --run RUN --step s` on Dataproc
   (DataprocSubmitJobOperator, job settings in retrain/dataproc-job.yaml, the project wheel shipped in
   python_file_uris under a .zip name).
@@ -132,8 +135,8 @@ def flags(settings: dict) -> list[str]:
     return [part for key, value in settings.items() for part in (f"--{key}", str(value))]
 
 
-def ssp(task_id: str, *args: str, gpu: bool = False) -> KubernetesPodOperator:
-    """`ssp ARGS` in the project image on Kubernetes."""
+def ssp(task_id: str, *args: str, gpu: bool = False, env: dict[str, str] | None = None) -> KubernetesPodOperator:
+    """`ssp ARGS` in the project image on Kubernetes (with environment variables `env`)."""
     return KubernetesPodOperator(
         task_id=task_id,
         name=f"ssp-{task_id.replace('_', '-')}",
@@ -145,6 +148,7 @@ def ssp(task_id: str, *args: str, gpu: bool = False) -> KubernetesPodOperator:
         container_resources=GPU if gpu else CPU,
         node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"} if gpu else None,
         tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")] if gpu else None,
+        env_vars=[k8s.V1EnvVar(name=name, value=value) for name, value in (env or {}).items()],
         get_logs=True,
         on_finish_action="delete_pod",
     )
@@ -164,17 +168,34 @@ def stats_flags(step: int) -> dict:
     return {"run": RUN, "step": step}
 
 
+def dataflow_options() -> dict:
+    """The Beam pipeline options of the Dataflow jobs (retrain/dataflow-options.yaml and the worker image)."""
+    return {**yaml.safe_load((CONFIG / "dataflow-options.yaml").read_text()), "sdk_container_image": BEAM_IMAGE}
+
+
+def prepare_env() -> dict[str, str]:
+    """With SSP_STATS_ENGINE=beam the prepare stage's split, counts and mean run on Dataflow too:
+    their pipeline options, as flags in $SSP_BEAM_PIPELINE_OPTIONS (pipelines/prepare_beam.py). With
+    Spark, the pod's local Spark session does it in bounded memory (it spills to disk)."""
+    if ENGINE != "beam":
+        return {}
+    options = {"runner": "DataflowRunner", "project": PROJECT, "region": REGION, "job_name": "ssp-prepare-{{ ds_nodash }}", **dataflow_options()}
+    flags = []
+    for key, value in options.items():
+        flags += [f"--{key}={item}" for item in value] if isinstance(value, list) else [f"--{key}" if value is True else f"--{key}={value}"]
+    return {"SSP_BEAM_PIPELINE_OPTIONS": " ".join(flags)}
+
+
 def stats_task(step: int):
     if ENGINE == "spark":
         return spark_job(f"stats_{step}", "stats.py", flags(stats_flags(step)))
-    options = yaml.safe_load((CONFIG / "dataflow-options.yaml").read_text())
     return BeamRunPythonPipelineOperator(
         task_id=f"stats_{step}",
         runner="DataflowRunner",
         py_file="pipelines.beam_stats",
         py_options=["-m"],
         py_interpreter=LAUNCHER_PYTHON,
-        default_pipeline_options={**options, "sdk_container_image": BEAM_IMAGE},
+        default_pipeline_options=dataflow_options(),
         pipeline_options=stats_flags(step),
         dataflow_config={"job_name": f"ssp-stats-{step}", "project_id": PROJECT, "location": REGION, "wait_until_finished": True},
     )
@@ -202,7 +223,7 @@ with DAG(
     tags=["ssp", "privacy"],
 ) as dag:
     ingest = ssp("ingest", "ingest", *flags(INGEST), "--rating-scale", *RATING_SCALE, "--out", DATA)
-    prepare = ssp("prepare", "train", "--stage", "prepare", "--data", DATA, "--out", RUN, *flags(BUDGET), *flags(TRAINING))
+    prepare = ssp("prepare", "train", "--stage", "prepare", "--data", DATA, "--out", RUN, *flags(BUDGET), *flags(TRAINING), env=prepare_env())
     steps = []
     for s in range(1, OUTER_STEPS + 1):
         steps += [

@@ -51,7 +51,8 @@ def describe(task) -> dict:
     out = {"task_id": task.task_id, "operator": kind, "upstream": sorted(task.upstream_task_ids), "retries": task.retries}
     if kind == "KubernetesPodOperator":
         limits = (task.container_resources.limits or {}) if task.container_resources else {}
-        out.update(argv=[*task.cmds, *task.arguments], image=task.image, gpu="nvidia.com/gpu" in limits)
+        out.update(argv=[*task.cmds, *task.arguments], image=task.image, gpu="nvidia.com/gpu" in limits,
+                   env={variable.name: variable.value for variable in task.env_vars or []})
     elif kind == "DataprocSubmitJobOperator":
         job = task.job["pyspark_job"]
         out.update(argv=["spark-submit", "--py-files", ",".join(job["python_file_uris"]), job["main_python_file_uri"], *job["args"]],

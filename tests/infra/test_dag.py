@@ -164,6 +164,25 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
 # The DAG as one scheduled run
 
 
+def prepare_beam_options(env: dict) -> set[str]:
+    """The runner the prepare stage's Beam pipelines get from the pod's environment ({} when none),
+    checked as `ssp train` reads them (pipelines.prepare_beam.options_from_environment)."""
+    import os
+
+    from pipelines.prepare_beam import OPTIONS_ENV, options_from_environment
+
+    if OPTIONS_ENV not in env:
+        return set()
+    before = os.environ.get(OPTIONS_ENV)
+    os.environ[OPTIONS_ENV] = env[OPTIONS_ENV]
+    try:
+        options = options_from_environment().get_all_options()
+    finally:
+        os.environ.pop(OPTIONS_ENV) if before is None else os.environ.update({OPTIONS_ENV: before})
+    assert options["sdk_container_image"] and options["temp_location"].startswith("gs://") and "{{" not in env[OPTIONS_ENV], env
+    return {options["runner"]}
+
+
 def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     """Every way the DAG's commands disagree with the CLI or with one run of `ssp train`."""
     if export_of_date["import_errors"]:
@@ -198,6 +217,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check((config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
           f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params")
     check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
+    check(prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
+          f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})")
     order = ["ingest", "prepare"]
     items = run.stats_items
     for s in range(1, config.outer_steps + 1):

@@ -92,3 +92,16 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
             got = storage.read_table(runs[name].private(table))
             assert _rows(got) == _rows(storage.read_table(runs["local"].private(table))), (name, table)
     assert prepared["local"]["prepared"]["mean"] != 0.0 if protocol == "rmse" else prepared["local"]["prepared"]["mean"] == 0.0
+
+
+def test_beam_options_come_from_the_environment_and_a_typo_is_refused(monkeypatch):
+    from pipelines.prepare_beam import OPTIONS_ENV, options_from_environment
+
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    assert options_from_environment() is None  # the DirectRunner
+    monkeypatch.setenv(OPTIONS_ENV, "--runner DataflowRunner --project p --region europe-west4 --temp_location gs://b/tmp")
+    options = options_from_environment().get_all_options()
+    assert (options["runner"], options["project"], options["temp_location"]) == ("DataflowRunner", "p", "gs://b/tmp")
+    monkeypatch.setenv(OPTIONS_ENV, "--runner DataflowRunner --projet p")
+    with pytest.raises(ValueError, match="--projet is not a Beam pipeline option"):
+        options_from_environment()
