@@ -15,6 +15,7 @@ name "mean"). Example level: c = 1 and the sensitivities are (max - min) / 2 and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
@@ -81,3 +82,20 @@ def dp_mean(
     mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))
     logs.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
     return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}
+
+
+def write_centred_part(batches: Iterable[pa.RecordBatch], staged: storage.StagedWrite, part: int, mean: float, protocol: str,
+                       keep_items: np.ndarray | None) -> tuple[str, int] | None:
+    """`centred` rows of a stream of interaction batches, written as part `part` of `staged` (an
+    engine's task); (the part's file name, its rows), or None when no row is left."""
+    writer, count = None, 0
+    for batch in batches:
+        table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items)
+        if table.num_rows:
+            writer = writer or staged.open_part(part, INTERACTIONS)
+            writer.write_table(table)
+            count += table.num_rows
+    if writer is None:
+        return None
+    writer.close()
+    return staged.part_name(part), count

@@ -35,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import splits
 from pipelines.beam_stats import ReadTable
 from pipelines.counts import exact_aggregates, row_problem
-from pipelines.mean import centred, weighted_sums_of
+from pipelines.mean import weighted_sums_of, write_centred_part
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS
@@ -176,16 +176,9 @@ class BeamEngine:
         staged = storage.StagedWrite(out)
 
         def write(index: int, file: str) -> Iterator[list]:
-            writer, count = None, 0
-            for batch in storage.iter_batches(file, columns=INTERACTION_COLUMNS):
-                table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items)
-                if table.num_rows:
-                    writer = writer or staged.open_part(index, INTERACTIONS)
-                    writer.write_table(table)
-                    count += table.num_rows
-            if writer is not None:
-                writer.close()
-                yield [staged.part_name(index), count]
+            written = write_centred_part(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, keep_items)
+            if written is not None:
+                yield list(written)
 
         files = list(enumerate(storage.table_files(train)))
         written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write))

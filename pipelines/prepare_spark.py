@@ -15,14 +15,14 @@ nothing itself (pipelines.counts and pipelines.mean noise the aggregates and rec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines import splits
 from pipelines.counts import row_problem, sampling_hash
-from pipelines.mean import centred
+from pipelines.mean import write_centred_part
 from pipelines.spark import forward_storage_settings, readable_tables
 from schemas import storage
 from schemas.tables import INTERACTIONS
@@ -126,27 +126,16 @@ class SparkEngine:
 
     def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
         """`mean.centred` over every row of `train`, written to `out`, a part per input partition."""
+        from pyspark import TaskContext
+
+        staged = storage.StagedWrite(out)
+
+        def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            written = write_centred_part(batches, staged, TaskContext.get().partitionId(), mean, protocol, keep_items)
+            if written is not None:
+                yield pa.record_batch({"name": [written[0]], "rows": [written[1]]})
+
         with readable_tables(self.spark, train) as (files,):
-            rows = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS)
-            _write_parts(rows, storage.StagedWrite(out), lambda table: centred(table, mean, protocol, keep_items))
-
-
-def _write_parts(rows, staged: storage.StagedWrite, transform: Callable[[pa.Table], pa.Table]) -> None:
-    """Write `transform` of each partition of `rows` as one part of `staged` (interactions), and commit."""
-    from pyspark import TaskContext
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        part, writer, count = TaskContext.get().partitionId(), None, 0
-        for batch in batches:
-            table = transform(pa.Table.from_batches([batch]).cast(INTERACTIONS))
-            if table.num_rows:
-                writer = writer or staged.open_part(part, INTERACTIONS)
-                writer.write_table(table)
-                count += table.num_rows
-        if writer is not None:
-            writer.close()
-            yield pa.record_batch({"name": [staged.part_name(part)], "rows": [count]})
-
-    written = rows.mapInArrow(write, WRITTEN_DDL).collect()
-    names = [row["name"] for row in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
-    staged.commit(names, sum(row["rows"] for row in written))
+            written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(write, WRITTEN_DDL).collect()
+        names = [row["name"] for row in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
+        staged.commit(names, sum(row["rows"] for row in written))
