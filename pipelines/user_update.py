@@ -26,6 +26,9 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make the proje
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import pickle  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import NamedTuple  # noqa: E402
@@ -103,7 +106,13 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     d = len(items["embedding"][0].as_py()) if items.num_rows else dim
     v = list_column_to_matrix(items["embedding"], d, "item embedding")
     gram = gravity * (v.T @ v) if gravity > 0 else None
-    vectors = spark.sparkContext.broadcast((IdIndex(items["item_id"].to_numpy()), v))
+    try:  # PySpark prints the traceback of a broadcast file it cannot write (a full disk, a file-size limit), then raises PicklingError
+        with contextlib.redirect_stderr(io.StringIO()):
+            vectors = spark.sparkContext.broadcast((IdIndex(items["item_id"].to_numpy()), v))
+    except pickle.PicklingError as exc:
+        if isinstance(exc.__context__, OSError):
+            raise exc.__context__ from None  # the disk's error, which the CLI reports in one line
+        raise
     staged = storage.StagedWrite(out)
     try:
         with readable_tables(spark, interactions) as (rated_files,), task_errors_raised_here():
