@@ -195,8 +195,8 @@ def _terminate_with_one_line(command: str):
     as a kill would. That is safe at any moment (writes are atomic, a release is recorded before it
     is computed, locks die with their holder, a killed run resumes: tests/test_kill_resume.py), where
     an exception raised from the handler can be swallowed by whatever it interrupts."""
-    def terminate(signum, frame):
-        print(f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)", file=sys.stderr, flush=True)
+    def terminate(signum, frame):  # the process's own stderr: a library may have redirected sys.stderr for a moment
+        print(f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)", file=sys.__stderr__, flush=True)
         sys.stdout.flush()
         os._exit(143)
 
