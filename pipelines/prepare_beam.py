@@ -59,6 +59,12 @@ def _sorted(batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
     return table.sort_by("user_id").to_batches(max_chunksize=65_536) if table.num_rows else []
 
 
+def _columns(batches: list[pa.RecordBatch], *names: str) -> list[np.ndarray]:
+    """The named columns of a shard's batches (a shard exists only when it has rows), as arrays."""
+    table = pa.Table.from_batches(batches)
+    return [table[name].to_numpy() for name in names]
+
+
 def _sum_aggregates(parts: Iterable[tuple]) -> tuple:
     """Elementwise sums of equal-length tuples of numbers or arrays (an empty input sums to ())."""
     parts = list(parts)
@@ -143,10 +149,7 @@ class BeamEngine:
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates`, per shard of users, summed: the same numbers."""
         def aggregate(_, batches):
-            table = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
-            if table is None:
-                return np.zeros(catalog.size), 0
-            return exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, unit, max_items_per_user, key)
+            return exact_aggregates(*_columns(batches, "user_id", "item_id"), catalog, unit, max_items_per_user, key)
 
         found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "item_id"])
                               | "Aggregate" >> beam.MapTuple(aggregate)
@@ -160,10 +163,7 @@ class BeamEngine:
     def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
         """`mean.weighted_sums`: per shard of users, summed (equal to float64 rounding)."""
         def sums(_, batches):
-            if not batches:
-                return 0.0, 0.0
-            table = pa.Table.from_batches(batches, schema=batches[0].schema)
-            return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
+            return weighted_sums_of(*_columns(batches, "user_id", "label"), rating_range, unit, user_cap)
 
         found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "label"])
                               | "Sums" >> beam.MapTuple(sums)
