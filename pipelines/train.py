@@ -59,6 +59,7 @@ from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings
 # (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
 ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
 STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
+ENGINES = ("spark", "beam", "federated")
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal
 
@@ -75,6 +76,8 @@ class TrainConfig:
     non_private: bool = False
     seed_file: str | None = None
     engine: str = "spark"
+    federated_dropout: float = 0.0  # --engine federated: share of clients that drop out of each round (simulated)
+    federated_max_dropout: float = 0.1  # --engine federated: the noise is planned for this share of clients missing
     item_update: str = "ssp"
     encoder: str = "features"
     encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
@@ -153,8 +156,13 @@ class TrainConfig:
             raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.encoder_init not in ENCODER_INITS:
             raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
-        if self.engine not in ("spark", "beam"):
-            raise ValueError(f"--engine must be spark or beam, got {self.engine!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "federated" and self.item_update not in STATS_UPDATES:
+            raise ValueError(f"--engine federated releases statistics from the clients: it needs an --item-update that uses them {STATS_UPDATES}")
+        for name in ("federated_dropout", "federated_max_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
         if self.item_update in ("als", "cmf") and self.encoder != "id":
@@ -178,6 +186,10 @@ class TrainConfig:
             dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
         common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
                       mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
+        if self.engine == "federated":  # its Skellam noise is accounted on integer RDP orders (pipelines.federated)
+            from pipelines import federated
+
+            common["accountant"] = federated.ACCOUNTANT
         if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
             return release.PrivacySettings(noise_multiplier=0.0, **common)
         return release.PrivacySettings(epsilon=self.epsilon, account=self.account_path(), account_cap=self.account_cap,
@@ -332,7 +344,7 @@ def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: i
     when a session is given, in this process when none is."""
     if rows < local_rows:
         return None
-    if config.engine == "beam":
+    if config.engine in ("beam", "federated"):
         from pipelines.prepare_beam import BeamEngine, options_from_environment
 
         return BeamEngine(options_from_environment(), scratch=Run(config.out).private("beam"))
@@ -585,6 +597,12 @@ def release_stats(run: Run, step: int, spark=None) -> dict:
     manifest = run.prepared()
     config = config_of(run, manifest)
     job = stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
+    if config.engine == "federated":  # the clients solve their own embeddings: no user update before it
+        from pipelines import federated
+        from pipelines.prepare_beam import options_from_environment
+
+        return federated.run(federated.FederatedJob(job, run.centred, run.item_embeddings(step - 1), config.lambda_u, config.gravity,
+                                                    config.federated_dropout, config.federated_max_dropout), options_from_environment())
     if config.engine == "beam":
         from pipelines import beam_stats
 
@@ -810,8 +828,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
             for s in range(1, config.outer_steps + 1):
                 if s in layout.read_manifest()["steps_done"]:
                     continue
-                with timed(f"step-{s}/user_update"):
-                    user_update.run_step(active_spark, layout.root, s)
+                if config.engine != "federated":  # federated clients solve their embeddings in the stats round
+                    with timed(f"step-{s}/user_update"):
+                        user_update.run_step(active_spark, layout.root, s)
                 if config.item_update not in ("dpsgd", "none"):  # AM-DPSGD releases no statistics, the starting point none
                     with timed(f"step-{s}/stats"):
                         summary = release_stats(layout, s, active_spark)
@@ -994,7 +1013,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
         "engine": "engine of the prepare stage (split, DP counts, DP mean, centred rows) and of the stats job: spark or beam "
-                  "(the user update runs on Spark)",
+                  "(the user update runs on Spark), or federated: the prepare stage on Beam, and each step's statistics released by "
+                  "simulated devices (solving their own embeddings) through secure aggregation with distributed Skellam noise "
+                  "(pipelines.federated; accountant: RDP on integer orders)",
+        "federated_dropout": "--engine federated: share of clients that drop out of each round after its setup (simulated; their masks are "
+                             "recovered from their neighbours' Shamir shares)",
+        "federated_max_dropout": "--engine federated: the noise shares are planned for this share of clients missing; a round with more "
+                                 "dropouts is refused",
         "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
                        "its budget share is the statistics', and it ignores --gravity in the item update), or none (the starting point: "
@@ -1040,7 +1065,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(name, action=action, default=default, help=helps.get(item.name, item.name.replace("_", " ")))
             continue
         kind = {"int": int, "float": float}.get(kind_name.split(" ")[0], str)
-        choices = {"protocol": splits.PROTOCOLS, "engine": ("spark", "beam"), "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
+        choices = {"protocol": splits.PROTOCOLS, "engine": ENGINES, "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
                    "encoder_init": ENCODER_INITS}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
@@ -1120,7 +1145,7 @@ def main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.stage == "prepare":
         with run_directory(config):
-            if config.engine == "beam":
+            if config.engine in ("beam", "federated"):
                 prepare(config)
             else:
                 from pipelines.spark import session

@@ -43,16 +43,21 @@ from scipy import optimize
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-ACCOUNTANTS = ("pld", "rdp")
+ACCOUNTANTS = ("pld", "rdp", "rdp-integer")
 DEFAULT_ACCOUNTANT = "pld"
 PLD_DISCRETIZATION = 1e-3  # the PLD accountant's value_discretization_interval (dp-accounting's default: 1e-4)
 PLD_MIN_MULTIPLIER = 0.2  # below it a PLD is too large to compute (module docstring): RDP's epsilon instead
+# 'rdp-integer': RDP on dp-accounting's integer orders only, the domain of the Skellam bound (privacy.skellam)
+INTEGER_ORDERS = tuple(range(2, 64)) + (128, 256, 512, 1024)
 
 
 def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
-    """A fresh dp-accounting accountant: 'pld' (default) or 'rdp'."""
+    """A fresh dp-accounting accountant: 'pld' (default), 'rdp', or 'rdp-integer' (RDP on integer
+    orders: federated runs, whose Skellam noise is bounded there)."""
     if kind == "rdp":
         return rdp_privacy_accountant.RdpAccountant()
+    if kind == "rdp-integer":
+        return rdp_privacy_accountant.RdpAccountant(orders=list(INTEGER_ORDERS))
     if kind == "pld":
         return pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
@@ -227,7 +232,7 @@ def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str =
     if epsilon == math.inf:
         return {group.name: 0.0 for group in plan}
     check_budget(epsilon, delta)
-    if accountant == "rdp":  # fast: dp-accounting's own bracket search
+    if accountant.startswith("rdp"):  # fast: dp-accounting's own bracket search
         total = dp_accounting.calibrate_dp_mechanism(
             lambda: make_accountant(accountant),
             lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)),

@@ -1,0 +1,327 @@
+"""Federated SSP2 (the paper's appendix, Algorithm "Federated SSP2"): one outer step's statistics
+release with each user's device as a client, simulated as a Beam pipeline (clients are elements;
+any runner).
+
+Each client holds its own ratings. Given the broadcast item embeddings (public: the step's start),
+it solves its user embedding (the same ridge solve as pipelines.user_update), computes its clipped,
+weighted contribution to A_j, b_j of every catalog item (zero where it rated nothing: every vector
+covers the whole catalog, so its shape says nothing), encodes it in fixed point, adds its Skellam
+noise share (privacy.skellam) and sends it masked by secure aggregation (privacy.secure_aggregation).
+The server only ever learns the noised sum; it decodes it into a stats table of the same schema and
+release.json as the central stats job, which the same item update consumes.
+
+Privacy: the release is planned and recorded like the central one (one Gaussian event of the
+run's stats multiplier z for A and b), against an RDP accountant on integer orders, where the Skellam
+noise of multiplier z_s >= z is at least as private (privacy.skellam). The noise is planned for
+n_min = ceil((1 - max_dropout) n) of the n clients. With fewer survivors the clients reveal no share
+and the round is refused: the server learned nothing, and the round may be run again. A round that
+went further (a client whose secret too few neighbours could rebuild) is refused too, and never run
+again in this run: the server may have unmasked part of it, and new noise for the same statistics
+would be a release the ledger has not planned. Neighbouring data: one client's data replaced by an
+empty device's (which still takes part: a device's participation is visible to the server in any
+federated system); the plan depends only on the number of clients. Fixed point: contributions are truncated towards 0 (sensitivity never
+grows) at a power-of-two scale where the quantisation is below 2^-16 of the noise's std and the sum
+stays within the ring.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.options.pipeline_options import PipelineOptions
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from pipelines import logs, release, stats_job
+from pipelines.beam_stats import ReadTable, rows_by_user
+from pipelines.stats_core import release_metadata, stats_table, user_contributions
+from privacy import accounting, secure_aggregation as secagg, skellam
+from privacy.accumulator import NoiseSpec, grouped_sums, packed_size
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from schemas.ids import IdIndex
+from schemas.tables import validate_item_embeddings
+from trainer.solve import ridge_solve
+
+ACCOUNTANT = "rdp-integer"
+QUANTISATION_BITS = 16  # the fixed-point step is at most 2^-16 of the noise's std over n clients
+SHAMIR_SHARE_BYTES = 66  # a share is an element of the field 2^521 - 1
+ROUND_STARTED = ".round-started"  # in the step's stats folder: a round ran (its sum may be unmasked), so it is never run again
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The round's public parameters: fixed-point scale, Skellam multiplier and per-client variances."""
+
+    clients: int
+    min_clients: int
+    items: int
+    dim: int
+    scale: float
+    skellam_multiplier: float
+    share_variance: tuple[float, float]  # (A entries, b entries), per client
+    neighbours: int
+
+    @property
+    def width(self) -> int:
+        """Ring elements per item: the packed A_j and b_j."""
+        return packed_size(self.dim) + self.dim
+
+    def upload_bytes(self) -> int:
+        """What one client sends: its public key, two Shamir shares per neighbour at setup, the
+        masked vector, one share per neighbour when unmasking."""
+        return 32 + 3 * self.neighbours * SHAMIR_SHARE_BYTES + 8 * self.items * self.width
+
+    def to_json(self) -> dict:
+        return {"clients": self.clients, "min_clients": self.min_clients, "scale": self.scale, "skellam_multiplier": self.skellam_multiplier,
+                "share_variance": list(self.share_variance), "neighbours": self.neighbours, "upload_bytes_per_client": self.upload_bytes()}
+
+
+def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dropout: float, items: int) -> Plan:
+    """The fixed-point scale s (a power of two), z_s and the shares' variances for `clients` clients."""
+    settings = job.settings
+    if not (math.isfinite(settings.clip_u) and math.isfinite(settings.clip_y)):
+        raise ValueError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
+    if not 0 <= max_dropout < 1:
+        raise ValueError(f"the tolerated dropout must be in [0, 1), got {max_dropout}")
+    d, p = settings.dim, packed_size(settings.dim)
+    sensitivity = (settings.wbar * settings.clip_u**2, settings.wbar * settings.clip_y * settings.clip_u)  # A, b: one user, L2
+    largest = max(sensitivity)
+    min_clients = max(1, math.ceil((1 - max_dropout) * clients))
+    ring_bound = 2.0**62 / (clients * largest + 40 * max(multiplier, 1.0) * largest)  # every client's most, plus 40 std of noise
+    wanted = 2.0**QUANTISATION_BITS * clients / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
+    scale = 2.0 ** math.floor(math.log2(min(wanted, ring_bound)))
+    if multiplier == 0:
+        return Plan(clients, min_clients, items, d, scale, 0.0, (0.0, 0.0), secagg.neighbour_count(clients))
+    parts = [(math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity)]  # (L1, L2) of the integer vectors
+    z_s = skellam.skellam_multiplier(multiplier, parts)
+    variances = tuple((z_s * l2) ** 2 / min_clients for _, l2 in parts)
+    return Plan(clients, min_clients, items, d, scale, z_s, variances, secagg.neighbour_count(clients))
+
+
+def client_secret(round_secret: bytes, client: int) -> secagg.ClientKeys:
+    """A simulated device's own secret (see privacy.secure_aggregation)."""
+    secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"ssp federated client " + int(client).to_bytes(8, "big", signed=True)).derive(round_secret)
+    return secagg.ClientKeys(secret)
+
+
+def client_noise(keys: secagg.ClientKeys, plan: Plan) -> np.ndarray:
+    """The client's Skellam share over its whole vector (A entries, then b entries, per item)."""
+    rng = np.random.default_rng(int.from_bytes(keys.noise_seed, "big"))
+    p = packed_size(plan.dim)
+    noise = np.empty((plan.items, plan.width), dtype=np.int64)
+    noise[:, :p] = skellam.shares(plan.items * p, plan.share_variance[0], rng).reshape(plan.items, p)
+    noise[:, p:] = skellam.shares(plan.items * plan.dim, plan.share_variance[1], rng).reshape(plan.items, plan.dim)
+    return noise.reshape(-1)
+
+
+def public_round_seed(round_secret: bytes) -> bytes:
+    """The round's public seed: the neighbour graph's shuffle and the simulated dropouts."""
+    return secagg.derive(round_secret, b"public round seed")
+
+
+def dropped_clients(clients: np.ndarray, round_seed: bytes, dropout: float) -> frozenset:
+    """The clients that drop out after setup in the simulation: each with probability `dropout`, by a keyed hash."""
+    return frozenset(int(c) for c in clients if int.from_bytes(secagg.derive(round_seed, int(c).to_bytes(8, "big", signed=True))[:4], "big") < dropout * 2**32)
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the distributor sends every client: the item embeddings, the stats catalog and its DP counts (all public)."""
+
+    embeddings: tuple[IdIndex, np.ndarray]
+    gram: np.ndarray | None
+    catalog: IdIndex
+    counts: np.ndarray
+
+
+def client_contribution(user: int, solve_rows: tuple[np.ndarray, np.ndarray], stats_rows: tuple[np.ndarray, np.ndarray], broadcast: Broadcast,
+                        settings, lambda_u: float, plan: Plan) -> np.ndarray:
+    """The client's real vector: its embedding solved from its own rows, then its clipped, weighted
+    A_j, b_j terms at its items' catalog positions (zero elsewhere), shape (items * width)."""
+    index, vectors = broadcast.embeddings
+    items, labels = solve_rows
+    _, u = ridge_solve(np.full(items.size, user), vectors[index.positions(items, "item with an embedding")], labels, lambda_u, scale_by_rows=True,
+                       gravity=broadcast.gram)
+    out = np.zeros((plan.items, plan.width))
+    rated, rated_labels = stats_rows
+    if rated.size:
+        at = broadcast.catalog.positions(rated, "stats catalog item")
+        keys, rows = user_contributions(np.full(rated.size, user), at, rated_labels, np.repeat(u, rated.size, axis=0), broadcast.counts[at], settings)
+        positions, a_upper, b = grouped_sums(keys, rows)
+        out[positions, : packed_size(plan.dim)] = a_upper
+        out[positions, packed_size(plan.dim):] = b
+    return out.reshape(-1)
+
+
+class ClientRound(beam.DoFn):
+    """A client's masked input, or nothing when it drops out after setup (simulated)."""
+
+    def __init__(self, broadcast: Broadcast, settings, lambda_u: float, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset):
+        self.broadcast, self.settings, self.lambda_u, self.plan = broadcast, settings, lambda_u, plan
+        self.round_secret, self.graph, self.dropped = round_secret, graph, dropped
+
+    def process(self, element, public_keys):
+        user, grouped = element
+        if user in self.dropped:
+            return
+        solve = _concatenated(grouped["solve"])
+        if not solve[0].size:
+            raise ValueError(f"client {user} has statistics rows but no rows to solve its embedding on")
+        x = client_contribution(user, solve, _concatenated(grouped["stats"]), self.broadcast, self.settings, self.lambda_u, self.plan)
+        keys = client_secret(self.round_secret, user)
+        encoded = secagg.encode(x * (1 - 1e-9), self.plan.scale)  # the margin absorbs the float rounding of the clipped norms
+        noised = encoded + client_noise(keys, self.plan).view(np.uint64)
+        yield user, secagg.masked_input(user, noised, keys, self.graph, public_keys)
+
+
+def _concatenated(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+class RingSum(beam.CombineFn):
+    """The sum of uint64 vectors modulo 2^64 (None when there are none)."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, total, vector):
+        return vector.copy() if total is None else total + vector
+
+    def merge_accumulators(self, totals):
+        present = [t for t in totals if t is not None]
+        return None if not present else sum(present[1:], present[0].copy())
+
+    def extract_output(self, total):
+        return total
+
+
+def _rebuild(element, size: int, graph: dict, public_keys: dict, survivors: set, t: int):
+    """One client's revealed shares -> (client, its mask correction), or (client, None) with fewer than t."""
+    client, revealed = element
+    revealed = list(revealed)
+    if len(revealed) < t:
+        return client, None
+    kind = revealed[0][0]
+    secret = secagg.shamir_rebuild({x: share for _, x, share in revealed[:t]})
+    return client, secagg.mask_correction(client, kind, secret, size, graph, public_keys, survivors)
+
+
+@dataclass
+class FederatedJob:
+    """One outer step's federated release: the central job's tables, settings and budget, plus what
+    the clients need to solve their embeddings and the simulated round's dropout."""
+
+    stats: stats_job.StatsJob
+    solve_rows: str  # every training row, centred: a client solves its embedding on its own
+    item_embeddings: str  # the broadcast
+    lambda_u: float
+    gravity: float = 0.0
+    dropout: float = 0.0  # share of clients that drop out after setup (simulated, drawn from the round seed)
+    max_dropout: float = 0.1  # the noise is planned for (1 - max_dropout) n clients
+    round_secret: bytes | None = None  # the simulated devices' secrets' root (None: fresh, never stored)
+
+
+def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
+    """Run the round; publish the stats table and release.json; returns the step summary."""
+    central = job.stats
+    if not 0 <= job.dropout < 1:
+        raise ValueError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
+    catalog = np.sort(storage.read_table(central.items, columns=["item_id"])["item_id"].to_numpy())
+    counts = storage.read_table(central.counts).sort_by("item_id")
+    count_of = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]
+    embeddings = validate_item_embeddings(storage.read_table(job.item_embeddings), dim=central.settings.dim)
+    vectors = list_column_to_matrix(embeddings["embedding"], central.settings.dim, "item embedding")
+    broadcast = Broadcast((IdIndex(embeddings["item_id"].to_numpy()), vectors), job.gravity * vectors.T @ vectors if job.gravity > 0 else None,
+                          IdIndex(catalog), count_of)
+    clients = np.unique(np.concatenate([batch.column("user_id").to_numpy() for batch in storage.iter_batches(job.solve_rows, columns=["user_id"])]))
+    if clients.size < 3:
+        raise ValueError(f"secure aggregation needs at least 3 clients, {job.solve_rows} has {clients.size}")
+    ledger = central.privacy.open_ledger(central.ledger_path, central.settings.unit)
+    if ledger.budget["accountant"] != ACCOUNTANT and central.privacy.noise_multiplier != 0:
+        raise ValueError(f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
+                         f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is {ACCOUNTANT!r}")
+    multiplier = ledger.budget["multipliers"]["stats"]
+    plan = plan_round(central, multiplier, int(clients.size), job.max_dropout, int(catalog.size))
+    round_secret = job.round_secret or os.urandom(32)
+    round_seed = public_round_seed(round_secret)
+    graph = secagg.neighbours(clients, round_seed, plan.neighbours)
+    dropped = dropped_clients(clients, round_seed, job.dropout)
+    seeds = release.open_seed_file(central.seed_file, central.ledger_path)
+    description = {"settings": central.settings.to_json(), "federated": plan.to_json(), "inputs": {"solve_rows": central.interactions}}
+    index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
+    logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
+             f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
+    started = storage.join(central.out, ROUND_STARTED)
+    if storage.exists(started):
+        raise ValueError(f"a round of federated step {central.step} already ran ({started}): the server may have unmasked its sum, and a new "
+                         "round would draw new noise for the same statistics, a release the ledger has not planned; start a new run")
+    storage.write_json({"step": central.step, "release": index}, started)
+    masked, corrections, survivors, refused = _round(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
+    if survivors < plan.min_clients:  # the clients revealed no share: the server learned nothing, and the round may be run again
+        storage.remove(started)
+        raise RuntimeError(f"federated step {central.step}: {survivors} of {plan.clients} clients answered, fewer than the {plan.min_clients} "
+                           f"the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, nothing published")
+    if refused:
+        raise RuntimeError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(refused)} client(s) (e.g. {refused[0]}) "
+                           "to unmask the sum; round refused, nothing published")
+    total = secagg.decode(masked - corrections, plan.scale).reshape(plan.items, plan.width)
+    p = packed_size(plan.dim)
+    spec = NoiseSpec(multiplier, central.settings.wbar, central.settings.clip_u, central.settings.clip_y, seeds.seed, index)
+    storage.remove(storage.join(central.out, stats_job.RELEASE_SUMMARY))
+    storage.write_table(stats_table(catalog, total[:, :p], total[:, p:], release_metadata(central.settings, spec, 0)), stats_job.resample_path(central.out, 0))
+    summary = {"step": central.step, "resamples": 1, "releases": [index], "noise_multiplier": multiplier, "settings": central.settings.to_json(),
+               "items": int(catalog.size), "epsilon_spent": ledger.epsilon_spent(), "ledger": central.ledger_path,
+               "federated": {**plan.to_json(), "survivors": survivors, "dropped": len(dropped)}}
+    storage.write_json(summary, storage.join(central.out, stats_job.RELEASE_SUMMARY))
+    return summary
+
+
+def _round(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options):
+    """The Beam pipeline of the round: (masked sum, sum of mask corrections, survivors, clients that
+    could not be unmasked: fewer than t neighbours revealed their secret)."""
+    size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)
+    settings = job.stats.settings
+    with tempfile.TemporaryDirectory(prefix="ssp-federated-") as scratch:
+        out = os.path.join(scratch, uuid.uuid4().hex)
+
+        def save(name, value):
+            np.save(f"{out}-{name}.npy", np.asarray(value))
+
+        with beam.Pipeline(options=options or PipelineOptions([])) as pipeline:
+            solve = pipeline | "ReadSolveRows" >> ReadTable(job.solve_rows, ["user_id", "item_id", "label"]) | "SolveByUser" >> beam.FlatMap(rows_by_user)
+            stats = pipeline | "ReadStatsRows" >> ReadTable(job.stats.interactions, ["user_id", "item_id", "label"]) | "StatsByUser" >> beam.FlatMap(rows_by_user)
+            clients = {"solve": solve, "stats": stats} | "Clients" >> beam.CoGroupByKey()
+            keys = clients | "Keys" >> beam.Map(lambda element: (element[0], client_secret(round_secret, element[0])))
+            public_keys = keys | "PublicKeys" >> beam.MapTuple(lambda user, k: (user, k.public_key))
+            held = (keys
+                    | "SetupShares" >> beam.FlatMapTuple(lambda user, k: [(holder, (user, share)) for holder, share in secagg.setup_shares(user, k, graph, t).items()])
+                    | "ByHolder" >> beam.GroupByKey())
+            masked = clients | "MaskedInput" >> beam.ParDo(ClientRound(broadcast, settings, job.lambda_u, plan, round_secret, graph, dropped),
+                                                           beam.pvalue.AsDict(public_keys))
+            survivors = masked | "Survivors" >> beam.Keys() | "SurvivorSet" >> beam.combiners.ToList() | "AsSet" >> beam.Map(set)
+            _ = (masked | "Vectors" >> beam.Values() | "Sum" >> beam.CombineGlobally(RingSum())
+                 | "SaveSum" >> beam.Map(lambda v: save("sum", v if v is not None else np.zeros(size, np.uint64))))
+            _ = survivors | "SaveSurvivors" >> beam.Map(lambda alive: save("survivors", np.asarray(sorted(alive), np.int64)))
+            rebuilt = (held  # a client reveals nothing when fewer clients answered than the noise is planned for (the round is refused)
+                       | "Reveal" >> beam.FlatMap(lambda element, alive: [] if element[0] not in alive or len(alive) < plan.min_clients else
+                                                  secagg.revealed_shares(element[0], dict(element[1]), alive).items(), beam.pvalue.AsSingleton(survivors))
+                       | "ByClient" >> beam.GroupByKey()
+                       | "Rebuild" >> beam.Map(_rebuild, size, graph, beam.pvalue.AsDict(public_keys), beam.pvalue.AsSingleton(survivors), t))
+            _ = (rebuilt | "Corrections" >> beam.Values() | "Rebuilt" >> beam.Filter(lambda v: v is not None)
+                 | "SumCorrections" >> beam.CombineGlobally(RingSum())
+                 | "SaveCorrections" >> beam.Map(lambda v: save("corrections", v if v is not None else np.zeros(size, np.uint64))))
+            _ = (rebuilt | "Unmasked" >> beam.Filter(lambda r: r[1] is not None) | "UnmaskedIds" >> beam.Keys()
+                 | "AllUnmasked" >> beam.combiners.ToList() | "SaveUnmasked" >> beam.Map(lambda ids: save("unmasked", np.asarray(sorted(ids), np.int64))))
+        alive = np.load(f"{out}-survivors.npy")
+        missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), np.load(f"{out}-unmasked.npy"))  # survivors and dropped alike need a correction
+        return np.load(f"{out}-sum.npy"), np.load(f"{out}-corrections.npy"), int(alive.size), missing.tolist()

@@ -1,0 +1,196 @@
+"""Secure aggregation: the server learns the sum of the clients' vectors and nothing else about any one.
+
+The protocol of Bonawitz et al. 2017 ("Practical Secure Aggregation for Privacy-Preserving Machine
+Learning", CCS), with double masking, on the sparse neighbour graph of Bell et al. 2020 ("Secure
+Single-Server Aggregation with (Poly)Logarithmic Overhead", CCS), over the ring Z_(2^64) (numpy's
+uint64 arithmetic wraps exactly so):
+
+1. Setup. Client i has an X25519 key pair (sk_i, pk_i) and a self-mask seed b_i; the server publishes
+   every pk. Client i agrees a seed s_ij = HKDF(X25519(sk_i, pk_j)) with each neighbour j of a public,
+   k-regular graph (`neighbours`: a cycle over a public shuffle, each client joined to the k/2 on each
+   side; k about 2 log2 n), and Shamir-shares sk_i and b_i among its neighbours, threshold t
+   (`shamir_shares`, over the prime field 2^521 - 1).
+2. Masked input. Client i sends y_i = x_i + PRG(b_i) + sum_{j in N(i), j > i} PRG(s_ij)
+   - sum_{j in N(i), j < i} PRG(s_ij) (mod 2^64), PRG = ChaCha20's keystream (`masked_input`).
+3. Unmasking. The server names the survivors (clients whose y arrived) and the dropped. Each surviving
+   neighbour reveals its share of b_i for a survivor i and its share of sk_i for a dropped i, never
+   both for one client (`revealed_shares`). With t shares the server rebuilds the secret and removes
+   the survivor's self-mask, or the dropped client's pairwise masks left in its surviving neighbours'
+   inputs (`mask_correction`). Sum of y over survivors minus the corrections is sum of x over survivors.
+
+What the server sees of client i is y_i, uniform on the ring without b_i; an honest client never
+lets both b_i and sk_i be rebuilt, so a server that calls a late client dropped learns nothing more.
+Fixed-point encoding (`encode`, `decode`) puts real vectors on the ring.
+
+This module is the protocol's arithmetic; pipelines.federated runs it with clients as elements of a
+Beam pipeline. Simulation: each client's secrets come from its own 32-byte secret (`ClientKeys`),
+which stands for the device's randomness; the server side never reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+FIELD_PRIME = (1 << 521) - 1  # a Mersenne prime above every 32-byte secret
+RING_BITS = 64
+
+
+def derive(secret: bytes, info: bytes) -> bytes:
+    """A 32-byte key of `secret` for one purpose (HKDF-SHA256)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"ssp secure aggregation: " + info).derive(secret)
+
+
+def prg(seed: bytes, size: int) -> np.ndarray:
+    """`size` pseudorandom ring elements: ChaCha20's keystream under `seed` (32 bytes), nonce 0."""
+    out = np.zeros(size, dtype=np.uint64)
+    encryptor = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor()
+    encryptor.update_into(bytes(8 * size), out.view(np.uint8))
+    return out
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """A client's secrets, derived from its own 32-byte secret: the X25519 key and the self-mask seed."""
+
+    secret: bytes
+
+    @cached_property
+    def private_key(self) -> X25519PrivateKey:
+        return X25519PrivateKey.from_private_bytes(derive(self.secret, b"x25519"))
+
+    @cached_property
+    def public_key(self) -> bytes:
+        return self.private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @cached_property
+    def self_mask_seed(self) -> bytes:
+        return derive(self.secret, b"self mask")
+
+    @property
+    def private_bytes(self) -> bytes:
+        return derive(self.secret, b"x25519")
+
+    @cached_property
+    def noise_seed(self) -> bytes:
+        """The seed of the client's noise share (privacy.skellam)."""
+        return derive(self.secret, b"noise")
+
+
+def pairwise_seed(private_bytes: bytes, peer_public: bytes) -> bytes:
+    """The seed two clients agree (either side computes it from its private key and the other's public key)."""
+    shared = X25519PrivateKey.from_private_bytes(private_bytes).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return derive(shared, b"pairwise")
+
+
+def neighbour_count(clients: int) -> int:
+    """k of the graph: 2 ceil(log2 n) (Bell et al.: O(log n) neighbours suffice), at most n - 1."""
+    return max(0, min(2 * math.ceil(math.log2(max(clients, 2))), clients - 1))
+
+
+def neighbours(clients: np.ndarray, round_seed: bytes, k: int | None = None) -> dict[int, list[int]]:
+    """The public graph: client ids on a cycle in an order shuffled by `round_seed`, each joined to
+    the k/2 before and the k/2 after it (the complete graph when k >= n - 1)."""
+    ids = np.unique(np.asarray(clients, dtype=np.int64))
+    n = ids.size
+    k = neighbour_count(n) if k is None else k
+    keys = [hashlib.sha256(round_seed + int(i).to_bytes(8, "big", signed=True)).digest() for i in ids]
+    ring = [int(ids[q]) for q in sorted(range(n), key=keys.__getitem__)]
+    if k >= n - 1:
+        return {i: [j for j in ring if j != i] for i in ring}
+    half = k // 2
+    return {ring[q]: sorted({ring[(q + step) % n] for step in range(-half, half + 1) if step}) for q in range(n)}
+
+
+def threshold(k: int) -> int:
+    """Shares needed to rebuild a secret: a majority of the k neighbours."""
+    return k // 2 + 1
+
+
+def shamir_shares(secret: bytes, holders: list[int], t: int, rng: secrets.SystemRandom | None = None) -> dict[int, int]:
+    """Shamir shares of `secret` for the holders (share of holder at x = position + 1); any t rebuild it."""
+    rng = rng or secrets.SystemRandom()
+    coefficients = [int.from_bytes(secret, "big")] + [rng.randrange(FIELD_PRIME) for _ in range(t - 1)]
+    shares = {}
+    for position, holder in enumerate(holders):
+        x, value = position + 1, 0
+        for c in reversed(coefficients):
+            value = (value * x + c) % FIELD_PRIME
+        shares[holder] = value
+    return shares
+
+
+def shamir_rebuild(points: dict[int, int]) -> bytes:
+    """The secret from shares {x: value} (Lagrange interpolation at 0)."""
+    total = 0
+    for x, value in points.items():
+        num, den = 1, 1
+        for other in points:
+            if other != x:
+                num = num * (-other) % FIELD_PRIME
+                den = den * (x - other) % FIELD_PRIME
+        total = (total + value * num * pow(den, -1, FIELD_PRIME)) % FIELD_PRIME
+    if total >> 256:  # fewer than t shares (or wrong ones) give a random field element, almost surely this large
+        raise ValueError("the shares do not rebuild a 32-byte secret: too few or wrong shares")
+    return total.to_bytes(32, "big")
+
+
+def setup_shares(client: int, keys: ClientKeys, graph: dict[int, list[int]], t: int) -> dict[int, tuple[int, int, int]]:
+    """What client i sends its neighbours at setup: holder -> (x, share of sk_i, share of b_i)."""
+    holders = graph[client]
+    of_key = shamir_shares(keys.private_bytes, holders, t)
+    of_mask = shamir_shares(keys.self_mask_seed, holders, t)
+    return {holder: (position + 1, of_key[holder], of_mask[holder]) for position, holder in enumerate(holders)}
+
+
+def masked_input(client: int, x: np.ndarray, keys: ClientKeys, graph: dict[int, list[int]], public_keys: dict[int, bytes]) -> np.ndarray:
+    """y_i = x_i + PRG(b_i) + sum_{j > i} PRG(s_ij) - sum_{j < i} PRG(s_ij), on the ring."""
+    y = np.asarray(x, dtype=np.uint64) + prg(keys.self_mask_seed, x.size)
+    for j in graph[client]:
+        mask = prg(pairwise_seed(keys.private_bytes, public_keys[j]), x.size)
+        y = y + mask if j > client else y - mask
+    return y
+
+
+def revealed_shares(holder: int, held: dict[int, tuple[int, int, int]], survivors: set[int]) -> dict[int, tuple[str, int, int]]:
+    """What a surviving holder reveals in the unmasking round: for each client it holds shares of,
+    (kind, x, share): the self-mask seed's share for a survivor, the key's share for a dropped client."""
+    return {i: ("mask", x, b) if i in survivors else ("key", x, sk) for i, (x, sk, b) in held.items()}
+
+
+def mask_correction(client: int, kind: str, secret: bytes, size: int, graph: dict[int, list[int]], public_keys: dict[int, bytes],
+                    survivors: set[int]) -> np.ndarray:
+    """What the server subtracts for one client once its secret is rebuilt: a survivor's self-mask,
+    or the masks a dropped client shared with its surviving neighbours (as they added them)."""
+    if kind == "mask":
+        return prg(secret, size)
+    correction = np.zeros(size, dtype=np.uint64)
+    for j in graph[client]:
+        if j in survivors:  # j added +PRG(s_ij) if j < i (i is its larger neighbour), else -PRG(s_ij)
+            mask = prg(pairwise_seed(secret, public_keys[j]), size)
+            correction = correction + mask if j < client else correction - mask
+    return correction
+
+
+def encode(x: np.ndarray, scale: float) -> np.ndarray:
+    """Real vector -> ring elements: x * scale truncated towards 0 (|each| never grows, so norm
+    bounds survive), as two's complement."""
+    scaled = np.trunc(np.asarray(x, dtype=np.float64) * scale)
+    if scaled.size and np.abs(scaled).max() >= 2.0 ** (RING_BITS - 2):
+        raise ValueError(f"fixed-point scale {scale:g} puts values out of the ring's range")
+    return scaled.astype(np.int64).view(np.uint64)
+
+
+def decode(total: np.ndarray, scale: float) -> np.ndarray:
+    """Ring elements (a sum of encoded vectors, within the signed range) -> reals."""
+    return np.asarray(total, dtype=np.uint64).view(np.int64).astype(np.float64) / scale

@@ -1,0 +1,140 @@
+"""Federated SSP2 on Beam's DirectRunner: the release equals, within the fixed-point quantisation,
+the central statistics plus the clients' summed noise; dropouts are recovered or the round is
+refused; the ledger plans it; `ssp train --engine federated` trains from it end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipelines import cli, federated, stats_job, train
+from pipelines.run_dir import Run
+from pipelines.stats_core import user_contributions
+from privacy.accumulator import grouped_sums, packed_size
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from trainer.solve import ridge_solve
+
+ROUND_SECRET = bytes(range(32))
+SETTINGS = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "2", "--dim", "3", "--stats-threshold", "0"]
+
+
+def prepared(folder, engine="federated"):
+    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]) == 0
+    run = folder / f"run-{engine}"
+    assert cli.main(["train", "--stage", "prepare", "--data", str(folder / "data"), "--out", str(run), "--engine", engine, *SETTINGS]) == 0
+    return Run(str(run))
+
+
+def federated_job(run: Run, dropout=0.0, max_dropout=0.1) -> federated.FederatedJob:
+    manifest = run.prepared()
+    config = train.config_of(run, manifest)
+    job = train.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
+    return federated.FederatedJob(job, run.centred, run.item_embeddings(0), config.lambda_u, config.gravity, dropout, max_dropout, ROUND_SECRET)
+
+
+def central_sums(job: federated.FederatedJob, users: set):
+    """The exact A_j, b_j of `users`, as the central stats job computes them: each user's embedding
+    solved on all its rows, then clipped, weighted terms summed per item (no noise)."""
+    items = np.sort(storage.read_table(job.stats.items)["item_id"].to_numpy())
+    counts = storage.read_table(job.stats.counts).sort_by("item_id")
+    count_of = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), items)]
+    embeddings = storage.read_table(job.item_embeddings)
+    v = list_column_to_matrix(embeddings["embedding"], job.stats.settings.dim, "item")
+    v_of = dict(zip(embeddings["item_id"].to_numpy().tolist(), v))
+    solve, stats = storage.read_table(job.solve_rows).to_pandas(), storage.read_table(job.stats.interactions).to_pandas()
+    keys, rows = [], []
+    for user in sorted(users):
+        mine = solve[solve.user_id == user]
+        _, u = ridge_solve(mine.user_id.to_numpy(), np.array([v_of[i] for i in mine.item_id]), mine.label.to_numpy(), job.lambda_u, scale_by_rows=True)
+        rated = stats[stats.user_id == user]
+        at = np.searchsorted(items, rated.item_id.to_numpy())
+        k, r = user_contributions(rated.user_id.to_numpy(), at, rated.label.to_numpy(), np.repeat(u, len(at), axis=0), count_of[at], job.stats.settings)
+        keys.append(k)
+        rows.append(r)
+    positions, a, b = grouped_sums(np.concatenate(keys), np.concatenate(rows))
+    d = job.stats.settings.dim
+    out = np.zeros((items.size, packed_size(d) + d))
+    out[positions, : packed_size(d)], out[positions, packed_size(d):] = a, b
+    return out
+
+
+def released(job: federated.FederatedJob) -> np.ndarray:
+    table = storage.read_table(stats_job.resample_path(job.stats.out, 0)).sort_by("item_id")
+    d = job.stats.settings.dim
+    return np.hstack([list_column_to_matrix(table["a_upper"], packed_size(d), "a"), list_column_to_matrix(table["b"], d, "b")])
+
+
+@pytest.mark.parametrize("dropout, max_dropout", [(0.0, 0.1), (0.1, 0.3)])
+def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(tmp_path, dropout, max_dropout):
+    run = prepared(tmp_path)
+    job = federated_job(run, dropout, max_dropout)
+    summary = federated.run(job)
+    clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
+    dropped = federated.dropped_clients(clients, federated.public_round_seed(ROUND_SECRET), dropout)
+    survivors = set(clients.tolist()) - dropped
+    assert (len(dropped) > 0) == (dropout > 0) and summary["federated"]["survivors"] == len(survivors)
+    ledger = Ledger.open(run.ledger)
+    multiplier = ledger.budget["multipliers"]["stats"]
+    plan = federated.plan_round(job.stats, multiplier, clients.size, max_dropout, summary["items"])
+    assert summary["noise_multiplier"] == multiplier and ledger.budget["accountant"] == "rdp-integer"
+    noise = sum(federated.client_noise(federated.client_secret(ROUND_SECRET, c), plan) for c in sorted(survivors)).reshape(plan.items, plan.width)
+    expected = central_sums(job, survivors) + noise / plan.scale
+    got = released(job)
+    assert np.abs(got - expected).max() <= len(survivors) / plan.scale + 1e-8 * np.abs(expected).max()
+    # the noise is the calibrated one: std z_s * wbar * clip_u^2 on A's entries (at least, with dropouts)
+    s = job.stats.settings
+    std_a = (noise[:, : packed_size(s.dim)] / plan.scale).std()
+    assert std_a == pytest.approx(plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25)
+
+
+def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(tmp_path):
+    run = prepared(tmp_path)
+    job = federated_job(run, dropout=0.4, max_dropout=0.1)
+    with pytest.raises(RuntimeError, match="fewer than the .* the noise is planned for .* round refused, nothing published"):
+        federated.run(job)
+    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(storage.join(job.stats.out, stats_job.RELEASE_SUMMARY))
+    assert [row["name"] for row in Ledger.open(run.ledger).rows][-1] == "step-1/stats/r0"  # planned and recorded before the round
+    # the clients revealed no share, so the round may run again (fresh noise, nothing was unmasked); once run, never again
+    federated.run(federated_job(run, dropout=0.0, max_dropout=0.1))
+    with pytest.raises(ValueError, match="already ran .* start a new run"):
+        federated.run(federated_job(run, dropout=0.0, max_dropout=0.1))
+
+
+def test_a_round_whose_dropped_clients_cannot_be_unmasked_is_refused_and_never_rerun(tmp_path):
+    run = prepared(tmp_path)
+    job = federated_job(run, dropout=0.45, max_dropout=0.6)  # enough survivors for the noise, too few neighbours left for some secrets
+    with pytest.raises(RuntimeError, match="too few neighbours revealed the secrets .* round refused, nothing published"):
+        federated.run(job)
+    assert not storage.exists(stats_job.resample_path(job.stats.out, 0))
+    with pytest.raises(ValueError, match="already ran"):
+        federated.run(federated_job(run, dropout=0.0, max_dropout=0.6))
+
+
+def test_a_run_accounted_otherwise_is_refused_before_any_release(tmp_path):
+    run = prepared(tmp_path, engine="beam")
+    releases = len(Ledger.open(run.ledger).rows)
+    with pytest.raises(ValueError, match="RDP on integer orders"):
+        federated.run(federated_job(run))
+    assert len(Ledger.open(run.ledger).rows) == releases
+
+
+def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    assert cli.main(["synth", "--users", "80", "--items", "30", "--ratings-per-user", "10", "--out", str(tmp_path / "data"), "-q"]) == 0
+    result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
+                             "--federated-dropout", "0.05", "--epsilon", "5", "--outer-steps", "2", "--epochs", "2", "--dim", "3"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.load(open(tmp_path / "run" / "metrics.json"))
+    ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
+    assert ledger.budget["accountant"] == "rdp-integer" and ledger.epsilon_spent() == pytest.approx(5.0, abs=1e-6)
+    assert [row["name"] for row in ledger.rows][-2:] == ["step-1/stats/r0", "step-2/stats/r0"]
+    summary = json.load(open(tmp_path / "run" / "step-2" / "stats" / "release.json"))
+    assert summary["federated"]["clients"] == 80 and summary["federated"]["upload_bytes_per_client"] > 8 * summary["items"] * 9
+    assert not (tmp_path / "run" / "private" / "step-1" / "user_embeddings.parquet").exists()  # the clients kept theirs
+    assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
