@@ -106,7 +106,10 @@ class PrivacySettings:
         cap = self.epsilon if self.epsilon is not None else math.inf
         account = None
         if self.account is not None:
-            BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
+            held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
+            if self.accountant == "rdp-integer" and held.document["accountant"] != "rdp-integer":  # its Skellam releases are bounded on integer orders only
+                raise ValueError(f"{self.account}: the budget account composes with {held.document['accountant']!r}, which cannot bound a federated "
+                                 "run's Skellam releases; give the federated run its own --budget-account")
             account = storage.canonical(self.account)
         return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers(),
                                      account=account)

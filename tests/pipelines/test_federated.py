@@ -138,3 +138,19 @@ def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
     assert summary["federated"]["clients"] == 80 and summary["federated"]["upload_bytes_per_client"] > 8 * summary["items"] * 9
     assert not (tmp_path / "run" / "private" / "step-1" / "user_embeddings.parquet").exists()  # the clients kept theirs
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
+
+
+def test_a_federated_run_refuses_a_budget_account_that_composes_otherwise(tmp_path):
+    prepared(tmp_path, engine="beam")  # the data source's account now composes with PLD
+    with pytest.raises(AssertionError):
+        prepared(tmp_path)
+    error = capture_refusal(tmp_path)
+    assert "cannot bound a federated run's Skellam releases; give the federated run its own --budget-account" in error
+
+
+def capture_refusal(folder) -> str:
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    result = subprocess.run([installed, "train", "--stage", "prepare", "--data", str(folder / "data"), "--out", str(folder / "again"), "--engine", "federated",
+                             *SETTINGS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and not (folder / "again").exists()
+    return result.stderr

@@ -1,0 +1,71 @@
+"""SSP-convex's statistics (the paper's appendix, Algorithm "SSP-convex"): for a convex loss other
+than the square, the per-item quadratic approximation of the loss in the item embedding around an
+expansion point v0_j (public: the current item embeddings), re-released as v0 moves.
+
+For rows i of item j with clipped user embedding u_i (norm <= Gamma_u), label y_i, weight w_i and
+score s_i = u_i . v0_j, the loss sum_i w_i l(u_i . v_j, y_i) is, to second order around v0_j,
+    const + g_j^T (v_j - v0_j) + 1/2 (v_j - v0_j)^T H_j (v_j - v0_j),
+    H_j = sum_i w_i l''(s_i, y_i) u_i u_i^T,        g_j = sum_i w_i l'(s_i, y_i) u_i,
+whose gradient in the encoder's parameters is J_j^T (g_j + H_j (v_j - v0_j)): SSP2's
+J_j^T (A_j v_j - b_j) with A_j = H_j and b_j = H_j v0_j - g_j (`expansion`, post-processing of the
+released H_j, g_j and the public v0). So the SSP2 trainer, unchanged, descends the approximation.
+
+Privacy: for the logistic loss l(s, y) = log(1 + e^s) - y s (y in {0, 1}), l'' = sigma (1 - sigma)
+<= 1/4 and |l'| <= 1, so removing a user moves (H_1..H_m) by at most wbar Gamma_u^2 / 4 and
+(g_1..g_m) by at most wbar Gamma_u. `kernel_rows` writes the rows so that the accumulator's own sums
+and noise apply unchanged with the effective clips of `effective_clips`: rows [sqrt(w l'') u, .] give
+H_j with |sqrt(w l'') u| <= sqrt(w) Gamma_u / 2, and rows [sqrt(w) u / 2, 2 sqrt(w) l'] give g_j with
+|u / 2| <= Gamma_u / 2 and |2 l'| <= 2: a release with clip_u' = Gamma_u / 2 and clip_y' = 2 has
+exactly those sensitivities (wbar clip_u'^2 and wbar clip_y' clip_u').
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privacy.accumulator import augment, pack_upper, unpack_upper
+from privacy.clipping import row_scales
+
+LOSSES = ("logistic",)
+
+
+def logistic_derivatives(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(l', l'') of the logistic loss log(1 + e^s) - y s at each score."""
+    sigma = 1.0 / (1.0 + np.exp(-np.asarray(scores, dtype=np.float64)))
+    return sigma - np.asarray(labels, dtype=np.float64), sigma * (1.0 - sigma)
+
+
+def logistic_loss(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """log(1 + e^s) - y s, computed without overflow."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.logaddexp(0.0, scores) - np.asarray(labels, dtype=np.float64) * scores
+
+
+def effective_clips(clip_u: float) -> tuple[float, float]:
+    """(clip_u', clip_y') under which the accumulator's noise fits the logistic H_j and g_j."""
+    return clip_u / 2.0, 2.0
+
+
+def kernel_rows(u: np.ndarray, labels: np.ndarray, weights: np.ndarray, expansion_rows: np.ndarray, clip_u: float) -> tuple[np.ndarray, np.ndarray]:
+    """(rows whose grouped sums' A is H_j, rows whose grouped sums' b is g_j) for rows with user
+    embeddings u (clipped here to clip_u), labels y in {0, 1}, weights w and the expansion point
+    v0 of each row's item (`expansion_rows`, n x d)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
+        raise ValueError("weights must be finite and non-negative")
+    labels = np.asarray(labels, dtype=np.float64)
+    if labels.size and not np.all((labels == 0) | (labels == 1)):
+        raise ValueError("logistic labels must be 0 or 1")
+    u = np.asarray(u, dtype=np.float64)
+    clipped = u * row_scales(u, clip_u)[:, None]
+    slope, curvature = logistic_derivatives(np.einsum("nd,nd->n", clipped, expansion_rows), labels)
+    curvature_rows = augment(clipped * np.sqrt(w * curvature)[:, None], np.zeros(len(w)))
+    slope_rows = augment(clipped * (np.sqrt(w) / 2)[:, None], 2 * np.sqrt(w) * slope)
+    return curvature_rows, slope_rows
+
+
+def expansion(h_upper: np.ndarray, g: np.ndarray, v0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SSP2's (packed A_j, b_j) = (H_j, H_j v0_j - g_j) of released H_j, g_j and public v0 (items x d)."""
+    d = v0.shape[1]
+    h = unpack_upper(h_upper, d)
+    return pack_upper(h), np.einsum("jab,jb->ja", h, v0) - g
