@@ -229,6 +229,7 @@ class FederatedJob:
     dropout: float = 0.0  # share of clients that drop out after setup (simulated, drawn from the round seed)
     max_dropout: float = 0.1  # the noise is planned for (1 - max_dropout) n clients
     round_secret: bytes | None = None  # the simulated devices' secrets' root (None: fresh, never stored)
+    scratch: str | None = None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
 
 
 def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
@@ -291,11 +292,18 @@ def _round(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: by
     could not be unmasked: fewer than t neighbours revealed their secret)."""
     size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)
     settings = job.stats.settings
-    with tempfile.TemporaryDirectory(prefix="ssp-federated-") as scratch:
-        out = os.path.join(scratch, uuid.uuid4().hex)
+    with tempfile.TemporaryDirectory(prefix="ssp-federated-") as local:
+        out = storage.join(job.scratch or local, f".round-{uuid.uuid4().hex}")
 
-        def save(name, value):
-            np.save(f"{out}-{name}.npy", np.asarray(value))
+        def save(name, value):  # the round's few results, through a file every worker can reach (gs:// on a cluster)
+            storage.StagedFile(np.asarray(value).tobytes(), f"{out}-{name}").publish()
+
+        def load(name, dtype):
+            fs, inner = storage.filesystem(f"{out}-{name}")
+            with fs.open(inner, "rb") as handle:
+                values = np.frombuffer(handle.read(), dtype=dtype)
+            fs.rm(inner)
+            return values
 
         with beam.Pipeline(options=options or PipelineOptions([])) as pipeline:
             solve = pipeline | "ReadSolveRows" >> ReadTable(job.solve_rows, ["user_id", "item_id", "label"]) | "SolveByUser" >> beam.FlatMap(rows_by_user)
@@ -322,6 +330,6 @@ def _round(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: by
                  | "SaveCorrections" >> beam.Map(lambda v: save("corrections", v if v is not None else np.zeros(size, np.uint64))))
             _ = (rebuilt | "Unmasked" >> beam.Filter(lambda r: r[1] is not None) | "UnmaskedIds" >> beam.Keys()
                  | "AllUnmasked" >> beam.combiners.ToList() | "SaveUnmasked" >> beam.Map(lambda ids: save("unmasked", np.asarray(sorted(ids), np.int64))))
-        alive = np.load(f"{out}-survivors.npy")
-        missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), np.load(f"{out}-unmasked.npy"))  # survivors and dropped alike need a correction
-        return np.load(f"{out}-sum.npy"), np.load(f"{out}-corrections.npy"), int(alive.size), missing.tolist()
+        alive = load("survivors", np.int64)
+        missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), load("unmasked", np.int64))  # survivors and dropped alike need a correction
+        return load("sum", np.uint64), load("corrections", np.uint64), int(alive.size), missing.tolist()

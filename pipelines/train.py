@@ -602,7 +602,8 @@ def release_stats(run: Run, step: int, spark=None) -> dict:
         from pipelines.prepare_beam import options_from_environment
 
         return federated.run(federated.FederatedJob(job, run.centred, run.item_embeddings(step - 1), config.lambda_u, config.gravity,
-                                                    config.federated_dropout, config.federated_max_dropout), options_from_environment())
+                                                    config.federated_dropout, config.federated_max_dropout, scratch=run.private("federated")),
+                             options_from_environment())
     if config.engine == "beam":
         from pipelines import beam_stats
 
