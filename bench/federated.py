@@ -44,7 +44,7 @@ from schemas import storage
 
 NAME = "federated"
 EPSILON = 5.0
-USERS, QUICK_USERS = 2000, 300
+USERS, QUICK_USERS = (2000, 6040), (300,)
 METHODS = {"ssp": {"engine": "federated"}, "dpsgd": {**training.METHODS["dpsgd"].overrides, **scale.TUNED["dpsgd"]}}
 LABELS = {"ssp": "federated SSP2 (AM-SSP)", "dpsgd": "federated DP-SGD (AM-DPSGD)"}
 PREPARE_ROUNDS = 2  # the DP counts and the DP mean
@@ -58,8 +58,8 @@ def data_set(out: str, users: int) -> str:
 
 
 def cells(quick: bool) -> list[dict]:
-    return [{"users": QUICK_USERS if quick else USERS, "method": method, "epsilon": EPSILON, "config": {**config, **(scale.QUICK_CONFIG if quick else {})},
-             "seed": 0} for method, config in METHODS.items()]
+    return [{"users": users, "method": method, "epsilon": EPSILON, "config": {**config, **(scale.QUICK_CONFIG if quick else {})}, "seed": 0}
+            for users in (QUICK_USERS if quick else USERS) for method, config in METHODS.items()]
 
 
 def secagg_overhead(cohort: int) -> int:
@@ -139,14 +139,20 @@ def summarize(by_method: dict[str, dict]) -> dict:
     return out
 
 
-def plot(by_method: dict[str, dict]):
+def plot(by_size: dict[int, dict[str, dict]]):
+    from matplotlib.ticker import NullFormatter
+
     fig, axes = harness.new_figure(ncols=2, width=5.5)
-    for name, cell in sorted(by_method.items()):
-        rounds, upload, rmse = cumulative(cell)
-        axes[0].plot(rounds, rmse, marker="o", color=training.color(name), label=LABELS[name])
-        axes[1].plot(upload, rmse, marker="o", color=training.color(name), label=LABELS[name])
+    styles = ["-", "--", ":"]
+    for style, users in zip(styles, sorted(by_size)):
+        for name, cell in sorted(by_size[users].items()):
+            rounds, upload, rmse = cumulative(cell)
+            label = f"{LABELS[name]}, {users:,} users"
+            axes[0].plot(rounds, rmse, marker="o", linestyle=style, color=training.color(name), label=label)
+            axes[1].plot(upload, rmse, marker="o", linestyle=style, color=training.color(name), label=label)
     for ax in axes:
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
     harness.finish(axes[0], "Test RMSE against communication rounds", "rounds a client takes part in (cumulative)", "test RMSE (stars)")
     harness.finish(axes[1], "Test RMSE against bytes sent", "upload per client (MB, cumulative)", "test RMSE (stars)")
     return fig
@@ -155,36 +161,43 @@ def plot(by_method: dict[str, dict]):
 @harness.experiment(NAME, "federated SSP2 vs federated DP-SGD: rounds and bytes per client to the same test RMSE (realistic generated data)")
 def run(ctx: harness.Context) -> harness.Section:
     values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
-    by_method = {params["method"]: value for params, value in zip(cells(ctx.quick), values)}
-    users = cells(ctx.quick)[0]["users"]
+    by_size: dict[int, dict[str, dict]] = {}
+    for params, value in zip(cells(ctx.quick), values):
+        by_size.setdefault(params["users"], {})[params["method"]] = value
     section = harness.Section("Federated: SSP2 against DP-SGD, rounds and bytes per client")
-    cell = next(iter(by_method.values()))
+    sizes = "; ".join(f"{users:,} users: {next(iter(m.values()))['rows']:,} ratings, {next(iter(m.values()))['items']:,} items" for users, m in sorted(by_size.items()))
     section.text(
-        f"`ssp synth --like movielens --users {users:,}` ({cell['rows']:,} ratings, {cell['items']:,} items), regression protocol, epsilon "
-        f"{EPSILON:g} (user level, delta {training.DELTA:g}), one seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with "
-        "Skellam shares, pipelines.federated), AM-SSP's defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted "
-        "for one secure-aggregation round per DP-SGD step (see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as "
-        "float32; both include the DP counts' and DP mean's rounds.")
-    rows = []
-    for name, cell in sorted(by_method.items()):
-        rounds, upload, rmse = cumulative(cell)
-        download = sum(step["download"] for step in cell["traffic"]) / 1e6
-        extra = f"{cell['traffic'][0].get('parameters', '-')}"
-        rows.append([LABELS[name], str(len(cell["traffic"])), f"{rounds[-1]:,}", f"{upload[-1]:.3g}", f"{download:.3g}", extra,
-                     " / ".join(f"{v:.4f}" for v in rmse), f"{cell['mean_predictor']:.4f}"])
-    section.table(["method", "outer steps", "rounds per client", "upload per client (MB)", "download per client (MB)", "encoder parameters (DP-SGD's gradient)",
-                   "test RMSE after prepare, each step", "DP mean's test RMSE"], rows)
-    summary = summarize(by_method)
-    reach = []
-    for name in sorted(by_method):
-        got = summary[name]
-        reach.append([LABELS[name], "not reached" if got["rounds"] is None else f"{got['rounds']:,.0f}",
-                      "not reached" if got["upload_mb"] is None else f"{got['upload_mb']:.3g}"])
-    section.table([f"method (target: test RMSE {summary['target']:.4f}, the worse final)", "rounds to the target", "upload per client to the target (MB)"], reach)
-    section.figure(harness.save_figure(plot(by_method), ctx.out, "federated_rounds_bytes.png"),
+        f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, delta {training.DELTA:g}), one "
+        "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.federated), AM-SSP's "
+        "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation round per DP-SGD step "
+        "(see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds.")
+    rows, reach = [], []
+    for users, by_method in sorted(by_size.items()):
+        for name, cell in sorted(by_method.items()):
+            rounds, upload, rmse = cumulative(cell)
+            download = sum(step["download"] for step in cell["traffic"]) / 1e6
+            rows.append([f"{users:,}", LABELS[name], str(len(cell["traffic"])), f"{rounds[-1]:,}", f"{upload[-1]:.3g}", f"{download:.3g}",
+                         f"{cell['traffic'][0].get('parameters', '-')}", " / ".join(f"{v:.4f}" for v in rmse), f"{cell['mean_predictor']:.4f}"])
+        if set(by_method) != set(METHODS):
+            continue
+        summary = summarize(by_method)
+        got = {name: summary[name] for name in METHODS}
+        reach.append([f"{users:,}", f"{summary['target']:.4f}",
+                      *["not reached" if got[name]["rounds"] is None else f"{got[name]['rounds']:,.0f}" for name in METHODS],
+                      *["not reached" if got[name]["upload_mb"] is None else f"{got[name]['upload_mb']:.3g}" for name in METHODS]])
+    section.table(["users", "method", "outer steps", "rounds per client", "upload per client (MB)", "download per client (MB)",
+                   "encoder parameters (DP-SGD's gradient)", "test RMSE after prepare, each step", "DP mean's test RMSE"], rows)
+    section.table(["users", "target test RMSE (the worse final)", *[f"{LABELS[n]}: rounds to it" for n in METHODS],
+                   *[f"{LABELS[n]}: upload to it (MB)" for n in METHODS]], reach)
+    section.figure(harness.save_figure(plot(by_size), ctx.out, "federated_rounds_bytes.png"),
                    "Test RMSE after the prepare stage and each outer step against the rounds a client takes part in and the bytes it sends.")
-    ssp, dpsgd = summary.get("ssp", {}), summary.get("dpsgd", {})
-    if ssp.get("rounds") and dpsgd.get("rounds"):
-        section.text(f"**Reading.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} rounds against {dpsgd['rounds']:,.0f} "
-                     f"({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends {ssp['upload_mb']:.3g} MB per client against {dpsgd['upload_mb']:.3g} MB.")
+    for users, by_method in sorted(by_size.items()):
+        if set(by_method) != set(METHODS):
+            continue
+        summary = summarize(by_method)
+        ssp, dpsgd = summary["ssp"], summary["dpsgd"]
+        if ssp["rounds"] and dpsgd["rounds"]:
+            section.text(f"**{users:,} users.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} rounds against "
+                         f"{dpsgd['rounds']:,.0f} ({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends {ssp['upload_mb']:.3g} MB per client "
+                         f"against {dpsgd['upload_mb']:.3g} MB.")
     return section

@@ -37,7 +37,7 @@ def test_the_report_from_stored_cells(tmp_path):
     for params in federated.cells(quick=True):
         results.put(federated.NAME, params, SSP if params["method"] == "ssp" else DPSGD)
     text = federated.run(harness.Context(str(tmp_path), True, 1, results, progress=False)).markdown()
-    assert "| federated SSP2 (AM-SSP) | 3 | 2 |" in text and "| federated DP-SGD (AM-DPSGD) | 82 | 1 |" in text
+    assert "| 300 | 0.9500 | 3 | 82 | 2 | 1 |" in text  # target, rounds (SSP2, DP-SGD), uploads (SSP2, DP-SGD)
     assert "needs 3 rounds against 82 (27x fewer)" in text and os.path.exists(tmp_path / "federated_rounds_bytes.png")
 
 
