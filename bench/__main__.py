@@ -20,7 +20,7 @@ import time
 from bench import harness, training
 
 MODULES = ("bench.privacy_utility", "bench.time_to_quality", "bench.resampling", "bench.long_tail", "bench.complexity", "bench.theorem", "bench.perf",
-           "bench.scale", "bench.federated")
+           "bench.scale", "bench.federated", "bench.convex")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -363,6 +363,8 @@ def build(pipeline: beam.Pipeline, job: stats_job.StatsJob, manifests: str | Non
 
 def run(job: stats_job.StatsJob, pipeline_options: PipelineOptions | None = None) -> dict:
     """Prepare the releases, compute and write them with Beam, commit; returns the step summary."""
+    if job.settings.loss != "square":
+        raise ValueError(f"--loss {job.settings.loss} releases its statistics on the Spark engine only, not on Beam")
     job.prepare()
     manifests = storage.join(job.out, f"{MANIFESTS}{uuid.uuid4().hex}")
     try:

@@ -87,6 +87,8 @@ class Plan:
 def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dropout: float, items: int) -> Plan:
     """The fixed-point scale s (a power of two), z_s and the shares' variances for `clients` clients."""
     settings = job.settings
+    if settings.loss != "square":
+        raise ValueError(f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)")
     if not (math.isfinite(settings.clip_u) and math.isfinite(settings.clip_y)):
         raise ValueError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
     if not 0 <= max_dropout < 1:

@@ -42,7 +42,7 @@ from pipelines.stats_core import STATS_PARQUET, RowLookups, release_metadata, sh
 from schemas.arrays import list_column_to_matrix  # noqa: E402
 from schemas.ids import IdIndex  # noqa: E402
 from schemas.tables import STATS  # noqa: E402
-from privacy import accumulator  # noqa: E402
+from privacy import accumulator, quadratic  # noqa: E402
 from schemas import storage  # noqa: E402
 
 WRITTEN_DDL = "resample int, name string, rows long, seconds double"
@@ -101,7 +101,7 @@ def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) 
 
 
 def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int,
-                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                batches: Iterator[pa.RecordBatch], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
     """Reduce side: the blocks of one or more item shards (each with its declaration, so that a
     shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
     received: dict[int, list[bytes]] = {}
@@ -109,18 +109,20 @@ def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: R
         for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist()):
             received.setdefault(shard, []).append(block)
     for shard in sorted(received):
-        yield from item_shard(settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]))
+        yield from item_shard(settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]), expansion)
 
 
 def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int, shard: int,
-               rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Iterator[pa.RecordBatch]:
+               rows: tuple[np.ndarray, np.ndarray, np.ndarray], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
     """One shard of complete items: every catalog item with shard_of == shard, and all their rows
     (users, items, labels) -> noised statistics, written as part `shard` of each table.
 
     Items go in groups of at most ITEMS_PER_ROW_GROUP items and CHUNK_ROWS rows (a Parquet row
     group each): their rows' sums (one grouped_sums), then each resample's noise and write, so a
     task's memory stays small whatever the shard's size. Rows are summed in (item, user) order, so
-    reruns are bit-identical whatever order the shuffle delivered them in.
+    reruns are bit-identical whatever order the shuffle delivered them in. The logistic loss
+    (`expansion`: the item embeddings to expand around) sums its positives' H_j, g_j from the rows
+    and every user's negative terms densely (`_logistic_sums`).
     """
     catalog = lookups.catalog.ids
     items = catalog[shard_of(catalog, shards) == shard]  # sorted: every item of the shard, rows or not
@@ -133,7 +135,8 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
-    owners, vectors = user_vectors(*embeddings, settings.dim) if rated.size else (None, None)
+    owners, vectors = user_vectors(*embeddings, settings.dim) if rated.size or expansion else (None, None)
+    negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
     kernel = 0.0  # seconds in the statistics kernel (weights, clipping, grouped sums)
@@ -141,7 +144,11 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
         with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
             pending: list = []
             for group, part in _groups(items, rated):
-                if part.stop > part.start:
+                if negatives is not None:
+                    started = time.perf_counter()
+                    keys, sums_a, sums_b = _logistic_sums(settings, lookups, negatives, group, users[part], rated[part], owners, vectors)
+                    kernel += time.perf_counter() - started
+                elif part.stop > part.start:
                     started = time.perf_counter()
                     keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
                         users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
@@ -163,6 +170,41 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
         yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)],
                                           "seconds": [kernel if resample == 0 else 0.0]},
                                          schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
+
+
+_last_expansion: dict = {}  # per Python worker, as _last_vectors
+
+
+def _negatives(settings, lookups: RowLookups, owners: IdIndex, vectors: np.ndarray, path: str, digest: str):
+    """What every group of a logistic release needs: the expansion points (by item), and each user
+    with rows (every one a negative of every item) with its embedding and weights."""
+    if _last_expansion.get("digest") != digest:
+        table = storage.read_table(path)
+        _last_expansion.clear()
+        _last_expansion.update(digest=digest, value=(IdIndex(np.sort(table["item_id"].to_numpy())),
+                                                     list_column_to_matrix(table.sort_by("item_id")["embedding"], settings.dim, "item embedding")))
+    users = lookups.users.ids
+    w_p, w_n = quadratic.logistic_weights(lookups.normalisers, lookups.catalog.ids.size, settings.wbar)  # exponent 0: the normaliser is the count
+    return _last_expansion["value"], vectors[owners.positions(users, "user embedding")], w_p, w_n
+
+
+def _logistic_sums(settings, lookups: RowLookups, negatives, group: np.ndarray, users: np.ndarray, rated: np.ndarray, owners: IdIndex,
+                   vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every item of the group, packed H_j, g_j) of the logistic loss: the rows as positives
+    (label 1, weight w_p of their user) plus every user as a negative of every item (weight w_n)."""
+    (expansion_index, points), all_u, _, w_n = negatives
+    v0 = points[expansion_index.positions(group, "item with an expansion point")]
+    h, g = quadratic.all_items_sums(all_u, w_n, v0, settings.clip_u)
+    if rated.size:
+        w_p = negatives[2][lookups.users.positions(users, "user")]
+        curvature_rows, slope_rows = quadratic.kernel_rows(vectors[owners.positions(users, "user embedding")], np.ones(rated.size), w_p,
+                                                           points[expansion_index.positions(rated, "item with an expansion point")], settings.clip_u)
+        keys, h_rows, _ = accumulator.grouped_sums(rated, curvature_rows)
+        _, _, g_rows = accumulator.grouped_sums(rated, slope_rows)
+        at = np.searchsorted(group, keys)
+        h[at] += h_rows
+        g[at] += g_rows
+    return group, h, g
 
 
 def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS) -> Iterator[tuple[np.ndarray, slice]]:
@@ -231,19 +273,20 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     specs = job.prepare()
     staged = job.staged_writes()
     settings = job.settings
-    users, normalisers = job.normalisers if settings.unit == "user" and job.normalisers else (None, None)  # by prepare(), privacy.weights
+    users, normalisers = job.normalisers if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers else (None, None)  # by prepare()
     lookups = spark.sparkContext.broadcast(RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers))
     needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
     shards = max(job.shards, needed)
     tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
     keys = partition_keys(spark, tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
     embeddings = (job.user_embeddings, job.digests["user_embeddings"])
+    expansion = (job.expansion, job.digests["expansion"]) if job.expansion else None
     forward_storage_settings(spark)
     units = storage.row_groups(job.interactions)
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
     written = blocks.repartition(tasks, "key").mapInArrow(
-        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches), fail_first_attempts),
+        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion), fail_first_attempts),
         WRITTEN_DDL
     ).collect()
     lookups.unpersist()

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from privacy import accumulator
+from privacy import accumulator, quadratic
 from privacy.clipping import check_bound
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
@@ -29,6 +29,7 @@ from schemas.ids import IdIndex
 from schemas.tables import STATS
 
 UNITS = ("user", "example")
+LOSSES = ("square", *quadratic.LOSSES)
 # Noised statistics are incompressible and their min/max say nothing: Parquet writes them as they are
 STATS_PARQUET = {"compression": "none", "use_dictionary": False, "write_statistics": False}
 
@@ -43,6 +44,7 @@ class StatsSettings:
     unit: str = "user"
     wbar: float = 1.0
     weight_exponent: float = DEFAULT_EXPONENT
+    loss: str = "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -56,6 +58,15 @@ class StatsSettings:
             raise ValueError("example-level privacy has weights 1 (wbar = 1)")
         if not math.isfinite(self.weight_exponent):
             raise ValueError(f"--weight-exponent must be finite, got {self.weight_exponent}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss == "logistic" and self.weight_exponent != 0:
+            raise ValueError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
+
+    def noise_clips(self) -> tuple[float, float]:
+        """(clip_u, clip_y) that set the noise's scale: the clips themselves, or for the logistic
+        loss the effective ones that bound its H_j and g_j (privacy.quadratic.effective_clips)."""
+        return quadratic.effective_clips(self.clip_u) if self.loss == "logistic" else (self.clip_u, self.clip_y)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,4 +133,5 @@ def release_metadata(settings: StatsSettings, spec: accumulator.NoiseSpec, resam
         "resample": str(resample),
         "unit": settings.unit,
         "weight_exponent": repr(settings.weight_exponent),
+        "loss": settings.loss,
     }

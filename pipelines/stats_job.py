@@ -38,7 +38,7 @@ from privacy.seeds import digest_batches, digest_table
 from privacy.weights import user_normalisers
 from schemas import SchemaError, storage
 from schemas.ids import IdIndex
-from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_user_embeddings
+from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_item_embeddings, validate_user_embeddings
 
 RELEASE_SUMMARY = "release.json"
 
@@ -86,6 +86,7 @@ class StatsJob:
     ledger_path: str | None = None
     seed_file: str | None = None
     shards: int = 4
+    expansion: str | None = None  # --loss logistic: the item embeddings the quadratic approximation is taken around (public)
     releases: list[NoiseSpec] = field(default_factory=list)
     catalog: np.ndarray | None = None  # sorted catalog item ids, by prepare()
     catalog_counts: np.ndarray | None = None  # their DP counts
@@ -99,6 +100,8 @@ class StatsJob:
         if not isinstance(self.shards, int) or self.shards < 1:
             raise ValueError(f"--shards must be a positive integer, got {self.shards}")
         release.check_bounds(self.settings, noised=self.privacy.noise_multiplier != 0)  # infinite clip norms only without noise
+        if (self.settings.loss == "logistic") != (self.expansion is not None):
+            raise ValueError("the logistic loss's statistics need the item embeddings to expand around (and only they do)")
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
@@ -168,15 +171,22 @@ class StatsJob:
                              "each pair must appear once (its weight bounds the user's contribution)")
         count_of = counts.sort_by("item_id")
         self.catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
-        if self.settings.unit == "user" and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
+        if (self.settings.unit == "user" or self.settings.loss == "logistic") and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
             user_at, item_at = np.divmod(keys, self.catalog.size)
             self.normalisers = user_normalisers(known_users[user_at], self.catalog_counts[item_at], self.settings.weight_exponent, known_users)
-        return {
+        digests = {
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,
             "counts": counts_digest,
             "items": digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
         }
+        if self.expansion is not None:
+            expansion = _validated(self.expansion, validate_item_embeddings, storage.read_table(self.expansion), dim=self.settings.dim)
+            missing = np.setdiff1d(self.catalog, expansion["item_id"].to_numpy())
+            if missing.size:
+                raise ValueError(f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})")
+            digests["expansion"] = digest_table(self.expansion)
+        return digests
 
     def prepare(self) -> list[NoiseSpec]:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
@@ -188,9 +198,10 @@ class StatsJob:
         event = accounting.gaussian_event(multiplier, 2)  # A and b
         description = {"settings": self.settings.to_json(), "inputs": digests}
         self.releases = []
+        clip_u, clip_y = self.settings.noise_clips()
         for resample in range(self.privacy.resamples):
             index = release.make_release(ledger, seeds, self.release_name(resample), event, description)
-            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, self.settings.clip_u, self.settings.clip_y, seeds.seed, index))
+            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.seed, index))
         self._ledger = ledger
         logs.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
                     f"epsilon spent {ledger.epsilon_spent():.4g} of {ledger.budget['epsilon']:g}")

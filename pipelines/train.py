@@ -35,6 +35,7 @@ import json
 import math
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -46,7 +47,7 @@ from pipelines.gram import dp_gram
 from pipelines.lock import existing_run_lock, run_lock
 from pipelines.mean import centred, dp_mean
 from pipelines.run_dir import Run, require_steps
-from pipelines.stats_core import StatsSettings
+from pipelines.stats_core import LOSSES, StatsSettings
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.seeds import digest_table
@@ -79,6 +80,7 @@ class TrainConfig:
     federated_dropout: float = 0.0  # --engine federated: share of clients that drop out of each round (simulated)
     federated_max_dropout: float = 0.1  # --engine federated: the noise is planned for this share of clients missing
     item_update: str = "ssp"
+    loss: str = "square"  # "logistic": implicit feedback's logistic loss, by SSP-convex (privacy.quadratic); --protocol recall
     encoder: str = "features"
     encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
@@ -140,8 +142,8 @@ class TrainConfig:
             object.__setattr__(self, "weight_exponent", 0.0 if self.protocol == "recall" else -0.25)
         if self.item_id_feature is None:  # the per-item residual, held at the features by its penalty until the data outweighs the noise
             object.__setattr__(self, "item_id_feature", True)
-        if self.gravity is None:
-            object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" else 0.0)
+        if self.gravity is None:  # the logistic loss has its negatives in its statistics
+            object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" and self.loss == "square" else 0.0)
         if self.train_item_fraction is None:
             # An id embedding of an item outside the top 10% would be fitted to noise alone (the paper's
             # protocol keeps those items out of training). A features encoder scores every catalog item:
@@ -158,6 +160,15 @@ class TrainConfig:
             raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss == "logistic":
+            problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
+                                                 ("--item-update ssp or dpsgd", self.item_update not in ("ssp", "dpsgd")),
+                                                 ("--engine spark", self.engine != "spark"), ("--gravity 0", self.gravity != 0),
+                                                 ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
+            if problems:
+                raise ValueError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
         if self.engine == "federated" and self.item_update not in STATS_UPDATES:
             raise ValueError(f"--engine federated releases statistics from the clients: it needs an --item-update that uses them {STATS_UPDATES}")
         for name in ("federated_dropout", "federated_max_dropout"):
@@ -207,9 +218,9 @@ class TrainConfig:
         return storage.join(parent, "budget-accounts", f"{name}-{key}.json")
 
     def settings(self) -> StatsSettings:
-        if self.non_private:  # no noise, no clipping limits, plain sums
-            return StatsSettings(self.dim, math.inf, math.inf, "example", 1.0, self.weight_exponent)
-        return StatsSettings(self.dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent)
+        if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
+            return StatsSettings(self.dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss)
+        return StatsSettings(self.dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss)
 
     def unit_of_privacy(self) -> str:
         """Always the user in a private run. There is no example-level training: a user's embedding is
@@ -226,7 +237,7 @@ class TrainConfig:
 
         return DPSGDConfig(epochs=self.dpsgd_epochs, batch_size=min(self.dpsgd_batch_size, units), learning_rate=self.dpsgd_learning_rate,
                            l2_norm_clip=math.inf if self.non_private else self.dpsgd_clip, max_rows_per_user=self.dpsgd_max_rows_per_user,
-                           unit=self.unit_of_privacy(), seed=seed)
+                           unit=self.unit_of_privacy(), seed=seed, loss=self.loss)
 
     def dpsgd_schedule(self, units: int) -> tuple[float, int]:
         """(sampling probability, steps) of one outer step's DP-SGD training over `units` units."""
@@ -589,7 +600,8 @@ def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob:
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
     """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
     return stats_job.StatsJob(run.stats_rows, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
-                              step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards)
+                              step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards,
+                              expansion=run.item_embeddings(step - 1) if config.loss == "logistic" else None)
 
 
 def release_stats(run: Run, step: int, spark=None) -> dict:
@@ -620,7 +632,7 @@ def _release_units(config: TrainConfig, multiplier: float, averaged: int = 1) ->
     settings = config.settings()
     if config.non_private:
         return settings.wbar, 0.0
-    unit = settings.wbar * settings.clip_u**2
+    unit = settings.wbar * settings.noise_clips()[0] ** 2
     return unit, multiplier * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged)
 
 
@@ -724,6 +736,14 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
         raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
+    if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
+        for table in tables:
+            ssp.check_stats(table, {"d": config.dim, **expected})
+        start = validate_item_embeddings(storage.read_table(run.item_embeddings(step - 1)), dim=config.dim).sort_by("item_id")
+        points = (start["item_id"].to_numpy(), list_column_to_matrix(start["embedding"], config.dim, "item embedding"))
+        tables = [ssp.expand_table(table, storage.join(run.stats(step), "expanded-" + table.rsplit("/", 1)[-1]), points, ssp_config.psd_projection)
+                  for table in tables]
+        ssp_config = dataclasses.replace(ssp_config, psd_projection=False)  # done before the expansion
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
         seeds = release.open_seed_file(config.seed_file, run.ledger)
@@ -782,8 +802,12 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     units = manifest["prepared"]["units"]  # the DP number of users (released with the counts), never the exact one
     settings = config.settings()
     rows = storage.read_table(run.centred)
-    users, positions = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy())
-    if settings.unit == "user":
+    users, positions, labels = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy()), rows["label"].to_numpy()
+    seeds = release.open_seed_file(config.seed_file, run.ledger)
+    if config.loss == "logistic":  # positives and sampled negatives (secret randomness), weighted as SSP-convex weighs its every-item negatives
+        negatives = np.random.default_rng(int.from_bytes(hashlib.sha256(seeds.seed + b"negatives" + step.to_bytes(8, "big")).digest()[:8], "big"))
+        users, positions, labels, weights = dpsgd.logistic_rows(users, positions, space.size, negatives)
+    elif settings.unit == "user":
         counts = storage.read_table(run.counts).sort_by("item_id")
         row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
         weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent)
@@ -794,14 +818,13 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     ledger = Ledger.open(run.ledger)
     multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
     q, steps = config.dpsgd_schedule(units)
-    seeds = release.open_seed_file(config.seed_file, run.ledger)
     event = accounting.dpsgd_event(multiplier, q, steps)
     inputs = {"rows": digest_table(run.centred), "user_embeddings": digest_table(run.user_embeddings(step)), "counts": digest_table(run.counts)}
     release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
     index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
     seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
     with _kernel(run, step):
-        result = dpsgd.train(model, (users, positions, rows["label"].to_numpy(), weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
+        result = dpsgd.train(model, (users, positions, labels, weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
                              settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
         raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")
@@ -925,13 +948,14 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:
+        negatives = np.arange(space.size) if config.loss == "logistic" else None  # folded in with the loss trained: every candidate a negative
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             report = evaluate.recall_report(
                 (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
                 (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), item_vectors, config.lambda_u, buckets,
-                gravity=config.gravity,
+                gravity=config.gravity, negatives=negatives,
             )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
@@ -1021,6 +1045,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "recovered from their neighbours' Shamir shares)",
         "federated_max_dropout": "--engine federated: the noise shares are planned for this share of clients missing; a round with more "
                                  "dropouts is refused",
+        "loss": "square (the paper's AM-SSP) or logistic: SSP-convex for implicit feedback (--protocol recall): each step releases the "
+                "logistic loss's H_j, g_j around the step's starting item embeddings, every user's positives against every item as a "
+                "negative, and the SSP2 trainer descends that quadratic approximation; users are solved with the same loss (Spark engine)",
         "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
                        "its budget share is the statistics', and it ignores --gravity in the item update), or none (the starting point: "
@@ -1066,7 +1093,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(name, action=action, default=default, help=helps.get(item.name, item.name.replace("_", " ")))
             continue
         kind = {"int": int, "float": float}.get(kind_name.split(" ")[0], str)
-        choices = {"protocol": splits.PROTOCOLS, "engine": ENGINES, "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
+        choices = {"protocol": splits.PROTOCOLS, "engine": ENGINES, "loss": LOSSES, "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
                    "encoder_init": ENCODER_INITS}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
         parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")

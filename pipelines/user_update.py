@@ -45,7 +45,7 @@ from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa:
 from schemas import storage  # noqa: E402
 from schemas.ids import IdIndex  # noqa: E402
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings  # noqa: E402
-from trainer.solve import ridge_solve  # noqa: E402
+from trainer.solve import logistic_solve, ridge_solve  # noqa: E402
 
 DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
 
@@ -54,7 +54,7 @@ SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 
 def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], lam: float, staged: storage.StagedWrite, part: int,
-                     sources: tuple[str, str], gravity=None) -> Iterator[pa.RecordBatch]:
+                     sources: tuple[str, str], gravity=None, logistic: bool = False) -> Iterator[pa.RecordBatch]:
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table. Each
     row's item embedding is looked up here (`vectors`: the broadcast table), so the shuffle moves
     ids and labels only; a row without an embedding or with a label that is not finite is refused."""
@@ -71,7 +71,10 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         if not found.all():
             raise ValueError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
         started = time.perf_counter()
-        solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity)
+        if logistic:  # implicit feedback's logistic loss: the rows are positives, every catalog item a negative
+            solved, u = logistic_solve(users, matrix[at], matrix, lam)
+        else:
+            solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity)
         seconds += time.perf_counter() - started
         out = pa.Table.from_arrays([pa.array(solved, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
@@ -92,12 +95,17 @@ class Solved(NamedTuple):
     solve_seconds: float
 
 
-def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0) -> Solved:
+def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0,
+        loss: str = "square") -> Solved:
     """Solve every user of `interactions` against `item_embeddings`; write `out`.
 
     `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
-    system: the item embeddings are released data, so this costs no privacy.
+    system: the item embeddings are released data, so this costs no privacy. `loss` "logistic"
+    solves implicit feedback's logistic loss instead (trainer.solve.logistic_solve): the rows are
+    positives and every item of `item_embeddings` a negative, weighted as SSP-convex weighs them.
     """
+    if loss not in ("square", "logistic"):
+        raise ValueError(f"loss must be square or logistic, got {loss!r}")
     from pyspark import TaskContext
 
     if not np.isfinite(lambda_u) or lambda_u <= 0:
@@ -119,7 +127,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
             rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
             by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
             written = by_user.mapInArrow(lambda batches: _solve_partition(batches, vectors.value, lambda_u, staged, TaskContext.get().partitionId(),
-                                                                           (interactions, item_embeddings), gram), WRITTEN_DDL).collect()
+                                                                           (interactions, item_embeddings), gram, loss == "logistic"), WRITTEN_DDL).collect()
     except BaseException:
         staged.abort([])
         raise
@@ -143,7 +151,8 @@ def run_step(spark, root: str, step: int | None) -> int:
         raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
-    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"])
+    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"],
+                 config.get("loss", "square"))
     layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
     return solved.users
 

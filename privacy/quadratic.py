@@ -10,8 +10,15 @@ whose gradient in the encoder's parameters is J_j^T (g_j + H_j (v_j - v0_j)): SS
 J_j^T (A_j v_j - b_j) with A_j = H_j and b_j = H_j v0_j - g_j (`expansion`, post-processing of the
 released H_j, g_j and the public v0). So the SSP2 trainer, unchanged, descends the approximation.
 
+Implicit feedback (`ssp train --protocol recall --loss logistic`): a user's positives have label 1
+and every item of the statistics catalog is also a negative of label 0 (the all-item negatives of
+implicit feedback; a rated item gets both terms), weighted by `logistic_weights`. The positives go
+through the stats engines' rows (`kernel_rows`), the negatives through a dense pass over all users
+per item (`all_items_sums`), summed before the noise.
+
 Privacy: for the logistic loss l(s, y) = log(1 + e^s) - y s (y in {0, 1}), l'' = sigma (1 - sigma)
-<= 1/4 and |l'| <= 1, so removing a user moves (H_1..H_m) by at most wbar Gamma_u^2 / 4 and
+<= 1/4 and |l'| <= 1, so with per-item weights whose squares sum to at most wbar^2 over the
+catalog (`logistic_weights`) removing a user moves (H_1..H_m) by at most wbar Gamma_u^2 / 4 and
 (g_1..g_m) by at most wbar Gamma_u. `kernel_rows` writes the rows so that the accumulator's own sums
 and noise apply unchanged with the effective clips of `effective_clips`: rows [sqrt(w l'') u, .] give
 H_j with |sqrt(w l'') u| <= sqrt(w) Gamma_u / 2, and rows [sqrt(w) u / 2, 2 sqrt(w) l'] give g_j with
@@ -69,3 +76,32 @@ def expansion(h_upper: np.ndarray, g: np.ndarray, v0: np.ndarray) -> tuple[np.nd
     d = v0.shape[1]
     h = unpack_upper(h_upper, d)
     return pack_upper(h), np.einsum("jab,jb->ja", h, v0) - g
+
+
+def logistic_weights(positives: np.ndarray, items: int, wbar: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's (w_p, w_n): the weight of each of its n_pos positives and of each of the `items`
+    catalog items as a negative (every item, rated or not: the all-item negatives of implicit
+    feedback). Half the squared budget each, scaled so that the user's per-item weights satisfy
+    n_pos (w_p + w_n)^2 + (items - n_pos) w_n^2 = wbar^2 exactly: an item the user rated gets both
+    terms, so that is the bound `kernel_rows` and `all_items_sums` together need. A function of the
+    user's own count and the public catalog size."""
+    n = np.asarray(positives, dtype=np.float64)
+    if n.size and (n.min() < 1 or n.max() > items):
+        raise ValueError(f"a user's positives must number 1..{items} (the catalog), got {n.min():g}..{n.max():g}")
+    w_p, w_n = np.sqrt(0.5 / np.maximum(n, 1)), np.full(n.shape, np.sqrt(0.5 / items))
+    scale = wbar / np.sqrt(n * (w_p + w_n) ** 2 + (items - n) * w_n**2)
+    return w_p * scale, w_n * scale
+
+
+def all_items_sums(u: np.ndarray, negative_weights: np.ndarray, v0: np.ndarray, clip_u: float) -> tuple[np.ndarray, np.ndarray]:
+    """(packed H_j, g_j) of every user (rows of u, clipped here) as a negative (label 0) of every item
+    of v0 (its expansion points, items x d), weighted by `negative_weights`: a dense n x items block
+    of scores, O(n items d^2)."""
+    u = np.asarray(u, dtype=np.float64)
+    clipped = u * row_scales(u, clip_u)[:, None]
+    slope, curvature = logistic_derivatives(clipped @ v0.T, 0.0)  # n x items
+    w = np.asarray(negative_weights, dtype=np.float64)[:, None]
+    d = u.shape[1]
+    outer = (clipped[:, :, None] * clipped[:, None, :]).reshape(len(u), d * d)
+    h = ((w * curvature).T @ outer).reshape(-1, d, d)
+    return pack_upper(h), (w * slope).T @ clipped

@@ -3,7 +3,8 @@
 At one alternating-minimization step, given the users' (private) embeddings u_i and rows (user i,
 item j, label y_ij, weight w_ij), this fits the encoder V to
 `sum_rows w_ij (Clip(u_i, clip_u) . V(x_j) - Clip(y_ij, clip_y))^2 / 2 + ridge/2 ||theta||^2`
-with DP-SGD: each step Poisson-samples units with probability q = batch_size / units, clips each
+(or, with `loss="logistic"`, implicit feedback's `sum_rows w_ij l(Clip(u_i) . V(x_j), y_ij)` with
+l(s, y) = log(1 + e^s) - y s on positives and sampled negatives, `logistic_rows`) with DP-SGD: each step Poisson-samples units with probability q = batch_size / units, clips each
 unit's gradient to L2 norm `l2_norm_clip` (C), adds N(0, (z C)^2) to the sum and divides by the
 expected batch size (then adds the ridge gradient, which depends on the parameters only).
 A unit is one user with all its rows (`unit="user"`; at most `max_rows_per_user` of them, chosen
@@ -68,6 +69,7 @@ class DPSGDConfig:
     optimizer: str = "adam"
     seed: int | None = None  # None: sampling and noise from OS entropy; fixed seeds are for tests
     fast_clipping: bool = True
+    loss: str = "square"  # or "logistic": implicit feedback, labels 1 (positives) and 0 (sampled negatives, `logistic_rows`)
 
     def __post_init__(self):
         if self.unit not in UNITS:
@@ -84,6 +86,30 @@ class DPSGDConfig:
         if not math.isfinite(self.ridge) or self.ridge < 0:
             raise ValueError(f"ridge must be a finite number >= 0, got {self.ridge}")
         check_bound("l2_norm_clip", self.l2_norm_clip, allow_inf=True)
+        if self.loss not in ("square", "logistic"):
+            raise ValueError(f"loss must be square or logistic, got {self.loss!r}")
+
+
+def logistic_rows(user_ids: np.ndarray, positions: np.ndarray, items: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """Implicit feedback's logistic rows for DP-SGD: each user's positives (label 1, weight w_p) and
+    as many negatives (label 0) drawn uniformly without replacement from the catalog items it did not
+    rate, each weighted w_n * items / drawn so that they estimate SSP-convex's every-item negative
+    term without bias (w_p, w_n: privacy.quadratic.logistic_weights, wbar 1). Returns (user ids,
+    positions, labels, weights). A user-local randomised function of the user's own rows."""
+    from privacy.quadratic import logistic_weights
+
+    user_ids, positions = np.asarray(user_ids), np.asarray(positions)
+    order = np.argsort(user_ids, kind="stable")
+    users, first, sizes = np.unique(user_ids[order], return_index=True, return_counts=True)
+    w_p, w_n = logistic_weights(sizes, items, 1.0)
+    out = [[user_ids[order]], [positions[order]], [np.ones(user_ids.size)], [np.repeat(w_p, sizes)]]
+    for user, start, size, weight in zip(users, first, sizes, w_n):
+        rated = np.unique(positions[order][start:start + size])
+        unrated = np.setdiff1d(np.arange(items), rated, assume_unique=True)
+        drawn = rng.choice(unrated, size=min(size, unrated.size), replace=False) if unrated.size else np.zeros(0, np.int64)
+        for part, values in zip(out, (np.full(drawn.size, user), drawn, np.zeros(drawn.size), np.full(drawn.size, weight * items / max(drawn.size, 1)))):
+            part.append(values)
+    return tuple(np.concatenate(part) for part in out)
 
 
 def count_units(user_ids: np.ndarray, config: DPSGDConfig) -> int:
@@ -154,7 +180,7 @@ class _Units:
         if not np.all(known[which] == user_ids):
             raise ValueError(f"user {user_ids[known[which] != user_ids][0]} has rows but no embedding")
         vectors = clip_rows(matrix, clip_u).astype(np.float32)
-        labels = clip_labels(labels, clip_y)
+        labels = labels if config.loss == "logistic" else clip_labels(labels, clip_y)  # logistic labels are 0 and 1
         if config.unit == "user":  # shuffle, group by user, keep each user's first max_rows_per_user rows
             order = rng.permutation(n)
             order = order[np.argsort(user_ids[order], kind="stable")]
@@ -230,8 +256,10 @@ def _norm_model(model: ItemEncoder) -> tuple[tf.keras.Model, list]:
     return norm_model, bags
 
 
-def _unit_losses(pred, labels, weights):
-    """Each unit's weighted squared loss: sum over its rows of w (pred - y)^2 / 2."""
+def _unit_losses(pred, labels, weights, loss: str = "square"):
+    """Each unit's weighted loss: sum over its rows of w (pred - y)^2 / 2, or of w (log(1 + e^pred) - y pred)."""
+    if loss == "logistic":
+        return tf.reduce_sum(weights * (tf.math.softplus(pred) - labels * pred), axis=1)
     return 0.5 * tf.reduce_sum(weights * tf.square(pred - labels), axis=1)
 
 
@@ -252,7 +280,7 @@ def _make_step(model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float,
         """The forward pass once per distinct item of the batch, gathered per row."""
         distinct, inverse = tf.unique(tf.reshape(positions, [-1]))
         v = tf.gather(model(distinct), tf.reshape(inverse, tf.shape(positions)))
-        return _unit_losses(tf.einsum("bld,bd->bl", v, users), labels, weights)
+        return _unit_losses(tf.einsum("bld,bd->bl", v, users), labels, weights, config.loss)
 
     def step(positions, labels, weights, users):
         scale = tf.ones_like(labels[:, 0])
@@ -260,7 +288,7 @@ def _make_step(model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float,
             block = [t for ids, share in bags for t in (tf.gather(ids, positions), tf.gather(share, positions))]
             norms = clip_grads.compute_gradient_norms(
                 norm_model, registry, block + [users], tf.stack([labels, weights], axis=-1),
-                per_example_loss_fn=lambda y, pred, _: _unit_losses(pred, y[..., 0], y[..., 1]), trainable_vars=variables)
+                per_example_loss_fn=lambda y, pred, _: _unit_losses(pred, y[..., 0], y[..., 1], config.loss), trainable_vars=variables)
             scale = clip_grads.compute_clip_weights(clip, norms)
         with tf.GradientTape(persistent=classic) as tape:
             losses = per_unit_losses(positions, labels, weights, users) * scale

@@ -33,3 +33,33 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
     gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
     return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]
+
+
+def logistic_solve(keys: np.ndarray, vectors: np.ndarray, all_vectors: np.ndarray, lam: float, iterations: int = 25,
+                   tolerance: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, solutions) of each key's implicit-feedback logistic problem: its rows'
+    items (`vectors`) are positives of label 1 and every item of `all_vectors` a negative of label 0,
+    weighted as SSP-convex weighs them (privacy.quadratic.logistic_weights, wbar 1), with ridge
+    lambda/2 |u|^2. Newton's method from 0, batched over keys (the problem is strictly convex)."""
+    from privacy.quadratic import logistic_derivatives, logistic_weights
+
+    if not np.isfinite(lam) or lam <= 0:
+        raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
+    vectors, all_vectors = np.asarray(vectors, dtype=np.float64), np.asarray(all_vectors, dtype=np.float64)
+    unique, group = np.unique(keys, return_inverse=True)
+    d, m = vectors.shape[1], all_vectors.shape[0]
+    w_p, w_n = logistic_weights(np.bincount(group, minlength=unique.size), m, 1.0)
+    outer_all = (all_vectors[:, :, None] * all_vectors[:, None, :]).reshape(m, d * d)
+    u = np.zeros((unique.size, d))
+    for _ in range(iterations):
+        slope_p, curve_p = logistic_derivatives(np.einsum("nd,nd->n", u[group], vectors), 1.0)
+        slope_n, curve_n = logistic_derivatives(u @ all_vectors.T, 0.0)  # keys x items
+        gradient = lam * u + (w_n[:, None] * slope_n) @ all_vectors
+        np.add.at(gradient, group, (w_p[group] * slope_p)[:, None] * vectors)
+        hessian = lam * np.eye(d) + ((w_n[:, None] * curve_n) @ outer_all).reshape(-1, d, d)
+        np.add.at(hessian, group, (w_p[group] * curve_p)[:, None, None] * vectors[:, :, None] * vectors[:, None, :])
+        step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
+        u -= step
+        if np.abs(step).max(initial=0.0) < tolerance:
+            break
+    return unique, u

@@ -68,6 +68,7 @@ import pyarrow as pa
 import tensorflow as tf
 from tqdm import tqdm
 
+from privacy import quadratic
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
@@ -124,6 +125,28 @@ def project_table(path: str, out: str, batch_size: int = 2048) -> str:
             a = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
             projected = project_psd(a, d)
             writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(projected), batch.column("b")], schema=STATS.with_metadata(schema.metadata)))
+    return out
+
+
+def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], psd_projection: bool, batch_size: int = 2048) -> str:
+    """Stream a logistic release (noised H_j, g_j) into `out` as SSP2's A_j = H_j, b_j = H_j v0_j - g_j
+    around the expansion points (sorted item ids, their vectors; privacy.quadratic.expansion), H_j
+    projected onto the PSD cone first when asked (post-processing of the release); returns `out`."""
+    schema = storage.read_schema(path)
+    if (schema.metadata or {}).get(b"loss") != b"logistic":
+        raise ValueError(f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded")
+    d = int(stats_metadata(schema)["d"])
+    ids, vectors = expansion
+    with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
+        for batch in storage.iter_batches(path, batch_size=batch_size):
+            h = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
+            items = batch.column("item_id").to_numpy()
+            at = np.searchsorted(ids, items)
+            if np.any(at >= ids.size) or np.any(ids[np.minimum(at, ids.size - 1)] != items):
+                raise ValueError(f"{path}: items without an expansion point")
+            a_upper, b = quadratic.expansion(project_psd(h, d) if psd_projection else h, list_column_to_matrix(batch.column("b"), d, "b"), vectors[at])
+            writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(a_upper), matrix_to_list_column(b)],
+                                                    schema=STATS.with_metadata(schema.metadata)))
     return out
 
 

@@ -216,3 +216,20 @@ def test_planned_units_below_the_rows_still_sample_every_unit():
     assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, 7)
     for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
         np.testing.assert_allclose((w0 - w1) / lr, g / 7, rtol=2e-4, atol=1e-6, err_msg=var.name)
+
+
+def test_logistic_rows_draw_unrated_negatives_that_estimate_the_every_item_term():
+    from privacy.quadratic import logistic_weights
+
+    users, positions = np.array([5, 5, 5, 9, 9]), np.array([0, 3, 7, 1, 2])
+    out_users, out_positions, labels, weights = dpsgd.logistic_rows(users, positions, 10, np.random.default_rng(0))
+    w_p, w_n = logistic_weights(np.array([3, 2]), 10, 1.0)
+    for user, rated, pos_w, neg_w in ((5, {0, 3, 7}, w_p[0], w_n[0]), (9, {1, 2}, w_p[1], w_n[1])):
+        mine = out_users == user
+        negatives = out_positions[mine & (labels == 0)]
+        assert set(out_positions[mine & (labels == 1)]) == rated and np.allclose(weights[mine & (labels == 1)], pos_w)
+        assert len(negatives) == len(rated) and len(set(negatives)) == len(negatives) and not set(negatives) & rated
+        assert weights[mine & (labels == 0)].sum() == pytest.approx(neg_w * 10)  # unbiased for the every-item term's weight
+    # a user who rated every item has no negative to draw
+    _, _, labels, _ = dpsgd.logistic_rows(np.array([1, 1]), np.array([0, 1]), 2, np.random.default_rng(0))
+    assert labels.tolist() == [1.0, 1.0]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainer.solve import ridge_solve
+from trainer.solve import logistic_solve, ridge_solve
 
 
 def test_solves_match_the_normal_equations():
@@ -21,3 +21,25 @@ def test_solves_match_the_normal_equations():
             np.testing.assert_allclose(u[row], np.linalg.solve(system, v[rows].T @ y[rows]), rtol=1e-12)
     with pytest.raises(ValueError, match="lambda must be > 0"):
         ridge_solve(keys, v, y, 0.0)
+
+
+def test_the_logistic_solve_is_the_minimiser_of_each_users_weighted_logistic_loss():
+    from scipy import optimize
+
+    from privacy.quadratic import logistic_loss, logistic_weights
+
+    rng = np.random.default_rng(0)
+    items = rng.normal(size=(30, 4))
+    keys, rated = np.array([3, 3, 3, 7, 7, 9]), np.array([0, 5, 9, 2, 9, 29])
+    solved_keys, u = logistic_solve(keys, items[rated], items, 0.1)
+    assert solved_keys.tolist() == [3, 7, 9]
+    for row, key in enumerate(solved_keys):
+        mine = items[rated[keys == key]]
+        w_p, w_n = logistic_weights(np.array([len(mine)]), len(items), 1.0)
+
+        def objective(x):
+            return w_p[0] * logistic_loss(mine @ x, 1.0).sum() + w_n[0] * logistic_loss(items @ x, 0.0).sum() + 0.05 * x @ x
+
+        np.testing.assert_allclose(u[row], optimize.minimize(objective, np.zeros(4), method="BFGS", options={"gtol": 1e-12}).x, atol=1e-6)
+    with pytest.raises(ValueError, match="lambda must be > 0"):
+        logistic_solve(keys, items[rated], items, 0.0)
