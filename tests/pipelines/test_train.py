@@ -284,3 +284,16 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     for name in ("ledger.parquet",):
         assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
     assert staged["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and set(staged["step_seconds"]) == {"1", "2"}
+
+
+def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
+    config = train.TrainConfig(protocol="recall", loss="logistic")
+    assert config.gravity == 0 and config.weight_exponent == 0 and config.settings().loss == "logistic"
+    assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
+    assert train.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
+    for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"engine": "beam"}, "--engine spark"), ({"gravity": 0.1}, "--gravity 0"),
+                         ({"item_update": "als", "encoder": "id"}, "--item-update ssp or dpsgd"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
+        with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
+            train.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
+    with pytest.raises(ValueError, match="--loss must be one of"):
+        train.TrainConfig(loss="poisson")
