@@ -27,11 +27,9 @@ import math
 import os
 import shutil
 
-import numpy as np
 
 from bench import harness, training
-from pipelines import synth, train
-from pipelines.datasets import is_dataset
+from pipelines import train
 from schemas import storage
 
 NAME = "convex"
@@ -47,13 +45,6 @@ COLORS = {"ssp-square": "C1", "ssp-logistic": "C2", "dpsgd-logistic": "C0", "dp-
 NON_PRIVATE = ("ssp-square", "ssp-logistic")  # each loss's non-private top line
 
 
-def data_set(out: str, users: int) -> str:
-    path = os.path.join(out, "data", f"movielens-like-{users}")
-    if not is_dataset(path):
-        synth.generate(path, like="movielens", users=users, seed=0)
-    return path
-
-
 def cells(quick: bool) -> list[dict]:
     epsilons = [*(QUICK_EPSILONS if quick else EPSILONS), None]  # None: non-private
     return [{"users": QUICK_USERS if quick else USERS, "method": name, "epsilon": epsilon, "config": {**METHODS[name][1], **({"epochs": 2} if quick else {})},
@@ -61,7 +52,7 @@ def cells(quick: bool) -> list[dict]:
 
 
 def run_cell(out: str, params: dict) -> dict:
-    data = data_set(out, params["users"])
+    data = training.movielens_like(out, params["users"])
     if params["method"] == "dp-popularity":  # every held-out user's candidates ranked by DP count
         return training.popularity_cell(out, training.cell_params(data, "recall", "dp-popularity", params["epsilon"], METHODS["dp-popularity"][1], params["seed"]))
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 
 import numpy as np
 
 from bench import harness, scale, time_to_quality, training
-from pipelines import synth, train, user_update
-from pipelines.datasets import is_dataset, open_dataset
+from pipelines import train, user_update
+from pipelines.datasets import open_dataset
 from pipelines.federated import SHAMIR_SHARE_BYTES
 from pipelines.run_dir import Run
 from privacy import secure_aggregation
@@ -48,13 +47,6 @@ USERS, QUICK_USERS = (2000, 6040), (300,)
 METHODS = {"ssp": {"engine": "federated"}, "dpsgd": {**training.METHODS["dpsgd"].overrides, **scale.TUNED["dpsgd"]}}
 LABELS = {"ssp": "federated SSP2 (AM-SSP)", "dpsgd": "federated DP-SGD (AM-DPSGD)"}
 PREPARE_ROUNDS = 2  # the DP counts and the DP mean
-
-
-def data_set(out: str, users: int) -> str:
-    path = os.path.join(out, "data", f"movielens-like-{users}")
-    if not is_dataset(path):
-        synth.generate(path, like="movielens", users=users, seed=0)
-    return path
 
 
 def cells(quick: bool) -> list[dict]:
@@ -96,7 +88,7 @@ def traffic(run: Run, config: train.TrainConfig, method: str, items: int) -> lis
 
 
 def run_cell(out: str, params: dict) -> dict:
-    data = data_set(out, params["users"])
+    data = training.movielens_like(out, params["users"])
     root = os.path.join(out, "runs", params["method"], hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
     account = root + ".account.json"  # the cell's own: a rerun of a cell is a new run on the same folder
     shutil.rmtree(root, ignore_errors=True)

@@ -290,6 +290,17 @@ def dataset(out: str, data: str) -> str:
 _SPARK = contextlib.ExitStack()
 
 
+def movielens_like(out: str, users: int) -> str:
+    """`ssp synth --like movielens --users N` (seed 0), written once under OUT/data."""
+    from pipelines import synth
+    from pipelines.datasets import is_dataset
+
+    path = os.path.join(out, "data", f"movielens-like-{users}")
+    if not is_dataset(path):
+        synth.generate(path, like="movielens", users=users, seed=0)
+    return path
+
+
 def spark():
     """The active Spark session, or one started for the bench and kept until the process ends
     (starting Spark costs seconds; every run of every experiment shares it)."""

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
