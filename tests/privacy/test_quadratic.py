@@ -86,3 +86,41 @@ def test_one_users_contribution_is_within_the_effective_clips_sensitivity(rated,
 def test_labels_other_than_zero_and_one_are_refused():
     with pytest.raises(ValueError, match="0 or 1"):
         quadratic.kernel_rows(np.ones((2, 2)), np.array([1.0, 3.5]), np.ones(2), np.ones((2, 2)), 1.0)
+
+
+def test_alternating_minimisation_with_ssp_convex_reaches_the_logistic_matrix_factorisation_fit():
+    """Noise off, every user solved exactly (trainer.solve.logistic_solve) and every item moved to the
+    minimum of its released quadratic (a Newton step): the fixed point is a stationary point of the
+    joint implicit-feedback logistic MF objective, as good as a direct L-BFGS fit of it."""
+    from trainer.solve import logistic_solve
+
+    rng = np.random.default_rng(4)
+    users, items, d, lam_u, lam_v = 12, 9, 2, 0.1, 0.1
+    positive = rng.random((users, items)) < 0.35
+    positive[np.arange(users), rng.integers(0, items, users)] = True
+    rows_u, rows_j = np.nonzero(positive)
+    w_p, w_n = quadratic.logistic_weights(positive.sum(1), items, 1.0)
+
+    def objective(u, v):
+        s = u @ v.T
+        return (np.sum(w_p[:, None] * positive * quadratic.logistic_loss(s, 1.0)) + np.sum(w_n[:, None] * quadratic.logistic_loss(s, 0.0))
+                + lam_u / 2 * np.sum(u**2) + lam_v / 2 * np.sum(v**2))
+
+    v = rng.normal(size=(items, d)) * 0.5
+    for _ in range(300):
+        _, u = logistic_solve(rows_u, v[rows_j], v, lam_u)
+        curvature_rows, slope_rows = quadratic.kernel_rows(u[rows_u], np.ones(rows_u.size), w_p[rows_u], v[rows_j], np.inf)
+        _, h, _ = grouped_sums(rows_j, curvature_rows)
+        _, _, g = grouped_sums(rows_j, slope_rows)
+        h_all, g_all = quadratic.all_items_sums(u, w_n, v, np.inf)
+        a_upper, b = quadratic.expansion(h + h_all, g + g_all, v)
+        v = np.linalg.solve(unpack_upper(a_upper, d) + lam_v * np.eye(d), b[..., None])[..., 0]
+    flat = np.concatenate([u.ravel(), v.ravel()])
+
+    def joint(x):
+        return objective(x[: users * d].reshape(users, d), x[users * d:].reshape(items, d))
+
+    gradient = optimize.approx_fprime(flat, joint, 1e-7)
+    assert np.abs(gradient).max() < 1e-5  # a stationary point of the joint objective
+    direct = optimize.minimize(joint, rng.normal(size=flat.size) * 0.5, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 5000})
+    assert joint(flat) <= direct.fun + 1e-6
