@@ -164,7 +164,7 @@ class TrainConfig:
             raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic":
             problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
-                                                 ("--item-update ssp or dpsgd", self.item_update not in ("ssp", "dpsgd")),
+                                                 ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
                                                  ("--engine spark", self.engine != "spark"), ("--gravity 0", self.gravity != 0),
                                                  ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
             if problems:

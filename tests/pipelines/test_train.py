@@ -292,7 +292,7 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
     assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
     assert train.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
     for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"engine": "beam"}, "--engine spark"), ({"gravity": 0.1}, "--gravity 0"),
-                         ({"item_update": "als", "encoder": "id"}, "--item-update ssp or dpsgd"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
+                         ({"item_update": "als", "encoder": "id"}, "--item-update ssp, dpsgd or none"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
         with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
             train.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
     with pytest.raises(ValueError, match="--loss must be one of"):
