@@ -55,6 +55,11 @@ SHAMIR_SHARE_BYTES = 66  # a share is an element of the field 2^521 - 1
 ROUND_STARTED = ".round-started"  # in the step's stats folder: a round ran (its sum may be unmasked), so it is never run again
 
 
+class RoundRefusedError(ValueError):
+    """A round the clients or the server refused (too many dropouts, a secret too few could rebuild):
+    one line for the user, nothing published."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """The round's public parameters: fixed-point scale, Skellam multiplier and per-client variances."""
@@ -271,11 +276,12 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     masked, corrections, survivors, refused = _round(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
     if survivors < plan.min_clients:  # the clients revealed no share: the server learned nothing, and the round may be run again
         storage.remove(started)
-        raise RuntimeError(f"federated step {central.step}: {survivors} of {plan.clients} clients answered, fewer than the {plan.min_clients} "
-                           f"the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, nothing published")
+        raise RoundRefusedError(f"federated step {central.step}: {survivors} of {plan.clients} clients answered, fewer than the {plan.min_clients} "
+                                f"the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, nothing published "
+                                "(the clients revealed nothing: run the command again)")
     if refused:
-        raise RuntimeError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(refused)} client(s) (e.g. {refused[0]}) "
-                           "to unmask the sum; round refused, nothing published")
+        raise RoundRefusedError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(refused)} client(s) "
+                                f"(e.g. {refused[0]}) to unmask the sum; round refused, nothing published")
     total = secagg.decode(masked - corrections, plan.scale).reshape(plan.items, plan.width)
     p = packed_size(plan.dim)
     spec = NoiseSpec(multiplier, central.settings.wbar, central.settings.clip_u, central.settings.clip_y, seeds.seed, index)

@@ -95,7 +95,7 @@ def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(tmp_pa
 def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(tmp_path):
     run = prepared(tmp_path)
     job = federated_job(run, dropout=0.4, max_dropout=0.1)
-    with pytest.raises(RuntimeError, match="fewer than the .* the noise is planned for .* round refused, nothing published"):
+    with pytest.raises(federated.RoundRefusedError, match="fewer than the .* the noise is planned for .* round refused, nothing published"):
         federated.run(job)
     assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(storage.join(job.stats.out, stats_job.RELEASE_SUMMARY))
     assert [row["name"] for row in Ledger.open(run.ledger).rows][-1] == "step-1/stats/r0"  # planned and recorded before the round
@@ -108,7 +108,7 @@ def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothin
 def test_a_round_whose_dropped_clients_cannot_be_unmasked_is_refused_and_never_rerun(tmp_path):
     run = prepared(tmp_path)
     job = federated_job(run, dropout=0.45, max_dropout=0.6)  # enough survivors for the noise, too few neighbours left for some secrets
-    with pytest.raises(RuntimeError, match="too few neighbours revealed the secrets .* round refused, nothing published"):
+    with pytest.raises(federated.RoundRefusedError, match="too few neighbours revealed the secrets .* round refused, nothing published"):
         federated.run(job)
     assert not storage.exists(stats_job.resample_path(job.stats.out, 0))
     with pytest.raises(ValueError, match="already ran"):
@@ -127,7 +127,7 @@ def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
     assert cli.main(["synth", "--users", "80", "--items", "30", "--ratings-per-user", "10", "--out", str(tmp_path / "data"), "-q"]) == 0
     result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
-                             "--federated-dropout", "0.05", "--epsilon", "5", "--outer-steps", "2", "--epochs", "2", "--dim", "3"],
+                             "--federated-dropout", "0.05", "--federated-max-dropout", "0.4", "--epsilon", "5", "--outer-steps", "2", "--epochs", "2", "--dim", "3"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
@@ -154,3 +154,14 @@ def capture_refusal(folder) -> str:
                              *SETTINGS], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and not (folder / "again").exists()
     return result.stderr
+
+
+def test_a_refused_round_is_one_line_and_exit_status_2_through_the_installed_command(tmp_path):
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(tmp_path / "data"), "-q"]) == 0
+    result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
+                             "--federated-dropout", "0.7", "--federated-max-dropout", "0.1", *SETTINGS], capture_output=True, text=True, timeout=600)
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(errors) == 1 and "clients answered, fewer than the" in errors[0] and "run the command again" in errors[0]
+    assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
