@@ -55,19 +55,21 @@ READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per co
 ROWS_PER_PARTITION = 2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
 
 
-_last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the last embeddings read, by content digest
+_last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
 
 
-def user_vectors(path: str, digest: str, d: int) -> tuple[IdIndex, np.ndarray]:
-    """(index of the sorted user ids, their embeddings) of a user embeddings table whose content
-    digest (from prepare()) is `digest`; a worker's next task of the same release reuses them."""
-    if _last_vectors.get("digest") != digest:
+def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
+    """(index of the sorted ids, their embeddings) of an embeddings table (users', or items' with
+    `id_column` "item_id") whose content digest (from prepare()) is `digest`; a worker's next task of
+    the same release reuses them (the last two tables read are kept: a logistic release reads both)."""
+    if digest not in _last_vectors:
         table = storage.read_table(path)
-        users = table["user_id"].to_numpy()
-        order = np.argsort(users)
-        _last_vectors.clear()
-        _last_vectors.update(digest=digest, value=(IdIndex(users[order]), list_column_to_matrix(table["embedding"], d, "user embedding")[order]))
-    return _last_vectors["value"]
+        ids = table[id_column].to_numpy()
+        order = np.argsort(ids)
+        if len(_last_vectors) >= 2:
+            _last_vectors.clear()
+        _last_vectors[digest] = (IdIndex(ids[order]), list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order])
+    return _last_vectors[digest]
 
 
 def read_and_pack(units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
@@ -135,7 +137,7 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
-    owners, vectors = user_vectors(*embeddings, settings.dim) if rated.size or expansion else (None, None)
+    owners, vectors = embedding_vectors(*embeddings, settings.dim) if rated.size or expansion else (None, None)
     negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
@@ -172,32 +174,23 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
                                          schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
 
 
-_last_expansion: dict = {}  # per Python worker, as _last_vectors
-
-
 def _negatives(settings, lookups: RowLookups, owners: IdIndex, vectors: np.ndarray, path: str, digest: str):
     """What every group of a logistic release needs: the expansion points (by item), and each user
     with rows (every one a negative of every item) with its embedding and weights."""
-    if _last_expansion.get("digest") != digest:
-        table = storage.read_table(path)
-        _last_expansion.clear()
-        _last_expansion.update(digest=digest, value=(IdIndex(np.sort(table["item_id"].to_numpy())),
-                                                     list_column_to_matrix(table.sort_by("item_id")["embedding"], settings.dim, "item embedding")))
-    users = lookups.users.ids
     w_p, w_n = quadratic.logistic_weights(lookups.normalisers, lookups.catalog.ids.size, settings.wbar)  # exponent 0: the normaliser is the count
-    return _last_expansion["value"], vectors[owners.positions(users, "user embedding")], w_p, w_n
+    return embedding_vectors(path, digest, settings.dim, "item_id"), vectors[owners.positions(lookups.users.ids, "user embedding")], w_p, w_n
 
 
 def _logistic_sums(settings, lookups: RowLookups, negatives, group: np.ndarray, users: np.ndarray, rated: np.ndarray, owners: IdIndex,
                    vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(every item of the group, packed H_j, g_j) of the logistic loss: the rows as positives
     (label 1, weight w_p of their user) plus every user as a negative of every item (weight w_n)."""
-    (expansion_index, points), all_u, _, w_n = negatives
+    (expansion_index, points), all_u, w_p, w_n = negatives
     v0 = points[expansion_index.positions(group, "item with an expansion point")]
     h, g = quadratic.all_items_sums(all_u, w_n, v0, settings.clip_u)
     if rated.size:
-        w_p = negatives[2][lookups.users.positions(users, "user")]
-        curvature_rows, slope_rows = quadratic.kernel_rows(vectors[owners.positions(users, "user embedding")], np.ones(rated.size), w_p,
+        curvature_rows, slope_rows = quadratic.kernel_rows(vectors[owners.positions(users, "user embedding")], np.ones(rated.size),
+                                                           w_p[lookups.users.positions(users, "user")],
                                                            points[expansion_index.positions(rated, "item with an expansion point")], settings.clip_u)
         keys, h_rows, _ = accumulator.grouped_sums(rated, curvature_rows)
         _, _, g_rows = accumulator.grouped_sums(rated, slope_rows)

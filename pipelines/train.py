@@ -30,12 +30,12 @@ release made before).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
 import time
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -948,14 +948,13 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:
-        negatives = np.arange(space.size) if config.loss == "logistic" else None  # folded in with the loss trained: every candidate a negative
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             report = evaluate.recall_report(
                 (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
                 (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), item_vectors, config.lambda_u, buckets,
-                gravity=config.gravity, negatives=negatives,
+                gravity=config.gravity, loss=config.loss,
             )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]

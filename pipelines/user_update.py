@@ -41,6 +41,7 @@ from pipelines.lock import existing_run_lock  # noqa: E402
 from pipelines.logs import log  # noqa: E402
 from pipelines.run_dir import Run, require_steps  # noqa: E402
 from pipelines.spark import readable_tables, task_errors_raised_here  # noqa: E402
+from pipelines.stats_core import LOSSES  # noqa: E402
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column  # noqa: E402
 from schemas import storage  # noqa: E402
 from schemas.ids import IdIndex  # noqa: E402
@@ -104,8 +105,8 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     solves implicit feedback's logistic loss instead (trainer.solve.logistic_solve): the rows are
     positives and every item of `item_embeddings` a negative, weighted as SSP-convex weighs them.
     """
-    if loss not in ("square", "logistic"):
-        raise ValueError(f"loss must be square or logistic, got {loss!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     from pyspark import TaskContext
 
     if not np.isfinite(lambda_u) or lambda_u <= 0:

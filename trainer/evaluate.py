@@ -53,15 +53,15 @@ def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarra
 
 def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
                   lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS, gravity: float = 0.0,
-                  negatives: np.ndarray | None = None) -> dict:
+                  loss: str = "square") -> dict:
     """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
     of the targets; item_vectors in catalog order. Users are folded in as the model was trained:
-    a ridge solve (with `gravity`), or with `negatives` (catalog positions) the logistic solve of
-    implicit feedback (trainer.solve.logistic_solve)."""
+    a ridge solve (with `gravity`), or for the logistic loss its solve with every catalog item a
+    negative (trainer.solve.logistic_solve)."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
-    if negatives is not None:
-        users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors[negatives], lambda_u)
+    if loss == "logistic":
+        users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
     else:
         users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True,
                                     gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None)

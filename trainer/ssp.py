@@ -72,6 +72,7 @@ from privacy import quadratic
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
+from schemas.ids import IdIndex
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
 
@@ -136,14 +137,11 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
     if (schema.metadata or {}).get(b"loss") != b"logistic":
         raise ValueError(f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded")
     d = int(stats_metadata(schema)["d"])
-    ids, vectors = expansion
+    index, vectors = IdIndex(expansion[0]), expansion[1]
     with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
         for batch in storage.iter_batches(path, batch_size=batch_size):
             h = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
-            items = batch.column("item_id").to_numpy()
-            at = np.searchsorted(ids, items)
-            if np.any(at >= ids.size) or np.any(ids[np.minimum(at, ids.size - 1)] != items):
-                raise ValueError(f"{path}: items without an expansion point")
+            at = index.positions(batch.column("item_id").to_numpy(), f"item of {path} with an expansion point")
             a_upper, b = quadratic.expansion(project_psd(h, d) if psd_projection else h, list_column_to_matrix(batch.column("b"), d, "b"), vectors[at])
             writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(a_upper), matrix_to_list_column(b)],
                                                     schema=STATS.with_metadata(schema.metadata)))
