@@ -43,6 +43,7 @@ from pipelines.beam_stats import ReadTable, rows_by_user
 from pipelines.stats_core import release_metadata, stats_table, user_contributions
 from privacy import accounting, secure_aggregation as secagg, skellam
 from privacy.accumulator import NoiseSpec, grouped_sums, packed_size
+from privacy.seeds import digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
@@ -158,6 +159,8 @@ def client_contribution(user: int, solve_rows: tuple[np.ndarray, np.ndarray], st
                        gravity=broadcast.gram)
     out = np.zeros((plan.items, plan.width))
     rated, rated_labels = stats_rows
+    if np.unique(rated).size != rated.size:  # its weights bound the client's contribution only with each pair once, as the central job requires
+        raise ValueError(f"client {user} has repeated (user, item) pairs in its statistics rows; each pair must appear once")
     if rated.size:
         at = broadcast.catalog.positions(rated, "stats catalog item")
         keys, rows = user_contributions(np.full(rated.size, user), at, rated_labels, np.repeat(u, rated.size, axis=0), broadcast.counts[at], settings)
@@ -263,15 +266,18 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     round_seed = public_round_seed(round_secret)
     graph = secagg.neighbours(clients, round_seed, plan.neighbours)
     dropped = dropped_clients(clients, round_seed, job.dropout)
-    seeds = release.open_seed_file(central.seed_file, central.ledger_path)
-    description = {"settings": central.settings.to_json(), "federated": plan.to_json(), "inputs": {"solve_rows": central.interactions}}
-    index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
-    logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
-             f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
     started = storage.join(central.out, ROUND_STARTED)
     if storage.exists(started):
         raise ValueError(f"a round of federated step {central.step} already ran ({started}): the server may have unmasked its sum, and a new "
                          "round would draw new noise for the same statistics, a release the ledger has not planned; start a new run")
+    seeds = release.open_seed_file(central.seed_file, central.ledger_path)
+    inputs = {name: digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
+                                                          ("item_embeddings", job.item_embeddings), ("counts", central.counts), ("items", central.items))}
+    release.check_counts_release(ledger, seeds, central.counts, inputs["counts"])  # the weights' counts must be this run's release, as centrally
+    description = {"settings": central.settings.to_json(), "federated": plan.to_json(), "inputs": inputs}
+    index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
+    logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
+             f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
     storage.write_json({"step": central.step, "release": index}, started)
     masked, corrections, survivors, refused = _round(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
     if survivors < plan.min_clients:  # the clients revealed no share: the server learned nothing, and the round may be run again

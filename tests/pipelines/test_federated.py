@@ -165,3 +165,16 @@ def test_a_refused_round_is_one_line_and_exit_status_2_through_the_installed_com
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(errors) == 1 and "clients answered, fewer than the" in errors[0] and "run the command again" in errors[0]
     assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
+
+
+def test_a_client_with_a_repeated_pair_is_refused_as_the_central_job_refuses_it():
+    from pipelines.stats_core import StatsSettings
+    from schemas.ids import IdIndex
+
+    broadcast = federated.Broadcast((IdIndex(np.array([1, 2])), np.eye(2)), None, IdIndex(np.array([1, 2])), np.array([5.0, 5.0]))
+    plan = federated.Plan(3, 3, 2, 2, 2.0**20, 1.0, (1.0, 1.0), 2)
+    rows = (np.array([1, 1]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match="client 7 has repeated \\(user, item\\) pairs"):
+        federated.client_contribution(7, rows, rows, broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan)
+    once = federated.client_contribution(7, rows, (np.array([2]), np.array([1.0])), broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan)
+    assert np.count_nonzero(once.reshape(2, -1)[0]) == 0 and np.count_nonzero(once.reshape(2, -1)[1]) > 0  # only its own item
