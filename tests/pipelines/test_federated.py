@@ -125,18 +125,20 @@ def test_a_run_accounted_otherwise_is_refused_before_any_release(tmp_path):
 
 def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    assert cli.main(["synth", "--users", "80", "--items", "30", "--ratings-per-user", "10", "--out", str(tmp_path / "data"), "-q"]) == 0
+    assert cli.main(["synth", "--users", "300", "--items", "30", "--ratings-per-user", "30", "--out", str(tmp_path / "data"), "-q"]) == 0
     result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
-                             "--federated-dropout", "0.05", "--federated-max-dropout", "0.4", "--epsilon", "5", "--outer-steps", "2", "--epochs", "2", "--dim", "3"],
+                             "--federated-dropout", "0.05", "--federated-max-dropout", "0.4", "--epsilon", "10", "--outer-steps", "2", "--dim", "3"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
-    assert ledger.budget["accountant"] == "rdp-integer" and ledger.epsilon_spent() == pytest.approx(5.0, abs=1e-6)
+    assert ledger.budget["accountant"] == "rdp-integer" and 10.0 - 1e-4 < ledger.epsilon_spent() <= 10.0
     assert [row["name"] for row in ledger.rows][-2:] == ["step-1/stats/r0", "step-2/stats/r0"]
     summary = json.load(open(tmp_path / "run" / "step-2" / "stats" / "release.json"))
-    assert summary["federated"]["clients"] == 80 and summary["federated"]["upload_bytes_per_client"] > 8 * summary["items"] * 9
+    assert summary["federated"]["clients"] == 300 and summary["federated"]["upload_bytes_per_client"] > 8 * summary["items"] * 9
     assert not (tmp_path / "run" / "private" / "step-1" / "user_embeddings.parquet").exists()  # the clients kept theirs
+    # 300 ratings an item at epsilon 10 and the trainer's default epochs: the model's edge over the DP mean is several times the test
+    # set's noise; at 80 users, epsilon 5 and 2 epochs neither could be told from the other, and the DP mean sometimes won by chance
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
 
 
