@@ -241,18 +241,24 @@ class FederatedJob:
     scratch: str | None = None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
 
 
-def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
-    """Run the round; publish the stats table and release.json; returns the step summary."""
+def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
+    """The stats catalog (sorted ids) and what the distributor sends every client for it."""
     central = job.stats
-    if not 0 <= job.dropout < 1:
-        raise ValueError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
     catalog = np.sort(storage.read_table(central.items, columns=["item_id"])["item_id"].to_numpy())
     counts = storage.read_table(central.counts).sort_by("item_id")
     count_of = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]
     embeddings = validate_item_embeddings(storage.read_table(job.item_embeddings), dim=central.settings.dim)
     vectors = list_column_to_matrix(embeddings["embedding"], central.settings.dim, "item embedding")
-    broadcast = Broadcast((IdIndex(embeddings["item_id"].to_numpy()), vectors), job.gravity * vectors.T @ vectors if job.gravity > 0 else None,
-                          IdIndex(catalog), count_of)
+    return catalog, Broadcast((IdIndex(embeddings["item_id"].to_numpy()), vectors), job.gravity * vectors.T @ vectors if job.gravity > 0 else None,
+                              IdIndex(catalog), count_of)
+
+
+def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
+    """Run the round; publish the stats table and release.json; returns the step summary."""
+    central = job.stats
+    if not 0 <= job.dropout < 1:
+        raise ValueError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
+    catalog, broadcast = broadcast_of(job)
     clients = np.unique(np.concatenate([batch.column("user_id").to_numpy() for batch in storage.iter_batches(job.solve_rows, columns=["user_id"])]))
     if clients.size < 3:
         raise ValueError(f"secure aggregation needs at least 3 clients, {job.solve_rows} has {clients.size}")
@@ -279,7 +285,7 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
              f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
     storage.write_json({"step": central.step, "release": index}, started)
-    masked, corrections, survivors, refused = _round(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
+    masked, corrections, survivors, refused = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
     if survivors < plan.min_clients:  # the clients revealed no share: the server learned nothing, and the round may be run again
         storage.remove(started)
         raise RoundRefusedError(f"federated step {central.step}: {survivors} of {plan.clients} clients answered, fewer than the {plan.min_clients} "
@@ -300,7 +306,7 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     return summary
 
 
-def _round(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options):
+def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options):
     """The Beam pipeline of the round: (masked sum, sum of mask corrections, survivors, clients that
     could not be unmasked: fewer than t neighbours revealed their secret)."""
     size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)

@@ -2,18 +2,21 @@
 the central statistics plus the clients' summed noise; dropouts are recovered or the round is
 refused; the ledger plans it; `ssp train --engine federated` trains from it end to end."""
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from pipelines import cli, federated, stats_job, train
 from pipelines.run_dir import Run
 from pipelines.stats_core import user_contributions
 from privacy.accumulator import grouped_sums, packed_size
+from privacy import secure_aggregation as secagg
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -90,6 +93,44 @@ def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(tmp_pa
     s = job.stats.settings
     std_a = (noise[:, : packed_size(s.dim)] / plan.scale).std()
     assert std_a == pytest.approx(plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25)
+
+
+def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(tmp_path):
+    """Neighbouring data through the round's Beam pipeline: one user's rows removed from the round's
+    inputs (the split and the centred rows are per user: tests/test_privacy_guards.py), everything
+    public held (the broadcast, the plan, which depends on the number of clients only). The unmasked
+    sum then moves by that user's own clipped, weighted vector and noise share, within one fixed-point
+    step: no other client's input looks at another user's rows, and nothing else in the round does."""
+    run = prepared(tmp_path)
+    job = federated_job(run)
+    catalog, broadcast = federated.broadcast_of(job)
+    clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
+    removed = int(clients[len(clients) // 2])
+
+    def rows(path, keep):
+        table = storage.read_table(path, columns=["user_id", "item_id", "label"])
+        mine = pc.equal(table["user_id"], removed)
+        return table.filter(pc.invert(mine) if keep else mine)
+
+    folder = tmp_path / "without"
+    storage.write_table(rows(job.solve_rows, keep=True), str(folder / "solve.parquet"))
+    storage.write_table(rows(job.stats.interactions, keep=True), str(folder / "stats.parquet"))
+    neighbour = dataclasses.replace(job, solve_rows=str(folder / "solve.parquet"),
+                                    stats=dataclasses.replace(job.stats, interactions=str(folder / "stats.parquet")))
+    plan = federated.plan_round(job.stats, 1.0, clients.size, 0.1, catalog.size)
+    totals = []
+    for round_job, members in ((job, clients), (neighbour, clients[clients != removed])):
+        graph = secagg.neighbours(members, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
+        masked, corrections, survivors, refused = federated.round_sums(round_job, broadcast, plan, ROUND_SECRET, graph, frozenset(), None)
+        assert survivors == members.size and refused == []
+        totals.append(secagg.decode(masked - corrections, plan.scale))
+    own = [rows(path, keep=False) for path in (job.solve_rows, job.stats.interactions)]
+    assert own[1].num_rows > 0
+    vector = federated.client_contribution(removed, *[(t["item_id"].to_numpy(), t["label"].to_numpy()) for t in own], broadcast,
+                                           job.stats.settings, job.lambda_u, plan)
+    share = federated.client_noise(federated.client_secret(ROUND_SECRET, removed), plan) / plan.scale
+    assert np.abs(vector).max() > 0 and np.abs(share).max() > 0
+    assert np.abs(totals[0] - totals[1] - vector - share).max() <= 1 / plan.scale + 1e-9 * np.abs(vector).max()
 
 
 def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(tmp_path):
