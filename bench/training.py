@@ -480,7 +480,7 @@ def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:
         vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.dim, "item embedding")
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
         metrics = train._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
-                                   train.prepared_rating_range(prepared))
+                                   train.prepared_rating_range(prepared), train.fold_in_counts(run, config, space))
         out.append({"step": s, "seconds": mark - prepared["started_at"], "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"]})
     return out
 

@@ -1,7 +1,8 @@
 """`ssp publish --run RUN --to DEST`: hand a finished run's public results over, after checking its ledger.
 
 What is published: `encoder/` (SavedModel, signatures `embed` and `embed_features`),
-`item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`) and
+`item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`), for a
+ranking model whose fold-in uses a popularity column the DP counts release (`counts.parquet`), and
 `privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
 settings) with `privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases and public item features only. Never published:
 `RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
@@ -97,6 +98,7 @@ def model_settings(run: Run) -> dict:
     return {
         "protocol": config["protocol"],
         "dim": config["dim"],
+        "loss": config.get("loss", "square"),
         "lambda_u": config["lambda_u"],
         "gravity": config["gravity"],
         "dp_mean": None if recall else prepared["mean"],
@@ -104,6 +106,7 @@ def model_settings(run: Run) -> dict:
         "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold") if recall else None,
         "encoder": config["encoder"],
         "feature_families": features if config["encoder"] == "features" else {},
+        "popularity_column": recall and config.get("popularity_column", False),  # counts.parquet beside it (an older run's fold-in had none)
     }
 
 
@@ -151,11 +154,15 @@ def publish(run: Run, dest: str) -> dict:
         files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]
         _copy_table(run.path("item_embeddings.parquet"), storage.join(staging, "item_embeddings.parquet"))
         storage.write_json(summary, storage.join(staging, "privacy.json"))
-        storage.write_json(model_settings(run), storage.join(staging, "model.json"))
+        settings = model_settings(run)
+        storage.write_json(settings, storage.join(staging, "model.json"))
+        if settings["popularity_column"]:  # the DP counts release, which the fold-in uses as a column
+            _copy_table(run.counts, storage.join(staging, "counts.parquet"))
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": ["encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"], "encoder_files": files}
+                  "contents": ["encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+                  + (["counts.parquet"] if settings["popularity_column"] else []), "encoder_files": files}
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):

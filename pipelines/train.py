@@ -84,6 +84,7 @@ class TrainConfig:
     encoder: str = "features"
     encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
+    popularity_column: bool = True  # --protocol recall: the fold-in also gets the DP counts as a column (trainer.evaluate.with_popularity)
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
     outer_steps: int = release.DEFAULT_OUTER_STEPS
     resamples: int = 1
@@ -897,7 +898,7 @@ def evaluate(run: Run) -> dict:
     item_vectors = np.zeros((space.size, config.dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.dim, "item embedding")
     metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
-                        prepared_rating_range(prepared))
+                        prepared_rating_range(prepared), fold_in_counts(run, config, space))
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
@@ -919,10 +920,21 @@ def evaluate(run: Run) -> dict:
     return metrics
 
 
+def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
+    """The DP counts in catalog order when the ranking fold-in uses them (--popularity-column), else None."""
+    if config.protocol != "recall" or not config.popularity_column:
+        return None
+    table = storage.read_table(run.counts, columns=["item_id", "count"])
+    counts = np.ones(space.size)
+    counts[space.index_of(table["item_id"].to_numpy())] = table["count"].to_numpy()
+    return counts
+
+
 def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
-              ratings: tuple[float, float]) -> dict:
+              ratings: tuple[float, float], counts: np.ndarray | None = None) -> dict:
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
-    predicted ratings are limited to `ratings`, the run's rating range."""
+    predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
+    `counts` (catalog order) as a popularity column when given."""
     from trainer import evaluate
 
     train = storage.read_table(train_rows, columns=["item_id"])
@@ -948,12 +960,13 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:
+        vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts)
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             report = evaluate.recall_report(
                 (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
-                (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), item_vectors, config.lambda_u, buckets,
+                (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, config.lambda_u, buckets,
                 gravity=config.gravity, loss=config.loss,
             )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
@@ -1057,6 +1070,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "encoder": "features (public feature families + item id) or id (one embedding per item)",
         "encoder_init": "the features encoder's start (and the starting point every item update is held near): principal (the top-d principal "
                         "directions of the public feature vectors, items weighted by their DP counts: free post-processing) or random",
+        "popularity_column": "--protocol recall: a user folded in from their history also gets a coefficient on the items' DP counts "
+                             "(a public release: no privacy cost), so where the noise leaves the trained directions little signal the "
+                             "ranking falls back on popularity; ssp recommend does the same (default: on)",
         "item_id_feature": "the features encoder adds a free per-item residual to what the public features say, held at zero by "
                            "--residual-penalty until the item's statistics outweigh the noise (default: on)",
         "anchor": "how strongly each item update holds the shared features encoder near where it began (its starting point), in the same "

@@ -6,8 +6,9 @@ gravity, the DP mean rating and the positive threshold. A user's embedding is so
 their own history against the published item embeddings, exactly as the run's evaluation folds in
 held-out users (`trainer.evaluate.recall_report`: `trainer.solve.ridge_solve` with lambda_u
 scaled by the history's length, the gravity alpha V^T V over the catalog, labels 1 for positives or
-rating minus the DP mean), then every item outside the history (with `exclude_seen`) is scored by
-u . v and the k best are returned. Items added to the catalog after training are embedded from
+rating minus the DP mean; for the logistic loss `trainer.solve.logistic_solve`; for a ranking model
+the DP counts as one more item column, `trainer.evaluate.with_popularity`), then every item outside
+the history (with `exclude_seen`) is scored by u . v and the k best are returned. Items added to the catalog after training are embedded from
 their public features through the encoder's `embed_features` signature and scored with the rest.
 
 Privacy: the history never leaves the client; nothing here writes to the run or the trainer. The
@@ -30,8 +31,8 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
-from trainer.evaluate import user_item_mask
-from trainer.solve import ridge_solve
+from trainer.evaluate import user_item_mask, with_popularity
+from trainer.solve import logistic_solve, ridge_solve
 
 MODEL_SETTINGS = "model.json"
 RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
@@ -58,7 +59,7 @@ class PublishedModel:
 
     path: str
     item_ids: np.ndarray
-    vectors: np.ndarray  # float64, (items, d)
+    vectors: np.ndarray  # float64, (items, d), plus the popularity column when model.json says so
     settings: dict
 
     @classmethod
@@ -72,12 +73,21 @@ class PublishedModel:
         settings = storage.read_json(settings_path)
         table = validate_item_embeddings(storage.read_table(storage.join(path, "item_embeddings.parquet")), dim=settings["dim"])
         order = np.argsort(table["item_id"].to_numpy(), kind="stable")
+        item_ids = table["item_id"].to_numpy()[order]
         vectors = list_column_to_matrix(table["embedding"], settings["dim"], "item embedding")[order]
-        return cls(path, table["item_id"].to_numpy()[order], vectors, settings)
+        if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
+            counts = storage.read_table(storage.join(path, "counts.parquet"), columns=["item_id", "count"])
+            at = np.searchsorted(item_ids, counts["item_id"].to_numpy())
+            if not np.array_equal(item_ids[np.minimum(at, item_ids.size - 1)], counts["item_id"].to_numpy()):
+                raise ValueError(f"{path}: counts.parquet names items the item embeddings do not have")
+            in_order = np.ones(item_ids.size)
+            in_order[at] = counts["count"].to_numpy()
+            vectors = with_popularity(vectors, in_order)
+        return cls(path, item_ids, vectors, settings)
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
         """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
-        through the published encoder's `embed_features` signature."""
+        through the published encoder's `embed_features` signature (0 in the popularity column)."""
         import tensorflow as tf
 
         from trainer.features import value_strings
@@ -95,7 +105,9 @@ class PublishedModel:
             inputs[name] = tf.constant([values + [""] * (width - len(values)) for values in rows], tf.string, shape=(len(rows), width))
         with storage.read_folder(storage.join(self.path, "encoder")) as local:
             embed = tf.saved_model.load(local).signatures["embed_features"]
-            return embed(**inputs)["embedding"].numpy().astype(np.float64)
+            embedded = embed(**inputs)["embedding"].numpy().astype(np.float64)
+        # a new item has no DP count: nothing in the popularity column
+        return np.hstack([embedded, np.zeros((embedded.shape[0], self.vectors.shape[1] - embedded.shape[1]))])
 
     def fold_in(self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """(sorted user ids, user embeddings) solved from history rows (catalog positions), as the
@@ -108,6 +120,8 @@ class PublishedModel:
         else:
             targets = np.ones(positions.size)
         v = self.vectors
+        if s.get("loss") == "logistic":  # SSP-convex: every catalog item a negative, as its evaluation folds users in
+            return logistic_solve(users, v[positions], v, s["lambda_u"])
         gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
         return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity)
 

@@ -81,7 +81,9 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert set(top["user_id"].to_pylist()) == set(users.tolist()) and top.num_rows == 10 * users.size
     # the evaluation's own fold-in, given the recommended items as targets: every one is in its top 10
     run_items = storage.read_table(str(root / "run" / "item_embeddings.parquet")).sort_by("item_id")
-    vectors = np.array(run_items["embedding"].to_pylist())
+    counts = storage.read_table(str(root / "run" / "counts" / "counts.parquet")).sort_by("item_id")  # the DP counts release
+    assert model.settings["popularity_column"] and np.array_equal(counts["item_id"].to_numpy(), run_items["item_id"].to_numpy())
+    vectors = evaluate.with_popularity(np.array(run_items["embedding"].to_pylist()), counts["count"].to_numpy())  # the run's fold-in (the default)
     positions = lambda ids: np.searchsorted(run_items["item_id"].to_numpy(), ids)  # noqa: E731
     report = evaluate.recall_report((history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), np.ones(history.num_rows)),
                                     (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())), vectors, model.settings["lambda_u"],
@@ -111,7 +113,7 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
     (tmp_path / "new.csv").write_text("item_id,brand,tags,year\n5000,{},{},{}\n5001,newbrand,,2030\n".format(
         products["brand"][0].as_py(), "|".join(products["tags"][0].as_py()), products["year"][0].as_py()))
     embedded = model.embed_new_items(twin)
-    assert embedded.shape == (1, 8) and np.all(np.isfinite(embedded))
+    assert embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded)) and embedded[0, 8] == 0  # d, then no DP count in the popularity column
     # a user who clicked only items of the twin's brand gets the twin among their recommendations' scores
     same = products.filter(pa.compute.equal(products["brand"], products["brand"][0]))["product"].to_numpy()[:5]
     (tmp_path / "history.csv").write_text("user_id,item_id\n" + "".join(f"7,{item}\n" for item in same))

@@ -10,15 +10,20 @@ import pytest
 from schemas import storage
 from schemas.tables import ITEM_EMBEDDINGS
 from trainer.recommend import PublishedModel
+from trainer.solve import logistic_solve
 
 
-def publication(folder, protocol="rmse", threshold=None) -> str:
-    """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3 (local or gs://)."""
+def publication(folder, protocol="rmse", threshold=None, counts=None, loss="square") -> str:
+    """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3 (local or gs://);
+    with `counts` (of items 10, 20, 30) the ranking fold-in's popularity column."""
     path = str(folder)
     storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]}, schema=ITEM_EMBEDDINGS),
                         storage.join(path, "item_embeddings.parquet"))
+    if counts is not None:
+        storage.write_table(pa.table({"item_id": [20, 10, 30], "count": [counts[1], counts[0], counts[2]]}), storage.join(path, "counts.parquet"))
     settings = {"protocol": protocol, "dim": 2, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
-                "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {}}
+                "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {},
+                "popularity_column": counts is not None, "loss": loss}
     storage.write_json(settings, storage.join(path, "model.json"))
     storage.write_json({"run": "r"}, storage.join(path, "_PUBLISHED"))
     return path
@@ -43,6 +48,29 @@ def test_the_ranking_protocol_folds_in_positives_and_excludes_every_seen_item(tm
     top = model.recommend(history, k=3, exclude_seen=True)
     assert top["item_id"].to_pylist() == [10] and top["score"].to_pylist() == pytest.approx([float(u[0] @ [1.0, 0.0])])
     np.testing.assert_allclose(u, [[0.0, 0.5]])
+
+
+def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path):
+    model = PublishedModel.load(publication(tmp_path, "recall", counts=[1.0, 2.0, 2.0]))
+    # the trained columns' RMS norm is sqrt(2) (Frobenius 2, d 2) and the counts' norm 3: column sqrt(2)/3 (1, 2, 2)
+    p = np.sqrt(2) / 3 * np.array([1.0, 2.0, 2.0])
+    np.testing.assert_allclose(model.vectors, np.c_[[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], p])
+    # item 10 alone, target 1, lambda_u 1 x 1 row: u = (x x^T + I)^-1 x with x = (1, 0, p_10), that is x / (1 + |x|^2)
+    x = np.array([1.0, 0.0, p[0]])
+    _, u = model.fold_in(np.array([4]), np.array([0]), None)
+    np.testing.assert_allclose(u, [x / (1 + x @ x)])
+    top = model.recommend(pa.table({"user_id": [4], "item_id": [10]}), k=2, exclude_seen=True)
+    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx([u[0] @ [1.0, 1.0, p[2]], u[0] @ [0.0, 1.0, p[1]]])
+
+
+def test_a_logistic_model_folds_in_with_every_item_a_negative_as_its_evaluation(tmp_path):
+    model = PublishedModel.load(publication(tmp_path, "recall", loss="logistic"))
+    users, u = model.fold_in(np.array([4, 4]), np.array([0, 2]), None)
+    expected_users, expected = logistic_solve(np.array([4, 4]), model.vectors[[0, 2]], model.vectors, 1.0)
+    np.testing.assert_array_equal(users, expected_users)
+    np.testing.assert_allclose(u, expected)
+    ridge = PublishedModel.load(publication(tmp_path / "square", "recall")).fold_in(np.array([4, 4]), np.array([0, 2]), None)[1]
+    assert not np.allclose(u, ridge)
 
 
 def test_a_regression_model_needs_the_ratings_and_a_bad_k_is_refused(tmp_path):
