@@ -8,8 +8,9 @@ held-out users (`trainer.evaluate.recall_report`: `trainer.solve.ridge_solve` wi
 scaled by the history's length, the gravity alpha V^T V over the catalog, labels 1 for positives or
 rating minus the DP mean; for the logistic loss `trainer.solve.logistic_solve`; for a ranking model
 the DP counts as one more item column, `trainer.evaluate.with_popularity`), then every item outside
-the history (with `exclude_seen`) is scored by u . v and the k best are returned. Items added to the catalog after training are embedded from
-their public features through the encoder's `embed_features` signature and scored with the rest.
+the history (with `exclude_seen`) is scored by u . v and the k best are returned. Items added to
+the catalog after training are embedded from their public features through the encoder's
+`embed_features` signature and scored with the rest.
 
 Privacy: the history never leaves the client; nothing here writes to the run or the trainer. The
 inputs are public (the publication) and the user's own data.
