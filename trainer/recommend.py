@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
 from trainer.evaluate import user_item_mask, with_popularity
@@ -78,11 +79,8 @@ class PublishedModel:
         vectors = list_column_to_matrix(table["embedding"], settings["dim"], "item embedding")[order]
         if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
             counts = storage.read_table(storage.join(path, "counts.parquet"), columns=["item_id", "count"])
-            at = np.searchsorted(item_ids, counts["item_id"].to_numpy())
-            if not np.array_equal(item_ids[np.minimum(at, item_ids.size - 1)], counts["item_id"].to_numpy()):
-                raise ValueError(f"{path}: counts.parquet names items the item embeddings do not have")
             in_order = np.ones(item_ids.size)
-            in_order[at] = counts["count"].to_numpy()
+            in_order[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
             vectors = with_popularity(vectors, in_order)
         return cls(path, item_ids, vectors, settings)
 
