@@ -473,6 +473,7 @@ def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])
     marks = [prepared["at"]] + [manifest["step_done_at"][str(s)] for s in range(1, config.outer_steps + 1)]
     metric = METRICS[config.protocol].key
+    counts = train.fold_in_counts(run, config, space)  # one release for every step
     out = []
     for s, mark in enumerate(marks):
         table = validate_item_embeddings(storage.read_table(run.item_embeddings(s)), dim=config.dim)
@@ -480,7 +481,7 @@ def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:
         vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.dim, "item embedding")
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
         metrics = train._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
-                                   train.prepared_rating_range(prepared), train.fold_in_counts(run, config, space))
+                                   train.prepared_rating_range(prepared), counts)
         out.append({"step": s, "seconds": mark - prepared["started_at"], "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"]})
     return out
 
