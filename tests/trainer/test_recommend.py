@@ -2,6 +2,9 @@
 against values computed by hand."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -94,3 +97,14 @@ def test_a_publication_and_histories_on_gcs(gcs_path):
     assert cli.main(["recommend", "--model", model, "--history", f"{gcs_path}/history.parquet", "--k", "2", "--exclude-seen",
                      "--out", f"{gcs_path}/top.parquet"]) == 0
     assert storage.read_table(f"{gcs_path}/top.parquet")["item_id"].to_pylist() == [30, 20]
+
+
+def test_a_counts_release_naming_an_item_without_an_embedding_is_one_line_through_the_installed_command(tmp_path):
+    path = publication(tmp_path / "published", "recall", counts=[1.0, 2.0, 2.0])
+    storage.write_table(pa.table({"item_id": [10, 20, 99], "count": [1.0, 2.0, 3.0]}), storage.join(path, "counts.parquet"))
+    (tmp_path / "history.csv").write_text("user_id,item_id\n1,10\n")
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    result = subprocess.run([installed, "recommend", "--model", path, "--history", str(tmp_path / "history.csv")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith("ssp recommend: error: ") and "counts.parquet" in result.stderr and "99" in result.stderr
+    assert "Traceback" not in result.stderr
