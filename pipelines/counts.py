@@ -33,7 +33,7 @@ from pipelines import logs, release
 from pipelines.engines import add_engine_argument, engine_of
 from privacy import accounting
 from privacy.noise import add_noise, standard_normal
-from privacy.seeds import digest_table, mix64
+from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
 
@@ -148,20 +148,20 @@ def dp_counts(
         "unit": unit,
         "max_items_per_user": max_items_per_user if unit == "user" else None,
         "sensitivity": sensitivity,  # of the item counts with the number of units
-        "inputs": {"interactions": digest_table(interactions), "items": digest_table(items)},
+        "inputs": {"interactions": seeds.digest_table(interactions), "items": seeds.digest_table(items)},
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
     logs.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
-    noised = add_noise(standard_normal(seeds.seed, index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
+    noised = add_noise(standard_normal(seeds.release_seed(index), index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
     counts = np.maximum(noised, 1.0)
-    noised_units = add_noise(standard_normal(units_noise_seed(seeds.seed), index, np.zeros(1, np.int64), 1)[:, 0], multiplier * sensitivity,
+    noised_units = add_noise(standard_normal(units_noise_seed(seeds.release_seed(index)), index, np.zeros(1, np.int64), 1)[:, 0], multiplier * sensitivity,
                              np.array([float(units)]))[0]
     released_units = max(1, int(np.rint(noised_units)))
     metadata = {b"noise_multiplier": repr(multiplier).encode(), b"release": str(index).encode(), b"unit": unit.encode(),
                 b"max_items_per_user": str(max_items_per_user).encode(), UNITS_KEY: str(released_units).encode()}
     table = pa.Table.from_arrays([pa.array(catalog), pa.array(counts)], schema=COUNTS.with_metadata(metadata))
     storage.write_table(validate_counts(table), storage.join(out, COUNTS_TABLE))
-    seeds.record_output(index, digest_table(storage.join(out, COUNTS_TABLE)))  # later jobs check they are handed this release
+    seeds.record_output(index, seeds.digest_table(storage.join(out, COUNTS_TABLE)))  # later jobs check they are handed this release
     summary = {"release": index, "noise_multiplier": multiplier, "noise_std": multiplier * sensitivity, "items": int(catalog.size),
                "dp_units": released_units, "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
     return summary

@@ -19,7 +19,7 @@ from privacy.accumulator import pack_upper, project_psd, unpack_upper
 from privacy.clipping import clip_rows
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
-from privacy.seeds import SeedFile, digest_table
+from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 
@@ -32,10 +32,10 @@ def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, dim: int, cli
         u = clip_rows(list_column_to_matrix(batch.column("embedding"), dim, "user embedding"), clip_u)
         gram += u.T @ u
     multiplier = ledger.budget["multipliers"].get("gram", 0.0)
-    description = {"clip_u": clip_u, "dim": dim, "inputs": {"user_embeddings": digest_table(user_embeddings)}}
+    description = {"clip_u": clip_u, "dim": dim, "inputs": {"user_embeddings": seeds.digest_table(user_embeddings)}}
     index = release.make_release(ledger, seeds, f"step-{step}/gram", accounting.gaussian_event(multiplier), description)
     packed = pack_upper(gram)
     if multiplier > 0:
-        packed = add_noise(standard_normal(seeds.seed, index, np.array([0]), packed.size)[0], multiplier * clip_u**2, packed)  # on the noise's grid
+        packed = add_noise(standard_normal(seeds.release_seed(index), index, np.array([0]), packed.size)[0], multiplier * clip_u**2, packed)  # on the noise's grid
     logs.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")
     return unpack_upper(project_psd(packed[None, :], dim)[0], dim)

@@ -23,7 +23,7 @@ from pipelines import logs, release
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
-from privacy.seeds import SeedFile, digest_table
+from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import INTERACTIONS
 
@@ -74,9 +74,9 @@ def dp_mean(
     scale = user_cap if unit == "user" else 1.0
     multiplier = ledger.budget["multipliers"].get("mean", 0.0)
     event = accounting.gaussian_event(multiplier, 2)
-    description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": digest_table(interactions)}}
+    description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": seeds.digest_table(interactions)}}
     index = release.make_release(ledger, seeds, "mean", event, description)
-    z = standard_normal(seeds.seed, index, np.array([0]), 2)[0]
+    z = standard_normal(seeds.release_seed(index), index, np.array([0]), 2)[0]
     weighted_sum = float(add_noise(z[:1], multiplier * scale * half, total)[0])  # on the noise's grid
     weighted_count = float(add_noise(z[1:], multiplier * scale, count)[0])
     mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))

@@ -29,7 +29,7 @@ from privacy.ledger import Ledger
 from pipelines import logs
 from pipelines.lock import release_lock
 from privacy.noise import NOISE_VERSION
-from privacy.seeds import SeedFile
+from privacy.seeds import SeedFile, SeedReuseError
 from schemas import storage
 
 DEFAULT_DELTA = 1e-5
@@ -135,10 +135,10 @@ def default_seed_path(ledger_path: str) -> str:
 
 
 def open_seed_file(seed_file: str | None, ledger_path: str) -> SeedFile:
-    """The given seed file, or the run's own (created from the OS CSPRNG on first use)."""
+    """The given seed file, or the run's own (drawn from the OS CSPRNG on first use, written when first bound)."""
     if seed_file is not None:
         return SeedFile.load(seed_file)
-    return SeedFile.load_or_create(default_seed_path(ledger_path))
+    return SeedFile.load_or_new(default_seed_path(ledger_path))
 
 
 def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accounting.DpEvent, description: dict) -> int:
@@ -157,16 +157,13 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
             ledger.save()
         if storage.exists(seed_file.path):
             seed_file.reload()
-        ledger_id = storage.canonical(ledger.path)
-        lost = seed_file.missing_from(ledger_id, {row["release"]: row["data_fingerprint"] for row in ledger.rows})
-        if lost:
-            raise ValueError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded there: the ledger was "
-                             "deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run (nothing was released)")
+        _refuse_lost_releases(ledger, seed_file, "(nothing was released)")
+        seed_file.check_ledger(ledger.identity)
         index = ledger.next_index(name)
         fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), "noise": NOISE_VERSION, **description})
         seed_file.check(index, fingerprint)
         index = ledger.record(name, event, fingerprint)
-        seed_file.bind(index, fingerprint, ledger_id)
+        seed_file.bind(index, fingerprint, ledger.identity)
     if logs.verbose():  # the accountant's sum is only worth computing when shown
         logs.detail(f"release {index} {name}: {accounting.event_to_json(event)}; epsilon spent {ledger.epsilon_spent():.6g} of {ledger.budget['epsilon']:g}")
     return index
@@ -176,13 +173,23 @@ def check_ledger_complete(ledger: Ledger, seed_path: str) -> None:
     """Refuse a ledger that lacks releases its seed file saw recorded in it (deleted, replaced or
     rolled back): the epsilon it reports would leave them out, and their noise keys would be
     handed out again."""
-    if not storage.exists(seed_path):
-        return
+    if storage.exists(seed_path):
+        _refuse_lost_releases(ledger, SeedFile.load(seed_path))
+
+
+def _refuse_lost_releases(ledger: Ledger, seed_file: SeedFile, note: str = "") -> None:
+    """Refuse a ledger that lacks releases the seed file saw recorded in its ledger: the same
+    ledger rolled back, or another ledger (the seed's own deleted or replaced)."""
     recorded = {row["release"]: row["data_fingerprint"] for row in ledger.rows}
-    lost = SeedFile.load(seed_path).missing_from(storage.canonical(ledger.path), recorded)
+    bound = next(iter(seed_file.ledgers), ledger.identity)
+    if bound != ledger.identity:
+        raise SeedReuseError(f"the seed file {seed_file.path} is bound to another privacy ledger, which recorded releases {seed_file.ledgers[bound]}: "
+                             f"{ledger.path} was deleted and replaced, or the seed belongs to another run. Those releases still count; restore the "
+                             f"ledger or start a new run (no --seed-file) {note}".rstrip())
+    lost = seed_file.missing_from(bound, recorded)
     if lost:
-        raise ValueError(f"{ledger.path} does not list releases {lost} that the seed file {seed_path} saw recorded there: the ledger was "
-                         "deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run")
+        raise ValueError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded in its ledger: the ledger "
+                         f"was deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run {note}".rstrip())
 
 
 def check_counts_release(ledger: Ledger, seed_file: SeedFile, counts_path: str, counts_digest: str) -> None:

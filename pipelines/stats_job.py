@@ -34,7 +34,7 @@ from pipelines import logs, release
 from pipelines.stats_core import StatsSettings
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
-from privacy.seeds import digest_batches, digest_table
+from privacy.seeds import SeedFile
 from privacy.weights import user_normalisers
 from schemas import SchemaError, storage
 from schemas.ids import IdIndex
@@ -130,7 +130,7 @@ class StatsJob:
     def release_name(self, resample: int) -> str:
         return f"step-{self.step}/stats/r{resample}"
 
-    def _check_inputs(self) -> dict[str, str]:
+    def _check_inputs(self, seeds: SeedFile) -> dict[str, str]:
         """Validate all inputs (one streamed pass over the interactions); return their digests."""
         items = _validated(self.items, validate_catalog, storage.read_table(self.items, columns=["item_id"]))["item_id"].to_numpy()  # unique int64 ids
         self.catalog = np.sort(items)
@@ -158,8 +158,8 @@ class StatsJob:
 
         # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow release the GIL)
         with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as reader:
-            others = pool.map(digest_table, (self.user_embeddings, self.counts))
-            interactions_digest = digest_batches(_read_ahead(checked_batches(), reader))
+            others = pool.map(seeds.digest_table, (self.user_embeddings, self.counts))
+            interactions_digest = seeds.digest_batches(_read_ahead(checked_batches(), reader))
             embeddings_digest, counts_digest = others
         keys = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
         self.rows = int(keys.size)
@@ -178,21 +178,21 @@ class StatsJob:
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,
             "counts": counts_digest,
-            "items": digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
+            "items": seeds.digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
         }
         if self.expansion is not None:
             expansion = _validated(self.expansion, validate_item_embeddings, storage.read_table(self.expansion), dim=self.settings.dim)
             missing = np.setdiff1d(self.catalog, expansion["item_id"].to_numpy())
             if missing.size:
                 raise ValueError(f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})")
-            digests["expansion"] = digest_table(self.expansion)
+            digests["expansion"] = seeds.digest_table(self.expansion)
         return digests
 
     def prepare(self) -> list[NoiseSpec]:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
-        self.digests = digests = self._check_inputs()
+        seeds = release.open_seed_file(self.seed_file, self.ledger_path)  # its digests key the fingerprints (written only when bound)
+        self.digests = digests = self._check_inputs(seeds)
         ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit)
-        seeds = release.open_seed_file(self.seed_file, self.ledger_path)
         release.check_counts_release(ledger, seeds, self.counts, digests["counts"])
         multiplier = ledger.budget["multipliers"]["stats"]
         event = accounting.gaussian_event(multiplier, 2)  # A and b
@@ -201,7 +201,7 @@ class StatsJob:
         clip_u, clip_y = self.settings.noise_clips()
         for resample in range(self.privacy.resamples):
             index = release.make_release(ledger, seeds, self.release_name(resample), event, description)
-            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.seed, index))
+            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.release_seed(index), index))
         self._ledger = ledger
         logs.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
                     f"epsilon spent {ledger.epsilon_spent():.4g} of {ledger.budget['epsilon']:g}")

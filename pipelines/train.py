@@ -50,7 +50,7 @@ from pipelines.run_dir import Run, require_steps
 from pipelines.stats_core import LOSSES, StatsSettings
 from privacy import accounting
 from privacy.ledger import Ledger
-from privacy.seeds import digest_table
+from privacy.seeds import content_digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import INTERACTIONS, item_features, validate_item_embeddings, validate_user_embeddings
@@ -315,7 +315,7 @@ def _data_fingerprint(path: str) -> dict:
 
     if ingest.is_dataset(path):
         data = ingest.open_dataset(path)
-        return {"interactions": digest_table(data.interactions), "items": digest_table(data.items)}
+        return {"interactions": content_digest_table(data.interactions), "items": content_digest_table(data.items)}
     layout = detect_layout(path)
     fs, inner = storage.filesystem(path)
     files = {}
@@ -820,10 +820,10 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
     q, steps = config.dpsgd_schedule(units)
     event = accounting.dpsgd_event(multiplier, q, steps)
-    inputs = {"rows": digest_table(run.centred), "user_embeddings": digest_table(run.user_embeddings(step)), "counts": digest_table(run.counts)}
+    inputs = {"rows": seeds.digest_table(run.centred), "user_embeddings": seeds.digest_table(run.user_embeddings(step)), "counts": seeds.digest_table(run.counts)}
     release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
     index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
-    seed = int.from_bytes(hashlib.sha256(seeds.seed + b"dpsgd" + index.to_bytes(8, "big")).digest()[:8], "big")
+    seed = int.from_bytes(hashlib.sha256(seeds.release_seed(index) + b"dpsgd").digest()[:8], "big")  # keyed by the release, as every noise draw
     with _kernel(run, step):
         result = dpsgd.train(model, (users, positions, labels, weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
                              settings.clip_u, settings.clip_y, logs.bars(progress), units=units)

@@ -201,7 +201,8 @@ def merge(accumulators) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class NoiseSpec:
     """What `finalize` needs to noise a release: sigma = noise_multiplier * wbar, clip norms, and the
-    key of the noise (secret seed, release index). noise_multiplier 0 means no noise."""
+    key of the noise (the release's secret seed, privacy.seeds.SeedFile.release_seed, and its index).
+    noise_multiplier 0 means no noise."""
 
     noise_multiplier: float
     wbar: float

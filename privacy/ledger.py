@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import secrets
 
 import dp_accounting
 import pyarrow as pa
@@ -65,7 +66,8 @@ class Ledger:
         accounting.make_accountant(accountant)
         if unit not in ("user", "example"):
             raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
-        budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {}}
+        budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {},
+                  "id": secrets.token_hex(16)}  # the ledger's identity, which its seed file is bound to (a copy keeps it, a new ledger never has it)
         if account is not None:
             budget["account"] = account
         ledger = cls(path, budget, [])
@@ -113,6 +115,11 @@ class Ledger:
         if lost:
             raise ValueError(f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released")
         self.rows = current.rows
+
+    @property
+    def identity(self) -> str:
+        """The ledger's random id (its path for a ledger made before ids existed)."""
+        return self.budget.get("id") or storage.canonical(self.path)
 
     def account(self) -> BudgetAccount | None:
         """The data source's budget account this ledger charges, if any."""

@@ -1,9 +1,12 @@
-"""Keyed Gaussian noise: a pure function of (secret run seed, release index, item id), on a grid.
+"""Keyed Gaussian noise: a pure function of (secret release seed, release index, item id), on a grid.
 
-The construction (noise version 2; every constant below is part of what a release means):
+The construction (noise version 3; every constant below is part of what a release means):
 
 1. Key. Each release has its own 256-bit key: HKDF-SHA256 (RFC 5869, the `cryptography` package)
    of the 32-byte secret seed, no salt, info = KEY_INFO + the release index as 8 bytes big-endian.
+   The seed given here is the release's own (privacy.seeds.SeedFile.release_seed: HKDF of the
+   run's secret seed with the release index and the release's input fingerprint), so two releases
+   on different inputs never share noise, even from copies of one seed file.
 2. Stream. Item j's random words are the ChaCha20 keystream (RFC 7539, the `cryptography` cipher
    applied to zero bytes) under the release key with the 16-byte initial block (counter, nonce) =
    8 zero bytes (the block counter starts at 0) and the item id modulo 2^64, 8 bytes little-endian:
@@ -58,7 +61,7 @@ The construction (noise version 2; every constant below is part of what a releas
    (D <= 20,000 x 2,144, about 4.3e7) at m = 1 that is 1 + 1.5e-6, and it stays below 1 + 1e-4
    while m sqrt(D) < 4.3e5 (a billion coordinates at m = 13). `sensitivity_slack` gives the term.
 
-Each item's noise depends on nothing but (seed, release, item id): not on the engine, partition,
+Each item's noise depends on nothing but (release seed, release, item id): not on the engine, partition,
 task attempt, batch or order that produced it, so re-running or retrying reproduces a release
 exactly, Spark and Beam give identical noise, and an item with no rows gets the same kind of noise
 as any other (released as the grid's zero plus noise, like every other item's value).
@@ -79,7 +82,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SEED_BYTES = 32
-NOISE_VERSION = 2  # part of every release's fingerprint: a release made with other noise is never resumed with this one
+NOISE_VERSION = 3  # part of every release's fingerprint: a release made with other noise is never resumed with this one
 KEY_INFO = b"ssp-recsys noise v2: ChaCha20 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
 GRID_BITS = 32  # the grid of a noise standard deviation s: 2^(floor(log2 s) - GRID_BITS)
 MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 words, 2^32 ChaCha20 blocks of 64 bytes

@@ -1,23 +1,42 @@
 """The secret noise seed of a run, and what binds it to the releases it was used for.
 
 The seed is 32 bytes from the OS CSPRNG (`secrets`), kept in a seed file in the run's private
-directory: `{"seed": hex, "releases": {release index: fingerprint}, "ledgers": {ledger path:
+directory: `{"seed": hex, "releases": {release index: fingerprint}, "ledgers": {ledger id:
 [indices]}, "run": fingerprint}`. Before a release is noised, its fingerprint (an HMAC under the
 seed of the release's name, parameters and a digest of every input table) is checked against the
 seed file: the same index with another fingerprint is refused, because the same noise on two
 different inputs would reveal their difference exactly. The same fingerprint is allowed: it
 reproduces the release byte for byte (reruns, retries, resumes, another engine).
 
-The seed file is also the durable witness of what was released: it lists, per ledger, the indices
-recorded there, so a ledger that lost rows (deleted, replaced, or rolled back) is detected
-(`missing_from`). A training run binds the seed to the run's settings and data (`bind_run`), so
-a seed presented with other data or other settings is refused before anything is written. Every
-change re-reads the file first and is written atomically: two holders of one seed file never drop
-each other's bindings (callers serialise releases with a lock, pipelines.lock.release_lock).
+The noise itself is keyed by the fingerprint too (`release_seed`: HKDF of the seed with the
+release index AND its fingerprint), so the guarantee does not rest on this file staying where it
+is: a run folder copied before release i (a backup restored, `cp -r run run-try2`, a scheduler
+restarting from a snapshot) and release i made in both copies on data that differ by one user
+gives two independent noise draws, never the same one; identical inputs still reproduce identical
+noise.
 
-Table digests are order-independent (a multiset hash of the rows), so two engines or two
-partitionings of one table give one digest. The fingerprints are keyed by the secret seed: stored
-in a ledger they reveal nothing about the data to someone without the seed.
+The seed file is also the durable witness of what was released: it is bound to the first ledger
+that records a release with it (the ledger's random id, kept in the ledger's budget) and refuses
+any other, and it lists the indices recorded there, so a ledger that lost rows (deleted,
+replaced, or rolled back) is detected (`missing_from`). A training run binds the seed to the run's
+settings and data (`bind_run`), so a seed presented with other data or other settings is refused
+before anything is written. Every change re-reads the file first and is written atomically: two
+holders of one seed file never drop each other's bindings (callers serialise releases with a
+lock, pipelines.lock.release_lock).
+
+It also records the federated rounds started for a release (`start_round`), beside its binding
+and under the same lock: a round's noise is fresh, so a second round of a release is refused
+whatever happens to the output folder, unless the first was refused before any client revealed a
+share (`round_unrevealed`: the server learned nothing).
+
+Table digests are order-independent multiset hashes of the rows, so two engines or two
+partitionings of one table give one digest. The digests that enter fingerprints (`SeedFile.digest_*`)
+are cryptographic: each row's bytes go through a PRF keyed from the secret seed (AES-256 CBC-MAC
+over the row's fixed-width encoding, prefix-free) and the rows' PRF values are summed in
+(Z/2^64)^2, Clarke et al.'s MSet-Add-Hash (2003), which is multiset-collision resistant under a
+secret key: no one without the seed can find two different tables with one digest, so two
+different inputs never share a noise key. `content_digest_*` is the unkeyed digest (a sum of
+64-bit mixes) that identifies a data source across runs (it needs no run's seed).
 """
 
 from __future__ import annotations
@@ -31,13 +50,27 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from privacy.noise import SEED_BYTES
 from schemas import storage
 
 
+ROUND_STARTED, ROUND_UNREVEALED = "started", "refused unrevealed"  # SeedFile.rounds: the states of a federated round
+
+
 class SeedReuseError(ValueError):
     """A seed presented for a release it was not bound to."""
+
+
+RELEASE_SEED_INFO = b"ssp-recsys release seed v3\0"  # HKDF info, then the release index (8 bytes, big-endian) and its fingerprint
+DIGEST_KEY_INFO = b"ssp-recsys table digest v1"  # HKDF info of the key of the fingerprints' table digests
+
+
+def _hkdf(secret: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
 
 def new_seed() -> bytes:
@@ -49,9 +82,10 @@ class SeedFile:
     """A seed and the release fingerprints it is bound to, stored as JSON at `path`."""
 
     def __init__(self, path: str, seed: bytes, releases: dict[int, str], ledgers: dict[str, list[int]] | None = None, run: str | None = None,
-                 outputs: dict[int, str] | None = None):
+                 outputs: dict[int, str] | None = None, rounds: dict[int, str] | None = None):
         self.path, self.seed, self.releases = path, seed, releases
         self.ledgers, self.run, self.outputs = ledgers or {}, run, outputs or {}
+        self.rounds = rounds or {}  # release index -> ROUND_STARTED or ROUND_UNREVEALED (federated rounds, `start_round`)
 
     @classmethod
     def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
@@ -72,13 +106,14 @@ class SeedFile:
             ledgers = {str(ledger): sorted(int(i) for i in indices) for ledger, indices in document.get("ledgers", {}).items()}
             run = document.get("run")
             outputs = {int(index): str(digest) for index, digest in document.get("outputs", {}).items()}
+            rounds = {int(index): str(state) for index, state in document.get("rounds", {}).items()}
         except storage.MissingTableError:
             raise storage.MissingTableError(f"seed file not found: {path}") from None
         except (KeyError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
         if len(seed) != SEED_BYTES:
             raise ValueError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
-        return cls(path, seed, releases, ledgers, run, outputs)
+        return cls(path, seed, releases, ledgers, run, outputs, rounds)
 
     def reload(self) -> None:
         """Take in what other holders of the file bound since it was read (the seed must not change)."""
@@ -86,10 +121,37 @@ class SeedFile:
         if current.seed != self.seed:
             raise SeedReuseError(f"{self.path} was replaced by another seed while in use; refusing to release with either")
         self.releases, self.ledgers, self.run, self.outputs = current.releases, current.ledgers, current.run, current.outputs
+        self.rounds = current.rounds
 
     @classmethod
     def load_or_create(cls, path: str) -> SeedFile:
         return cls.load(path) if storage.exists(path) else cls.create(path)
+
+    @classmethod
+    def load_or_new(cls, path: str) -> SeedFile:
+        """The seed file at `path`, or a fresh seed for it that is written on its first binding
+        (so a job refused before its first release leaves no seed file behind)."""
+        return cls.load(path) if storage.exists(path) else cls(path, new_seed(), {})
+
+    def release_seed(self, release: int) -> bytes:
+        """The secret that keys release `release`'s noise (privacy.noise takes it as its seed):
+        HKDF-SHA256 of the seed with the index and the fingerprint the release is bound to, so
+        different inputs never get the same noise, whatever happens to the seed file."""
+        fingerprint = self.releases.get(int(release))
+        if fingerprint is None:
+            raise ValueError(f"{self.path}: release {release} is not bound to this seed; its noise is keyed by its fingerprint")
+        return _hkdf(self.seed, RELEASE_SEED_INFO + int(release).to_bytes(8, "big") + bytes.fromhex(fingerprint))
+
+    def digest_table(self, path: str) -> str:
+        """The keyed (cryptographic) multiset digest of a stored table, for fingerprints."""
+        return keyed_digest_batches(storage.iter_batches(path), self._digest_key())
+
+    def digest_batches(self, batches: Iterable[pa.RecordBatch]) -> str:
+        """The keyed (cryptographic) multiset digest of a table given as record batches."""
+        return keyed_digest_batches(batches, self._digest_key())
+
+    def _digest_key(self) -> bytes:
+        return _hkdf(self.seed, DIGEST_KEY_INFO)
 
     def _save(self) -> None:
         document = {"seed": self.seed.hex(), "releases": {str(i): fp for i, fp in sorted(self.releases.items())},
@@ -98,6 +160,8 @@ class SeedFile:
             document["run"] = self.run
         if self.outputs:
             document["outputs"] = {str(i): digest for i, digest in sorted(self.outputs.items())}
+        if self.rounds:
+            document["rounds"] = {str(i): state for i, state in sorted(self.rounds.items())}
         storage.write_json(document, self.path)
 
     def fingerprint(self, description: dict) -> str:
@@ -121,6 +185,7 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         self.check(release, fingerprint)
+        self.check_ledger(ledger)
         listed = ledger is None or release in self.ledgers.get(ledger, [])
         if self.releases.get(release) == fingerprint and listed:
             return
@@ -128,6 +193,13 @@ class SeedFile:
         if ledger is not None:
             self.ledgers[ledger] = sorted(set(self.ledgers.get(ledger, [])) | {release})
         self._save()
+
+    def check_ledger(self, ledger: str | None) -> None:
+        """Refuse (without writing) a ledger other than the one this seed is bound to: a seed
+        serves one run's ledger, so a seed file copied into another run is refused."""
+        if ledger is not None and self.ledgers and ledger not in self.ledgers:
+            raise SeedReuseError(f"the seed in {self.path} is bound to another privacy ledger (id {next(iter(self.ledgers))}), not {ledger}; "
+                                 "a seed serves one run: use a new run (no --seed-file)")
 
     def record_output(self, release: int, digest: str) -> None:
         """Note the digest of what release `release` wrote, so a later job can check that a table
@@ -137,6 +209,32 @@ class SeedFile:
         if release not in self.releases:
             raise ValueError(f"{self.path}: release {release} is not bound to this seed; record its output after the release")
         self.outputs[release] = digest
+        self._save()
+
+    def start_round(self, release: int) -> None:
+        """Record that a federated round of release `release` starts (pipelines.federated), or
+        refuse if one started before and was not recorded refused unrevealed: the server may have
+        unmasked its sum, and a new round would draw new noise for the same statistics. Callers
+        hold the release lock, so two rounds of one release never both start."""
+        if storage.exists(self.path):
+            self.reload()
+        if release not in self.releases:
+            raise ValueError(f"{self.path}: release {release} is not bound to this seed; start its round after the release")
+        if self.rounds.get(release) == ROUND_STARTED:
+            raise ValueError(f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
+                             "unmasked its sum, and a new round would draw new noise for the same statistics, a release the ledger has not "
+                             "planned; start a new run")
+        self.rounds[release] = ROUND_STARTED
+        self._save()
+
+    def round_unrevealed(self, release: int) -> None:
+        """Record that release `release`'s round was refused before any client revealed a share
+        (the server learned nothing): the one round that may run again, at no new charge."""
+        if storage.exists(self.path):
+            self.reload()
+        if self.rounds.get(release) != ROUND_STARTED:
+            raise ValueError(f"{self.path}: no round of release {release} is running")
+        self.rounds[release] = ROUND_UNREVEALED
         self._save()
 
     def missing_from(self, ledger: str, recorded: dict[int, str]) -> list[int]:
@@ -216,8 +314,9 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         return mix64(bits + salt64 * np.uint64(0x9E3779B97F4A7C15))
 
 
-def digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
-    """An order-independent digest of a table given as record batches (hex SHA-256)."""
+def content_digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
+    """The unkeyed order-independent digest of a table given as record batches (hex SHA-256 of
+    sums of 64-bit mixes): identifies content, resists no adversary."""
     total = np.uint64(0)
     folded = np.uint64(0)
     rows = 0
@@ -237,6 +336,77 @@ def digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
-def digest_table(path: str) -> str:
-    """The digest of a stored table, streamed batch by batch."""
-    return digest_batches(storage.iter_batches(path))
+def content_digest_table(path: str) -> str:
+    """The unkeyed content digest of a stored table, streamed batch by batch."""
+    return content_digest_batches(storage.iter_batches(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyed multiset digests: MSet-Add-Hash over an AES-256 CBC-MAC of each row
+
+_BLOCK = 16
+_NULL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _ecb(key: bytes):
+    return Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+
+
+def _prf(encryptor, blocks: np.ndarray) -> np.ndarray:
+    """AES of each 16-byte row of `blocks` (uint64 pairs), vectorised."""
+    return np.frombuffer(encryptor.update(np.ascontiguousarray(blocks).tobytes()), dtype=np.uint64).reshape(-1, 2)
+
+
+def _value_blocks(column: pa.Array, list_key) -> list[np.ndarray]:
+    """A column as fixed-width blocks per row ((rows, 2) uint64 each), injective per value type:
+    numbers as their 64 bits and a null flag; strings as their BLAKE2b-128; lists as their length
+    and null flag, and the keyed sum of their (position, value) PRF values."""
+    rows = len(column)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        starts = np.cumsum(lengths) - lengths
+        flat = column.flatten()
+        position = (np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lengths)).astype(np.uint64)
+        summed = np.zeros((rows, 2), dtype=np.uint64)
+        if len(flat):
+            x = np.zeros((len(flat), 2), dtype=np.uint64)
+            x[:, 1] = position
+            for block in _value_blocks(flat, list_key):  # CBC-MAC of (position, value) under the list key
+                x = _prf(list_key, x ^ block)
+            filled = lengths > 0
+            with np.errstate(over="ignore"):
+                summed[filled] = np.add.reduceat(x, starts[filled], axis=0)
+        head = np.zeros((rows, 2), dtype=np.uint64)
+        head[:, 0] = lengths.astype(np.uint64)
+        if column.null_count:
+            head[:, 1] = np.where(column.is_null().to_numpy(zero_copy_only=False), _NULL, np.uint64(0))
+        return [head, summed]
+    block = np.zeros((rows, 2), dtype=np.uint64)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        values = [hashlib.blake2b(v.encode(), digest_size=_BLOCK).digest() if v is not None else b"\xff" * _BLOCK for v in column.to_pylist()]
+        return [np.frombuffer(b"".join(values), dtype=np.uint64).reshape(-1, 2) if values else block]
+    array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
+    data = array.fill_null(0).to_numpy(zero_copy_only=False)
+    block[:, 0] = data.view(np.uint64) if data.dtype == np.float64 else data.astype(np.int64).view(np.uint64)
+    if array.null_count:
+        block[:, 1] = np.where(array.is_null().to_numpy(zero_copy_only=False), _NULL, np.uint64(0))
+    return [block]
+
+
+def keyed_digest_batches(batches: Iterable[pa.RecordBatch], key: bytes) -> str:
+    """The keyed multiset digest of a table given as record batches (hex SHA-256 of the column
+    names, the row count and the sum of the rows' PRF values; see the module docstring)."""
+    row_key, list_key = _ecb(_hkdf(key, b"rows")), _ecb(_hkdf(key, b"list values"))
+    total = np.zeros(2, dtype=np.uint64)
+    rows, columns = 0, None
+    for batch in batches:
+        columns = columns or batch.schema.names
+        x = np.zeros((batch.num_rows, 2), dtype=np.uint64)
+        for name in batch.schema.names:
+            for block in _value_blocks(batch.column(name), list_key):
+                x = _prf(row_key, x ^ block)
+        with np.errstate(over="ignore"):
+            total += x.sum(axis=0, dtype=np.uint64)
+        rows += batch.num_rows
+    payload = json.dumps({"columns": columns, "rows": rows, "sum": [int(v) for v in total]}).encode()
+    return hashlib.sha256(payload).hexdigest()

@@ -45,12 +45,11 @@ def register_counts(counts: str, ledger_path: str, privacy, seed_file=None, unit
     already has a counts release is left as it is."""
     from pipelines import release
     from privacy import accounting
-    from privacy.seeds import digest_table
 
     ledger = privacy.open_ledger(ledger_path, unit)
     if ledger.find("counts") is None:
         seeds = release.open_seed_file(seed_file, ledger_path)
-        digest = digest_table(counts)
+        digest = seeds.digest_table(counts)
         event = accounting.gaussian_event(ledger.budget["multipliers"]["counts"])
         index = release.make_release(ledger, seeds, "counts", event, {"inputs": {"counts": digest}})
         seeds.record_output(index, digest)

@@ -131,11 +131,12 @@ def test_beam_and_spark_give_the_same_release(spark, tmp_path):
     settings = StatsSettings(3, 1.0, 4.0, "user", 2.0)
     results = {}
     for multiplier in (0.0, 0.7):
-        seed = SeedFile.create(str(tmp_path / f"seed-{multiplier}")).path  # one seed file, shared by both engines
+        seed = SeedFile.create(str(tmp_path / f"seed-{multiplier}")).seed  # one seed for both engines, a seed file per run (it serves one ledger)
+        seed_file = {engine: SeedFile.create(str(tmp_path / f"seed-{engine}-{multiplier}"), seed) for engine in ("beam", "spark")}
         privacy = PrivacySettings(noise_multiplier=multiplier, resamples=2)
         out = {engine: tmp_path / f"{engine}-{multiplier}" for engine in ("beam", "spark")}
-        beam_summary = beam_stats.run(make_job(paths, out["beam"], privacy, settings, seed_file=seed, shards=3), PipelineOptions(DIRECT))
-        spark_summary = stats.run(make_job(paths, out["spark"], privacy, settings, seed_file=seed, shards=2), spark)
+        beam_summary = beam_stats.run(make_job(paths, out["beam"], privacy, settings, seed_file=seed_file["beam"].path, shards=3), PipelineOptions(DIRECT))
+        spark_summary = stats.run(make_job(paths, out["spark"], privacy, settings, seed_file=seed_file["spark"].path, shards=2), spark)
         assert beam_summary["releases"] == spark_summary["releases"] == [1, 2]  # release 0: the counts
         for resample in range(2):
             (beam_meta, beam), (spark_meta, spark_table) = (read_stats(str(out[e] / f"resample-{resample}.parquet")) for e in ("beam", "spark"))

@@ -110,9 +110,9 @@ def test_the_number_of_users_is_released_with_dp(tmp_path):
     assert np.all(np.abs(released - exact) <= 5 * 6.0)  # within 5 std of the truth
     assert kstest((released - exact) / 6.0, "norm").pvalue > 1e-3
     assert len(set(released.tolist())) > 10  # noised, not the exact count
-    # a pure function of (seed, release): the same seed gives the same value, and the units' noise is not any item's
+    # a pure function of (seed, release, inputs): the same seed gives the same value, and the units' noise is not any item's
     again = dp_counts(interactions, items, str(tmp_path / "again"), PrivacySettings(noise_multiplier=3.0), max_items_per_user=3,
-                      seed_file=str(tmp_path / "seed0"))
+                      seed_file=SeedFile.create(str(tmp_path / "seed0-again"), SeedFile.load(str(tmp_path / "seed0")).seed).path)
     assert again["dp_units"] == released[0]
     # without noise the exact numbers: distinct users at user level, rows at example level
     assert dp_counts(interactions, items, str(tmp_path / "exact"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3)["dp_units"] == exact
@@ -134,12 +134,12 @@ def test_the_counts_aggregated_on_an_engine_are_the_same_release(engine, tmp_pat
     rng = np.random.default_rng(5)
     rows = [(int(u), int(rng.choice([-(2**62), -3, 7, 2**62, *range(100, 160)]))) for u in [*range(1, 300), -5, 2**62] for _ in range(int(rng.integers(1, 40)))]
     interactions, items = write(tmp_path, rows, [-(2**62), -3, 7, 2**62, *range(100, 170)])
-    SeedFile.create(str(tmp_path / "seed"))
+    seed = SeedFile.create(str(tmp_path / "seed")).seed
     tables = {}
-    for name, where in (("local", None), ("engine", engine)):
+    for name, where in (("local", None), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
         out = tmp_path / name
         dp_counts(interactions, items, str(out), PrivacySettings(epsilon=1.0), unit=unit, max_items_per_user=10,
-                  ledger_path=str(out / "ledger.parquet"), seed_file=str(tmp_path / "seed"), engine=where)
+                  ledger_path=str(out / "ledger.parquet"), seed_file=SeedFile.create(str(tmp_path / f"seed-{name}"), seed).path, engine=where)
         tables[name] = storage.read_table(str(out / "counts.parquet"))
     assert tables["engine"].equals(tables["local"]) and tables["engine"].schema.metadata == tables["local"].schema.metadata
     unsampled = np.unique(np.array(rows), axis=0)[:, 1] if unit == "user" else np.array(rows)[:, 1]

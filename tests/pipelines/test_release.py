@@ -29,7 +29,7 @@ def _release_many(ledger_path: str, prefix: str, barrier) -> None:
 def test_two_processes_releasing_into_one_ledger_get_distinct_indices_and_every_row(tmp_path):
     path = str(tmp_path / "run" / "ledger.parquet")
     Ledger.create(path, 10.0, 1e-5)
-    release.open_seed_file(None, path)  # the run's seed, created once before the writers start
+    SeedFile.create(release.default_seed_path(path))  # the run's seed, created once before the writers start
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
     writers = [context.Process(target=_release_many, args=(path, name, barrier)) for name in ("a", "b")]
@@ -43,7 +43,7 @@ def test_two_processes_releasing_into_one_ledger_get_distinct_indices_and_every_
     assert sorted(row["name"] for row in rows) == sorted(f"{p}-{k}" for p in "ab" for k in range(RELEASES_PER_PROCESS))
     seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
     assert seeds.releases == {row["release"]: row["data_fingerprint"] for row in rows}  # no binding dropped, none shared
-    assert seeds.ledgers[storage.canonical(path)] == list(range(2 * RELEASES_PER_PROCESS))
+    assert seeds.ledgers[Ledger.open(path).identity] == list(range(2 * RELEASES_PER_PROCESS))
 
 
 def _one_release(tmp_path, name="counts"):
@@ -58,7 +58,7 @@ def test_a_deleted_ledger_is_refused_not_restarted(tmp_path):
     _one_release(tmp_path, "mean")
     os.remove(tmp_path / "run" / "ledger.parquet")
     fresh = Ledger.create(str(tmp_path / "run" / "ledger.parquet"), 10.0, 1e-5)  # what a careless resume would do
-    with pytest.raises(ValueError, match=r"does not list releases \[0, 1\] .* deleted, replaced or rolled back"):
+    with pytest.raises(ValueError, match=r"bound to another privacy ledger, which recorded releases \[0, 1\]: .* was deleted and replaced"):
         release.make_release(fresh, release.open_seed_file(None, fresh.path), "step-1/stats/r0", accounting.gaussian_event(20.0), {})
     assert Ledger.open(fresh.path).rows == []
 
@@ -113,15 +113,13 @@ def test_counts_must_be_the_release_of_the_same_ledger(tmp_path):
     ledger, seeds, index = _one_release(tmp_path, "counts")
     counts = str(tmp_path / "counts.parquet")
     storage.write_table(pa.table({"item_id": pa.array([1, 2], pa.int64()), "count": [3.0, 4.0]}), counts)
-    from privacy.seeds import digest_table
-
     with pytest.raises(ValueError, match="is not the DP counts release recorded in the ledger"):
-        release.check_counts_release(ledger, seeds, counts, digest_table(counts))
-    seeds.record_output(index, digest_table(counts))
-    release.check_counts_release(ledger, seeds, counts, digest_table(counts))
+        release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
+    seeds.record_output(index, seeds.digest_table(counts))
+    release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
     storage.write_table(pa.table({"item_id": pa.array([1, 2], pa.int64()), "count": [3.0, 5.0]}), counts)  # exact counts, say
     with pytest.raises(ValueError, match="is not the DP counts release"):
-        release.check_counts_release(ledger, seeds, counts, digest_table(counts))
+        release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
 
 
 def test_a_release_made_with_other_noise_is_not_resumed(tmp_path, monkeypatch):

@@ -92,9 +92,9 @@ def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
     assert len(seed.seed) == 32 and list(seed.releases) == [0, 1]  # the counts, the stats
     stats.run(make_job(paths, tmp_path / "run2", privacy), spark)
     assert SeedFile.load(str(tmp_path / "run2" / "private" / "seed")).seed != seed.seed
-    # the same seed file on neighbouring data (one user less) is refused before anything is written
+    # the same seed file on neighbouring data (one user less) is refused before anything is written: it serves another run's ledger
     other = write_inputs(tmp_path / "other", INTERACTIONS[:-1], {1: EMBEDDINGS[1], 2: EMBEDDINGS[2]}, COUNTS, CATALOG)
-    with pytest.raises(SeedReuseError, match="already used for release 1 on different data"):
+    with pytest.raises(SeedReuseError, match="bound to another privacy ledger"):
         stats.run(make_job(other, tmp_path / "run3", privacy, seed_file=seed_path), spark)
     assert not (tmp_path / "run3" / "resample-0.parquet").exists()
 

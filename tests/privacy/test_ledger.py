@@ -41,7 +41,9 @@ def test_create_record_open_round_trip(path):
     assert ledger.record("counts", COUNTS, "fp-counts") == 0
     assert ledger.record("stats/step-1", STATS, "fp-stats-1") == 1
     opened = Ledger.open(path)
-    assert opened.budget == {"epsilon": 1.0, "delta": DELTA, "accountant": "pld", "unit": "user", "multipliers": {"counts": 12.0, "stats": 15.0}}
+    assert opened.budget == {"epsilon": 1.0, "delta": DELTA, "accountant": "pld", "unit": "user", "multipliers": {"counts": 12.0, "stats": 15.0},
+                             "id": ledger.identity}
+    assert len(ledger.identity) == 32 and Ledger.create(path + ".other", 1.0, DELTA).identity != ledger.identity
     assert [r["name"] for r in opened.rows] == ["counts", "stats/step-1"]
     assert [r["release"] for r in opened.rows] == [0, 1]
     assert [r["data_fingerprint"] for r in opened.rows] == ["fp-counts", "fp-stats-1"]

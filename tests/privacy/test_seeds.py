@@ -132,18 +132,29 @@ def sample_table(n=200, seed=0):
     )
 
 
-def digest(table, chunk=None):
-    return seeds.digest_batches(table.to_batches(max_chunksize=chunk))
+KEYED = seeds.SeedFile("unsaved", SEED, {})
+DIGESTS = {"content": (seeds.content_digest_batches, seeds.content_digest_table), "keyed": (KEYED.digest_batches, KEYED.digest_table)}
 
 
-def test_digest_is_hex_sha256_and_deterministic():
+@pytest.fixture(params=sorted(DIGESTS))
+def digest_batches(request):
+    """Both multiset digests: the unkeyed content digest and the keyed one of the fingerprints."""
+    return DIGESTS[request.param][0]
+
+
+@pytest.fixture
+def digest(digest_batches):
+    return lambda table, chunk=None: digest_batches(table.to_batches(max_chunksize=chunk))
+
+
+def test_digest_is_hex_sha256_and_deterministic(digest, digest_batches):
     t = sample_table()
     d = digest(t)
     assert len(d) == 64 and int(d, 16) >= 0
     assert digest(sample_table()) == d
 
 
-def test_digest_independent_of_row_order_and_batching():
+def test_digest_independent_of_row_order_and_batching(digest, digest_batches):
     t = sample_table()
     d = digest(t)
     perm = np.random.default_rng(1).permutation(t.num_rows)
@@ -153,11 +164,11 @@ def test_digest_independent_of_row_order_and_batching():
     assert digest(shuffled, chunk=17) == d
     # batches that are slices with offsets (as an engine would hand over)
     slices = [t.slice(0, 50), t.slice(50, 3), t.slice(53, 147)]
-    assert seeds.digest_batches([b for s in slices for b in s.to_batches()]) == d
-    assert seeds.digest_batches(reversed([b for s in slices for b in s.to_batches()])) == d
+    assert digest_batches([b for s in slices for b in s.to_batches()]) == d
+    assert digest_batches(reversed([b for s in slices for b in s.to_batches()])) == d
 
 
-def test_digest_changes_when_one_value_changes():
+def test_digest_changes_when_one_value_changes(digest, digest_batches):
     t = sample_table()
     d = digest(t)
     for column, row, value in [("x", 3, 0.5), ("id", 10, 999), ("name", 2, "other"), ("name", 0, "now set"), ("count", 5, 0), ("count", 6, None)]:
@@ -168,14 +179,14 @@ def test_digest_changes_when_one_value_changes():
         assert digest(changed) != d, (column, row, value)
 
 
-def test_digest_changes_when_a_row_is_removed_or_duplicated():
+def test_digest_changes_when_a_row_is_removed_or_duplicated(digest, digest_batches):
     t = sample_table()
     d = digest(t)
     assert digest(t.slice(1)) != d
     assert digest(pa.concat_tables([t, t.slice(4, 1)])) != d
 
 
-def test_digest_list_columns_order_inside_a_list_matters():
+def test_digest_list_columns_order_inside_a_list_matters(digest, digest_batches):
     base = pa.table({"vec": pa.array([[1.0, 2.0, 3.0], [4.0]], pa.list_(pa.float64()))})
     swapped = pa.table({"vec": pa.array([[2.0, 1.0, 3.0], [4.0]], pa.list_(pa.float64()))})
     moved = pa.table({"vec": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float64()))})
@@ -187,7 +198,7 @@ def test_digest_list_columns_order_inside_a_list_matters():
     assert digest(base) != digest(changed)
 
 
-def test_digest_strings_and_nulls():
+def test_digest_strings_and_nulls(digest, digest_batches):
     a = pa.table({"s": pa.array(["a", None, ""], pa.string()), "i": pa.array([1, None, 0], pa.int64())})
     assert digest(a) == digest(a.take(pa.array([2, 0, 1])))
     b = pa.table({"s": pa.array(["a", "", ""], pa.string()), "i": pa.array([1, None, 0], pa.int64())})
@@ -202,13 +213,13 @@ def test_digest_strings_and_nulls():
     assert digest(l1) != digest(l2)
 
 
-def test_digest_null_list_differs_from_empty_list():
+def test_digest_null_list_differs_from_empty_list(digest, digest_batches):
     with_null = pa.table({"v": pa.array([[1.0], None], pa.list_(pa.float64()))})
     with_empty = pa.table({"v": pa.array([[1.0], []], pa.list_(pa.float64()))})
     assert digest(with_null) != digest(with_empty)
 
 
-def test_digest_depends_on_columns():
+def test_digest_depends_on_columns(digest, digest_batches):
     t = pa.table({"a": pa.array([1, 2], pa.int64()), "b": pa.array([3, 4], pa.int64())})
     renamed = t.rename_columns(["a", "c"])
     swapped_values = pa.table({"a": pa.array([3, 4], pa.int64()), "b": pa.array([1, 2], pa.int64())})
@@ -216,30 +227,72 @@ def test_digest_depends_on_columns():
     assert len({digest(t), digest(renamed), digest(swapped_values), digest(mixed)}) == 4
 
 
-def test_digest_of_empty_batches_without_list_columns():
+def test_digest_of_empty_batches_without_list_columns(digest, digest_batches):
     t = sample_table().drop_columns(["vec"])
     empty_batch = pa.RecordBatch.from_pylist([], schema=t.schema)
-    d = seeds.digest_batches([empty_batch])
-    assert d == seeds.digest_batches([empty_batch, empty_batch])  # empty batches add nothing
+    d = digest_batches([empty_batch])
+    assert d == digest_batches([empty_batch, empty_batch])  # empty batches add nothing
     assert d != digest(t.slice(0, 1))
     # an empty batch among real ones changes nothing
-    assert seeds.digest_batches([*t.to_batches(), empty_batch]) == digest(t)
+    assert digest_batches([*t.to_batches(), empty_batch]) == digest(t)
 
 
-def test_digest_of_empty_batch_with_list_column():
+def test_digest_of_empty_batch_with_list_column(digest, digest_batches):
     t = sample_table()
     empty_batch = pa.RecordBatch.from_pylist([], schema=t.schema)
-    assert seeds.digest_batches([*t.to_batches(), empty_batch]) == digest(t)
+    assert digest_batches([*t.to_batches(), empty_batch]) == digest(t)
 
 
 @pytest.mark.parametrize("rows_per_file", [1_000_000, 37])
-def test_digest_table_on_stored_table_equals_in_memory(tmp_path, rows_per_file):
+def test_digest_table_on_stored_table_equals_in_memory(tmp_path, rows_per_file, digest, digest_batches):
     t = sample_table(300, seed=4)
     path = str(tmp_path / "t.parquet")
     storage.write_table(t, path, rows_per_file=rows_per_file)
     if rows_per_file == 37:
         assert len([f for f in os.listdir(path) if f.endswith(".parquet")]) == 9
-    assert seeds.digest_table(path) == digest(t)
+    digest_table = next(table for batches, table in DIGESTS.values() if batches is digest_batches)
+    assert digest_table(path) == digest(t)
     # a different stored table gives a different digest
     storage.write_table(t.slice(1), str(tmp_path / "u.parquet"))
-    assert seeds.digest_table(str(tmp_path / "u.parquet")) != digest(t)
+    assert digest_table(str(tmp_path / "u.parquet")) != digest(t)
+
+
+def test_keyed_digest_depends_on_the_key_and_is_the_content_digest_of_no_one():
+    t = sample_table()
+    other = seeds.SeedFile("other", bytes(32), {})
+    assert KEYED.digest_batches(t.to_batches()) != other.digest_batches(t.to_batches())
+    assert KEYED.digest_batches(t.to_batches()) != seeds.content_digest_batches(t.to_batches())
+
+
+def test_release_seed_is_keyed_by_index_and_fingerprint(tmp_path):
+    """A copy of a seed file gives different noise keys to the same index on different inputs."""
+    sf = seeds.SeedFile.create(str(tmp_path / "seed"), SEED)
+    copy = seeds.SeedFile(str(tmp_path / "copy"), SEED, {})
+    sf.bind(0, sf.fingerprint({"inputs": "with the user"}))
+    copy.bind(0, copy.fingerprint({"inputs": "without the user"}))
+    assert sf.release_seed(0) != copy.release_seed(0)
+    assert len(sf.release_seed(0)) == 32 and sf.release_seed(0) != SEED
+    again = seeds.SeedFile(str(tmp_path / "again"), SEED, {})
+    again.bind(0, again.fingerprint({"inputs": "with the user"}))
+    assert again.release_seed(0) == sf.release_seed(0)  # identical inputs reproduce identical noise
+    sf.bind(1, sf.fingerprint({"inputs": "with the user"}))
+    assert sf.release_seed(1) != sf.release_seed(0)
+    with pytest.raises(ValueError, match="release 2 is not bound"):
+        sf.release_seed(2)
+
+
+def test_a_seed_serves_one_ledger(tmp_path):
+    sf = seeds.SeedFile.create(str(tmp_path / "seed"), SEED)
+    sf.bind(0, "fp0", "ledger-a")
+    sf.bind(1, "fp1", "ledger-a")
+    with pytest.raises(seeds.SeedReuseError, match="bound to another privacy ledger"):
+        sf.bind(2, "fp2", "ledger-b")
+    assert seeds.SeedFile.load(sf.path).ledgers == {"ledger-a": [0, 1]}
+
+
+def test_load_or_new_writes_nothing_until_bound(tmp_path):
+    path = str(tmp_path / "private" / "seed")
+    fresh = seeds.SeedFile.load_or_new(path)
+    assert not os.path.exists(path)
+    fresh.bind(0, "fp0")
+    assert seeds.SeedFile.load(path).seed == fresh.seed
