@@ -203,3 +203,40 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
     assert math.isfinite(held.epsilon()) and held.epsilon() <= cap * (1 + 1e-9)
     assert json.load(open(account))["cap"] == cap
     assert accounting.epsilon_of(events, 1e-5, held.document["accountant"]) == pytest.approx(held.epsilon())
+
+
+def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path):
+    """The review's attack: copy a run folder (seed file included) before a release, make that
+    release in both copies on data that differ by one user. Same noise would make the difference of
+    the two releases that user's exact contribution; the noise is keyed by the release's inputs, so
+    the two draws are independent, and the same inputs still reproduce the release exactly (free)."""
+    import numpy as np
+
+    from schemas import storage
+    from tests.pipelines.stats_inputs import write_inputs
+
+    catalog = [10, 20, 30, 40]
+    rows = [(1, 10, 4.0), (1, 20, 3.0), (2, 20, 5.0), (2, 30, 1.0), (3, 10, 2.0), (3, 30, 4.0)]
+    embeddings = {1: [0.6, 0.2], 2: [-0.3, 0.5], 3: [0.1, -0.7]}
+    paths = write_inputs(tmp_path / "in", rows, embeddings, {j: 1.0 for j in catalog}, catalog)
+    neighbour = write_inputs(tmp_path / "neighbour", [row for row in rows if row[0] != 3], embeddings, {j: 1.0 for j in catalog}, catalog)
+    budget = ["--noise-multiplier", "1", "--outer-steps", "1", "--mean-share", "0", "--gram-share", "0"]
+    run = tmp_path / "run"
+    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", run / "counts", "--ledger", run / "ledger.parquet", *budget)
+    shutil.copytree(run, tmp_path / "copy")  # a backup, `cp -r run run-try2`, a snapshot: before release 1
+
+    def stats(folder, inputs, out="stats"):
+        ssp("stats", "--interactions", inputs["interactions"], "--user-embeddings", inputs["user_embeddings"], "--items", inputs["items"],
+            "--counts", folder / "counts" / "counts.parquet", "--out", folder / out, "--ledger", folder / "ledger.parquet",
+            "--dim", 2, "--clip-u", 1, "--clip-y", 5, *budget)
+        table = storage.read_table(str(folder / out / "resample-0.parquet")).sort_by("item_id")
+        return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
+
+    a, b = stats(run, paths)
+    a_copy, b_copy = stats(tmp_path / "copy", neighbour)  # user 3 removed: it rated items 10 and 30
+    untouched = [catalog.index(20), catalog.index(40)]
+    assert Ledger.open(str(run / "ledger.parquet")).rows[1]["release"] == Ledger.open(str(tmp_path / "copy" / "ledger.parquet")).rows[1]["release"] == 1
+    assert np.all(np.abs(a[untouched] - a_copy[untouched]) > 1e-6) and np.all(np.abs(b[untouched] - b_copy[untouched]) > 1e-6)  # independent draws
+    a_again, b_again = stats(run, paths, out="stats-again")  # the same inputs in the original: the same release, free
+    assert np.array_equal(a_again, a) and np.array_equal(b_again, b)
+    assert len(Ledger.open(str(run / "ledger.parquet")).rows) == 2
