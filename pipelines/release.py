@@ -107,9 +107,9 @@ class PrivacySettings:
         account = None
         if self.account is not None:
             held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
-            if self.accountant == "rdp-integer" and held.document["accountant"] != "rdp-integer":  # its Skellam releases are bounded on integer orders only
-                raise ValueError(f"{self.account}: the budget account composes with {held.document['accountant']!r}, which cannot bound a federated "
-                                 "run's Skellam releases; give the federated run its own --budget-account")
+            if self.noise_multiplier == 0 and held.cap is not None:  # before anything is written: the ledger would refuse its first release
+                raise ValueError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {self.account} "
+                                 f"(cap {held.cap:g}); nothing was released")
             account = storage.canonical(self.account)
         return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers(),
                                      account=account)

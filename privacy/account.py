@@ -14,6 +14,16 @@ N days, releases recorded more than N days ago no longer count against the cap (
 is an operator's policy about how long a guarantee matters, not something differential privacy
 itself provides. Without a window (the default) nothing ever drops out.
 
+Runs accounted differently charge one account: a federated run's Skellam releases are bounded on
+integer RDP orders only ('rdp-integer'), a central run's by PLD or RDP. Each charge keeps its
+run's accountant; the lifetime epsilon composes each accountant's charges with that accountant at
+an equal share of delta and adds the epsilons (basic composition across the groups: conservative,
+and exact when there is one group), so one data source keeps one lifetime budget whatever its
+runs' accountants.
+
+A release without noise (noise multiplier 0: infinite epsilon) is refused on an account with a cap:
+it would make the lifetime epsilon infinite while the cap says the users are protected.
+
 A charge is written before the ledger row it accounts for (conservative: a crash in between
 leaves the account charged for a release that was never made, never the other way round), keyed by
 (ledger, release index), so a rerun of the same release charges nothing more.
@@ -104,16 +114,24 @@ class BudgetAccount:
         since = (now or _now()) - datetime.timedelta(days=window)
         return [c for c in self.document["charges"] if datetime.datetime.fromisoformat(c["recorded_at"]) >= since]
 
-    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), now: datetime.datetime | None = None) -> float:
-        """The lifetime epsilon at the account's delta: every counted charge (and `extra`) composed."""
-        events = [accounting.event_from_json(json.loads(c["event"])) for c in self.counted(now)] + list(extra)
-        return accounting.epsilon_of(events, self.delta, self.document["accountant"]) if events else 0.0
+    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), now: datetime.datetime | None = None, extra_accountant: str | None = None) -> float:
+        """The lifetime epsilon at the account's delta: every counted charge (and `extra`, accounted
+        by `extra_accountant`) composed, per accountant, the groups' epsilons added (module docstring)."""
+        own = self.document["accountant"]
+        groups: dict[str, list] = {}
+        for charge in self.counted(now):
+            groups.setdefault(charge.get("accountant", own), []).append(accounting.event_from_json(json.loads(charge["event"])))
+        if extra:
+            groups.setdefault(extra_accountant or own, []).extend(extra)
+        share = self.delta / max(len(groups), 1)
+        return sum(accounting.epsilon_of(events, share, name) for name, events in groups.items())
 
     def find(self, ledger: str, release: int) -> dict | None:
         return next((c for c in self.document["charges"] if c["ledger"] == ledger and c["release"] == release), None)
 
-    def charge(self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent) -> None:
-        """Charge release `release` of `ledger` to the account, or refuse it past the cap (nothing
+    def charge(self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent, accountant: str | None = None) -> None:
+        """Charge release `release` of `ledger` (composed by `accountant`, default the account's)
+        to the account, or refuse it past the cap or without noise on a capped account (nothing
         is charged). Charging the same release with the same event again does nothing."""
         self.reload()
         event_json = json.dumps(accounting.event_to_json(event), sort_keys=True)
@@ -122,14 +140,18 @@ class BudgetAccount:
             if existing["event"] != event_json:
                 raise ValueError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
             return
-        if self.cap is not None and not isinstance(event, dp_accounting.NonPrivateDpEvent):
-            lifetime = self.epsilon([event])
+        accountant = accountant or self.document["accountant"]
+        if self.cap is not None and isinstance(event, dp_accounting.NonPrivateDpEvent):
+            raise AccountCapError(f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget account {self.path} "
+                                  f"(cap {self.cap:g}) cannot take; nothing was released")
+        if self.cap is not None:
+            lifetime = self.epsilon([event], extra_accountant=accountant)
             if lifetime > self.cap * (1 + _TOLERANCE):
                 raise AccountCapError(
                     f"release {name!r} would bring the data source's lifetime epsilon to {lifetime:.4g} at delta {self.delta:g}, over the cap "
                     f"{self.cap:g} of its budget account {self.path} (already spent {self.epsilon():.4g} over {len(self.counted())} releases); "
                     "nothing was released")
-        self.document["charges"].append({"ledger": ledger, "release": release, "name": name, "event": event_json,
+        self.document["charges"].append({"ledger": ledger, "release": release, "name": name, "event": event_json, "accountant": accountant,
                                          "recorded_at": _now().isoformat(timespec="seconds")})
         self._save()
 

@@ -189,7 +189,7 @@ class Ledger:
             )
         account = self.account()
         if account is not None:  # charged first: a crash before the row below over-counts, never under-counts
-            account.charge(storage.canonical(self.path), len(self.rows), name, event)
+            account.charge(storage.canonical(self.path), len(self.rows), name, event, self.budget["accountant"])
         noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
         self.rows.append(
             {

@@ -240,3 +240,16 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
     a_again, b_again = stats(run, paths, out="stats-again")  # the same inputs in the original: the same release, free
     assert np.array_equal(a_again, a) and np.array_equal(b_again, b)
     assert len(Ledger.open(str(run / "ledger.parquet")).rows) == 2
+
+
+def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
+    from tests.pipelines.stats_inputs import write_inputs
+
+    paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0}, [10])
+    account = tmp_path / "accounts" / "shop.json"
+    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "first", "--epsilon", "1",
+        "--budget-account", account, "--account-cap", "10")
+    charges = json.load(open(account))["charges"]
+    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "exact", "--noise-multiplier", "0",
+            "--budget-account", account, pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account")
+    assert not (tmp_path / "exact").exists() and json.load(open(account))["charges"] == charges

@@ -102,3 +102,36 @@ def test_check_account_refuses_a_ledger_the_account_does_not_list(tmp_path):
     (tmp_path / "account.json").write_text(json.dumps({**json.loads((tmp_path / "account.json").read_text()), "charges": []}))
     with pytest.raises(ValueError, match=r"releases \[0\] are not charged to the budget account"):
         Ledger.open(ledger.path).check_account()
+
+
+def test_runs_accounted_differently_compose_into_one_account_and_one_cap(tmp_path):
+    """A central (PLD) run and a federated (RDP on integer orders) run on one data source: one
+    account, each accountant's charges composed at half of delta, the two epsilons added."""
+    path = str(tmp_path / "account.json")
+    BudgetAccount.open_or_create(path, cap=4.0, delta=DELTA, accountant="pld")
+    central = ledger_with_account(tmp_path, "central", path)
+    federated = Ledger.create(str(tmp_path / "federated" / "ledger.parquet"), 5.0, DELTA, accountant="rdp-integer", account=path)
+    central.record("counts", accounting.gaussian_event(3.0), "fp-c")
+    federated.record("counts", accounting.gaussian_event(4.0), "fp-f")
+    expected = (accounting.epsilon_of([accounting.gaussian_event(3.0)], DELTA / 2, "pld")
+                + accounting.epsilon_of([accounting.gaussian_event(4.0)], DELTA / 2, "rdp-integer"))
+    account = BudgetAccount.open(path)
+    assert [c["accountant"] for c in account.document["charges"]] == ["pld", "rdp-integer"]
+    assert account.epsilon() == pytest.approx(expected, rel=1e-9)
+    assert account.epsilon() > accounting.epsilon_of([accounting.gaussian_event(3.0), accounting.gaussian_event(4.0)], DELTA, "pld")
+    with pytest.raises(AccountCapError, match="over the cap 4"):  # the cap holds across both kinds of run
+        federated.record("step-1/stats/r0", accounting.gaussian_event(1.5, 2), "fp-f1")
+    assert len(BudgetAccount.open(path).document["charges"]) == 2
+
+
+def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
+    capped = str(tmp_path / "capped.json")
+    BudgetAccount.open_or_create(capped, cap=100.0, delta=DELTA, accountant="pld")
+    ledger = Ledger.create(str(tmp_path / "run" / "ledger.parquet"), float("inf"), DELTA, account=capped)
+    with pytest.raises(AccountCapError, match="has no noise .* nothing was released"):
+        ledger.record("counts", accounting.gaussian_event(0.0), "fp")
+    assert Ledger.open(ledger.path).rows == [] and BudgetAccount.open(capped).document["charges"] == []
+    uncapped = str(tmp_path / "uncapped.json")  # an account without a cap reports the infinite epsilon instead
+    BudgetAccount.open_or_create(uncapped, cap=None, delta=DELTA, accountant="pld")
+    Ledger.create(str(tmp_path / "run2" / "ledger.parquet"), float("inf"), DELTA, account=uncapped).record("counts", accounting.gaussian_event(0.0), "fp")
+    assert BudgetAccount.open(uncapped).epsilon() == float("inf")
