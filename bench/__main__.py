@@ -8,6 +8,7 @@ bundled ml-latest-small) under --protocol, for the --methods of bench.training.M
 DIR per data set and protocol (their sections describe the latest invocation). privacy-utility
 tunes on --tune-on's validation split when given (transfer mode; default: --data's own) and runs
 the --epsilons given (default: its own list); both select cells, so it can run in parts into one DIR.
+`python -m bench audit ...` is the privacy audit (`ssp audit`, bench.audit), with its own flags.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ MODULES = ("bench.privacy_utility", "bench.time_to_quality", "bench.resampling",
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["audit"]:  # the privacy audit (`ssp audit`) has its own flags and exit status
+        from bench import audit
+
+        return audit.main(argv[1:])
     for module in MODULES:
         importlib.import_module(module)
     # the report's (and `all`'s) order is MODULES', whatever imported the modules first

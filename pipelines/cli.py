@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish_cmd.set_defaults(handler=publish.main)
 
     commands.add_parser("bench", add_help=False, help="reproduce the paper's experiments into a report (`ssp bench --help`; same as `python -m bench`)")
+    commands.add_parser("audit", add_help=False, help="empirical privacy audit of the real releases with canary users (`ssp audit --help`; bench.audit)")
 
     recommend_cmd = commands.add_parser("recommend", help="top-k items for users from a published model and their own history, "
                                         "solved on this machine (Parquet in, Parquet or CSV out)")
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
     privacy_cmd.set_defaults(handler=_run_privacy)
     for name, command in commands.choices.items():
-        if name != "bench":  # bench parses its own flags
+        if name not in ("bench", "audit"):  # they parse their own flags
             _add_verbosity(command)
     return parser
 
@@ -216,8 +217,8 @@ def _given_flags(argv: list[str]) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        return _run_bench(argv[1:])
+    if argv[:1] in (["bench"], ["audit"]):  # `ssp audit ...` is `python -m bench audit ...`
+        return _run_bench(argv[1:] if argv[0] == "bench" else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(args.verbosity)
