@@ -135,7 +135,7 @@ def dp_counts(
         users, rated = read_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
     else:
         engine.check_count_rows(interactions, catalog)
-    ledger = privacy.open_ledger(ledger_path, unit)
+    ledger = privacy.open_ledger(ledger_path, unit, interactions)  # a new run charges its data source's account
     seeds = release.open_seed_file(seed_file, ledger_path)
     key = sampling_key(seeds.seed)
     if engine is None:

@@ -29,7 +29,7 @@ from privacy.ledger import Ledger
 from pipelines import logs
 from pipelines.lock import release_lock
 from privacy.noise import NOISE_VERSION
-from privacy.seeds import SeedFile, SeedReuseError
+from privacy.seeds import SeedFile, SeedReuseError, content_digest_table
 from schemas import storage
 
 DEFAULT_DELTA = 1e-5
@@ -62,7 +62,8 @@ class PrivacySettings:
     mean_share: float = DEFAULT_MEAN_SHARE
     gram_share: float = DEFAULT_GRAM_SHARE
     dpsgd: tuple[float, int] | str | None = None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
-    account: str | None = None  # the data source's budget account (privacy.account), charged with every release
+    account: str | None = None  # an explicit path for the data source's budget account (privacy.account), charged with every release
+    source: str | None = None  # the data source's identity (content digest of its interactions): its account in the registry by default
     account_cap: float | None = None  # its lifetime epsilon cap, set when the account is created
     account_window_days: float | None = None  # its renewal window, set when the account is created
 
@@ -83,8 +84,6 @@ class PrivacySettings:
             raise ValueError(f"--account-cap must be a finite epsilon > 0, got {self.account_cap}")
         if self.account_window_days is not None and not (math.isfinite(self.account_window_days) and self.account_window_days > 0):
             raise ValueError(f"--account-window-days must be a positive number of days, got {self.account_window_days}")
-        if self.account is None and (self.account_cap is not None or self.account_window_days is not None):
-            raise ValueError("--account-cap and --account-window-days need --budget-account")
         accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
 
     def multipliers(self) -> dict[str, float]:
@@ -101,18 +100,33 @@ class PrivacySettings:
             return accounting.calibrate_dpsgd(self.epsilon, self.delta, plan, self.outer_steps, *self.dpsgd, self.accountant)
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)
 
-    def open_ledger(self, path: str, unit: str) -> Ledger:
-        """The run's ledger at `path`, created with this budget if new (checked if not)."""
+    def open_ledger(self, path: str, unit: str, interactions: str | None = None) -> Ledger:
+        """The run's ledger at `path`, created with this budget if new (checked if not). A new
+        ledger charges the data source's one account (privacy.account: found through the registry
+        by `source`, by default the content digest of `interactions`, or the explicit `account`);
+        an existing one keeps the account it charges."""
         cap = self.epsilon if self.epsilon is not None else math.inf
-        account = None
-        if self.account is not None:
-            held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
-            if self.noise_multiplier == 0 and held.cap is not None:  # before anything is written: the ledger would refuse its first release
-                raise ValueError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {self.account} "
-                                 f"(cap {held.cap:g}); nothing was released")
-            account = storage.canonical(self.account)
-        return Ledger.open_or_create(path, epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers(),
-                                     account=account)
+        budget = dict(epsilon=cap, delta=self.delta, accountant=self.accountant, unit=unit, multipliers=self.multipliers())
+        if storage.exists(path):
+            ledger = Ledger.open_or_create(path, **budget)
+            if self.account is not None and ledger.budget.get("account") != storage.canonical(self.account):
+                raise ValueError(f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not {self.account}; a run keeps one account")
+            held = ledger.account()  # refused when missing or replaced
+        elif self.source is not None or self.account is not None or interactions is not None:
+            source = self.source if self.source is not None or interactions is None else content_digest_table(interactions)
+            if source is not None:
+                held = BudgetAccount.for_source(source, self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
+            else:
+                held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
+            ledger = None
+        else:
+            held = ledger = None
+        if held is not None and self.noise_multiplier == 0 and held.cap is not None:  # before anything is written: the ledger would refuse its first release
+            raise ValueError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {held.path} "
+                             f"(cap {held.cap:g}); nothing was released")
+        if ledger is not None:
+            return ledger
+        return Ledger.create(path, **budget, account=held.path if held else None, account_id=held.identity if held else None)
 
 
 def check_bounds(settings, noised: bool, max_items_per_user: int = 1, gradient_clip: float = 1.0) -> None:
@@ -223,8 +237,10 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gram-share", type=float, default=DEFAULT_GRAM_SHARE, help="share of the budget planned for the users' DP Gram matrices "
                        "of an implicit-feedback run; give 0 to a job whose run releases none, or that share is left unspent (default: %(default)s, as ssp train)")
     group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
-    group.add_argument("--budget-account", help="the data source's budget account (a JSON file kept beside the runs): every release is also "
-                       "charged there, so the users' lifetime epsilon over all runs is composed and capped (default: none for this job)")
+    group.add_argument("--budget-account", help="where a new budget account of the data source is kept (a JSON file): every release is also "
+                       "charged there, so the users' lifetime epsilon over all runs is composed and capped; a data source has one account, found "
+                       "through the registry $SSP_BUDGET_ACCOUNTS (default ~/.ssp/budget-accounts) by the content of its interactions (default: "
+                       "the registry's own)")
     group.add_argument("--account-cap", type=float, help="lifetime epsilon cap of a new budget account: a release past it is refused")
     group.add_argument("--account-window-days", type=float, help="renewal window of a new budget account: releases older than this many days "
                        "stop counting against its cap (default: none, they count forever)")

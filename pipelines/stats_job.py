@@ -192,7 +192,7 @@ class StatsJob:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
         seeds = release.open_seed_file(self.seed_file, self.ledger_path)  # its digests key the fingerprints (written only when bound)
         self.digests = digests = self._check_inputs(seeds)
-        ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit)
+        ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit, self.interactions)  # a new ledger charges its data source's account
         release.check_counts_release(ledger, seeds, self.counts, digests["counts"])
         multiplier = ledger.budget["multipliers"]["stats"]
         event = accounting.gaussian_event(multiplier, 2)  # A and b

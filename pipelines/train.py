@@ -122,7 +122,7 @@ class TrainConfig:
     shards: int = 4
     anchor: float = 10.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
     residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
-    budget_account: str | None = None  # None: <folder of --out>/budget-accounts/<data source>.json
+    budget_account: str | None = None  # None: the data source's account in the registry (privacy.account), found by content
     account_cap: float | None = None
     account_window_days: float | None = None
 
@@ -204,19 +204,8 @@ class TrainConfig:
             common["accountant"] = federated.ACCOUNTANT
         if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
             return release.PrivacySettings(noise_multiplier=0.0, **common)
-        return release.PrivacySettings(epsilon=self.epsilon, account=self.account_path(), account_cap=self.account_cap,
+        return release.PrivacySettings(epsilon=self.epsilon, account=self.budget_account, account_cap=self.account_cap,
                                        account_window_days=self.account_window_days, **common)
-
-    def account_path(self) -> str:
-        """The data source's budget account: --budget-account, or one kept beside the runs, named
-        after the data set's path (runs on the same data compose into it)."""
-        if self.budget_account is not None:
-            return self.budget_account
-        source = storage.canonical(self.data)
-        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in source.rstrip("/").rsplit("/", 1)[-1]) or "data"
-        key = hashlib.sha256(source.encode()).hexdigest()[:12]
-        parent = self.out.rstrip("/").rsplit("/", 1)[0] if "/" in self.out.rstrip("/") else "."
-        return storage.join(parent, "budget-accounts", f"{name}-{key}.json")
 
     def settings(self) -> StatsSettings:
         if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
@@ -548,7 +537,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     space, model = _encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
-    privacy.open_ledger(run.ledger, unit)  # creates the run's budget, or checks it on resume
+    privacy.open_ledger(run.ledger, unit, data.interactions)  # creates the run's budget (charging its data source's account), or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
     dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, engine=engine)
@@ -1084,8 +1073,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "weight_exponent": "exponent e of the user-level weights w = wbar n_j^e / sqrt(sum over the user's items of n^2e), n_j the item's "
                            "DP count (default: -0.25, towards rare items, for --protocol rmse; 0, even, for recall)",
         "holdout": splits.HOLDOUT_HELP,
-        "budget_account": "the data source's budget account, a JSON file kept beside the runs: every release of every run on these users is "
-                          "charged there, so their lifetime epsilon is composed and capped (default: <folder of --out>/budget-accounts/<data>.json)",
+        "budget_account": "where a new budget account of the data source is kept (a JSON file): every release of every run on these users is "
+                          "charged there, so their lifetime epsilon is composed and capped. A data source (identified by the content of its "
+                          "interactions, wherever they are stored) has one account, found through the registry $SSP_BUDGET_ACCOUNTS (default "
+                          "~/.ssp/budget-accounts); a second one is refused (default: the registry's own)",
         "account_cap": "lifetime epsilon cap of a new budget account: a release that would take the users past it is refused (default: no cap, "
                        "the lifetime epsilon is only reported)",
         "account_window_days": "renewal window of a new budget account: releases older than this many days stop counting against its cap "

@@ -24,6 +24,18 @@ runs' accountants.
 A release without noise (noise multiplier 0: infinite epsilon) is refused on an account with a cap:
 it would make the lifetime epsilon infinite while the cap says the users are protected.
 
+Identity, not paths. A data source is identified by the content digest of its interactions
+(privacy.seeds.content_digest_table: the same users' rows give the same identity wherever they are
+stored, copied or symlinked). The registry, a folder (`$SSP_BUDGET_ACCOUNTS`, default
+`~/.ssp/budget-accounts`; on a cluster a durable bucket), holds one entry per data source naming its
+one account and that account's random id (`for_source`): a second account for a data source that
+has one is refused, and an account that is missing (deleted, renamed) or is another file than the
+one the entry names (replaced) is refused, never silently created anew. A run's ledger records the
+account and its id, and its charges are keyed by the ledger's own id (not its path), so a moved or
+copied run still finds them; before every release the account must list every release the ledger
+made (a rolled-back account is refused). The registry itself is the root of trust: keep it where
+operators cannot delete it unnoticed (a versioned bucket with a retention policy).
+
 A charge is written before the ledger row it accounts for (conservative: a crash in between
 leaves the account charged for a release that was never made, never the other way round), keyed by
 (ledger, release index), so a rerun of the same release charges nothing more.
@@ -34,6 +46,8 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
+import secrets
 
 import dp_accounting
 
@@ -41,6 +55,16 @@ from privacy import accounting
 from schemas import storage
 
 _TOLERANCE = 1e-9
+ACCOUNTS_ENV = "SSP_BUDGET_ACCOUNTS"  # the registry folder of the data sources' accounts
+
+
+def accounts_home() -> str:
+    """The registry folder: $SSP_BUDGET_ACCOUNTS, or ~/.ssp/budget-accounts."""
+    return os.environ.get(ACCOUNTS_ENV) or os.path.join(os.path.expanduser("~"), ".ssp", "budget-accounts")
+
+
+class AccountMissingError(ValueError):
+    """A data source's account that the registry or a ledger names, but that is gone or replaced."""
 
 
 class AccountCapError(ValueError):
@@ -58,7 +82,8 @@ class BudgetAccount:
         self.path, self.document = path, document
 
     @classmethod
-    def open_or_create(cls, path: str, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld", window_days: float | None = None) -> BudgetAccount:
+    def open_or_create(cls, path: str, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld", window_days: float | None = None,
+                       source: str | None = None) -> BudgetAccount:
         """The account at `path`, created with this cap, delta, accountant and window if new. An
         existing account keeps its own settings; a different cap or window given for it is refused
         (changing the policy of a data source is an explicit edit, not a side effect of a run)."""
@@ -74,8 +99,37 @@ class BudgetAccount:
             raise ValueError(f"the account's window must be a positive number of days, got {window_days}")
         accounting.check_budget(1.0, delta)
         accounting.make_accountant(accountant)
-        account = cls(path, {"cap": cap, "delta": delta, "accountant": accountant, "window_days": window_days, "charges": []})
+        account = cls(path, {"cap": cap, "delta": delta, "accountant": accountant, "window_days": window_days, "charges": [],
+                             "id": secrets.token_hex(16), "source": source})
         account._save()
+        return account
+
+    @classmethod
+    def for_source(cls, source: str, path: str | None = None, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld",
+                   window_days: float | None = None) -> BudgetAccount:
+        """The one account of the data source `source` (a content digest), through the registry
+        (module docstring): created at `path` (default: in the registry folder) if the source has
+        none; refused if it has one elsewhere, or if the one it has is missing or replaced."""
+        entry_path = storage.join(accounts_home(), f"{source}.json")
+        if storage.exists(entry_path):
+            entry = storage.read_json(entry_path)
+            if path is not None and storage.canonical(path) != entry["account"]:
+                raise ValueError(f"this data source already has its budget account {entry['account']}; one data source keeps one account "
+                                 f"(registry {entry_path}): give that one, or no --budget-account")
+            if not storage.exists(entry["account"]):
+                raise AccountMissingError(f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: deleted, "
+                                          "renamed or moved. Its releases still count; restore it (nothing was released)")
+            account = cls.open_or_create(entry["account"], cap, delta, accountant, window_days)
+            if account.document.get("id") != entry["id"]:
+                raise AccountMissingError(f"{entry['account']} is not the budget account the registry {entry_path} names (id {entry['id']}): "
+                                          "it was replaced. The releases of the original still count; restore it (nothing was released)")
+            return account
+        target = storage.canonical(path) if path is not None else storage.join(accounts_home(), f"{source}.account.json")
+        if storage.exists(target):
+            raise ValueError(f"{target} is a budget account the registry {accounts_home()} does not list for this data source; "
+                             "an account serves the data source it was made for: give another path")
+        account = cls.open_or_create(target, cap, delta, accountant, window_days, source=source)
+        storage.write_json({"source": source, "account": target, "id": account.document["id"]}, entry_path)
         return account
 
     @classmethod
@@ -125,6 +179,10 @@ class BudgetAccount:
             groups.setdefault(extra_accountant or own, []).extend(extra)
         share = self.delta / max(len(groups), 1)
         return sum(accounting.epsilon_of(events, share, name) for name, events in groups.items())
+
+    @property
+    def identity(self) -> str | None:
+        return self.document.get("id")
 
     def find(self, ledger: str, release: int) -> dict | None:
         return next((c for c in self.document["charges"] if c["ledger"] == ledger and c["release"] == release), None)

@@ -33,7 +33,7 @@ import dp_accounting
 import pyarrow as pa
 
 from privacy import accounting
-from privacy.account import BudgetAccount
+from privacy.account import AccountMissingError, BudgetAccount
 from schemas import storage
 from schemas.tables import LEDGER, validate_ledger
 
@@ -56,7 +56,7 @@ class Ledger:
 
     @classmethod
     def create(cls, path: str, epsilon: float, delta: float, accountant: str = accounting.DEFAULT_ACCOUNTANT, unit: str = "user", multipliers: dict | None = None,
-               account: str | None = None) -> Ledger:
+               account: str | None = None, account_id: str | None = None) -> Ledger:
         """A new, empty ledger with a budget (and the path of its data source's budget account, if
         any). epsilon = inf is a non-private run (no cap)."""
         if epsilon != math.inf:
@@ -70,6 +70,7 @@ class Ledger:
                   "id": secrets.token_hex(16)}  # the ledger's identity, which its seed file is bound to (a copy keeps it, a new ledger never has it)
         if account is not None:
             budget["account"] = account
+            budget["account_id"] = account_id or BudgetAccount.open(account).identity
         ledger = cls(path, budget, [])
         ledger.save()
         return ledger
@@ -97,6 +98,7 @@ class Ledger:
         expected["multipliers"] = expected.get("multipliers") or {}
         if expected.get("account") is None:
             expected.pop("account", None)
+        expected.pop("account_id", None)
         if any(ledger.budget.get(key) != value for key, value in expected.items()):
             raise ValueError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
         return ledger
@@ -122,9 +124,19 @@ class Ledger:
         return self.budget.get("id") or storage.canonical(self.path)
 
     def account(self) -> BudgetAccount | None:
-        """The data source's budget account this ledger charges, if any."""
+        """The data source's budget account this ledger charges, if any; refused when it is missing
+        (deleted, renamed) or another account than the one the ledger was opened with (replaced)."""
         path = self.budget.get("account")
-        return BudgetAccount.open(path) if path else None
+        if not path:
+            return None
+        if not storage.exists(path):
+            raise AccountMissingError(f"{self.path}: the run's budget account {path} is missing (deleted, renamed or moved); its releases still "
+                                      "count, so nothing more is released or published until it is restored")
+        account = BudgetAccount.open(path)
+        if self.budget.get("account_id") not in (None, account.identity):
+            raise AccountMissingError(f"{self.path}: {path} is not the budget account this run charges (id {self.budget['account_id']}): it was "
+                                      "replaced; the original's releases still count, so nothing more is released or published until it is restored")
+        return account
 
     def check_account(self) -> dict | None:
         """The data source's lifetime budget as the account holds it ({path, epsilon, delta, cap,
@@ -133,7 +145,7 @@ class Ledger:
         account = self.account()
         if account is None:
             return None
-        missing = account.missing(storage.canonical(self.path), [row["release"] for row in self.rows])
+        missing = account.missing(self.identity, [row["release"] for row in self.rows])
         if missing:
             raise ValueError(f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced")
         lifetime = account.epsilon()
@@ -189,7 +201,11 @@ class Ledger:
             )
         account = self.account()
         if account is not None:  # charged first: a crash before the row below over-counts, never under-counts
-            account.charge(storage.canonical(self.path), len(self.rows), name, event, self.budget["accountant"])
+            missing = account.missing(self.identity, [row["release"] for row in self.rows])
+            if missing:
+                raise AccountMissingError(f"{self.path}: releases {missing} of this run are not charged to its budget account {account.path}: the "
+                                          "account was replaced or rolled back; they still count, so nothing more is released")
+            account.charge(self.identity, len(self.rows), name, event, self.budget["accountant"])
         noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
         self.rows.append(
             {

@@ -1,4 +1,6 @@
-"""Shared fixtures: a real GCS emulator (gcp-storage-emulator) serving gs:// paths for storage tests."""
+"""Shared fixtures: a real GCS emulator (gcp-storage-emulator) serving gs:// paths for storage tests,
+one Spark session per test worker, and a budget-account registry of each test's own (no test's
+runs charge another's data sources, nor the machine's ~/.ssp)."""
 
 from __future__ import annotations
 
@@ -6,12 +8,22 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
 import pytest
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
+os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # module- and session-scoped fixtures' runs
+
+
+@pytest.fixture(autouse=True)
+def budget_account_registry(tmp_path_factory, monkeypatch):
+    """Each test's own registry of budget accounts (subprocesses inherit it)."""
+    folder = tmp_path_factory.mktemp("budget-accounts")
+    monkeypatch.setenv("SSP_BUDGET_ACCOUNTS", str(folder))
+    return folder
 
 
 def _free_port() -> int:

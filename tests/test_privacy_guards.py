@@ -253,3 +253,39 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
     refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "exact", "--noise-multiplier", "0",
             "--budget-account", account, pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account")
     assert not (tmp_path / "exact").exists() and json.load(open(account))["charges"] == charges
+
+
+def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, budget_account_registry):
+    """The account is found by the content of the interactions, through the registry: a copied or
+    symlinked data folder charges the same account; a deleted, renamed or replaced account, or a
+    second one for the same data, is refused before any release, exit 2, nothing written."""
+    from tests.pipelines.stats_inputs import write_inputs
+
+    paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0), (2, 20, 1.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0, 20: 1.0}, [10, 20])
+    shutil.copytree(tmp_path / "in", tmp_path / "copy")
+    os.symlink(tmp_path / "in", tmp_path / "link")
+
+    def counts(folder, out, *flags, check=True):
+        return ssp("counts", "--interactions", os.path.join(folder, "interactions.parquet"), "--items", os.path.join(folder, "items.parquet"),
+                   "--out", out, "--epsilon", "1", *flags, check=check)
+
+    counts(tmp_path / "in", tmp_path / "a")
+    counts(tmp_path / "copy", tmp_path / "b")
+    counts(tmp_path / "link", tmp_path / "c")
+    (entry,) = [p for p in budget_account_registry.glob("*.json") if not p.name.endswith(".account.json")]
+    account = json.load(open(entry))["account"]
+    assert len(BudgetAccount.open(account).document["charges"]) == 3  # one account for the three paths to the same users
+    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
+            "--budget-account", tmp_path / "fresh.json", pattern="this data source already has its budget account")
+    shutil.move(account, account + ".renamed")  # renamed (or deleted)
+    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
+            pattern="is missing: deleted, renamed or moved")
+    BudgetAccount.open_or_create(str(tmp_path / "other.json"))
+    os.symlink(tmp_path / "other.json", account)  # replaced by (a link to) another, empty account
+    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
+            pattern="it was replaced")
+    assert not (tmp_path / "d").exists()
+    os.remove(account)
+    shutil.move(account + ".renamed", account)  # restored: the data source's runs go on
+    counts(tmp_path / "in", tmp_path / "d")
+    assert len(BudgetAccount.open(account).document["charges"]) == 4

@@ -255,7 +255,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
                  "--dim", "8", "--clip-u", "0.3", "--clip-y", "1.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
-                 "--ledger", storage.join(run, "ledger.parquet"), "--budget-account", config.account_path()]
+                 "--ledger", storage.join(run, "ledger.parquet")]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)
         staged = cli.build_parser().parse_args(["stats", "--run", run, "--step", str(s)])  # the stage form: the same job from the manifest
