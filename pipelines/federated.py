@@ -13,15 +13,30 @@ release.json as the central stats job, which the same item update consumes.
 Privacy: the release is planned and recorded like the central one (one Gaussian event of the
 run's stats multiplier z for A and b), against an RDP accountant on integer orders, where the Skellam
 noise of multiplier z_s >= z is at least as private (privacy.skellam). The noise is planned for
-n_min = ceil((1 - max_dropout) n) of the n clients. With fewer survivors the clients reveal no share
-and the round is refused: the server learned nothing, and the round may be run again. A round that
-went further (a client whose secret too few neighbours could rebuild) is refused too, and never run
-again in this run: the server may have unmasked part of it, and new noise for the same statistics
-would be a release the ledger has not planned. Neighbouring data: one client's data replaced by an
-empty device's (which still takes part: a device's participation is visible to the server in any
-federated system); the plan depends only on the number of clients. Fixed point: contributions are truncated towards 0 (sensitivity never
-grows) at a power-of-two scale where the quantisation is below 2^-16 of the noise's std and the sum
-stays within the ring.
+n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) of the n clients (a majority: the consistency
+check's quorum). Every round is recorded in the run's seed file under the release lock before it
+starts (privacy.seeds.SeedFile.start_round), never in the output folder: a second round of a
+release is refused whatever happens to the step's folder, because its fresh noise would make a
+second release of the same statistics that the ledger never charged. The one exception: with fewer
+than n_min survivors the clients reveal no share and the round is refused and recorded so (the
+server learned nothing); it may run again, under the same charge. A round that went further (a
+client whose secret too few neighbours could rebuild, survivor sets that failed the consistency
+check) is refused and never run again in this run. Neighbouring data: one client's data replaced by
+an empty device's (which still takes part: a device's participation is visible to the server in any
+federated system); the plan depends only on the number of clients, which is not published (the
+step's release.json gives the counts release's DP number of users instead). Fixed point:
+contributions are truncated towards 0 (sensitivity never grows) at a power-of-two scale where the
+quantisation is below 2^-16 of the noise's std and the sum stays within the ring.
+
+Trust model (privacy.secure_aggregation has the details). The server sees each client's masked
+vector, who took part and who dropped out, and the noised sum. An honest-but-curious server learns
+nothing else. A malicious server that shows different clients different survivor sets is caught by
+the consistency check (every survivor signs the set it was shown; a client reveals no share
+without a majority of the clients' signatures on exactly its set), so no client reveals and the
+round is refused. A malicious server can still drop clients, abort rounds, and, with t of a
+client's k neighbours corrupted (t = k/2 + 1; up to t - 1 are tolerated), unmask that client; in
+this simulation it also hands out the clients' keys, so it could invent clients (Sybils). Clients
+must trust their own device, the keys they are given and an honest majority of their neighbours.
 """
 
 from __future__ import annotations
@@ -30,7 +45,9 @@ import math
 import os
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -39,11 +56,12 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipelines import logs, release, stats_job
+from pipelines.counts import dp_units
+from pipelines.lock import release_lock
 from pipelines.beam_stats import ReadTable, rows_by_user
 from pipelines.stats_core import release_metadata, stats_table, user_contributions
 from privacy import accounting, secure_aggregation as secagg, skellam
 from privacy.accumulator import NoiseSpec, grouped_sums, packed_size
-from privacy.seeds import digest_table
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
@@ -53,12 +71,11 @@ from trainer.solve import ridge_solve
 ACCOUNTANT = "rdp-integer"
 QUANTISATION_BITS = 16  # the fixed-point step is at most 2^-16 of the noise's std over n clients
 SHAMIR_SHARE_BYTES = 66  # a share is an element of the field 2^521 - 1
-ROUND_STARTED = ".round-started"  # in the step's stats folder: a round ran (its sum may be unmasked), so it is never run again
 
 
 class RoundRefusedError(ValueError):
-    """A round the clients or the server refused (too many dropouts, a secret too few could rebuild):
-    one line for the user, nothing published."""
+    """A round the clients or the server refused (too many dropouts, a secret too few could rebuild,
+    survivor sets that failed the consistency check): one line for the user, nothing published."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +97,21 @@ class Plan:
         return packed_size(self.dim) + self.dim
 
     def upload_bytes(self) -> int:
-        """What one client sends: its public key, two Shamir shares per neighbour at setup, the
-        masked vector, one share per neighbour when unmasking."""
-        return 32 + 3 * self.neighbours * SHAMIR_SHARE_BYTES + 8 * self.items * self.width
+        """What one client sends: its public and verification keys, two Shamir shares per neighbour
+        at setup, the masked vector, its signature on the survivor set, one share per neighbour
+        when unmasking."""
+        return 32 + 32 + 3 * self.neighbours * SHAMIR_SHARE_BYTES + 8 * self.items * self.width + 64
 
     def to_json(self) -> dict:
+        """Every parameter, for the release's fingerprint (a keyed hash: never published as is)."""
         return {"clients": self.clients, "min_clients": self.min_clients, "scale": self.scale, "skellam_multiplier": self.skellam_multiplier,
                 "share_variance": list(self.share_variance), "neighbours": self.neighbours, "upload_bytes_per_client": self.upload_bytes()}
+
+    def public_json(self) -> dict:
+        """What release.json publishes: nothing that gives the exact number of clients (the shares'
+        variance is planned over n_min, so it is left out with the counts)."""
+        return {"scale": self.scale, "skellam_multiplier": self.skellam_multiplier, "neighbours": self.neighbours,
+                "upload_bytes_per_client": self.upload_bytes()}
 
 
 def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dropout: float, items: int) -> Plan:
@@ -101,7 +126,7 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
     d, p = settings.dim, packed_size(settings.dim)
     sensitivity = (settings.wbar * settings.clip_u**2, settings.wbar * settings.clip_y * settings.clip_u)  # A, b: one user, L2
     largest = max(sensitivity)
-    min_clients = max(1, math.ceil((1 - max_dropout) * clients))
+    min_clients = secagg.quorum(clients, math.ceil((1 - max_dropout) * clients))
     ring_bound = 2.0**62 / (clients * largest + 40 * max(multiplier, 1.0) * largest)  # every client's most, plus 40 std of noise
     wanted = 2.0**QUANTISATION_BITS * clients / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
     scale = 2.0 ** math.floor(math.log2(min(wanted, ring_bound)))
@@ -214,6 +239,49 @@ class RingSum(beam.CombineFn):
         return total
 
 
+def honest_server(holder: int, survivors: frozenset) -> frozenset:
+    """The survivor set the server shows `holder` in the consistency check: an honest server shows
+    every holder the true one (a test's malicious server shows each holder its own)."""
+    return survivors
+
+
+class Reveal(beam.DoFn):
+    """A surviving holder's unmasking message: its shares for the survivor set the server showed it
+    (secagg.revealed_shares), only if that set passes the consistency check; otherwise its id, to
+    the REFUSED output."""
+
+    REFUSED = "refused"
+
+    def __init__(self, server, round_id: bytes, quorum: int):
+        self.server, self.round_id, self.quorum = server, round_id, quorum
+
+    def start_bundle(self):
+        self.signers = {}  # a set shown to many holders is verified once per bundle (every holder would find the same)
+
+    def process(self, element, alive, signatures, verify_keys):
+        holder, held = element
+        if holder not in alive:  # dropped out: takes no part in the later rounds
+            return
+        shown = self.server(holder, alive)
+        if shown not in self.signers:
+            self.signers[shown] = secagg.valid_signers(shown, self.round_id, signatures, verify_keys)
+        if secagg.consistent(holder, shown, self.signers[shown], self.quorum):
+            yield from secagg.revealed_shares(holder, dict(held), shown).items()
+        else:
+            yield beam.pvalue.TaggedOutput(self.REFUSED, holder)
+
+
+class RoundResult(NamedTuple):
+    """What the server holds after a round (round_sums)."""
+
+    masked: np.ndarray  # the sum of the survivors' masked vectors
+    corrections: np.ndarray  # the sum of the mask corrections it could rebuild
+    survivors: int
+    unrecovered: list[int]  # clients whose secret fewer than t neighbours revealed
+    revealed: int  # shares revealed
+    refusals: int  # surviving holders that revealed nothing: their survivor set failed the consistency check
+
+
 def _rebuild(element, size: int, graph: dict, public_keys: dict, survivors: set, t: int):
     """One client's revealed shares -> (client, its mask correction), or (client, None) with fewer than t."""
     client, revealed = element
@@ -239,6 +307,7 @@ class FederatedJob:
     max_dropout: float = 0.1  # the noise is planned for (1 - max_dropout) n clients
     round_secret: bytes | None = None  # the simulated devices' secrets' root (None: fresh, never stored)
     scratch: str | None = None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
+    server: Callable[[int, frozenset], frozenset] = honest_server  # the survivor set the server shows each holder (simulated; a test's may lie)
 
 
 def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
@@ -272,45 +341,46 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     round_seed = public_round_seed(round_secret)
     graph = secagg.neighbours(clients, round_seed, plan.neighbours)
     dropped = dropped_clients(clients, round_seed, job.dropout)
-    started = storage.join(central.out, ROUND_STARTED)
-    if storage.exists(started):
-        raise ValueError(f"a round of federated step {central.step} already ran ({started}): the server may have unmasked its sum, and a new "
-                         "round would draw new noise for the same statistics, a release the ledger has not planned; start a new run")
     seeds = release.open_seed_file(central.seed_file, central.ledger_path)
-    inputs = {name: digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
+    inputs = {name: seeds.digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
                                                           ("item_embeddings", job.item_embeddings), ("counts", central.counts), ("items", central.items))}
     release.check_counts_release(ledger, seeds, central.counts, inputs["counts"])  # the weights' counts must be this run's release, as centrally
     description = {"settings": central.settings.to_json(), "federated": plan.to_json(), "inputs": inputs}
     index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
     logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
              f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
-    storage.write_json({"step": central.step, "release": index}, started)
-    masked, corrections, survivors, refused = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
-    if survivors < plan.min_clients:  # the clients revealed no share: the server learned nothing, and the round may be run again
-        storage.remove(started)
-        raise RoundRefusedError(f"federated step {central.step}: {survivors} of {plan.clients} clients answered, fewer than the {plan.min_clients} "
-                                f"the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, nothing published "
-                                "(the clients revealed nothing: run the command again)")
-    if refused:
-        raise RoundRefusedError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(refused)} client(s) "
-                                f"(e.g. {refused[0]}) to unmask the sum; round refused, nothing published")
-    total = secagg.decode(masked - corrections, plan.scale).reshape(plan.items, plan.width)
+    with release_lock(ledger.path):  # beside the release's binding: refused if a round of it ran, whatever became of the output folder
+        seeds.start_round(index)
+    result = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
+    if result.survivors < plan.min_clients and not result.revealed:  # the server learned nothing: recorded so, the round may run again
+        with release_lock(ledger.path):
+            seeds.round_unrevealed(index)
+        raise RoundRefusedError(f"federated step {central.step}: {result.survivors} of {plan.clients} clients answered, fewer than the "
+                                f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, "
+                                "nothing published (the clients revealed nothing: run the command again)")
+    if result.refusals:
+        raise RoundRefusedError(f"federated step {central.step}: {result.refusals} client(s) revealed nothing, the survivor sets the server showed "
+                                "them failed the consistency check; round refused, nothing published")
+    if result.unrecovered:
+        raise RoundRefusedError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(result.unrecovered)} client(s) "
+                                f"(e.g. {result.unrecovered[0]}) to unmask the sum; round refused, nothing published")
+    total = secagg.decode(result.masked - result.corrections, plan.scale).reshape(plan.items, plan.width)
     p = packed_size(plan.dim)
-    spec = NoiseSpec(multiplier, central.settings.wbar, central.settings.clip_u, central.settings.clip_y, seeds.seed, index)
+    spec = NoiseSpec(multiplier, central.settings.wbar, central.settings.clip_u, central.settings.clip_y, seeds.release_seed(index), index)
     storage.remove(storage.join(central.out, stats_job.RELEASE_SUMMARY))
     storage.write_table(stats_table(catalog, total[:, :p], total[:, p:], release_metadata(central.settings, spec, 0)), stats_job.resample_path(central.out, 0))
     summary = {"step": central.step, "resamples": 1, "releases": [index], "noise_multiplier": multiplier, "settings": central.settings.to_json(),
                "items": int(catalog.size), "epsilon_spent": ledger.epsilon_spent(), "ledger": central.ledger_path,
-               "federated": {**plan.to_json(), "survivors": survivors, "dropped": len(dropped)}}
+               "federated": {**plan.public_json(), "max_dropout": job.max_dropout, "dp_units": dp_units(central.counts)}}  # no exact client count
     storage.write_json(summary, storage.join(central.out, stats_job.RELEASE_SUMMARY))
     return summary
 
 
-def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options):
-    """The Beam pipeline of the round: (masked sum, sum of mask corrections, survivors, clients that
-    could not be unmasked: fewer than t neighbours revealed their secret)."""
+def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options) -> RoundResult:
+    """The Beam pipeline of the round. Every survivor signs the survivor set `job.server` shows it,
+    and reveals its shares only if that set passes the consistency check (secagg.consistent)."""
     size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)
-    settings = job.stats.settings
+    settings, server, round_id = job.stats.settings, job.server, public_round_seed(round_secret)
     with tempfile.TemporaryDirectory(prefix="ssp-federated-") as local:
         out = storage.join(job.scratch or local, f".round-{uuid.uuid4().hex}")
 
@@ -330,18 +400,26 @@ def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret
             clients = {"solve": solve, "stats": stats} | "Clients" >> beam.CoGroupByKey()
             keys = clients | "Keys" >> beam.Map(lambda element: (element[0], client_secret(round_secret, element[0])))
             public_keys = keys | "PublicKeys" >> beam.MapTuple(lambda user, k: (user, k.public_key))
+            verify_keys = keys | "VerifyKeys" >> beam.MapTuple(lambda user, k: (user, k.verify_key))
             held = (keys
                     | "SetupShares" >> beam.FlatMapTuple(lambda user, k: [(holder, (user, share)) for holder, share in secagg.setup_shares(user, k, graph, t).items()])
                     | "ByHolder" >> beam.GroupByKey())
             masked = clients | "MaskedInput" >> beam.ParDo(ClientRound(broadcast, settings, job.lambda_u, plan, round_secret, graph, dropped),
                                                            beam.pvalue.AsDict(public_keys))
-            survivors = masked | "Survivors" >> beam.Keys() | "SurvivorSet" >> beam.combiners.ToList() | "AsSet" >> beam.Map(set)
+            survivors = masked | "Survivors" >> beam.Keys() | "SurvivorSet" >> beam.combiners.ToList() | "AsSet" >> beam.Map(frozenset)
             _ = (masked | "Vectors" >> beam.Values() | "Sum" >> beam.CombineGlobally(RingSum())
                  | "SaveSum" >> beam.Map(lambda v: save("sum", v if v is not None else np.zeros(size, np.uint64))))
             _ = survivors | "SaveSurvivors" >> beam.Map(lambda alive: save("survivors", np.asarray(sorted(alive), np.int64)))
-            rebuilt = (held  # a client reveals nothing when fewer clients answered than the noise is planned for (the round is refused)
-                       | "Reveal" >> beam.FlatMap(lambda element, alive: [] if element[0] not in alive or len(alive) < plan.min_clients else
-                                                  secagg.revealed_shares(element[0], dict(element[1]), alive).items(), beam.pvalue.AsSingleton(survivors))
+            signatures = (masked | "Signers" >> beam.Keys()  # each survivor signs the set it was shown; the server forwards them all
+                          | "SignSurvivors" >> beam.Map(lambda user, alive: (user, secagg.sign_survivors(client_secret(round_secret, user),
+                                                                                                         server(user, alive), round_id)),
+                                                        beam.pvalue.AsSingleton(survivors)))
+            shares, refusals = (held | "Reveal" >> beam.ParDo(Reveal(server, round_id, plan.min_clients), beam.pvalue.AsSingleton(survivors),
+                                                              beam.pvalue.AsDict(signatures), beam.pvalue.AsDict(verify_keys))
+                                .with_outputs(Reveal.REFUSED, main="shares"))
+            _ = shares | "CountShares" >> beam.combiners.Count.Globally() | "SaveRevealed" >> beam.Map(lambda n: save("revealed", np.int64(n)))
+            _ = refusals | "CountRefusals" >> beam.combiners.Count.Globally() | "SaveRefusals" >> beam.Map(lambda n: save("refusals", np.int64(n)))
+            rebuilt = (shares
                        | "ByClient" >> beam.GroupByKey()
                        | "Rebuild" >> beam.Map(_rebuild, size, graph, beam.pvalue.AsDict(public_keys), beam.pvalue.AsSingleton(survivors), t))
             _ = (rebuilt | "Corrections" >> beam.Values() | "Rebuilt" >> beam.Filter(lambda v: v is not None)
@@ -351,4 +429,5 @@ def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret
                  | "AllUnmasked" >> beam.combiners.ToList() | "SaveUnmasked" >> beam.Map(lambda ids: save("unmasked", np.asarray(sorted(ids), np.int64))))
         alive = load("survivors", np.int64)
         missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), load("unmasked", np.int64))  # survivors and dropped alike need a correction
-        return load("sum", np.uint64), load("corrections", np.uint64), int(alive.size), missing.tolist()
+        return RoundResult(load("sum", np.uint64), load("corrections", np.uint64), int(alive.size), missing.tolist(), int(load("revealed", np.int64)[0]),
+                           int(load("refusals", np.int64)[0]))

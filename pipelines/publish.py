@@ -32,6 +32,7 @@ from pipelines.datasets import open_dataset
 from pipelines.lock import existing_run_lock
 from pipelines.release import check_ledger_complete
 from pipelines.run_dir import Run, require_steps
+from pipelines.stats_job import RELEASE_SUMMARY
 from privacy import report
 from privacy.ledger import Ledger
 from schemas import storage
@@ -81,7 +82,12 @@ def privacy_report(run: Run) -> str:
     config = manifest["config"]
     settings = {key: config[key] for key in (*PUBLIC_SETTINGS, "dpsgd_clip") if key in config}
     features = open_dataset(manifest["prepared"]["data"]).manifest.get("public_features")
-    return report.render(Ledger.open(run.ledger), settings, features, run.root)
+    text = report.render(Ledger.open(run.ledger), settings, features, run.root)
+    if config.get("engine") == "federated":  # its trust model, in a section of its own
+        first = storage.join(run.stats(1), RELEASE_SUMMARY)
+        neighbours = storage.read_json(first)["federated"]["neighbours"] if storage.exists(first) else None
+        text += report.federated_trust(config["federated_max_dropout"], neighbours)
+    return text
 
 
 def model_settings(run: Run) -> dict:

@@ -44,6 +44,34 @@ def _families(public_features: dict | list) -> str:
     return ", ".join(public_features)
 
 
+def federated_trust(max_dropout: float, neighbours: int | None) -> str:
+    """The trust model of a federated run (pipelines.federated, privacy.secure_aggregation), in plain
+    words: a section of its own, appended to the report by pipelines.publish.privacy_report."""
+    k, t = (f"k = {neighbours}", f"t = {neighbours // 2 + 1}") if neighbours else ("k = 2 ceil(log2 n)", "t = k/2 + 1")
+    lines = [
+        "",
+        "## Federated trust model",
+        "",
+        "- **What the server sees.** Each user's device is a client: it keeps its ratings and its user embedding, and sends its clipped, "
+        "weighted statistics with its share of the noise, masked by secure aggregation (Bonawitz et al. 2017). The server sees each "
+        "client's masked vector (random without the client's secrets), which clients took part and which dropped out, and the noised "
+        "sum; the neighbouring relation above holds with one client's data replaced by an empty device's.",
+        f"- **Dropout threshold.** A round goes on only when at least n_min = max(ceil((1 - {max_dropout:g}) n), floor(n/2) + 1) of the "
+        "n clients answer, and the noise is planned for n_min clients, so no sum is ever unmasked with less noise than planned. A round "
+        "with fewer is refused before any client reveals a share; it may run again under the same charge. Any other round runs once: "
+        "a second round of a step is refused, whatever happens to the run's output folders.",
+        "- **What the server must not do.** A server that follows the protocol learns only the sum. A server that shows clients "
+        "different survivor lists is caught: every survivor signs the list it was shown and no client reveals a share without more than "
+        "half of the clients' signatures on exactly its list, so the round is refused. The server here also hands out the clients' "
+        "keys: it must not swap them or invent clients (Sybils), which a deployment prevents with keys certified outside the server.",
+        f"- **Collusion threshold.** Each client's secrets are shared among its {k} neighbours, any {t} of whom can rebuild them: a "
+        f"server colluding with {t} of one client's neighbours (fewer are tolerated) can unmask that client's vector, which carries only "
+        "its own 1/n_min share of the noise. The server can always drop clients or abort rounds.",
+        "- The exact number of clients is not published: the statistics' release.json gives the counts release's DP number of users.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def render(ledger: Ledger, settings: dict, public_features: dict | list | None, run: str) -> str:
     """The Markdown report of the run at `run` (see the module docstring)."""
     budget = ledger.budget

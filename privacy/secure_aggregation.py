@@ -5,22 +5,48 @@ Learning", CCS), with double masking, on the sparse neighbour graph of Bell et a
 Single-Server Aggregation with (Poly)Logarithmic Overhead", CCS), over the ring Z_(2^64) (numpy's
 uint64 arithmetic wraps exactly so):
 
-1. Setup. Client i has an X25519 key pair (sk_i, pk_i) and a self-mask seed b_i; the server publishes
-   every pk. Client i agrees a seed s_ij = HKDF(X25519(sk_i, pk_j)) with each neighbour j of a public,
-   k-regular graph (`neighbours`: a cycle over a public shuffle, each client joined to the k/2 on each
-   side; k about 2 log2 n), and Shamir-shares sk_i and b_i among its neighbours, threshold t
+1. Setup. Client i has an X25519 key pair (sk_i, pk_i), an Ed25519 signing key with its
+   verification key vk_i, and a self-mask seed b_i; the server publishes every pk and vk. Client i
+   agrees a seed s_ij = HKDF(X25519(sk_i, pk_j)) with each neighbour j of a public, k-regular graph
+   (`neighbours`: a cycle over a public shuffle, each client joined to the k/2 on each side; k
+   about 2 log2 n), and Shamir-shares sk_i and b_i among its neighbours, threshold t
    (`shamir_shares`, over the prime field 2^521 - 1).
 2. Masked input. Client i sends y_i = x_i + PRG(b_i) + sum_{j in N(i), j > i} PRG(s_ij)
    - sum_{j in N(i), j < i} PRG(s_ij) (mod 2^64), PRG = ChaCha20's keystream (`masked_input`).
-3. Unmasking. The server names the survivors (clients whose y arrived) and the dropped. Each surviving
-   neighbour reveals its share of b_i for a survivor i and its share of sk_i for a dropped i, never
-   both for one client (`revealed_shares`). With t shares the server rebuilds the secret and removes
-   the survivor's self-mask, or the dropped client's pairwise masks left in its surviving neighbours'
-   inputs (`mask_correction`). Sum of y over survivors minus the corrections is sum of x over survivors.
+3. Consistency check (Bonawitz et al.'s ConsistencyCheck round, for a malicious server). The server
+   names the survivors U3 (clients whose y arrived) to every survivor; each signs (U3, round id)
+   with its Ed25519 key (`sign_survivors`); the server forwards the signatures it collected. A
+   client goes on only when it is in the set it was shown, the set has at least the quorum, and
+   at least the quorum of its members signed exactly that set for this round (`consistent`).
+   The quorum is more than half of all n clients: two different sets can then never both be
+   signed by a quorum of honest clients, each of whom signs one set, so every client that goes
+   on was shown the same U3.
+4. Unmasking. Each surviving neighbour that passed the check reveals its share of b_i for a
+   survivor i and its share of sk_i for a dropped i, never both for one client (`revealed_shares`).
+   With t shares the server rebuilds the secret and removes the survivor's self-mask, or the
+   dropped client's pairwise masks left in its surviving neighbours' inputs (`mask_correction`).
+   Sum of y over survivors minus the corrections is sum of x over survivors.
 
 What the server sees of client i is y_i, uniform on the ring without b_i; an honest client never
 lets both b_i and sk_i be rebuilt, so a server that calls a late client dropped learns nothing more.
 Fixed-point encoding (`encode`, `decode`) puts real vectors on the ring.
+
+Trust model. An honest-but-curious server (it follows the protocol and reads everything it is
+sent) learns the survivors' sum and nothing else about any one client. A malicious server that
+shows different holders different survivor sets is detected: without the check it could show
+victim c's neighbours a set holding c (they reveal shares of b_c) and the holders of c's
+neighbours' keys sets without those neighbours (they reveal their sk_j, hence every s_cj), and
+unmask y_c alone; with it no honest client reveals anything under inconsistent sets. What a
+malicious server can still do: drop or delay any client, refuse service or abort a round, pick
+which survivors count (any set of at least the quorum that signed it), and learn a client's input
+with the help of clients it corrupts: t of a client's k neighbours hold enough shares (the
+collusion threshold is t - 1 of its neighbours), and m corrupted clients, who may sign several
+sets, defeat the check once 2 quorum - m <= n. Here the server also distributes the public and
+verification keys (the PKI is simulated): a server that swaps keys or makes up clients (Sybils)
+can break the protocol, so a deployment needs keys certified outside the server (device
+attestation or a key directory). What clients must trust: their own device and its randomness,
+the keys they are handed, the public round parameters (graph, threshold, quorum) and that their
+neighbours are mostly honest.
 
 This module is the protocol's arithmetic; pipelines.federated runs it with clients as elements of a
 Beam pipeline. Simulation: each client's secrets come from its own 32-byte secret (`ClientKeys`),
@@ -36,7 +62,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -61,7 +89,8 @@ def prg(seed: bytes, size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ClientKeys:
-    """A client's secrets, derived from its own 32-byte secret: the X25519 key and the self-mask seed."""
+    """A client's secrets, derived from its own 32-byte secret: the X25519 key, the Ed25519 signing
+    key and the self-mask seed."""
 
     secret: bytes
 
@@ -72,6 +101,15 @@ class ClientKeys:
     @cached_property
     def public_key(self) -> bytes:
         return self.private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @cached_property
+    def signing_key(self) -> Ed25519PrivateKey:
+        return Ed25519PrivateKey.from_private_bytes(derive(self.secret, b"ed25519"))
+
+    @cached_property
+    def verify_key(self) -> bytes:
+        """The Ed25519 verification key, distributed at setup with the public key."""
+        return self.signing_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
     @cached_property
     def self_mask_seed(self) -> bytes:
@@ -166,6 +204,42 @@ def revealed_shares(holder: int, held: dict[int, tuple[int, int, int]], survivor
     """What a surviving holder reveals in the unmasking round: for each client it holds shares of,
     (kind, x, share): the self-mask seed's share for a survivor, the key's share for a dropped client."""
     return {i: ("mask", x, b) if i in survivors else ("key", x, sk) for i, (x, sk, b) in held.items()}
+
+
+def survivors_message(survivors: frozenset[int], round_id: bytes) -> bytes:
+    """What a client signs in the consistency check: the round id and the survivor set it was shown."""
+    ids = np.sort(np.fromiter(survivors, dtype=np.int64, count=len(survivors))).astype(">i8").tobytes()
+    return b"ssp secure aggregation survivors\0" + round_id + hashlib.sha256(ids).digest()
+
+
+def sign_survivors(keys: ClientKeys, survivors: frozenset[int], round_id: bytes) -> bytes:
+    """The client's Ed25519 signature on (survivor set, round id)."""
+    return keys.signing_key.sign(survivors_message(survivors, round_id))
+
+
+def valid_signers(survivors: frozenset[int], round_id: bytes, signatures: dict[int, bytes], verify_keys: dict[int, bytes]) -> int:
+    """How many members of `survivors` signed exactly that set for this round."""
+    message, valid = survivors_message(survivors, round_id), 0
+    for signer, signature in signatures.items():
+        if signer in survivors and signer in verify_keys:
+            try:
+                Ed25519PublicKey.from_public_bytes(verify_keys[signer]).verify(signature, message)
+                valid += 1
+            except InvalidSignature:
+                pass
+    return valid
+
+
+def consistent(holder: int, survivors: frozenset[int], signers: int, quorum: int) -> bool:
+    """The consistency check on a holder's side: it is in the set it was shown, the set has at
+    least the quorum, and at least the quorum of its members signed it (`valid_signers`)."""
+    return holder in survivors and len(survivors) >= quorum and signers >= quorum
+
+
+def quorum(clients: int, min_clients: int) -> int:
+    """The survivors a round needs: the min_clients its noise is planned for, and more than half
+    of the clients (two sets each signed by that many honest clients then share a signer)."""
+    return max(min_clients, clients // 2 + 1)
 
 
 def mask_correction(client: int, kind: str, secret: bytes, size: int, graph: dict[int, list[int]], public_keys: dict[int, bytes],

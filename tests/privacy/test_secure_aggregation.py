@@ -1,5 +1,6 @@
 """Secure aggregation's arithmetic: masks cancel, dropped clients' masks are recovered from Shamir
-shares, a single input reveals nothing, and fixed point never grows a vector."""
+shares, a single input reveals nothing, fixed point never grows a vector, and the consistency check
+stops a server that shows holders different survivor sets from unmasking one client."""
 
 import numpy as np
 import pytest
@@ -25,10 +26,13 @@ def run_round(n, dropped=frozenset(), size=50, k=None):
             held[holder][i] = share
     rng = np.random.default_rng(0)
     x = {i: secagg.encode(rng.normal(size=size), 2.0**20) for i in ids}
-    survivors = set(ids) - set(dropped)
+    survivors = frozenset(ids) - set(dropped)
     masked = sum((secagg.masked_input(i, x[i], keys[i], graph, public) for i in survivors), np.zeros(size, np.uint64))
+    signatures = {i: secagg.sign_survivors(keys[i], survivors, b"round") for i in survivors}
+    signers = secagg.valid_signers(survivors, b"round", signatures, {i: k.verify_key for i, k in keys.items()})
     revealed = {}
     for holder in survivors:
+        assert secagg.consistent(holder, survivors, signers, secagg.quorum(n, n - len(dropped)))
         for client, item in secagg.revealed_shares(holder, held[holder], survivors).items():
             revealed.setdefault(client, []).append(item)
     correction = np.zeros(size, np.uint64)
@@ -86,3 +90,81 @@ def test_fixed_point_truncation_never_grows_a_value_and_decodes_within_one_step(
 def test_a_value_outside_the_ring_is_refused():
     with pytest.raises(ValueError, match="out of the ring"):
         secagg.encode(np.array([1e6]), 2.0**60)
+
+
+N, C = 20, 0  # the partition attack's clients and the position of its victim
+
+
+def partition_attack(checked: bool):
+    """A malicious server against victim c, all N clients alive: it shows each holder h the survivor set
+    without the neighbours of c that h holds shares of (c itself stays in). Then c's neighbours reveal
+    their shares of c's self-mask seed b_c (c is alive in their sets) and the neighbours of each neighbour
+    j of c reveal their shares of j's key sk_j (j dropped in their sets), from which the server computes
+    every pairwise mask of c. Honest holders reveal when their set has at least the quorum (as before the
+    check) and, with `checked`, when it passes the consistency check. Returns (x_c, what the server
+    computes from y_c: x_c itself when the attack works, None when it lacks shares, shares revealed)."""
+    ids, keys, public = clients_with_keys(N)
+    graph = secagg.neighbours(np.array(ids), b"round")
+    t, quorum, victim = secagg.threshold(len(graph[ids[0]])), secagg.quorum(N, N // 2), ids[C]
+    held = {i: {} for i in ids}
+    for i in ids:
+        for holder, share in secagg.setup_shares(i, keys[i], graph, t).items():
+            held[holder][i] = share
+    x = secagg.encode(np.random.default_rng(1).normal(size=64), 2.0**20)
+    y = secagg.masked_input(victim, x, keys[victim], graph, public)
+    alive = frozenset(ids)
+    shown = {h: alive - (set(graph[victim]) & set(graph[h])) if h != victim else alive for h in ids}
+    signatures = {h: secagg.sign_survivors(keys[h], shown[h], b"round") for h in ids}  # each honest client signs the set it was shown
+    verify_keys = {i: k.verify_key for i, k in keys.items()}
+    revealed = {}
+    for h in ids:
+        if len(shown[h]) < quorum:
+            continue
+        if checked and not secagg.consistent(h, shown[h], secagg.valid_signers(shown[h], b"round", signatures, verify_keys), quorum):
+            continue
+        for client, item in secagg.revealed_shares(h, held[h], shown[h]).items():
+            revealed.setdefault(client, []).append(item)
+
+    def rebuilt(client, kind):
+        points = {x_: share for k, x_, share in revealed.get(client, []) if k == kind}
+        return secagg.shamir_rebuild(dict(list(points.items())[:t])) if len(points) >= t else None
+
+    count = sum(len(v) for v in revealed.values())
+    b_c = rebuilt(victim, "mask")
+    if b_c is None:
+        return x, None, count
+    unmasked = y - secagg.prg(b_c, x.size)
+    for j in graph[victim]:
+        sk_j = rebuilt(j, "key")
+        if sk_j is None:
+            return x, None, count
+        mask = secagg.prg(secagg.pairwise_seed(sk_j, public[victim]), x.size)
+        unmasked = unmasked - mask if j > victim else unmasked + mask
+    return x, unmasked, count
+
+
+def test_without_the_consistency_check_a_partitioning_server_unmasks_one_client():
+    x, recovered, _ = partition_attack(checked=False)
+    np.testing.assert_array_equal(recovered, x)
+
+
+def test_with_the_consistency_check_no_client_reveals_under_a_partition():
+    x, recovered, revealed = partition_attack(checked=True)
+    assert recovered is None and revealed == 0
+
+
+def test_a_set_passes_the_check_only_with_a_quorum_of_its_members_signatures_for_this_round():
+    ids, keys, _ = clients_with_keys(7)
+    verify_keys = {i: k.verify_key for i, k in keys.items()}
+    alive, quorum = frozenset(ids), secagg.quorum(7, 5)
+    assert quorum == 5
+    signatures = {i: secagg.sign_survivors(keys[i], alive, b"round") for i in ids}
+    assert secagg.valid_signers(alive, b"round", signatures, verify_keys) == 7 and secagg.consistent(ids[0], alive, 7, quorum)
+    assert secagg.valid_signers(alive, b"another round", signatures, verify_keys) == 0  # bound to the round
+    assert secagg.valid_signers(alive - {ids[6]}, b"round", signatures, verify_keys) == 0  # bound to exactly the set
+    forged = {**signatures, ids[0]: secagg.sign_survivors(keys[ids[1]], alive, b"round")}  # another client's key
+    assert secagg.valid_signers(alive, b"round", forged, verify_keys) == 6
+    few = {i: signatures[i] for i in ids[:4]}
+    assert not secagg.consistent(ids[0], alive, secagg.valid_signers(alive, b"round", few, verify_keys), quorum)
+    assert not secagg.consistent(ids[6], alive - {ids[6]}, 7, quorum)  # a set that leaves the holder out
+    assert secagg.quorum(10, 3) == 6 and secagg.quorum(10, 9) == 9  # more than half, and at least n_min

@@ -1,0 +1,138 @@
+"""What an operator or a server can do to a federated round: a second round of a step is refused
+whatever happens to the step's output folder (through the installed `ssp`), a round refused before
+any share was revealed reruns at no new charge, a server that shows holders different survivor sets
+gets nothing, and the published files hold no exact client count."""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipelines import cli, federated, stats_job
+from pipelines.counts import dp_units
+from pipelines.run_dir import Run
+from privacy import secure_aggregation as secagg
+from privacy.ledger import Ledger
+from privacy.seeds import ROUND_STARTED, ROUND_UNREVEALED, SeedFile
+from schemas import storage
+from tests.pipelines.test_federated import ROUND_SECRET, SETTINGS, federated_job, prepared
+
+SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+TRAIN = ["train", "--data", "data", "--out", "run", "--engine", "federated", *SETTINGS]
+
+
+def ssp(folder, *args):
+    return subprocess.run([SSP, *args], cwd=folder, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished one-step federated run."""
+    folder = tmp_path_factory.mktemp("federated-run")
+    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]) == 0
+    result = ssp(folder, *TRAIN, "-q")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def redo_step_one(folder) -> None:
+    """What a run killed after step 1's round (or an operator redoing the step) leaves: step 1 not done."""
+    path = folder / "run" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["steps_done"].remove(1)
+    path.write_text(json.dumps(manifest))
+
+
+def test_the_published_release_holds_no_exact_client_count(finished):
+    run = Run(str(finished / "run"))
+    clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy()).size
+    summary = json.loads((finished / "run" / "step-1" / "stats" / "release.json").read_text())
+    block = summary["federated"]
+    assert not {"clients", "min_clients", "survivors", "dropped", "share_variance"} & set(block)
+    assert block["dp_units"] == dp_units(run.counts) and block["neighbours"] == secagg.neighbour_count(clients)
+    metadata = storage.read_schema(str(finished / "run" / "step-1" / "stats" / "resample-0.parquet")).metadata or {}
+    assert not any(b"client" in key for key in metadata)
+    report = (finished / "run" / "privacy.md").read_text()
+    assert "## Federated trust model" in report and "Dropout threshold" in report and "Collusion threshold" in report
+    assert f"t = {block['neighbours'] // 2 + 1}" in report and "Sybil" in report
+
+
+def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder(finished):
+    """After the published-release test (it reads the finished run): the step's marker deleted, then its whole stats folder."""
+    stats = finished / "run" / "step-1" / "stats"
+    before = storage.read_table(str(stats / "resample-0.parquet"))
+    spent = Ledger.open(str(finished / "run" / "ledger.parquet")).epsilon_spent()
+    redo_step_one(finished)
+    for removed in ("marker", "stats folder"):
+        if removed == "marker":
+            (stats / ".round-started").unlink(missing_ok=True)  # where the round was recorded before
+        else:
+            shutil.rmtree(stats)
+        result = ssp(finished, *TRAIN)
+        errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (removed, result.stderr[-2000:])
+        assert len(errors) == 1 and "already ran" in errors[0] and "start a new run" in errors[0], errors
+        ledger = Ledger.open(str(finished / "run" / "ledger.parquet"))
+        assert ledger.epsilon_spent() == spent and [row["name"] for row in ledger.rows].count("step-1/stats/r0") == 1
+        if removed == "marker":
+            assert storage.read_table(str(stats / "resample-0.parquet")).equals(before)  # nothing new published
+        else:
+            assert not stats.exists()
+
+
+def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once(tmp_path):
+    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(tmp_path / "data"), "-q"]) == 0
+    refused = [*TRAIN, "--federated-dropout", "0.7", "--federated-max-dropout", "0.1"]
+    spent = []
+    for _ in range(2):  # the second round is a rerun of the same release, refused again for too few survivors, not for having run
+        result = ssp(tmp_path, *refused)
+        errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+        assert result.returncode == 2 and len(errors) == 1 and "clients answered, fewer than the" in errors[0], result.stderr[-2000:]
+        ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
+        assert [row["name"] for row in ledger.rows].count("step-1/stats/r0") == 1
+        spent.append(ledger.epsilon_spent())
+    assert spent[0] == spent[1]
+    index = next(row["release"] for row in ledger.rows if row["name"] == "step-1/stats/r0")
+    assert SeedFile.load(str(tmp_path / "run" / "private" / "seed")).rounds == {index: ROUND_UNREVEALED}
+    assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitioningServer:
+    """Shows each holder the survivor set without the neighbours of `victim` it holds shares of (the
+    attack of tests/privacy/test_secure_aggregation.py: it would unmask the victim's vector)."""
+
+    victim: int
+    graph: tuple  # (client, its neighbours) pairs
+
+    def __call__(self, holder: int, survivors: frozenset) -> frozenset:
+        graph = dict(self.graph)
+        return survivors if holder == self.victim else survivors - (set(graph[self.victim]) & set(graph[holder]))
+
+
+def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
+    run = prepared(tmp_path)
+    job = federated_job(run, max_dropout=0.3)  # the sets it shows are within the planned dropout: only the check stops them
+    clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
+    plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, 1)
+    graph = secagg.neighbours(clients, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
+    server = PartitioningServer(int(clients[0]), tuple((c, tuple(near)) for c, near in graph.items()))
+    assert min(len(server(h, frozenset(graph))) for h in graph if h != server.victim) >= plan.min_clients
+    catalog, broadcast = federated.broadcast_of(job)
+    round_plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, catalog.size)
+    result = federated.round_sums(dataclasses.replace(job, server=server), broadcast, round_plan, ROUND_SECRET, graph, frozenset(), None)
+    near = {server.victim, *graph[server.victim]}  # the victim's self-mask seed and its neighbours' keys: what the attack needs
+    assert result.refusals > 0 and near <= set(result.unrecovered)
+    with pytest.raises(federated.RoundRefusedError, match="revealed nothing, the survivor sets the server showed them failed the consistency check; "
+                                                          "round refused, nothing published"):
+        federated.run(dataclasses.replace(job, server=server))
+    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(storage.join(job.stats.out, stats_job.RELEASE_SUMMARY))
+    index = next(row["release"] for row in Ledger.open(run.ledger).rows if row["name"] == "step-1/stats/r0")
+    assert SeedFile.load(run.private("seed")).rounds == {index: ROUND_STARTED}  # a round the server cheated in is never rerun
+    with pytest.raises(ValueError, match="already ran .* start a new run"):
+        federated.run(job)
