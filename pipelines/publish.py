@@ -8,7 +8,8 @@ settings) with `privacy.md`, the same for a reviewer to read (privacy.report). A
 `RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
 
 Refused, with nothing written, unless every outer step is done and the final encoder and item
-embeddings exist, the run is private (a `--non-private` run has no guarantee to hand over), the
+embeddings exist, a shipped `counts.parquet` is the counts release the ledger recorded (not, say,
+exact counts with the same schema), the run is private (a `--non-private` run has no guarantee to hand over), the
 ledger's budget is the one the run was configured with, and the epsilon the ledger has spent is
 within it. The ledger refuses over-budget releases as they are made; this check is the last gate,
 against a ledger edited, replaced or shared with another run.
@@ -30,11 +31,12 @@ import uuid
 
 from pipelines.datasets import open_dataset
 from pipelines.lock import existing_run_lock
-from pipelines.release import check_ledger_complete
+from pipelines.release import check_counts_release, check_ledger_complete
 from pipelines.run_dir import Run, require_steps
 from pipelines.stats_job import RELEASE_SUMMARY
 from privacy import report
 from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
 from schemas import storage
 
 PUBLISHED = "_PUBLISHED"
@@ -54,7 +56,11 @@ def privacy_summary(run: Run) -> dict:
     if config["non_private"]:
         raise ValueError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
     ledger = Ledger.open(run.ledger)
-    check_ledger_complete(ledger, config.get("seed_file") or run.private("seed"))
+    seed_path = config.get("seed_file") or run.private("seed")
+    check_ledger_complete(ledger, seed_path)
+    if config["protocol"] == "recall" and config.get("popularity_column", False):  # counts.parquet is shipped: it must be the recorded release
+        seeds = SeedFile.load(seed_path)
+        check_counts_release(ledger, seeds, run.counts, seeds.digest_table(run.counts))
     budget, spent = ledger.budget, ledger.epsilon_spent()
     if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
         raise ValueError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "

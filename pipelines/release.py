@@ -126,6 +126,9 @@ class PrivacySettings:
                              f"(cap {held.cap:g}); nothing was released")
         if ledger is not None:
             return ledger
+        if held is not None and held.cap is None and not held.document["charges"]:
+            logs.log(f"budget account {held.path} (the data source's) has no lifetime epsilon cap: its epsilon over every run is reported, "
+                     "not capped (give --account-cap when it is made)")
         return Ledger.create(path, **budget, account=held.path if held else None, account_id=held.identity if held else None)
 
 
@@ -173,11 +176,17 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
             seed_file.reload()
         _refuse_lost_releases(ledger, seed_file, "(nothing was released)")
         seed_file.check_ledger(ledger.identity)
+        held = ledger.account()  # refused when missing or replaced
+        if held is not None:
+            seed_file.witness_account(held.path, len(held.document["charges"]))
         index = ledger.next_index(name)
         fingerprint = seed_file.fingerprint({"name": name, "event": accounting.event_to_json(event), "noise": NOISE_VERSION, **description})
         seed_file.check(index, fingerprint)
         index = ledger.record(name, event, fingerprint)
         seed_file.bind(index, fingerprint, ledger.identity)
+        if held is not None:
+            held.reload()
+            seed_file.witness_account(held.path, len(held.document["charges"]))
     if logs.verbose():  # the accountant's sum is only worth computing when shown
         logs.detail(f"release {index} {name}: {accounting.event_to_json(event)}; epsilon spent {ledger.epsilon_spent():.6g} of {ledger.budget['epsilon']:g}")
     return index

@@ -1044,8 +1044,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "(pipelines.federated; accountant: RDP on integer orders)",
         "federated_dropout": "--engine federated: share of clients that drop out of each round after its setup (simulated; their masks are "
                              "recovered from their neighbours' Shamir shares)",
-        "federated_max_dropout": "--engine federated: the noise shares are planned for this share of clients missing; a round with more "
-                                 "dropouts is refused",
+        "federated_max_dropout": "--engine federated: the noise shares are planned for this share of clients missing, and never fewer "
+                                 "than a majority of the clients answering (the consistency check's quorum); a round with more dropouts is "
+                                 "refused",
         "loss": "square (the paper's AM-SSP) or logistic: SSP-convex for implicit feedback (--protocol recall): each step releases the "
                 "logistic loss's H_j, g_j around the step's starting item embeddings, every user's positives against every item as a "
                 "negative, and the SSP2 trainer descends that quadratic approximation; users are solved with the same loss (Spark engine)",

@@ -122,6 +122,16 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         "- The trusted zone (the machines that run the jobs, whoever can read the input tables and `RUN/private/`) sees everything "
         "un-noised; the guarantee is about what leaves it.",
         "- The noise is a keyed function of the secret seed `RUN/private/seed`: whoever holds it can remove the noise from every release.",
+        "- **Operators.** Copying, moving, restoring or deleting run folders cannot make two releases share noise: each release's noise "
+        "is keyed by the seed, the release's index and a keyed digest of its inputs, so different inputs always get independent noise "
+        "and identical inputs reproduce the same release, free. A seed serves one ledger; a ledger that lost releases, a budget account "
+        "that is missing, replaced or lacks the run's charges, and a release without noise on a capped account are refused before "
+        "anything is released. The data source's account is found by the content of its interactions through the account registry, "
+        "which is the root of trust: it must be kept where it cannot be deleted unnoticed (a versioned bucket with a retention policy).",
+        "- **Checks before the first release.** A run stops before anything is released on exact properties of its data: a label "
+        "outside the declared range, an item missing from the catalog, a repeated (user, item) pair, no user eligible for a ranking "
+        "split. These are validations inside the trusted zone; whether a run stopped on them depends on the data exactly, so that "
+        "outcome and its message stay with the operator and are never shown to the users or published.",
         "- The intermediate releases (counts, statistics) are as safe to show as the final model; they count in epsilon whether or not "
         "they are shown.",
         "",
@@ -138,8 +148,8 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         lines.append("- This run charges no budget account: its epsilon is not composed with other runs on the same users.")
     else:
         cap = "no cap" if account.cap is None else f"cap {account.cap:g}"
-        lines.append(f"- Budget account `{account.path}`: epsilon {account.epsilon():.4g} at delta {account.delta:g} ({cap}) over "
-                     f"{len(account.counted())} releases of every run it lists.")
+        lines.append(f"- Budget account `{account.path.rsplit('/', 1)[-1]}` (id {account.identity}): epsilon {account.epsilon():.4g} at delta "
+                     f"{account.delta:g} ({cap}) over {len(account.counted())} releases of every run on these users it lists.")
     lines += ["", "## Settings", "", "| setting | value |", "| --- | --- |"]
     lines += [f"| `{key}` | {value} |" for key, value in sorted(settings.items())]
     return "\n".join(lines) + "\n"

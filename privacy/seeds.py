@@ -82,10 +82,11 @@ class SeedFile:
     """A seed and the release fingerprints it is bound to, stored as JSON at `path`."""
 
     def __init__(self, path: str, seed: bytes, releases: dict[int, str], ledgers: dict[str, list[int]] | None = None, run: str | None = None,
-                 outputs: dict[int, str] | None = None, rounds: dict[int, str] | None = None):
+                 outputs: dict[int, str] | None = None, rounds: dict[int, str] | None = None, account_charges: int = 0):
         self.path, self.seed, self.releases = path, seed, releases
         self.ledgers, self.run, self.outputs = ledgers or {}, run, outputs or {}
         self.rounds = rounds or {}  # release index -> ROUND_STARTED or ROUND_UNREVEALED (federated rounds, `start_round`)
+        self.account_charges = account_charges  # the most charges this run saw in its budget account (`witness_account`)
 
     @classmethod
     def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
@@ -107,13 +108,14 @@ class SeedFile:
             run = document.get("run")
             outputs = {int(index): str(digest) for index, digest in document.get("outputs", {}).items()}
             rounds = {int(index): str(state) for index, state in document.get("rounds", {}).items()}
+            account_charges = int(document.get("account_charges", 0))
         except storage.MissingTableError:
             raise storage.MissingTableError(f"seed file not found: {path}") from None
         except (KeyError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
         if len(seed) != SEED_BYTES:
             raise ValueError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
-        return cls(path, seed, releases, ledgers, run, outputs, rounds)
+        return cls(path, seed, releases, ledgers, run, outputs, rounds, account_charges)
 
     def reload(self) -> None:
         """Take in what other holders of the file bound since it was read (the seed must not change)."""
@@ -121,7 +123,7 @@ class SeedFile:
         if current.seed != self.seed:
             raise SeedReuseError(f"{self.path} was replaced by another seed while in use; refusing to release with either")
         self.releases, self.ledgers, self.run, self.outputs = current.releases, current.ledgers, current.run, current.outputs
-        self.rounds = current.rounds
+        self.rounds, self.account_charges = current.rounds, current.account_charges
 
     @classmethod
     def load_or_create(cls, path: str) -> SeedFile:
@@ -162,7 +164,22 @@ class SeedFile:
             document["outputs"] = {str(i): digest for i, digest in sorted(self.outputs.items())}
         if self.rounds:
             document["rounds"] = {str(i): state for i, state in sorted(self.rounds.items())}
+        if self.account_charges:
+            document["account_charges"] = self.account_charges
         storage.write_json(document, self.path)
+
+    def witness_account(self, path: str, charges: int) -> None:
+        """Refuse a budget account with fewer charges than this run last saw in it (rolled back, or
+        replaced by a copy from before), else remember its count: the run is a witness of every
+        run's charges it has seen, not only of its own."""
+        if storage.exists(self.path):
+            self.reload()
+        if charges < self.account_charges:
+            raise ValueError(f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
+                             "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore it (nothing was released)")
+        if charges != self.account_charges and storage.exists(self.path):
+            self.account_charges = charges
+            self._save()
 
     def fingerprint(self, description: dict) -> str:
         """HMAC-SHA256 under the seed of a release description (canonical JSON)."""

@@ -21,12 +21,14 @@ from schemas import storage
 from schemas.tables import ITEM_EMBEDDINGS
 
 
-def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps_done=(1, 2), non_private=False, encoder_committed=True) -> Run:
+def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps_done=(1, 2), non_private=False, encoder_committed=True,
+                 protocol="rmse") -> Run:
     """A run directory as the last item update leaves it."""
     run = Run(root)
     data = run.private("data")
     storage.write_json({"public_features": ["genres", "year"]}, storage.join(data, DATA_MANIFEST))
-    config = {"outer_steps": 2, "epsilon": epsilon, "delta": delta, "non_private": non_private, "unit": "user", "protocol": "rmse", "dim": 2,
+    config = {"outer_steps": 2, "epsilon": epsilon, "delta": delta, "non_private": non_private, "unit": "user", "protocol": protocol, "dim": 2,
+              "popularity_column": protocol == "recall",
               "clip_u": 1.0, "data": "secret/location", "seed_file": None, "lambda_u": 0.1, "gravity": 0.0, "encoder": "features"}
     run.write_manifest({"config": config, "steps_done": list(steps_done), "status": "running",
                         "prepared": {"data": data, "items": storage.join(data, "items.parquet"), "stats_items": "", "mean": 3.5, "started_at": 0, "at": 0}})
@@ -38,7 +40,10 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
             storage.write_json({"bytes": payload.decode()}, os.path.join(local, name))
     if not encoder_committed:  # an export that died before its commit
         storage.remove(run.path("encoder", storage.SUCCESS))
-    SeedFile.create(run.private("seed")).bind(0, "ab12", storage.canonical(run.ledger))  # the run's secret seed, witness of its release
+    seeds = SeedFile.create(run.private("seed"))
+    seeds.bind(0, "ab12", ledger.identity)  # the run's secret seed, witness of its release
+    storage.write_table(pa.table({"item_id": pa.array([1, 2, 3], pa.int64()), "count": [4.0, 1.0, 9.0]}), run.counts)
+    seeds.record_output(0, seeds.digest_table(run.counts))  # the counts release, as pipelines.counts records it
     return run
 
 
@@ -90,6 +95,17 @@ def test_refusals_write_nothing(tmp_path, change, message):
     else:
         run = finished_run(str(tmp_path / "run"), **kwargs)
     with pytest.raises(ValueError, match=message):
+        publish(run, str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_a_shipped_counts_table_must_be_the_recorded_release(tmp_path):
+    from pipelines.publish import privacy_summary
+
+    run = finished_run(str(tmp_path / "run"), protocol="recall")
+    assert privacy_summary(run)["releases"][0]["name"] == "counts"
+    storage.write_table(pa.table({"item_id": pa.array([1, 2, 3], pa.int64()), "count": [4.0, 2.0, 9.0]}), run.counts)  # exact counts, say
+    with pytest.raises(ValueError, match="is not the DP counts release recorded in the ledger"):
         publish(run, str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path)) == ["run"]
 

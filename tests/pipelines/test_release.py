@@ -154,3 +154,23 @@ def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
         run.join(120)
         assert run.exitcode == 0
     assert len(BudgetAccount.open(account).document["charges"]) == 2 * RELEASES_PER_PROCESS
+
+
+def test_an_account_that_lost_another_runs_charges_is_refused_before_any_release(tmp_path, budget_account_registry):
+    """Every run's seed file witnesses how many charges it saw in its data source's account: one
+    that lost some (edited, rolled back) is refused, even when this run's own charges are all there."""
+    from privacy.account import BudgetAccount
+
+    settings = release.PrivacySettings(noise_multiplier=20.0, source="source-digest")
+    ledgers = {name: settings.open_ledger(str(tmp_path / name / "ledger.parquet"), "user") for name in ("a", "b")}
+    seeds = {name: release.open_seed_file(None, ledger.path) for name, ledger in ledgers.items()}
+    release.make_release(ledgers["a"], seeds["a"], "counts", accounting.gaussian_event(20.0), {"run": "a"})
+    release.make_release(ledgers["b"], seeds["b"], "counts", accounting.gaussian_event(20.0), {"run": "b"})
+    release.make_release(ledgers["a"], seeds["a"], "mean", accounting.gaussian_event(20.0), {"run": "a"})
+    account = ledgers["a"].account()
+    assert account.path == ledgers["b"].account().path and len(account.document["charges"]) == 3  # one account for the data source
+    account.document["charges"] = [c for c in account.document["charges"] if c["ledger"] != ledgers["b"].identity]  # run b's charge edited out
+    account._save()
+    with pytest.raises(ValueError, match="lists 2 charges, fewer than the 3 this run saw there"):
+        release.make_release(ledgers["a"], seeds["a"], "step-1/stats/r0", accounting.gaussian_event(20.0), {"run": "a"})
+    assert len(Ledger.open(ledgers["a"].path).rows) == 2 and len(BudgetAccount.open(account.path).document["charges"]) == 2
