@@ -46,7 +46,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -241,8 +241,36 @@ class RingSum(beam.CombineFn):
 
 def honest_server(holder: int, survivors: frozenset) -> frozenset:
     """The survivor set the server shows `holder` in the consistency check: an honest server shows
-    every holder the true one (a test's malicious server shows each holder its own)."""
+    every holder the true one (a malicious one shows each holder its own)."""
     return survivors
+
+
+@dataclass(frozen=True)
+class PartitioningServer:
+    """A simulated malicious server (`--federated-server partition`): it shows each holder the
+    survivor set without the neighbours of `victim` whose shares it holds, so the holders would
+    reveal those neighbours' keys (every pairwise mask with the victim) while the victim's own
+    neighbours, shown sets with the victim, reveal its self-mask: together the victim's vector,
+    with only its own 1/n_min share of the noise. The consistency check must stop it."""
+
+    victim: int
+    graph: tuple  # (client, its neighbours) pairs
+
+    def __call__(self, holder: int, survivors: frozenset) -> frozenset:
+        graph = dict(self.graph)
+        return survivors if holder == self.victim else survivors - (set(graph[self.victim]) & set(graph[holder]))
+
+
+SERVERS = ("honest", "partition")  # what `--federated-server` simulates
+
+
+def simulated_server(kind: str, graph: dict) -> Callable[[int, frozenset], frozenset]:
+    """The server a round simulates: honest, or partitioning the holders against the lowest client id."""
+    if kind not in SERVERS:
+        raise ValueError(f"--federated-server must be one of {SERVERS}, got {kind!r}")
+    if kind == "honest":
+        return honest_server
+    return PartitioningServer(min(graph), tuple((client, tuple(near)) for client, near in sorted(graph.items())))
 
 
 class Reveal(beam.DoFn):
@@ -307,7 +335,7 @@ class FederatedJob:
     max_dropout: float = 0.1  # the noise is planned for (1 - max_dropout) n clients
     round_secret: bytes | None = None  # the simulated devices' secrets' root (None: fresh, never stored)
     scratch: str | None = None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
-    server: Callable[[int, frozenset], frozenset] = honest_server  # the survivor set the server shows each holder (simulated; a test's may lie)
+    server: str | Callable[[int, frozenset], frozenset] = "honest"  # the survivor set the server shows each holder: one of SERVERS (simulated), or a callable
 
 
 def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
@@ -341,6 +369,8 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     round_seed = public_round_seed(round_secret)
     graph = secagg.neighbours(clients, round_seed, plan.neighbours)
     dropped = dropped_clients(clients, round_seed, job.dropout)
+    if isinstance(job.server, str):
+        job = replace(job, server=simulated_server(job.server, graph))
     seeds = release.open_seed_file(central.seed_file, central.ledger_path)
     inputs = {name: seeds.digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
                                                           ("item_embeddings", job.item_embeddings), ("counts", central.counts), ("items", central.items))}

@@ -79,6 +79,7 @@ class TrainConfig:
     engine: str = "spark"
     federated_dropout: float = 0.0  # --engine federated: share of clients that drop out of each round (simulated)
     federated_max_dropout: float = 0.1  # --engine federated: the noise is planned for this share of clients missing
+    federated_server: str = "honest"  # --engine federated: the simulated server (pipelines.federated.SERVERS; "partition" for drills)
     item_update: str = "ssp"
     loss: str = "square"  # "logistic": implicit feedback's logistic loss, by SSP-convex (privacy.quadratic); --protocol recall
     encoder: str = "features"
@@ -175,6 +176,11 @@ class TrainConfig:
         for name in ("federated_dropout", "federated_max_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if self.federated_server != "honest":
+            from pipelines.federated import SERVERS
+
+            if self.federated_server not in SERVERS or self.engine != "federated":
+                raise ValueError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
         if self.item_update in ("als", "cmf") and self.encoder != "id":
@@ -604,7 +610,8 @@ def release_stats(run: Run, step: int, spark=None) -> dict:
         from pipelines.prepare_beam import options_from_environment
 
         return federated.run(federated.FederatedJob(job, run.centred, run.item_embeddings(step - 1), config.lambda_u, config.gravity,
-                                                    config.federated_dropout, config.federated_max_dropout, scratch=run.private("federated")),
+                                                    config.federated_dropout, config.federated_max_dropout, scratch=run.private("federated"),
+                                                    server=config.federated_server),
                              options_from_environment())
     if config.engine == "beam":
         from pipelines import beam_stats
@@ -1044,6 +1051,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "(pipelines.federated; accountant: RDP on integer orders)",
         "federated_dropout": "--engine federated: share of clients that drop out of each round after its setup (simulated; their masks are "
                              "recovered from their neighbours' Shamir shares)",
+        "federated_server": "--engine federated: the simulated server, honest, or partition: a malicious server showing holders different "
+                            "survivor sets to unmask one client (a drill: the consistency check refuses the round, nothing is published)",
         "federated_max_dropout": "--engine federated: the noise shares are planned for this share of clients missing, and never fewer "
                                  "than a majority of the clients answering (the consistency check's quorum); a round with more dropouts is "
                                  "refused",

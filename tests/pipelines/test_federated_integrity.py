@@ -102,26 +102,13 @@ def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_onc
     assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
 
 
-@dataclasses.dataclass(frozen=True)
-class PartitioningServer:
-    """Shows each holder the survivor set without the neighbours of `victim` it holds shares of (the
-    attack of tests/privacy/test_secure_aggregation.py: it would unmask the victim's vector)."""
-
-    victim: int
-    graph: tuple  # (client, its neighbours) pairs
-
-    def __call__(self, holder: int, survivors: frozenset) -> frozenset:
-        graph = dict(self.graph)
-        return survivors if holder == self.victim else survivors - (set(graph[self.victim]) & set(graph[holder]))
-
-
 def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
     run = prepared(tmp_path)
     job = federated_job(run, max_dropout=0.3)  # the sets it shows are within the planned dropout: only the check stops them
     clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
     plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, 1)
     graph = secagg.neighbours(clients, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
-    server = PartitioningServer(int(clients[0]), tuple((c, tuple(near)) for c, near in graph.items()))
+    server = federated.simulated_server("partition", graph)
     assert min(len(server(h, frozenset(graph))) for h in graph if h != server.victim) >= plan.min_clients
     catalog, broadcast = federated.broadcast_of(job)
     round_plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, catalog.size)
@@ -136,3 +123,18 @@ def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
     assert SeedFile.load(run.private("seed")).rounds == {index: ROUND_STARTED}  # a round the server cheated in is never rerun
     with pytest.raises(ValueError, match="already ran .* start a new run"):
         federated.run(job)
+
+
+def test_a_partitioning_server_gets_nothing_through_the_installed_ssp(tmp_path):
+    """`--federated-server partition` simulates the attack (the sets it shows are within the planned
+    dropout, so only the consistency check stops it): one line, exit 2, nothing published, and the
+    round is never run again."""
+    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(tmp_path / "data"), "-q"]) == 0
+    result = ssp(tmp_path, *TRAIN, "--federated-max-dropout", "0.3", "--federated-server", "partition")
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(errors) == 1 and "failed the consistency check; round refused, nothing published" in errors[0], result.stderr[-3000:]
+    assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
+    assert not list((tmp_path / "run" / "step-1" / "stats").glob("resample-*")) if (tmp_path / "run" / "step-1" / "stats").exists() else True
+    seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
+    assert list(seeds.rounds.values()) == [ROUND_STARTED]  # a round the server cheated in is never rerun
