@@ -14,10 +14,12 @@ Privacy: the release is planned and recorded like the central one (one Gaussian 
 run's stats multiplier z for A and b), against an RDP accountant on integer orders, where the Skellam
 noise of multiplier z_s >= z is at least as private (privacy.skellam). The noise is planned for
 n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) of the n clients (a majority: the consistency
-check's quorum). Every round is recorded in the run's seed file under the release lock before it
-starts (privacy.seeds.SeedFile.start_round), never in the output folder: a second round of a
-release is refused whatever happens to the step's folder, because its fresh noise would make a
-second release of the same statistics that the ledger never charged. The one exception: with fewer
+check's quorum). Every round is recorded before it starts, under the release locks, in the run's
+seed file (privacy.seeds.SeedFile.start_round) and on the release's charge in the data source's
+budget account (privacy.account.BudgetAccount.start_round), never in the output folder: a second
+round of a release is refused whatever happens to the step's folder, and in a copy of the run
+folder too (the account is outside it), because its fresh noise would make a second release of the
+same statistics that the ledger never charged. The one exception: with fewer
 than n_min survivors the clients reveal no share and the round is refused and recorded so (the
 server learned nothing); it may run again, under the same charge. A round that went further (a
 client whose secret too few neighbours could rebuild, survivor sets that failed the consistency
@@ -41,12 +43,13 @@ must trust their own device, the keys they are given and an honest majority of t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -369,8 +372,6 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     round_seed = public_round_seed(round_secret)
     graph = secagg.neighbours(clients, round_seed, plan.neighbours)
     dropped = dropped_clients(clients, round_seed, job.dropout)
-    if isinstance(job.server, str):
-        job = replace(job, server=simulated_server(job.server, graph))
     seeds = release.open_seed_file(central.seed_file, central.ledger_path)
     inputs = {name: seeds.digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
                                                           ("item_embeddings", job.item_embeddings), ("counts", central.counts), ("items", central.items))}
@@ -379,12 +380,17 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
     logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
              f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
-    with release_lock(ledger.path):  # beside the release's binding: refused if a round of it ran, whatever became of the output folder
-        seeds.start_round(index)
+    account = ledger.account()
+    with release_lock(ledger.path), release_lock(account.path) if account else contextlib.nullcontext():  # beside the release's binding
+        seeds.start_round(index)  # refused if a round of it ran, whatever became of the output folder
+        if account is not None:
+            account.start_round(ledger.identity, index)  # and in any copy of the run folder: the account is outside it
     result = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
     if result.survivors < plan.min_clients and not result.revealed:  # the server learned nothing: recorded so, the round may run again
-        with release_lock(ledger.path):
+        with release_lock(ledger.path), release_lock(account.path) if account else contextlib.nullcontext():
             seeds.round_unrevealed(index)
+            if account is not None:
+                account.round_unrevealed(ledger.identity, index)
         raise RoundRefusedError(f"federated step {central.step}: {result.survivors} of {plan.clients} clients answered, fewer than the "
                                 f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, "
                                 "nothing published (the clients revealed nothing: run the command again)")
@@ -410,7 +416,8 @@ def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret
     """The Beam pipeline of the round. Every survivor signs the survivor set `job.server` shows it,
     and reveals its shares only if that set passes the consistency check (secagg.consistent)."""
     size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)
-    settings, server, round_id = job.stats.settings, job.server, public_round_seed(round_secret)
+    settings, round_id = job.stats.settings, public_round_seed(round_secret)
+    server = simulated_server(job.server, graph) if isinstance(job.server, str) else job.server
     with tempfile.TemporaryDirectory(prefix="ssp-federated-") as local:
         out = storage.join(job.scratch or local, f".round-{uuid.uuid4().hex}")
 

@@ -254,7 +254,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--account-window-days", type=float, help="renewal window of a new budget account: releases older than this many days "
                        "stop counting against its cap (default: none, they count forever)")
     group.add_argument("--seed-file", help="secret noise seed of the run (default: <ledger folder>/private/seed, created from the OS CSPRNG); "
-                       "reusing one reproduces the same releases and is refused for different data")
+                       "a seed file serves the one ledger it first released into (a rerun or resume of that run reproduces its releases "
+                       "exactly); another run's ledger, other data or other settings with it are refused")
 
 
 def privacy_settings(args: argparse.Namespace) -> PrivacySettings:

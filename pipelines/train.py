@@ -522,6 +522,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     if config.seed_file is not None:
         given = SeedFile.load(config.seed_file)
         given.check_run(given.run_fingerprint(identity))
+        given.check_ledger(Ledger.open(run.ledger).identity if storage.exists(run.ledger) else "this run's new ledger")  # a seed serves one ledger
     if storage.exists(run.manifest_path) and storage.exists(run.counts):  # an interrupted prepare that released the counts
         run.require_ledger(config.seed_file)
     run.write_manifest(manifest)
@@ -1044,7 +1045,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "secret seed file)",
         "shards": "part files per statistics table, the parallelism of the stats job's write",
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
-        "seed_file": "reuse a run's secret noise seed (RUN/private/seed) to reproduce its releases",
+        "seed_file": "a secret noise seed file for a new run (default: RUN/private/seed, from the OS CSPRNG); a seed file serves one "
+                     "run's ledger: another run's is refused (to reproduce a run, copy its folder)",
         "engine": "engine of the prepare stage (split, DP counts, DP mean, centred rows) and of the stats job: spark or beam "
                   "(the user update runs on Spark), or federated: the prepare stage on Beam, and each step's statistics released by "
                   "simulated devices (solving their own embeddings) through secure aggregation with distributed Skellam noise "

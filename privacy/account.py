@@ -213,6 +213,26 @@ class BudgetAccount:
                                          "recorded_at": _now().isoformat(timespec="seconds")})
         self._save()
 
+    def start_round(self, ledger: str, release: int) -> None:
+        """Record on release `release`'s charge that a federated round of it starts, or refuse a
+        second one: its noise is fresh per round, and a run folder copied before the round would
+        otherwise run it again in the copy, under the same charge (callers hold the account's lock)."""
+        self.reload()
+        charge = self.find(ledger, release)
+        if charge is None:
+            raise ValueError(f"{self.path}: release {release} of ledger {ledger} is not charged; a round starts after its release")
+        if charge.get("round") == "started":
+            raise ValueError(f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
+                             "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a new run")
+        charge["round"] = "started"
+        self._save()
+
+    def round_unrevealed(self, ledger: str, release: int) -> None:
+        """Record that the round was refused before any share was revealed: it may run again."""
+        self.reload()
+        self.find(ledger, release)["round"] = "refused unrevealed"
+        self._save()
+
     def missing(self, ledger: str, releases: list[int]) -> list[int]:
         """The releases of `ledger` the account has no charge for."""
         return [r for r in releases if self.find(ledger, r) is None]

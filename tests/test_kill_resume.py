@@ -233,6 +233,6 @@ def test_killed_training_resumes_consistent_and_spends_its_budget_once(reference
     assert json.loads((run / "metrics.json").read_text())["releases"] == len(want), context()
     # the data source's budget account (beside the runs) is charged once per release, kills or not
     account = BudgetAccount.open(str(ledger.budget["account"]))
-    charged = [(c["release"], c["name"]) for c in account.document["charges"] if c["ledger"] == os.path.abspath(run / "ledger.parquet")]
+    charged = [(c["release"], c["name"]) for c in account.document["charges"] if c["ledger"] == ledger.identity]
     assert sorted(charged) == [(row["release"], row["name"]) for row in ledger.rows], f"budget account {account.path} ({context()})"
     print(context())  # shown with -rP: which moments were tried

@@ -138,3 +138,24 @@ def test_a_partitioning_server_gets_nothing_through_the_installed_ssp(tmp_path):
     assert not list((tmp_path / "run" / "step-1" / "stats").glob("resample-*")) if (tmp_path / "run" / "step-1" / "stats").exists() else True
     seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
     assert list(seeds.rounds.values()) == [ROUND_STARTED]  # a round the server cheated in is never rerun
+
+
+def test_a_copy_of_the_run_folder_cannot_run_a_round_again(tmp_path):
+    """A run folder copied before a round (seed file and ledger included): the round runs in one copy;
+    in the other, the same release's round is refused by the data source's account, which both
+    copies charge, one line, exit 2, nothing published and nothing more spent."""
+    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(tmp_path / "data"), "-q"]) == 0
+    prepare = ssp(tmp_path, *TRAIN, "--stage", "prepare", "-q")
+    assert prepare.returncode == 0, prepare.stderr[-3000:]
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    first = ssp(tmp_path, *TRAIN, "-q")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = ssp(tmp_path, *[arg if arg != "run" else "copy" for arg in TRAIN], "-q")
+    errors = [line for line in again.stderr.splitlines() if ": error: " in line]
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert len(errors) == 1 and "already ran (recorded in the budget account" in errors[0], again.stderr[-3000:]
+    assert not (tmp_path / "copy" / "step-1" / "stats" / "release.json").exists()
+    rows = [[(row["name"], row["data_fingerprint"]) for row in Ledger.open(str(tmp_path / folder / "ledger.parquet")).rows] for folder in ("run", "copy")]
+    assert rows[0] == rows[1]  # the copy's ledger row is the original's release, charged once in the account
+    account = Ledger.open(str(tmp_path / "copy" / "ledger.parquet")).account()
+    assert len(account.document["charges"]) == len(rows[0])

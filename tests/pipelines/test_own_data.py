@@ -22,7 +22,7 @@ from trainer import evaluate
 from trainer.recommend import PublishedModel
 
 BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in range(8)]
-README = Path(__file__).resolve().parents[2] / "README.md"
+OWN_DATA_DOC = Path(__file__).resolve().parents[2] / "docs" / "own-data.md"
 
 
 HELD_OUT = 12  # the last products of the catalog are left out of training: added after it, they are embedded from their features
@@ -145,10 +145,10 @@ def test_items_held_out_of_training_are_embedded_from_their_features_and_ranked_
     assert np.mean(wins) >= 0.9, wins
 
 
-def test_the_readme_python_example_recommends_for_one_history(published, tmp_path, monkeypatch):
+def test_the_documented_python_example_recommends_for_one_history(published, tmp_path, monkeypatch):
     root, _ = published
-    block = re.search(r"```python\n(from trainer.recommend import.*?)```", README.read_text(), re.S)
-    assert block, "README lost its Python recommend example"
+    block = re.search(r"```python\n(from trainer.recommend import.*?)```", OWN_DATA_DOC.read_text(), re.S)
+    assert block, "docs/own-data.md lost its Python recommend example"
     (tmp_path / "published").symlink_to(root / "published")
     monkeypatch.chdir(tmp_path)
     result = subprocess.run([sys.executable, "-c", block.group(1)], capture_output=True, text=True, timeout=300)

@@ -12,6 +12,7 @@ from pipelines import splits, train
 from pipelines.datasets import open_dataset, write_dataset
 from pipelines.synth import generate
 from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
@@ -80,7 +81,7 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
     for name, engine, session in (("local", "spark", None), ("spark", "spark", spark), ("beam", "beam", None)):
         config = train.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed)
         prepared[name] = train.prepare(train.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session, local_rows=0)
-        seed = seed or str(tmp_path / "local" / "private" / "seed")
+        seed = SeedFile.create(str(tmp_path / f"seed-after-{name}"), SeedFile.load(str(tmp_path / "local" / "private" / "seed")).seed).path  # one ledger a file
     runs = {name: train.Run(str(tmp_path / name)) for name in prepared}
     for name in ("spark", "beam"):
         counts, expected = storage.read_table(runs[name].counts), storage.read_table(runs["local"].counts)

@@ -48,6 +48,7 @@ def test_retried_tasks_reproduce_the_release_byte_for_byte(tmp_path):
     paths = write_inputs(tmp_path / "in", INTERACTIONS, EMBEDDINGS, COUNTS, list(COUNTS))
     seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path
     log = run_job(paths, str(tmp_path / "disturbed"), seed, "fail")
+    seed = SeedFile.create(str(tmp_path / "seed-calm"), bytes(range(32))).path  # the same seed (a seed file serves one ledger)
     assert int(re.search(r"failed task attempts: (\d+)", log).group(1)) > 0  # the first attempts really failed (Spark's own count)
     run_job(paths, str(tmp_path / "calm"), seed, "calm")
     for name in ("resample-0.parquet",):

@@ -8,6 +8,7 @@ import pytest
 
 from pipelines import splits, train
 from privacy.ledger import Ledger
+from privacy.seeds import SeedFile
 from schemas import storage
 from trainer import ssp
 
@@ -80,8 +81,9 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
         train.run(small(tmp_path / "run").__class__(**{**small(tmp_path / "run").__dict__, "epsilon": 1.0}), spark=spark, progress=False)
 
-    # the run's seed file reproduces its releases byte for byte in a new directory
-    again = train.run(small(tmp_path / "again", seed_file=str(tmp_path / "run" / "private" / "seed")), spark=spark, progress=False)
+    # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one ledger)
+    seed = SeedFile.create(str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed).path
+    again = train.run(small(tmp_path / "again", seed_file=seed), spark=spark, progress=False)
     for step in (1, 2):
         folder = tmp_path / "run" / f"step-{step}" / "stats" / "resample-0.parquet"
         for name in os.listdir(folder):
@@ -279,7 +281,8 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         assert f"| {row['release']} | `{row['name']}` |" in report
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
-    whole = train.run(small(tmp_path / "whole", seed_file=str(tmp_path / "staged" / "private" / "seed")), spark=spark, progress=False)
+    seed = SeedFile.create(str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed).path  # one ledger a seed file
+    whole = train.run(small(tmp_path / "whole", seed_file=seed), spark=spark, progress=False)
     assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
     for name in ("ledger.parquet",):
         assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
