@@ -31,7 +31,10 @@ the ledger again before it copies anything. Runs on overlapping users compose: e
 releases to one budget account of the data source (params account, kept beside the runs), so the
 users' lifetime epsilon over all scheduled runs is composed and capped (params account_cap): a run
 that would take it past the cap is refused at its first release over it, and check_privacy and
-publish refuse a run the account does not fully list.
+publish refuse a run the account does not fully list. Every pod finds the data source's account
+through the durable account registry `{params.bucket}/budget-accounts` ($SSP_BUDGET_ACCOUNTS; a
+pod's own home folder is gone with the pod), which names the source's one account by the content
+of its interactions.
 
 Deployment settings are read from the scheduler's environment when the DAG is parsed (defaults in
 brackets): SSP_GCP_PROJECT, SSP_REGION [europe-west4], SSP_DATAPROC_CLUSTER [ssp-spark],
@@ -126,6 +129,8 @@ TRAINING = {
 BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}", "budget-account": "{{ params.account }}",
           "account-cap": "{{ params.account_cap }}"}
 
+REGISTRY = {"SSP_BUDGET_ACCOUNTS": "{{ params.bucket }}/budget-accounts"}  # the durable account registry (privacy.account)
+
 GPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"})
 CPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "16Gi"})
 
@@ -148,7 +153,7 @@ def ssp(task_id: str, *args: str, gpu: bool = False, env: dict[str, str] | None 
         container_resources=GPU if gpu else CPU,
         node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"} if gpu else None,
         tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")] if gpu else None,
-        env_vars=[k8s.V1EnvVar(name=name, value=value) for name, value in (env or {}).items()],
+        env_vars=[k8s.V1EnvVar(name=name, value=value) for name, value in {**REGISTRY, **(env or {})}.items()],
         get_logs=True,
         on_finish_action="delete_pod",
     )
