@@ -112,15 +112,13 @@ class PrivacySettings:
             if self.account is not None and ledger.budget.get("account") != storage.canonical(self.account):
                 raise ValueError(f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not {self.account}; a run keeps one account")
             held = ledger.account()  # refused when missing or replaced
-        elif self.source is not None or self.account is not None or interactions is not None:
+        else:
+            ledger = held = None
             source = self.source if self.source is not None or interactions is None else content_digest_table(interactions)
             if source is not None:
                 held = BudgetAccount.for_source(source, self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
-            else:
+            elif self.account is not None:
                 held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
-            ledger = None
-        else:
-            held = ledger = None
         if held is not None and self.noise_multiplier == 0 and held.cap is not None:  # before anything is written: the ledger would refuse its first release
             raise ValueError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {held.path} "
                              f"(cap {held.cap:g}); nothing was released")
