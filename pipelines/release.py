@@ -172,8 +172,7 @@ def make_release(ledger: Ledger, seed_file: SeedFile, name: str, event: dp_accou
             ledger.save()
         if storage.exists(seed_file.path):
             seed_file.reload()
-        _refuse_lost_releases(ledger, seed_file, "(nothing was released)")
-        seed_file.check_ledger(ledger.identity)
+        _refuse_lost_releases(ledger, seed_file, "(nothing was released)")  # also refuses a seed bound to another ledger
         held = ledger.account()  # refused when missing or replaced
         if held is not None:
             seed_file.witness_account(held.path, len(held.document["charges"]))
