@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--data", help="MovieLens folder (any layout) or data set folder of the training experiments (default: the bundled ml-latest-small)")
         sub.add_argument("--protocol", choices=("rmse", "recall"), default="rmse", help="benchmark protocol of the training experiments (default: rmse)")
         sub.add_argument("--methods", nargs="+", choices=list(training.METHODS), metavar="METHOD",
-                         help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.train offers)")
+                         help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.training offers)")
         sub.add_argument("--epsilons", nargs="+", type=float, metavar="EPSILON",
                          help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); with --methods, runs the experiment in parts")
         sub.add_argument("--tune-on", metavar="DATA", help="privacy-utility: tune every method on this data set's validation split (e.g. an "

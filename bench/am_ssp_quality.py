@@ -9,7 +9,7 @@
    noise), and epsilon 5 and 1: the share of the gap between the mean predictor and the
    non-private run that AM-SSP closes.
 
-Every run is the real pipeline (`pipelines.train.run`: Spark jobs, ledger, TensorFlow trainer),
+Every run is the real pipeline (`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer),
 sharing one Spark session. Results go to `--out`/results.json and a table on stdout.
 
     python -m bench.am_ssp_quality --out runs/quality            # both parts (about 15 minutes)
@@ -25,24 +25,25 @@ import os
 import statistics
 import sys
 
-from pipelines import synth, train
-from pipelines.spark import session
+from pipelines.data import synth
+from pipelines.engines.spark import session
+from pipelines.training import settings, stages
 from schemas import storage
 
 SMALL_EPSILONS = (1.0, 5.0, 20.0)
 SYNTHETIC_EPSILONS = (5.0, 1.0)
 
 
-def _run(config: train.TrainConfig, spark) -> dict:
+def _run(config: settings.TrainConfig, spark) -> dict:
     print(f"am_ssp_quality: {config.out}", file=sys.stderr, flush=True)
-    metrics = train.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, spark=spark, progress=False)
     return {"test_rmse": metrics["test_rmse"], "mean_predictor_rmse": metrics["test_mean_predictor_rmse"], "epsilon_spent": metrics["epsilon_spent"],
             "seconds": metrics["seconds"]}
 
 
-def small_data(out: str, seeds: int, base: train.TrainConfig, spark) -> dict:
+def small_data(out: str, seeds: int, base: settings.TrainConfig, spark) -> dict:
     # the non-private top line with its own defaults (d=32 with the item id), as `ssp demo --non-private`
-    results = {"non_private": _run(train.TrainConfig(out=storage.join(out, "small-nonprivate"), non_private=True), spark)}
+    results = {"non_private": _run(settings.TrainConfig(out=storage.join(out, "small-nonprivate"), non_private=True), spark)}
     for epsilon in SMALL_EPSILONS:
         runs = [_run(dataclasses.replace(base, out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s), spark) for s in range(seeds)]
         rmse = [r["test_rmse"] for r in runs]
@@ -54,7 +55,7 @@ def small_data(out: str, seeds: int, base: train.TrainConfig, spark) -> dict:
     return results
 
 
-def synthetic(out: str, base: train.TrainConfig, spark) -> dict:
+def synthetic(out: str, base: settings.TrainConfig, spark) -> dict:
     data = storage.join(out, "synthetic-data")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         synth.generate(data, users=100_000, items=5_000, ratings_per_user=30, seed=0)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--skip-synthetic", action="store_true")
     args = parser.parse_args(argv)
-    base = train.TrainConfig()
+    base = settings.TrainConfig()
     results = {"config": {k: v for k, v in dataclasses.asdict(base).items() if k not in ("data", "out")}}
     with session("ssp-quality") as spark:
         if not args.skip_small:

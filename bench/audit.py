@@ -1,9 +1,9 @@
 """`ssp audit`: an empirical privacy audit of the real releases, with canary users.
 
 The audit builds a small data set, adds m canary users, each included by an independent fair coin,
-and makes a run's releases with the product's own code: the DP counts (pipelines.counts), the DP
-mean (pipelines.mean) and the statistics of every outer step through the Spark stats job
-(pipelines.stats), into one ledger and seed file as `ssp train` makes them. A canary is a worst
+and makes a run's releases with the product's own code: the DP counts (pipelines.releases.counts), the DP
+mean (pipelines.releases.mean) and the statistics of every outer step through the Spark stats job
+(pipelines.engines.spark_stats), into one ledger and seed file as `ssp train` makes them. A canary is a worst
 case: it rates K items of its own (the counts' cap, so all are counted), every rating at the top of
 the range (its centred label at the clip), and its embedding lies on the clip, along one axis at odd
 steps and another at even ones. Its items are in the catalog whether it is included or not (every
@@ -63,7 +63,7 @@ import numpy as np
 import pyarrow as pa
 from scipy import special, stats
 
-from pipelines import logs
+from pipelines.base import logs
 
 PLANTS = ("sensitivity", "shared-noise", "seed-copy")
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the one-run test's guesses: the top and bottom k = f m / 2 scores
@@ -232,8 +232,8 @@ class Settings:
 
 
 def write_centred(interactions: str, mean: float, out: str) -> str:
-    """The stats job's rows: labels centred by the DP mean (pipelines.mean.centred, as `ssp train`)."""
-    from pipelines.mean import centred
+    """The stats job's rows: labels centred by the DP mean (pipelines.releases.mean.centred, as `ssp train`)."""
+    from pipelines.releases.mean import centred
     from schemas import storage
 
     storage.write_table(centred(storage.read_table(interactions), mean, "rmse", None), out)
@@ -242,7 +242,8 @@ def write_centred(interactions: str, mean: float, out: str) -> str:
 
 def stats_release(spark, rows: str, tables: Tables, counts: str, out: str, settings: Settings, privacy, stats_settings, step: int, ledger: str) -> dict:
     """Step `step`'s statistics through the Spark stats job, into the run's ledger and seed file."""
-    from pipelines import stats, stats_job
+    from pipelines.engines import spark_stats as stats
+    from pipelines.releases import stats_job
 
     job = stats_job.StatsJob(rows, tables.embeddings[step - 1], tables.items, counts, out, stats_settings, privacy, step=step, ledger_path=ledger, shards=2)
     return stats.run(job, spark)
@@ -264,7 +265,7 @@ def read_canary_stats(path: str, size: Size) -> tuple[np.ndarray, np.ndarray]:
 def canary_contributions(counts: str, mean: float, size: Size, settings: Settings, stats_settings, step: int) -> tuple[np.ndarray, np.ndarray]:
     """What each canary adds to its items' packed A and b at `step` when included, from the released
     counts (its weights) and the DP mean (its centred label), by the job's own kernel."""
-    from pipelines.stats_core import user_contributions
+    from pipelines.releases.stats_core import user_contributions
     from privacy.accumulator import pack_upper
     from schemas import storage
 
@@ -303,7 +304,7 @@ class Row:
 @contextlib.contextmanager
 def planted(defect: str | None):
     """The product with a known defect, for the duration of the block only (module docstring)."""
-    from pipelines import counts, mean, stats_job
+    from pipelines.releases import counts, mean, stats_job
     from privacy.noise import add_noise
     from privacy.seeds import SeedFile
 
@@ -338,11 +339,11 @@ def planted(defect: str | None):
 
 def audit(size: Size, settings: Settings, confidence: float, spark, work: str, seed: int | None = None, plant: str | None = None) -> list[Row]:
     """Run the releases on the canaries and score them; returns the table's rows."""
-    from pipelines import release
-    from pipelines.counts import dp_counts
-    from pipelines.mean import dp_mean
-    from pipelines.release import PrivacySettings
-    from pipelines.stats_core import StatsSettings
+    from pipelines.releases import release
+    from pipelines.releases.counts import dp_counts
+    from pipelines.releases.mean import dp_mean
+    from pipelines.releases.release import PrivacySettings
+    from pipelines.releases.stats_core import StatsSettings
     from privacy import accounting
     from privacy.ledger import Ledger
     from privacy.seeds import SeedFile
@@ -469,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.spark import session
+    from pipelines.engines.spark import session
     from schemas import SchemaError, storage
 
     args = build_parser().parse_args(argv)
@@ -483,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < args.confidence < 1:
             raise ValueError(f"--confidence must be in (0, 1), got {args.confidence}")
         settings = Settings(args.epsilon, args.delta)
-        from pipelines.release import PrivacySettings
+        from pipelines.releases.release import PrivacySettings
 
         PrivacySettings(epsilon=settings.epsilon, delta=settings.delta)  # the budget's own checks
         started = time.perf_counter()

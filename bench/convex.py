@@ -29,7 +29,7 @@ import shutil
 
 
 from bench import harness, training
-from pipelines import train
+from pipelines.training import settings, stages
 from schemas import storage
 
 NAME = "convex"
@@ -60,10 +60,10 @@ def run_cell(out: str, params: dict) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     storage.remove(account)
     privacy = {"non_private": True} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
-    config = train.TrainConfig(data=data, out=root, protocol="recall", delta=training.DELTA, model_seed=params["seed"], budget_account=account,
+    config = settings.TrainConfig(data=data, out=root, protocol="recall", delta=training.DELTA, model_seed=params["seed"], budget_account=account,
                                **privacy, **params["config"])
     os.makedirs(os.path.dirname(root), exist_ok=True)
-    metrics = train.run(config, spark=training.spark(), progress=False)
+    metrics = stages.run(config, spark=training.spark(), progress=False)
     shutil.rmtree(root)
     storage.remove(account)
     return {"valid": metrics["valid_recall_at_20"], "test": metrics["test_recall_at_20"], "test_sliced": metrics["test_recall_at_20_sliced"],

@@ -5,7 +5,7 @@ Data: `ssp synth --like movielens --users USERS` (the realistic generator: Movie
 popularity and ratings; the catalog grows as users^0.6), regression protocol, epsilon EPSILON.
 
 Federated SSP2 is `ssp train --engine federated` with AM-SSP's defaults: every outer step is one
-secure-aggregation round of every client (pipelines.federated), and each client uploads its public
+secure-aggregation round of every client (pipelines.engines.federated), and each client uploads its public
 key, Shamir shares and a masked vector of the statistics catalog's A_j, b_j (8 bytes per entry) and
 downloads the item embeddings. Federated DP-SGD is AM-DPSGD with the privacy-utility search's
 settings at epsilon 5 (bench.scale's TUNED), run centrally: with per-user clipping, one secure-
@@ -34,10 +34,11 @@ import shutil
 import numpy as np
 
 from bench import harness, scale, time_to_quality, training
-from pipelines import train, user_update
-from pipelines.datasets import open_dataset
-from pipelines.federated import SHAMIR_SHARE_BYTES
-from pipelines.run_dir import Run
+from pipelines.data.datasets import open_dataset
+from pipelines.engines import user_update
+from pipelines.engines.federated import SHAMIR_SHARE_BYTES
+from pipelines.training import settings, stages
+from pipelines.training.run_dir import Run
 from privacy import secure_aggregation
 from schemas import storage
 
@@ -68,7 +69,7 @@ def encoder_parameters(run: Run, step: int) -> int:
                    and "OPTIMIZER_SLOT" not in name))
 
 
-def traffic(run: Run, config: train.TrainConfig, method: str, items: int) -> list[dict]:
+def traffic(run: Run, config: settings.TrainConfig, method: str, items: int) -> list[dict]:
     """Per outer step s = 1..S: the rounds a client takes part in (expected, for DP-SGD's sampled
     steps: all rounds, q of them with an upload) and its upload and download bytes."""
     manifest = run.read_manifest()
@@ -93,11 +94,11 @@ def run_cell(out: str, params: dict) -> dict:
     account = root + ".account.json"  # the cell's own: a rerun of a cell is a new run on the same folder
     shutil.rmtree(root, ignore_errors=True)
     storage.remove(account)
-    config = train.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
+    config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
                                budget_account=account, **params["config"])
     spark = training.spark()
     os.makedirs(os.path.dirname(root), exist_ok=True)
-    metrics = train.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, spark=spark, progress=False)
     layout = Run(root)
     if config.engine == "federated":  # the evaluator's solves (the run's clients kept theirs)
         for s in range(1, config.outer_steps + 1):
@@ -160,7 +161,7 @@ def run(ctx: harness.Context) -> harness.Section:
     sizes = "; ".join(f"{users:,} users: {next(iter(m.values()))['rows']:,} ratings, {next(iter(m.values()))['items']:,} items" for users, m in sorted(by_size.items()))
     section.text(
         f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, delta {training.DELTA:g}), one "
-        "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.federated), AM-SSP's "
+        "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.engines.federated), AM-SSP's "
         "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation round per DP-SGD step "
         "(see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds.")
     rows, reach = [], []

@@ -3,8 +3,8 @@
 What this module owns: the non-private baselines that tell how much signal a data set holds, and
 the summary statistics that say what it looks like, computed with numpy alone so that they are the
 same everywhere (no engine, no TensorFlow). The benchmarks use them as reference lines, and the
-calibration of `ssp synth --like movielens` (pipelines.synth) is checked against the published
-MovieLens-1M figures below (`MOVIELENS_1M`, `LADDER_1M`).
+calibration of `ssp synth --like movielens` (pipelines.data.synth_movielens) is checked against the
+published MovieLens-1M figures below (`MOVIELENS_1M`, `LADDER_1M`).
 
 Regression ladder (test RMSE on a random 80/10/10 train/valid/test split of the ratings; every
 hyper-parameter is picked on valid and the test RMSE of that pick is reported):
@@ -125,13 +125,13 @@ def load(data: str) -> Ratings:
     """A data set folder (or MovieLens folder, ingested into a temporary folder) as dense indices."""
     import tempfile
 
-    from pipelines.datasets import is_dataset, open_dataset
+    from pipelines.data.datasets import is_dataset, open_dataset
     from schemas.storage import read_table
 
     if is_dataset(data):
         dataset = open_dataset(data)
         return _from_tables(read_table(dataset.interactions), read_table(dataset.items))
-    from pipelines.ingest import ingest
+    from pipelines.data.ingest import ingest
 
     with tempfile.TemporaryDirectory(prefix="ladder-") as scratch:
         dataset = ingest(data, scratch)

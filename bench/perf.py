@@ -40,7 +40,7 @@ def sizes(quick: bool) -> dict:
 def stats_cell(params: dict) -> dict:
     """GEMM, kernel and Spark figures of bench.stats_throughput at `params`, with its two ratios."""
     from bench import stats_throughput as bench_stats
-    from pipelines.stats_core import StatsSettings
+    from pipelines.releases.stats_core import StatsSettings
 
     settings = StatsSettings(params["dim"], clip_u=1.0, clip_y=5.0)  # as stats_throughput's main
     users = math.ceil(params["rows"] / params["ratings_per_user"])

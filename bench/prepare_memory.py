@@ -1,9 +1,9 @@
 """Peak memory of the prepare stage (split, DP counts, DP mean, centred rows) as the log grows.
 
-Runs `pipelines.train.prepare` on each --data set in a fresh child interpreter and samples the
+Runs `pipelines.training.prepare.prepare` on each --data set in a fresh child interpreter and samples the
 child's process tree (bench.child.run_tree_measured): the driver (the child), Spark's JVM (driver
 and executor in local mode) and Spark's Python workers. With `--engine spark` the rows stay in
-Spark (pipelines.prepare_spark): the driver keeps per-item aggregates and the catalog, so its peak
+Spark (pipelines.engines.prepare_spark): the driver keeps per-item aggregates and the catalog, so its peak
 is bounded by the catalog, the JVM's by its configured heap (spilling to disk beyond it) and the
 workers' by a batch of rows. `--engine local` reads the log into the driver, for comparison.
 
@@ -28,29 +28,29 @@ from bench.child import run_tree_measured
 
 _CHILD = """
 import time
-from pipelines import train
-config = train.TrainConfig(**json.loads(sys.argv[1])["config"])
+from pipelines.training import prepare, run_dir, settings
+config = settings.TrainConfig(**json.loads(sys.argv[1])["config"])
 started = time.perf_counter()
 if json.loads(sys.argv[1])["engine"] == "spark":
-    from pipelines.spark import session
+    from pipelines.engines.spark import session
     with session("bench-prepare-memory") as spark:
-        manifest = train.prepare(config, progress=False, spark=spark, local_rows=0)
+        manifest = prepare.prepare(config, progress=False, spark=spark, local_rows=0)
 else:
-    manifest = train.prepare(config, progress=False)
-result = {"prepare_seconds": time.perf_counter() - started, "items": len(__import__("schemas.storage", fromlist=["x"]).read_table(train.Run(config.out).counts))}
+    manifest = prepare.prepare(config, progress=False)
+result = {"prepare_seconds": time.perf_counter() - started, "items": len(__import__("schemas.storage", fromlist=["x"]).read_table(run_dir.Run(config.out).counts))}
 """
 
 
 def measure(data: str, engine: str, work: str, epsilon: float, driver_memory: str | None) -> dict:
     """Prepare a run on `data` in a child; its wall time and the peaks of its process tree."""
-    from pipelines.datasets import open_dataset
+    from pipelines.data.datasets import open_dataset
 
     run = os.path.join(work, "run")
     shutil.rmtree(run, ignore_errors=True)
     config = {"out": run, "data": data, "epsilon": epsilon, "protocol": "rmse"}
     try:
         if driver_memory:
-            os.environ["SSP_SPARK_DRIVER_MEMORY"] = driver_memory  # the child's local Spark heap (pipelines.spark)
+            os.environ["SSP_SPARK_DRIVER_MEMORY"] = driver_memory  # the child's local Spark heap (pipelines.engines.spark)
         report = run_tree_measured(_CHILD, {"config": config, "engine": engine})
     finally:
         shutil.rmtree(run, ignore_errors=True)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder of results.json and report.md (finished cells are kept)")
     parser.add_argument("--work", help="scratch folder for the run directories (default: a temporary folder)")
     parser.add_argument("--epsilon", type=float, default=5.0, help="the run's epsilon (default %(default)s)")
-    parser.add_argument("--spark-driver-memory", help="heap of the local Spark JVM (driver and executor), e.g. 1g (default: pipelines.spark's, 3g): "
+    parser.add_argument("--spark-driver-memory", help="heap of the local Spark JVM (driver and executor), e.g. 1g (default: pipelines.engines.spark's, 3g): "
                         "the JVM's memory is this setting, not the log's size (Spark spills to disk)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

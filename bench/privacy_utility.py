@@ -58,7 +58,7 @@ def size_of(ctx: harness.Context) -> dict:
 
 
 def methods_of(ctx: harness.Context) -> list[str]:
-    """The selected methods pipelines.train offers that run under the protocol."""
+    """The selected methods pipelines.training offers that run under the protocol."""
     return [n for n in training.select(ctx.methods) if training.available(n) and training.runs_under(n, ctx.protocol)]
 
 
@@ -299,7 +299,7 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
     lines = [(
         f"**Setup.** Data `{collected['data']}`, protocol `{ctx.protocol}` (metric {metric.name}), user-level privacy, "
         f"delta = {training.DELTA:g}, epsilons {', '.join(f'{e:g}' for e in size['epsilons'])}; every run is the real pipeline "
-        "(`pipelines.train.run`: Spark jobs, ledger, TensorFlow trainer) with a fresh noise seed. "
+        "(`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer) with a fresh noise seed. "
         f"**Tuning budget: {size['trials']} runs per method and epsilon, the same for every method** (trial 0 the method's defaults, then "
         f"Optuna's multivariate TPE over the search space below, its first {size.get('startup', training.STARTUP_TRIALS)} trials seeded random "
         f"draws; seeded per method and epsilon{', capped at ' + str(size['caps']) if size['caps'] else ''}), "
@@ -317,7 +317,7 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
                      "on the same split, trained on the top 10% items by exact count, its (alpha, lambda) grid chosen on the validation "
                      "users (one trial: nothing left to tune), held-out users folded in by its own user solve.")
     if skipped:
-        lines.append("**Not run** (pipelines.train has no such item update yet): "
+        lines.append("**Not run** (pipelines.training has no such item update yet): "
                      + ", ".join(f"{training.METHODS[n].label} (`{training.METHODS[n].overrides['item_update']}`)" for n in skipped) + ".")
     if elsewhere:
         lines.append(f"**Not run under protocol `{ctx.protocol}`**: "
@@ -343,7 +343,7 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
     for paragraph in describe_setup(ctx, collected):
         section.text(paragraph)
     if not rows:
-        section.text("**Nothing to run:** no selected method is offered by pipelines.train and runs under this protocol.")
+        section.text("**Nothing to run:** no selected method is offered by pipelines.training and runs under this protocol.")
         return section
     section.table(["method", "fixed settings", "search space"],
                   [[training.METHODS[n].label, training.METHODS[n].overrides, training.describe_space(training.search_space(n, collected["size"]["caps"]))]

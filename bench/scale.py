@@ -7,7 +7,7 @@ is a `ssp synth --like movielens` data set (realistic popularity, activity and r
 grows as users^0.6) with the activity distribution rescaled to RATINGS_PER_USER ratings per user on
 average at every size (this 2-core machine cannot train on MovieLens-1M's 166 per user at 10^6
 users: 1.7 x 10^8 rows), so rows grow 10x with users. Both methods run the real pipeline
-(`pipelines.train.run`: Spark jobs, ledger, TensorFlow trainer) at epsilon EPSILON, user level, with
+(`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer) at epsilon EPSILON, user level, with
 their tuned settings (TUNED), one model seed per cell.
 
 Per cell: the wall time of every phase (prepare; per outer step the user update, the statistics
@@ -29,9 +29,10 @@ import shutil
 import numpy as np
 
 from bench import harness, time_to_quality, training
-from pipelines import synth, train
-from pipelines.datasets import open_dataset, is_dataset
-from pipelines.run_dir import Run
+from pipelines.data import synth
+from pipelines.data.datasets import is_dataset, open_dataset
+from pipelines.training import settings, stages
+from pipelines.training.run_dir import Run
 
 NAME = "scale"
 EPSILON = 5.0
@@ -84,13 +85,13 @@ def run_cell(out: str, params: dict) -> dict:
     data = data_set(out, params["users"])
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
     shutil.rmtree(root, ignore_errors=True)
-    config = train.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
+    config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
                                **params["config"])
     spark = training.spark()
     os.makedirs(os.path.dirname(root), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log:
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        metrics = train.run(config, spark=spark, progress=False)
+        metrics = stages.run(config, spark=spark, progress=False)
         steps = training.trajectory(Run(root), config)
     walls, kernels = phase_seconds(Run(root).read_manifest(), spark.sparkContext.defaultParallelism)
     manifest = open_dataset(data).manifest
@@ -163,7 +164,7 @@ def run(ctx: harness.Context) -> harness.Section:
         f"{RATINGS_PER_USER} ratings per user on average, at every size: this 2-core machine cannot train on the calibrated 166 per user at "
         f"10^6 users), regression protocol, epsilon = {EPSILON:g} (user level, delta = {training.DELTA:g}), one model seed; AM-SSP with its "
         "defaults (the privacy-utility search's choice), AM-DPSGD with the search's best settings at epsilon 5 (both on the 6,040-user "
-        "MovieLens-like set). Every run is `pipelines.train.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
+        "MovieLens-like set). Every run is `pipelines.training.stages.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
         "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the rest of an outer step "
         "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up.")
     rows = []

@@ -9,12 +9,12 @@ at the same time:
     the same BLAS thread count as the kernel (--blas-threads, default 1: what each Spark Python
     worker uses); rate 2 n^3 / time.
  2. Kernel: `privacy.accumulator.grouped_sums(item_ids, rows)` over all rows, the kernel rows from
-    `pipelines.stats_core.user_contributions` (weights, clip, `prepare_rows`) on the real rows;
+    `pipelines.releases.stats_core.user_contributions` (weights, clip, `prepare_rows`) on the real rows;
     (a) rows in file order (by user: arbitrary item order), (b) rows pre-sorted by item, and
     (c) what a Spark task does with its rows (sort by item and user, contributions, one grouped_sums).
     Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
     (target >= 30%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
- 3. Spark: `pipelines.stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run three
+ 3. Spark: `pipelines.engines.spark_stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run three
     times in one session (the first warms the JVM and the Python workers), the fastest of the others
     reported, as the best of the kernel's repeats is; its end-to-end time over the
     kernel time (target <= 3x). Session start-up and `StatsJob.prepare()` (driver-side validation
@@ -22,7 +22,7 @@ at the same time:
     of the second run (from the event log).
  4. Noise: `privacy.accumulator.finalize` of every catalog item with no sums (the keyed draws, their
     scaling and grid: what the job adds on top of the sums), in groups of a Spark task's size
-    (pipelines.stats.ITEMS_PER_ROW_GROUP), on one core, best of --repeats before the Spark runs and
+    (pipelines.engines.spark_stats.ITEMS_PER_ROW_GROUP), on one core, best of --repeats before the Spark runs and
     --repeats after them (as the Spark figure is the best of its runs, under the same swings of
     load); its time over the reported Spark run's end-to-end time (target <= 25%; the job spreads
     the noise over its tasks, so this overstates its share of the job's wall time).
@@ -91,8 +91,8 @@ def blas_threads(threads: int):
 
 def make_data(folder: str, users: int, items: int, ratings_per_user: int, alpha: float, seed: int) -> tuple[str, str]:
     """The data set folder's (interactions, items) paths, generating it first if needed."""
-    from pipelines.datasets import is_dataset, open_dataset
-    from pipelines.synth import generate
+    from pipelines.data.datasets import is_dataset, open_dataset
+    from pipelines.data.synth import generate
 
     if not is_dataset(folder):
         log(f"generating {users:,} users x {ratings_per_user} ratings, {items:,} items (alpha {alpha:g}) into {folder}")
@@ -107,8 +107,8 @@ def make_data(folder: str, users: int, items: int, ratings_per_user: int, alpha:
 
 def make_inputs(interactions: str, items: str, work: str, dim: int, seed: int) -> dict:
     """User embeddings (N(0, I/d), every user) and DP counts (noise multiplier 1) under `work`."""
-    from pipelines.counts import dp_counts
-    from pipelines.release import PrivacySettings
+    from pipelines.releases.counts import dp_counts
+    from pipelines.releases.release import PrivacySettings
     from schemas import storage
     from schemas.tables import USER_EMBEDDINGS
 
@@ -164,8 +164,8 @@ def measure_gemm(n: int, repeats: int) -> dict:
 
 def partition_kernel(rows: dict, settings):
     """What one Spark partition does after its rows arrive: order rows by (item, user), contributions
-    (weights, clip), then one grouped_sums on item-sorted keys (pipelines.stats.partition_partials)."""
-    from pipelines.stats_core import user_contributions
+    (weights, clip), then one grouped_sums on item-sorted keys (pipelines.engines.spark_stats.partition_partials)."""
+    from pipelines.releases.stats_core import user_contributions
     from privacy import accumulator
 
     order = np.lexsort((rows["user_ids"], rows["item_ids"]))
@@ -174,7 +174,7 @@ def partition_kernel(rows: dict, settings):
 
 
 def measure_kernel(rows: dict, settings, repeats: int) -> dict:
-    from pipelines.stats_core import user_contributions
+    from pipelines.releases.stats_core import user_contributions
     from privacy import accumulator
     from privacy.weights import user_level_weights
 
@@ -210,7 +210,7 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
 def measure_noise(items: str, settings, repeats: int) -> dict:
     """The release's noise alone: `accumulator.finalize` of every catalog item with no sums (noise
     multiplier 1), in groups of a Spark task's size, as the job calls it; best of `repeats`."""
-    from pipelines.stats import ITEMS_PER_ROW_GROUP
+    from pipelines.engines.spark_stats import ITEMS_PER_ROW_GROUP
     from privacy import accumulator
     from schemas import storage
 
@@ -308,9 +308,10 @@ def _stage_breakdown(folder: str, since_ms: float, until_ms: float) -> dict:
 
 
 def measure_spark(paths: dict, work: str, settings, master: str, shards: int, runs: int) -> dict:
-    from pipelines import stats, stats_job
-    from pipelines.release import PrivacySettings
-    from pipelines.spark import session
+    from pipelines.engines import spark_stats as stats
+    from pipelines.releases import stats_job
+    from pipelines.releases.release import PrivacySettings
+    from pipelines.engines.spark import session
 
     event_dir = os.path.join(work, "spark-events")
     events = _event_log_conf(event_dir)
@@ -378,7 +379,7 @@ def profile_calls(fn, top: int = 12) -> dict:
 
 def profile_kernel(rows: dict, settings) -> dict:
     """Where the kernel (file order) and a Spark task's path spend their time."""
-    from pipelines.stats_core import user_contributions
+    from pipelines.releases.stats_core import user_contributions
     from privacy import accumulator
 
     items, kernel_rows = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.users, args.items, args.dim, args.repeats, args.gemm_n, args.blas_threads, args.spark_runs, args.shards) < 1:
         parser.error("sizes, --repeats, --blas-threads, --spark-runs and --shards must be positive")
 
-    from pipelines.stats_core import StatsSettings
+    from pipelines.releases.stats_core import StatsSettings
 
     settings = StatsSettings(args.dim, clip_u=1.0, clip_y=5.0)
     figures = {"users": args.users, "items": args.items, "alpha": args.alpha, "ratings_per_user": args.ratings_per_user,

@@ -1,6 +1,6 @@
 """Peak memory and wall time of the synthetic data generator at 10^7 ratings.
 
-Runs `pipelines.synth.generate` in a fresh child interpreter (so the figure is the generator's own,
+Runs `pipelines.data.synth.generate` in a fresh child interpreter (so the figure is the generator's own,
 imports included, and not this script's) and reports the child's wall time and peak resident set
 size (the child's own VmHWM, bench.child). The generator streams interactions chunk by chunk, so its peak
 must not grow with the row count; the target is under 1 GiB.
@@ -21,7 +21,7 @@ import tempfile
 from bench.child import run_measured
 
 _CHILD = """
-from pipelines.synth import generate
+from pipelines.data.synth import generate
 dataset = generate(**json.loads(sys.argv[1]))
 result = {"ratings": dataset.manifest["ratings"], "users": dataset.manifest["users"]}
 """

@@ -95,7 +95,7 @@ def run(ctx: harness.Context) -> harness.Section:
     section = harness.Section(f"Time to quality: AM-SSP vs AM-DPSGD ({ctx.protocol} protocol)")
     missing = [training.METHODS[n].label for n in METHODS if n not in results]
     if not results:
-        section.text(f"Nothing to run: none of {', '.join(missing)} is selected and offered by pipelines.train.")
+        section.text(f"Nothing to run: none of {', '.join(missing)} is selected and offered by pipelines.training.")
         return section
     metric = training.METRICS[ctx.protocol]
     summary, epsilon = summarize(results, ctx.protocol), epsilon_of(privacy_utility.sizes(ctx.quick))
@@ -125,6 +125,6 @@ def run(ctx: harness.Context) -> harness.Section:
     if summary["ratio"] is not None:
         section.text(f"**Ratio.** AM-DPSGD takes {summary['ratio']:.1f}x the time AM-SSP takes to reach test {metric.name} {summary['target']:.4f}.")
     else:
-        section.text(f"**Ratio:** not computed: {', '.join(missing) or 'a method'} did not run (pipelines.train has no such item update yet, or it "
+        section.text(f"**Ratio:** not computed: {', '.join(missing) or 'a method'} did not run (pipelines.training has no such item update yet, or it "
                      "was not selected).")
     return section

@@ -44,7 +44,7 @@ def write_inputs(folder: str, items: int, dim: int, seed: int = 0) -> tuple[str,
     import numpy as np
     import pyarrow as pa
 
-    from pipelines.stats_core import stats_table
+    from pipelines.releases.stats_core import stats_table
     from privacy.accumulator import packed_size
     from schemas import storage
     from schemas.tables import STATS, items_schema

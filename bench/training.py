@@ -3,7 +3,7 @@
 The methods are a table (METHODS): a name, the TrainConfig fields that make the method (item update,
 encoder, non-private), the protocols it runs under, and its tuning search space (TrainConfig field
 -> a `Range`, continuous or integer, on a log scale where the field is a scale, or a `Choice`). A
-method whose item update `pipelines.train` does not offer yet is reported as unavailable and
+method whose item update `pipelines.training` does not offer yet is reported as unavailable and
 skipped, and a search-space field TrainConfig does not have yet is left at its default and named in
 the report, so a method starts to run, and to be tuned, as soon as the pipeline has it.
 
@@ -13,14 +13,14 @@ with trial 0 always the method's defaults; the sampler is rebuilt for every tria
 trials, so a study replayed from its recorded cells suggests exactly what it suggested when it ran
 (bench.privacy_utility keeps every trial as a harness cell and resumes from them).
 
-A cell is one real run of `pipelines.train.run` (Spark jobs, ledger, TensorFlow trainer; nothing of
+A cell is one real run of `pipelines.training.stages.run` (Spark jobs, ledger, TensorFlow trainer; nothing of
 the privacy path is replaced): its parameters are {data, protocol, method, epsilon, config, seed},
 where `config` holds every TrainConfig field the cell sets, and its value the validation and test
 metric (overall and per popularity bucket), the epsilon the ledger spent, the wall time and the
 trajectory: the metrics after every outer step (the step's item embeddings with the user update
 made against them) at the wall time that step finished. The run directory is deleted once the cell
 is measured (a d=64 run writes gigabytes of statistics); only the cell is kept. The DP popularity
-ranker ("dp-popularity", ranking protocol only) is the exception: its cell is `train.prepare` of
+ranker ("dp-popularity", ranking protocol only) is the exception: its cell is `prepare.prepare` of
 its config (the split and the DP counts release, nothing more) and the held-out users' candidates
 scored by their DP count with trainer.evaluate's Recall@20. The implicit-ALS reference ("ials",
 ranking protocol only, non-private) is the other: a textbook implicit ALS (bench.ladder's) on the
@@ -48,8 +48,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from pipelines import ingest, train
-from pipelines.run_dir import Run
+from pipelines.data import ingest
+from pipelines.training import evaluation, prepare, settings, stages
+from pipelines.training.run_dir import Run
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -64,7 +65,7 @@ TEST_SEED = 100  # test runs use model seeds TEST_SEED + s, apart from the trial
 
 @dataclass(frozen=True)
 class Metric:
-    """The protocol's metric: the key in pipelines.train's metrics, how to name and plot it."""
+    """The protocol's metric: the key in pipelines.training's metrics, how to name and plot it."""
 
     key: str
     name: str
@@ -133,7 +134,7 @@ class Choice:
 @dataclass(frozen=True)
 class Method:
     """One method: its label, the TrainConfig fields that make it, its tuning search space, the
-    protocols it runs under and how a cell runs it ("train": pipelines.train.run; "popularity": the
+    protocols it runs under and how a cell runs it ("train": pipelines.training.stages.run; "popularity": the
     DP popularity ranker)."""
 
     label: str
@@ -149,7 +150,7 @@ class Method:
 
 # The search spaces (the paper: d up to 64). Scales are searched on a log scale over ranges wide
 # enough to hold every method's good region: ridges and penalties are stated in the release's units
-# (pipelines.train), so one range serves the private and the non-private runs.
+# (pipelines.training), so one range serves the private and the non-private runs.
 _USER = {"dim": Choice((8, 16, 32, 64)), "lambda_u": Range(1e-3, 1.0, log=True), "outer_steps": Range(1, 4, integer=True)}
 _RIDGE = {"ridge": Range(1e-3, 3.0, log=True)}
 _NOISE_RIDGE = {"noise_ridge": Range(0.01, 3.0, log=True)}
@@ -180,7 +181,7 @@ METHODS: dict[str, Method] = {
     "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"},
                   {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD}),
 }
-_FIELDS = {item.name for item in fields(train.TrainConfig)}
+_FIELDS = {item.name for item in fields(settings.TrainConfig)}
 
 
 def color(name: str) -> str:
@@ -189,8 +190,8 @@ def color(name: str) -> str:
 
 
 def available(name: str) -> bool:
-    """Whether pipelines.train offers the method's item update."""
-    return METHODS[name].overrides["item_update"] in train.ITEM_UPDATES
+    """Whether pipelines.training offers the method's item update."""
+    return METHODS[name].overrides["item_update"] in settings.ITEM_UPDATES
 
 
 def runs_under(name: str, protocol: str) -> bool:
@@ -229,7 +230,7 @@ def study_seed(name: str, epsilon: float | None) -> int:
 def tuned_values(name: str, config: dict, caps: dict) -> dict:
     """The values a cell config gives the method's tuned fields (TrainConfig's defaults for those it
     leaves out), those inside the search space: what the sampler is told of a finished trial."""
-    effective = train.TrainConfig(**{key: value for key, value in config.items() if key in _FIELDS})
+    effective = settings.TrainConfig(**{key: value for key, value in config.items() if key in _FIELDS})
     values = {key: getattr(effective, key) for key, dim in search_space(name, caps).items() if dim.contains(getattr(effective, key))}
     return {key: int(value) if getattr(METHODS[name].space[key], "integer", False) else value for key, value in values.items()}
 
@@ -292,8 +293,8 @@ _SPARK = contextlib.ExitStack()
 
 def movielens_like(out: str, users: int) -> str:
     """`ssp synth --like movielens --users N` (seed 0), written once under OUT/data."""
-    from pipelines import synth
-    from pipelines.datasets import is_dataset
+    from pipelines.data import synth
+    from pipelines.data.datasets import is_dataset
 
     path = os.path.join(out, "data", f"movielens-like-{users}")
     if not is_dataset(path):
@@ -306,7 +307,7 @@ def spark():
     (starting Spark costs seconds; every run of every experiment shares it)."""
     from pyspark.sql import SparkSession
 
-    from pipelines.spark import session
+    from pipelines.engines.spark import session
 
     active = SparkSession.getActiveSession()
     if active is None:
@@ -319,9 +320,9 @@ def cell_params(data: str, protocol: str, name: str, epsilon: float | None, conf
     return {"data": os.path.abspath(data), "protocol": protocol, "method": name, "epsilon": epsilon, "config": config, "seed": seed}
 
 
-def train_config(params: dict, data_set: str, out: str) -> train.TrainConfig:
+def train_config(params: dict, data_set: str, out: str) -> settings.TrainConfig:
     epsilon = {} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
-    return train.TrainConfig(data=data_set, protocol=params["protocol"], out=out, delta=DELTA, model_seed=params["seed"], **epsilon, **params["config"])
+    return settings.TrainConfig(data=data_set, protocol=params["protocol"], out=out, delta=DELTA, model_seed=params["seed"], **epsilon, **params["config"])
 
 
 def run_root(out: str, params: dict) -> str:
@@ -340,7 +341,7 @@ def run_cell(out: str, params: dict) -> dict:
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        metrics = train.run(config, spark=spark(), progress=False)
+        metrics = stages.run(config, spark=spark(), progress=False)
         steps = trajectory(Run(root), config)
     metric = METRICS[params["protocol"]].key
     spent = metrics["epsilon_spent"]
@@ -368,7 +369,7 @@ def run_trial(out: str, params: dict) -> dict:
 
 
 def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
-    """`train.prepare` of a ranking-only cell's config (the split and the counts release; nothing
+    """`prepare.prepare` of a ranking-only cell's config (the split and the counts release; nothing
     else is released there): the run and its `prepared` record."""
     if params["protocol"] != "recall":
         raise ValueError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
@@ -377,8 +378,8 @@ def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        with train.run_directory(config):
-            prepared = train.prepare(config, progress=False)["prepared"]
+        with prepare.run_directory(config):
+            prepared = prepare.prepare(config, progress=False)["prepared"]
     return Run(root), prepared
 
 
@@ -390,7 +391,7 @@ def ials_cell(out: str, params: dict) -> dict:
     others score 0), Recall@20 as every other method's. It answers how far the non-private pipeline
     is from a standard implicit-feedback recommender on the same split."""
     from bench import ladder
-    from pipelines import splits
+    from pipelines.data import splits
 
     run, prepared = _prepared_split(out, params)
     catalog = np.sort(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy())
@@ -418,7 +419,7 @@ def ials_cell(out: str, params: dict) -> dict:
 
 
 def popularity_cell(out: str, params: dict) -> dict:
-    """The DP popularity ranker's cell: `train.prepare` of the cell's config (split, DP counts; the
+    """The DP popularity ranker's cell: `prepare.prepare` of the cell's config (split, DP counts; the
     ranking protocol releases nothing else there), then every held-out user's candidates (every
     catalog item outside the user's history) ranked by DP count, scored with trainer.evaluate's
     Recall@20. The epsilon spent is the counts release's (the ledger's)."""
@@ -462,7 +463,7 @@ def popularity_recall(split_dir: str, catalog: np.ndarray, train_items: np.ndarr
     return out
 
 
-def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:
+def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
     """Valid and test metric after each outer step s = 0..S (0: the initial encoder, public features
     only) against the wall time since the run started when step s was done. The users of step s
     are the user update made against step s's item embeddings: step s+1's, or the final one."""
@@ -473,15 +474,15 @@ def trajectory(run: Run, config: train.TrainConfig) -> list[dict]:
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])
     marks = [prepared["at"]] + [manifest["step_done_at"][str(s)] for s in range(1, config.outer_steps + 1)]
     metric = METRICS[config.protocol].key
-    counts = train.fold_in_counts(run, config, space)  # one release for every step
+    counts = evaluation.fold_in_counts(run, config, space)  # one release for every step
     out = []
     for s, mark in enumerate(marks):
         table = validate_item_embeddings(storage.read_table(run.item_embeddings(s)), dim=config.dim)
         vectors = np.zeros((space.size, config.dim))
         vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.dim, "item embedding")
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
-        metrics = train._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
-                                   train.prepared_rating_range(prepared), counts)
+        metrics = evaluation._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
+                                   prepare.prepared_rating_range(prepared), counts)
         out.append({"step": s, "seconds": mark - prepared["started_at"], "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"]})
     return out
 

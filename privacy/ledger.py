@@ -18,7 +18,7 @@ silently restarted; the ledger is one Parquet file replaced in one atomic step.
 When the budget names a budget account (privacy.account), every release is also charged there,
 before it is recorded here: the data source's lifetime epsilon over all runs stays under the
 account's cap. `record` is the one writer; callers hold the release lock
-(pipelines.lock.release_lock) around it, so two processes releasing into one ledger get distinct
+(pipelines.base.lock.release_lock) around it, so two processes releasing into one ledger get distinct
 indices and both rows.
 """
 

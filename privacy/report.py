@@ -24,7 +24,7 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
                 f"sqrt(K + 1) = {math.sqrt(k + 1):.4g} (K = {k})" if k else "sqrt(K + 1)")
     if name == "mean":
         return ("the mean rating: a weighted sum and count of the ratings, each user's weights summing to at most a fixed cap",
-                "set by the cap and the public rating range (pipelines/mean.py)")
+                "set by the cap and the public rating range (pipelines/releases/mean.py)")
     if name.endswith("/gram"):
         return "the users' Gram matrix of item embeddings (implicit feedback)", f"Gamma_u^2 wbar = {clip_u ** 2 * wbar:.4g}" if clip_u and wbar else "Gamma_u^2 wbar"
     if name.endswith("/dpsgd"):
@@ -45,8 +45,8 @@ def _families(public_features: dict | list) -> str:
 
 
 def federated_trust(max_dropout: float, neighbours: int | None) -> str:
-    """The trust model of a federated run (pipelines.federated, privacy.secure_aggregation), in plain
-    words: a section of its own, appended to the report by pipelines.publish.privacy_report."""
+    """The trust model of a federated run (pipelines.engines.federated, privacy.secure_aggregation), in plain
+    words: a section of its own, appended to the report by pipelines.training.publish.privacy_report."""
     k, t = (f"k = {neighbours}", f"t = {neighbours // 2 + 1}") if neighbours else ("k = 2 ceil(log2 n)", "t = k/2 + 1")
     lines = [
         "",

@@ -48,7 +48,7 @@ attestation or a key directory). What clients must trust: their own device and i
 the keys they are handed, the public round parameters (graph, threshold, quorum) and that their
 neighbours are mostly honest.
 
-This module is the protocol's arithmetic; pipelines.federated runs it with clients as elements of a
+This module is the protocol's arithmetic; pipelines.engines.federated runs it with clients as elements of a
 Beam pipeline. Simulation: each client's secrets come from its own 32-byte secret (`ClientKeys`),
 which stands for the device's randomness; the server side never reads it.
 """

@@ -22,7 +22,7 @@ replaced, or rolled back) is detected (`missing_from`). A training run binds the
 settings and data (`bind_run`), so a seed presented with other data or other settings is refused
 before anything is written. Every change re-reads the file first and is written atomically: two
 holders of one seed file never drop each other's bindings (callers serialise releases with a
-lock, pipelines.lock.release_lock).
+lock, pipelines.base.lock.release_lock).
 
 It also records the federated rounds started for a release (`start_round`), beside its binding
 and under the same lock: a round's noise is fresh, so a second round of a release is refused
@@ -229,7 +229,7 @@ class SeedFile:
         self._save()
 
     def start_round(self, release: int) -> None:
-        """Record that a federated round of release `release` starts (pipelines.federated), or
+        """Record that a federated round of release `release` starts (pipelines.engines.federated), or
         refuse if one started before and was not recorded refused unrevealed: the server may have
         unmasked its sum, and a new round would draw new noise for the same statistics. Callers
         hold the release lock, so two rounds of one release never both start."""

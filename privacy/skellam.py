@@ -17,7 +17,7 @@ release as that Gaussian, and the run's accountant, dp-accounting's RDP on those
 ('rdp-integer'), composes and converts it: an upper bound on the run's epsilon, since every order's
 RDP is. At the fixed-point scales used (D2 ~ 2^30) the correction term is ~1e-18 of the leading one.
 
-Dropout: a round proceeds only with at least n_min of the n planned clients (pipelines.federated
+Dropout: a round proceeds only with at least n_min of the n planned clients (pipelines.engines.federated
 refuses it otherwise), so dropped clients' missing shares never take the noise below mu.
 
 Sampler: numpy's Poisson (PTRS, floating point) from a per-client PCG64 stream. A deployment would

@@ -8,7 +8,7 @@ class SchemaError(ValueError):
 
     `row` is the 0-based row index inside the table that was validated (None when the problem is
     not tied to one row); callers that know where the rows came from (a file and a line) re-raise
-    with that location, see `pipelines.movielens`.
+    with that location, see `pipelines.data.movielens`.
     """
 
     def __init__(self, table: str, problem: str, column: str | None = None, row: int | None = None):

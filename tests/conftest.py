@@ -117,7 +117,7 @@ def sample_tables():
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (2 cores) for the whole test session."""
-    from pipelines.spark import session
+    from pipelines.engines.spark import session
 
     with session("ssp-tests", "local[2]") as spark_session:
         yield spark_session
@@ -128,9 +128,9 @@ def engine(request):
     """Each engine the prepare stage runs on: Spark (the session above) and Beam's DirectRunner,
     with small shards so that even a small table is spread over several."""
     if request.param == "spark":
-        from pipelines.prepare_spark import SparkEngine
+        from pipelines.engines.prepare_spark import SparkEngine
 
         return SparkEngine(request.getfixturevalue("spark"))
-    from pipelines.prepare_beam import BeamEngine
+    from pipelines.engines.prepare_beam import BeamEngine
 
     return BeamEngine(shard_rows=50)

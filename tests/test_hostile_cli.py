@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ingest import BUNDLED
+from pipelines.data.ingest import BUNDLED
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 

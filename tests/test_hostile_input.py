@@ -1,4 +1,4 @@
-"""Hostile and malformed input, through the real entry points (`ssp <command>`, as `pipelines.cli.main`).
+"""Hostile and malformed input, through the real entry points (`ssp <command>`, as `ssp.cli.main`).
 
 Every case either ends with exit status 2 and ONE line `ssp <command>: error: ...` naming the
 problem, with nothing published (no output table, no data set manifest, no stats summary) and, for
@@ -20,14 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import cli
-from pipelines.release import PrivacySettings
-from pipelines.datasets import open_dataset
-from pipelines.stats_core import StatsSettings, release_metadata, stats_table
+from pipelines.data.datasets import open_dataset
+from pipelines.releases.release import PrivacySettings
+from pipelines.releases.stats_core import release_metadata, stats_table, StatsSettings
 from privacy.accumulator import NoiseSpec, unpack_upper
 from privacy.ledger import Ledger
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, ITEM_EMBEDDINGS, USER_EMBEDDINGS, items_schema, validate_items, validate_stats
+from schemas.tables import COUNTS, INTERACTIONS, ITEM_EMBEDDINGS, items_schema, USER_EMBEDDINGS, validate_items, validate_stats
+from ssp import cli
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "pipelines"))
 from stats_inputs import register_counts  # noqa: E402

@@ -39,7 +39,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.publish import TOLERANCE
+from pipelines.training.publish import TOLERANCE
 from privacy.account import BudgetAccount
 from privacy.ledger import Ledger
 

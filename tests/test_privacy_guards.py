@@ -105,9 +105,9 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     D minus one user gives D's stats rows minus that user's."""
     import pyarrow.compute as pc
 
-    from pipelines import train
-    from pipelines.counts import dp_units
-    from pipelines.run_dir import Run
+    from pipelines.training import prepare, run_dir
+    from pipelines.releases.counts import dp_units
+    from pipelines.training.run_dir import Run
     from schemas import storage
 
     rows = storage.read_table(os.path.join(data, "interactions.parquet"))
@@ -129,11 +129,11 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
 
     released = Run(str(tmp_path / "full"))
     manifest = json.load(open(released.manifest_path))
-    config = train.config_of(released, manifest)
-    covered = train.stats_catalog(config, storage.read_table(released.counts), None, train.ledger_multiplier(released.ledger), dp_units(released.counts))
+    config = run_dir.config_of(released, manifest)
+    covered = prepare.stats_catalog(config, storage.read_table(released.counts), None, prepare.ledger_multiplier(released.ledger), dp_units(released.counts))
     assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
     again = tmp_path / "less-with-full-release.parquet"
-    train._write_centred(str(tmp_path / "less" / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
+    prepare._write_centred(str(tmp_path / "less" / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
     stats_rows = rows(released.stats_rows)
     assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
     assert rows(again) == {r for r in stats_rows if r[0] != user}
@@ -187,7 +187,7 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
     for entry in budget_account_registry.glob("*.json"):
         entry.unlink()
     # a cap that two prepared runs fit under and three do not (prepare releases the counts and the mean)
-    from pipelines.train import TrainConfig
+    from pipelines.training.settings import TrainConfig
 
     plan = TrainConfig(data=data, epsilon=5.0, outer_steps=1, epochs=1, dim=4).privacy()
     multipliers, kind = plan.multipliers(), plan.accountant

@@ -57,7 +57,7 @@ from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.als import item_systems
-from trainer.features import FeatureSpace, feature_matrix
+from trainer.features import feature_matrix, FeatureSpace
 from trainer.ssp import check_stats
 
 

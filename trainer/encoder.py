@@ -35,7 +35,7 @@ import scipy.sparse.linalg
 import tensorflow as tf
 
 from schemas import storage
-from trainer.features import ITEM_ID_FAMILY, FeatureSpace, feature_families, feature_matrix
+from trainer.features import feature_families, feature_matrix, FeatureSpace, ITEM_ID_FAMILY
 
 ENCODERS = ("features", "id")
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder

@@ -10,7 +10,7 @@ into a sibling folder. SSP1 passes R resampled tables: the epochs are split into
 table per phase.
 
 Why AM-SSP's item update looks the way it does (it must do no harm under noise, then gain; the
-numbers are set by pipelines.train from the release, never from a look at the private data):
+numbers are set by pipelines.training from the release, never from a look at the private data):
 
 - The starting point is the public-feature encoder plus a per-item residual r_j initialised at 0
   (trainer.encoder): before any statistics the model is what the public features say, the model
@@ -28,7 +28,7 @@ numbers are set by pipelines.train from the release, never from a look at the pr
   so the head is not shrunk like the tail.
 - When the release's noise outweighs its signal in aggregate (few users per item, or a small
   epsilon), only items whose DP count is at least 6 N/S get statistics
-  (pipelines.train.stats_threshold_of has the rule and its figures): the paper's bound grows with
+  (pipelines.training.prepare.stats_threshold_of has the rule and its figures): the paper's bound grows with
   sqrt(m d), m the items released, and below that count an item's A_j, b_j are mostly noise that
   sums into the shared feature embeddings, while every user's weight spread over them is taken
   from the items that carry signal. Such an item keeps what its features say.

@@ -86,7 +86,7 @@ ENGINE = os.environ.get("SSP_STATS_ENGINE", "spark")
 if ENGINE not in ("spark", "beam"):
     raise ValueError(f"SSP_STATS_ENGINE must be spark or beam, got {ENGINE!r}")
 
-# The paths of one scheduled run, rendered per run date (the layout of pipelines/run_dir.py)
+# The paths of one scheduled run, rendered per run date (the layout of pipelines/training/run_dir.py)
 RUN = "{{ params.bucket }}/runs/{{ ds }}"
 DATA = RUN + "/private/data"  # the ingested data set (private)
 DEST = "{{ params.bucket }}/models/{{ ds }}"
@@ -180,7 +180,7 @@ def dataflow_options() -> dict:
 
 def prepare_env() -> dict[str, str]:
     """With SSP_STATS_ENGINE=beam the prepare stage's split, counts and mean run on Dataflow too:
-    their pipeline options, as flags in $SSP_BEAM_PIPELINE_OPTIONS (pipelines/prepare_beam.py). With
+    their pipeline options, as flags in $SSP_BEAM_PIPELINE_OPTIONS (pipelines/engines/prepare_beam.py). With
     Spark, the pod's local Spark session does it in bounded memory (it spills to disk)."""
     if ENGINE != "beam":
         return {}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench import ladder
-from pipelines import synth
+from pipelines.data import synth
 
 
 def _ratings(user, item, label, users, items, features=None) -> ladder.Ratings:

@@ -8,8 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from bench import __main__ as bench_main
-from bench import privacy_utility, resampling, training
+from bench import __main__ as bench_main, privacy_utility, resampling, training
 
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi"]
 
@@ -105,7 +104,7 @@ def test_recall_protocol_time_to_quality_with_defaults(tmp_path, spark, counted)
 
 def test_transfer_mode_on_generated_data_sets(tmp_path, spark, counted, monkeypatch):
     """--tune-on A --data B, 1 trial per method: the studies run on A only, B runs the settings chosen on A."""
-    from pipelines import synth
+    from pipelines.data import synth
 
     monkeypatch.setattr(privacy_utility, "sizes", lambda quick: {**TINY_PU, "trials": 1})
     a = synth.generate(str(tmp_path / "A"), users=120, items=40, ratings_per_user=10, seed=1).path

@@ -94,7 +94,7 @@ def test_methods_pipelines_train_lacks_are_named_not_run(tmp_path, monkeypatch):
     fill_privacy_utility(str(tmp_path), "recall", {("als", 1.0): [0.1], ("als", 10.0): [0.2]})
     harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, protocol="recall", methods=["als", "future"])
     report = (tmp_path / "report.md").read_text()
-    assert "**Not run** (pipelines.train has no such item update yet): Future (`future`)." in report
+    assert "**Not run** (pipelines.training has no such item update yet): Future (`future`)." in report
     assert "epsilon = 10: DP-ALS wins with test Recall@20 0.2000 ± 0.0000 (the only private method run)." in report
 
 

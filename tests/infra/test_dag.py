@@ -4,11 +4,11 @@ Airflow cannot share the project's lock, so it lives in .venv-airflow (infra/air
 creates it from infra/airflow/requirements.lock once, a few minutes, and reuses it). There,
 tests/infra/airflow_export.py imports the DAG folder with Airflow's DagBag and writes every task's
 command, rendered for two run dates. Here each command is parsed by the parser of the entry point
-it names: `ssp` (pipelines.cli.build_parser), `pipelines/stats.py` and `pipelines.beam_stats` (their
+it names: `ssp` (ssp.cli.build_parser), `pipelines/stats.py` and `pipelines.beam_stats` (their
 own main(), stopped right after parsing), `pipelines/user_update.py` (`ssp user-update`, which it
 runs); a flag must be spelled exactly as the parser defines it (argparse would accept an
 abbreviation). Then the commands are checked to form one run: the stats job gets the inputs,
-settings and budget `ssp train` would give it (`train.stats_job_for`), the run date is in every
+settings and budget `ssp train` would give it (`item_update.stats_job_for`), the run date is in every
 path, and the ledger is checked before publish.
 """
 
@@ -28,9 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import beam_stats, cli, stats, stats_job, train
-from pipelines.run_dir import Run
-from schemas import storage
+from pipelines import beam_stats, stats  # the entry scripts
+from pipelines.releases import stats_job
+from pipelines.training import commands
+from pipelines.training.run_dir import Run
+from ssp import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "infra" / "dags"
@@ -93,7 +95,7 @@ def _parse(parse, argv: list[str]) -> tuple[argparse.Namespace | None, str | Non
 def _stats_main(main, argv: list[str]) -> argparse.Namespace:
     """Run a stats entry point's main() up to its parsed flags (StatsJob.from_args); nothing is computed."""
 
-    def stop(args):
+    def stop(args, job_of_run=None):
         raise Parsed(args)
 
     saved_from_args, saved_report = vars(stats_job.StatsJob)["from_args"], stats_job.run_and_report
@@ -154,7 +156,7 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
         return "stats", parsed
     assert argv[1:3] == ["-m", "pipelines.beam_stats"], f"unknown command {argv[:3]}"
     bad = _inexact(argv[3:], _stats_options(), all_known=False)
-    assert not bad, f"`pipelines.beam_stats`: flags not spelled as stats_job.add_arguments defines them: {bad}"
+    assert not bad, f"`pipelines.engines.beam_stats`: flags not spelled as stats_job.add_arguments defines them: {bad}"
     parsed, error = _parse(lambda a: _stats_main(beam_stats.main, a), argv[3:])
     assert error is None, f"`python -m pipelines.beam_stats`: {error}"
     return "stats", parsed
@@ -166,10 +168,10 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
 
 def prepare_beam_options(env: dict) -> set[str]:
     """The runner the prepare stage's Beam pipelines get from the pod's environment ({} when none),
-    checked as `ssp train` reads them (pipelines.prepare_beam.options_from_environment)."""
+    checked as `ssp train` reads them (pipelines.engines.prepare_beam.options_from_environment)."""
     import os
 
-    from pipelines.prepare_beam import OPTIONS_ENV, options_from_environment
+    from pipelines.engines.prepare_beam import OPTIONS_ENV, options_from_environment
 
     if OPTIONS_ENV not in env:
         return set()
@@ -207,7 +209,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
 
     ingest, prepare = parsed["ingest"][1], parsed["prepare"][1]
     check(parsed["prepare"][0] == "ssp train" and prepare.stage == "prepare", "prepare: not `ssp train --stage prepare`")
-    config = train.config_from_args(prepare)
+    config = commands.config_from_args(prepare)
     run = Run(config.out)
     check(f"/runs/{date}" in run.root and date in ingest.interactions and date in ingest.catalog,
           f"the run date {date} is not in the run's paths ({run.root}, {ingest.interactions}, {ingest.catalog})")
@@ -227,7 +229,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         check(user is not None and (user.run, user.step, user.final) == (run.root, s, False), f"user_update_{s}: not `user-update --run {run.root} --step {s}`")
         check(item is not None and (item.run, item.step) == (run.root, s) and tasks[f"item_update_{s}"]["gpu"], f"item_update_{s}: not `item-update --run RUN --step {s}` on a GPU")
         check(tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}")
-        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals train.stats_job_for)
+        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals item_update.stats_job_for)
         check(job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job), f"stats_{s}: not `stats --run {run.root} --step {s}` alone")
     order += ["final_user_update", "evaluate", "check_privacy", "publish"]
     final, evaluate, privacy, publish = (parsed.get(name, (None, None))[1] for name in order[-4:])

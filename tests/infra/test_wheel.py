@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, ITEM_EMBEDDINGS, USER_EMBEDDINGS, items_schema, validate_stats, validate_user_embeddings
+from schemas.tables import COUNTS, INTERACTIONS, ITEM_EMBEDDINGS, items_schema, USER_EMBEDDINGS, validate_stats, validate_user_embeddings
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -60,7 +60,7 @@ def spark_submit(py_files, folder, *args):
 
 
 def test_py_files_wheel_comes_first(py_files, cluster_dir):
-    (cluster_dir / "probe.py").write_text("import pipelines.stats, pipelines.user_update\nprint(pipelines.stats.__file__)\n")
+    (cluster_dir / "probe.py").write_text("import pipelines.engines.spark_stats, pipelines.engines.user_update\nprint(pipelines.engines.spark_stats.__file__)\n")
     assert spark_submit(py_files, cluster_dir, cluster_dir / "probe.py").strip().startswith(str(py_files))
 
 
@@ -75,7 +75,7 @@ def test_stats_and_user_update_scripts_run_from_the_wheel(py_files, cluster_dir)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
     from stats_inputs import register_counts
 
-    from pipelines.release import PrivacySettings
+    from pipelines.releases.release import PrivacySettings
 
     register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=1.0))  # the job takes released counts only
     stdout = spark_submit(py_files, cluster_dir, "stats.py", "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema
+from schemas.tables import COUNTS, INTERACTIONS, items_schema, USER_EMBEDDINGS
 
 
 def write_inputs(folder, interactions, embeddings, counts, catalog):
@@ -43,7 +43,7 @@ def register_counts(counts: str, ledger_path: str, privacy, seed_file=None, unit
     """Record a hand-made counts table as the counts release of a ledger (as `ssp counts` would
     have released it): the stats job accepts only counts released into its ledger. A ledger that
     already has a counts release is left as it is."""
-    from pipelines import release
+    from pipelines.releases import release
     from privacy import accounting
 
     ledger = privacy.open_ledger(ledger_path, unit)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from pipelines import train
+from pipelines.training import item_update, prepare, run_dir, settings, stages
+from pipelines.training.model import build_encoder
 from privacy import accounting
 from privacy.ledger import Ledger
 from schemas import storage
@@ -12,7 +13,7 @@ from trainer.solve import ridge_solve
 
 
 def small(out, **kwargs):
-    return train.TrainConfig(out=str(out), outer_steps=2, epochs=2, **kwargs)
+    return settings.TrainConfig(out=str(out), outer_steps=2, epochs=2, **kwargs)
 
 
 def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -24,8 +25,8 @@ def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
 def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
     """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows."""
     config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4)
-    metrics = train.run(config, spark=spark, progress=False)
-    run = train.Run(config.out)
+    metrics = stages.run(config, spark=spark, progress=False)
+    run = run_dir.Run(config.out)
     rows = storage.read_table(run.centred)
     users, items, labels = rows["user_id"].to_numpy(), rows["item_id"].to_numpy(), rows["label"].to_numpy()
     catalog, item_v = vectors(run.item_embeddings(0), 4)
@@ -40,7 +41,7 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
             at = np.searchsorted(catalog, items[group[0]])
             a = u[group].T @ u[group] + config.ridge * scale[at] * np.eye(4)
             item_v[at] = np.linalg.solve(a, u[group].T @ labels[group])
-        item_v /= np.sqrt(np.mean(np.sum(item_v**2, axis=1)))  # released at unit RMS norm (train.normalise_embeddings)
+        item_v /= np.sqrt(np.mean(np.sum(item_v**2, axis=1)))  # released at unit RMS norm (model.normalise_embeddings)
         got_items, got = vectors(run.item_embeddings(step), 4)
         assert np.array_equal(got_items, catalog)
         np.testing.assert_allclose(got, item_v, rtol=1e-4, atol=1e-5)  # the encoder's table is float32
@@ -48,11 +49,11 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
 
 
 def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path):
-    als = train.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4), spark=spark, progress=False)
-    cmf0 = train.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0), spark=spark, progress=False)
+    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4), spark=spark, progress=False)
+    cmf0 = stages.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0), spark=spark, progress=False)
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
     np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), 4)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), 4)[1], atol=1e-6)
-    cmf = train.run(small(tmp_path / "cmf", epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
+    cmf = stages.run(small(tmp_path / "cmf", epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
     assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert (tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS").exists()  # projected once per step
 
@@ -63,12 +64,12 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     import json
     import re
 
-    from pipelines.counts import dp_units
+    from pipelines.releases.counts import dp_units
     from privacy.seeds import SeedFile
 
     seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # a fixed test seed: the DP number of users below is reproducible
     config = small(tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64, seed_file=seed)
-    metrics = train.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, spark=spark, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/dpsgd", "step-2/dpsgd"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["epsilon_spent"] <= 5.0
@@ -96,12 +97,12 @@ def unit_rms(vectors: np.ndarray) -> np.ndarray:
 def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     """With R resamples the budget pays for R noisy copies: DP-ALS uses their mean (1/R of the noise
     variance, and a noise ridge floor 1/sqrt(R) as high), not only the last copy."""
-    from pipelines import stats_job
+    from pipelines.releases import stats_job
     from trainer import als
 
-    config = train.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4)
-    train.run(config, spark=spark, progress=False)
-    run = train.Run(config.out)
+    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4)
+    stages.run(config, spark=spark, progress=False)
+    run = run_dir.Run(config.out)
     tables = stats_job.stats_tables(run.stats(1))
     assert len(tables) == 2 and [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean", "step-1/stats/r0", "step-1/stats/r1"]
     mean = storage.join(run.stats(1), "mean-of-resamples.parquet")
@@ -109,10 +110,10 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     for column, width in (("a_upper", 10), ("b", 4)):
         r0, r1, averaged = (list_column_to_matrix(table[column], width, column) for table in by_item)
         np.testing.assert_allclose(averaged, (r0 + r1) / 2, rtol=1e-14, atol=1e-14)
-    space, _ = train._encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
-    ridge = train._ridge_scale(config, space, train.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2)
+    space, _ = build_encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
+    ridge = item_update._ridge_scale(config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2)
     want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge, True))
     items, got = vectors(run.item_embeddings(1), 4)
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
-    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, train._ridge_scale(config, space, train.ledger_multiplier(run.ledger), storage.read_table(run.counts)), True))
+    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, item_update._ridge_scale(config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts)), True))
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)

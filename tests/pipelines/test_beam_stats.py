@@ -10,13 +10,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
-from pipelines import beam_stats, stats, stats_job
-from pipelines.release import PrivacySettings
-from pipelines.stats_core import StatsSettings
+from pipelines import beam_stats as beam_script  # the entry script
+from pipelines.engines import beam_stats, spark_stats as stats
+from pipelines.releases import stats_job
+from pipelines.releases.release import PrivacySettings
+from pipelines.releases.stats_core import StatsSettings
 from privacy.accumulator import NoiseSpec, pack_upper, packed_size, unpack_upper
 from privacy.seeds import SeedFile
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema, stats_metadata, validate_stats
+from schemas.tables import COUNTS, INTERACTIONS, items_schema, stats_metadata, USER_EMBEDDINGS, validate_stats
 
 DIRECT = ["--runner=DirectRunner"]
 
@@ -161,24 +163,24 @@ def test_cli_runs_beam_options_through_and_reports_errors_in_one_line(tmp_path, 
     flags = ["--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"], "--items", paths["items"],
              "--counts", paths["counts"], "--dim", "2", "--clip-u", "1", "--clip-y", "2", "--wbar", "1.5", "--noise-multiplier", "0"]
     register_counts(paths["counts"], str(tmp_path / "out" / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
-    assert beam_stats.main([*flags, "--out", str(tmp_path / "out"), "--shards", "2", "--runner", "DirectRunner", "--direct_num_workers", "1"]) == 0
+    assert beam_script.main([*flags, "--out", str(tmp_path / "out"), "--shards", "2", "--runner", "DirectRunner", "--direct_num_workers", "1"]) == 0
     assert "stats step 1: 1 table(s) of 4 items, releases [1]" in capsys.readouterr().out
     _, table = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
     np.testing.assert_allclose(np.array(table["b"].to_pylist())[0], by_formula("user", 1.5)[1][10], rtol=1e-12)
 
     missing = [*flags[:5], str(tmp_path / "nowhere.parquet"), *flags[6:]]
-    assert beam_stats.main([*missing, "--out", str(tmp_path / "bad")]) == 2
+    assert beam_script.main([*missing, "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"stats: error: table not found: {tmp_path / 'nowhere.parquet'}"
     assert not (tmp_path / "bad" / "resample-0.parquet").exists()
 
     with pytest.raises(SystemExit) as info:  # a mistyped flag is refused before any release is recorded
-        beam_stats.main([*flags, "--out", str(tmp_path / "typo"), "--shardz", "2"])
+        beam_script.main([*flags, "--out", str(tmp_path / "typo"), "--shardz", "2"])
     assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()
 
     with pytest.raises(SystemExit) as info:
-        beam_stats.main(["--help"])
+        beam_script.main(["--help"])
     assert info.value.code == 0
     assert "--clip-u" in capsys.readouterr().out
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.chunks import complete_users
+from pipelines.data.chunks import complete_users
 
 
 @settings(max_examples=60, deadline=None)

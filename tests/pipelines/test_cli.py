@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from pipelines import cli
+from ssp import cli
 
 SUBCOMMANDS = ["demo", "train", "ingest", "synth", "split", "counts", "stats", "user-update"]
 STAGE_COMMANDS = ["item-update", "evaluate", "publish"]  # a stage of a prepared run: --run RUN
 
 
 def ssp(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "ssp.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_help_lists_every_subcommand():

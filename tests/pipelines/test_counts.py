@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.counts import dp_counts, sampled_rows
-from pipelines.release import PrivacySettings
+from pipelines.releases.counts import dp_counts, sampled_rows
+from pipelines.releases.release import PrivacySettings
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
@@ -91,7 +91,7 @@ def test_the_number_of_users_is_released_with_dp(tmp_path):
     the same noise std. It lands in the table's metadata (rounded, at least 1), never the exact one."""
     from scipy.stats import kstest
 
-    from pipelines.counts import dp_units
+    from pipelines.releases.counts import dp_units
     from privacy.seeds import SeedFile
 
     rng = np.random.default_rng(0)

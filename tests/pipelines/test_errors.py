@@ -1,11 +1,11 @@
-"""Which failures the CLI reports in one line (pipelines.errors), on hand-made exceptions."""
+"""Which failures the CLI reports in one line (pipelines.base.errors), on hand-made exceptions."""
 
 import errno
 
 import pytest
 
-from pipelines import errors
-from pipelines.movielens import IngestError
+from pipelines.base import errors
+from pipelines.data.movielens import IngestError
 
 USER = (IngestError, ValueError)
 

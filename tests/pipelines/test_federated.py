@@ -12,14 +12,17 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipelines import cli, federated, stats_job, train
-from pipelines.run_dir import Run
-from pipelines.stats_core import user_contributions
-from privacy.accumulator import grouped_sums, packed_size
+from pipelines.engines import federated
+from pipelines.releases import stats_job
+from pipelines.releases.stats_core import user_contributions
+from pipelines.training import item_update, run_dir
+from pipelines.training.run_dir import Run
 from privacy import secure_aggregation as secagg
+from privacy.accumulator import grouped_sums, packed_size
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from ssp import cli
 from trainer.solve import ridge_solve
 
 ROUND_SECRET = bytes(range(32))
@@ -35,8 +38,8 @@ def prepared(folder, engine="federated"):
 
 def federated_job(run: Run, dropout=0.0, max_dropout=0.1) -> federated.FederatedJob:
     manifest = run.prepared()
-    config = train.config_of(run, manifest)
-    job = train.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
+    config = run_dir.config_of(run, manifest)
+    job = item_update.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
     return federated.FederatedJob(job, run.centred, run.item_embeddings(0), config.lambda_u, config.gravity, dropout, max_dropout, ROUND_SECRET)
 
 
@@ -203,7 +206,7 @@ def test_a_refused_round_is_one_line_and_exit_status_2_through_the_installed_com
 
 
 def test_a_client_with_a_repeated_pair_is_refused_as_the_central_job_refuses_it():
-    from pipelines.stats_core import StatsSettings
+    from pipelines.releases.stats_core import StatsSettings
     from schemas.ids import IdIndex
 
     broadcast = federated.Broadcast((IdIndex(np.array([1, 2])), np.eye(2)), None, IdIndex(np.array([1, 2])), np.array([5.0, 5.0]))

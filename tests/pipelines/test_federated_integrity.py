@@ -13,13 +13,15 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import cli, federated, stats_job
-from pipelines.counts import dp_units
-from pipelines.run_dir import Run
+from pipelines.engines import federated
+from pipelines.releases import stats_job
+from pipelines.releases.counts import dp_units
+from pipelines.training.run_dir import Run
 from privacy import secure_aggregation as secagg
 from privacy.ledger import Ledger
 from privacy.seeds import ROUND_STARTED, ROUND_UNREVEALED, SeedFile
 from schemas import storage
+from ssp import cli
 from tests.pipelines.test_federated import ROUND_SECRET, SETTINGS, federated_job, prepared
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.gram import dp_gram
+from pipelines.releases.gram import dp_gram
 from privacy.accumulator import upper_indices
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from pipelines import ingest, movielens
-from pipelines.datasets import open_dataset
+from pipelines.data import ingest, movielens
+from pipelines.data.datasets import open_dataset
 from schemas import storage
 from schemas.tables import validate_interactions, validate_items
 

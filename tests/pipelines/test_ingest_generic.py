@@ -11,11 +11,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli, generic, ingest, splits
-from pipelines.datasets import open_dataset
-from pipelines.movielens import IngestError
+from pipelines.data import generic, ingest, splits
+from pipelines.data.datasets import open_dataset
+from pipelines.data.movielens import IngestError
 from schemas import storage
 from schemas.tables import validate_interactions, validate_items
+from ssp import cli
 
 COLUMNS = generic.Columns(user="customer", item="product", timestamp="ts", title="name")
 FEATURES = "tags:bag,brand:value,year:value"

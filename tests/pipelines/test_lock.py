@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines.lock import LOCK_NAME, RunLockedError, run_lock
+from pipelines.base.lock import LOCK_NAME, run_lock, RunLockedError
 from schemas import storage
 
 
@@ -17,7 +17,7 @@ def test_second_run_is_refused_and_the_lock_dies_with_its_holder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from pipelines.lock import run_lock
+            from pipelines.base.lock import run_lock
             with run_lock({str(tmp_path)!r}):
                 print("locked", flush=True)
                 time.sleep(60)
@@ -43,7 +43,7 @@ def _hold(run_dir: str, lease_seconds: float) -> subprocess.Popen:
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import time
-            from pipelines.lock import run_lock
+            from pipelines.base.lock import run_lock
             with run_lock({run_dir!r}, lease_seconds={lease_seconds}):
                 print("locked", flush=True)
                 time.sleep(120)

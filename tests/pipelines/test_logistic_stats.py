@@ -12,9 +12,10 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from pipelines import stats, stats_job
-from pipelines.release import PrivacySettings
-from pipelines.stats_core import StatsSettings
+from pipelines.engines import spark_stats as stats
+from pipelines.releases import stats_job
+from pipelines.releases.release import PrivacySettings
+from pipelines.releases.stats_core import StatsSettings
 from privacy import quadratic
 from privacy.accumulator import packed_size, unpack_upper
 from schemas import storage

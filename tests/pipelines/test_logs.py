@@ -2,8 +2,9 @@
 
 import pytest
 
-from pipelines import cli, logs
-from pipelines.ingest import BUNDLED
+from pipelines.base import logs
+from pipelines.data.ingest import BUNDLED
+from ssp import cli
 from tests.test_hostile_input import write_tables
 
 

@@ -3,8 +3,8 @@
 import pyarrow as pa
 import pytest
 
-from pipelines.mean import dp_mean, weighted_sums
-from pipelines.release import PrivacySettings
+from pipelines.releases.mean import dp_mean, weighted_sums
+from pipelines.releases.release import PrivacySettings
 from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import INTERACTIONS

@@ -14,10 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli, train
-from pipelines.publish import publish
-from pipelines.run_dir import Run
+from pipelines.training import prepare, settings, stages
+from pipelines.training.publish import publish
+from pipelines.training.run_dir import Run
 from schemas import storage
+from ssp import cli
 from trainer import evaluate
 from trainer.recommend import PublishedModel
 
@@ -63,8 +64,8 @@ def published(spark, tmp_path_factory):
     clicks, products = planted_tables(root / "raw")
     assert cli.main(["ingest", "--interactions", str(clicks), "--catalog", str(products), "--user-col", "customer", "--item-col", "product",
                      "--timestamp-col", "ts", "--title-col", "name", "--features", "brand:value,tags:bag,year:value", "--out", str(root / "data")]) == 0
-    config = train.TrainConfig(data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8)
-    metrics = train.run(config, spark=spark, progress=False)
+    config = settings.TrainConfig(data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8)
+    metrics = stages.run(config, spark=spark, progress=False)
     publish(Run(str(root / "run")), str(root / "published"))
     return root, metrics
 
@@ -168,5 +169,5 @@ def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
 def test_a_regression_run_on_implicit_feedback_is_refused_before_any_release(published, tmp_path):
     root, _ = published
     with pytest.raises(ValueError, match="implicit feedback"):
-        train.prepare(train.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False)
+        prepare.prepare(settings.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False)
     assert not (tmp_path / "run" / "ledger.parquet").exists()

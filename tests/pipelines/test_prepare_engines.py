@@ -1,6 +1,6 @@
 """The prepare stage on Spark and on Beam: the same split tables, the same releases (DP counts, DP
 mean) and the same centred rows as in this process, for the same seed; the log never comes to
-the driver (pipelines.prepare_spark, pipelines.prepare_beam)."""
+the driver (pipelines.engines.prepare_spark, pipelines.engines.prepare_beam)."""
 
 import json
 
@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import splits, train
-from pipelines.datasets import open_dataset, write_dataset
-from pipelines.synth import generate
+from pipelines.data import splits
+from pipelines.data.datasets import open_dataset, write_dataset
+from pipelines.data.synth import generate
+from pipelines.training import prepare, run_dir, settings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -79,10 +80,10 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
     prepared = {}
     seed = None
     for name, engine, session in (("local", "spark", None), ("spark", "spark", spark), ("beam", "beam", None)):
-        config = train.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed)
-        prepared[name] = train.prepare(train.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session, local_rows=0)
+        config = settings.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed)
+        prepared[name] = prepare.prepare(settings.TrainConfig(**{**config.__dict__, "engine": engine}), progress=False, spark=session, local_rows=0)
         seed = SeedFile.create(str(tmp_path / f"seed-after-{name}"), SeedFile.load(str(tmp_path / "local" / "private" / "seed")).seed).path  # one ledger a file
-    runs = {name: train.Run(str(tmp_path / name)) for name in prepared}
+    runs = {name: run_dir.Run(str(tmp_path / name)) for name in prepared}
     for name in ("spark", "beam"):
         counts, expected = storage.read_table(runs[name].counts), storage.read_table(runs["local"].counts)
         assert counts.equals(expected) and counts.schema.metadata == expected.schema.metadata, name
@@ -96,7 +97,7 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
 
 
 def test_beam_options_come_from_the_environment_and_a_typo_is_refused(monkeypatch):
-    from pipelines.prepare_beam import OPTIONS_ENV, options_from_environment
+    from pipelines.engines.prepare_beam import OPTIONS_ENV, options_from_environment
 
     monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert options_from_environment() is None  # the DirectRunner

@@ -10,15 +10,15 @@ import os
 import pyarrow as pa
 import pytest
 
-from pipelines import cli
-from pipelines.datasets import MANIFEST as DATA_MANIFEST
-from pipelines.publish import PUBLISHED, publish
-from pipelines.run_dir import Run
+from pipelines.data.datasets import MANIFEST as DATA_MANIFEST
+from pipelines.training.publish import publish, PUBLISHED
+from pipelines.training.run_dir import Run
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import ITEM_EMBEDDINGS
+from ssp import cli
 
 
 def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps_done=(1, 2), non_private=False, encoder_committed=True,
@@ -43,7 +43,7 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
     seeds = SeedFile.create(run.private("seed"))
     seeds.bind(0, "ab12", ledger.identity)  # the run's secret seed, witness of its release
     storage.write_table(pa.table({"item_id": pa.array([1, 2, 3], pa.int64()), "count": [4.0, 1.0, 9.0]}), run.counts)
-    seeds.record_output(0, seeds.digest_table(run.counts))  # the counts release, as pipelines.counts records it
+    seeds.record_output(0, seeds.digest_table(run.counts))  # the counts release, as pipelines.releases.counts records it
     return run
 
 
@@ -100,7 +100,7 @@ def test_refusals_write_nothing(tmp_path, change, message):
 
 
 def test_a_shipped_counts_table_must_be_the_recorded_release(tmp_path):
-    from pipelines.publish import privacy_summary
+    from pipelines.training.publish import privacy_summary
 
     run = finished_run(str(tmp_path / "run"), protocol="recall")
     assert privacy_summary(run)["releases"][0]["name"] == "counts"

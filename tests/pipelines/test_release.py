@@ -1,4 +1,4 @@
-"""pipelines.release.make_release: concurrent releases, lost ledgers, stale seed files, counts checks."""
+"""pipelines.releases.release.make_release: concurrent releases, lost ledgers, stale seed files, counts checks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import pyarrow as pa
 import pytest
 
-from pipelines import release
+from pipelines.releases import release
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile, SeedReuseError

@@ -5,7 +5,7 @@ import uuid
 
 import pyarrow as pa
 
-from pipelines.spark import ARROW_BATCH_ROWS, forward_storage_settings, has_filesystem, readable_tables, session_settings
+from pipelines.engines.spark import ARROW_BATCH_ROWS, forward_storage_settings, has_filesystem, readable_tables, session_settings
 from schemas import storage
 
 

@@ -17,10 +17,11 @@ COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0, 50: 3.0}
 
 DRIVER = textwrap.dedent("""
     import json, sys
-    from pipelines import stats, stats_job
-    from pipelines.release import PrivacySettings
-    from pipelines.spark import session
-    from pipelines.stats_core import StatsSettings
+    from pipelines.engines import spark_stats as stats
+    from pipelines.releases import stats_job
+    from pipelines.releases.release import PrivacySettings
+    from pipelines.engines.spark import session
+    from pipelines.releases.stats_core import StatsSettings
     paths, out, seed, fail = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "fail"
     sys.path.insert(0, "tests/pipelines")
     from stats_inputs import registered

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines import splits
-from pipelines.datasets import open_dataset, write_dataset
+from pipelines.data import splits
+from pipelines.data.datasets import open_dataset, write_dataset
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
@@ -582,7 +582,7 @@ def test_cli_hooks(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# The bundled MovieLens sample (read directly, independent of pipelines.movielens)
+# The bundled MovieLens sample (read directly, independent of pipelines.data.movielens)
 
 
 @pytest.fixture(scope="module")

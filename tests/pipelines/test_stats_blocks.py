@@ -5,8 +5,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines import stats
-from pipelines.stats_core import shard_of
+from pipelines.engines import spark_stats as stats
+from pipelines.releases.stats_core import shard_of
 
 
 def test_shard_of_is_a_balanced_function_of_the_item():

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
-from pipelines import stats, stats_job
-from pipelines.counts import dp_counts
-from pipelines.release import PrivacySettings
-from pipelines.stats_core import StatsSettings
+from pipelines import stats as stats_script  # the entry script
+from pipelines.engines import spark_stats as stats
+from pipelines.releases import stats_job
+from pipelines.releases.counts import dp_counts
+from pipelines.releases.release import PrivacySettings
+from pipelines.releases.stats_core import StatsSettings
 from privacy.accumulator import packed_size, unpack_upper
 from privacy.ledger import BudgetExceededError, Ledger
 from privacy.seeds import SeedFile, SeedReuseError
@@ -179,10 +181,10 @@ def test_spark_submit_entry_point(tmp_path):
 def test_entry_point_errors_are_one_line(tmp_path, capsys):
     args = ["--interactions", "x", "--user-embeddings", "y", "--items", "z", "--counts", "c", "--out", str(tmp_path / "bad"),
             "--dim", "2", "--clip-u", "1", "--clip-y", "1"]
-    assert stats.main(args + ["--epsilon", "-1"]) == 2
+    assert stats_script.main(args + ["--epsilon", "-1"]) == 2
     assert capsys.readouterr().err.strip() == "stats: error: epsilon must be > 0, got -1.0"
-    assert stats.main(args + ["--epsilon", "1", "--delta", "2"]) == 2
+    assert stats_script.main(args + ["--epsilon", "1", "--delta", "2"]) == 2
     assert capsys.readouterr().err.strip() == "stats: error: delta must be in (0, 1), got 2.0"
-    assert stats.main(args + ["--noise-multiplier", "0"]) == 2
+    assert stats_script.main(args + ["--noise-multiplier", "0"]) == 2
     assert capsys.readouterr().err.strip() == "stats: error: table not found: z"
     assert not (tmp_path / "bad").exists()

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import synth
-from pipelines.datasets import open_dataset
+from pipelines.data import synth, synth_movielens
+from pipelines.data.datasets import open_dataset
 from schemas.storage import read_table
-from schemas.tables import MULTIVALENT, UNIVALENT, item_features, validate_interactions, validate_items
+from schemas.tables import item_features, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
 
 N, M, K = 2000, 300, 30  # the shared data set: 60,000 ratings
 
@@ -487,7 +487,7 @@ def test_cli_options_that_go_together(argv, message, tmp_path, capsys):
     args = _parser().parse_args(argv)
     with pytest.raises(ValueError, match=re.escape(message)):
         synth.run(args)
-    with pytest.raises(SystemExit) as exit_info:  # python -m pipelines.synth: an argparse error
+    with pytest.raises(SystemExit) as exit_info:  # python -m pipelines.data.synth: an argparse error
         synth.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not os.path.exists("x")
@@ -540,7 +540,7 @@ def test_movielens_summary_matches_the_published_figures(movielens):
 def test_movielens_manifest_and_rows(movielens):
     dataset, r, _ = movielens
     manifest = open_dataset(dataset.path).manifest
-    assert manifest["generator"] == {"like": "movielens", "users": 6040, "items": 3883, "seed": 0, "version": synth.ML_GENERATOR_VERSION}
+    assert manifest["generator"] == {"like": "movielens", "users": 6040, "items": 3883, "seed": 0, "version": synth_movielens.ML_GENERATOR_VERSION}
     assert manifest["public_features"] == {"genres": MULTIVALENT, "year": UNIVALENT}
     assert manifest["label_range"] == [1.0, 5.0]
     interactions = read_table(dataset.interactions)
@@ -548,13 +548,13 @@ def test_movielens_manifest_and_rows(movielens):
     assert np.array_equal(labels, np.round(labels)) and set(np.unique(labels)) == {1.0, 2.0, 3.0, 4.0, 5.0}
     users, stamps = interactions["user_id"].to_numpy(), interactions["timestamp"].to_numpy()
     assert (np.diff(users) >= 0).all() and (np.diff(stamps)[np.diff(users) == 0] >= 0).all()
-    assert stamps.min() >= synth.FIRST_ML_TIME and stamps.max() < synth.END_ML_TIME
+    assert stamps.min() >= synth_movielens.FIRST_ML_TIME and stamps.max() < synth_movielens.END_ML_TIME
     assert np.unique(r.user * r.items + r.item).size == r.label.size  # nobody rates a movie twice
 
 
 def test_movielens_items_look_like_ingested_movielens(movielens, tmp_path):
     """Same schema (families, kinds, types) as `ssp ingest` of the bundled MovieLens, and realistic genres."""
-    from pipelines.ingest import BUNDLED, ingest
+    from pipelines.data.ingest import BUNDLED, ingest
     from trainer.features import FeatureSpace
 
     _, _, items = movielens
@@ -563,7 +563,7 @@ def test_movielens_items_look_like_ingested_movielens(movielens, tmp_path):
     assert validate_items(items).num_rows == 3883
 
     genres = items["genres"].to_pylist()
-    counts = {g: sum(g in gs for gs in genres) for g in synth.ML_GENRES}
+    counts = {g: sum(g in gs for gs in genres) for g in synth_movielens.ML_GENRES}
     assert all(1 <= len(gs) <= 5 and len(set(gs)) == len(gs) for gs in genres)
     assert sorted(counts, key=counts.get)[-2:] == ["Comedy", "Drama"]  # Drama, then Comedy, most common
     assert min(counts.values()) > 0  # all 18 genres occur
@@ -578,11 +578,11 @@ def test_movielens_items_look_like_ingested_movielens(movielens, tmp_path):
 
 def test_movielens_item_effects_are_only_partly_public():
     """What the features explain of an item's effect and factor is a part, not the whole."""
-    model = synth._MovieLensModel(6040, seed=0)
-    x = np.zeros((model.items, len(synth.ML_GENRES) + 20))
+    model = synth_movielens._MovieLensModel(6040, seed=0)
+    x = np.zeros((model.items, len(synth_movielens.ML_GENRES) + 20))
     for j in range(model.items):
         x[j, model.genre_values[model.genre_offsets[j] : model.genre_offsets[j + 1]]] = 1
-        x[j, len(synth.ML_GENRES) + (model.years[j] - synth.FIRST_ML_YEAR) // 5] = 1
+        x[j, len(synth_movielens.ML_GENRES) + (model.years[j] - synth_movielens.FIRST_ML_YEAR) // 5] = 1
     for target in (model.bias, model.factors):
         fit, *_ = np.linalg.lstsq(x, target, rcond=None)
         explained = 1 - np.var(target - x @ fit, axis=0).sum() / np.var(target, axis=0).sum()
@@ -590,22 +590,22 @@ def test_movielens_item_effects_are_only_partly_public():
 
 
 def test_movielens_catalog_grows_sublinearly_and_activity_keeps_its_shape():
-    assert synth.catalog_size(6040) == 3883
-    assert synth.catalog_size(100_000) == 20_919 and synth.catalog_size(10**6) == 83_281
-    assert synth.catalog_size(1) == synth.MIN_ML_ITEMS
+    assert synth_movielens.catalog_size(6040) == 3883
+    assert synth_movielens.catalog_size(100_000) == 20_919 and synth_movielens.catalog_size(10**6) == 83_281
+    assert synth_movielens.catalog_size(1) == synth_movielens.MIN_ML_ITEMS
     u = (np.arange(100_000) + 0.5) / 100_000
     for items in (3883, 83_281):  # the cap (62% of the catalog) never binds at these sizes
-        n = synth.activity(u, items)
+        n = synth_movielens.activity(u, items)
         assert n.min() == 20 and n.max() <= 2314
         assert np.quantile(n, [0.25, 0.5, 0.75, 0.9]) == pytest.approx([44, 96, 208, 400], abs=1)
         assert n.mean() == pytest.approx(165.6, rel=0.01)
-    assert synth.activity(u, 50).max() == 31  # a tiny catalog caps a user at 62% of it
-    head = synth.popularity_curve(83_281)
-    assert (np.diff(head) <= 0).all() and head[0] == pytest.approx(synth.popularity_curve(3883)[0])
+    assert synth_movielens.activity(u, 50).max() == 31  # a tiny catalog caps a user at 62% of it
+    head = synth_movielens.popularity_curve(83_281)
+    assert (np.diff(head) <= 0).all() and head[0] == pytest.approx(synth_movielens.popularity_curve(3883)[0])
 
 
 def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkeypatch):
-    monkeypatch.setattr(synth, "ML_CHUNK_USERS", 128)
+    monkeypatch.setattr(synth_movielens, "ML_CHUNK_USERS", 128)
     sizes = _record_batches(monkeypatch, lambda batch: (batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size))
     a = synth.generate(str(tmp_path / "a"), users=300, like="movielens", seed=5)
     assert [users for _, users in sizes] == [128, 128, 44]
@@ -617,7 +617,7 @@ def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkey
     users = ia["user_id"].to_numpy()
     assert np.array_equal(np.unique(users), np.arange(1, 301))
     assert np.bincount(users)[1:].min() >= 20  # every user has at least 20 ratings
-    assert a.manifest["items"] == synth.catalog_size(300)
+    assert a.manifest["items"] == synth_movielens.catalog_size(300)
 
 
 def test_movielens_rejects_the_sizes_it_sets(tmp_path):
@@ -650,5 +650,5 @@ def test_cli_like_movielens(tmp_path, capsys):
     args = _parser().parse_args(["--like", "movielens", "--users", "200", "--out", str(tmp_path / "d"), "--seed", "2"])
     assert synth.run(args) == 0
     out = capsys.readouterr().out
-    assert "200 users" in out and f"{synth.catalog_size(200):,} items" in out
+    assert "200 users" in out and f"{synth_movielens.catalog_size(200):,} items" in out
     assert open_dataset(str(tmp_path / "d")).manifest["generator"]["like"] == "movielens"

@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from pipelines import splits, train
+from pipelines.data import splits
+from pipelines.training import evaluation, item_update, prepare, settings, stages
+from pipelines.training.model import build_encoder, normalise_embeddings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -14,7 +16,7 @@ from trainer import ssp
 
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
-    metrics = train.run(train.TrainConfig(out=str(tmp_path / "run"), non_private=True), spark=spark, progress=False)
+    metrics = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), non_private=True), spark=spark, progress=False)
     # Plain ALS: 0.904 on this split (seed 1234); 0.880, 0.881, 0.897 with split seeds 1, 2, 3, and 0.878
     # on the former permutation split: which ratings fall in the 10% test part moves it by ~0.02.
     assert metrics["test_rmse"] < 0.91
@@ -27,7 +29,7 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert on_disk["epsilon_spent"] == "inf"
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     # the curves: each outer step's SSP losses by epoch in metrics.json and in TensorBoard's event files
-    epochs = train.TrainConfig(non_private=True).epochs
+    epochs = settings.TrainConfig(non_private=True).epochs
     losses = on_disk["curves"]["item_update_loss"]
     assert sorted(losses) == ["1", "2"] and all(len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses)
     assert losses["1"][-1] < losses["1"][0]  # the item update descends
@@ -52,7 +54,7 @@ def tensorboard_scalars(folder) -> dict:
 
 
 def small(out, **kwargs):
-    return train.TrainConfig(out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
+    return settings.TrainConfig(out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
 
 
 def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeypatch):
@@ -67,23 +69,23 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
 
     monkeypatch.setattr(ssp, "train", dies_in_step_two)
     with pytest.raises(KeyboardInterrupt):
-        train.run(small(tmp_path / "run"), spark=spark, progress=False)
+        stages.run(small(tmp_path / "run"), spark=spark, progress=False)
     manifest = json.load(open(tmp_path / "run" / "manifest.json"))
     assert manifest["steps_done"] == [1] and manifest["status"] == "running"
     step1 = open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read()
     monkeypatch.setattr(ssp, "train", real_train)
-    metrics = train.run(small(tmp_path / "run"), spark=spark, progress=False)
+    metrics = stages.run(small(tmp_path / "run"), spark=spark, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/stats/r0", "step-2/stats/r0"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read() == step1
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
-        train.run(small(tmp_path / "run").__class__(**{**small(tmp_path / "run").__dict__, "epsilon": 1.0}), spark=spark, progress=False)
+        stages.run(small(tmp_path / "run").__class__(**{**small(tmp_path / "run").__dict__, "epsilon": 1.0}), spark=spark, progress=False)
 
     # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one ledger)
     seed = SeedFile.create(str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed).path
-    again = train.run(small(tmp_path / "again", seed_file=seed), spark=spark, progress=False)
+    again = stages.run(small(tmp_path / "again", seed_file=seed), spark=spark, progress=False)
     for step in (1, 2):
         folder = tmp_path / "run" / f"step-{step}" / "stats" / "resample-0.parquet"
         for name in os.listdir(folder):
@@ -94,22 +96,22 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
 def test_holdout_zero_is_the_production_mode(spark, tmp_path):
     """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
     says there is no held-out data instead of reporting test metrics."""
-    config = train.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
-    metrics = train.run(config, spark=spark, progress=False)
+    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
+    metrics = stages.run(config, spark=spark, progress=False)
     split = json.load(open(tmp_path / "run" / "private" / "split" / "split.json"))
     assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == 100_836  # every bundled rating
     assert split["sizes"]["valid"]["rows"] == split["sizes"]["test"]["rows"] == 0
     assert not any(key.startswith(("test_", "valid_")) for key in metrics) and "--holdout 0" in metrics["no_heldout_data"]
     assert metrics["holdout"] == 0.0 and metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["releases"] == 3
     assert json.load(open(tmp_path / "run" / "metrics.json"))["no_heldout_data"] == metrics["no_heldout_data"]
-    text = train.describe(metrics)
+    text = evaluation.describe(metrics)
     assert text.splitlines()[0].startswith("no test metrics: --holdout 0 (production mode)") and "epsilon spent 5" in text
     with pytest.raises(ValueError, match=r"--holdout must be a number in \[0, 1\)"):
         small(tmp_path / "bad", holdout=1.0)
 
 
 def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path):
-    metrics = train.run(small(tmp_path / "run", protocol="recall", encoder="id"), spark=spark, progress=False)
+    metrics = stages.run(small(tmp_path / "run", protocol="recall", encoder="id"), spark=spark, progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
     assert stats.num_rows == int(np.ceil(0.1 * 9742))  # the top 10% items by DP count
@@ -125,41 +127,41 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
     """The id encoder keeps the paper's top 10% (its rare items would be noise alone); the features
     encoder covers the whole catalog (its rare items fall back on their features); a given share is
     kept; one outside (0, 1] is refused by name."""
-    assert train.TrainConfig(protocol="recall", encoder="id", item_update="als").train_item_fraction == 0.1
-    assert train.TrainConfig(protocol="recall").train_item_fraction == 1.0
-    assert train.TrainConfig(protocol="recall", train_item_fraction=0.25).train_item_fraction == 0.25
+    assert settings.TrainConfig(protocol="recall", encoder="id", item_update="als").train_item_fraction == 0.1
+    assert settings.TrainConfig(protocol="recall").train_item_fraction == 1.0
+    assert settings.TrainConfig(protocol="recall", train_item_fraction=0.25).train_item_fraction == 0.25
     for bad in (0.0, 1.5, float("nan"), True):
         with pytest.raises(ValueError, match="--train-item-fraction"):
-            train.TrainConfig(protocol="recall", train_item_fraction=bad)
+            settings.TrainConfig(protocol="recall", train_item_fraction=bad)
 
 
 def test_the_dimension_and_the_weights_follow_the_protocol():
     """Ratings: d 8 and weights towards rare items (n^-1/4); ranking: d 16 below epsilon 10, 32 from
     10, and even weights (every hit is on a popular item); non-private: d 32. A given value is kept; a non-finite exponent is
     refused by name, and the weights the stats job gets follow the config."""
-    assert (train.TrainConfig().dim, train.TrainConfig().weight_exponent) == (8, -0.25)
-    assert (train.TrainConfig(protocol="recall", epsilon=5).dim, train.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
-    assert train.TrainConfig(protocol="recall", epsilon=10).dim == train.TrainConfig(protocol="recall", epsilon=20).dim == 32
-    assert train.TrainConfig(epsilon=20).dim == 8
-    assert train.TrainConfig(non_private=True).dim == train.TrainConfig(protocol="recall", non_private=True).dim == 32
-    assert train.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
-    assert train.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
+    assert (settings.TrainConfig().dim, settings.TrainConfig().weight_exponent) == (8, -0.25)
+    assert (settings.TrainConfig(protocol="recall", epsilon=5).dim, settings.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
+    assert settings.TrainConfig(protocol="recall", epsilon=10).dim == settings.TrainConfig(protocol="recall", epsilon=20).dim == 32
+    assert settings.TrainConfig(epsilon=20).dim == 8
+    assert settings.TrainConfig(non_private=True).dim == settings.TrainConfig(protocol="recall", non_private=True).dim == 32
+    assert settings.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
+    assert settings.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
     with pytest.raises(ValueError, match="--weight-exponent"):
-        train.TrainConfig(weight_exponent=float("nan"))
+        settings.TrainConfig(weight_exponent=float("nan"))
 
 
 def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path):
     """AM-SSP's statistics cover the items whose DP count is at least stats_threshold * N/S
     (N/S = 2 sqrt(d) z, from the run's planned multiplier z); the stats job reads exactly their
     rows, the user update every row; the items left out keep what their public features say."""
-    from pipelines.run_dir import Run
+    from pipelines.training.run_dir import Run
     from trainer import encoder as encoders
 
     config = small(tmp_path / "run", stats_threshold=4.0)
     run = Run(config.out)
-    train.run(config, spark=spark, progress=False)
+    stages.run(config, spark=spark, progress=False)
     counts = storage.read_table(run.counts)
-    tau = 4.0 * 2 * np.sqrt(8) * train.ledger_multiplier(run.ledger)
+    tau = 4.0 * 2 * np.sqrt(8) * prepare.ledger_multiplier(run.ledger)
     covered = counts["item_id"].to_numpy()[counts["count"].to_numpy() >= tau]
     assert 0 < covered.size < counts.num_rows
     assert sorted(storage.read_table(run.stats_items)["item_id"].to_pylist()) == sorted(covered.tolist())
@@ -173,7 +175,7 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     assert rows(run.stats_rows) == [row for row in every if row[1] in set(covered.tolist())]
     assert {row[1] for row in every} - set(covered.tolist())  # the user update keeps the other items' rows
     manifest = json.load(open(run.manifest_path))
-    space, model = train._encoder(config, storage.read_table(manifest["prepared"]["items"]))
+    space, model = build_encoder(config, storage.read_table(manifest["prepared"]["items"]))
     encoders.restore_checkpoint(model, run.checkpoint(config.outer_steps))
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
@@ -181,56 +183,57 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.03
     # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
     items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 6.71
-    assert train.stats_threshold_of(train.TrainConfig(), items, 1000, 6.6) == 0.0 and train.stats_threshold_of(train.TrainConfig(), items, 1000, 6.8) == 6.0
-    assert train.stats_threshold_of(train.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
-    assert train.stats_threshold_of(train.TrainConfig(item_update="dpsgd"), items, 1000, 50.0) == 0.0
-    assert train.stats_threshold_of(train.TrainConfig(item_update="als", encoder="id"), items, 1000, 50.0) == 0.0
-    assert train.stats_threshold_of(train.TrainConfig(stats_threshold=0.5), items, 1000, 50.0) == 0.5
+    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 6.6) == 0.0 and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 6.8) == 6.0
+    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
+    assert prepare.stats_threshold_of(settings.TrainConfig(item_update="dpsgd"), items, 1000, 50.0) == 0.0
+    assert prepare.stats_threshold_of(settings.TrainConfig(item_update="als", encoder="id"), items, 1000, 50.0) == 0.0
+    assert prepare.stats_threshold_of(settings.TrainConfig(stats_threshold=0.5), items, 1000, 50.0) == 0.5
     with pytest.raises(ValueError, match="--stats-threshold needs the features encoder"):
-        train.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
+        settings.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
     with pytest.raises(ValueError, match="--stats-threshold must be >= 0"):
-        train.TrainConfig(stats_threshold=-1.0)
+        settings.TrainConfig(stats_threshold=-1.0)
     with pytest.raises(ValueError, match="the statistics would cover nothing; lower --stats-threshold"):
-        train.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
+        prepare.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
 
 
 def test_the_starting_point_is_the_principal_directions_of_the_features_weighted_by_dp_counts(tmp_path):
     """Prepare's initial item embeddings: the encoder's principal initialisation from the released DP
     counts (nothing else of the private data), at unit RMS norm; --encoder-init random keeps the
     seeded random projection."""
-    from pipelines.run_dir import Run
+    from pipelines.training.run_dir import Run
 
     embeddings = {}
     for init in ("principal", "random"):
         config = small(tmp_path / init, encoder_init=init)
-        train.prepare(config, progress=False)
+        prepare.prepare(config, progress=False)
         run = Run(config.out)
         table = storage.read_table(run.item_embeddings(0))
         embeddings[init] = np.array(table["embedding"].to_pylist())
         np.testing.assert_allclose(np.sqrt(np.mean(np.sum(embeddings[init] ** 2, axis=1))), 1.0, rtol=1e-5)
     counts = storage.read_table(Run(str(tmp_path / "principal")).counts)
-    space, model = train._encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    space, model = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
     weights = np.ones(space.size)
     weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
     model.init_principal(weights)
-    train.normalise_embeddings(model)
+    normalise_embeddings(model)
     np.testing.assert_allclose(embeddings["principal"], model.embed_all(), rtol=0, atol=1e-5)
-    _, fresh = train._encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
-    train.normalise_embeddings(fresh)
+    _, fresh = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    normalise_embeddings(fresh)
     np.testing.assert_allclose(embeddings["random"], fresh.embed_all(), rtol=0, atol=1e-5)
     assert not np.allclose(embeddings["principal"], embeddings["random"], atol=1e-2)
     with pytest.raises(ValueError, match="--encoder-init must be one of"):
-        train.TrainConfig(encoder_init="pca")
+        settings.TrainConfig(encoder_init="pca")
 
 
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
     """What the DAG does: one command per stage against one run directory, the later ones given only
     --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
-    from pipelines import cli, stats_job
-    from pipelines.run_dir import Run
+    from ssp import cli
+    from pipelines.releases import stats_job
+    from pipelines.training.run_dir import Run
 
     run, steps = str(tmp_path / "staged"), 2
-    settings = ["--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
+    flags = ["--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
 
     def ssp_ok(*args):
         assert cli.main(list(args)) == 0, capsys.readouterr().err
@@ -240,7 +243,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         return capsys.readouterr().err.strip().splitlines()[-1]
 
     assert "holds no run" in ssp_error("item-update", "--run", run, "--step", "1")
-    ssp_ok("train", "--stage", "prepare", "--out", run, *settings)
+    ssp_ok("train", "--stage", "prepare", "--out", run, *flags)
     assert not (tmp_path / "staged" / "metrics.json").exists() and (tmp_path / "staged" / "step-0" / "checkpoint").is_dir()
     assert "statistics of step 1 are not released" in ssp_error("item-update", "--run", run, "--step", "1")
     assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
@@ -249,7 +252,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "with --run give --step S" in ssp_error("stats", "--run", run)
     assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
     assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
-    config = train.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
+    config = settings.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
@@ -259,9 +262,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
                  "--dim", "8", "--clip-u", "0.3", "--clip-y", "1.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
                  "--ledger", storage.join(run, "ledger.parquet")]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
-        assert stats_job.StatsJob.from_args(parsed) == train.stats_job_for(Run(run), config, s, data_items)
+        assert stats_job.StatsJob.from_args(parsed) == item_update.stats_job_for(Run(run), config, s, data_items)
         staged = cli.build_parser().parse_args(["stats", "--run", run, "--step", str(s)])  # the stage form: the same job from the manifest
-        assert stats_job.StatsJob.from_args(staged) == train.stats_job_for(Run(run), config, s, data_items)
+        assert stats_job.StatsJob.from_args(staged) == item_update.stats_job_for(Run(run), config, s, data_items)
         ssp_ok("stats", *flags) if s == 1 else ssp_ok("stats", "--run", run, "--step", str(s))
         ssp_ok("item-update", "--run", run, "--step", str(s))
     assert "no final user embeddings" in ssp_error("evaluate", "--run", run)
@@ -282,7 +285,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
     seed = SeedFile.create(str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed).path  # one ledger a seed file
-    whole = train.run(small(tmp_path / "whole", seed_file=seed), spark=spark, progress=False)
+    whole = stages.run(small(tmp_path / "whole", seed_file=seed), spark=spark, progress=False)
     assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
     for name in ("ledger.parquet",):
         assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
@@ -290,13 +293,13 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
 
 
 def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
-    config = train.TrainConfig(protocol="recall", loss="logistic")
+    config = settings.TrainConfig(protocol="recall", loss="logistic")
     assert config.gravity == 0 and config.weight_exponent == 0 and config.settings().loss == "logistic"
     assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
-    assert train.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
+    assert settings.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
     for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"engine": "beam"}, "--engine spark"), ({"gravity": 0.1}, "--gravity 0"),
                          ({"item_update": "als", "encoder": "id"}, "--item-update ssp, dpsgd or none"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
         with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
-            train.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
+            settings.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
     with pytest.raises(ValueError, match="--loss must be one of"):
-        train.TrainConfig(loss="poisson")
+        settings.TrainConfig(loss="poisson")

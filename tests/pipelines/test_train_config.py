@@ -5,16 +5,17 @@ from dataclasses import asdict
 
 import pytest
 
-from pipelines import cli, train
+from pipelines.training import commands, settings
+from ssp import cli
 
 
-def parsed(*argv: str) -> train.TrainConfig:
+def parsed(*argv: str) -> settings.TrainConfig:
     """The run settings `ssp train ARGV` would use (as cli.main parses them)."""
     argv = ["train", *argv]
     args = cli.build_parser().parse_args(argv)
     if args.config:
         args.explicit = cli._given_flags(argv)
-    return train.config_from_args(args)
+    return commands.config_from_args(args)
 
 
 def test_a_config_file_equals_the_same_flags(tmp_path):

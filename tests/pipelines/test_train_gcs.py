@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines import cli, ingest, train
-from pipelines.lock import LOCK_NAME
-from pipelines.publish import PUBLISHED
-from pipelines.run_dir import Run
+from pipelines.base.lock import LOCK_NAME
+from pipelines.data import ingest
+from pipelines.training import settings, stages
+from pipelines.training.publish import PUBLISHED
+from pipelines.training.run_dir import Run
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
+from ssp import cli
 
 SETTINGS = dict(epsilon=10.0, outer_steps=2, epochs=2, dim=8)
 NOT_COMPARED = ("seconds", "step_seconds", "outputs")  # timings, and where the outputs are
@@ -36,7 +38,7 @@ def test_gs_run_equals_the_local_run(spark, gcs_path, tmp_path, capsys):
 
     # the same run on a local disk, with the gs:// run's seed: the same releases, the same metrics
     seed = SeedFile.create(str(tmp_path / "seed"), SeedFile.load(f"{root}/private/seed").seed).path  # a seed file serves one ledger
-    local = train.run(train.TrainConfig(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False)
+    local = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False)
     assert {k: v for k, v in on_gs.items() if k not in NOT_COMPARED} == {k: v for k, v in storage.read_json(str(tmp_path / "run" / "metrics.json")).items() if k not in NOT_COMPARED}
     assert on_gs["test_rmse"] == local["test_rmse"] and on_gs["epsilon_spent"] == local["epsilon_spent"] == pytest.approx(10.0, rel=1e-6)
     ledgers = [[{k: v for k, v in row.items() if k != "recorded_at"} for row in Ledger.open(f"{run}/ledger.parquet").rows] for run in (root, str(tmp_path / "run"))]

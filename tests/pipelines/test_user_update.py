@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import user_update
+from pipelines.engines import user_update
 from schemas import storage
 from schemas.tables import INTERACTIONS, ITEM_EMBEDDINGS, validate_user_embeddings
 from trainer.solve import ridge_solve

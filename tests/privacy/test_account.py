@@ -9,8 +9,7 @@ import dp_accounting
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from privacy import account as accounts
-from privacy import accounting
+from privacy import account as accounts, accounting
 from privacy.account import AccountCapError, BudgetAccount
 from privacy.ledger import Ledger
 

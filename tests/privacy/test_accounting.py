@@ -292,11 +292,11 @@ def test_the_ledgers_release_order_spends_exactly_the_calibrated_plan(accountant
 
 def shipped_plans(protocol: str, epsilon: float, units: int) -> dict:
     """The distinct budget plans `ssp train` makes (default settings) for each item update."""
-    from pipelines import train
+    from pipelines.training import settings
 
     plans = {}
     for item_update in ("ssp", "als", "cmf", "dpsgd"):
-        config = train.TrainConfig(protocol=protocol, epsilon=epsilon, item_update=item_update, encoder="id" if item_update in ("als", "cmf") else "features")
+        config = settings.TrainConfig(protocol=protocol, epsilon=epsilon, item_update=item_update, encoder="id" if item_update in ("als", "cmf") else "features")
         privacy = config.privacy(units if item_update == "dpsgd" else None)
         plans.setdefault(repr(privacy), (item_update, privacy))  # ssp, als and cmf share one plan
     return dict(plans.values())

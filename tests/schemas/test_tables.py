@@ -6,8 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import SchemaError
-from schemas import tables as t
+from schemas import SchemaError, tables as t
 
 TABLES = ["interactions", "items", "user_embeddings", "item_embeddings", "counts", "stats", "ledger"]
 

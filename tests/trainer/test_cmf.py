@@ -7,9 +7,9 @@ import pytest
 from privacy.accumulator import pack_upper
 from schemas import storage
 from schemas.arrays import matrix_to_list_column
-from schemas.tables import STATS, items_schema
+from schemas.tables import items_schema, STATS
 from trainer import als, cmf
-from trainer.features import Family, FeatureSpace, feature_labels, feature_matrix
+from trainer.features import Family, feature_labels, feature_matrix, FeatureSpace
 
 ITEMS = pa.table(
     {"item_id": [10, 20, 30, 40, 50, 60], "title": ["a", "b", "c", "d", "e", "f"],

@@ -90,7 +90,7 @@ def test_a_regression_model_needs_the_ratings_and_a_bad_k_is_refused(tmp_path):
 
 
 def test_a_publication_and_histories_on_gcs(gcs_path):
-    from pipelines import cli
+    from ssp import cli
 
     model = publication(f"{gcs_path}/published")
     storage.write_table(pa.table({"user_id": [7], "item_id": [10], "label": [4.0]}), f"{gcs_path}/history.parquet")

@@ -5,12 +5,12 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from pipelines.stats_core import stats_table
+from pipelines.releases.stats_core import stats_table
 from privacy.accumulator import augment, grouped_sums, pack_upper, unpack_upper
 from schemas import storage
 from schemas.tables import items_schema
 from trainer import ssp
-from trainer.encoder import ItemEncoder, export
+from trainer.encoder import export, ItemEncoder
 from trainer.features import FeatureSpace
 
 ITEMS = pa.table(

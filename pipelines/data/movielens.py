@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from schemas import SchemaError, storage
-from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema, validate_interactions
+from schemas.tables import INTERACTIONS, items_schema, MULTIVALENT, UNIVALENT, validate_interactions
 
 FAMILIES = {"genres": MULTIVALENT, "year": UNIVALENT, "tags": MULTIVALENT}
 DEFAULT_PUBLIC_FEATURES = ("genres", "year")

@@ -45,11 +45,11 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from tqdm import tqdm
 
-from pipelines import logs
-from pipelines.datasets import Dataset, write_dataset
-from pipelines.movielens import IngestError
+from pipelines.base import logs
+from pipelines.data.datasets import Dataset, write_dataset
+from pipelines.data.movielens import IngestError
 from schemas import SchemaError, storage
-from schemas.tables import MULTIVALENT, UNIVALENT, items_schema, validate_interactions, validate_items
+from schemas.tables import items_schema, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
 
 FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT}
 FORMATS = {".parquet": "parquet", ".csv": "csv"}

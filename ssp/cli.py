@@ -1,9 +1,12 @@
-"""The `ssp` command: one entry point with a subcommand per job.
+"""The `ssp` command: one entry point with a subcommand per job, above every other layer (nothing
+imports it).
 
 Bad input (missing or damaged files, malformed rows, impossible parameters) and a machine that
 cannot take the output (a read-only or full disk, a file-size limit) end with a one-line error naming
-the file or setting and exit status 2 (pipelines.errors decides which failures those are); anything
+the file or setting and exit status 2 (pipelines.base.command, pipelines.base.errors); anything
 else is a bug and keeps its traceback.
+
+Privacy: none of its own; every command's releases go through its run's ledger.
 """
 
 from __future__ import annotations
@@ -12,9 +15,7 @@ import argparse
 import importlib.metadata
 import math
 import os
-import signal
 import sys
-import threading
 import warnings
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
@@ -23,41 +24,52 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # google-api-core (under Beam and gcsfs) warns at every import that it will drop this Python in 2027
 warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
-from pipelines import counts, errors, ingest, logs, publish, release, splits, stats_job, synth, train, user_update
-from pipelines.lock import RunLockedError
-from pipelines.movielens import IngestError
+from pipelines.base import command, logs
+from pipelines.data import ingest, splits, synth
+from pipelines.engines.selection import add_engine_argument, engine_of
+from pipelines.releases import counts, release, stats_job
+from pipelines.training import commands as train_commands, publish, user_stage
+from pipelines.training.evaluation import describe
+from pipelines.training.item_update import stats_job_of_run
+from pipelines.training.settings import TrainConfig
+from pipelines.training.stages import run as run_training
 from privacy.ledger import Ledger
-from schemas import SchemaError, storage
+from schemas import storage
 from trainer import recommend
 
 FOLDER_OUTPUTS = {"demo": "out", "train": "out", "ingest": "out", "synth": "out", "split": "out", "counts": "out", "stats": "out", "publish": "to"}
-USER_ERRORS = (IngestError, SchemaError, storage.MissingTableError, ValueError, RunLockedError)
 
 
 def _run_split(args: argparse.Namespace) -> int:
     data = ingest.load_or_ingest(args.data, storage.join(args.out, "data"), progress=True)
-    return splits.run(args, data)
+    with engine_of(args.engine) as engine:
+        return splits.run(args, data, engine)
+
+
+def _run_counts(args: argparse.Namespace) -> int:
+    with engine_of(args.engine) as engine:
+        return counts.run(args, engine)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    config = train.TrainConfig(data=args.data, out=args.out, epsilon=args.epsilon, non_private=args.non_private)
-    metrics = train.run(config)
-    print(train.describe(metrics))
+    config = TrainConfig(data=args.data, out=args.out, epsilon=args.epsilon, non_private=args.non_private)
+    metrics = run_training(config)
+    print(describe(metrics))
     return 0
 
 
 def _run_stats(args: argparse.Namespace) -> int:
-    job = stats_job.StatsJob.from_args(args)
+    job = stats_job.StatsJob.from_args(args, stats_job_of_run)
     if args.engine == "beam":
-        from pipelines import beam_stats
+        from pipelines.engines import beam_stats
 
         summary = beam_stats.run(job)
     else:
-        from pipelines import stats
-        from pipelines.spark import session
+        from pipelines.engines import spark_stats
+        from pipelines.engines.spark import session
 
         with session("ssp-stats", args.master) as spark:
-            summary = stats.run(job, spark)
+            summary = spark_stats.run(job, spark)
     print(stats_job.describe(summary))
     return 0
 
@@ -73,7 +85,7 @@ def _run_privacy(args: argparse.Namespace) -> int:
     if args.format == "md":
         if args.run.endswith(".parquet"):
             raise ValueError("--format md needs a run folder (the report reads the run's settings), not a ledger file")
-        from pipelines.run_dir import Run
+        from pipelines.training.run_dir import Run
 
         print(publish.privacy_report(Run(args.run)), end="")
     else:
@@ -119,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_run_demo)
 
     train_cmd = commands.add_parser("train", help="the end-to-end training run (alternating minimization, DP statistics, SSP trainer, evaluation)")
-    train.add_arguments(train_cmd)
-    train_cmd.set_defaults(handler=train.main)
+    train_commands.add_arguments(train_cmd)
+    train_cmd.set_defaults(handler=train_commands.main)
 
     ingest_cmd = commands.add_parser("ingest", help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the canonical tables")
     ingest.add_arguments(ingest_cmd)
@@ -132,11 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     split_cmd = commands.add_parser("split", help="split a data set by a benchmark protocol (rmse: 80/10/10 ratings; recall: held-out users)")
     splits.add_arguments(split_cmd)
+    add_engine_argument(split_cmd)
     split_cmd.set_defaults(handler=_run_split, data=ingest.BUNDLED)
 
     counts_cmd = commands.add_parser("counts", help="release the DP item counts (first release of a run)")
     counts.add_arguments(counts_cmd)
-    counts_cmd.set_defaults(handler=counts.run)
+    add_engine_argument(counts_cmd)
+    counts_cmd.set_defaults(handler=_run_counts)
 
     stats_cmd = commands.add_parser("stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)")
     stats_job.add_arguments(stats_cmd)
@@ -145,16 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     stats_cmd.set_defaults(handler=_run_stats)
 
     user_cmd = commands.add_parser("user-update", help="solve every user's embedding against item embeddings (Spark)")
-    user_update.add_arguments(user_cmd)
-    user_cmd.set_defaults(handler=user_update.main)
+    user_stage.add_arguments(user_cmd)
+    user_cmd.set_defaults(handler=user_stage.main)
 
     item_cmd = commands.add_parser("item-update", help="a run's item update of outer step s (TensorFlow), from its released statistics")
-    train.add_stage_arguments(item_cmd, step=True)
-    item_cmd.set_defaults(handler=train.item_update_main)
+    train_commands.add_stage_arguments(item_cmd, step=True)
+    item_cmd.set_defaults(handler=train_commands.item_update_main)
 
     evaluate_cmd = commands.add_parser("evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json")
-    train.add_stage_arguments(evaluate_cmd, step=False)
-    evaluate_cmd.set_defaults(handler=train.evaluate_main)
+    train_commands.add_stage_arguments(evaluate_cmd, step=False)
+    evaluate_cmd.set_defaults(handler=train_commands.evaluate_main)
 
     publish_cmd = commands.add_parser("publish", help="copy a finished run's encoder, item embeddings and privacy summary to a destination, "
                                       "if its ledger is within budget")
@@ -176,32 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
     privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
     privacy_cmd.set_defaults(handler=_run_privacy)
-    for name, command in commands.choices.items():
+    for name, subcommand in commands.choices.items():
         if name not in ("bench", "audit"):  # they parse their own flags
-            _add_verbosity(command)
+            command.add_verbosity(subcommand)
     return parser
-
-
-def _add_verbosity(parser: argparse.ArgumentParser) -> None:
-    """-v / -q: how much progress output (pipelines.logs) the command writes to stderr."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
-                       help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's settings")
-    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
-                       help="print only warnings and errors, no progress lines or bars (results still go to stdout)")
-
-
-def _terminate_with_one_line(command: str):
-    """The SIGTERM handler (a scheduler or `kill` stopping the command): one line, then leave at once,
-    as a kill would. That is safe at any moment (writes are atomic, a release is recorded before it
-    is computed, locks die with their holder, a killed run resumes: tests/test_kill_resume.py), where
-    an exception raised from the handler can be swallowed by whatever it interrupts."""
-    def terminate(signum, frame):  # the process's own stderr: a library may have redirected sys.stderr for a moment
-        print(f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)", file=sys.__stderr__, flush=True)
-        sys.stdout.flush()
-        os._exit(143)
-
-    return terminate
 
 
 def _given_flags(argv: list[str]) -> set[str]:
@@ -224,26 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.verbosity)
     if getattr(args, "config", None):
         args.explicit = _given_flags(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate_with_one_line(args.command)) if threading.current_thread() is threading.main_thread() else None
-    try:
+
+    def checked_and_run() -> int:
         flag = FOLDER_OUTPUTS.get(args.command)
         if flag and getattr(args, flag, None) is not None:  # before anything is read or written
             if not getattr(args, flag).strip():
                 raise ValueError(f"--{flag} is empty: give a folder")
             storage.require_folder_target(getattr(args, flag), f"--{flag}")
         return args.handler(args)
-    except KeyboardInterrupt:
-        print(f"ssp {args.command}: interrupted; nothing partial was published (run the same command again to resume)", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        message = errors.one_line(exc, USER_ERRORS, output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None))
-        if message is None:
-            raise  # a bug: its traceback is the report
-        print(f"ssp {args.command}: error: {message}", file=sys.stderr)
-        return 2
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+
+    return command.run(args.command, checked_and_run, output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None))
 
 
 def entry() -> None:

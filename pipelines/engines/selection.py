@@ -1,8 +1,8 @@
 """Where a stand-alone command's row work runs: `--engine local|spark|beam` of `ssp split` and `ssp counts`.
 
 `spark` (the default, as for `ssp train`: a local session, or the cluster's under spark-submit)
-and `beam` (DirectRunner, or any runner) keep the rows on their workers (pipelines.prepare_spark,
-pipelines.prepare_beam); `local` reads the table into this process (small tables, no JVM). All
+and `beam` (DirectRunner, or any runner) keep the rows on their workers (pipelines.engines.prepare_spark,
+pipelines.engines.prepare_beam); `local` reads the table into this process (small tables, no JVM). All
 three write the same tables and make the same releases for the same seed. `ssp train` runs its prepare stage on the run's --engine.
 """
 
@@ -24,13 +24,13 @@ def add_engine_argument(parser: argparse.ArgumentParser) -> None:
 def engine_of(name: str):
     """The engine object for `name` (None for local) for the duration of the block."""
     if name == "spark":
-        from pipelines.prepare_spark import SparkEngine
-        from pipelines.spark import session
+        from pipelines.engines.prepare_spark import SparkEngine
+        from pipelines.engines.spark import session
 
         with session("ssp-prepare") as spark:
             yield SparkEngine(spark)
     elif name == "beam":
-        from pipelines.prepare_beam import BeamEngine
+        from pipelines.engines.prepare_beam import BeamEngine
 
         yield BeamEngine()
     else:

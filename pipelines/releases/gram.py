@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines import logs, release
+from pipelines.base import logs
+from pipelines.releases import release
 from privacy import accounting
 from privacy.accumulator import pack_upper, project_psd, unpack_upper
 from privacy.clipping import clip_rows

@@ -14,8 +14,11 @@ noise; the manifest itself holds only settings, paths and released values (the D
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
-from pipelines.counts import COUNTS_TABLE
+from pipelines.base.lock import run_lock
+from pipelines.releases.counts import COUNTS_TABLE
+from pipelines.training.settings import check_recorded, TrainConfig
 from schemas import storage
 
 MANIFEST = "manifest.json"
@@ -102,8 +105,6 @@ class Run:
     def prepared(self) -> dict:
         """The manifest of a prepared run (its config and what prepare produced), its recorded
         settings checked as `ssp train` checks flags (a damaged manifest is refused, naming it)."""
-        from pipelines.train import check_recorded  # the settings' types and ranges live with TrainConfig
-
         manifest = self.read_manifest()
         if "prepared" not in manifest:
             raise ValueError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
@@ -116,7 +117,7 @@ class Run:
     def require_ledger(self, seed_file: str | None = None) -> None:
         """Refuse a prepared run whose ledger is gone, or lacks releases its seed file saw: those
         releases happened and still count, and a fresh ledger would hand their noise keys out again."""
-        from pipelines.release import check_ledger_complete
+        from pipelines.releases.release import check_ledger_complete
         from privacy.ledger import Ledger
 
         if not storage.exists(self.ledger):
@@ -151,3 +152,20 @@ def require_steps(run: Run, manifest: dict, before: int) -> None:
     if missing:
         raise ValueError(f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
                          f"run its item update (`ssp item-update --run {run.root} --step {missing[0]}`) first")
+
+
+def config_of(run: Run, manifest: dict) -> TrainConfig:
+    """The configuration a prepared run was started with (recorded once, by prepare)."""
+    recorded = dict(manifest["config"])
+    if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
+        raise ValueError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
+    return TrainConfig(**recorded, out=run.root)
+
+
+@contextmanager
+def existing_run_lock(run_dir: str):
+    """`run_lock` for the commands that work on a run prepare started (`--run RUN`): a folder that
+    holds no run is refused with the run's own message before the lock would create anything there."""
+    Run(run_dir).read_manifest()
+    with run_lock(run_dir):
+        yield

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from schemas import storage
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 ARROW_BATCH_ROWS = 100_000
 LOG_CONFIG = str(Path(__file__).resolve().parent / "log4j2.properties")  # failed tasks are reported once, by the driver's error
 STORAGE_ENV_PREFIXES = ("STORAGE_EMULATOR_HOST", "FSSPEC_", "GCSFS_", "GOOGLE_")  # how gcsfs finds its endpoint and credentials
@@ -143,7 +143,7 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
 def task_errors_raised_here() -> Iterator[None]:
     """A ValueError raised in a Python task of the block's jobs (a row the job refuses) is raised
     here as a ValueError with the task's message, not wrapped in Spark's errors."""
-    from pipelines.errors import task_value_error
+    from pipelines.base.errors import task_value_error
 
     try:
         yield

@@ -29,8 +29,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from pipelines import logs, release
-from pipelines.engines import add_engine_argument, engine_of
+from pipelines.base import logs
+from pipelines.releases import release
 from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import mix64
@@ -123,7 +123,7 @@ def dp_counts(
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, engine=None,
 ) -> dict:
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
-    With an engine (pipelines.prepare_spark, pipelines.prepare_beam) the exact counts are
+    With an engine (pipelines.engines.prepare_spark, pipelines.engines.prepare_beam) the exact counts are
     aggregated there, else in this process."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
         raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
@@ -173,14 +173,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: counts.parquet (and ledger.parquet unless --ledger)")
     parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
     parser.add_argument("--max-items-per-user", type=int, default=DEFAULT_MAX_ITEMS_PER_USER, help="K: items a user contributes at most (user level; default: %(default)s)")
-    add_engine_argument(parser)
     release.add_privacy_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    with engine_of(args.engine) as engine:
-        summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
-                            args.max_items_per_user, args.ledger, args.seed_file, engine)
+def run(args: argparse.Namespace, engine=None) -> int:
+    """`ssp counts`: the release on `engine` (pipelines.engines.selection; None: this process)."""
+    summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
+                        args.max_items_per_user, args.ledger, args.seed_file, engine)
     print(f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
           f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
     return 0

@@ -1,18 +1,18 @@
 """The prepare stage's row work on Apache Beam (any runner; DirectRunner by default): the split, the
 aggregates of the DP counts and the DP mean, and the centred training tables.
 
-The same contract as pipelines.prepare_spark: rows stay on the workers, and what comes back is
+The same contract as pipelines.engines.prepare_spark: rows stay on the workers, and what comes back is
 per-item and per-release aggregates only, through a small JSON file in a scratch folder that the
 driver reads once the pipeline has finished (runner-agnostic: no driver-side collect). Users are
 sent to shards by a hash of the user id (splitmix64), each shard's rows are sorted by user and
-cut into complete users (pipelines.chunks), and the in-process math (pipelines.splits,
-pipelines.counts, pipelines.mean) runs on them: the tables and, for the same seed, the releases
+cut into complete users (pipelines.data.chunks), and the in-process math (pipelines.data.splits,
+pipelines.releases.counts, pipelines.releases.mean) runs on them: the tables and, for the same seed, the releases
 are this process's (counts exactly, the mean's sums to float64 rounding). A shard holds about
 `shard_rows` rows, so a worker's memory is bounded by that, not by the log.
 
 Privacy: reads private interactions and writes private tables (the split, the centred rows) and
 private aggregates (into the scratch folder, removed afterwards) in the run directory; releases
-nothing itself (pipelines.counts and pipelines.mean noise the aggregates and record the releases).
+nothing itself (pipelines.releases.counts and pipelines.releases.mean noise the aggregates and record the releases).
 The runner's workers must be inside the trusted zone, as for the Beam stats job.
 
 `ssp train --engine beam` runs it with the pipeline options of $SSP_BEAM_PIPELINE_OPTIONS (the
@@ -32,10 +32,10 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import splits
-from pipelines.beam_stats import ReadTable
-from pipelines.counts import exact_aggregates, row_problem
-from pipelines.mean import weighted_sums_of, write_centred_part
+from pipelines.data import splits
+from pipelines.engines.beam_stats import ReadTable
+from pipelines.releases.counts import exact_aggregates, row_problem
+from pipelines.releases.mean import weighted_sums_of, write_centred_part
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipelines import logs, release
-from pipelines.stats_core import StatsSettings
+from pipelines.base import logs
+from pipelines.releases import release
+from pipelines.releases.stats_core import StatsSettings
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
 from privacy.seeds import SeedFile
@@ -105,9 +106,10 @@ class StatsJob:
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> StatsJob:
-        """The job the flags describe: a prepared run's own (--run RUN --step S: its tables, settings
-        and budget plan from its manifest, as `ssp train` runs it), or one given table by table."""
+    def from_args(cls, args: argparse.Namespace, job_of_run=None) -> StatsJob:
+        """The job the flags describe: a prepared run's own (--run RUN --step S: `job_of_run(RUN, S)`,
+        its tables, settings and budget plan from its manifest as `ssp train` runs it, given by the
+        entry points: pipelines.training.item_update.stats_job_of_run), or one given table by table."""
         def flag(name: str) -> str:
             return "--" + name.replace("_", "-")
 
@@ -117,9 +119,9 @@ class StatsJob:
                 raise ValueError(f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}")
             if args.step is None:
                 raise ValueError("with --run give --step S, the outer step whose statistics to release")
-            from pipelines import train  # the run's own job: what `ssp train` would release at this step
-
-            return train.stats_job_of_run(args.run, args.step)
+            if job_of_run is None:
+                raise ValueError("--run RUN is taken by `ssp stats`, pipelines/stats.py and python -m pipelines.beam_stats")
+            return job_of_run(args.run, args.step)
         missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
         if missing:
             raise ValueError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")

@@ -22,19 +22,19 @@ from dataclasses import dataclass
 
 import dp_accounting
 
+from pipelines.base import logs
+from pipelines.base.lock import release_lock
 from privacy import accounting
 from privacy.account import BudgetAccount
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
-from pipelines import logs
-from pipelines.lock import release_lock
 from privacy.noise import NOISE_VERSION
-from privacy.seeds import SeedFile, SeedReuseError, content_digest_table
+from privacy.seeds import content_digest_table, SeedFile, SeedReuseError
 from schemas import storage
 
 DEFAULT_DELTA = 1e-5
 # PrivacySettings.dpsgd of an AM-DPSGD run before its DP-SGD schedule is known: the schedule is
-# planned over the DP number of users, which the counts release (pipelines.counts) publishes, so
+# planned over the DP number of users, which the counts release (pipelines.releases.counts) publishes, so
 # the ledger is opened with the other groups' multipliers only (they do not depend on it)
 DPSGD_PENDING = "planned from the DP counts"
 

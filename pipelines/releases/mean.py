@@ -19,7 +19,8 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
-from pipelines import logs, release
+from pipelines.base import logs
+from pipelines.releases import release
 from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
@@ -62,7 +63,7 @@ def dp_mean(
     engine=None,
 ) -> dict:
     """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. With an engine
-    (pipelines.prepare_spark, pipelines.prepare_beam) the weighted sums are computed there."""
+    (pipelines.engines.prepare_spark, pipelines.engines.prepare_beam) the weighted sums are computed there."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"rating range must be two finite numbers low < high, got {rating_range}")

@@ -1,5 +1,5 @@
 """`ssp ingest`: read a MovieLens folder, or any interactions table and item catalog
-(`--interactions`, `--catalog`: see pipelines.generic), into the canonical data set folder
+(`--interactions`, `--catalog`: see pipelines.data.generic), into the canonical data set folder
 (interactions, items, manifest).
 
 The catalog decides which items exist: every movie becomes an item row, rated or not. A rating of a
@@ -26,12 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from pipelines import generic, logs, movielens
-from pipelines.datasets import Dataset, is_dataset, open_dataset, write_dataset
+from pipelines.base import logs
+from pipelines.data import generic, movielens
+from pipelines.data.datasets import Dataset, is_dataset, open_dataset, write_dataset
 from schemas import storage
-from schemas.tables import MULTIVALENT, item_features
+from schemas.tables import item_features, MULTIVALENT
 
-BUNDLED = str(Path(__file__).resolve().parent / "data" / "ml-latest-small")
+BUNDLED = str(Path(__file__).resolve().parent / "ml-latest-small")
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
 
 

@@ -29,11 +29,10 @@ import posixpath
 import shutil
 import uuid
 
-from pipelines.datasets import open_dataset
-from pipelines.lock import existing_run_lock
-from pipelines.release import check_counts_release, check_ledger_complete
-from pipelines.run_dir import Run, require_steps
-from pipelines.stats_job import RELEASE_SUMMARY
+from pipelines.data.datasets import open_dataset
+from pipelines.releases.release import check_counts_release, check_ledger_complete
+from pipelines.releases.stats_job import RELEASE_SUMMARY
+from pipelines.training.run_dir import existing_run_lock, require_steps, Run
 from privacy import report
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -100,8 +99,8 @@ def model_settings(run: Run) -> dict:
     """model.json: what a client needs to solve a user's side from the published item embeddings as
     the run's evaluation does (trainer.recommend): public settings, the released DP mean rating and
     the positive threshold of the split (a setting, not data), and the encoder's public families."""
-    from pipelines.splits import SPLIT_MANIFEST
-    from pipelines.train import prepared_rating_range
+    from pipelines.data.splits import SPLIT_MANIFEST
+    from pipelines.training.prepare import prepared_rating_range
 
     manifest = run.prepared()
     config, prepared = manifest["config"], manifest["prepared"]

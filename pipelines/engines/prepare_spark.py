@@ -4,13 +4,13 @@ and the centred training tables.
 The rows stay on the executors; the driver receives per-item and per-release aggregates only (one
 count per item, two sums, the training users' items, the written parts' names and sizes), so no
 step holds the log in one process (ARCHITECTURE.md, Scale). The math is the in-process one
-(pipelines.splits, pipelines.counts, pipelines.mean) applied to partitions of complete users
+(pipelines.data.splits, pipelines.releases.counts, pipelines.releases.mean) applied to partitions of complete users
 (rows repartitioned by user and sorted within partitions), so the tables and, for the same seed,
 the releases are the ones this process would make: counts exactly, the mean's sums to float64
 rounding (the order of the additions differs).
 
 Privacy: reads private interactions and writes private tables into the run directory; releases
-nothing itself (pipelines.counts and pipelines.mean noise the aggregates and record the releases).
+nothing itself (pipelines.releases.counts and pipelines.releases.mean noise the aggregates and record the releases).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipelines import splits
-from pipelines.counts import row_problem, sampling_hash
-from pipelines.mean import write_centred_part
-from pipelines.spark import forward_storage_settings, readable_tables
+from pipelines.data import splits
+from pipelines.engines.spark import forward_storage_settings, readable_tables
+from pipelines.releases.counts import row_problem, sampling_hash
+from pipelines.releases.mean import write_centred_part
 from schemas import storage
 from schemas.tables import INTERACTIONS
 

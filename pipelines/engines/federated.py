@@ -3,7 +3,7 @@ release with each user's device as a client, simulated as a Beam pipeline (clien
 any runner).
 
 Each client holds its own ratings. Given the broadcast item embeddings (public: the step's start),
-it solves its user embedding (the same ridge solve as pipelines.user_update), computes its clipped,
+it solves its user embedding (the same ridge solve as pipelines.engines.user_update), computes its clipped,
 weighted contribution to A_j, b_j of every catalog item (zero where it rated nothing: every vector
 covers the whole catalog, so its shape says nothing), encodes it in fixed point, adds its Skellam
 noise share (privacy.skellam) and sends it masked by secure aggregation (privacy.secure_aggregation).
@@ -58,13 +58,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from pipelines import logs, release, stats_job
-from pipelines.counts import dp_units
-from pipelines.lock import release_lock
-from pipelines.beam_stats import ReadTable, rows_by_user
-from pipelines.stats_core import release_metadata, stats_table, user_contributions
+from pipelines.base import logs
+from pipelines.base.lock import release_lock
+from pipelines.engines.beam_stats import ReadTable, rows_by_user
+from pipelines.releases import release, stats_job
+from pipelines.releases.counts import dp_units
+from pipelines.releases.stats_core import release_metadata, stats_table, user_contributions
 from privacy import accounting, secure_aggregation as secagg, skellam
-from privacy.accumulator import NoiseSpec, grouped_sums, packed_size
+from privacy.accumulator import grouped_sums, NoiseSpec, packed_size
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex

@@ -55,9 +55,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.chunks import complete_users
-from pipelines.datasets import Dataset
-from pipelines.engines import add_engine_argument, engine_of
+from pipelines.data.chunks import complete_users
+from pipelines.data.datasets import Dataset
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS, validate_interactions
@@ -347,7 +346,7 @@ def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED,
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
     against and the (private, exact) table sizes; for recall also the positive threshold used
     (null for an implicit-feedback data set, where every row is a positive). With an `engine`
-    (pipelines.engines) the rows are split there, users at a time, into the same tables; else
+    (pipelines.engines.selection) the rows are split there, users at a time, into the same tables; else
     the whole log is read into this process."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
@@ -479,13 +478,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")
     parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
-    add_engine_argument(parser)
 
 
-def run(args: argparse.Namespace, data: Dataset) -> int:
-    """Make the split and print one line per table (rows and users)."""
-    with engine_of(args.engine) as engine:
-        document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine)
+def run(args: argparse.Namespace, data: Dataset, engine=None) -> int:
+    """Make the split (on `engine`, pipelines.engines.selection; None: this process) and print one
+    line per table (rows and users)."""
+    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine)
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")

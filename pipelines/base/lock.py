@@ -58,17 +58,6 @@ def run_lock(run_dir: str, lease_seconds: float = LEASE_SECONDS):
 
 
 @contextmanager
-def existing_run_lock(run_dir: str):
-    """`run_lock` for the commands that work on a run prepare started (`--run RUN`): a folder that
-    holds no run is refused with the run's own message before the lock would create anything there."""
-    from pipelines.run_dir import Run
-
-    Run(run_dir).read_manifest()
-    with run_lock(run_dir):
-        yield
-
-
-@contextmanager
 def _file_lock(run_dir: str, inner: str):
     os.makedirs(inner, exist_ok=True)
     path = os.path.join(inner, LOCK_NAME)

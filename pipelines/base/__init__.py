@@ -1,0 +1,1 @@
+"""What every stage shares: progress output, one-line errors, locks, how a command ends."""

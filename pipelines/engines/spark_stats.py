@@ -1,0 +1,280 @@
+"""The stats job on Spark (`spark-submit pipelines/stats.py`, `ssp stats`): its kernel.
+
+One pass over the interactions, with rows partitioned by ITEM so that no partial sums are shuffled.
+Map side: each task reads row groups of the interactions (schemas.storage, so local paths and
+gs:// alike) and packs their narrow rows (user, item, label) into one binary block per item shard
+(stats_core.shard_of, a fixed hash); the task reading the first row group also declares every
+shard with an empty block, so a shard without rows still gets its task. Spark shuffles the blocks
+(a few records per task and shard, not one per row: the JVM never touches a row) to the reduce
+tasks: one per shard, or fewer when the shards outnumber the cores (`partition_keys`; a task then
+works through its shards one after another). Reduce side: each task holds complete items: it looks up
+its rows' DP counts and, at user level, their users' weight normalisers (sums over all of a
+user's rows, computed by `StatsJob.prepare()` with `privacy.weights`) in a broadcast, turns the
+rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
+the noise once to every item of the shard (rows or not) and writes its part of each resample's
+stats table, a row group at a time; the driver commits them. Shuffle volume is O(rows) x 24 bytes.
+The user embeddings (users x d, which bounds a task's memory) are read once per Python worker and
+release: Spark reuses workers across tasks.
+
+Privacy: the same as pipelines.releases.stats_job / privacy.accumulator: the noise is added after the sums
+are complete, to every catalog item, keyed by the release index the ledger gave.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.engines.spark import forward_storage_settings
+from pipelines.releases import stats_job
+from pipelines.releases.stats_core import release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table, user_contributions
+from privacy import accumulator, quadratic
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from schemas.ids import IdIndex
+from schemas.tables import STATS
+
+WRITTEN_DDL = "resample int, name string, rows long, seconds double"
+BLOCK_SCHEMA = pa.schema([("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())])  # rows of one item shard, shuffled as one record
+BLOCK_SCHEMA_DDL = "key int, shard int, block binary"
+CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one group)
+ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
+READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
+READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
+ROWS_PER_PARTITION = 2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
+
+
+_last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
+
+
+def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
+    """(index of the sorted ids, their embeddings) of an embeddings table (users', or items' with
+    `id_column` "item_id") whose content digest (from prepare()) is `digest`; a worker's next task of
+    the same release reuses them (the last two tables read are kept: a logistic release reads both)."""
+    if digest not in _last_vectors:
+        table = storage.read_table(path)
+        ids = table[id_column].to_numpy()
+        order = np.argsort(ids)
+        if len(_last_vectors) >= 2:
+            _last_vectors.clear()
+        _last_vectors[digest] = (IdIndex(ids[order]), list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order])
+    return _last_vectors[digest]
+
+
+def read_and_pack(units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """Map side: the row groups `units[i]` for the ids i in `picked` -> their rows, as blocks per
+    item shard. The task given id 0 also declares every shard (an empty block each), so that a
+    shard with no rows reaches its task too."""
+    for batch in picked:
+        for unit in batch.column("id").to_pylist():
+            if unit == 0:
+                yield pa.RecordBatch.from_arrays([pa.array(keys, pa.int32()), pa.array(np.arange(shards), pa.int32()), pa.array([b""] * shards, pa.binary())],
+                                                 schema=BLOCK_SCHEMA)
+            if unit < len(units):
+                file, group, _ = units[unit]
+                yield from pack_rows(storage.iter_row_group(file, group, ["user_id", "item_id", "label"], READ_BATCH_ROWS), shards, keys)
+
+
+def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
+    """Each Arrow batch of (user_id, item_id, label) rows (checked by prepare(): no nulls) -> one
+    binary block of rows per item shard it touches (stats_core.shard_of), keyed for the shuffle by `keys[shard]`."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        users, rated, labels = (batch.column(name).to_numpy() for name in ("user_id", "item_id", "label"))
+        shard = shard_of(rated, shards)
+        order = accumulator.stable_argsort(shard)
+        cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+        present = np.flatnonzero(np.diff(cuts))
+        blocks = [encode_rows(users[rows], rated[rows], labels[rows]) for rows in (order[cuts[k] : cuts[k + 1]] for k in present)]
+        yield pa.RecordBatch.from_arrays([pa.array(keys[present], pa.int32()), pa.array(present, pa.int32()), pa.array(blocks, pa.binary())],
+                                         schema=BLOCK_SCHEMA)
+
+
+def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int,
+                batches: Iterator[pa.RecordBatch], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Reduce side: the blocks of one or more item shards (each with its declaration, so that a
+    shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
+    received: dict[int, list[bytes]] = {}
+    for batch in batches:
+        for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist()):
+            received.setdefault(shard, []).append(block)
+    for shard in sorted(received):
+        yield from item_shard(settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]), expansion)
+
+
+def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int, shard: int,
+               rows: tuple[np.ndarray, np.ndarray, np.ndarray], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
+    """One shard of complete items: every catalog item with shard_of == shard, and all their rows
+    (users, items, labels) -> noised statistics, written as part `shard` of each table.
+
+    Items go in groups of at most ITEMS_PER_ROW_GROUP items and CHUNK_ROWS rows (a Parquet row
+    group each): their rows' sums (one grouped_sums), then each resample's noise and write, so a
+    task's memory stays small whatever the shard's size. Rows are summed in (item, user) order, so
+    reruns are bit-identical whatever order the shuffle delivered them in. The logistic loss
+    (`expansion`: the item embeddings to expand around) sums its positives' H_j, g_j from the rows
+    and every user's negative terms densely (`_logistic_sums`).
+    """
+    catalog = lookups.catalog.ids
+    items = catalog[shard_of(catalog, shards) == shard]  # sorted: every item of the shard, rows or not
+    if not items.size:
+        return
+    users, rated, labels = rows
+    if rated.size and not np.all(shard_of(rated, shards) == shard):
+        raise RuntimeError(f"item shard {shard} received rows of other shards")
+    by_user = accumulator.stable_argsort(users)
+    order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
+    users, rated, labels = users[order], rated[order], labels[order]
+    counts, normalisers = lookups.of(users, rated)
+    owners, vectors = embedding_vectors(*embeddings, settings.dim) if rated.size or expansion else (None, None)
+    negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
+    tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
+    writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
+    kernel = 0.0  # seconds in the statistics kernel (weights, clipping, grouped sums)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
+            pending: list = []
+            for group, part in _groups(items, rated):
+                if negatives is not None:
+                    started = time.perf_counter()
+                    keys, sums_a, sums_b = _logistic_sums(settings, lookups, negatives, group, users[part], rated[part], owners, vectors)
+                    kernel += time.perf_counter() - started
+                elif part.stop > part.start:
+                    started = time.perf_counter()
+                    keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
+                        users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
+                        None if normalisers is None else normalisers[part]))
+                    kernel += time.perf_counter() - started
+                else:  # no rows: noise only
+                    keys, sums_a, sums_b = group[:0], np.zeros((0, accumulator.packed_size(settings.dim))), np.zeros((0, settings.dim))
+                at = np.searchsorted(group, keys)
+                for writer, spec, metadata in zip(writers, specs, tables):
+                    pending.append(output.submit(writer.write_table, stats_table(group, *accumulator.finalize(group, sums_a, sums_b, spec, at), metadata)))
+                while len(pending) > len(writers):  # at most one group waiting to be written
+                    pending.pop(0).result()
+            for write in pending:
+                write.result()
+    finally:
+        for writer in writers:
+            writer.close()
+    for resample, target in enumerate(staged):
+        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)],
+                                          "seconds": [kernel if resample == 0 else 0.0]},
+                                         schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
+
+
+def _negatives(settings, lookups: RowLookups, owners: IdIndex, vectors: np.ndarray, path: str, digest: str):
+    """What every group of a logistic release needs: the expansion points (by item), and each user
+    with rows (every one a negative of every item) with its embedding and weights."""
+    w_p, w_n = quadratic.logistic_weights(lookups.normalisers, lookups.catalog.ids.size, settings.wbar)  # exponent 0: the normaliser is the count
+    return embedding_vectors(path, digest, settings.dim, "item_id"), vectors[owners.positions(lookups.users.ids, "user embedding")], w_p, w_n
+
+
+def _logistic_sums(settings, lookups: RowLookups, negatives, group: np.ndarray, users: np.ndarray, rated: np.ndarray, owners: IdIndex,
+                   vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(every item of the group, packed H_j, g_j) of the logistic loss: the rows as positives
+    (label 1, weight w_p of their user) plus every user as a negative of every item (weight w_n)."""
+    (expansion_index, points), all_u, w_p, w_n = negatives
+    v0 = points[expansion_index.positions(group, "item with an expansion point")]
+    h, g = quadratic.all_items_sums(all_u, w_n, v0, settings.clip_u)
+    if rated.size:
+        curvature_rows, slope_rows = quadratic.kernel_rows(vectors[owners.positions(users, "user embedding")], np.ones(rated.size),
+                                                           w_p[lookups.users.positions(users, "user")],
+                                                           points[expansion_index.positions(rated, "item with an expansion point")], settings.clip_u)
+        keys, h_rows, _ = accumulator.grouped_sums(rated, curvature_rows)
+        _, _, g_rows = accumulator.grouped_sums(rated, slope_rows)
+        at = np.searchsorted(group, keys)
+        h[at] += h_rows
+        g[at] += g_rows
+    return group, h, g
+
+
+def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS) -> Iterator[tuple[np.ndarray, slice]]:
+    """(items, their rows) of consecutive groups of the shard's sorted items, each at most
+    `max_items` items and `max_rows` rows (or a single item with more rows); `rated` (the rows'
+    items, sorted) holds only items of `items`."""
+    ends = np.searchsorted(rated, items, side="right")  # rows up to and including each item
+    first = 0
+    while first < items.size:
+        begin = int(ends[first - 1]) if first else 0
+        last = min(first + max_items, int(np.searchsorted(ends, begin + max_rows, side="right")), items.size)
+        last = max(last, first + 1)
+        yield items[first:last], slice(begin, int(ends[last - 1]))
+        first = last
+
+
+def encode_rows(users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> bytes:
+    """Rows as one block: n user ids, n item ids (int64), n labels (float64)."""
+    return np.concatenate([users.astype(np.int64, copy=False), items.astype(np.int64, copy=False), labels.astype(np.float64, copy=False).view(np.int64)]).tobytes()
+
+
+def decode_rows(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of `encode_rows` -> (user ids, item ids, labels) of all their rows."""
+    parts = [np.frombuffer(block, dtype=np.int64).reshape(3, -1) for block in blocks if block]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    users, items, labels = np.concatenate(parts, axis=1)
+    return users, items, labels.view(np.float64)
+
+
+_partition_keys: dict[int, np.ndarray] = {}  # by partition count: Spark's hash is the same in every session
+
+
+def partition_keys(spark, partitions: int) -> np.ndarray:
+    """For each k < partitions, an int key that Spark's hash partitioning (pmod of the SQL `hash`,
+    as `repartition(n, column)` does) sends to partition k. Were the mapping ever different, the
+    job would stay correct (a task handles whatever shards it gets), only less balanced. Found with
+    one small Spark query, once per partition count."""
+    if partitions not in _partition_keys:
+        candidates = spark.range(0, 64 * partitions).selectExpr("cast(id as int) as key", f"pmod(hash(cast(id as int)), {partitions}) as shard")
+        found = {row["shard"]: row["key"] for row in candidates.groupBy("shard").min("key").withColumnRenamed("min(key)", "key").collect()}
+        _partition_keys[partitions] = np.array([found.get(k, k) for k in range(partitions)], dtype=np.int32)
+    return _partition_keys[partitions]
+
+
+def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) -> Iterator[pa.RecordBatch]:
+    """Pass a task's results through, or (fault injection) fail its first attempt at the end."""
+    from pyspark import TaskContext
+
+    produced = list(results)
+    if fail_first_attempt and TaskContext.get().attemptNumber() == 0:
+        raise RuntimeError("injected failure of a first task attempt")
+    yield from produced
+
+
+def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> dict:
+    """Prepare the releases, compute and write them with Spark, commit; returns the step summary
+    (with the seconds the tasks spent in the statistics kernel, `kernel_task_seconds`).
+
+    `fail_first_attempts` is fault injection for tests: every item task fails on its first attempt,
+    after writing its part files, so Spark's retry must reproduce them exactly (keyed noise and a
+    fixed summation order make that so).
+    """
+
+    specs = job.prepare()
+    staged = job.staged_writes()
+    settings = job.settings
+    users, normalisers = job.normalisers if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers else (None, None)  # by prepare()
+    lookups = spark.sparkContext.broadcast(RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers))
+    needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
+    shards = max(job.shards, needed)
+    tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
+    keys = partition_keys(spark, tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
+    embeddings = (job.user_embeddings, job.digests["user_embeddings"])
+    expansion = (job.expansion, job.digests["expansion"]) if job.expansion else None
+    forward_storage_settings(spark)
+    units = storage.row_groups(job.interactions)
+    read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
+    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
+    written = blocks.repartition(tasks, "key").mapInArrow(
+        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion), fail_first_attempts),
+        WRITTEN_DDL
+    ).collect()
+    lookups.unpersist()
+    names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
+    written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
+    return {**job.commit(names, written_rows), "kernel_task_seconds": sum(row["seconds"] for row in written)}

@@ -1,0 +1,124 @@
+"""The user update of alternating minimization, on Spark (the kernel of `ssp user-update`).
+
+Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k rows (weighted-lambda
+ALS), with the item embeddings table broadcast to every task; each partition (sorted by user)
+solves its users in batches with numpy (trainer.solve.ridge_solve) and writes its part of the user
+embeddings table, which the driver commits. A run's user-update stage and the command are
+pipelines.training.user_stage.
+
+Privacy: reads private interactions and released item embeddings; the user embeddings it writes
+are private (they stay in the run directory and only ever enter the stats job, which clips them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.base.logs import log
+from pipelines.data.chunks import complete_users
+from pipelines.engines.spark import readable_tables, task_errors_raised_here
+from pipelines.releases.stats_core import LOSSES
+from schemas import storage
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column
+from schemas.ids import IdIndex
+from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings
+from trainer.solve import logistic_solve, ridge_solve
+
+DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
+
+WRITTEN_DDL = "name string, rows long, seconds double"
+SOLVE_ROWS = 262_144  # complete users' rows per batched solve
+
+
+def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], lam: float, staged: storage.StagedWrite, part: int,
+                     sources: tuple[str, str], gravity=None, logistic: bool = False) -> Iterator[pa.RecordBatch]:
+    """Users of one partition (rows sorted by user) -> one part of the user embeddings table. Each
+    row's item embedding is looked up here (`vectors`: the broadcast table), so the shuffle moves
+    ids and labels only; a row without an embedding or with a label that is not finite is refused."""
+    index, matrix = vectors
+    interactions, item_embeddings = sources
+    writer = None
+    rows, seconds = 0, 0.0
+    for table in complete_users(batches, SOLVE_ROWS):
+        users, items, labels = (table[name].to_numpy() for name in ("user_id", "item_id", "label"))
+        bad = ~np.isfinite(labels)
+        if bad.any():
+            raise ValueError(f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})")
+        at, found = index.lookup(items)
+        if not found.all():
+            raise ValueError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
+        started = time.perf_counter()
+        if logistic:  # implicit feedback's logistic loss: the rows are positives, every catalog item a negative
+            solved, u = logistic_solve(users, matrix[at], matrix, lam)
+        else:
+            solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity)
+        seconds += time.perf_counter() - started
+        out = pa.Table.from_arrays([pa.array(solved, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
+        if writer is None:
+            writer = staged.open_part(part, USER_EMBEDDINGS)
+        writer.write_table(out)
+        rows += out.num_rows
+    if writer is not None:
+        writer.close()
+        yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows], "seconds": [seconds]},
+                                         schema=pa.schema([("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
+
+
+class Solved(NamedTuple):
+    """What a user update did: the users solved, and the seconds its tasks spent in the solves
+    (summed over tasks: the kernel's share of the job, for the scaling benchmark)."""
+
+    users: int
+    solve_seconds: float
+
+
+def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0,
+        loss: str = "square") -> Solved:
+    """Solve every user of `interactions` against `item_embeddings`; write `out`.
+
+    `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
+    system: the item embeddings are released data, so this costs no privacy. `loss` "logistic"
+    solves implicit feedback's logistic loss instead (trainer.solve.logistic_solve): the rows are
+    positives and every item of `item_embeddings` a negative, weighted as SSP-convex weighs them.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    from pyspark import TaskContext
+
+    if not np.isfinite(lambda_u) or lambda_u <= 0:
+        raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
+    items = validate_item_embeddings(storage.read_table(item_embeddings), dim=dim)
+    d = len(items["embedding"][0].as_py()) if items.num_rows else dim
+    v = list_column_to_matrix(items["embedding"], d, "item embedding")
+    gram = gravity * (v.T @ v) if gravity > 0 else None
+    try:  # PySpark prints the traceback of a broadcast file it cannot write (a full disk, a file-size limit), then raises PicklingError
+        with contextlib.redirect_stderr(io.StringIO()):
+            vectors = spark.sparkContext.broadcast((IdIndex(items["item_id"].to_numpy()), v))
+    except pickle.PicklingError as exc:
+        if isinstance(exc.__context__, OSError):
+            raise exc.__context__ from None  # the disk's error, which the CLI reports in one line
+        raise
+    staged = storage.StagedWrite(out)
+    try:
+        with readable_tables(spark, interactions) as (rated_files,), task_errors_raised_here():
+            rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
+            by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
+            written = by_user.mapInArrow(lambda batches: _solve_partition(batches, vectors.value, lambda_u, staged, TaskContext.get().partitionId(),
+                                                                           (interactions, item_embeddings), gram, loss == "logistic"), WRITTEN_DDL).collect()
+    except BaseException:
+        staged.abort([])
+        raise
+    finally:
+        vectors.unpersist()
+    users = sum(row["rows"] for row in written)
+    staged.commit([row["name"] for row in written], users)
+    log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
+    return Solved(users, sum(row["seconds"] for row in written))

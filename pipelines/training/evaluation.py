@@ -1,0 +1,141 @@
+"""The evaluate stage: RMSE (regression) or Recall@20 (ranking, with fold-in users) on held-out
+rows, sliced by popularity, into RUN/metrics.json and the run's privacy report.
+
+Privacy: reads held-out private rows and the final (private) user embeddings; metrics.json holds
+aggregates for the operator, not a DP release, and stays with the run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pipelines.training.prepare import prepared_rating_range
+from pipelines.training.run_dir import config_of, require_steps, Run
+from pipelines.training.settings import TrainConfig
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from schemas.tables import validate_item_embeddings, validate_user_embeddings
+
+
+def evaluate(run: Run) -> dict:
+    """Last stage: valid and test metrics of the finished run (trusted side: held-out private
+    ratings and the final user embeddings), with the ledger's epsilon and the steps' curves
+    (trainer.curves); writes RUN/metrics.json."""
+    from trainer import curves
+    from trainer.features import FeatureSpace
+
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    require_steps(run, manifest, config.outer_steps + 1)
+    prepared = manifest["prepared"]
+    if config.protocol == "rmse" and config.holdout > 0 and not storage.exists(run.user_embeddings(None)):
+        raise ValueError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
+    space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
+    final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.dim)
+    if final_items.num_rows != space.size:
+        raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
+    item_vectors = np.zeros((space.size, config.dim))
+    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.dim, "item embedding")
+    metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
+                        prepared_rating_range(prepared), fold_in_counts(run, config, space))
+    ledger = Ledger.open(run.ledger)
+    done_at = manifest.get("step_done_at", {})
+    marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
+    metrics.update(
+        epsilon_spent=ledger.epsilon_spent(), delta=config.delta, epsilon_budget=ledger.budget["epsilon"],
+        releases=len(ledger.rows), seconds=time.time() - prepared["started_at"],
+        step_seconds={s: marks[s] - marks[s - 1] for s in range(1, len(marks)) if marks[s] is not None and marks[s - 1] is not None},
+        outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
+    )
+    final = {name: value for name, value in metrics.items() if name.startswith(("test_", "valid_")) and isinstance(value, float)}
+    metrics["curves"] = curves.gather([run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final)
+    storage.write_json(metrics, run.path("metrics.json"))
+    if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
+        from pipelines.training.publish import privacy_report
+
+        storage.StagedFile(privacy_report(run).encode(), run.path("privacy.md")).publish()
+    manifest["status"] = "done"
+    run.write_manifest(manifest)
+    return metrics
+
+
+def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
+    """The DP counts in catalog order when the ranking fold-in uses them (--popularity-column), else None."""
+    if config.protocol != "recall" or not config.popularity_column:
+        return None
+    table = storage.read_table(run.counts, columns=["item_id", "count"])
+    counts = np.ones(space.size)
+    counts[space.index_of(table["item_id"].to_numpy())] = table["count"].to_numpy()
+    return counts
+
+
+def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
+              ratings: tuple[float, float], counts: np.ndarray | None = None) -> dict:
+    """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
+    predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
+    `counts` (catalog order) as a popularity column when given."""
+    from trainer import evaluate
+
+    train = storage.read_table(train_rows, columns=["item_id"])
+    buckets = evaluate.popularity_buckets(space.item_ids, train["item_id"].to_numpy())
+    metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit, "holdout": config.holdout}
+    if config.holdout == 0:  # production mode: every row trained, so there is nothing to evaluate on
+        metrics["no_heldout_data"] = "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
+        return metrics
+    if config.protocol == "rmse":
+        users = validate_user_embeddings(storage.read_table(final_users), dim=config.dim).sort_by("user_id")
+        user_table = (users["user_id"].to_numpy(), np.array(users["embedding"].to_pylist(), dtype=np.float64).reshape(-1, config.dim))
+        for part in ("valid", "test"):
+            rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
+            positions = space.index_of(rows["item_id"].to_numpy())
+            labels = rows["label"].to_numpy()
+            predictions = evaluate.predict_ratings(rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, ratings)
+            report = evaluate.rmse_report(predictions, labels, buckets[positions])
+            metrics[f"{part}_rmse"] = report["rmse"]
+            metrics[f"{part}_rmse_sliced"] = report["sliced"]
+            baseline = evaluate.rmse_report(np.full(labels.size, mean), labels, buckets[positions])  # the DP mean, on the same slices
+            metrics[f"{part}_mean_predictor_rmse"] = baseline["rmse"]
+            metrics[f"{part}_mean_predictor_rmse_sliced"] = baseline["sliced"]
+        metrics["dp_mean"] = mean
+        metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
+    else:
+        vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts)
+        for part in ("valid", "test"):
+            history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
+            targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
+            report = evaluate.recall_report(
+                (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
+                (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, config.lambda_u, buckets,
+                gravity=config.gravity, loss=config.loss,
+            )
+            metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
+            metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
+        metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
+    return metrics
+
+
+def describe(metrics: dict) -> str:
+    """The human summary printed at the end of a run."""
+    lines = []
+    if "no_heldout_data" in metrics:
+        lines.append(f"no test metrics: {metrics['no_heldout_data']}")
+    elif metrics["protocol"] == "rmse":
+        lines.append(f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})")
+        sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_rmse_sliced"])
+        lines.append(f"test RMSE by item popularity (least to most popular fifth): {sliced}")
+        if "test_mean_predictor_rmse_sliced" in metrics:
+            sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_mean_predictor_rmse_sliced"])
+            lines.append(f"  predicting the DP mean, same fifths: {sliced}")
+    else:
+        lines.append(f"test Recall@20 {metrics['test_recall_at_20']:.4f} (valid {metrics['valid_recall_at_20']:.4f})")
+        sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_recall_at_20_sliced"])
+        lines.append(f"test Recall@20 by item popularity (least to most popular fifth): {sliced}")
+    eps = metrics["epsilon_spent"]
+    guarantee = "no privacy (non-private run)" if metrics["non_private"] else f"({eps:.4g}, {metrics['delta']:g})-DP at the {metrics['unit']} level"
+    lines.append(f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} releases (ledger: {metrics['outputs']['ledger']})")
+    lines.append(f"outputs: encoder {metrics['outputs']['encoder']}, item embeddings {metrics['outputs']['item_embeddings']}, metrics {metrics['outputs']['run']}/metrics.json")
+    lines.append(f"private (never publish): {metrics['outputs']['run']}/private/; done in {metrics['seconds']:.0f} s")
+    return "\n".join(lines)

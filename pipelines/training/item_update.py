@@ -1,0 +1,256 @@
+"""The stats release and the item update of one outer step.
+
+`release_stats` makes step s's stats release on the run's engine (Spark, Beam, or the federated
+round) with the job `stats_job_for` derives from the run's settings; `item_update` then fits the
+item encoder: the SSP trainer, or the DP-ALS / DP-CMF closed-form solves, from the released
+statistics (`_stats_update`), or AM-DPSGD's TF-Privacy trainer on the private rows
+(`_dpsgd_update`, no stats release). The last step exports the encoder and item embeddings.
+
+Privacy: the SSP, ALS and CMF updates read only released tables (the statistics, the DP counts) and
+public features, never the interactions; DP-SGD reads the private rows under its own release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.base import logs
+from pipelines.releases import release, stats_job
+from pipelines.releases.gram import dp_gram
+from pipelines.training.model import build_encoder, normalise_embeddings
+from pipelines.training.prepare import ledger_multiplier
+from pipelines.training.run_dir import config_of, require_steps, Run
+from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
+from privacy import accounting
+from privacy.ledger import Ledger
+from schemas import storage
+from schemas.arrays import list_column_to_matrix
+from schemas.tables import validate_item_embeddings, validate_user_embeddings
+
+
+def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob:
+    """`ssp stats --run RUN --step S`: the prepared run's stats job of step S, from its manifest."""
+    run = Run(root)
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    if config.item_update not in STATS_UPDATES:
+        raise ValueError(f"{root} runs --item-update {config.item_update}, which releases no statistics")
+    if not 1 <= step <= config.outer_steps:
+        raise ValueError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
+    return stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
+
+
+def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
+    """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
+    return stats_job.StatsJob(run.stats_rows, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
+                              step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards,
+                              expansion=run.item_embeddings(step - 1) if config.loss == "logistic" else None)
+
+
+def release_stats(run: Run, step: int, spark=None) -> dict:
+    """Stage 2b of step s: release the noised statistics with the run's engine; returns the step summary."""
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    job = stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
+    if config.engine == "federated":  # the clients solve their own embeddings: no user update before it
+        from pipelines.engines import federated
+        from pipelines.engines.prepare_beam import options_from_environment
+
+        return federated.run(federated.FederatedJob(job, run.centred, run.item_embeddings(step - 1), config.lambda_u, config.gravity,
+                                                    config.federated_dropout, config.federated_max_dropout, scratch=run.private("federated"),
+                                                    server=config.federated_server),
+                             options_from_environment())
+    if config.engine == "beam":
+        from pipelines.engines import beam_stats
+
+        return beam_stats.run(job)
+    from pipelines.engines import spark_stats as stats
+
+    return stats.run(job, spark)
+
+
+def _ridge_scale(config: TrainConfig, space, multiplier: float, counts: pa.Table, averaged: int = 1) -> np.ndarray:
+    """Each item's ridge: weighted-lambda, growing like the item's weighted row count (DP count
+    n^(1+e) under user-level weights w ~ n^e), plus a floor at the scale of the noise in A_j (N of
+    `release_units`), so that pure noise shrinks to 0."""
+    settings = config.settings()
+    _, noise_scale = release_units(config, multiplier, averaged)
+    ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
+    exponent = settings.weight_exponent if settings.unit == "user" else 0.0
+    ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
+    return ridge_scale
+
+
+def _ssp_penalties(config: TrainConfig, space, multiplier: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The SSP item update's per-item ridge scale and residual penalty, in the units the release
+    defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
+    item: its share of an item's problem fades as the item's data grows, so popular items are not
+    shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
+    free residual at zero until its statistics outweigh the noise: such an item stays what its
+    public features say (the starting point), not what the noise says. The anchor kappa =
+    anchor * (S + N) holds the shared encoder's output near where the update began, in the same
+    units."""
+    unit, noise = release_units(config, multiplier)
+    ridge_scale = np.full(space.size, unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
+    return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise)), config.anchor * (unit + noise)
+
+
+def _check_step(config: TrainConfig, step: int) -> None:
+    if not isinstance(step, int) or not 1 <= step <= config.outer_steps:
+        raise ValueError(f"--step must be an outer step of the run, 1..{config.outer_steps}, got {step}")
+
+
+def item_update(run: Run, step: int, progress: bool = True) -> dict:
+    """Stage 2c of step s (TensorFlow): fit the encoder from step s's released statistics and the
+    public features, starting from step s-1's checkpoint; the last step also exports the encoder
+    and the final item embeddings. Marks the step done and returns the manifest (a done step is
+    left as it is)."""
+    from trainer import curves
+    from trainer import encoder as encoders
+    from trainer import ssp
+
+    manifest = run.prepared()
+    config = config_of(run, manifest)
+    _check_step(config, step)
+    if step in manifest["steps_done"]:
+        logs.log(f"outer step {step} of {run.root} is already done")
+        return manifest
+    require_steps(run, manifest, step)
+    started = time.time()
+    space, model = build_encoder(config, storage.read_table(manifest["prepared"]["items"]))
+    encoders.restore_checkpoint(model, run.checkpoint(step - 1))
+    losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
+    if config.item_update == "dpsgd":
+        _dpsgd_update(run, config, manifest, step, space, model, progress)
+    elif config.item_update != "none":  # none: the encoder stays as it started
+        losses = _stats_update(run, config, step, space, model, progress)
+    normalise_embeddings(model)
+    embeddings = ssp.item_embeddings_table(model)
+    storage.write_table(embeddings, run.item_embeddings(step))
+    encoders.write_checkpoint(model, run.checkpoint(step))
+    if step == config.outer_steps:
+        storage.write_table(embeddings, run.path("item_embeddings.parquet"))
+        encoders.export(model, run.path("encoder"))
+    spent = Ledger.open(run.ledger).epsilon_spent()
+    curves.write_step(run.step(step), run.path("tensorboard", f"step-{step}"), losses, spent, time.time() - started)
+    manifest = run.mark_step_done(step)
+    logs.log(f"outer step {step}/{config.outer_steps} done (epsilon spent {spent:.4g})")
+    return manifest
+
+
+def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progress: bool) -> list[float]:
+    """The item update from step s's released statistics: the SSP trainer (each of the R resamples
+    in turn), or the DP-ALS / DP-CMF closed-form solves from the mean of the R resamples
+    (post-processing of the release: R independent noisy copies, all paid for, average to 1/R of
+    the noise variance). Returns the SSP trainer's loss by epoch (none for a closed-form solve)."""
+    from trainer import ssp
+
+    if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
+        raise ValueError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
+    summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
+    settings = config.settings()
+    tables = stats_job.stats_tables(run.stats(step))
+    multiplier = ledger_multiplier(run.ledger)
+    ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
+    # the release parameters the run's own ledger planned (not the folder's word for them)
+    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier}
+    if summary["noise_multiplier"] != expected["noise_multiplier"]:
+        raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
+    if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
+        for table in tables:
+            ssp.check_stats(table, {"d": config.dim, **expected})
+        start = validate_item_embeddings(storage.read_table(run.item_embeddings(step - 1)), dim=config.dim).sort_by("item_id")
+        points = (start["item_id"].to_numpy(), list_column_to_matrix(start["embedding"], config.dim, "item embedding"))
+        tables = [ssp.expand_table(table, storage.join(run.stats(step), "expanded-" + table.rsplit("/", 1)[-1]), points, ssp_config.psd_projection)
+                  for table in tables]
+        ssp_config = dataclasses.replace(ssp_config, psd_projection=False)  # done before the expansion
+    gravity = None
+    if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
+        seeds = release.open_seed_file(config.seed_file, run.ledger)
+        gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
+    if config.item_update in ("als", "cmf"):  # weighted-lambda ridges, from the mean of the resamples
+        ridge_scale = _ridge_scale(config, space, multiplier, storage.read_table(run.counts), len(tables))
+    if config.item_update in ("als", "cmf") and len(tables) > 1:
+        from trainer import als
+
+        for table in tables:  # each resample as released (what the ledger planned), before they are mixed
+            ssp.check_stats(table, {"d": config.dim, **expected})
+        tables = [als.mean_table(tables, storage.join(run.stats(step), "mean-of-resamples.parquet"))]
+    if config.item_update == "als":
+        from trainer import als
+
+        model.set_item_vectors(als.solve_items(tables[0], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+        return []
+    elif config.item_update == "cmf":
+        from trainer import cmf
+
+        # The feature vectors are a function of the previous item vectors (the feature solve), so
+        # nothing but the encoder carries over between steps; step 1 starts from DP-ALS (P = 0).
+        features = cmf.solve_features(cmf.feature_matrix(space), model.embed_all(), config.feature_weight, config.feature_ridge) if step > 1 else None
+        table = tables[0]
+        if ssp_config.psd_projection:  # once, not once per inner iteration
+            table = ssp.project_table(table, storage.join(run.stats(step), "psd-" + table.rsplit("/", 1)[-1]))
+        vectors, _ = cmf.solve_items(table, space, config.dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
+                                     config.cmf_iterations, features, gravity)
+        model.set_item_vectors(vectors)
+        return []
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
+    with _kernel(run, step):
+        return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
+
+
+@contextmanager
+def _kernel(run: Run, step: int):
+    """Time the item update's trainer steps into the manifest's `kernel_seconds` (Run.record_seconds)."""
+    started = time.perf_counter()
+    yield
+    run.record_seconds(f"step-{step}/item_update", time.perf_counter() - started, "kernel_seconds")
+
+
+def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
+    """AM-DPSGD's item update: TF-Privacy DP-SGD on the private training rows (weighted, clipped
+    per user) against step s's user embeddings, released through the ledger as one DP-SGD event.
+    Its sampling rate is planned over the DP number of users (so the event's q reveals no exact
+    count); every user is still sampled with that rate when the true number is larger.
+    Its sampling and noise are seeded from the run's secret seed and the release index, so a rerun
+    of the step (after a crash) reproduces the same release rather than spending budget twice."""
+    import hashlib
+
+    from privacy.weights import user_level_weights
+    from trainer import dpsgd
+
+    units = manifest["prepared"]["units"]  # the DP number of users (released with the counts), never the exact one
+    settings = config.settings()
+    rows = storage.read_table(run.centred)
+    users, positions, labels = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy()), rows["label"].to_numpy()
+    seeds = release.open_seed_file(config.seed_file, run.ledger)
+    if config.loss == "logistic":  # positives and sampled negatives (secret randomness), weighted as SSP-convex weighs its every-item negatives
+        negatives = np.random.default_rng(int.from_bytes(hashlib.sha256(seeds.seed + b"negatives" + step.to_bytes(8, "big")).digest()[:8], "big"))
+        users, positions, labels, weights = dpsgd.logistic_rows(users, positions, space.size, negatives)
+    elif settings.unit == "user":
+        counts = storage.read_table(run.counts).sort_by("item_id")
+        row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
+        weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent)
+    else:
+        weights = np.ones(rows.num_rows)
+    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.dim).sort_by("user_id")
+    user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.dim, "user embedding"))
+    ledger = Ledger.open(run.ledger)
+    multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
+    q, steps = config.dpsgd_schedule(units)
+    event = accounting.dpsgd_event(multiplier, q, steps)
+    inputs = {"rows": seeds.digest_table(run.centred), "user_embeddings": seeds.digest_table(run.user_embeddings(step)), "counts": seeds.digest_table(run.counts)}
+    release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
+    index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
+    seed = int.from_bytes(hashlib.sha256(seeds.release_seed(index) + b"dpsgd").digest()[:8], "big")  # keyed by the release, as every noise draw
+    with _kernel(run, step):
+        result = dpsgd.train(model, (users, positions, labels, weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
+                             settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
+    if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
+        raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")

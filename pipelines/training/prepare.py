@@ -1,0 +1,324 @@
+"""The prepare stage of a run: data -> split -> DP item counts -> DP mean -> centred labels -> the
+initial item encoder, recorded in RUN/manifest.json.
+
+Prepare is the one stage given the whole configuration; it records it, releases the counts and the
+mean (pipelines.releases), picks the catalog the statistics cover from the DP counts
+(`stats_catalog`, `stats_threshold_of`) and fits the initial encoder to the public features only.
+A run killed here resumes: the releases it made are recognised, never spent twice.
+
+Privacy: reads the private data set; writes the split and the centred rows under RUN/private/; what
+leaves it is released (counts, mean) or computed from releases and public features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.base import logs
+from pipelines.base.lock import run_lock
+from pipelines.data import ingest, splits
+from pipelines.releases import release
+from pipelines.releases.counts import dp_counts, dp_units
+from pipelines.releases.mean import centred, dp_mean
+from pipelines.training.model import build_encoder, normalise_embeddings
+from pipelines.training.run_dir import Run
+from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
+from privacy.ledger import Ledger
+from privacy.seeds import content_digest_table
+from schemas import storage
+from schemas.tables import INTERACTIONS, item_features
+
+
+def _check_manifest(run: Run, config: TrainConfig) -> dict:
+    """The run's manifest: new (not written yet), or the one of an interrupted run with the same
+    settings. A folder that holds something else (a data set, a file) is refused."""
+    wanted = {key: value for key, value in asdict(config).items() if key != "out"}
+    storage.require_folder_target(run.root, "--out")
+    if storage.exists(run.manifest_path):
+        manifest = run.read_manifest()
+        if not isinstance(manifest.get("config"), dict):
+            raise ValueError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
+        differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
+        if differing:
+            raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}); resume it with the same flags or use a new --out")
+        return manifest
+    for name in ("counts", "step-1", "ledger.parquet", "private"):  # a run's outputs without its manifest: not a fresh directory
+        if _present(run.path(name)):
+            raise ValueError(f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out")
+    return {"config": wanted, "steps_done": [], "status": "running"}
+
+
+def _data_fingerprint(path: str) -> dict:
+    """What identifies the training data, read-only and wherever it is stored: the digests of a
+    data set's tables, or of the files a MovieLens folder is ingested from (the ratings, the
+    catalog and its tags: the ml-100k genre list is fixed)."""
+    from pipelines.data.movielens import detect_layout
+
+    if ingest.is_dataset(path):
+        data = ingest.open_dataset(path)
+        return {"interactions": content_digest_table(data.interactions), "items": content_digest_table(data.items)}
+    layout = detect_layout(path)
+    fs, inner = storage.filesystem(path)
+    files = {}
+    for name in (layout.ratings, layout.movies, layout.tags):
+        if name is None or not fs.isfile(storage.join(inner, name)):
+            continue
+        digest = hashlib.sha256()
+        with fs.open(storage.join(inner, name), "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        files[name] = digest.hexdigest()
+    return {"layout": layout.name, "files": files}
+
+
+def _run_identity(config: TrainConfig) -> dict:
+    """The settings and data a run's seed is bound to (everything but where things are stored)."""
+    where = ("out", "seed_file", "data", "budget_account", "engine")  # where things are stored or run: the data are identified by content, and every engine makes the same releases
+    return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
+
+
+def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None, engine=None) -> None:
+    """The training rows centred by `mean.centred` (on the engine when given), written to `out`."""
+    if engine is not None:
+        engine.write_centred(train, out, mean, protocol, keep_items)
+        return
+    with storage.TableWriter(out, INTERACTIONS) as writer:
+        for batch in storage.iter_batches(train):
+            writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items))
+
+
+LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
+
+
+def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: int = LOCAL_PREPARE_ROWS):
+    """Where the prepare stage's row work runs for a log of `rows` rows: in this process (None)
+    below `local_rows`, where a handful of Spark or Beam jobs would cost more than the work and
+    memory is bounded by the threshold; else on Beam when the run's stats job runs there, on Spark
+    when a session is given, in this process when none is."""
+    if rows < local_rows:
+        return None
+    if config.engine in ("beam", "federated"):
+        from pipelines.engines.prepare_beam import BeamEngine, options_from_environment
+
+        return BeamEngine(options_from_environment(), scratch=Run(config.out).private("beam"))
+    if spark is not None:
+        from pipelines.engines.prepare_spark import SparkEngine
+
+        return SparkEngine(spark)
+    return None
+
+
+def ledger_multiplier(ledger_path: str) -> float:
+    """The stats noise multiplier the run's budget planned."""
+    return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
+
+
+def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, noise_per_unit: float) -> float:
+    """--stats-threshold, or its default rule: 6 for AM-SSP's features encoder when the release's
+    noise-to-signal ratio R = sqrt(m) (N/S) / sqrt(C n) exceeds 0.03, 0 (every item) otherwise.
+
+    m: catalog items; C: the DP counts' total; n: the DP number of users; N/S: `noise_per_unit`.
+    The noise that per-item statistics put into the shared feature embeddings grows like sqrt(m) N
+    (the paper's sqrt(m d) bound); the signal, with each user's weights normalised, like
+    sqrt(C n) S. When R is large, the items below the noise add more noise than signal and thin
+    every user's weight. Measured (test RMSE, one seed unless said):
+    ml-latest-small (R 0.05-0.27 at epsilon 20-1): 1.062 / 1.046 / 1.008 / 0.978 at epsilon
+    1 / 5 / 10 / 20 with every item (worse than its starting point, 1.009-1.013), 0.997 / 0.969 /
+    0.962 / 0.947 at 6 N/S; `ssp synth --like movielens`: epsilon 1 (R 0.05) 1.007 with every item,
+    0.984 at 3 N/S; epsilon 5 (R 0.013) 0.942 with every item against 0.946 at 3 N/S (3 seeds);
+    epsilon 20 (R 0.004) 0.921 against 0.927 at 4 N/S (these with a random initial encoder); with the
+    principal initial encoder and the anchor, ml-latest-small at epsilon 5 gives 0.959 with every
+    item against 0.944 at 6 N/S. An id encoder has no other embedding for an item outside the
+    statistics."""
+    if config.stats_threshold is not None:
+        return config.stats_threshold
+    if config.item_update != "ssp" or config.encoder != "features" or noise_per_unit == 0:
+        return 0.0
+    ratio = math.sqrt(counts.size) * noise_per_unit / math.sqrt(max(float(np.sum(counts)), 1.0) * max(dp_users, 1))
+    return 6.0 if ratio > 0.03 else 0.0
+
+
+def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float, dp_users: int) -> np.ndarray:
+    """The item ids the statistics cover, from the DP counts only: those of `keep_items` (the
+    ranking protocol's top share; None: every item) whose DP count is at least k * N / S (k:
+    `stats_threshold_of`; N/S of `release_units`: the count at which an item's data would match
+    the noise in its A_j). Which rows the stats job reads then depends on released data alone."""
+    ids, dp_counts = counts["item_id"].to_numpy(), counts["count"].to_numpy()
+    chosen = np.ones(ids.size, bool) if keep_items is None else np.isin(ids, keep_items)
+    unit, noise = release_units(config, multiplier)
+    threshold = stats_threshold_of(config, dp_counts, dp_users, noise / unit)
+    if threshold > 0:
+        chosen &= dp_counts >= threshold * noise / unit
+        if not chosen.any():
+            raise ValueError(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold "
+                             f"{threshold:g} times N/S at this epsilon), so the statistics would cover nothing; lower "
+                             "--stats-threshold (0: every item) or raise --epsilon")
+    logs.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
+    return ids[chosen]
+
+
+def _present(path: str) -> bool:
+    """Whether anything (a file or a folder, complete or not) is at `path`."""
+    fs, inner = storage.filesystem(path)
+    fs.invalidate_cache()
+    return fs.exists(inner)
+
+
+def _is_empty_folder(path: str) -> bool:
+    fs, inner = storage.filesystem(path)
+    return fs.isdir(inner) and not fs.ls(inner, detail=False)
+
+
+def _released_anything(run: Run) -> bool:
+    """Whether the run directory records a release (or cannot be read to tell)."""
+    try:
+        return storage.exists(run.ledger) and bool(Ledger.open(run.ledger).rows)
+    except Exception:
+        return True
+
+
+@contextmanager
+def run_directory(config: TrainConfig):
+    """The run directory held for a command: its folder checked first, read-only (a folder holding
+    something other than this run is refused before the lock would write in it), then the lock,
+    and the directory removed whole if the command is refused before its first release."""
+    _check_manifest(Run(config.out), config)
+    with removed_if_refused(config.out), run_lock(config.out):
+        yield
+
+
+@contextmanager
+def removed_if_refused(root: str):
+    """A run directory this command creates is removed whole if the command fails before the run's
+    first release: a refused command leaves nothing behind, and the corrected command can use the
+    same --out. After a release the directory stays: its ledger is the record of what was spent."""
+    created = not _present(root)
+    was_empty = not created and _is_empty_folder(root)  # made by hand (or a scheduler) for this run
+    try:
+        yield
+    except Exception:
+        if (created or was_empty) and _present(root) and not _released_anything(Run(root)):
+            storage.remove(root)
+            if was_empty:
+                fs, inner = storage.filesystem(root)
+                fs.makedirs(inner, exist_ok=True)
+        raise
+
+
+def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, float]:
+    """The run's rating range (the DP mean's clipping bounds, the predictions' limits): the data
+    set's declared scale, or --rating-min/--rating-max for data that declares none (0.5..5 if not
+    given either). Flags that contradict the declared scale are refused, and so is a regression run
+    on ratings outside its range: they would be clipped silently and the RMSE would mean nothing.
+    (A check on the trusted side before any release, like a malformed row: it releases nothing.)"""
+    declared = data.manifest.get("rating_scale")
+    given = (config.rating_min, config.rating_max)
+    if declared is not None:
+        wanted = tuple(d if g is None else g for g, d in zip(given, declared))
+        if wanted != tuple(declared):
+            raise ValueError(f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
+                             f"that {data.path} declares; leave them out to use the data's scale")
+        low, high = declared
+    else:
+        low, high = given[0] if given[0] is not None else 0.5, given[1] if given[1] is not None else 5.0
+    if not low < high:
+        raise ValueError(f"rating range must have min < max, got [{low:g}, {high:g}]")
+    observed = data.manifest.get("label_range")
+    if config.protocol == "rmse" and observed and not low <= observed[0] <= observed[1] <= high:
+        raise ValueError(f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
+                         + ("the data set declares that scale: fix the data" if declared is not None else "give the data's scale with --rating-min/--rating-max"))
+    return float(low), float(high)
+
+
+def prepared_rating_range(prepared: dict) -> tuple[float, float]:
+    """The rating range a prepared run chose (runs prepared before it was recorded used 0.5..5)."""
+    return tuple(prepared.get("rating_range", (0.5, 5.0)))
+
+
+def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: int = LOCAL_PREPARE_ROWS) -> dict:
+    """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
+    initial item embeddings (public features only); returns the manifest. Done once: a prepared run
+    is left as it is (a different configuration is refused). The rows are split, counted, summed
+    and centred on the run's engine (`prepare_engine`): the same tables and releases as in this
+    process, without holding the log here (a log under `local_rows` rows is prepared here)."""
+    from trainer import encoder as encoders
+    from trainer import ssp
+
+    from privacy.seeds import SeedFile
+
+    run = Run(config.out)
+    manifest = _check_manifest(run, config)
+    if "prepared" in manifest:
+        run.require_ledger(config.seed_file)
+        return manifest
+    # every check before the first write: the data, a given seed's binding, the catalog's features
+    identity = _run_identity(config)
+    if config.seed_file is not None:
+        given = SeedFile.load(config.seed_file)
+        given.check_run(given.run_fingerprint(identity))
+        given.check_ledger(Ledger.open(run.ledger).identity if storage.exists(run.ledger) else "this run's new ledger")  # a seed serves one ledger
+    if storage.exists(run.manifest_path) and storage.exists(run.counts):  # an interrupted prepare that released the counts
+        run.require_ledger(config.seed_file)
+    run.write_manifest(manifest)
+    started = time.time()
+    unit = config.unit_of_privacy()
+    data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
+    if config.protocol == "rmse" and data.manifest.get("feedback") == "implicit":  # before any release: it spends nothing
+        raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
+                         "(--protocol rmse) has no ratings to predict; use --protocol recall")
+    ratings = rating_range(config, data)
+    engine = prepare_engine(config, spark, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
+    if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
+        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine)
+    train_rows = storage.join(run.split, "train.parquet")
+    items = storage.read_table(data.items)
+    if config.encoder == "features" and not item_features(items.schema):
+        raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
+                         "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
+    space, model = build_encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
+    privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
+
+    privacy.open_ledger(run.ledger, unit, data.interactions)  # creates the run's budget (charging its data source's account), or checks it on resume
+    seeds = release.open_seed_file(config.seed_file, run.ledger)
+    seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
+    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, engine=engine)
+    counts = storage.read_table(run.counts)
+    units = dpsgd_multiplier = None
+    if config.item_update == "dpsgd":  # plan the DP-SGD sampling over the DP number of users (released with the counts)
+        units = dp_units(run.counts)
+        dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
+    mean = 0.0
+    if config.protocol == "rmse":
+        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, engine=engine)["mean"]
+    keep_items = None
+    if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
+        keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
+    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items, engine)  # the user update's rows
+    if config.item_update in STATS_UPDATES:
+        covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
+        storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
+        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered, engine)  # the stats job's rows
+
+    if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
+        weights = np.ones(space.size)
+        weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
+        rank = model.init_principal(weights)
+        logs.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
+                    + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
+    normalise_embeddings(model)
+    storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
+    encoders.write_checkpoint(model, run.checkpoint(0))
+    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
+                           "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
+    run.write_manifest(manifest)
+    logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")
+    logs.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
+    return manifest

@@ -1,0 +1,321 @@
+"""The settings of a training run (`TrainConfig`) and their checks.
+
+Every numeric setting's type and range is checked before anything is written or spent, and a run's
+recorded settings are checked the same way when a later stage reads them (`check_recorded`): a
+setting found wrong after the first release would strand a run whose budget is partly spent. The
+privacy plan of a run (its budget split between the counts, mean, Gram and stats releases) and the
+release units S and N (`release_units`) follow from the settings alone.
+
+Privacy: settings only; none of them is read from the private data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+
+
+from pipelines.data import ingest, splits
+from pipelines.engines import user_update
+from pipelines.releases import release
+from pipelines.releases.counts import DEFAULT_MAX_ITEMS_PER_USER
+from pipelines.releases.stats_core import LOSSES, StatsSettings
+from schemas import storage
+
+
+# SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
+# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); none: the starting point
+# (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
+ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
+
+
+STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
+
+
+ENGINES = ("spark", "beam", "federated")
+
+
+STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
+
+
+ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run (a resumed run must be started with the same)."""
+
+    data: str = ingest.BUNDLED
+    protocol: str = "rmse"
+    out: str = "runs/train"
+    epsilon: float = 10.0
+    delta: float = 1e-5
+    non_private: bool = False
+    seed_file: str | None = None
+    engine: str = "spark"
+    federated_dropout: float = 0.0  # --engine federated: share of clients that drop out of each round (simulated)
+    federated_max_dropout: float = 0.1  # --engine federated: the noise is planned for this share of clients missing
+    federated_server: str = "honest"  # --engine federated: the simulated server (pipelines.engines.federated.SERVERS; "partition" for drills)
+    item_update: str = "ssp"
+    loss: str = "square"  # "logistic": implicit feedback's logistic loss, by SSP-convex (privacy.quadratic); --protocol recall
+    encoder: str = "features"
+    encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
+    item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
+    popularity_column: bool = True  # --protocol recall: the fold-in also gets the DP counts as a column (trainer.evaluate.with_popularity)
+    dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
+    outer_steps: int = release.DEFAULT_OUTER_STEPS
+    resamples: int = 1
+    clip_u: float = 0.3  # against item embeddings of unit RMS norm: most users are clipped, i.e. normalised
+    clip_y: float = 1.0  # centred labels
+    wbar: float = 1.0
+    weight_exponent: float | None = None  # None: -0.25 (rmse), 0 (recall); see __post_init__
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
+    count_share: float = release.DEFAULT_COUNT_SHARE
+    mean_share: float = release.DEFAULT_MEAN_SHARE
+    lambda_u: float = user_update.DEFAULT_LAMBDA_U
+    epochs: int = 30
+    batch_size: int = 512
+    learning_rate: float = 0.01
+    ridge: float = 0.1
+    noise_ridge: float = 0.25
+    gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
+    train_item_fraction: float | None = None  # ranking protocol: share of the catalog (top by DP count) the statistics cover; None: see __post_init__
+    stats_threshold: float | None = None  # the statistics cover the items whose DP count is >= this times N/S; None: see stats_threshold_of
+    gram_share: float = release.DEFAULT_GRAM_SHARE
+    psd_projection: bool = True
+    feature_weight: float = 1.0  # DP-CMF: weight mu of the public feature rows
+    feature_ridge: float = 1.0  # DP-CMF: ridge of the feature embeddings
+    cmf_iterations: int = 3  # DP-CMF: item/feature solves per outer step
+    dpsgd_epochs: float = 5.0
+    dpsgd_batch_size: int = 64  # expected users per DP-SGD step (rows in a non-private run)
+    dpsgd_learning_rate: float = 0.01
+    dpsgd_clip: float = 1.0  # per-user gradient clip norm C
+    dpsgd_max_rows_per_user: int = 256
+    rating_min: float | None = None  # None: the data set's declared rating scale (see rating_range)
+    rating_max: float | None = None
+    split_seed: int = splits.DEFAULT_SEED
+    holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
+    model_seed: int = 0
+    shards: int = 4
+    anchor: float = 10.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
+    residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
+    budget_account: str | None = None  # None: the data source's account in the registry (privacy.account), found by content
+    account_cap: float | None = None
+    account_window_days: float | None = None
+
+    def __post_init__(self):
+        # The dimension, tuned per mode on the validation splits of ml-latest-small and `ssp synth --like
+        # movielens`: under user-level noise a small d generalises best for ratings (8); ranking needs
+        # more directions to order the popular items, as many as the noise allows (the ML-1M-like data,
+        # valid Recall@20 at d 8 / 16 / 32: epsilon 5 0.133 / 0.137 / 0.128, epsilon 10 - / 0.141 /
+        # 0.144, epsilon 20 - / 0.151 / 0.162; non-private, test: 0.139 at d 8, 0.205 at 32).
+        if self.dim is None:
+            ranking = 32 if self.epsilon >= 10 else 16
+            object.__setattr__(self, "dim", 32 if self.non_private else ranking if self.protocol == "recall" else 8)
+        if self.weight_exponent is None:
+            # Ranking: every Recall@20 hit is on a popular item (the top fifth; the other fifths score 0
+            # even without noise), so a user's weight is spread evenly over their positives instead of
+            # towards rare items (the paper's n_j^-1/4 for ratings). Measured at epsilon 5 on the ML-1M-
+            # like data: valid Recall@20 0.1326 against 0.1307 at d 8, 0.1283 against 0.1191 at d 32.
+            object.__setattr__(self, "weight_exponent", 0.0 if self.protocol == "recall" else -0.25)
+        if self.item_id_feature is None:  # the per-item residual, held at the features by its penalty until the data outweighs the noise
+            object.__setattr__(self, "item_id_feature", True)
+        if self.gravity is None:  # the logistic loss has its negatives in its statistics
+            object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" and self.loss == "square" else 0.0)
+        if self.train_item_fraction is None:
+            # An id embedding of an item outside the top 10% would be fitted to noise alone (the paper's
+            # protocol keeps those items out of training). A features encoder scores every catalog item:
+            # trained on the top 10% only, it gives the rare items the embedding of a popular item of the
+            # same genres, and they crowd the top 20 (measured on `ssp synth --like movielens`, non-private:
+            # Recall@20 0.078 against 0.199 when it trains on the whole catalog, where rare items learn
+            # to score low from their own statistics and the gravity term).
+            object.__setattr__(self, "train_item_fraction", splits.TRAIN_ITEM_FRACTION if self.encoder == "id" else 1.0)
+        if self.stats_threshold and self.encoder == "id":
+            raise ValueError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
+        if self.protocol not in splits.PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
+        if self.encoder_init not in ENCODER_INITS:
+            raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.loss == "logistic":
+            problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
+                                                 ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
+                                                 ("--engine spark", self.engine != "spark"), ("--gravity 0", self.gravity != 0),
+                                                 ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
+            if problems:
+                raise ValueError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
+        if self.engine == "federated" and self.item_update not in STATS_UPDATES:
+            raise ValueError(f"--engine federated releases statistics from the clients: it needs an --item-update that uses them {STATS_UPDATES}")
+        for name in ("federated_dropout", "federated_max_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+        if self.federated_server != "honest":
+            from pipelines.engines.federated import SERVERS
+
+            if self.federated_server not in SERVERS or self.engine != "federated":
+                raise ValueError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
+        if self.item_update not in ITEM_UPDATES:
+            raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
+        if self.item_update in ("als", "cmf") and self.encoder != "id":
+            raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
+        if None not in (self.rating_min, self.rating_max) and not self.rating_min < self.rating_max:
+            raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
+        if isinstance(self.holdout, bool) or not isinstance(self.holdout, (int, float)) or not 0.0 <= self.holdout < 1.0:
+            raise ValueError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
+        _check_settings(self)
+        self.privacy()  # validates the budget and plan
+        release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
+
+    def privacy(self, units: int | None = None) -> release.PrivacySettings:
+        """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps over `units`, the DP number
+        of users the counts release publishes (pipelines.releases.counts; never the exact number); None
+        before that release: its DP-SGD schedule is then release.DPSGD_PENDING."""
+        mean_share = self.mean_share if self.protocol == "rmse" else 0.0
+        gram_share = self.gram_share if self.gravity > 0 and self.item_update not in ("dpsgd", "none") else 0.0
+        dpsgd = None
+        if self.item_update == "dpsgd":
+            dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
+        common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
+                      mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
+        if self.engine == "federated":  # its Skellam noise is accounted on integer RDP orders (pipelines.engines.federated)
+            from pipelines.engines import federated
+
+            common["accountant"] = federated.ACCOUNTANT
+        if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
+            return release.PrivacySettings(noise_multiplier=0.0, **common)
+        return release.PrivacySettings(epsilon=self.epsilon, account=self.budget_account, account_cap=self.account_cap,
+                                       account_window_days=self.account_window_days, **common)
+
+    def settings(self) -> StatsSettings:
+        if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
+            return StatsSettings(self.dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss)
+        return StatsSettings(self.dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss)
+
+    def unit_of_privacy(self) -> str:
+        """Always the user in a private run. There is no example-level training: a user's embedding is
+        solved from all of that user's ratings, so removing one rating moves that user's row in every
+        item's statistics (and the Gram release, and the user's DP-SGD gradient), not one row; and
+        user-level DP already implies example-level DP with the same epsilon and delta. A
+        non-private run has no unit; it runs the plain, unweighted, unclipped ("example") sums."""
+        return "example" if self.non_private else "user"
+
+    def dpsgd_config(self, units: int, seed: int | None = None):
+        """The DP-SGD trainer's settings over `units` privacy units (AM-DPSGD); no clipping in a
+        non-private run."""
+        from trainer.dpsgd import DPSGDConfig
+
+        return DPSGDConfig(epochs=self.dpsgd_epochs, batch_size=min(self.dpsgd_batch_size, units), learning_rate=self.dpsgd_learning_rate,
+                           l2_norm_clip=math.inf if self.non_private else self.dpsgd_clip, max_rows_per_user=self.dpsgd_max_rows_per_user,
+                           unit=self.unit_of_privacy(), seed=seed, loss=self.loss)
+
+    def dpsgd_schedule(self, units: int) -> tuple[float, int]:
+        """(sampling probability, steps) of one outer step's DP-SGD training over `units` units."""
+        from trainer import dpsgd
+
+        return dpsgd.schedule(units, self.dpsgd_config(units))
+
+
+# Every numeric setting's valid range, checked before anything is written or spent: a setting found
+# wrong after the first release would strand a run whose budget is partly spent.
+_POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epochs", "batch_size", "cmf_iterations", "dpsgd_batch_size",
+                  "dpsgd_max_rows_per_user", "shards")
+
+
+_NON_NEGATIVE_INTS = ("split_seed", "model_seed")
+
+
+_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
+
+
+_NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
+                        "stats_threshold")
+
+
+_CHOSEN_AT_PREPARE = ("stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
+
+
+_FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
+
+
+def _check_settings(config: TrainConfig) -> None:
+    """Refuse any setting outside its range (NaN included), naming the flag."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in _POSITIVE_INTS + _NON_NEGATIVE_INTS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE_INTS else 0):
+            raise ValueError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
+    for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:
+        value = getattr(config, name)
+        if value is None and name in _CHOSEN_AT_PREPARE:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{flag(name)} must be a finite number, got {value!r}")
+        if name in _POSITIVE_FLOATS and value <= 0 or name in _NON_NEGATIVE_FLOATS and value < 0:
+            raise ValueError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
+    if config.train_item_fraction > 1:
+        raise ValueError(f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}")
+
+
+def read_config(path: str) -> dict:
+    """The settings in a --config file (TOML, or JSON such as a run's manifest.json, whose "config"
+    section holds them), by TrainConfig field; an unknown setting or a value of the wrong type is
+    refused naming the file and the setting."""
+    import tomllib
+
+    fs, inner = storage.filesystem(path)
+    if not fs.isfile(inner):
+        raise storage.MissingTableError(f"--config {path}: file not found")
+    text = fs.cat_file(inner).decode("utf-8", errors="replace")
+    try:
+        document = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--config {path} is not {'TOML' if path.endswith('.toml') else 'JSON'} ({exc})") from None
+    if isinstance(document, dict) and isinstance(document.get("config"), dict):
+        document = document["config"]  # a run's manifest.json
+    if not isinstance(document, dict):
+        raise ValueError(f"--config {path}: expected a table of settings")
+    return _typed_settings(f"--config {path}", document)
+
+
+def _typed_settings(where: str, document: dict) -> dict:
+    """`document`'s settings by TrainConfig field, each of its field's type (`where` names the source
+    in errors)."""
+    kinds = {item.name: item.type for item in fields(TrainConfig)}
+    settings = {}
+    for key, value in document.items():
+        name = key.replace("-", "_")
+        if name not in kinds:
+            raise ValueError(f"{where}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
+        kind = kinds[name] if isinstance(kinds[name], str) else kinds[name].__name__
+        wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}[kind.split(" ")[0]]
+        if value is None and "None" in kind or isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted):
+            settings[name] = float(value) if wanted == (int, float) and value is not None else value
+        else:
+            raise ValueError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
+    return settings
+
+
+def check_recorded(path: str, recorded: dict) -> None:
+    """A run manifest's recorded settings: known, of their types and in their ranges, as flags are."""
+    settings = _typed_settings(path, {key: value for key, value in recorded.items() if key != "unit"})  # unit: recorded by older versions
+    try:
+        TrainConfig(**{**settings, "out": "-"})
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def release_units(config: TrainConfig, multiplier: float, averaged: int = 1) -> tuple[float, float]:
+    """(S, N) of a stats release: S = wbar Gamma_u^2, the most one user adds to an A_j (wbar when
+    nothing is clipped), and N = 2 sqrt(d) z S / sqrt(R), about the spectral norm of the noise in
+    A_j (z: the stats noise multiplier; R = `averaged` resamples averaged); 0 without noise."""
+    settings = config.settings()
+    if config.non_private:
+        return settings.wbar, 0.0
+    unit = settings.wbar * settings.noise_clips()[0] ** 2
+    return unit, multiplier * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged)

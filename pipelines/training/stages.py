@@ -1,0 +1,88 @@
+"""`run(TrainConfig)`: every stage of a training run in one process, with one Spark session
+(`ssp train`, `ssp demo`).
+
+    prepare       data -> split (protocol) -> DP item counts -> DP mean label -> centred, clipped
+                  labels -> initial item embeddings from public features only (no privacy cost)
+    step s=1..S   user update (Spark) -> stats release (Spark or Beam) -> item update (TensorFlow:
+                  SSP trainer; or the DP-ALS / DP-CMF solves; or, with no stats release, AM-DPSGD's
+                  TF-Privacy trainer); the last step exports the encoder and item embeddings
+    final         user update against the final item embeddings (Spark)
+    evaluate      RMSE or Recall@20, sliced by popularity -> metrics.json
+    (publish      pipelines.training.publish, once the ledger is checked)
+
+A scheduler runs the same stage functions as separate tasks against one run directory (see
+infra/dags/retrain.py): `ssp train --stage prepare` is the only one given the configuration, which
+it records in RUN/manifest.json; every later stage takes only `--run RUN` (and `--step s`) and reads
+the rest from the manifest (pipelines.training.run_dir).
+
+Everything lands in the run directory RUN: `ledger.parquet` (every release), `manifest.json`
+(settings, what prepare produced, steps done), `counts/`, `step-<s>/stats/` (released statistics of
+step s), `step-<s>/item_embeddings.parquet` and `step-<s>/checkpoint/` (the encoder after step s;
+step 0: the initial one), `encoder/` (SavedModel), `item_embeddings.parquet`, `metrics.json`; and
+`RUN/private/`, which must never leave the trusted zone: the noise seed, the ingested data, the
+split, the centred training labels, the user embeddings. A run killed mid-way resumes after its last
+completed step, and its releases are not spent twice (the ledger and seed binding recognise a
+release made before).
+
+Privacy: that of each stage; the releases all go through the run's one ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+
+from pipelines.training import user_stage
+from pipelines.training.evaluation import evaluate
+from pipelines.training.item_update import item_update, release_stats
+from pipelines.training.prepare import prepare, run_directory
+from pipelines.training.run_dir import Run
+from pipelines.training.settings import TrainConfig
+
+
+def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
+    """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
+
+    The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones;
+    each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
+    Holds the run directory's lock throughout: a second run on the same directory is refused.
+    """
+    with run_directory(config):
+        layout = Run(config.out)
+
+        @contextmanager
+        def timed(phase: str):
+            started = time.perf_counter()
+            yield
+            layout.record_seconds(phase, time.perf_counter() - started)
+
+        def stages(active_spark):
+            with timed("prepare"):  # on a resumed run: the check of its recorded settings
+                prepare(config, progress, active_spark)
+            for s in range(1, config.outer_steps + 1):
+                if s in layout.read_manifest()["steps_done"]:
+                    continue
+                if config.engine != "federated":  # federated clients solve their embeddings in the stats round
+                    with timed(f"step-{s}/user_update"):
+                        user_stage.run_step(active_spark, layout.root, s)
+                if config.item_update not in ("dpsgd", "none"):  # AM-DPSGD releases no statistics, the starting point none
+                    with timed(f"step-{s}/stats"):
+                        summary = release_stats(layout, s, active_spark)
+                    if "kernel_task_seconds" in summary:  # the Spark job's (Beam's runners time their own)
+                        layout.record_seconds(f"step-{s}/stats", summary["kernel_task_seconds"], "kernel_seconds")
+                with timed(f"step-{s}/item_update"):
+                    item_update(layout, s, progress)
+            with timed("final_user_update"):
+                user_stage.run_step(active_spark, layout.root, None)
+
+        if spark is not None:
+            stages(spark)
+        else:
+            from pipelines.engines.spark import session
+
+            with session("ssp-train") as own:
+                stages(own)
+        with timed("evaluation"):
+            metrics = evaluate(layout)
+        return metrics
