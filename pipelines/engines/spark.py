@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from schemas import storage
@@ -70,6 +70,22 @@ def session(app: str, master: str | None = None):
             spark.stop()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def session_on_demand(app: str, master: str | None = None):
+    """A function that opens `session(app, master)` the first time it is called, for a command that
+    may not need Spark at all (a small log is prepared in this process): no JVM is started for it.
+    The session, if opened, is stopped at the end of the block."""
+    with ExitStack() as stack:
+        opened = []
+
+        def get():
+            if not opened:
+                opened.append(stack.enter_context(session(app, master)))
+            return opened[0]
+
+        yield get
 
 
 def session_settings(conf, master: str | None) -> dict[str, str]:

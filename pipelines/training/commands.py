@@ -170,9 +170,9 @@ def main(args: argparse.Namespace) -> int:
             if config.engine in ("beam", "federated"):
                 prepare(config)
             else:
-                from pipelines.engines.spark import session
+                from pipelines.engines.spark import session_on_demand
 
-                with session("ssp-prepare") as spark:
+                with session_on_demand("ssp-prepare") as spark:  # started only for a log too large for this process
                     prepare(config, spark=spark)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0

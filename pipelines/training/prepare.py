@@ -102,7 +102,8 @@ def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: i
     """Where the prepare stage's row work runs for a log of `rows` rows: in this process (None)
     below `local_rows`, where a handful of Spark or Beam jobs would cost more than the work and
     memory is bounded by the threshold; else on Beam when the run's stats job runs there, on Spark
-    when a session is given, in this process when none is."""
+    when a session is given (or a function that opens one: engines.spark.session_on_demand), in
+    this process when none is."""
     if rows < local_rows:
         return None
     if config.engine in ("beam", "federated"):
@@ -112,7 +113,7 @@ def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: i
     if spark is not None:
         from pipelines.engines.prepare_spark import SparkEngine
 
-        return SparkEngine(spark)
+        return SparkEngine(spark() if callable(spark) else spark)
     return None
 
 

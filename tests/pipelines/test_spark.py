@@ -43,3 +43,26 @@ def test_under_spark_submit_the_session_keeps_the_clusters_settings():
     local = session_settings(SparkConf(loadDefaults=False), None)
     assert local["spark.master"] == "local[*]" and local["spark.ui.enabled"] == "false" and local["spark.sql.shuffle.partitions"] == "8"
     assert session_settings(submitted, "local[2]")["spark.master"] == "local[2]"  # a master given on the command line: a local session
+
+
+def test_a_session_on_demand_is_opened_once_when_first_asked_for_and_never_otherwise(monkeypatch):
+    from contextlib import contextmanager
+
+    from pipelines.engines import spark as spark_module
+
+    events = []
+
+    @contextmanager
+    def recording_session(app, master=None):
+        events.append(("open", app, master))
+        yield f"session of {app}"
+        events.append(("stop", app))
+
+    monkeypatch.setattr(spark_module, "session", recording_session)
+    with spark_module.session_on_demand("unused"):
+        pass
+    assert events == []  # a command that never asks starts no JVM
+    with spark_module.session_on_demand("used", "local[1]") as get:
+        assert get() == get() == "session of used"
+        assert events == [("open", "used", "local[1]")]
+    assert events == [("open", "used", "local[1]"), ("stop", "used")]
