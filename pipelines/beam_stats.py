@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = _unknown_to_beam(beam_args)
     if unknown:  # refused before anything is spent: a mistyped stats flag must not make a release
         parser.error(f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}")
-    return stats_job.run_and_report(lambda: beam_stats.run(stats_job.StatsJob.from_args(args, stats_job_of_run), PipelineOptions(beam_args)))
+    def compute() -> dict | None:
+        job = stats_job.StatsJob.from_args(args, stats_job_of_run)
+        return None if job is None else beam_stats.run(job, PipelineOptions(beam_args))  # None: a run's step with nothing to release
+
+    return stats_job.run_and_report(compute)
 
 
 if __name__ == "__main__":

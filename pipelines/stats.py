@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", help="Spark master (default: the one spark-submit gives, else local[*])")
     args = parser.parse_args(argv)
 
-    def compute() -> dict:
+    def compute() -> dict | None:
         job = stats_job.StatsJob.from_args(args, stats_job_of_run)
+        if job is None:  # a run whose statistics cover no item: nothing to release
+            return None
         with session("ssp-stats", args.master) as spark:
             return spark_stats.run(job, spark)
 

@@ -60,6 +60,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _run_stats(args: argparse.Namespace) -> int:
     job = stats_job.StatsJob.from_args(args, stats_job_of_run)
+    if job is None:  # a run whose statistics cover no item: nothing to release (said on stderr)
+        return 0
     if args.engine == "beam":
         from pipelines.engines import beam_stats
 

@@ -106,10 +106,11 @@ class StatsJob:
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, job_of_run=None) -> StatsJob:
+    def from_args(cls, args: argparse.Namespace, job_of_run=None) -> StatsJob | None:
         """The job the flags describe: a prepared run's own (--run RUN --step S: `job_of_run(RUN, S)`,
         its tables, settings and budget plan from its manifest as `ssp train` runs it, given by the
-        entry points: pipelines.training.item_update.stats_job_of_run), or one given table by table."""
+        entry points: pipelines.training.item_update.stats_job_of_run; None when the run's step has
+        nothing to release), or one given table by table."""
         def flag(name: str) -> str:
             return "--" + name.replace("_", "-")
 
@@ -266,14 +267,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_and_report(compute) -> int:
-    """An engine's entry point: run `compute()` (returns the step summary), print it; bad input is
-    one line on stderr and exit status 2."""
+    """An engine's entry point: run `compute()` (returns the step summary, or None when a run's step
+    has nothing to release), print it; bad input is one line on stderr and exit status 2."""
     try:
         summary = compute()
     except (ValueError, storage.MissingTableError) as exc:
         print(f"stats: error: {exc}", file=sys.stderr)
         return 2
-    print(describe(summary))
+    if summary is not None:
+        print(describe(summary))
     return 0
 
 

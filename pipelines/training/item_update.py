@@ -34,8 +34,16 @@ from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
 
 
-def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob:
-    """`ssp stats --run RUN --step S`: the prepared run's stats job of step S, from its manifest."""
+def covers_items(manifest: dict) -> bool:
+    """Whether the run's statistics cover any item: prepare found none whose DP count clears the
+    noise when `stats_cover` is 0 (prepare.stats_catalog); such a run makes no stats release and
+    keeps its starting point, as `--item-update none` does."""
+    return manifest["prepared"].get("stats_cover") != 0
+
+
+def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob | None:
+    """`ssp stats --run RUN --step S`: the prepared run's stats job of step S, from its manifest;
+    None (and one line saying so) when its statistics cover no item: nothing to release."""
     run = Run(root)
     manifest = run.prepared()
     config = config_of(run, manifest)
@@ -43,6 +51,9 @@ def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob:
         raise ValueError(f"{root} runs --item-update {config.item_update}, which releases no statistics")
     if not 1 <= step <= config.outer_steps:
         raise ValueError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
+    if not covers_items(manifest):
+        logs.warn(f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the run keeps its starting point)")
+        return None
     return stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
 
 
@@ -128,7 +139,7 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
     if config.item_update == "dpsgd":
         _dpsgd_update(run, config, manifest, step, space, model, progress)
-    elif config.item_update != "none":  # none: the encoder stays as it started
+    elif config.item_update != "none" and covers_items(manifest):  # none, or no item covered: the encoder stays as it started
         losses = _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model)
     embeddings = ssp.item_embeddings_table(model)

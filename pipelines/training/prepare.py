@@ -151,7 +151,9 @@ def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray 
     """The item ids the statistics cover, from the DP counts only: those of `keep_items` (the
     ranking protocol's top share; None: every item) whose DP count is at least k * N / S (k:
     `stats_threshold_of`; N/S of `release_units`: the count at which an item's data would match
-    the noise in its A_j). Which rows the stats job reads then depends on released data alone."""
+    the noise in its A_j). Which rows the stats job reads then depends on released data alone.
+    When no item clears the threshold (small data, a low epsilon, many resamples), the catalog is
+    empty: the run then keeps its starting point and makes no stats release (`covers_items`)."""
     ids, dp_counts = counts["item_id"].to_numpy(), counts["count"].to_numpy()
     chosen = np.ones(ids.size, bool) if keep_items is None else np.isin(ids, keep_items)
     unit, noise = release_units(config, multiplier)
@@ -159,9 +161,10 @@ def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray 
     if threshold > 0:
         chosen &= dp_counts >= threshold * noise / unit
         if not chosen.any():
-            raise ValueError(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold "
-                             f"{threshold:g} times N/S at this epsilon), so the statistics would cover nothing; lower "
-                             "--stats-threshold (0: every item) or raise --epsilon")
+            logs.warn(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold {threshold:g} times N/S "
+                      "at this epsilon): the statistics would cover nothing, so this run keeps its starting point (the public-feature "
+                      "encoder) and spends nothing on statistics; lower --stats-threshold (0: every item) or raise --epsilon to train it")
+            return ids[chosen]
     logs.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
     return ids[chosen]
 
@@ -250,9 +253,6 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     is left as it is (a different configuration is refused). The rows are split, counted, summed
     and centred on the run's engine (`prepare_engine`): the same tables and releases as in this
     process, without holding the log here (a log under `local_rows` rows is prepared here)."""
-    from trainer import encoder as encoders
-    from trainer import ssp
-
     from privacy.seeds import SeedFile
 
     run = Run(config.out)
@@ -314,10 +314,14 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
         rank = model.init_principal(weights)
         logs.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
                     + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
+    from trainer import encoder as encoders  # TensorFlow: imported once the checks above have passed
+    from trainer import ssp
+
     normalise_embeddings(model)
     storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
+                           "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,
                            "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")

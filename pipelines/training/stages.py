@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 from pipelines.training import user_stage
 from pipelines.training.evaluation import evaluate
-from pipelines.training.item_update import item_update, release_stats
+from pipelines.training.item_update import covers_items, item_update, release_stats
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
@@ -57,32 +57,32 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
             yield
             layout.record_seconds(phase, time.perf_counter() - started)
 
-        def stages(active_spark):
+        def stages(spark_of):  # spark_of(): the session, opened when a stage first needs it (a refused run starts no JVM)
             with timed("prepare"):  # on a resumed run: the check of its recorded settings
-                prepare(config, progress, active_spark)
+                prepare(config, progress, spark_of)
             for s in range(1, config.outer_steps + 1):
                 if s in layout.read_manifest()["steps_done"]:
                     continue
                 if config.engine != "federated":  # federated clients solve their embeddings in the stats round
                     with timed(f"step-{s}/user_update"):
-                        user_stage.run_step(active_spark, layout.root, s)
-                if config.item_update not in ("dpsgd", "none"):  # AM-DPSGD releases no statistics, the starting point none
+                        user_stage.run_step(spark_of(), layout.root, s)
+                if config.item_update not in ("dpsgd", "none") and covers_items(layout.read_manifest()):  # AM-DPSGD releases no statistics, the starting point none
                     with timed(f"step-{s}/stats"):
-                        summary = release_stats(layout, s, active_spark)
+                        summary = release_stats(layout, s, spark_of() if config.engine == "spark" else None)
                     if "kernel_task_seconds" in summary:  # the Spark job's (Beam's runners time their own)
                         layout.record_seconds(f"step-{s}/stats", summary["kernel_task_seconds"], "kernel_seconds")
                 with timed(f"step-{s}/item_update"):
                     item_update(layout, s, progress)
             with timed("final_user_update"):
-                user_stage.run_step(active_spark, layout.root, None)
+                user_stage.run_step(spark_of(), layout.root, None)
 
         if spark is not None:
-            stages(spark)
+            stages(lambda: spark)
         else:
-            from pipelines.engines.spark import session
+            from pipelines.engines.spark import session_on_demand
 
-            with session("ssp-train") as own:
-                stages(own)
+            with session_on_demand("ssp-train") as spark_of:
+                stages(spark_of)
         with timed("evaluation"):
             metrics = evaluate(layout)
         return metrics
