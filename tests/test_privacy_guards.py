@@ -5,6 +5,13 @@ other run's noise before anything was refused, that a prepared run whose ledger 
 fresh one (and reused release 0's noise key), and that budget was spent before the settings were
 checked. Each case here runs the real `ssp` binary, as an operator would: refusals exit 2 with one
 line naming the problem, spend nothing, and leave no new run directory behind.
+
+Cost: a whole `ssp train` starts a JVM before its prepare stage, so a refusal that comes from the
+prepare stage is checked through `ssp train --stage prepare` (the same function, no JVM), and its
+twin through the whole `ssp train` is marked slow (`-m slow`); `ssp counts` runs on `--engine local`
+and `ssp stats` on `--engine beam` (tests/pipelines prove the engines make the same releases). The
+tests that only read a prepared run share one (`prepared`); one that changes it works on a copy,
+which keeps the run's seed file, ledger id and budget account, as any copy of a run folder does.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from privacy.seeds import SeedFile
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 FAST = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "1", "--dim", "4"]
+PREPARED = [*FAST, "--stats-threshold", "1"]  # the shared run's settings (a threshold: its stats rows are a strict subset)
 
 
 def ssp(*args, check=True):
@@ -53,87 +61,124 @@ def data(tmp_path_factory):
     return str(folder)
 
 
+@pytest.fixture(scope="module")
+def smaller(data, tmp_path_factory):
+    """`data` without its first user's rows (a neighbouring data set), and that user."""
+    import pyarrow.compute as pc
+
+    from schemas import storage
+
+    rows = storage.read_table(os.path.join(data, "interactions.parquet"))
+    user = rows["user_id"][0].as_py()
+    folder = tmp_path_factory.mktemp("guards-smaller") / "data"
+    shutil.copytree(data, folder)
+    shutil.rmtree(folder / "interactions.parquet")
+    storage.write_table(rows.filter(pc.not_equal(rows["user_id"], user)), str(folder / "interactions.parquet"))
+    return str(folder), user
+
+
+@pytest.fixture(scope="module")
+def prepared(data, tmp_path_factory):
+    """One run of `data` prepared with PREPARED settings (counts and mean released), for the tests
+    that only read it; a test that changes it copies it first."""
+    run = tmp_path_factory.mktemp("guards-prepared") / "run"
+    ssp("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED)
+    return str(run)
+
+
 def prepare(data, out, *flags, check=True):
     return ssp("train", "--stage", "prepare", "--data", data, "--out", out, *FAST, *flags, check=check)
 
 
-def test_another_runs_seed_is_refused_before_anything_is_written(data, tmp_path):
-    first = str(tmp_path / "first")
-    prepare(data, first)
+def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, prepared, tmp_path):
+    first = prepared  # only read: the refusals below write nothing, which is checked
     seed = os.path.join(first, "private", "seed")
     bound = SeedFile.load(seed)
     names = {row["release"]: row["data_fingerprint"] for row in Ledger.open(os.path.join(first, "ledger.parquet")).rows}
     assert bound.releases == names and sorted(names) == [0, 1]  # the counts' binding survived the mean release
     # other settings (epsilon 8 instead of 5: counts with the same noise and two multipliers would give the exact counts)
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "other", *FAST[2:], "--epsilon", "8", "--seed-file", seed,
+    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "other", *PREPARED[2:], "--epsilon", "8", "--seed-file", seed,
             pattern="belongs to a run with other data or settings")
     assert not (tmp_path / "other").exists()
-    # other data
-    ssp("synth", "--users", 149, "--items", 60, "--ratings-per-user", 8, "--out", tmp_path / "data2")
-    refused("train", "--stage", "prepare", "--data", tmp_path / "data2", "--out", tmp_path / "other", *FAST, "--seed-file", seed,
+    # other data: the same data set less one user's rows
+    refused("train", "--stage", "prepare", "--data", smaller[0], "--out", tmp_path / "other", *PREPARED, "--seed-file", seed,
             pattern="belongs to a run with other data or settings")
     assert not (tmp_path / "other").exists()
     assert SeedFile.load(seed).releases == bound.releases
     # the same data and settings: the seed file serves the first run's ledger, another run's is refused before anything is written
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "again", *FAST, "--seed-file", seed,
+    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "again", *PREPARED, "--seed-file", seed,
             pattern="is bound to another privacy ledger")
     assert not (tmp_path / "again").exists()
+    assert SeedFile.load(seed).releases == bound.releases
     # the same seed in a seed file of its own (a fixed seed: the tests' option) reproduces the releases exactly
-    prepare(data, tmp_path / "again", "--seed-file", SeedFile.create(str(tmp_path / "fixed-seed"), bound.seed).path)
+    ssp("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "again", *PREPARED,
+        "--seed-file", SeedFile.create(str(tmp_path / "fixed-seed"), bound.seed).path)
     assert open(os.path.join(first, "counts", "counts.parquet", "part-00000.parquet"), "rb").read() == \
         open(tmp_path / "again" / "counts" / "counts.parquet" / "part-00000.parquet", "rb").read()
 
 
-def test_a_missing_ledger_is_refused(data, tmp_path):
+def copy_of_prepared(prepared, tmp_path) -> str:
+    """A copy of the shared prepared run (its seed file, ledger and account included), to change."""
     run = str(tmp_path / "run")
-    prepare(data, run)
+    shutil.copytree(prepared, run)
+    return run
+
+
+def test_a_missing_ledger_is_refused(data, prepared, tmp_path):
+    """The prepare stage (which a whole `ssp train` runs first: its twin below) and `ssp privacy`."""
+    run = copy_of_prepared(prepared, tmp_path)
     os.remove(os.path.join(run, "ledger.parquet"))
-    refused("train", "--stage", "prepare", "--data", data, "--out", run, *FAST, pattern="its ledger")
-    refused("train", "--data", data, "--out", run, *FAST, pattern="its ledger")
+    refused("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED, pattern="its ledger")
     refused("privacy", run, pattern="privacy ledger not found")
     assert not os.path.exists(os.path.join(run, "ledger.parquet"))
     # a ledger put back empty (or from an earlier point) is refused too: the seed file witnessed releases 0 and 1
     Ledger.create(os.path.join(run, "ledger.parquet"), 5.0, 1e-5)
     refused("privacy", run, pattern="bound to another privacy ledger, which recorded releases [0, 1]")
-    refused("train", "--data", data, "--out", run, *FAST, pattern="bound to another privacy ledger, which recorded releases [0, 1]")
+    refused("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED,
+            pattern="bound to another privacy ledger, which recorded releases [0, 1]")
 
 
-def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(data, tmp_path):
+@pytest.mark.slow
+def test_a_missing_ledger_is_refused_by_a_whole_training_run(data, prepared, tmp_path):
+    """test_a_missing_ledger_is_refused through `ssp train` itself (it starts Spark before its prepare stage)."""
+    run = copy_of_prepared(prepared, tmp_path)
+    os.remove(os.path.join(run, "ledger.parquet"))
+    refused("train", "--data", data, "--out", run, *PREPARED, pattern="its ledger")
+    assert not os.path.exists(os.path.join(run, "ledger.parquet"))
+    Ledger.create(os.path.join(run, "ledger.parquet"), 5.0, 1e-5)
+    refused("train", "--data", data, "--out", run, *PREPARED, pattern="bound to another privacy ledger, which recorded releases [0, 1]")
+
+
+def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(data, smaller, prepared, tmp_path):
     """Neighbouring data sets, end to end through prepare: the training rows (which the counts and
     the mean are computed from) of D minus one user are exactly those of D minus that user's rows.
     The rows the stats job reads are chosen by the released DP counts alone: given D's release,
     D minus one user gives D's stats rows minus that user's."""
-    import pyarrow.compute as pc
-
-    from pipelines.training import prepare, run_dir
     from pipelines.releases.counts import dp_units
+    from pipelines.training import prepare as prepare_stage, run_dir
     from pipelines.training.run_dir import Run
     from schemas import storage
 
-    rows = storage.read_table(os.path.join(data, "interactions.parquet"))
-    user = rows["user_id"][0].as_py()
-    smaller = tmp_path / "smaller"
-    shutil.copytree(data, smaller)
-    shutil.rmtree(smaller / "interactions.parquet")
-    storage.write_table(rows.filter(pc.not_equal(rows["user_id"], user)), str(smaller / "interactions.parquet"))
-    prepare(data, tmp_path / "full", "--stats-threshold", 1)
-    prepare(str(smaller), tmp_path / "less", "--stats-threshold", 1)
+    smaller, user = smaller  # `data` less every row of `user`
+    full_run, less_run = prepared, tmp_path / "less"  # the full data's run is the shared one (PREPARED: --stats-threshold 1)
+    ssp("train", "--stage", "prepare", "--data", smaller, "--out", less_run, *PREPARED)
 
     def rows(path):
         table = storage.read_table(str(path))
         return set(zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "label", "timestamp"))))
 
-    full, less = (rows(tmp_path / run / "private" / "split" / "train.parquet") for run in ("full", "less"))
+    full, less = (rows(os.path.join(run, "private", "split", "train.parquet")) for run in (full_run, less_run))
     assert any(r[0] == user for r in full)
     assert less == {r for r in full if r[0] != user}
 
-    released = Run(str(tmp_path / "full"))
+    released = Run(full_run)
     manifest = json.load(open(released.manifest_path))
     config = run_dir.config_of(released, manifest)
-    covered = prepare.stats_catalog(config, storage.read_table(released.counts), None, prepare.ledger_multiplier(released.ledger), dp_units(released.counts))
+    covered = prepare_stage.stats_catalog(config, storage.read_table(released.counts), None, prepare_stage.ledger_multiplier(released.ledger),
+                                          dp_units(released.counts))
     assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
     again = tmp_path / "less-with-full-release.parquet"
-    prepare._write_centred(str(tmp_path / "less" / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
+    prepare_stage._write_centred(str(less_run / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
     stats_rows = rows(released.stats_rows)
     assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
     assert rows(again) == {r for r in stats_rows if r[0] != user}
@@ -149,19 +194,28 @@ def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, fla
     assert not (tmp_path / "run").exists()
 
 
-def test_a_stats_threshold_that_cannot_apply_is_refused_by_name(data, tmp_path):
-    """An id encoder with a threshold is refused before anything is written; a threshold no item's
-    DP count clears is refused once the counts are released (no traceback), and what was spent
-    stays in the run's ledger."""
+def test_a_stats_threshold_that_cannot_apply_is_refused_or_named(data, tmp_path):
+    """An id encoder with a threshold is refused before anything is written. A threshold no item's
+    DP count clears does not fail the run after its counts were spent: the prepare stage says so in
+    one warning line (no traceback), what was spent stays in the run's ledger, and the statistics
+    cover no item and no row (the run keeps its starting point: tests/pipelines/test_train.py)."""
+    from pipelines.training.run_dir import Run
+    from schemas import storage
+
     refused("train", "--data", data, "--out", tmp_path / "id", *FAST, "--encoder", "id", "--item-update", "als", "--stats-threshold", 1,
             pattern="--stats-threshold needs the features encoder")
     assert not (tmp_path / "id").exists()
-    refused("train", "--data", data, "--out", tmp_path / "high", *FAST, "--stats-threshold", 1e9, pattern="the statistics would cover nothing")
-    assert [row["name"] for row in Ledger.open(str(tmp_path / "high" / "ledger.parquet")).rows] == ["counts", "mean"]
-    assert not (tmp_path / "high" / "private" / "stats_rows.parquet").exists()
+    result = ssp("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "high", *FAST, "--stats-threshold", 1e9)
+    named = [line for line in result.stderr.splitlines() if "the statistics would cover nothing" in line]
+    assert len(named) == 1 and "keeps its starting point" in named[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    run = Run(str(tmp_path / "high"))
+    assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean"]
+    assert json.load(open(run.manifest_path))["prepared"]["stats_cover"] == 0
+    assert storage.read_table(run.stats_items).num_rows == 0 and storage.read_table(run.stats_rows).num_rows == 0
 
 
-def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_path):
+def featureless_catalog(tmp_path):
+    """A small MovieLens folder ingested with one feature family, then with none; the latter data set."""
     folder = tmp_path / "movies"
     folder.mkdir()
     (folder / "ratings.csv").write_text("userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{1 + (u * i) % 5},0\n" for u in range(1, 30) for i in range(1, 9)))
@@ -174,7 +228,20 @@ def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_pat
     result = ssp("ingest", "--source", folder, "--out", tmp_path / "bare", "--public-features", "", check=False)
     if result.returncode != 0:
         pytest.skip(f"ingest refuses an empty feature declaration itself: {result.stderr.strip().splitlines()[-1]}")
-    refused("train", "--data", tmp_path / "bare", "--out", tmp_path / "run", *FAST, pattern="declares no public feature family")
+    return tmp_path / "bare"
+
+
+def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_path):
+    """By the prepare stage, which makes the first release (a whole run: the twin below)."""
+    refused("train", "--stage", "prepare", "--data", featureless_catalog(tmp_path), "--out", tmp_path / "run", *FAST,
+            pattern="declares no public feature family")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_catalog_without_public_features_stops_a_whole_training_run(tmp_path):
+    """The same refusal through `ssp train` itself (Spark started before its prepare stage)."""
+    refused("train", "--data", featureless_catalog(tmp_path), "--out", tmp_path / "run", *FAST, pattern="declares no public feature family")
     assert not (tmp_path / "run").exists()
 
 
@@ -228,13 +295,14 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
     neighbour = write_inputs(tmp_path / "neighbour", [row for row in rows if row[0] != 3], embeddings, {j: 1.0 for j in catalog}, catalog)
     budget = ["--noise-multiplier", "1", "--outer-steps", "1", "--mean-share", "0", "--gram-share", "0"]
     run = tmp_path / "run"
-    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", run / "counts", "--ledger", run / "ledger.parquet", *budget)
+    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", run / "counts", "--ledger", run / "ledger.parquet", *budget,
+        "--engine", "local")
     shutil.copytree(run, tmp_path / "copy")  # a backup, `cp -r run run-try2`, a snapshot: before release 1
 
     def stats(folder, inputs, out="stats"):
         ssp("stats", "--interactions", inputs["interactions"], "--user-embeddings", inputs["user_embeddings"], "--items", inputs["items"],
             "--counts", folder / "counts" / "counts.parquet", "--out", folder / out, "--ledger", folder / "ledger.parquet",
-            "--dim", 2, "--clip-u", 1, "--clip-y", 5, *budget)
+            "--dim", 2, "--clip-u", 1, "--clip-y", 5, *budget, "--engine", "beam")
         table = storage.read_table(str(folder / out / "resample-0.parquet")).sort_by("item_id")
         return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
 
@@ -254,10 +322,10 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
     paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0}, [10])
     account = tmp_path / "accounts" / "shop.json"
     ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "first", "--epsilon", "1",
-        "--budget-account", account, "--account-cap", "10")
+        "--budget-account", account, "--account-cap", "10", "--engine", "local")
     charges = json.load(open(account))["charges"]
     refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "exact", "--noise-multiplier", "0",
-            "--budget-account", account, pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account")
+            "--budget-account", account, "--engine", "local", pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account")
     assert not (tmp_path / "exact").exists() and json.load(open(account))["charges"] == charges
 
 
@@ -273,7 +341,7 @@ def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, bud
 
     def counts(folder, out, *flags, check=True):
         return ssp("counts", "--interactions", os.path.join(folder, "interactions.parquet"), "--items", os.path.join(folder, "items.parquet"),
-                   "--out", out, "--epsilon", "1", *flags, check=check)
+                   "--out", out, "--epsilon", "1", "--engine", "local", *flags, check=check)
 
     counts(tmp_path / "in", tmp_path / "a")
     counts(tmp_path / "copy", tmp_path / "b")
@@ -281,15 +349,15 @@ def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, bud
     (entry,) = [p for p in budget_account_registry.glob("*.json") if not p.name.endswith(".account.json")]
     account = json.load(open(entry))["account"]
     assert len(BudgetAccount.open(account).document["charges"]) == 3  # one account for the three paths to the same users
-    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
+    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1", "--engine", "local",
             "--budget-account", tmp_path / "fresh.json", pattern="this data source already has its budget account")
     shutil.move(account, account + ".renamed")  # renamed (or deleted)
     refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
-            pattern="is missing: deleted, renamed or moved")
+            "--engine", "local", pattern="is missing: deleted, renamed or moved")
     BudgetAccount.open_or_create(str(tmp_path / "other.json"))
     os.symlink(tmp_path / "other.json", account)  # replaced by (a link to) another, empty account
     refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
-            pattern="it was replaced")
+            "--engine", "local", pattern="it was replaced")
     assert not (tmp_path / "d").exists()
     os.remove(account)
     shutil.move(account + ".renamed", account)  # restored: the data source's runs go on

@@ -1,4 +1,6 @@
-"""The end-to-end training run on the bundled data: quality, metrics, resume, seed reuse, recall."""
+"""The end-to-end training run: quality and metrics on the bundled data; resume, seed reuse, stage
+commands, coverage and the ranking protocol on a small synthetic data set (their properties do not
+depend on the data's size)."""
 
 import json
 import os
@@ -53,11 +55,24 @@ def tensorboard_scalars(folder) -> dict:
     return scalars
 
 
-def small(out, **kwargs):
-    return settings.TrainConfig(out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
+SMALL_USERS, SMALL_ITEMS, SMALL_RATINGS = 400, 300, 15
 
 
-def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> str:
+    """A synthetic data set of 6,000 ratings (`ssp synth`: power-law items, public features)."""
+    from pipelines.data.synth import generate
+
+    folder = str(tmp_path_factory.mktemp("data") / "small")
+    generate(folder, users=SMALL_USERS, items=SMALL_ITEMS, ratings_per_user=SMALL_RATINGS, seed=1)
+    return folder
+
+
+def small(out, data, **kwargs):
+    return settings.TrainConfig(data=data, out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
+
+
+def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeypatch, small_data):
     calls = {"n": 0}
     real_train = ssp.train
 
@@ -69,23 +84,23 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
 
     monkeypatch.setattr(ssp, "train", dies_in_step_two)
     with pytest.raises(KeyboardInterrupt):
-        stages.run(small(tmp_path / "run"), spark=spark, progress=False)
+        stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
     manifest = json.load(open(tmp_path / "run" / "manifest.json"))
     assert manifest["steps_done"] == [1] and manifest["status"] == "running"
     step1 = open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read()
     monkeypatch.setattr(ssp, "train", real_train)
-    metrics = stages.run(small(tmp_path / "run"), spark=spark, progress=False)
+    metrics = stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/stats/r0", "step-2/stats/r0"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read() == step1
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
-        stages.run(small(tmp_path / "run").__class__(**{**small(tmp_path / "run").__dict__, "epsilon": 1.0}), spark=spark, progress=False)
+        stages.run(small(tmp_path / "run", small_data).__class__(**{**small(tmp_path / "run", small_data).__dict__, "epsilon": 1.0}), spark=spark, progress=False)
 
     # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one ledger)
     seed = SeedFile.create(str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed).path
-    again = stages.run(small(tmp_path / "again", seed_file=seed), spark=spark, progress=False)
+    again = stages.run(small(tmp_path / "again", small_data, seed_file=seed), spark=spark, progress=False)
     for step in (1, 2):
         folder = tmp_path / "run" / f"step-{step}" / "stats" / "resample-0.parquet"
         for name in os.listdir(folder):
@@ -93,13 +108,13 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     assert again["test_rmse"] == pytest.approx(metrics["test_rmse"], abs=1e-9)
 
 
-def test_holdout_zero_is_the_production_mode(spark, tmp_path):
+def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
     """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
     says there is no held-out data instead of reporting test metrics."""
-    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
+    config = settings.TrainConfig(data=small_data, out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
     metrics = stages.run(config, spark=spark, progress=False)
     split = json.load(open(tmp_path / "run" / "private" / "split" / "split.json"))
-    assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == 100_836  # every bundled rating
+    assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == SMALL_USERS * SMALL_RATINGS  # every rating
     assert split["sizes"]["valid"]["rows"] == split["sizes"]["test"]["rows"] == 0
     assert not any(key.startswith(("test_", "valid_")) for key in metrics) and "--holdout 0" in metrics["no_heldout_data"]
     assert metrics["holdout"] == 0.0 and metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["releases"] == 3
@@ -107,14 +122,14 @@ def test_holdout_zero_is_the_production_mode(spark, tmp_path):
     text = evaluation.describe(metrics)
     assert text.splitlines()[0].startswith("no test metrics: --holdout 0 (production mode)") and "epsilon spent 5" in text
     with pytest.raises(ValueError, match=r"--holdout must be a number in \[0, 1\)"):
-        small(tmp_path / "bad", holdout=1.0)
+        small(tmp_path / "bad", small_data, holdout=1.0)
 
 
-def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path):
-    metrics = stages.run(small(tmp_path / "run", protocol="recall", encoder="id"), spark=spark, progress=False)
+def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path, small_data):
+    metrics = stages.run(small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
-    assert stats.num_rows == int(np.ceil(0.1 * 9742))  # the top 10% items by DP count
+    assert stats.num_rows == int(np.ceil(0.1 * SMALL_ITEMS))  # the top 10% items by DP count
     counts = storage.read_table(str(tmp_path / "run" / "counts" / "counts.parquet"))
     assert set(stats["item_id"].to_pylist()) == set(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), 0.1).tolist())
     names = [row["name"] for row in Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows]
@@ -150,14 +165,14 @@ def test_the_dimension_and_the_weights_follow_the_protocol():
         settings.TrainConfig(weight_exponent=float("nan"))
 
 
-def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path):
+def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path, small_data):
     """AM-SSP's statistics cover the items whose DP count is at least stats_threshold * N/S
     (N/S = 2 sqrt(d) z, from the run's planned multiplier z); the stats job reads exactly their
     rows, the user update every row; the items left out keep what their public features say."""
     from pipelines.training.run_dir import Run
     from trainer import encoder as encoders
 
-    config = small(tmp_path / "run", stats_threshold=4.0)
+    config = small(tmp_path / "run", small_data, stats_threshold=4.0)
     run = Run(config.out)
     stages.run(config, spark=spark, progress=False)
     counts = storage.read_table(run.counts)
@@ -192,11 +207,29 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
         settings.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
     with pytest.raises(ValueError, match="--stats-threshold must be >= 0"):
         settings.TrainConfig(stats_threshold=-1.0)
-    with pytest.raises(ValueError, match="the statistics would cover nothing; lower --stats-threshold"):
-        prepare.prepare(small(tmp_path / "none", stats_threshold=1e6), progress=False)
 
 
-def test_the_starting_point_is_the_principal_directions_of_the_features_weighted_by_dp_counts(tmp_path):
+def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and_spends_nothing_on_them(spark, tmp_path, small_data, caplog):
+    """No item's DP count clears the threshold (here an absurd one; in practice small data, a low
+    epsilon, many resamples): the run does not fail after its counts were spent; it releases no
+    statistics, keeps its starting point (the item embeddings of step 0) and says so in one line."""
+    from pipelines.training.run_dir import Run
+
+    config = small(tmp_path / "run", small_data, stats_threshold=1e6)
+    metrics = stages.run(config, spark=spark, progress=False)
+    run = Run(config.out)
+    assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean"]
+    assert metrics["epsilon_spent"] < config.epsilon and np.isfinite(metrics["test_rmse"])
+    assert json.load(open(run.manifest_path))["prepared"]["stats_cover"] == 0
+    assert storage.read_table(run.stats_items).num_rows == 0 and not os.path.exists(run.stats(1))
+    start, final = (storage.read_table(path).sort_by("item_id") for path in (run.item_embeddings(0), str(tmp_path / "run" / "item_embeddings.parquet")))
+    assert start.equals(final)
+    warnings = [record.getMessage() for record in caplog.records if "the statistics would cover nothing" in record.getMessage()]
+    assert len(warnings) == 1 and "keeps its starting point" in warnings[0]
+    assert item_update.stats_job_of_run(config.out, 1) is None  # a scheduler's stats task: nothing to release
+
+
+def test_the_starting_point_is_the_principal_directions_of_the_features_weighted_by_dp_counts(tmp_path, small_data):
     """Prepare's initial item embeddings: the encoder's principal initialisation from the released DP
     counts (nothing else of the private data), at unit RMS norm; --encoder-init random keeps the
     seeded random projection."""
@@ -204,7 +237,7 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
 
     embeddings = {}
     for init in ("principal", "random"):
-        config = small(tmp_path / init, encoder_init=init)
+        config = small(tmp_path / init, small_data, encoder_init=init)
         prepare.prepare(config, progress=False)
         run = Run(config.out)
         table = storage.read_table(run.item_embeddings(0))
@@ -225,7 +258,7 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
         settings.TrainConfig(encoder_init="pca")
 
 
-def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys):
+def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys, small_data):
     """What the DAG does: one command per stage against one run directory, the later ones given only
     --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
     from ssp import cli
@@ -233,7 +266,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     from pipelines.training.run_dir import Run
 
     run, steps = str(tmp_path / "staged"), 2
-    flags = ["--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
+    flags = ["--data", small_data, "--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
 
     def ssp_ok(*args):
         assert cli.main(list(args)) == 0, capsys.readouterr().err
@@ -252,7 +285,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "with --run give --step S" in ssp_error("stats", "--run", run)
     assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
     assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
-    config = settings.TrainConfig(out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
+    config = settings.TrainConfig(data=small_data, out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
@@ -264,7 +297,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == item_update.stats_job_for(Run(run), config, s, data_items)
         staged = cli.build_parser().parse_args(["stats", "--run", run, "--step", str(s)])  # the stage form: the same job from the manifest
-        assert stats_job.StatsJob.from_args(staged) == item_update.stats_job_for(Run(run), config, s, data_items)
+        assert stats_job.StatsJob.from_args(staged, item_update.stats_job_of_run) == item_update.stats_job_for(Run(run), config, s, data_items)
         ssp_ok("stats", *flags) if s == 1 else ssp_ok("stats", "--run", run, "--step", str(s))
         ssp_ok("item-update", "--run", run, "--step", str(s))
     assert "no final user embeddings" in ssp_error("evaluate", "--run", run)
@@ -285,7 +318,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
     seed = SeedFile.create(str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed).path  # one ledger a seed file
-    whole = stages.run(small(tmp_path / "whole", seed_file=seed), spark=spark, progress=False)
+    whole = stages.run(small(tmp_path / "whole", small_data, seed_file=seed), spark=spark, progress=False)
     assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
     for name in ("ledger.parquet",):
         assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
