@@ -30,7 +30,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "setup: creating .venv with $("$python" --version) and the locked dependencies (about a minute)..." >&2
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock  # bytecode is compiled on first import, for what is imported
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 echo "$want" > "$stamp"
 echo "setup: done; the 'ssp' command is .venv/bin/ssp" >&2

@@ -18,6 +18,23 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gc
 os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # module- and session-scoped fixtures' runs
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config):
+    """When the DAG tests are in the run, start creating .venv-airflow (infra/airflow/setup.sh, a few
+    minutes of mostly disk work, once per checkout) in the background at once, so that it overlaps
+    the other tests instead of holding a worker; the DAG tests' fixture waits for it (the script's
+    lock) and finds it done."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or config.option.collectonly:
+        return
+    targets = [os.path.abspath(arg.split("::")[0]) for arg in config.args] or [os.path.join(ROOT, "tests")]
+    dags = os.path.join(ROOT, "tests", "infra")
+    if any(dags.startswith(target) or target.startswith(dags) for target in targets):
+        subprocess.Popen(["bash", os.path.join(ROOT, "infra", "airflow", "setup.sh")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+
+
 @pytest.fixture(autouse=True)
 def budget_account_registry(tmp_path_factory, monkeypatch):
     """Each test's own registry of budget accounts (subprocesses inherit it)."""

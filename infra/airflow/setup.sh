@@ -29,5 +29,5 @@ fi
 echo "infra/airflow/setup.sh: creating $venv with Airflow and its providers (a few minutes)..." >&2
 rm -rf "$venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r infra/airflow/requirements.lock
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r infra/airflow/requirements.lock  # bytecode on first import
 echo "$want" > "$stamp"
