@@ -23,10 +23,24 @@ releases, in the same order, with the same events, so the same epsilon (nothing 
 data source's budget account is charged once for each of them.
 
 The seed of the kill moments is printed in every failure; `SSP_KILL_SEED=N` reruns with another.
+
+(`ssp privacy` runs through its entry point in this test's process: it checks the ledger; the
+process under test is the killed `ssp train`.)
+
+The whole training run (Spark's start included, about 4 T in all) is marked slow (`-m slow`). Its
+twin in the default run does the same to the prepare stage alone (`ssp train --stage prepare`, which
+makes the DP counts and mean releases, their tables and the ledger without starting Spark, a few
+seconds): the same kills of its process group at random moments, the same checks after every kill,
+and the same last start compared with an uninterrupted one (its ledger, its spend, the account's
+charges); what it checks instead of metrics.json is that the run is prepared and made the stage's
+two releases. Its moments are drawn where the stage works (see the test), not in its interpreter's
+start, which is a large share of so short a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -40,8 +54,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.training.publish import TOLERANCE
+from pipelines.training.run_dir import Run
 from privacy.account import BudgetAccount
 from privacy.ledger import Ledger
+from ssp import cli
 
 SSP = os.path.join(sys.prefix, "bin", "ssp")
 EPSILON, DELTA = 5.0, 1e-5
@@ -52,6 +68,7 @@ TRAIN_FLAGS = ["--epsilon", str(EPSILON), "--delta", str(DELTA), "--outer-steps"
 KILLS = 3
 SEED = int(os.environ.get("SSP_KILL_SEED", "20261127"))
 RUN_TIMEOUT = 300  # seconds for a whole run, far above T: only a hung run hits it
+PREPARE = ("--stage", "prepare")  # the fast twin's command: the first stage alone
 
 
 def _tail(log: Path, chars: int = 3000) -> str:
@@ -59,10 +76,11 @@ def _tail(log: Path, chars: int = 3000) -> str:
     return text[-chars:]
 
 
-def _start_train(data: Path, run: Path, log: Path) -> subprocess.Popen:
-    """`ssp train` as its own process group (Spark's JVM is its child), its output in `log`."""
+def _start_train(data: Path, run: Path, log: Path, stage: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`ssp train` (with `stage`: `--stage prepare`) as its own process group (Spark's JVM is its
+    child), its output in `log`."""
     with open(log, "wb") as out:
-        return subprocess.Popen([SSP, "train", "--data", str(data), "--out", str(run), *TRAIN_FLAGS],
+        return subprocess.Popen([SSP, "train", "--data", str(data), "--out", str(run), *TRAIN_FLAGS, *stage],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a killed run's log keeps its last lines
 
@@ -85,15 +103,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def _run_to_end(data: Path, run: Path, log: Path) -> tuple[int, float]:
-    """(exit status, wall seconds) of an uninterrupted `ssp train`."""
+def _run_to_end(data: Path, run: Path, log: Path, stage: tuple[str, ...] = ()) -> tuple[int, float, float | None]:
+    """(exit status, wall seconds, seconds until the run folder appeared: None if it was there before)
+    of an uninterrupted `ssp train`."""
     started = time.monotonic()
-    proc = _start_train(data, run, log)
+    existed, appeared = run.exists(), None
+    proc = _start_train(data, run, log, stage)
     try:
-        status = proc.wait(timeout=RUN_TIMEOUT)
+        while proc.poll() is None:
+            if appeared is None and not existed and run.exists():
+                appeared = time.monotonic() - started
+            if time.monotonic() - started > RUN_TIMEOUT:
+                raise subprocess.TimeoutExpired(proc.args, RUN_TIMEOUT)
+            time.sleep(0.02)
+        status = proc.returncode
     finally:
         _kill_group(proc)
-    return status, time.monotonic() - started
+    return status, time.monotonic() - started, appeared
 
 
 def _staging(name: str) -> bool:
@@ -163,10 +189,11 @@ def _ledger_problems(run: Path) -> list[str]:
     if not ledger_path.exists():
         made = [name for name, visible in released.items() if visible]
         return [f"no ledger, but the outputs of releases {made} are visible"] if made else []
-    check = subprocess.run([SSP, "privacy", str(run), "--max-epsilon", str(EPSILON), "--max-delta", str(DELTA)],
-                           capture_output=True, text=True, timeout=120)
-    if check.returncode != 0:
-        return [f"`ssp privacy` exited {check.returncode}:\n{check.stdout}{check.stderr}"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):  # `ssp privacy`, through its entry point in this process
+        status = cli.main(["privacy", str(run), "--max-epsilon", str(EPSILON), "--max-delta", str(DELTA)])
+    if status != 0:
+        return [f"`ssp privacy` exited {status}:\n{stdout.getvalue()}{stderr.getvalue()}"]
     problems = []
     ledger = Ledger.open(str(ledger_path))
     spent, names = ledger.epsilon_spent(), [row["name"] for row in ledger.rows]
@@ -180,32 +207,33 @@ def _ledger_problems(run: Path) -> list[str]:
     return problems
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """A tiny synthetic data set, and an uninterrupted run of it: (data, wall time T, its ledger)."""
-    root = tmp_path_factory.mktemp("kill-resume-reference")
+def _reference(root: Path, stage: tuple[str, ...] = ()) -> tuple[Path, float, float, Ledger]:
+    """A tiny synthetic data set, and an uninterrupted run of it: (data, wall time T, the moment its
+    run folder appeared, its ledger)."""
     data = root / "data"
-    subprocess.run([SSP, "synth", "--users", "200", "--items", "50", "--ratings-per-user", "10", "--out", str(data)],
-                   check=True, capture_output=True, timeout=120)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["synth", "--users", "200", "--items", "50", "--ratings-per-user", "10", "--out", str(data), "-q"]) == 0
     log = root / "train.log"
-    status, seconds = _run_to_end(data, root / "runs" / "run", log)
+    status, seconds, appeared = _run_to_end(data, root / "runs" / "run", log, stage)
     assert status == 0, f"the uninterrupted run failed ({status}):\n{_tail(log)}"
-    return data, seconds, Ledger.open(str(root / "runs" / "run" / "ledger.parquet"))
+    return data, seconds, appeared or 0.0, Ledger.open(str(root / "runs" / "run" / "ledger.parquet"))
 
 
-def test_killed_training_resumes_consistent_and_spends_its_budget_once(reference, tmp_path):
-    data, seconds, expected = reference
-    rng = random.Random(SEED)
-    delays = [rng.uniform(0.0, seconds) for _ in range(KILLS)]
-    run = tmp_path / "runs" / "run"
+def _kill_resume_and_check(data: Path, delays: list[float], seconds: float, expected: Ledger, folder: Path,
+                           stage: tuple[str, ...] = ()) -> tuple[Path, Ledger, str]:
+    """Start the run once per delay and SIGKILL it after that delay, checking the run folder after
+    every kill, then once more to the end: the checks of the module docstring, and the last start's
+    ledger against the uninterrupted run's (which took `seconds`). Returns (run folder, its ledger,
+    the context of the messages)."""
+    run = folder / "runs" / "run"
     history = []  # (delay, what happened), for the messages
 
     def context() -> str:
-        return f"seed {SEED}, uninterrupted run {seconds:.1f} s, kill delays {[round(d, 2) for d in delays]}, so far {history}"
+        return f"seed {SEED}, uninterrupted run {seconds:.1f} s{' (' + ' '.join(stage) + ')' if stage else ''}, kill delays {[round(d, 2) for d in delays]}, so far {history}"
 
     for attempt, delay in enumerate(delays):
-        log = tmp_path / f"attempt-{attempt}.log"
-        proc = _start_train(data, run, log)
+        log = folder / f"attempt-{attempt}.log"
+        proc = _start_train(data, run, log, stage)
         try:
             status = proc.wait(timeout=delay)  # it may finish before its kill moment: then it must have succeeded
             history.append((round(delay, 2), f"exited {status} before the kill"))
@@ -217,10 +245,9 @@ def test_killed_training_resumes_consistent_and_spends_its_budget_once(reference
         problems = _visible_damage(run) + _ledger_problems(run)
         assert not problems, f"after the kill at {delay:.2f} s of attempt {attempt} ({context()}):\n" + "\n".join(problems) + f"\n--- its output:\n{_tail(log)}"
 
-    log = tmp_path / "final.log"
-    status, _ = _run_to_end(data, run, log)
+    log = folder / "final.log"
+    status, _, _ = _run_to_end(data, run, log, stage)
     assert status == 0, f"the resumed run failed ({status}; {context()}):\n{_tail(log)}"
-    assert (run / "metrics.json").is_file(), f"no metrics.json after the resumed run ({context()})"
     problems = _visible_damage(run) + _ledger_problems(run)
     assert not problems, f"after the resumed run ({context()}):\n" + "\n".join(problems)
 
@@ -230,9 +257,48 @@ def test_killed_training_resumes_consistent_and_spends_its_budget_once(reference
     assert got == want, f"the resumed run's releases differ from an uninterrupted run's ({context()}):\n{got}\nexpected\n{want}"
     assert ledger.epsilon_spent() == pytest.approx(expected.epsilon_spent(), rel=1e-9), context()
     assert ledger.epsilon_spent() <= EPSILON * (1 + TOLERANCE), context()
-    assert json.loads((run / "metrics.json").read_text())["releases"] == len(want), context()
     # the data source's budget account (beside the runs) is charged once per release, kills or not
     account = BudgetAccount.open(str(ledger.budget["account"]))
     charged = [(c["release"], c["name"]) for c in account.document["charges"] if c["ledger"] == ledger.identity]
     assert sorted(charged) == [(row["release"], row["name"]) for row in ledger.rows], f"budget account {account.path} ({context()})"
-    print(context())  # shown with -rP: which moments were tried
+    return run, ledger, context()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A tiny synthetic data set, and an uninterrupted training run of it: (data, wall time T, when its
+    run folder appeared, its ledger)."""
+    return _reference(tmp_path_factory.mktemp("kill-resume-reference"))
+
+
+@pytest.fixture(scope="module")
+def prepare_reference(tmp_path_factory):
+    """The same data set, and an uninterrupted prepare stage of it: (data, wall time T, when its run
+    folder appeared, its ledger)."""
+    return _reference(tmp_path_factory.mktemp("kill-resume-prepare-reference"), PREPARE)
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_consistent_and_spends_its_budget_once(reference, tmp_path):
+    data, seconds, _, expected = reference
+    rng = random.Random(SEED)
+    delays = [rng.uniform(0.0, seconds) for _ in range(KILLS)]
+    run, ledger, context = _kill_resume_and_check(data, delays, seconds, expected, tmp_path)
+    assert (run / "metrics.json").is_file(), f"no metrics.json after the resumed run ({context})"
+    assert json.loads((run / "metrics.json").read_text())["releases"] == len(expected.rows), context
+    print(context)  # shown with -rP: which moments were tried
+
+
+def test_killed_prepare_stage_resumes_consistent_and_spends_its_budget_once(prepare_reference, tmp_path):
+    """The twin of the test above on the prepare stage alone (no Spark): the DP counts and mean. Its
+    first second or two is the interpreter's start, where a kill finds nothing to damage, so the
+    moments are drawn in the stage's work: one at random in each of KILLS equal parts of the time
+    from the moment the uninterrupted run's folder appeared to its end."""
+    data, seconds, appeared, expected = prepare_reference
+    rng = random.Random(SEED)
+    part = (seconds - appeared) / KILLS
+    delays = [appeared + part * (k + rng.random()) for k in range(KILLS)]
+    run, ledger, context = _kill_resume_and_check(data, delays, seconds, expected, tmp_path, PREPARE)
+    assert Run(str(run)).prepared()["prepared"], f"the resumed prepare stage did not record the run as prepared ({context})"
+    assert [row["name"] for row in ledger.rows] == ["counts", "mean"], context  # the stage's releases, each once
+    print(context)  # shown with -rP: which moments were tried

@@ -1,4 +1,8 @@
-"""The privacy audit: its bounds by hand, its test on a known Gaussian, and `ssp audit` end to end."""
+"""The privacy audit: its bounds by hand, its test on a known Gaussian, and `ssp audit` end to end.
+
+The audits run in this process, on the test session's Spark (`ssp audit` uses a session that is
+already active), `ssp audit` through the `ssp` command's own entry point (ssp.cli.main); only the bad
+input, whose exit status and one error line are the process's, runs `ssp` as a process."""
 
 import math
 import os
@@ -6,11 +10,35 @@ import re
 import subprocess
 import sys
 
+import cached_accounting
 import numpy as np
 import pytest
 from bench import audit
 
+from pipelines.base import logs
+
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+
+
+@pytest.fixture
+def in_process(spark, monkeypatch):
+    """For an audit in this process: the session's Spark active, PLD calibrations made once per plan
+    (tests/bench/cached_accounting.py), and the log level that `-q` sets put back afterwards."""
+    from pyspark.sql import SparkSession
+
+    assert SparkSession.getActiveSession() is not None  # else `ssp audit` would start, and stop, a session of its own
+    cached_accounting.install(monkeypatch)
+    level = logs.LOGGER.level
+    yield spark
+    logs.LOGGER.setLevel(level)
+
+
+def ssp_audit(capsys, *args: str) -> tuple[int, str]:
+    """`ssp audit ARGS` through the `ssp` command's entry point: (exit status, stdout)."""
+    from ssp import cli
+
+    code = cli.main(["audit", *args])
+    return code, capsys.readouterr().out
 
 
 def test_one_run_bound_by_hand():
@@ -61,39 +89,43 @@ def _table(stdout: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def test_ssp_audit_quick_passes_on_the_product():
-    done = subprocess.run([SSP, "audit", "--quick", "--seed", "3", "-q"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = _table(done.stdout)
+def test_ssp_audit_quick_passes_on_the_product(in_process, capsys):
+    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q")
+    assert code == 0, stdout
+    rows = _table(stdout)
     assert set(rows) == {"counts", "stats step 1", "stats step 2", "stats steps 1-2 (difference)", "all releases composed", "seed-file copy, stats step 1"}
     assert all(bound <= claimed for claimed, bound in rows.values())
     assert rows["all releases composed"][0] == pytest.approx(4.0, rel=1e-6)
     assert rows["all releases composed"][1] > 0  # the audit sees the releases at all
-    assert "PASS" in done.stdout
+    assert "PASS" in stdout
 
 
-def test_ssp_audit_finds_a_planted_seed_copy():
-    done = subprocess.run([SSP, "audit", "--quick", "--seed", "3", "-q", "--plant", "seed-copy"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == audit.EXIT_EXCEEDED, done.stdout + done.stderr
-    claimed, bound = _table(done.stdout)["seed-file copy, stats step 1"]
+def test_ssp_audit_finds_a_planted_seed_copy(in_process, capsys):
+    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q", "--plant", "seed-copy")
+    assert code == audit.EXIT_EXCEEDED, stdout
+    claimed, bound = _table(stdout)["seed-file copy, stats step 1"]
     assert bound > claimed
-    assert "FAIL" in done.stdout
+    assert "FAIL" in stdout
 
 
 @pytest.mark.parametrize("plant, found", [("sensitivity", {"stats step 1", "stats step 2", "all releases composed"}),
                                           ("shared-noise", {"stats steps 1-2 (difference)", "seed-file copy, stats step 1"})])
-def test_planted_defects_exceed_the_claim(spark, tmp_path, plant, found):
-    """In process, on the test session's Spark: the rows that must see each defect do (shared noise
-    leaves every release alone a correct Gaussian release: only pairs of releases see it)."""
-    table = audit.audit(audit.QUICK, audit.Settings(4.0), 0.95, spark, str(tmp_path), seed=3, plant=plant)
+def test_planted_defects_exceed_the_claim(in_process, tmp_path, plant, found):
+    """The rows that must see each defect do (shared noise leaves every release alone a correct
+    Gaussian release: only pairs of releases see it)."""
+    table = audit.audit(audit.QUICK, audit.Settings(4.0), 0.95, in_process, str(tmp_path), seed=3, plant=plant)
     assert found <= {row.release for row in table if row.exceeded}
     if plant == "shared-noise":
         assert {row.release for row in table if row.exceeded} == found
 
 
-def test_bad_input_is_one_line_and_exit_2():
+def test_bad_input_is_one_line_and_exit_2(capsys):
     done = subprocess.run([SSP, "audit", "--canaries", "3"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["ssp audit: error: --canaries must be at least 10, got 3"]
-    help_text = subprocess.run([SSP, "audit", "--help"], capture_output=True, text=True, timeout=120).stdout
-    assert "--plant" in help_text and "Exit status" in help_text
+    from ssp import cli
+
+    with pytest.raises(SystemExit) as exited:  # `ssp audit --help`, through the command's entry point
+        cli.main(["audit", "--help"])
+    help_text = capsys.readouterr().out
+    assert exited.value.code == 0 and "--plant" in help_text and "Exit status" in help_text

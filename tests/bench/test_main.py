@@ -4,6 +4,7 @@ experiments run the real pipeline, share their cells, and resume without recompu
 import csv
 import json
 
+import cached_accounting
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -42,7 +43,9 @@ TINY_RESAMPLING = {"epsilons": [5.0], "resamples": [1, 2], "config": {"outer_ste
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Tiny sizes, and a record of every cell that really trains (the run itself untouched)."""
+    """Tiny sizes, and a record of every cell that really trains (the run itself untouched; its PLD
+    calibrations made once per plan: tests/bench/cached_accounting.py)."""
+    cached_accounting.install(monkeypatch)
     monkeypatch.setattr(privacy_utility, "sizes", lambda quick: TINY_PU)
     monkeypatch.setattr(resampling, "sizes", lambda quick: TINY_RESAMPLING)
     calls = []

@@ -5,6 +5,7 @@ refused; the ledger plans it; `ssp train --engine federated` trains from it end 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -34,6 +35,30 @@ def prepared(folder, engine="federated"):
     run = folder / f"run-{engine}"
     assert cli.main(["train", "--stage", "prepare", "--data", str(folder / "data"), "--out", str(run), "--engine", engine, *SETTINGS]) == 0
     return Run(str(run))
+
+
+@pytest.fixture(scope="module")
+def prepared_once(tmp_path_factory):
+    """One prepared federated run (`prepared`), and its budget account's document as the prepare stage
+    left it, for `prepared_run`."""
+    run = prepared(tmp_path_factory.mktemp("federated-prepared"))
+    account = Ledger.open(run.ledger).account()
+    with open(account.path, "rb") as handle:
+        return run, account.path, handle.read()
+
+
+@pytest.fixture
+def prepared_run(prepared_once, tmp_path):
+    """A copy of the prepared federated run in this test's folder, as `prepared(tmp_path)` would make
+    it. Every copy charges the one budget account of the data source (outside the run folder, where a
+    round's start is recorded: a second copy's round would be refused, tests/pipelines/
+    test_federated_integrity.py), so the account is put back as the prepare stage left it first."""
+    run, account, document = prepared_once
+    with open(account, "wb") as handle:
+        handle.write(document)
+    copy = Run(str(shutil.copytree(run.root, tmp_path / "run-federated")))
+    assert Ledger.open(copy.ledger).account().path == account
+    return copy
 
 
 def federated_job(run: Run, dropout=0.0, max_dropout=0.1) -> federated.FederatedJob:
@@ -76,8 +101,8 @@ def released(job: federated.FederatedJob) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dropout, max_dropout", [(0.0, 0.1), (0.1, 0.3)])
-def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(tmp_path, dropout, max_dropout):
-    run = prepared(tmp_path)
+def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(prepared_run, dropout, max_dropout):
+    run = prepared_run
     job = federated_job(run, dropout, max_dropout)
     summary = federated.run(job)
     clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
@@ -98,13 +123,13 @@ def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(tmp_pa
     assert std_a == pytest.approx(plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25)
 
 
-def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(tmp_path):
+def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(prepared_run, tmp_path):
     """Neighbouring data through the round's Beam pipeline: one user's rows removed from the round's
     inputs (the split and the centred rows are per user: tests/test_privacy_guards.py), everything
     public held (the broadcast, the plan, which depends on the number of clients only). The unmasked
     sum then moves by that user's own clipped, weighted vector and noise share, within one fixed-point
     step: no other client's input looks at another user's rows, and nothing else in the round does."""
-    run = prepared(tmp_path)
+    run = prepared_run
     job = federated_job(run)
     catalog, broadcast = federated.broadcast_of(job)
     clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
@@ -136,8 +161,8 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
     assert np.abs(totals[0] - totals[1] - vector - share).max() <= 1 / plan.scale + 1e-9 * np.abs(vector).max()
 
 
-def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(tmp_path):
-    run = prepared(tmp_path)
+def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(prepared_run):
+    run = prepared_run
     job = federated_job(run, dropout=0.4, max_dropout=0.1)
     with pytest.raises(federated.RoundRefusedError, match="fewer than the .* the noise is planned for .* round refused, nothing published"):
         federated.run(job)
@@ -151,8 +176,8 @@ def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothin
         federated.run(federated_job(run, dropout=0.0, max_dropout=0.1))
 
 
-def test_a_round_whose_dropped_clients_cannot_be_unmasked_is_refused_and_never_rerun(tmp_path):
-    run = prepared(tmp_path)
+def test_a_round_whose_dropped_clients_cannot_be_unmasked_is_refused_and_never_rerun(prepared_run):
+    run = prepared_run
     job = federated_job(run, dropout=0.3, max_dropout=0.6)  # enough survivors for the noise, too few neighbours left for some secrets
     with pytest.raises(federated.RoundRefusedError, match="too few neighbours revealed the secrets .* round refused, nothing published"):
         federated.run(job)

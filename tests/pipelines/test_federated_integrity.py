@@ -1,8 +1,15 @@
 """What an operator or a server can do to a federated round: a second round of a step is refused
 whatever happens to the step's output folder (through the installed `ssp`), a round refused before
 any share was revealed reruns at no new charge, a server that shows holders different survivor sets
-gets nothing, and the published files hold no exact client count."""
+gets nothing, and the published files hold no exact client count.
 
+The checks that run `ssp train` twice through the installed command (a Spark start each) are marked
+slow; each has a twin in the default run that makes the same runs and assertions through `ssp`'s
+entry point in this process (`cli.main`, on the test session's Spark). The installed command's own
+refusals (one line, exit status 2) stay in the default run: a partitioning server here, a copied run
+folder here, and too few survivors in tests/pipelines/test_federated.py."""
+
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,16 +36,43 @@ TRAIN = ["train", "--data", "data", "--out", "run", "--engine", "federated", *SE
 
 
 def ssp(folder, *args):
-    return subprocess.run([SSP, *args], cwd=folder, capture_output=True, text=True, timeout=600)
+    """The installed `ssp` in `folder`: (exit status, stderr)."""
+    result = subprocess.run([SSP, *args], cwd=folder, capture_output=True, text=True, timeout=600)
+    return result.returncode, result.stderr
+
+
+@pytest.fixture
+def ssp_in_process(spark, capsys):
+    """`ssp` through its entry point in this process (the test session's Spark): (exit status, stderr)."""
+    def run(folder, *args):
+        capsys.readouterr()
+        with contextlib.chdir(folder):
+            status = cli.main(list(args))
+        return status, capsys.readouterr().err
+
+    return run
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished one-step federated run."""
+def finished(tmp_path_factory, spark):
+    """A finished one-step federated run (`run`), and `copy`: its folder as the prepare stage left it,
+    before the round (seed file and ledger included). Made in this process, on the test session's
+    Spark: the tests read it, or copy it before they change it (only the copy test changes `copy`)."""
     folder = tmp_path_factory.mktemp("federated-run")
     assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]) == 0
-    result = ssp(folder, *TRAIN, "-q")
-    assert result.returncode == 0, result.stderr[-3000:]
+    with contextlib.chdir(folder):  # TRAIN's relative paths, as the installed `ssp` runs them in this folder
+        assert cli.main([*TRAIN, "--stage", "prepare", "-q"]) == 0
+        shutil.copytree(folder / "run", folder / "copy")
+        assert cli.main([*TRAIN, "-q"]) == 0
+    return folder
+
+
+def finished_copy(finished, folder):
+    """The finished run and its data, copied into `folder`: a test that changes the run changes its own
+    copy. The copy charges the same budget account (outside the run folder), where the round is
+    recorded as started, as in the original."""
+    for name in ("data", "run"):
+        shutil.copytree(finished / name, folder / name)
     return folder
 
 
@@ -64,22 +98,23 @@ def test_the_published_release_holds_no_exact_client_count(finished):
     assert f"t = {block['neighbours'] // 2 + 1}" in report and "Sybil" in report
 
 
-def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder(finished):
-    """After the published-release test (it reads the finished run): the step's marker deleted, then its whole stats folder."""
-    stats = finished / "run" / "step-1" / "stats"
+def second_round_is_refused(folder, ssp_run) -> None:
+    """A copy of the finished run with step 1 not done: the step's marker deleted, then its whole stats
+    folder; `ssp train` (run by `ssp_run`) is refused each time, one line, exit status 2."""
+    stats = folder / "run" / "step-1" / "stats"
     before = storage.read_table(str(stats / "resample-0.parquet"))
-    spent = Ledger.open(str(finished / "run" / "ledger.parquet")).epsilon_spent()
-    redo_step_one(finished)
+    spent = Ledger.open(str(folder / "run" / "ledger.parquet")).epsilon_spent()
+    redo_step_one(folder)
     for removed in ("marker", "stats folder"):
         if removed == "marker":
             (stats / ".round-started").unlink(missing_ok=True)  # where the round was recorded before
         else:
             shutil.rmtree(stats)
-        result = ssp(finished, *TRAIN)
-        errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-        assert result.returncode == 2 and "Traceback" not in result.stderr, (removed, result.stderr[-2000:])
+        status, stderr = ssp_run(folder, *TRAIN)
+        errors = [line for line in stderr.splitlines() if ": error: " in line]
+        assert status == 2 and "Traceback" not in stderr, (removed, stderr[-2000:])
         assert len(errors) == 1 and "already ran" in errors[0] and "start a new run" in errors[0], errors
-        ledger = Ledger.open(str(finished / "run" / "ledger.parquet"))
+        ledger = Ledger.open(str(folder / "run" / "ledger.parquet"))
         assert ledger.epsilon_spent() == spent and [row["name"] for row in ledger.rows].count("step-1/stats/r0") == 1
         if removed == "marker":
             assert storage.read_table(str(stats / "resample-0.parquet")).equals(before)  # nothing new published
@@ -87,21 +122,43 @@ def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folde
             assert not stats.exists()
 
 
-def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once(tmp_path):
-    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(tmp_path / "data"), "-q"]) == 0
+@pytest.mark.slow
+def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder(finished, tmp_path):
+    """Through the installed `ssp` (two runs, each starting Spark); its twin below runs them in this process."""
+    second_round_is_refused(finished_copy(finished, tmp_path), ssp)
+
+
+def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder_in_process(finished, tmp_path, ssp_in_process):
+    second_round_is_refused(finished_copy(finished, tmp_path), ssp_in_process)
+
+
+def refused_round_reruns_and_is_charged_once(folder, ssp_run) -> None:
+    """Too few survivors, twice: the second round is a rerun of the same release, refused again for
+    too few survivors, not for having run, and charged once."""
+    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(folder / "data"), "-q"]) == 0
     refused = [*TRAIN, "--federated-dropout", "0.7", "--federated-max-dropout", "0.1"]
     spent = []
-    for _ in range(2):  # the second round is a rerun of the same release, refused again for too few survivors, not for having run
-        result = ssp(tmp_path, *refused)
-        errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-        assert result.returncode == 2 and len(errors) == 1 and "clients answered, fewer than the" in errors[0], result.stderr[-2000:]
-        ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
+    for _ in range(2):
+        status, stderr = ssp_run(folder, *refused)
+        errors = [line for line in stderr.splitlines() if ": error: " in line]
+        assert status == 2 and len(errors) == 1 and "clients answered, fewer than the" in errors[0], stderr[-2000:]
+        ledger = Ledger.open(str(folder / "run" / "ledger.parquet"))
         assert [row["name"] for row in ledger.rows].count("step-1/stats/r0") == 1
         spent.append(ledger.epsilon_spent())
     assert spent[0] == spent[1]
     index = next(row["release"] for row in ledger.rows if row["name"] == "step-1/stats/r0")
-    assert SeedFile.load(str(tmp_path / "run" / "private" / "seed")).rounds == {index: ROUND_UNREVEALED}
-    assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
+    assert SeedFile.load(str(folder / "run" / "private" / "seed")).rounds == {index: ROUND_UNREVEALED}
+    assert not (folder / "run" / "step-1" / "stats" / "release.json").exists()
+
+
+@pytest.mark.slow
+def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once(tmp_path):
+    """Through the installed `ssp` (two runs, each starting Spark); its twin below runs them in this process."""
+    refused_round_reruns_and_is_charged_once(tmp_path, ssp)
+
+
+def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once_in_process(tmp_path, ssp_in_process):
+    refused_round_reruns_and_is_charged_once(tmp_path, ssp_in_process)
 
 
 def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
@@ -132,32 +189,26 @@ def test_a_partitioning_server_gets_nothing_through_the_installed_ssp(tmp_path):
     dropout, so only the consistency check stops it): one line, exit 2, nothing published, and the
     round is never run again."""
     assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(tmp_path / "data"), "-q"]) == 0
-    result = ssp(tmp_path, *TRAIN, "--federated-max-dropout", "0.3", "--federated-server", "partition")
-    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert len(errors) == 1 and "failed the consistency check; round refused, nothing published" in errors[0], result.stderr[-3000:]
+    status, stderr = ssp(tmp_path, *TRAIN, "--federated-max-dropout", "0.3", "--federated-server", "partition")
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(errors) == 1 and "failed the consistency check; round refused, nothing published" in errors[0], stderr[-3000:]
     assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
     assert not list((tmp_path / "run" / "step-1" / "stats").glob("resample-*")) if (tmp_path / "run" / "step-1" / "stats").exists() else True
     seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
     assert list(seeds.rounds.values()) == [ROUND_STARTED]  # a round the server cheated in is never rerun
 
 
-def test_a_copy_of_the_run_folder_cannot_run_a_round_again(tmp_path):
-    """A run folder copied before a round (seed file and ledger included): the round runs in one copy;
-    in the other, the same release's round is refused by the data source's account, which both
-    copies charge, one line, exit 2, nothing published and nothing more spent."""
-    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(tmp_path / "data"), "-q"]) == 0
-    prepare = ssp(tmp_path, *TRAIN, "--stage", "prepare", "-q")
-    assert prepare.returncode == 0, prepare.stderr[-3000:]
-    shutil.copytree(tmp_path / "run", tmp_path / "copy")
-    first = ssp(tmp_path, *TRAIN, "-q")
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = ssp(tmp_path, *[arg if arg != "run" else "copy" for arg in TRAIN], "-q")
-    errors = [line for line in again.stderr.splitlines() if ": error: " in line]
-    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-3000:]
-    assert len(errors) == 1 and "already ran (recorded in the budget account" in errors[0], again.stderr[-3000:]
-    assert not (tmp_path / "copy" / "step-1" / "stats" / "release.json").exists()
-    rows = [[(row["name"], row["data_fingerprint"]) for row in Ledger.open(str(tmp_path / folder / "ledger.parquet")).rows] for folder in ("run", "copy")]
+def test_a_copy_of_the_run_folder_cannot_run_a_round_again(finished):
+    """A run folder copied before a round (seed file and ledger included): the round ran in one copy
+    (`run`, the fixture's); in the other (`copy`), the same release's round is refused by the data
+    source's account, which both copies charge, one line, exit 2, nothing published and nothing more spent."""
+    status, stderr = ssp(finished, *[arg if arg != "run" else "copy" for arg in TRAIN], "-q")
+    errors = [line for line in stderr.splitlines() if ": error: " in line]
+    assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(errors) == 1 and "already ran (recorded in the budget account" in errors[0], stderr[-3000:]
+    assert not (finished / "copy" / "step-1" / "stats" / "release.json").exists()
+    rows = [[(row["name"], row["data_fingerprint"]) for row in Ledger.open(str(finished / folder / "ledger.parquet")).rows] for folder in ("run", "copy")]
     assert rows[0] == rows[1]  # the copy's ledger row is the original's release, charged once in the account
-    account = Ledger.open(str(tmp_path / "copy" / "ledger.parquet")).account()
+    account = Ledger.open(str(finished / "copy" / "ledger.parquet")).account()
     assert len(account.document["charges"]) == len(rows[0])

@@ -1,6 +1,7 @@
 """SSP-convex on Spark (`--loss logistic`): the released H_j, g_j expanded for SSP2 give the exact
 gradient and curvature of the implicit-feedback logistic loss at the expansion point; removing a user
-moves them by at most the effective clips' sensitivity; `ssp train --loss logistic` runs end to end."""
+moves them by at most the effective clips' sensitivity; `ssp train --loss logistic` runs end to end
+(through the installed `ssp` under -m slow; in this process, on the test session's Spark, by default)."""
 
 import json
 import os
@@ -21,6 +22,7 @@ from privacy.accumulator import packed_size, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import ITEM_EMBEDDINGS
+from ssp import cli
 from tests.pipelines.stats_inputs import registered, write_inputs
 from trainer import ssp
 
@@ -92,20 +94,44 @@ def test_removing_a_user_moves_the_release_by_at_most_the_effective_sensitivity(
         assert 0 < moved_h <= WBAR * clip_u**2 * (1 + 1e-9) and 0 < moved_g <= WBAR * clip_y * clip_u * (1 + 1e-9)
 
 
-def test_ssp_train_loss_logistic_end_to_end_through_the_installed_command(tmp_path):
-    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+INSTALLED = os.path.join(os.path.dirname(sys.executable), "ssp")
 
-    def ssp(*args):
-        return subprocess.run([installed, *map(str, args)], capture_output=True, text=True, timeout=600)
 
-    assert ssp("synth", "--users", "150", "--items", "40", "--ratings-per-user", "10", "--out", tmp_path / "data", "-q").returncode == 0
-    refused = ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "rmse", "--loss", "logistic")
-    assert refused.returncode == 2 and "--loss logistic (SSP-convex on implicit feedback) needs --protocol recall" in refused.stderr
+def installed_ssp(*args):
+    """The installed `ssp`: (exit status, stderr)."""
+    result = subprocess.run([INSTALLED, *map(str, args)], capture_output=True, text=True, timeout=600)
+    return result.returncode, result.stderr
+
+
+def logistic_end_to_end(tmp_path, run_ssp) -> None:
+    """`ssp train --loss logistic`, run by `run_ssp`: refused without --protocol recall (before it writes
+    anything), then two outer steps end to end."""
+    assert run_ssp("synth", "--users", "150", "--items", "40", "--ratings-per-user", "10", "--out", tmp_path / "data", "-q")[0] == 0
+    status, stderr = installed_ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "rmse", "--loss", "logistic")
+    assert status == 2 and "--loss logistic (SSP-convex on implicit feedback) needs --protocol recall" in stderr
     assert not (tmp_path / "rmse").exists()
-    result = ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--protocol", "recall", "--loss", "logistic", "--epsilon", 5,
-                 "--outer-steps", 2, "--epochs", 2, "--dim", 3)
-    assert result.returncode == 0, result.stderr[-3000:]
+    status, stderr = run_ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--protocol", "recall", "--loss", "logistic", "--epsilon", 5,
+                             "--outer-steps", 2, "--epochs", 2, "--dim", 3)
+    assert status == 0, stderr[-3000:]
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
     assert 0 <= metrics["test_recall_at_20"] <= 1 and metrics["epsilon_spent"] == pytest.approx(5.0, abs=1e-4)
     released = storage.read_schema(stats_job.resample_path(str(tmp_path / "run" / "step-2" / "stats"), 0))
     assert released.metadata[b"loss"] == b"logistic"
+
+
+@pytest.mark.slow
+def test_ssp_train_loss_logistic_end_to_end_through_the_installed_command(tmp_path):
+    """Every command through the installed `ssp` (the training run starts a Spark of its own); its twin
+    below trains in this process."""
+    logistic_end_to_end(tmp_path, installed_ssp)
+
+
+def test_ssp_train_loss_logistic_end_to_end(spark, tmp_path, capsys):
+    """The same commands, the training run through `ssp`'s entry point in this process (on the test
+    session's Spark); the refusal still through the installed `ssp` (it starts no Spark)."""
+    def in_process(*args):
+        capsys.readouterr()
+        status = cli.main(list(map(str, args)))
+        return status, capsys.readouterr().err
+
+    logistic_end_to_end(tmp_path, in_process)
