@@ -12,7 +12,7 @@ gets multiplier z_total * sqrt(n / s).
 
 Accountant: PLD (privacy loss distributions) by default, RDP as an option (the paper's). PLD is at
 least as tight as RDP for every plan `ssp train` ships (tests/privacy/test_accounting.py checks
-them all): for the demo's plan (epsilon 10, three outer steps) it needs stats noise multiplier
+them all with -m slow, one data set's in the default run): for the demo's plan (epsilon 10, three outer steps) it needs stats noise multiplier
 1.328 where RDP needs 1.407. PLD discretises the privacy loss on a grid of `PLD_DISCRETIZATION`
 (pessimistically: a coarser grid only overstates epsilon); 1e-3 keeps the calibration of an
 AM-DPSGD plan (Poisson-sampled steps) to about a second, at a cost below 1e-4 in epsilon. PLD
