@@ -6,6 +6,11 @@ so the cases that once aborted there are repeated). Nothing new may be left behi
 staging or partial table) and earlier outputs stay whole. Full and read-only disks are made for real
 (a small tmpfs, a read-only bind mount) where this machine allows it, and skipped with the reason
 where it does not; the file-size limit is `ulimit -f` (RLIMIT_FSIZE) in the child.
+
+Each `ssp` process costs ~1.5 s to start and one that starts Spark several seconds more, so Spark and
+Beam run only in the cases about their own errors: elsewhere `--engine local`, a stage command that
+reads the run before its engine starts (`ssp stats --run`), inputs written here rather than computed
+by a Spark job, and the whole-run cases on Spark in the slow set (`-m slow`) with a fast twin.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ import pytest
 from pipelines.data.ingest import BUNDLED
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+# The JVM of a command that starts Spark is tuned for a short life, as these commands' are: the client
+# compiler only and the serial collector (about a third off its start; unless SPARK_SUBMIT_OPTS is set).
+# Spark's error texts, and how the command ends, do not depend on them.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def child_env() -> dict:
+    """The environment of an `ssp` child: this test's (its budget-account registry), with SHORT_LIVED_JVM."""
+    return {**os.environ, "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS") or SHORT_LIVED_JVM}
 
 
 def ssp(*args, fsize: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -31,7 +45,7 @@ def ssp(*args, fsize: int | None = None, timeout: int = 600) -> subprocess.Compl
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.run([SSP, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([SSP, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=child_env(),
                           preexec_fn=limit if fsize is not None else None)
 
 
@@ -163,7 +177,7 @@ def test_a_failed_reingest_on_a_full_disk_keeps_the_earlier_data_set_whole(small
     before = snapshot(disk / "ds")
     assert_refused(ssp("ingest", "--out", disk / "ds"), "No space left on device", disk / "ds")  # the whole bundled set does not fit
     assert snapshot(disk / "ds") == before and leftovers(disk) == []
-    assert ssp("split", "--data", disk / "ds", "--protocol", "rmse", "--out", tmp_path / "split").returncode == 0  # still a data set
+    assert ssp("split", "--data", disk / "ds", "--protocol", "rmse", "--out", tmp_path / "split", "--engine", "local").returncode == 0  # still a data set
 
 
 def test_a_full_disk_during_training_is_one_line_and_the_ledger_stays_readable(small_disk, dataset):
@@ -308,8 +322,18 @@ def test_a_successful_write_removes_the_staging_that_killed_writes_left(tmp_path
 
 
 def test_a_truncated_part_read_by_beam_is_one_line_naming_it(tmp_path, prepared):
+    """The stats job on Beam, over the run's rows with a truncated part. Its user embeddings are any
+    valid table of those users (written here: a Spark user update would only add a JVM's start)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from schemas import storage
+    from schemas.tables import USER_EMBEDDINGS
+
     run = copy_of(prepared, tmp_path / "run")
-    assert ssp("user-update", "--run", run, "--step", 1).returncode == 0
+    users = np.unique(storage.read_table(str(run / "private" / "stats_rows.parquet"), columns=["user_id"])["user_id"].to_numpy())
+    storage.write_table(pa.table({"user_id": users, "embedding": [[0.1] * 8] * users.size}, schema=USER_EMBEDDINGS),
+                        str(run / "private" / "step-1" / "user_embeddings.parquet"))
     rows = copy_of(run / "private" / "stats_rows.parquet", tmp_path / "rows.parquet")
     part = next(rows.glob("part-*.parquet"))
     part.write_bytes(part.read_bytes()[:3000])
@@ -336,37 +360,68 @@ def test_publishing_inside_the_run_directory_is_refused(tmp_path, prepared):
         assert not dest.exists()
 
 
-@pytest.mark.parametrize("damage, named", [(lambda m: m.pop("config"), "has no settings"), (lambda m: m["config"].update(outer_steps=None), "outer_steps must be int"),
-                                           (lambda m: m["config"].update(dim="four"), "dim must be int"), (lambda m: m["config"].update(dim=0), "--dim"),
-                                           (lambda m: m.update(steps_done="x"), "steps_done")],
-                         ids=["no config", "null setting", "wrong type", "out of range", "steps not a list"])
-def test_a_damaged_run_manifest_is_refused_naming_it(tmp_path, prepared, damage, named):
+MANIFEST_DAMAGES = {
+    "no config": (lambda m: m.pop("config"), "has no settings"), "null setting": (lambda m: m["config"].update(outer_steps=None), "outer_steps must be int"),
+    "wrong type": (lambda m: m["config"].update(dim="four"), "dim must be int"), "out of range": (lambda m: m["config"].update(dim=0), "--dim"),
+    "steps not a list": (lambda m: m.update(steps_done="x"), "steps_done"),
+}
+# Every stage command reads the manifest through the same checks (run_dir.Run.read_manifest, .prepared).
+# `ssp user-update --run` reads steps_done before it starts Spark (the run's lock), the settings only
+# once its session has started: those cases run with `-m slow`, and by default `ssp stats --run`, which
+# reads them before its engine starts, is refused for each of them.
+MANIFEST_CASES = [pytest.param("user-update", damage, named, id=f"user-update: {name}", marks=() if name == "steps not a list" else pytest.mark.slow)
+                  for name, (damage, named) in MANIFEST_DAMAGES.items()]
+MANIFEST_CASES += [pytest.param("stats", damage, named, id=f"stats: {name}") for name, (damage, named) in MANIFEST_DAMAGES.items() if name != "steps not a list"]
+
+
+@pytest.mark.parametrize("command, damage, named", MANIFEST_CASES)
+def test_a_damaged_run_manifest_is_refused_naming_it(tmp_path, prepared, command, damage, named):
     run = copy_of(prepared, tmp_path / "run")
     manifest = json.loads((run / "manifest.json").read_text())
     damage(manifest)
     (run / "manifest.json").write_text(json.dumps(manifest))
-    assert_refused(ssp("user-update", "--run", run, "--step", 1), run / "manifest.json", named)
-    assert not (run / "private" / "step-1").exists()
+    assert_refused(ssp(command, "--run", run, "--step", 1), run / "manifest.json", named)
+    assert not (run / "private" / "step-1").exists() and not (run / "step-1").exists()
 
 
-def test_sigterm_unwinds_like_ctrl_c_and_the_run_resumes(tmp_path, dataset):
-    """A scheduler stopping the task: one line, exit 143, no traceback; the same command resumes."""
+def stopped(args: list, after: str, log: Path) -> subprocess.CompletedProcess:
+    """`ssp ARGS`, sent SIGTERM (a scheduler stopping the task) once `after` shows in its stderr; it
+    must end with one line, exit 143 and no traceback. Returns its result (stderr from `log`)."""
     import signal
     import time
 
-    run, log = tmp_path / "run", tmp_path / "stderr"
     with open(log, "w") as err:
-        child = subprocess.Popen([SSP, *map(str, ["train", "--data", dataset, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4])],
-                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
+        child = subprocess.Popen([SSP, *map(str, args)], stdout=subprocess.DEVNULL, stderr=err, text=True, env=child_env())
         deadline = time.monotonic() + 300
-        while "prepared" not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while after not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         child.send_signal(signal.SIGTERM)
         child.wait(timeout=300)
     result = subprocess.CompletedProcess(child.args, child.returncode, "", log.read_text())
     assert child.returncode == 143 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("ssp train: terminated; nothing partial was published")
-    assert ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4).returncode == 0
+    assert result.stderr.strip().splitlines()[-1].startswith(f"ssp {args[0]}: terminated; nothing partial was published"), result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow  # two Spark sessions and a whole training (~50 s): its fast twin is the case below
+def test_sigterm_unwinds_like_ctrl_c_and_the_run_resumes(tmp_path, dataset):
+    """A scheduler stopping the task: one line, exit 143, no traceback; the same command resumes.
+    Stopped in its Spark stages (once prepared)."""
+    args = ["train", "--data", dataset, "--out", tmp_path / "run", "--epsilon", 5, "--outer-steps", 1, "--dim", 4]
+    stopped(args, "prepared", tmp_path / "stderr")
+    assert ssp(*args).returncode == 0
+
+
+def test_sigterm_in_the_first_stage_unwinds_like_ctrl_c_and_the_run_resumes(tmp_path):
+    """The fast twin of the case above, without Spark: `ssp train --stage prepare` (a scheduler's
+    first task) on the bundled MovieLens folder, stopped once it has ingested the ratings (seconds of
+    work are left: the split, the releases, the initial encoder; the ingest's progress bar has ended
+    its line); the same command resumes and prepares the run."""
+    run = tmp_path / "run"
+    args = ["train", "--stage", "prepare", "--data", BUNDLED, "--out", run, "--epsilon", 5, "--outer-steps", 1, "--dim", 4]
+    stopped(args, "ratings/s]\n", tmp_path / "stderr")
+    assert ssp(*args).returncode == 0
+    assert "prepared" in json.loads((run / "manifest.json").read_text())
 
 
 def test_the_own_data_paths_refuse_bad_input_in_one_line(tmp_path):

@@ -200,8 +200,9 @@ def test_ids_at_the_int64_limits_and_spreadsheet_csv_are_accepted(tmp_path, caps
     assert storage.read_table(data.items)["title"].to_pylist() == ["Min (2000)", "Ten (2010)"]
 
 
-def test_ids_that_overflow_int64_in_a_data_set_folder_are_refused_before_any_release(tmp_path, capsys):
-    """Parquet tables (not MovieLens text) with unsigned ids >= 2^63: refused by the table contracts."""
+def test_ids_that_overflow_int64_in_a_data_set_folder_are_refused_before_any_release(spark, tmp_path, capsys):
+    """Parquet tables (not MovieLens text) with unsigned ids >= 2^63: refused by the table contracts
+    (on the counts' default engine, Spark: the test session's, not one started and stopped per command)."""
     paths = write_tables(tmp_path, [(1, 10, 4.0)], {1: [1.0, 0.0]}, [10])
     big = pa.array([INT64_MAX + 6], pa.uint64())
     storage.write_table(pa.table({"user_id": big, "item_id": [10], "label": [4.0], "timestamp": [0]}), str(tmp_path / "big_users.parquet"))
@@ -328,9 +329,11 @@ def test_a_user_with_100k_rows_moves_the_statistics_by_at_most_the_sensitivity(s
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
+def released(tmp_path_factory, spark):
     """A run folder after its first release (DP counts at epsilon 1): a ledger and a seed that the
-    refused jobs below must leave exactly as they are. Returns (tables, run folder)."""
+    refused jobs below must leave exactly as they are. Returns (tables, run folder). (`spark`: the
+    counts' default engine, here and in the refused `ssp counts` below, runs on the test session's
+    Spark instead of starting a JVM per command.)"""
     folder = tmp_path_factory.mktemp("released")
     paths = write_tables(folder, [(1, 10, 4.0), (1, 20, 1.0), (2, 10, 3.0), (3, 30, 2.5)], {1: [0.6, 0.8], 2: [0.5, -0.5], 3: [0.0, 1.0]}, [10, 20, 30, 40])
     assert cli.main(["counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", str(folder / "run"), "--epsilon", "1"]) == 0
@@ -456,10 +459,10 @@ def test_impossible_privacy_parameters_are_refused_before_anything_is_written(re
     assert snapshot(run) == before  # the run's ledger and seed are untouched
 
 
-def test_absurd_but_valid_budgets_are_recorded_and_caught_by_the_ledger_check(tmp_path, capsys):
+def test_absurd_but_valid_budgets_are_recorded_and_caught_by_the_ledger_check(spark, tmp_path, capsys):
     """epsilon 10^6 or delta 0.5 are numbers a run can be given: the ledger records them as they
     are, and the check that guards publishing (`ssp privacy --max-epsilon/--max-delta`, the DAG's
-    check_privacy) refuses them."""
+    check_privacy) refuses them. (`spark`: the counts' default engine runs on the test session's.)"""
     paths = write_tables(tmp_path, [(1, 10, 4.0), (2, 10, 3.0)], {1: [1.0, 0.0]}, [10, 20])
     ok(capsys, "counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "huge-eps", "--epsilon", "1e6")
     refused(capsys, "privacy", tmp_path / "huge-eps", "--max-epsilon", "10", pattern=r"epsilon spent .* exceeds the allowed 10")

@@ -60,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--run takes the inputs and settings from the run's manifest; drop {', '.join(given)}")
         if (args.step is None) == (not args.final):
             raise ValueError("with --run give exactly one of --step S and --final")
+        Run(args.run).prepared()  # a missing or damaged run is refused before a JVM starts
         with existing_run_lock(args.run), session("ssp-user-update", args.master) as spark:
             run_step(spark, args.run, None if args.final else args.step)
         print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
