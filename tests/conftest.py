@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
-os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # module- and session-scoped fixtures' runs
+os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # session-scoped fixtures' runs
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +33,16 @@ def pytest_configure(config):
     if any(dags.startswith(target) or target.startswith(dags) for target in targets):
         subprocess.Popen(["bash", os.path.join(ROOT, "infra", "airflow", "setup.sh")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_budget_account_registry(tmp_path_factory):
+    """Each test module's own registry for the runs its module-scoped fixtures make: a data source's
+    account then holds that module's charges only, whichever tests share a worker process."""
+    folder = tmp_path_factory.mktemp("module-budget-accounts")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SSP_BUDGET_ACCOUNTS", str(folder))
+        yield folder
 
 
 @pytest.fixture(autouse=True)
