@@ -48,11 +48,13 @@ import json
 import math
 import os
 import secrets
-
-import dp_accounting
+from typing import TYPE_CHECKING
 
 from privacy import accounting
 from schemas import storage
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 _TOLERANCE = 1e-9
 ACCOUNTS_ENV = "SSP_BUDGET_ACCOUNTS"  # the registry folder of the data sources' accounts
@@ -199,6 +201,8 @@ class BudgetAccount:
                 raise ValueError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
             return
         accountant = accountant or self.document["accountant"]
+        import dp_accounting  # where used (privacy.accounting)
+
         if self.cap is not None and isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise AccountCapError(f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget account {self.path} "
                                   f"(cap {self.cap:g}) cannot take; nothing was released")

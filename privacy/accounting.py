@@ -36,12 +36,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import attr
-import dp_accounting
-from scipy import optimize
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
+
+if TYPE_CHECKING:
+    import dp_accounting
+# dp-accounting and scipy.optimize load scipy.signal (0.7 s): imported where used, so that a command
+# that accounts nothing (--help, ingest, synth, a refused input) starts fast
 
 ACCOUNTANTS = ("pld", "rdp", "rdp-integer")
 DEFAULT_ACCOUNTANT = "pld"
@@ -54,6 +56,9 @@ INTEGER_ORDERS = tuple(range(2, 64)) + (128, 256, 512, 1024)
 def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
     """A fresh dp-accounting accountant: 'pld' (default), 'rdp', or 'rdp-integer' (RDP on integer
     orders: federated runs, whose Skellam noise is bounded there)."""
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     if kind == "rdp":
         return rdp_privacy_accountant.RdpAccountant()
     if kind == "rdp-integer":
@@ -69,6 +74,8 @@ def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent
     merged into one self-composition, in a fixed order. Composition is commutative, so this is the
     same mechanism; any two lists of the same basic events get the same form whatever their order
     or grouping (a plan's `SelfComposedDpEvent(stats, 2 S R)` and a ledger's S R events of two)."""
+    import dp_accounting
+
     counts: dict[str, list] = {}
 
     def unfold(event: dp_accounting.DpEvent, times: int) -> None:
@@ -96,6 +103,8 @@ def check_budget(epsilon: float, delta: float) -> None:
 
 def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpEvent:
     """`count` Gaussian releases with the given noise multiplier (0 means no noise: not private)."""
+    import dp_accounting
+
     if noise_multiplier == 0:
         return dp_accounting.NonPrivateDpEvent()
     event = dp_accounting.GaussianDpEvent(noise_multiplier)
@@ -105,6 +114,8 @@ def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpE
 def dpsgd_event(noise_multiplier: float, sampling_probability: float, steps: int) -> dp_accounting.DpEvent:
     """`steps` DP-SGD steps: each a Gaussian with the noise multiplier on a Poisson sample of the
     units (users or examples) with the given probability; noise multiplier 0 is not private."""
+    import dp_accounting
+
     if not 0 < sampling_probability <= 1:
         raise ValueError(f"sampling probability must be in (0, 1], got {sampling_probability}")
     if not isinstance(steps, int) or steps < 1:
@@ -126,6 +137,8 @@ def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, i
 def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
     """Epsilon at `delta` of the composition of `events` (inf if any is not private), composed in
     their `canonical` form."""
+    import dp_accounting
+
     events = canonical(events)
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in events):
         return math.inf
@@ -140,6 +153,8 @@ def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: st
 
 def _multiplier(event: dp_accounting.DpEvent) -> float:
     """The noise multiplier of a basic (canonical) event's Gaussian, inf if it has none."""
+    import dp_accounting
+
     while isinstance(event, (dp_accounting.SelfComposedDpEvent, dp_accounting.PoissonSampledDpEvent)):
         event = event.event
     return event.noise_multiplier if isinstance(event, dp_accounting.GaussianDpEvent) else math.inf
@@ -153,6 +168,8 @@ def _calibrate(make_event, epsilon: float, delta: float, accountant: str, guess:
     root spends a hair too much. The bracket is searched from `guess` by halving and doubling
     (dp-accounting's search starts at its lower endpoint, and a PLD of a tiny multiplier, with its
     huge privacy losses, can take minutes), and every epsilon is computed once."""
+    from scipy import optimize
+
     cache: dict[float, float] = {}
 
     def gap(z: float) -> float:
@@ -229,6 +246,8 @@ def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str =
     plan (PLD: from the RDP calibration, which is fast and close); epsilon = inf gives zeros (a
     non-private run).
     """
+    import dp_accounting
+
     if epsilon == math.inf:
         return {group.name: 0.0 for group in plan}
     check_budget(epsilon, delta)
@@ -254,6 +273,8 @@ def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps
     multipliers they get in the AM-SSP plan of the same budget (so every method pays the same for
     them), and the DP-SGD multiplier is calibrated with dp-accounting to spend the rest exactly.
     Returns the other groups' multipliers and 'dpsgd' (no 'stats')."""
+    import dp_accounting
+
     multipliers = calibrate(epsilon, delta, plan, accountant)
     fixed = [gaussian_event(multipliers[group.name], group.events) for group in plan if group.name != "stats"]
     del multipliers["stats"]
@@ -267,6 +288,8 @@ def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps
 
 def event_to_json(event: dp_accounting.DpEvent) -> dict:
     """A dp-accounting event as plain JSON data (class name and fields, nested)."""
+    import dp_accounting
+
     fields = {}
     for key in attr.fields_dict(type(event)):
         value = getattr(event, key)
@@ -281,6 +304,8 @@ def event_to_json(event: dp_accounting.DpEvent) -> dict:
 
 def event_from_json(data: dict) -> dp_accounting.DpEvent:
     """Inverse of `event_to_json`."""
+    import dp_accounting
+
     fields = {}
     for key, value in data.items():
         if key == "class":

@@ -28,14 +28,17 @@ import datetime
 import json
 import math
 import secrets
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import pyarrow as pa
 
 from privacy import accounting
 from privacy.account import AccountMissingError, BudgetAccount
 from schemas import storage
 from schemas.tables import LEDGER, validate_ledger
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 _TOLERANCE = 1e-9  # relative slack for floating point in the budget comparison
 

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     """When the DAG tests are in the run, start creating .venv-airflow (infra/airflow/setup.sh, a few
-    minutes of mostly disk work, once per checkout) in the background at once, so that it overlaps
+    minutes of mostly disk work, once per machine) in the background at once, so that it overlaps
     the other tests instead of holding a worker; the DAG tests' fixture waits for it (the script's
     lock) and finds it done."""
     if os.environ.get("PYTEST_XDIST_WORKER") is not None or config.option.collectonly:

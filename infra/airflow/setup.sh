@@ -3,7 +3,9 @@
 # versions of infra/airflow/requirements.lock. A separate environment because Airflow's dependency
 # set cannot share the project's lock (numpy 2 and protobuf 6 against TensorFlow 2.15's numpy < 2
 # and protobuf < 5). It is used to parse the DAG (tests/infra/test_dag.py), not to run the project.
-# Safe to re-run: an up-to-date .venv-airflow is left as it is (about 3 minutes the first time).
+# The environment (2 GiB, about 5 minutes to install) is built once per machine and lock, in the
+# user's cache folder (as pre-commit keeps its hook environments), and .venv-airflow links to it:
+# every clone on the machine shares it. SSP_AIRFLOW_CACHE sets another cache folder.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,16 +20,20 @@ if [ -z "$python" ]; then
   exit 1
 fi
 
-venv=.venv-airflow
-exec 9>"$venv.lock"  # one creator at a time (parallel test workers)
-flock 9
-stamp=$venv/.installed
 want=$(sha256sum infra/airflow/requirements.lock | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+cache=${SSP_AIRFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ssp}
+venv=$cache/venv-airflow-${want:0:16}
+mkdir -p "$cache"
+exec 9>"$venv.lock"  # one creator at a time (parallel test workers, clones side by side)
+flock 9
+if [ ! -f "$venv/.installed" ]; then
+  echo "infra/airflow/setup.sh: creating $venv with Airflow and its providers (a few minutes, once per machine)..." >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r infra/airflow/requirements.lock  # bytecode on first import
+  echo "$want" > "$venv/.installed"
 fi
-echo "infra/airflow/setup.sh: creating $venv with Airflow and its providers (a few minutes)..." >&2
-rm -rf "$venv"
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r infra/airflow/requirements.lock  # bytecode on first import
-echo "$want" > "$stamp"
+if [ "$(readlink .venv-airflow 2>/dev/null)" != "$venv" ]; then
+  rm -rf .venv-airflow
+  ln -s "$venv" .venv-airflow
+fi

@@ -19,8 +19,7 @@ import argparse
 import contextlib
 import math
 from dataclasses import dataclass
-
-import dp_accounting
+from typing import TYPE_CHECKING
 
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
@@ -31,6 +30,9 @@ from privacy.ledger import Ledger
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import content_digest_table, SeedFile, SeedReuseError
 from schemas import storage
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 DEFAULT_DELTA = 1e-5
 # PrivacySettings.dpsgd of an AM-DPSGD run before its DP-SGD schedule is known: the schedule is
