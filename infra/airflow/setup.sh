@@ -30,7 +30,8 @@ if [ ! -f "$venv/.installed" ]; then
   echo "infra/airflow/setup.sh: creating $venv with Airflow and its providers (a few minutes, once per machine)..." >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r infra/airflow/requirements.lock  # bytecode on first import
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile -r infra/airflow/requirements.lock
+  "$venv/bin/python" -m compileall -q -j 0 "$venv"/lib/python3*/site-packages >/dev/null 2>&1 || true  # as ../../setup.sh: bytecode on every core
   echo "$want" > "$venv/.installed"
 fi
 if [ "$(readlink .venv-airflow 2>/dev/null)" != "$venv" ]; then
