@@ -477,9 +477,9 @@ def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
     counts = evaluation.fold_in_counts(run, config, space)  # one release for every step
     out = []
     for s, mark in enumerate(marks):
-        table = validate_item_embeddings(storage.read_table(run.item_embeddings(s)), dim=config.dim)
-        vectors = np.zeros((space.size, config.dim))
-        vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.dim, "item embedding")
+        table = validate_item_embeddings(storage.read_table(run.item_embeddings(s)), dim=config.vector_dim)
+        vectors = np.zeros((space.size, config.vector_dim))
+        vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.vector_dim, "item embedding")
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
         metrics = evaluation._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
                                    prepare.prepared_rating_range(prepared), counts)

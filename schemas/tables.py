@@ -172,6 +172,7 @@ def stats_metadata(schema: pa.Schema) -> dict[str, float]:
     if missing:
         raise SchemaError("stats", f"metadata lacks {', '.join(missing)}")
     values = {key: float(raw[key.encode()]) for key in STATS_METADATA_KEYS}
+    values["bias"] = float(raw.get(b"bias", b"0"))  # 1: the last coordinate is the bias coordinate (absent before biases: 0)
     if values["d"] < 1 or values["d"] != int(values["d"]):
         raise SchemaError("stats", f"metadata d must be a positive integer, got {values['d']}")
     return values

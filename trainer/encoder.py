@@ -95,9 +95,12 @@ class ItemEncoder(tf.keras.Model):
         """The per-item residuals r_j of catalog positions (features encoder with the item id)."""
         return tf.gather(self._residual, tf.cast(positions, tf.int64) + 1)
 
-    def rescale(self, factor: float) -> None:
-        """Multiply every embedding by `factor` (the output layer and the residuals are linear in it):
-        the public post-processing that keeps released item embeddings at a fixed scale."""
+    def rescale(self, factor: float | np.ndarray) -> None:
+        """Multiply every embedding by `factor`, a number or one per output coordinate (the output
+        layer and the residuals are linear in it): the public post-processing that keeps released
+        item embeddings at a fixed scale."""
+        factor = np.asarray(factor, dtype=np.float32)
+        self(tf.zeros([1], tf.int64))  # builds the layers of a fresh encoder
         if self._dense is None:
             _, _, table = self._families[0]
             table.assign(table * factor)
@@ -198,14 +201,21 @@ def restore_checkpoint(encoder: ItemEncoder, folder: str) -> None:
         tf.train.Checkpoint(model=encoder).read(os.path.join(local, CHECKPOINT_PREFIX)).assert_existing_objects_matched()
 
 
-def export(encoder: ItemEncoder, path: str) -> None:
+def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> None:
     """Write a SavedModel at `path` (local or gs://), atomically, with the signatures
     - `embed(item_ids: int64[n]) -> {"embedding": float32[n, d]}`: the catalog's items, as trained;
     - `embed_features(<family>: string[n, None] ...) -> {"embedding": float32[n, d]}` (features
       encoder only): any item from its public feature values alone, one string input per family
       ("" pads a bag; a univalent family gives one value or ""), so a new catalog item is embedded
       without retraining. A value the catalog never had gets the family's out-of-vocabulary row.
-      It is the shared encoder, without the per-item residuals of the training catalog."""
+      It is the shared encoder, without the per-item residuals of the training catalog.
+    With `bias_scale` c (a model with biases) both give [v, c b, 1] for the encoder's outputs [v, b]:
+    the item embeddings as the run writes them (pipelines.training.model.item_vectors)."""
+    def as_written(outputs):
+        if bias_scale is None:
+            return outputs
+        return tf.concat([outputs[:, :-1], bias_scale * outputs[:, -1:], tf.ones_like(outputs[:, -1:])], axis=-1)
+
     module = tf.Module()
     module.encoder = encoder
     module.lookup = tf.lookup.StaticHashTable(
@@ -216,7 +226,7 @@ def export(encoder: ItemEncoder, path: str) -> None:
     def embed(item_ids):
         positions = module.lookup.lookup(item_ids)
         tf.debugging.assert_non_negative(positions, message="item id not in the encoder's catalog")
-        return {"embedding": module.encoder(positions)}
+        return {"embedding": as_written(module.encoder(positions))}
 
     module.embed = embed
     signatures = {"embed": embed}
@@ -227,7 +237,7 @@ def export(encoder: ItemEncoder, path: str) -> None:
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])
         def embed_features(*values):
             ids = [tf.ragged.boolean_mask(table.lookup(strings), tf.not_equal(strings, "")) for table, strings in zip(module.vocabularies, values)]
-            return {"embedding": module.encoder.encode_values(ids)}
+            return {"embedding": as_written(module.encoder.encode_values(ids))}
 
         module.embed_features = embed_features
         signatures["embed_features"] = embed_features

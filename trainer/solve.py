@@ -16,23 +16,36 @@ from privacy.accumulator import augment, grouped_sums, unpack_upper
 
 
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
-                gravity: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                gravity: np.ndarray | None = None, bias_ridge: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
     weighted-lambda ALS of Zhou et al. 2008), which suits keys with very different row counts.
     `gravity` (d x d, e.g. alpha V^T V over all items) is added to every key's Gram matrix: the
     implicit-feedback penalty on scores of unobserved items.
+    With `bias_ridge` the model has biases: the vectors are [v, item bias, 1] and each key solves
+    [u, b_u] against [v, 1] on the labels less the item's bias, its bias b_u with the fixed ridge
+    `bias_ridge` (a pseudo-count of zero residuals: a light key's bias shrinks, a heavy one's does
+    not); the solutions are [u, 1, b_u], so that the prediction stays one dot product.
     """
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
+    if bias_ridge is not None:
+        if not np.isfinite(bias_ridge) or bias_ridge <= 0 or gravity is not None:
+            raise ValueError(f"the bias ridge must be > 0 (and biases take no gravity), got {bias_ridge}")
+        labels = labels - vectors[:, -2]
+        vectors = np.delete(vectors, -2, axis=1)
     d = vectors.shape[1]
     unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
     strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
-    gram = unpack_upper(gram_upper, d) + strength[:, None, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
-    return unique, np.linalg.solve(gram, rhs[..., None])[..., 0]
+    ridge = np.repeat(strength[:, None], d, axis=1)
+    if bias_ridge is not None:
+        ridge[:, -1] = bias_ridge
+    gram = unpack_upper(gram_upper, d) + ridge[:, :, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
+    solved = np.linalg.solve(gram, rhs[..., None])[..., 0]
+    return unique, np.insert(solved, d - 1, 1.0, axis=1) if bias_ridge is not None else solved
 
 
 def logistic_solve(keys: np.ndarray, vectors: np.ndarray, all_vectors: np.ndarray, lam: float, iterations: int = 25,

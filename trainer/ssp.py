@@ -256,7 +256,8 @@ def _projected_path(path: str) -> str:
     return path.rstrip("/").removesuffix(".parquet") + ".psd.parquet"
 
 
-def item_embeddings_table(encoder: ItemEncoder) -> pa.Table:
-    """The encoder's embedding of every catalog item, as an ITEM_EMBEDDINGS table."""
-    vectors = encoder.embed_all()
+def item_embeddings_table(encoder: ItemEncoder, vectors: np.ndarray | None = None) -> pa.Table:
+    """The encoder's embedding of every catalog item (or `vectors`, what a run makes of them, in
+    catalog order), as an ITEM_EMBEDDINGS table."""
+    vectors = encoder.embed_all() if vectors is None else vectors
     return validate_item_embeddings(pa.Table.from_arrays([pa.array(encoder.space.item_ids, pa.int64()), matrix_to_list_column(vectors)], schema=ITEM_EMBEDDINGS))

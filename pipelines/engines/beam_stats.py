@@ -173,7 +173,7 @@ class UserPartials(beam.DoFn):
         self._counts = counts
         items = np.concatenate([chunk[0] for chunk in chunks])
         labels = np.concatenate([chunk[1] for chunk in chunks])
-        self._buffer.append((np.full(items.size, user, np.int64), items, labels, np.broadcast_to(embeddings[0], (items.size, self.settings.dim))))
+        self._buffer.append((np.full(items.size, user, np.int64), items, labels, np.broadcast_to(embeddings[0], (items.size, self.settings.user_dim))))
         self._rows += items.size
 
     def finish_bundle(self):
@@ -269,7 +269,7 @@ class ItemStats(beam.PTransform):
             raise ValueError(f"ItemStats needs the inputs {INPUTS}; missing {missing}")
         settings, specs = self.settings, self.specs
         rows = inputs["interactions"] | "RowsByUser" >> beam.FlatMap(rows_by_user)
-        embeddings = inputs["user_embeddings"] | "EmbeddingsByUser" >> beam.FlatMap(embeddings_by_user, settings.dim)
+        embeddings = inputs["user_embeddings"] | "EmbeddingsByUser" >> beam.FlatMap(embeddings_by_user, settings.user_dim)
         counts = inputs["counts"] | "GatherCounts" >> beam.combiners.ToList() | "CountsLookup" >> beam.Map(counts_lookup)
         users = {"rows": rows, "embedding": embeddings} | "JoinByUser" >> beam.CoGroupByKey()
         partials = users | "UserPartials" >> beam.ParDo(UserPartials(settings), counts=beam.pvalue.AsSingleton(counts))

@@ -357,6 +357,8 @@ def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
 def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
     """Run the round; publish the stats table and release.json; returns the step summary."""
     central = job.stats
+    if central.settings.bias:
+        raise ValueError(f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases")
     if not 0 <= job.dropout < 1:
         raise ValueError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
     catalog, broadcast = broadcast_of(job)

@@ -130,7 +130,7 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
-    owners, vectors = embedding_vectors(*embeddings, settings.dim) if rated.size or expansion else (None, None)
+    owners, vectors = embedding_vectors(*embeddings, settings.user_dim) if rated.size or expansion else (None, None)
     negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from privacy import accumulator, quadratic
-from privacy.clipping import check_bound
+from privacy.clipping import check_bound, row_scales
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas.arrays import matrix_to_list_column
@@ -45,6 +45,7 @@ class StatsSettings:
     wbar: float = 1.0
     weight_exponent: float = DEFAULT_EXPONENT
     loss: str = "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
+    bias: bool = False  # user vectors are [u, 1, b_u]: released as [Clip(u), c] with labels y - b_u (see `user_contributions`)
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -62,11 +63,27 @@ class StatsSettings:
             raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic" and self.weight_exponent != 0:
             raise ValueError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
+        if self.bias and self.loss != "square":
+            raise ValueError("biases need the square loss")
+
+    @property
+    def user_dim(self) -> int:
+        """Length of the user vectors the job reads: d, or with biases d + 1 ([u, 1, b_u] for d - 1
+        embedding coordinates, none for the per-item mean, and the released bias coordinate)."""
+        return self.dim + 1 if self.bias else self.dim
+
+    @property
+    def bias_scale(self) -> float:
+        """c, the constant coordinate appended to Clip(u) with biases: the user clip, so the noise
+        falls on the bias as on the embedding (1 when nothing is clipped)."""
+        return self.clip_u if math.isfinite(self.clip_u) else 1.0
 
     def noise_clips(self) -> tuple[float, float]:
         """(clip_u, clip_y) that set the noise's scale: the clips themselves, or for the logistic
         loss the effective ones that bound its H_j and g_j (privacy.quadratic.effective_clips)."""
-        return quadratic.effective_clips(self.clip_u) if self.loss == "logistic" else (self.clip_u, self.clip_y)
+        if self.loss == "logistic":
+            return quadratic.effective_clips(self.clip_u)
+        return (math.hypot(self.clip_u, self.bias_scale), self.clip_y) if self.bias else (self.clip_u, self.clip_y)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,6 +97,11 @@ def user_contributions(
 
     User-level weights need each row's user normaliser: given (computed by the engine over all
     the user's rows), or computed here, in which case the rows must hold complete users.
+
+    With biases the user vectors are [u, 1, b_u] and the rows [sqrt(w) [Clip(u), c], sqrt(w) Clip(y - b_u)]:
+    the constant c makes the last coordinate of A_j the item's weighted count (times c^2) and of b_j
+    its label sum, so the item bias is fitted with the embedding; the user's own bias leaves the
+    label first. |[Clip(u), c]| <= sqrt(clip_u^2 + c^2), the clip the noise is scaled to (`noise_clips`).
     """
     if settings.unit == "example":
         weights = example_level_weights(len(item_ids))
@@ -87,7 +109,12 @@ def user_contributions(
         weights = user_level_weights(user_ids, counts, settings.wbar, settings.weight_exponent)
     else:
         weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent)
-    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.clip_u, settings.clip_y)
+    if settings.bias:
+        vectors = np.asarray(embeddings, dtype=np.float64)
+        u = vectors[:, :-2]
+        labels = np.asarray(labels, dtype=np.float64) - vectors[:, -1]
+        embeddings = np.hstack([u * row_scales(u, settings.clip_u)[:, None], np.full((u.shape[0], 1), settings.bias_scale)])
+    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
 
 
 @dataclass(frozen=True)
@@ -134,4 +161,5 @@ def release_metadata(settings: StatsSettings, spec: accumulator.NoiseSpec, resam
         "unit": settings.unit,
         "weight_exponent": repr(settings.weight_exponent),
         "loss": settings.loss,
+        "bias": str(int(settings.bias)),
     }

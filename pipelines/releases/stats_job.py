@@ -126,7 +126,7 @@ class StatsJob:
         missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
         if missing:
             raise ValueError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
-        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent)
+        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent, bias=args.bias)
         return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
                    release.privacy_settings(args), 1 if args.step is None else args.step, args.ledger, args.seed_file, args.shards)
 
@@ -141,7 +141,7 @@ class StatsJob:
         missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
         if missing.size:
             raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
-        embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.dim)
+        embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.user_dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         pairs = []  # per batch: user position * catalog size + item position (both sorted lookups)
@@ -248,11 +248,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", help="a run prepared by `ssp train --stage prepare`: its tables, settings and budget plan come from its "
                         "manifest, as `ssp train` would run this job (give only --step; the flags below are for a job outside a run)")
     parser.add_argument("--interactions", help="interactions table (private; required without --run)")
-    parser.add_argument("--user-embeddings", help="user embeddings table (private): user_id, embedding of length --dim (required without --run)")
+    parser.add_argument("--user-embeddings", help="user embeddings table (private): user_id, embedding of length --dim (d + 1 with --bias; required without --run)")
     parser.add_argument("--items", help="items table: the public catalog; every item gets a noised row (required without --run)")
     parser.add_argument("--counts", help="DP item counts table (a release of `ssp counts`), for the weights (required without --run)")
     parser.add_argument("--out", help="output folder: resample-<k>.parquet and release.json (required without --run)")
-    parser.add_argument("--dim", type=int, help="embedding dimension d (required without --run)")
+    parser.add_argument("--dim", type=int, help="dimension d of the released statistics (required without --run; with --bias, d - 1 embedding coordinates and the bias)")
     parser.add_argument("--clip-u", type=float, help="Gamma_u: user embeddings are clipped to this L2 norm (required without --run)")
     parser.add_argument("--clip-y", type=float, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y] (required without --run)")
     parser.add_argument("--unit", choices=("user", "example"), default="user",
@@ -261,6 +261,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "all of the user's ratings, so one rating moves the user's row in every item's statistics")
     parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
     parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
+    parser.add_argument("--bias", action="store_true",
+                        help="user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), c] with labels y - b_u, so each item's bias is fitted with its embedding")
     parser.add_argument("--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)")
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)

@@ -87,8 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 "negative, and the SSP2 trainer descends that quadratic approximation; users are solved with the same loss (Spark engine)",
         "item_update": "item update: ssp (AM-SSP: SSP2 trainer of the encoder), als (DP-ALS) or cmf (DP-CMF: public features as un-noised rows), "
                        "closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: TF-Privacy DP-SGD on the rows, no statistics; "
-                       "its budget share is the statistics', and it ignores --gravity in the item update), or none (the starting point: "
-                       "the public-feature encoder as initialised, users fitted to it; no statistics released)",
+                       "its budget share is the statistics', and it ignores --gravity in the item update), item-mean (the DP per-item mean: "
+                       "each item's clipped, weighted label sum and count, noised and shrunk to the DP mean, with --encoder id; the baseline "
+                       "every model must beat), or none (the starting point: the public-feature encoder as initialised, users fitted to it; "
+                       "no statistics released)",
         "feature_weight": "DP-CMF: weight mu of the public feature rows (0: DP-ALS)",
         "dpsgd_batch_size": "AM-DPSGD: expected users per DP-SGD step",
         "dpsgd_clip": "AM-DPSGD: per-user gradient clip norm",
@@ -104,6 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "units as --residual-penalty: larger keeps the model at its public-feature start when the statistics are mostly noise",
         "residual_penalty": "penalty on each item's residual, in units of the most one user adds to an item's statistics plus the "
                             "noise's spectral norm: larger keeps rare items at their public features",
+        "biases": "user and item biases: the prediction is DP mean + b_u + b_j + u.v, each user's bias solved with the user's embedding, each "
+                  "item's fitted with its embedding from the statistics (a constant coordinate appended to the clipped user vector) "
+                  "(default: on for --protocol rmse with --item-update ssp, als or none)",
+        "lambda_bias": "ridge of each user's bias, a pseudo-count of zero residuals: a user with few ratings keeps a bias near 0 "
+                       "(trusted side: no privacy effect; default: %(default)s)",
         "dim": "embedding dimension d (default: 32 for --non-private runs; private: 8 for --protocol rmse; for recall 16 below "
                "--epsilon 10, 32 from 10)",
         "weight_exponent": "exponent e of the user-level weights w = wbar n_j^e / sqrt(sum over the user's items of n^2e), n_j the item's "

@@ -34,11 +34,11 @@ def evaluate(run: Run) -> dict:
     if config.protocol == "rmse" and config.holdout > 0 and not storage.exists(run.user_embeddings(None)):
         raise ValueError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
-    final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.dim)
+    final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.vector_dim)
     if final_items.num_rows != space.size:
         raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
-    item_vectors = np.zeros((space.size, config.dim))
-    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.dim, "item embedding")
+    item_vectors = np.zeros((space.size, config.vector_dim))
+    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
     metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
                         prepared_rating_range(prepared), fold_in_counts(run, config, space))
     ledger = Ledger.open(run.ledger)
@@ -86,8 +86,8 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["no_heldout_data"] = "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
         return metrics
     if config.protocol == "rmse":
-        users = validate_user_embeddings(storage.read_table(final_users), dim=config.dim).sort_by("user_id")
-        user_table = (users["user_id"].to_numpy(), np.array(users["embedding"].to_pylist(), dtype=np.float64).reshape(-1, config.dim))
+        users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim).sort_by("user_id")
+        user_table = (users["user_id"].to_numpy(), np.array(users["embedding"].to_pylist(), dtype=np.float64).reshape(-1, config.vector_dim))
         for part in ("valid", "test"):
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
             positions = space.index_of(rows["item_id"].to_numpy())

@@ -23,7 +23,7 @@ import pyarrow as pa
 from pipelines.base import logs
 from pipelines.releases import release, stats_job
 from pipelines.releases.gram import dp_gram
-from pipelines.training.model import build_encoder, normalise_embeddings
+from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
 from pipelines.training.prepare import ledger_multiplier
 from pipelines.training.run_dir import config_of, require_steps, Run
 from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
@@ -124,7 +124,6 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     left as it is)."""
     from trainer import curves
     from trainer import encoder as encoders
-    from trainer import ssp
 
     manifest = run.prepared()
     config = config_of(run, manifest)
@@ -141,13 +140,13 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
         _dpsgd_update(run, config, manifest, step, space, model, progress)
     elif config.item_update != "none" and covers_items(manifest):  # none, or no item covered: the encoder stays as it started
         losses = _stats_update(run, config, step, space, model, progress)
-    normalise_embeddings(model)
-    embeddings = ssp.item_embeddings_table(model)
+    normalise_embeddings(model, config)
+    embeddings = item_embeddings_table(model, config)
     storage.write_table(embeddings, run.item_embeddings(step))
     encoders.write_checkpoint(model, run.checkpoint(step))
     if step == config.outer_steps:
         storage.write_table(embeddings, run.path("item_embeddings.parquet"))
-        encoders.export(model, run.path("encoder"))
+        encoders.export(model, run.path("encoder"), config.settings().bias_scale if config.biases else None)
     spent = Ledger.open(run.ledger).epsilon_spent()
     curves.write_step(run.step(step), run.path("tensorboard", f"step-{step}"), losses, spent, time.time() - started)
     manifest = run.mark_step_done(step)
@@ -170,7 +169,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     multiplier = ledger_multiplier(run.ledger)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
     # the release parameters the run's own ledger planned (not the folder's word for them)
-    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier}
+    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier, "bias": float(settings.bias)}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
         raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
     if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
@@ -187,16 +186,23 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
     if config.item_update in ("als", "cmf"):  # weighted-lambda ridges, from the mean of the resamples
         ridge_scale = _ridge_scale(config, space, multiplier, storage.read_table(run.counts), len(tables))
-    if config.item_update in ("als", "cmf") and len(tables) > 1:
+    if config.item_update in ("als", "cmf", "item-mean") and len(tables) > 1:
         from trainer import als
 
         for table in tables:  # each resample as released (what the ledger planned), before they are mixed
-            ssp.check_stats(table, {"d": config.dim, **expected})
+            ssp.check_stats(table, {"d": config.encoder_dim, **expected})
         tables = [als.mean_table(tables, storage.join(run.stats(step), "mean-of-resamples.parquet"))]
+    if config.item_update == "item-mean":  # a posterior mean per item, from the release's own noise scale
+        from pipelines.training.prepare import prepared_rating_range
+        from trainer import item_mean
+
+        model.set_item_vectors(item_mean.item_means(tables[0], space, settings.bias_scale, item_mean.noise_std_b(tables[0]),
+                                                    prepared_rating_range(run.prepared()["prepared"]), expected))
+        return []
     if config.item_update == "als":
         from trainer import als
 
-        model.set_item_vectors(als.solve_items(tables[0], space, config.dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+        model.set_item_vectors(als.solve_items(tables[0], space, config.encoder_dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
         return []
     elif config.item_update == "cmf":
         from trainer import cmf

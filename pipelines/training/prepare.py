@@ -28,7 +28,7 @@ from pipelines.data import ingest, splits
 from pipelines.releases import release
 from pipelines.releases.counts import dp_counts, dp_units
 from pipelines.releases.mean import centred, dp_mean
-from pipelines.training.model import build_encoder, normalise_embeddings
+from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
 from privacy.ledger import Ledger
@@ -311,14 +311,14 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
         weights = np.ones(space.size)
         weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
-        rank = model.init_principal(weights)
+        rank = min(model.init_principal(weights), config.dim)  # with biases the bias output is zeroed below
         logs.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
                     + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
     from trainer import encoder as encoders  # TensorFlow: imported once the checks above have passed
-    from trainer import ssp
 
-    normalise_embeddings(model)
-    storage.write_table(ssp.item_embeddings_table(model), run.item_embeddings(0))
+    zero_item_biases(model, config)
+    normalise_embeddings(model, config)
+    storage.write_table(item_embeddings_table(model, config), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
                            "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,

@@ -32,7 +32,7 @@ import uuid
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
 from pipelines.releases.stats_job import RELEASE_SUMMARY
-from pipelines.training.run_dir import existing_run_lock, require_steps, Run
+from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
 from privacy import report
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -105,10 +105,14 @@ def model_settings(run: Run) -> dict:
     manifest = run.prepared()
     config, prepared = manifest["config"], manifest["prepared"]
     recall = config["protocol"] == "recall"
+    settings = config_of(run, manifest)
+    biased = settings.biases
     features = open_dataset(prepared["data"]).manifest.get("public_features") or {}
     return {
         "protocol": config["protocol"],
-        "dim": config["dim"],
+        "dim": settings.vector_dim,  # the item embeddings' length
+        "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (pipelines.training.model.item_vectors)
+        "lambda_bias": settings.lambda_bias if biased else None,
         "loss": config.get("loss", "square"),
         "lambda_u": config["lambda_u"],
         "gravity": config["gravity"],

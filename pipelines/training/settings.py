@@ -25,12 +25,14 @@ from schemas import storage
 
 
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
-# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); none: the starting point
-# (the public-feature encoder as initialised, users fitted to it), the baseline an item update must beat
-ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "none")
+# statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); item-mean: the DP
+# per-item mean (the statistics of item biases alone); none: the starting point (the public-feature encoder
+# as initialised, users fitted to it); the last two are baselines an item update must beat
+ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 
 
-STATS_UPDATES = ("ssp", "als", "cmf")  # the item updates that train from released statistics
+STATS_UPDATES = ("ssp", "als", "cmf", "item-mean")  # the item updates that train from released statistics
+BIASED_UPDATES = ("ssp", "als", "item-mean", "none")  # the item updates that fit biases (the others: --no-biases for now)
 
 
 ENGINES = ("spark", "beam", "federated")
@@ -74,6 +76,8 @@ class TrainConfig:
     count_share: float = release.DEFAULT_COUNT_SHARE
     mean_share: float = release.DEFAULT_MEAN_SHARE
     lambda_u: float = user_update.DEFAULT_LAMBDA_U
+    biases: bool | None = None  # None: on where the model supports them (see __post_init__)
+    lambda_bias: float = 5.0  # the user bias's ridge: a pseudo-count of zero residuals (trainer.solve.ridge_solve)
     epochs: int = 30
     batch_size: int = 512
     learning_rate: float = 0.01
@@ -119,6 +123,13 @@ class TrainConfig:
             # towards rare items (the paper's n_j^-1/4 for ratings). Measured at epsilon 5 on the ML-1M-
             # like data: valid Recall@20 0.1326 against 0.1307 at d 8, 0.1283 against 0.1191 at d 32.
             object.__setattr__(self, "weight_exponent", 0.0 if self.protocol == "recall" else -0.25)
+        if self.biases is None:  # user and item biases: the rating protocol's SSP and ALS updates (trainer.solve, stats_core)
+            object.__setattr__(self, "biases", self.protocol == "rmse" and self.item_update in BIASED_UPDATES and self.engine != "federated")
+        if self.biases:
+            problems = [flag for flag, wrong in (("--protocol rmse", self.protocol != "rmse"), (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES),
+                                                 ("--engine spark, beam or local", self.engine == "federated")) if wrong]
+            if problems:
+                raise ValueError(f"--biases needs {', '.join(problems)} (use --no-biases otherwise)")
         if self.item_id_feature is None:  # the per-item residual, held at the features by its penalty until the data outweighs the noise
             object.__setattr__(self, "item_id_feature", True)
         if self.gravity is None:  # the logistic loss has its negatives in its statistics
@@ -160,7 +171,9 @@ class TrainConfig:
                 raise ValueError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
-        if self.item_update in ("als", "cmf") and self.encoder != "id":
+        if self.item_update == "item-mean" and not self.biases:
+            raise ValueError("--item-update item-mean is a model of item biases alone: drop --no-biases")
+        if self.item_update in ("als", "cmf", "item-mean") and self.encoder != "id":
             raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
         if None not in (self.rating_min, self.rating_max) and not self.rating_min < self.rating_max:
             raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
@@ -190,10 +203,26 @@ class TrainConfig:
         return release.PrivacySettings(epsilon=self.epsilon, account=self.budget_account, account_cap=self.account_cap,
                                        account_window_days=self.account_window_days, **common)
 
+    @property
+    def embedding_dim(self) -> int:
+        """d, the embedding's dimension: --dim, or 0 for the per-item mean (biases alone)."""
+        return 0 if self.item_update == "item-mean" else self.dim
+
+    @property
+    def encoder_dim(self) -> int:
+        """What the item encoder outputs and the statistics hold: d, or with biases d + 1 ([v, item bias / c])."""
+        return self.embedding_dim + 1 if self.biases else self.embedding_dim
+
+    @property
+    def vector_dim(self) -> int:
+        """Length of the item and user embeddings a run writes: d, or with biases d + 2 (items [v, b_j, 1],
+        users [u, 1, b_u]: the prediction DP mean + u.v + b_j + b_u stays one dot product)."""
+        return self.embedding_dim + 2 if self.biases else self.embedding_dim
+
     def settings(self) -> StatsSettings:
         if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
-            return StatsSettings(self.dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss)
-        return StatsSettings(self.dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss)
+            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.biases)
+        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.biases)
 
     def unit_of_privacy(self) -> str:
         """Always the user in a private run. There is no example-level training: a user's embedding is
@@ -228,7 +257,7 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 
 
-_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
+_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "lambda_bias", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
 
 
 _NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
@@ -318,4 +347,4 @@ def release_units(config: TrainConfig, multiplier: float, averaged: int = 1) -> 
     if config.non_private:
         return settings.wbar, 0.0
     unit = settings.wbar * settings.noise_clips()[0] ** 2
-    return unit, multiplier * unit * 2 * math.sqrt(config.dim) / math.sqrt(averaged)
+    return unit, multiplier * unit * 2 * math.sqrt(settings.dim) / math.sqrt(averaged)

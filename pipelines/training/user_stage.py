@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from pipelines.engines.user_update import DEFAULT_LAMBDA_U, run
-from pipelines.training.run_dir import Run, existing_run_lock, require_steps
+from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
 
 
 def run_step(spark, root: str, step: int | None) -> int:
@@ -24,14 +24,14 @@ def run_step(spark, root: str, step: int | None) -> int:
     The solves' task seconds go into the manifest's `kernel_seconds`."""
     layout = Run(root)
     manifest = layout.prepared()
-    config = manifest["config"]
-    steps = config["outer_steps"]
+    config = config_of(layout, manifest)
+    steps = config.outer_steps
     if step is not None and not (isinstance(step, int) and 1 <= step <= steps):
         raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
-    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config["lambda_u"], config["dim"], config["gravity"],
-                 config.get("loss", "square"))
+    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config.lambda_u, config.vector_dim, config.gravity, config.loss,
+                 config.lambda_bias if config.biases else None, constant=config.item_update == "item-mean")
     layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
     return solved.users
 

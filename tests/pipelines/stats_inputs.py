@@ -21,9 +21,10 @@ def write_inputs(folder, interactions, embeddings, counts, catalog):
     return paths
 
 
-def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25):
-    """A_j (full matrices) and b_j by the formulas, one row at a time in plain numpy."""
-    d = len(next(iter(embeddings.values())))
+def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25, bias=False):
+    """A_j (full matrices) and b_j by the formulas, one row at a time in plain numpy. With `bias` the
+    embeddings are [u, 1, b_u] and each row adds [Clip(u), clip_u] with label Clip(y - b_u)."""
+    d = len(next(iter(embeddings.values()))) - (1 if bias else 0)
     a = {j: np.zeros((d, d)) for j in catalog}
     b = {j: np.zeros(d) for j in catalog}
     for user in {row[0] for row in interactions}:
@@ -32,7 +33,10 @@ def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wb
         for _, j, y in rows:
             w = wbar * counts[j] ** exponent / np.sqrt(norm)
             u = np.asarray(embeddings[user], float)
-            u = u * min(1.0, clip_u / np.linalg.norm(u))
+            if bias:
+                u, y = np.r_[u[:-2] * min(1.0, clip_u / np.linalg.norm(u[:-2])), clip_u], y - u[-1]
+            else:
+                u = u * min(1.0, clip_u / np.linalg.norm(u))
             y = float(np.clip(y, -clip_y, clip_y))
             a[j] += w * np.outer(u, u)
             b[j] += w * y * u

@@ -22,34 +22,43 @@ def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return table.column(0).to_numpy(), list_column_to_matrix(table["embedding"], dim, "embedding")
 
 
-def test_dp_als_without_noise_is_plain_als(spark, tmp_path):
-    """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows."""
-    config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4)
+@pytest.mark.parametrize("biases", [False, True])
+def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
+    """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows; with
+    biases, each user's [u, b_u] against [v, 1] on y - b_j, and each item's [v, b_j] against [u, 1]
+    on y - b_u (the bias coordinate is 1 without clipping)."""
+    config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4, biases=biases)
     metrics = stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
     rows = storage.read_table(run.centred)
     users, items, labels = rows["user_id"].to_numpy(), rows["item_id"].to_numpy(), rows["label"].to_numpy()
-    catalog, item_v = vectors(run.item_embeddings(0), 4)
+    width = 6 if biases else 4  # items [v, b_j, 1], users [u, 1, b_u]
+    catalog, item_v = vectors(run.item_embeddings(0), width)
+    if biases:
+        assert np.all(item_v[:, 4] == 0) and np.all(item_v[:, 5] == 1)  # every item starts at the DP mean
     counts = storage.read_table(run.counts).sort_by("item_id")
     scale = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]  # non-private: lambda_j = lambda n_j
     for step in (1, 2):
-        owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True)
+        owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True,
+                                     bias_ridge=config.lambda_bias if biases else None)
         u = user_u[np.searchsorted(owners, users)]
-        item_v = np.zeros_like(item_v)  # items without rows: no statistics, vector 0
+        x, y = (u[:, :5], labels - u[:, 5]) if biases else (u, labels)  # [u, 1] and the label less the user's bias
+        solved = np.zeros((catalog.size, x.shape[1]))  # items without rows: no statistics, vector 0
         order = np.argsort(items, kind="stable")
         for group in np.split(order, np.flatnonzero(np.diff(items[order])) + 1):
             at = np.searchsorted(catalog, items[group[0]])
-            a = u[group].T @ u[group] + config.ridge * scale[at] * np.eye(4)
-            item_v[at] = np.linalg.solve(a, u[group].T @ labels[group])
-        item_v /= np.sqrt(np.mean(np.sum(item_v**2, axis=1)))  # released at unit RMS norm (model.normalise_embeddings)
-        got_items, got = vectors(run.item_embeddings(step), 4)
+            a = x[group].T @ x[group] + config.ridge * scale[at] * np.eye(x.shape[1])
+            solved[at] = np.linalg.solve(a, x[group].T @ y[group])
+        solved[:, :4] /= np.sqrt(np.mean(np.sum(solved[:, :4] ** 2, axis=1)))  # released at unit RMS norm (model.normalise_embeddings), the bias as it is
+        item_v = np.hstack([solved, np.ones((catalog.size, 1))]) if biases else solved
+        got_items, got = vectors(run.item_embeddings(step), width)
         assert np.array_equal(got_items, catalog)
         np.testing.assert_allclose(got, item_v, rtol=1e-4, atol=1e-5)  # the encoder's table is float32
     assert metrics["test_rmse"] < 1.0
 
 
 def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path):
-    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4), spark=spark, progress=False)
+    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4, biases=False), spark=spark, progress=False)
     cmf0 = stages.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0), spark=spark, progress=False)
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
     np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), 4)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), 4)[1], atol=1e-6)
@@ -100,7 +109,7 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     from pipelines.releases import stats_job
     from trainer import als
 
-    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4)
+    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4, biases=False)
     stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
     tables = stats_job.stats_tables(run.stats(1))

@@ -10,7 +10,7 @@ import pytest
 
 from pipelines.data import splits
 from pipelines.training import evaluation, item_update, prepare, settings, stages
-from pipelines.training.model import build_encoder, normalise_embeddings
+from pipelines.training.model import build_encoder, item_vectors, normalise_embeddings, zero_item_biases
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -176,7 +176,7 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     run = Run(config.out)
     stages.run(config, spark=spark, progress=False)
     counts = storage.read_table(run.counts)
-    tau = 4.0 * 2 * np.sqrt(8) * prepare.ledger_multiplier(run.ledger)
+    tau = 4.0 * 2 * np.sqrt(config.encoder_dim) * prepare.ledger_multiplier(run.ledger)  # d = 8 and the bias coordinate
     covered = counts["item_id"].to_numpy()[counts["count"].to_numpy() >= tau]
     assert 0 < covered.size < counts.num_rows
     assert sorted(storage.read_table(run.stats_items)["item_id"].to_pylist()) == sorted(covered.tolist())
@@ -241,18 +241,21 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
         prepare.prepare(config, progress=False)
         run = Run(config.out)
         table = storage.read_table(run.item_embeddings(0))
-        embeddings[init] = np.array(table["embedding"].to_pylist())
-        np.testing.assert_allclose(np.sqrt(np.mean(np.sum(embeddings[init] ** 2, axis=1))), 1.0, rtol=1e-5)
+        embeddings[init] = np.array(table["embedding"].to_pylist())  # [v, b_j, 1]: every item starts at the DP mean
+        np.testing.assert_allclose(np.sqrt(np.mean(np.sum(embeddings[init][:, :8] ** 2, axis=1))), 1.0, rtol=1e-5)
+        assert np.all(embeddings[init][:, 8] == 0) and np.all(embeddings[init][:, 9] == 1)
     counts = storage.read_table(Run(str(tmp_path / "principal")).counts)
     space, model = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
     weights = np.ones(space.size)
     weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
     model.init_principal(weights)
-    normalise_embeddings(model)
-    np.testing.assert_allclose(embeddings["principal"], model.embed_all(), rtol=0, atol=1e-5)
+    zero_item_biases(model, config)
+    normalise_embeddings(model, config)
+    np.testing.assert_allclose(embeddings["principal"], item_vectors(config, model.embed_all()), rtol=0, atol=1e-5)
     _, fresh = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
-    normalise_embeddings(fresh)
-    np.testing.assert_allclose(embeddings["random"], fresh.embed_all(), rtol=0, atol=1e-5)
+    zero_item_biases(fresh, config)
+    normalise_embeddings(fresh, config)
+    np.testing.assert_allclose(embeddings["random"], item_vectors(config, fresh.embed_all()), rtol=0, atol=1e-5)
     assert not np.allclose(embeddings["principal"], embeddings["random"], atol=1e-2)
     with pytest.raises(ValueError, match="--encoder-init must be one of"):
         settings.TrainConfig(encoder_init="pca")
@@ -281,7 +284,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "statistics of step 1 are not released" in ssp_error("item-update", "--run", run, "--step", "1")
     assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
     assert "drop --lambda-u" in ssp_error("user-update", "--run", run, "--step", "1", "--lambda-u", "2")
-    assert "drop --dim, --epsilon" in ssp_error("stats", "--run", run, "--step", "1", "--dim", "8", "--epsilon", "5")
+    assert "drop --dim, --epsilon" in ssp_error("stats", "--run", run, "--step", "1", "--dim", "9", "--epsilon", "5")
     assert "with --run give --step S" in ssp_error("stats", "--run", run)
     assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
     assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
@@ -292,7 +295,8 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         flags = ["--interactions", storage.join(run, "private", "stats_rows.parquet"),
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
-                 "--dim", "8", "--clip-u", "0.3", "--clip-y", "1.0", "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
+                 "--dim", "9", "--bias", "--clip-u", "0.3", "--clip-y", "1.0",  # d = 8 and the bias coordinate
+                 "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
                  "--ledger", storage.join(run, "ledger.parquet")]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == item_update.stats_job_for(Run(run), config, s, data_items)

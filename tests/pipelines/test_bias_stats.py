@@ -1,0 +1,108 @@
+"""The statistics of a model with biases (StatsSettings.bias), through the real Spark job, the real
+Beam pipeline and the installed `ssp stats --bias`: exact values by hand, and the change one user
+makes within the bound the noise is scaled to.
+
+With biases each user vector is [u, 1, b_u]; a row adds [Clip(u), c] (c = clip_u) with label
+Clip(y - b_u), so |x| <= sqrt(clip_u^2 + c^2) = sqrt(2) clip_u is the clip of the noise scale.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from stats_inputs import expected_stats, register_counts, registered, write_inputs
+
+from pipelines.engines import beam_stats, spark_stats
+from pipelines.releases import stats_job
+from pipelines.releases.release import PrivacySettings
+from pipelines.releases.stats_core import StatsSettings
+from privacy.accumulator import unpack_upper
+from schemas import storage
+from schemas.tables import stats_metadata, validate_stats
+
+SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
+CLIP_U, CLIP_Y, WBAR = 1.0, 2.0, 1.5
+SETTINGS = StatsSettings(3, CLIP_U, CLIP_Y, "user", WBAR, bias=True)  # d = 3 released: 2 embedding coordinates and the bias
+CATALOG = [10, 20, 30, 40]
+COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
+# user 4 saturates: |u| = 5 > clip_u, and y - b_u = +-10 beyond clip_y on every row
+INTERACTIONS = [(1, 10, 1.5), (1, 20, -0.5), (2, 10, 0.25), (2, 30, 3.0), (3, 30, -1.0), (4, 10, 10.5), (4, 20, -9.5), (4, 30, 10.5)]
+EMBEDDINGS = {1: [0.3, 0.4, 1.0, 0.5], 2: [0.5, -0.5, 1.0, -0.25], 3: [0.0, 0.2, 1.0, 0.0], 4: [3.0, 4.0, 1.0, 0.5]}
+
+
+def released(engine: str, folder, interactions, spark=None):
+    """(A_j full matrices, b_j) of the noise-free release on `engine`, in catalog order."""
+    paths = write_inputs(folder, interactions, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)}, COUNTS, CATALOG)
+    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), SETTINGS,
+                                        PrivacySettings(noise_multiplier=0.0)))
+    spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
+    return read(str(folder / "out" / "resample-0.parquet"))
+
+
+def read(path):
+    table = validate_stats(storage.read_table(path)).sort_by("item_id")
+    meta = stats_metadata(table.schema)
+    assert table["item_id"].to_pylist() == CATALOG and meta["d"] == 3 and meta["bias"] == 1.0
+    return unpack_upper(np.array(table["a_upper"].to_pylist()), 3), np.array(table["b"].to_pylist())
+
+
+@pytest.mark.parametrize("engine", ["spark", "beam"])
+def test_biased_statistics_are_exact(engine, spark, tmp_path):
+    a, b = released(engine, tmp_path, INTERACTIONS, spark)
+    want_a, want_b = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, bias=True)
+    for row, j in enumerate(CATALOG):
+        np.testing.assert_allclose(a[row], want_a[j], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(b[row], want_b[j], rtol=1e-12, atol=1e-15)
+    # by hand, item 20: user 1 (weight 1.5 / sqrt(1/2 + 1) on it, u = (0.3, 0.4) within the clip, y - b_u = -1)
+    # and user 4 (u clipped to (0.6, 0.8), y - b_u = -10 clipped to -2)
+    w1 = WBAR * 1.0 / np.sqrt(16**-0.5 + 1.0)
+    w4 = WBAR * 1.0 / np.sqrt(16**-0.5 + 1.0 + 81**-0.5)
+    x1, x4 = np.array([0.3, 0.4, CLIP_U]), np.array([0.6, 0.8, CLIP_U])
+    np.testing.assert_allclose(b[1], w1 * -1.0 * x1 + w4 * -2.0 * x4, rtol=1e-12)
+    np.testing.assert_allclose(a[1][2, 2], (w1 + w4) * CLIP_U**2, rtol=1e-12)  # the bias corner: the item's weighted count times c^2
+    assert np.all(a[3] == 0) and np.all(b[3] == 0)  # item 40: no rows, still released
+
+
+@pytest.mark.parametrize("engine", ["spark", "beam"])
+def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(engine, spark, tmp_path):
+    a, b = released(engine, tmp_path / "all", INTERACTIONS, spark)
+    clip_x = np.hypot(CLIP_U, CLIP_U)  # |[Clip(u), c]|
+    assert SETTINGS.noise_clips() == (pytest.approx(clip_x), CLIP_Y)
+    for user in (1, 4):
+        a2, b2 = released(engine, tmp_path / f"without-{user}", [row for row in INTERACTIONS if row[0] != user], spark)
+        moved_a, moved_b = np.sqrt(np.sum((a - a2) ** 2)), np.sqrt(np.sum((b - b2) ** 2))
+        assert 0 < moved_a <= WBAR * clip_x**2 * (1 + 1e-9) and 0 < moved_b <= WBAR * CLIP_Y * clip_x * (1 + 1e-9)
+        if user == 4:  # saturating: every row at the clip, so the bound is met (the weights' sum of squares is wbar^2)
+            assert moved_b == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["spark", "beam"])
+def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_path):
+    """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user."""
+    def release(name, interactions):
+        folder = tmp_path / name
+        paths = write_inputs(folder, interactions, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)}, COUNTS, CATALOG)
+        out = folder / "out"
+        register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
+        result = subprocess.run([SSP, "stats", "--engine", engine, "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
+                                 "--items", paths["items"], "--counts", paths["counts"], "--out", str(out), "--dim", "3", "--bias", "--clip-u", str(CLIP_U),
+                                 "--clip-y", str(CLIP_Y), "--wbar", str(WBAR), "--noise-multiplier", "0", "-q"], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return read(str(out / "resample-0.parquet"))
+
+    a, b = release("all", INTERACTIONS)
+    a2, b2 = release("without", [row for row in INTERACTIONS if row[0] != 4])
+    clip_x = np.hypot(CLIP_U, CLIP_U)
+    assert np.sqrt(np.sum((a - a2) ** 2)) <= WBAR * clip_x**2 * (1 + 1e-9)
+    assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
+    want_a, _ = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, bias=True)
+    np.testing.assert_allclose(a[0], want_a[10], rtol=1e-12)
+
+
+def test_bias_needs_the_square_loss():
+    with pytest.raises(ValueError, match="biases need the square loss"):
+        StatsSettings(3, CLIP_U, CLIP_Y, weight_exponent=0.0, loss="logistic", bias=True)
