@@ -30,10 +30,11 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     if name.endswith("/dpsgd"):
         return ("the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
                 f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}")
-    if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = Gamma_u: |x|^2 <= 2 Gamma_u^2
-        sensitivity = (f"A: wbar 2 Gamma_u^2 = {wbar * 2 * clip_u ** 2:.4g}; b: wbar Gamma_y sqrt(2) Gamma_u = {wbar * clip_y * math.sqrt(2) * clip_u:.4g} "
-                       "(the bias coordinate c = Gamma_u appended to each clipped user vector)"
-                       if wbar and clip_u and clip_y else "A: wbar 2 Gamma_u^2; b: wbar Gamma_y sqrt(2) Gamma_u (the bias coordinate appended)")
+    if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
+        k = settings.get("bias_coordinate", 0.25)
+        sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * (1 + k * k) * clip_u ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
+                       f"{wbar * clip_y * math.hypot(1, k) * clip_u:.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
+                       if wbar and clip_u and clip_y else "A: wbar (1 + k^2) Gamma_u^2; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u (the bias coordinate c = k Gamma_u appended)")
         return f"A_j and b_j, the item's bias coordinate included, of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)", sensitivity
     if "/stats/" in name:
         sensitivity = (f"A: wbar Gamma_u^2 = {wbar * clip_u ** 2:.4g}; b: wbar Gamma_y Gamma_u = {wbar * clip_y * clip_u:.4g}"

@@ -36,7 +36,9 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
     the id encoder's bias output); items without a row stay 0. `noise_std_b`: the standard deviation
     of the noise on b_j (noise multiplier x wbar x clip_y x clip of the rows, over sqrt(R) for a
     mean of R resamples); 0 without noise."""
-    check_stats(stats_path, {"d": 1, "bias": 1.0, **(expected or {})})
+    check_stats(stats_path, {"d": 1, **(expected or {})})
+    if not stats_metadata(storage.read_schema(stats_path))["bias"]:
+        raise ValueError(f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum")
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high) or not (bias_scale > 0 and noise_std_b >= 0):
         raise ValueError(f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}")
@@ -54,12 +56,12 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
 
 def noise_std_b(stats_path: str) -> float:
     """The standard deviation of the noise on each b_j of a released table: noise multiplier x wbar
-    x clip_y x the rows' clip (sqrt(2) clip_u with the bias coordinate), over sqrt(R) for a mean of
+    x clip_y x the rows' clip (sqrt(1 + k^2) clip_u with the bias coordinate k clip_u), over sqrt(R) for a mean of
     R resamples (trainer.als.mean_table)."""
     schema = storage.read_schema(stats_path)
     meta = stats_metadata(schema)
     if meta["noise_multiplier"] == 0:
         return 0.0
     averaged = int((schema.metadata or {}).get(b"averaged_resamples", b"1"))
-    clip_x = math.hypot(meta["clip_u"], meta["clip_u"]) if meta["bias"] else meta["clip_u"]
+    clip_x = meta["clip_u"] * math.hypot(1.0, meta["bias"])  # |[Clip(u), bias x clip_u]|
     return meta["noise_multiplier"] * meta["wbar"] * meta["clip_y"] * clip_x / math.sqrt(averaged)

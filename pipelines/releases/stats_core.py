@@ -45,7 +45,7 @@ class StatsSettings:
     wbar: float = 1.0
     weight_exponent: float = DEFAULT_EXPONENT
     loss: str = "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
-    bias: bool = False  # user vectors are [u, 1, b_u]: released as [Clip(u), c] with labels y - b_u (see `user_contributions`)
+    bias: float = 0.0  # > 0: user vectors are [u, 1, b_u], released as [Clip(u), c] with labels y - b_u, c = bias x clip_u (see `user_contributions`)
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -63,6 +63,8 @@ class StatsSettings:
             raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic" and self.weight_exponent != 0:
             raise ValueError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
+        if not (math.isfinite(self.bias) and self.bias >= 0):
+            raise ValueError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")
         if self.bias and self.loss != "square":
             raise ValueError("biases need the square loss")
 
@@ -74,9 +76,9 @@ class StatsSettings:
 
     @property
     def bias_scale(self) -> float:
-        """c, the constant coordinate appended to Clip(u) with biases: the user clip, so the noise
-        falls on the bias as on the embedding (1 when nothing is clipped)."""
-        return self.clip_u if math.isfinite(self.clip_u) else 1.0
+        """c, the constant coordinate appended to Clip(u) with biases, in the clip's units: `bias`
+        times clip_u (times 1 when nothing is clipped)."""
+        return self.bias * (self.clip_u if math.isfinite(self.clip_u) else 1.0)
 
     def noise_clips(self) -> tuple[float, float]:
         """(clip_u, clip_y) that set the noise's scale: the clips themselves, or for the logistic
@@ -161,5 +163,5 @@ def release_metadata(settings: StatsSettings, spec: accumulator.NoiseSpec, resam
         "unit": settings.unit,
         "weight_exponent": repr(settings.weight_exponent),
         "loss": settings.loss,
-        "bias": str(int(settings.bias)),
+        "bias": repr(settings.bias),
     }

@@ -261,8 +261,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "all of the user's ratings, so one rating moves the user's row in every item's statistics")
     parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
     parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
-    parser.add_argument("--bias", action="store_true",
-                        help="user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), c] with labels y - b_u, so each item's bias is fitted with its embedding")
+    parser.add_argument("--bias", type=float, default=0.0, metavar="C",
+                        help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, so each item's "
+                             "bias is fitted with its embedding (default: 0, no biases)")
     parser.add_argument("--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)")
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)

@@ -78,6 +78,7 @@ class TrainConfig:
     lambda_u: float = user_update.DEFAULT_LAMBDA_U
     biases: bool | None = None  # None: on where the model supports them (see __post_init__)
     lambda_bias: float = 5.0  # the user bias's ridge: a pseudo-count of zero residuals (trainer.solve.ridge_solve)
+    bias_coordinate: float = 0.25  # c / clip_u, the constant appended to each clipped user vector (pipelines.releases.stats_core)
     epochs: int = 30
     batch_size: int = 512
     learning_rate: float = 0.01
@@ -221,8 +222,13 @@ class TrainConfig:
 
     def settings(self) -> StatsSettings:
         if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
-            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.biases)
-        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.biases)
+            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.bias_of_release)
+        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.bias_of_release)
+
+    @property
+    def bias_of_release(self) -> float:
+        """The statistics' bias coordinate in units of the clip (StatsSettings.bias): 0 without biases."""
+        return self.bias_coordinate if self.biases else 0.0
 
     def unit_of_privacy(self) -> str:
         """Always the user in a private run. There is no example-level training: a user's embedding is
@@ -257,7 +263,7 @@ _POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epoc
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 
 
-_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "lambda_bias", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
+_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "lambda_bias", "bias_coordinate", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
 
 
 _NON_NEGATIVE_FLOATS = ("ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",

@@ -26,7 +26,7 @@ def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
 def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
     """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows; with
     biases, each user's [u, b_u] against [v, 1] on y - b_j, and each item's [v, b_j] against [u, 1]
-    on y - b_u (the bias coordinate is 1 without clipping)."""
+    on y - b_u (the bias coordinate c = --bias-coordinate without clipping; the item's bias is c times its coefficient)."""
     config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4, biases=biases)
     metrics = stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
@@ -42,7 +42,8 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
         owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True,
                                      bias_ridge=config.lambda_bias if biases else None)
         u = user_u[np.searchsorted(owners, users)]
-        x, y = (u[:, :5], labels - u[:, 5]) if biases else (u, labels)  # [u, 1] and the label less the user's bias
+        c = config.settings().bias_scale
+        x, y = (np.hstack([u[:, :4], np.full((u.shape[0], 1), c)]), labels - u[:, 5]) if biases else (u, labels)  # [u, c] and the label less the user's bias
         solved = np.zeros((catalog.size, x.shape[1]))  # items without rows: no statistics, vector 0
         order = np.argsort(items, kind="stable")
         for group in np.split(order, np.flatnonzero(np.diff(items[order])) + 1):
@@ -50,7 +51,7 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
             a = x[group].T @ x[group] + config.ridge * scale[at] * np.eye(x.shape[1])
             solved[at] = np.linalg.solve(a, x[group].T @ y[group])
         solved[:, :4] /= np.sqrt(np.mean(np.sum(solved[:, :4] ** 2, axis=1)))  # released at unit RMS norm (model.normalise_embeddings), the bias as it is
-        item_v = np.hstack([solved, np.ones((catalog.size, 1))]) if biases else solved
+        item_v = np.hstack([solved[:, :4], c * solved[:, 4:], np.ones((catalog.size, 1))]) if biases else solved
         got_items, got = vectors(run.item_embeddings(step), width)
         assert np.array_equal(got_items, catalog)
         np.testing.assert_allclose(got, item_v, rtol=1e-4, atol=1e-5)  # the encoder's table is float32
@@ -126,3 +127,32 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
     last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, item_update._ridge_scale(config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts)), True))
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
+
+
+def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
+    """--item-update item-mean on the bundled data: every user is [1, 0] (no embedding, no bias), so
+    each step's release holds each item's weighted count and label sum alone (d = 1, the bias
+    coordinate), and the items are [b_j, 1] with b_j the posterior mean trainer.item_mean computes
+    from that release; it beats predicting the DP mean. Refused without biases or the id encoder."""
+    from trainer import item_mean
+    from trainer.features import FeatureSpace
+
+    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1)
+    assert (config.embedding_dim, config.encoder_dim, config.vector_dim) == (0, 1, 2)
+    metrics = stages.run(config, spark=spark, progress=False)
+    run = run_dir.Run(config.out)
+    assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean", "step-1/stats/r0"]
+    _, users = vectors(run.user_embeddings(None), 2)
+    assert np.all(users == [1.0, 0.0])
+    catalog, items = vectors(str(tmp_path / "run" / "item_embeddings.parquet"), 2)
+    assert np.all(items[:, 1] == 1.0)
+    table = run.stats(1) + "/resample-0.parquet"
+    space = FeatureSpace(catalog, [])
+    c = config.settings().bias_scale
+    want = item_mean.item_means(table, space, c, item_mean.noise_std_b(table), prepare.prepared_rating_range(run.prepared()["prepared"]))[:, 0] * c
+    np.testing.assert_allclose(items[:, 0], want, rtol=1e-5, atol=1e-6)  # the id encoder's table is float32
+    assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
+    with pytest.raises(ValueError, match="item biases alone: drop --no-biases"):
+        small(tmp_path / "x", item_update="item-mean", encoder="id", biases=False)
+    with pytest.raises(ValueError, match="use it with --encoder id"):
+        small(tmp_path / "x", item_update="item-mean")

@@ -26,7 +26,7 @@ from schemas.tables import stats_metadata, validate_stats
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 CLIP_U, CLIP_Y, WBAR = 1.0, 2.0, 1.5
-SETTINGS = StatsSettings(3, CLIP_U, CLIP_Y, "user", WBAR, bias=True)  # d = 3 released: 2 embedding coordinates and the bias
+SETTINGS = StatsSettings(3, CLIP_U, CLIP_Y, "user", WBAR, bias=1.0)  # d = 3 released: 2 embedding coordinates and the bias, c = clip_u
 CATALOG = [10, 20, 30, 40]
 COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
 # user 4 saturates: |u| = 5 > clip_u, and y - b_u = +-10 beyond clip_y on every row
@@ -89,7 +89,7 @@ def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_p
         out = folder / "out"
         register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
         result = subprocess.run([SSP, "stats", "--engine", engine, "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
-                                 "--items", paths["items"], "--counts", paths["counts"], "--out", str(out), "--dim", "3", "--bias", "--clip-u", str(CLIP_U),
+                                 "--items", paths["items"], "--counts", paths["counts"], "--out", str(out), "--dim", "3", "--bias", "1", "--clip-u", str(CLIP_U),
                                  "--clip-y", str(CLIP_Y), "--wbar", str(WBAR), "--noise-multiplier", "0", "-q"], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         return read(str(out / "resample-0.parquet"))
@@ -105,4 +105,7 @@ def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_p
 
 def test_bias_needs_the_square_loss():
     with pytest.raises(ValueError, match="biases need the square loss"):
-        StatsSettings(3, CLIP_U, CLIP_Y, weight_exponent=0.0, loss="logistic", bias=True)
+        StatsSettings(3, CLIP_U, CLIP_Y, weight_exponent=0.0, loss="logistic", bias=1.0)
+    with pytest.raises(ValueError, match="bias coordinate must be a finite number >= 0"):
+        StatsSettings(3, CLIP_U, CLIP_Y, bias=-1.0)
+    assert StatsSettings(3, 0.3, CLIP_Y, bias=0.25).bias_scale == pytest.approx(0.075)

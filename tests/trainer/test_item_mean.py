@@ -16,7 +16,7 @@ from trainer.item_mean import item_means, noise_std_b
 C = 0.5  # the bias coordinate: clip_u
 
 
-def table(path, weights, sums, noise_multiplier=2.0, settings=StatsSettings(1, C, 1.0, "user", 1.5, bias=True)):
+def table(path, weights, sums, noise_multiplier=2.0, settings=StatsSettings(1, C, 1.0, "user", 1.5, bias=1.0)):
     """A released stats table of a biases-only model: A_j = c^2 W_j, b_j = c S_j."""
     items = np.arange(1, len(weights) + 1)
     a = (C**2 * np.asarray(weights, float))[:, None]
@@ -46,7 +46,7 @@ def test_without_noise_it_is_the_mean_with_four_pseudo_ratings(tmp_path):
 
 def test_refuses_tables_of_other_models(tmp_path):
     path, space = table(tmp_path / "stats.parquet", [1.0], [1.0], settings=StatsSettings(1, C, 1.0, "user", 1.5))
-    with pytest.raises(ValueError, match="bias=0"):
+    with pytest.raises(ValueError, match="without the bias coordinate"):
         item_means(path, space, C, 0.0, (1.0, 5.0))
     path, space = table(tmp_path / "stats2.parquet", [1.0], [1.0])
     with pytest.raises(ValueError, match="rating scale"):
