@@ -180,6 +180,8 @@ METHODS: dict[str, Method] = {
                     {**_USER, **_CLIPS, **_WBAR, **_COUNTS, **_DPSGD}),
     "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"},
                   {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD}),
+    # the baseline every model must beat on ratings (last: the methods' colours keep their order)
+    "item-mean": Method("DP per-item mean", {"item_update": "item-mean", "encoder": "id"}, {"clip_y": _CLIPS["clip_y"], **_COUNTS}, protocols=("rmse",)),
 }
 _FIELDS = {item.name for item in fields(settings.TrainConfig)}
 

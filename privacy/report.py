@@ -30,6 +30,11 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     if name.endswith("/dpsgd"):
         return ("the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
                 f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}")
+    if "/stats/" in name and settings.get("item_update") == "item-mean":  # rows [c], c = k Gamma_u
+        k = settings.get("bias_coordinate", 0.25)
+        return ("each covered catalog item's weighted count and label sum (the per-item mean; items without rows too)",
+                f"A: wbar (k Gamma_u)^2 = {wbar * (k * clip_u) ** 2:.4g}; b: wbar Gamma_y k Gamma_u = {wbar * clip_y * k * clip_u:.4g}"
+                if wbar and clip_u and clip_y else "A: wbar (k Gamma_u)^2; b: wbar Gamma_y k Gamma_u")
     if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
         k = settings.get("bias_coordinate", 0.25)
         sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * (1 + k * k) * clip_u ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "

@@ -56,12 +56,12 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
 
 def noise_std_b(stats_path: str) -> float:
     """The standard deviation of the noise on each b_j of a released table: noise multiplier x wbar
-    x clip_y x the rows' clip (sqrt(1 + k^2) clip_u with the bias coordinate k clip_u), over sqrt(R) for a mean of
+    x clip_y x the rows' clip (the bias coordinate c = k clip_u alone), over sqrt(R) for a mean of
     R resamples (trainer.als.mean_table)."""
     schema = storage.read_schema(stats_path)
     meta = stats_metadata(schema)
     if meta["noise_multiplier"] == 0:
         return 0.0
     averaged = int((schema.metadata or {}).get(b"averaged_resamples", b"1"))
-    clip_x = meta["clip_u"] * math.hypot(1.0, meta["bias"])  # |[Clip(u), bias x clip_u]|
+    clip_x = meta["clip_u"] * meta["bias"]  # the rows are [c] alone, c = bias x clip_u (stats_core.StatsSettings.noise_clips)
     return meta["noise_multiplier"] * meta["wbar"] * meta["clip_y"] * clip_x / math.sqrt(averaged)

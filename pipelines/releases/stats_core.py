@@ -76,16 +76,22 @@ class StatsSettings:
 
     @property
     def bias_scale(self) -> float:
-        """c, the constant coordinate appended to Clip(u) with biases, in the clip's units: `bias`
-        times clip_u (times 1 when nothing is clipped)."""
-        return self.bias * (self.clip_u if math.isfinite(self.clip_u) else 1.0)
+        """c, the constant coordinate appended to Clip(u) with biases: `bias` times clip_u, the share
+        of the clip it takes (its cost: the noise grows by sqrt(1 + bias^2)); 1 when nothing is
+        clipped (no noise to share: the bias is then as free as the embedding)."""
+        if not self.bias:
+            return 0.0
+        return self.bias * self.clip_u if math.isfinite(self.clip_u) else 1.0
 
     def noise_clips(self) -> tuple[float, float]:
         """(clip_u, clip_y) that set the noise's scale: the clips themselves, or for the logistic
         loss the effective ones that bound its H_j and g_j (privacy.quadratic.effective_clips)."""
         if self.loss == "logistic":
             return quadratic.effective_clips(self.clip_u)
-        return (math.hypot(self.clip_u, self.bias_scale), self.clip_y) if self.bias else (self.clip_u, self.clip_y)
+        if not self.bias:
+            return self.clip_u, self.clip_y
+        # |[Clip(u), c]| <= sqrt(clip_u^2 + c^2); c alone for the per-item mean (d = 1: no embedding coordinate)
+        return math.hypot(self.clip_u if self.dim > 1 else 0.0, self.bias_scale), self.clip_y
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -11,12 +11,13 @@ from dataclasses import fields
 
 
 from pipelines.data import splits
+from pipelines.releases.release import DEFAULT_OUTER_STEPS
 from pipelines.releases.stats_core import LOSSES
 from pipelines.training.evaluation import describe, evaluate
 from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import existing_run_lock, Run
-from pipelines.training.settings import ENCODER_INITS, ENGINES, ITEM_UPDATES, read_config, STAGES, TrainConfig
+from pipelines.training.settings import ENCODER_INITS, ENGINES, ITEM_UPDATES, NON_PRIVATE_OUTER_STEPS, read_config, STAGES, TrainConfig
 from pipelines.training.stages import run
 
 
@@ -34,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "the noise is calibrated to spend exactly this",
         "delta": "target delta of the whole run: the chance, beyond epsilon, that the guarantee fails; keep it below 1/(number of users)",
         "outer_steps": "outer steps S of alternating minimization (user update, then item update from newly released statistics); "
-                       "each step is one more release, so more steps mean more noise per release at the same epsilon",
+                       "each step is one more release, so more steps mean more noise per release at the same epsilon (default: "
+                       f"{DEFAULT_OUTER_STEPS}; {NON_PRIVATE_OUTER_STEPS} for --non-private, which has no budget to split; 1 for --item-update "
+                       "item-mean, whose users never change)",
         "resamples": "independently noised copies R of each statistics release (the paper's SSP1); the budget is split among them",
         "clip_u": "Gamma_u: each user embedding is clipped to this L2 norm before it enters the statistics (item embeddings have unit "
                   "RMS norm); with --wbar it bounds what one user adds to A_j, and so the noise",

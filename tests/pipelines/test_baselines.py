@@ -152,7 +152,10 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     want = item_mean.item_means(table, space, c, item_mean.noise_std_b(table), prepare.prepared_rating_range(run.prepared()["prepared"]))[:, 0] * c
     np.testing.assert_allclose(items[:, 0], want, rtol=1e-5, atol=1e-6)  # the id encoder's table is float32
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
+    assert settings.TrainConfig(item_update="item-mean", encoder="id").outer_steps == 1 and settings.TrainConfig().outer_steps == 2
     with pytest.raises(ValueError, match="item biases alone: drop --no-biases"):
-        small(tmp_path / "x", item_update="item-mean", encoder="id", biases=False)
+        settings.TrainConfig(item_update="item-mean", encoder="id", biases=False)
     with pytest.raises(ValueError, match="use it with --encoder id"):
-        small(tmp_path / "x", item_update="item-mean")
+        settings.TrainConfig(item_update="item-mean")
+    with pytest.raises(ValueError, match="releases the same statistics at every step"):
+        small(tmp_path / "x", item_update="item-mean", encoder="id")

@@ -109,3 +109,27 @@ def test_bias_needs_the_square_loss():
     with pytest.raises(ValueError, match="bias coordinate must be a finite number >= 0"):
         StatsSettings(3, CLIP_U, CLIP_Y, bias=-1.0)
     assert StatsSettings(3, 0.3, CLIP_Y, bias=0.25).bias_scale == pytest.approx(0.075)
+
+
+@pytest.mark.parametrize("engine", ["spark", "beam"])
+def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, spark, tmp_path):
+    """The per-item mean's release (d = 1: users [1, 0], rows [c] with c = k clip_u): its noise is scaled
+    to c alone, and removing a user moves it by at most wbar c^2 (A) and wbar clip_y c (b), met by a
+    user whose every label is beyond the clip."""
+    settings = StatsSettings(1, CLIP_U, CLIP_Y, "user", WBAR, bias=0.25)
+    c = 0.25 * CLIP_U
+    assert settings.noise_clips() == (pytest.approx(c), CLIP_Y)
+
+    def release(name, interactions):
+        users = {row[0] for row in interactions}
+        paths = write_inputs(tmp_path / name, interactions, {u: [1.0, 0.0] for u in users}, COUNTS, CATALOG)
+        job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(tmp_path / name / "out"),
+                                            settings, PrivacySettings(noise_multiplier=0.0)))
+        spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
+        table = validate_stats(storage.read_table(str(tmp_path / name / "out" / "resample-0.parquet"))).sort_by("item_id")
+        return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
+
+    a, b = release("all", INTERACTIONS)
+    a2, b2 = release("without", [row for row in INTERACTIONS if row[0] != 4])
+    assert np.sqrt(np.sum((a - a2) ** 2)) <= WBAR * c**2 * (1 + 1e-9)
+    assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(WBAR * CLIP_Y * c, rel=1e-9)  # user 4: |y| > clip_y on every row
