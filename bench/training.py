@@ -152,6 +152,7 @@ class Method:
 # enough to hold every method's good region: ridges and penalties are stated in the release's units
 # (pipelines.training), so one range serves the private and the non-private runs.
 _USER = {"dim": Choice((8, 16, 32, 64)), "lambda_u": Range(1e-3, 1.0, log=True), "outer_steps": Range(1, 4, integer=True)}
+_NON_PRIVATE_STEPS = {"outer_steps": Range(1, 12, integer=True)}  # no budget to split: up to convergence (settings.NON_PRIVATE_OUTER_STEPS)
 _RIDGE = {"ridge": Range(1e-3, 3.0, log=True)}
 _NOISE_RIDGE = {"noise_ridge": Range(0.01, 3.0, log=True)}
 _SGD = {"learning_rate": Range(1e-3, 0.1, log=True), "epochs": Range(5, 200, log=True, integer=True)}
@@ -168,8 +169,8 @@ _CMF = {"feature_weight": Range(0.03, 30.0, log=True), "feature_ridge": Range(0.
 
 METHODS: dict[str, Method] = {
     "nonprivate-ssp": Method("non-private (features)", {"non_private": True, "item_update": "ssp", "encoder": "features"},
-                             {**_USER, **_RIDGE, **_RESIDUAL, **_SGD}),
-    "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE}),
+                             {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE, **_RESIDUAL, **_SGD}),
+    "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE}),
     "none": Method("starting point (public features)", {"item_update": "none", "encoder": "features"}, dict(_USER)),
     "dp-popularity": Method("DP popularity", {"item_update": "none", "encoder": "id"}, dict(_COUNTS), protocols=("recall",), kind="popularity"),
     "ials": Method("implicit ALS (non-private, id)", {"non_private": True, "item_update": "none", "encoder": "id"}, {}, protocols=("recall",),

@@ -361,7 +361,7 @@ def test_publishing_inside_the_run_directory_is_refused(tmp_path, prepared):
 
 
 MANIFEST_DAMAGES = {
-    "no config": (lambda m: m.pop("config"), "has no settings"), "null setting": (lambda m: m["config"].update(outer_steps=None), "outer_steps must be int"),
+    "no config": (lambda m: m.pop("config"), "has no settings"), "null setting": (lambda m: m["config"].update(epochs=None), "epochs must be int"),
     "wrong type": (lambda m: m["config"].update(dim="four"), "dim must be int"), "out of range": (lambda m: m["config"].update(dim=0), "--dim"),
     "steps not a list": (lambda m: m.update(steps_done="x"), "steps_done"),
 }
