@@ -80,9 +80,11 @@ def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(engine
             assert moved_b == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
 
 
-@pytest.mark.parametrize("engine", ["spark", "beam"])
+@pytest.mark.parametrize("engine", [pytest.param("spark", marks=pytest.mark.slow), "beam"])
 def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_path):
-    """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user."""
+    """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user.
+    The Spark case starts a JVM of its own (-m slow); its twin in this process is
+    test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound[spark]."""
     def release(name, interactions):
         folder = tmp_path / name
         paths = write_inputs(folder, interactions, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)}, COUNTS, CATALOG)
