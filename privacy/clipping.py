@@ -45,3 +45,12 @@ def clip_labels(y: np.ndarray, bound: float) -> np.ndarray:
     """Clip labels to [-bound, bound]."""
     bound = check_bound("label clip", bound, allow_inf=True)
     return np.clip(np.asarray(y, dtype=np.float64), -bound, bound)
+
+
+def biased_row_clip(clip_u: float, bias_coordinate: float, has_embedding: bool = True) -> float:
+    """The norm bound of a biased statistics row [Clip(u, clip_u), c] with c = bias_coordinate x clip_u:
+    sqrt(clip_u^2 + c^2), or c alone without embedding coordinates (the per-item mean's rows [c]).
+    The noise of A_j and b_j is scaled to it (pipelines.releases.stats_core, trainer.item_mean,
+    privacy.report), so it is stated once here."""
+    c = bias_coordinate * clip_u
+    return float(np.hypot(clip_u, c)) if has_embedding else float(c)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from privacy.clipping import biased_row_clip
 from privacy.ledger import Ledger
 
 
@@ -33,12 +34,13 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     if "/stats/" in name and settings.get("item_update") == "item-mean":  # rows [c], c = k Gamma_u
         k = settings.get("bias_coordinate", 0.25)
         return ("each covered catalog item's weighted count and label sum (the per-item mean; items without rows too)",
-                f"A: wbar (k Gamma_u)^2 = {wbar * (k * clip_u) ** 2:.4g}; b: wbar Gamma_y k Gamma_u = {wbar * clip_y * k * clip_u:.4g}"
+                f"A: wbar (k Gamma_u)^2 = {wbar * biased_row_clip(clip_u, k, has_embedding=False) ** 2:.4g}; "
+                f"b: wbar Gamma_y k Gamma_u = {wbar * clip_y * biased_row_clip(clip_u, k, has_embedding=False):.4g}"
                 if wbar and clip_u and clip_y else "A: wbar (k Gamma_u)^2; b: wbar Gamma_y k Gamma_u")
     if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
         k = settings.get("bias_coordinate", 0.25)
-        sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * (1 + k * k) * clip_u ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
-                       f"{wbar * clip_y * math.hypot(1, k) * clip_u:.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
+        sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * biased_row_clip(clip_u, k) ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
+                       f"{wbar * clip_y * biased_row_clip(clip_u, k):.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
                        if wbar and clip_u and clip_y else "A: wbar (1 + k^2) Gamma_u^2; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u (the bias coordinate c = k Gamma_u appended)")
         return f"A_j and b_j, the item's bias coordinate included, of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)", sensitivity
     if "/stats/" in name:

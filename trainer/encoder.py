@@ -201,6 +201,17 @@ def restore_checkpoint(encoder: ItemEncoder, folder: str) -> None:
         tf.train.Checkpoint(model=encoder).read(os.path.join(local, CHECKPOINT_PREFIX)).assert_existing_objects_matched()
 
 
+def as_written(outputs, bias_scale: float | None = None):
+    """The item vectors a run writes from encoder outputs [v, b] (numpy or tensor): the outputs, or
+    with a bias scale c (a model with biases) [v, c b, 1], so that c b is the item bias and the
+    users' [u, 1, b_u] predict by one dot product. A run's item table and the SavedModel both
+    write item vectors through this one function."""
+    if bias_scale is None:
+        return outputs
+    outputs = tf.convert_to_tensor(outputs)
+    return tf.concat([outputs[:, :-1], bias_scale * outputs[:, -1:], tf.ones_like(outputs[:, -1:])], axis=-1)
+
+
 def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> None:
     """Write a SavedModel at `path` (local or gs://), atomically, with the signatures
     - `embed(item_ids: int64[n]) -> {"embedding": float32[n, d]}`: the catalog's items, as trained;
@@ -210,12 +221,7 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
       without retraining. A value the catalog never had gets the family's out-of-vocabulary row.
       It is the shared encoder, without the per-item residuals of the training catalog.
     With `bias_scale` c (a model with biases) both give [v, c b, 1] for the encoder's outputs [v, b]:
-    the item embeddings as the run writes them (pipelines.training.model.item_vectors)."""
-    def as_written(outputs):
-        if bias_scale is None:
-            return outputs
-        return tf.concat([outputs[:, :-1], bias_scale * outputs[:, -1:], tf.ones_like(outputs[:, -1:])], axis=-1)
-
+    the item embeddings as the run writes them (`as_written`)."""
     module = tf.Module()
     module.encoder = encoder
     module.lookup = tf.lookup.StaticHashTable(
@@ -226,7 +232,7 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
     def embed(item_ids):
         positions = module.lookup.lookup(item_ids)
         tf.debugging.assert_non_negative(positions, message="item id not in the encoder's catalog")
-        return {"embedding": as_written(module.encoder(positions))}
+        return {"embedding": as_written(module.encoder(positions), bias_scale)}
 
     module.embed = embed
     signatures = {"embed": embed}
@@ -237,7 +243,7 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])
         def embed_features(*values):
             ids = [tf.ragged.boolean_mask(table.lookup(strings), tf.not_equal(strings, "")) for table, strings in zip(module.vocabularies, values)]
-            return {"embedding": as_written(module.encoder.encode_values(ids))}
+            return {"embedding": as_written(module.encoder.encode_values(ids), bias_scale)}
 
         module.embed_features = embed_features
         signatures["embed_features"] = embed_features

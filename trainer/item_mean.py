@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from privacy.clipping import biased_row_clip
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import stats_metadata
@@ -63,5 +64,5 @@ def noise_std_b(stats_path: str) -> float:
     if meta["noise_multiplier"] == 0:
         return 0.0
     averaged = int((schema.metadata or {}).get(b"averaged_resamples", b"1"))
-    clip_x = meta["clip_u"] * meta["bias"]  # the rows are [c] alone, c = bias x clip_u (stats_core.StatsSettings.noise_clips)
+    clip_x = biased_row_clip(meta["clip_u"], meta["bias"], has_embedding=False)  # the rows are [c] alone
     return meta["noise_multiplier"] * meta["wbar"] * meta["clip_y"] * clip_x / math.sqrt(averaged)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from privacy import accumulator, quadratic
-from privacy.clipping import check_bound, row_scales
+from privacy.clipping import biased_row_clip, check_bound, row_scales
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas.arrays import matrix_to_list_column
@@ -90,8 +90,9 @@ class StatsSettings:
             return quadratic.effective_clips(self.clip_u)
         if not self.bias:
             return self.clip_u, self.clip_y
-        # |[Clip(u), c]| <= sqrt(clip_u^2 + c^2); c alone for the per-item mean (d = 1: no embedding coordinate)
-        return math.hypot(self.clip_u if self.dim > 1 else 0.0, self.bias_scale), self.clip_y
+        if not math.isfinite(self.clip_u):  # non-private: nothing is clipped
+            return self.clip_u, self.clip_y
+        return biased_row_clip(self.clip_u, self.bias, has_embedding=self.dim > 1), self.clip_y
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -42,12 +42,10 @@ def normalise_embeddings(model, config: TrainConfig) -> float:
 
 
 def item_vectors(config: TrainConfig, outputs: np.ndarray) -> np.ndarray:
-    """The item embeddings a run writes from the encoder's outputs: the outputs, or with biases
-    [v, c b, 1] (c the bias coordinate's scale, so that b_j = c b is the item bias and the users'
-    [u, 1, b_u] predict by one dot product)."""
-    if not config.biases:
-        return outputs
-    return np.hstack([outputs[:, :-1], config.settings().bias_scale * outputs[:, -1:], np.ones((outputs.shape[0], 1))])
+    """The item embeddings a run writes from the encoder's outputs (trainer.encoder.as_written)."""
+    from trainer import encoder as encoders
+
+    return np.asarray(encoders.as_written(outputs, config.settings().bias_scale if config.biases else None))
 
 
 def item_embeddings_table(model, config: TrainConfig) -> pa.Table:

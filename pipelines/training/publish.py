@@ -111,7 +111,7 @@ def model_settings(run: Run) -> dict:
     return {
         "protocol": config["protocol"],
         "dim": settings.vector_dim,  # the item embeddings' length
-        "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (pipelines.training.model.item_vectors)
+        "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (trainer.encoder.as_written)
         "lambda_bias": settings.lambda_bias if biased else None,
         "loss": config.get("loss", "square"),
         "lambda_u": config["lambda_u"],

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from privacy.clipping import check_bound, clip_labels, clip_rows
+from privacy.clipping import biased_row_clip, check_bound, clip_labels, clip_rows
 
 
 def test_vector_outside_is_scaled_onto_the_sphere():
@@ -102,3 +102,11 @@ def test_huge_finite_row_is_clipped_in_its_direction():
     with np.errstate(over="ignore"):
         out = clip_rows(np.array([[1e200, 1e200]]), 1.0)
     np.testing.assert_allclose(out, [[math.sqrt(0.5), math.sqrt(0.5)]], rtol=1e-12)
+
+
+def test_biased_row_clip_bounds_the_clipped_vector_with_its_bias_coordinate():
+    # [Clip(u, 2), 0.75 x 2]: |.| <= sqrt(4 + 2.25) = 2.5; the per-item mean's rows are [1.5] alone
+    assert biased_row_clip(2.0, 0.75) == pytest.approx(2.5)
+    assert biased_row_clip(2.0, 0.75, has_embedding=False) == pytest.approx(1.5)
+    rows = np.hstack([clip_rows(np.random.default_rng(0).normal(size=(50, 3)) * 10, 2.0), np.full((50, 1), 1.5)])
+    assert np.linalg.norm(rows, axis=1).max() == pytest.approx(2.5)
