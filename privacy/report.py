@@ -32,13 +32,13 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
         return ("the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
                 f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}")
     if "/stats/" in name and settings.get("item_update") == "item-mean":  # rows [c], c = k Gamma_u
-        k = settings.get("bias_coordinate", 0.25)
+        k = settings.get("bias_coordinate", 2.0)
         return ("each covered catalog item's weighted count and label sum (the per-item mean; items without rows too)",
                 f"A: wbar (k Gamma_u)^2 = {wbar * biased_row_clip(clip_u, k, has_embedding=False) ** 2:.4g}; "
                 f"b: wbar Gamma_y k Gamma_u = {wbar * clip_y * biased_row_clip(clip_u, k, has_embedding=False):.4g}"
                 if wbar and clip_u and clip_y else "A: wbar (k Gamma_u)^2; b: wbar Gamma_y k Gamma_u")
     if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
-        k = settings.get("bias_coordinate", 0.25)
+        k = settings.get("bias_coordinate", 2.0)
         sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * biased_row_clip(clip_u, k) ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
                        f"{wbar * clip_y * biased_row_clip(clip_u, k):.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
                        if wbar and clip_u and clip_y else "A: wbar (1 + k^2) Gamma_u^2; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u (the bias coordinate c = k Gamma_u appended)")

@@ -507,7 +507,7 @@ def plant_stats(run, settings: StatsSettings, noise_multiplier: float, summary_m
 
 FOREIGN_STATS = {
     "another d": (dict(dim=4), r"stats were released with d=4, but this run expects d=3"),
-    "a table without the bias coordinate": (dict(bias=0.0), r"stats were released with bias=0, but this run expects bias=0.25"),
+    "a table without the bias coordinate": (dict(bias=0.0), r"stats were released with bias=0, but this run expects bias=2"),
     "another clip_u": (dict(clip_u=0.5), r"stats were released with clip_u=0.5, but this run expects clip_u=1"),
     "another clip_y": (dict(clip_y=5.0), r"stats were released with clip_y=5, but this run expects clip_y=2"),
     "another wbar": (dict(wbar=2.0), r"stats were released with wbar=2, but this run expects wbar=1"),
@@ -524,7 +524,7 @@ def test_stats_from_another_run_are_refused_by_the_item_update(prepared_run, cap
     change = dict(change)
     noise = change.pop("noise_multiplier", multiplier)
     swapped = change.pop("swapped", False)
-    settings = StatsSettings(**{"dim": 3, "clip_u": 1.0, "clip_y": 2.0, "unit": "user", "wbar": 1.0, "bias": 0.25, **change})
+    settings = StatsSettings(**{"dim": 3, "clip_u": 1.0, "clip_y": 2.0, "unit": "user", "wbar": 1.0, "bias": 2.0, **change})
     plant_stats(run, settings, noise, multiplier if swapped else None)
     before = snapshot(run / "ledger.parquet", run / "manifest.json", run / "step-0")
     refused(capsys, "item-update", "--run", run, "--step", "1", pattern=pattern)
@@ -539,6 +539,6 @@ def test_the_planted_release_is_accepted_with_the_runs_own_settings(prepared_run
     run = tmp_path / "run"
     shutil.copytree(prepared_run, run)
     multiplier = Ledger.open(str(run / "ledger.parquet")).budget["multipliers"]["stats"]
-    plant_stats(run, StatsSettings(3, 1.0, 2.0, "user", 1.0, bias=0.25), multiplier)
+    plant_stats(run, StatsSettings(3, 1.0, 2.0, "user", 1.0, bias=2.0), multiplier)
     ok(capsys, "item-update", "--run", run, "--step", "1")
     assert json.load(open(run / "manifest.json"))["steps_done"] == [1] and (run / "encoder").is_dir()

@@ -95,6 +95,11 @@ class ItemEncoder(tf.keras.Model):
         """The per-item residuals r_j of catalog positions (features encoder with the item id)."""
         return tf.gather(self._residual, tf.cast(positions, tf.int64) + 1)
 
+    def set_residuals(self, positions: np.ndarray, residuals: np.ndarray) -> None:
+        """Set the per-item residuals r_j of catalog positions (e.g. from their closed-form solve)."""
+        rows = tf.constant(np.asarray(positions, np.int64)[:, None] + 1)
+        self._residual.scatter_nd_update(rows, tf.constant(np.asarray(residuals), self._residual.dtype))
+
     def rescale(self, factor: float | np.ndarray) -> None:
         """Multiply every embedding by `factor`, a number or one per output coordinate (the output
         layer and the residuals are linear in it): the public post-processing that keeps released

@@ -35,6 +35,13 @@ numbers are set by pipelines.training from the release, never from a look at the
 - The residual penalty mu = residual_penalty (S + N) lets an item's own residual move only as far
   as its statistics outweigh the noise: rare and pure-noise items stay at their features, while the
   shared feature embeddings pool the statistics of every item with a feature, averaging their noise.
+- With biases the bias coordinate has its own penalty, noise over the prior of an item bias taken
+  from the public rating scale (pipelines.training.item_update.bias_penalty), on the residual
+  alone: the features' prediction of the bias is its prior mean, and the shared bias output is not
+  anchored. The embedding's penalties, sized to the spectral norm of d x d noise, held every item
+  bias below a few thousand ratings at zero.
+- After the epochs each covered item's residual is set to its exact minimiser, the shared encoder
+  fixed (`solve_residuals`): a popular item's A_j is large, and minibatch steps approach it slowly.
 - After each update the item embeddings are rescaled to unit RMS norm (post-processing), so the
   user clip and the user ridge keep one meaning across steps and epsilons.
 - Adam with a cosine-decaying step over full-catalog epochs: the last steps average the minibatch
@@ -58,6 +65,7 @@ feature space.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Iterator
@@ -151,9 +159,9 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
 def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
                  gravity: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(catalog positions, A_j + ridge scale_j I (+ gravity) (B, d, d), b_j (B, d)) minibatches of
-    items, shuffled within a bounded buffer of record batches."""
+    items, shuffled within a bounded buffer of record batches. `ridge_scale` is one number per
+    catalog position, or one row of d (a diagonal: the bias coordinate's own ridge)."""
     d = encoder.dim
-    eye = np.eye(d)
     extra = gravity if gravity is not None else 0.0
     buffer: list[pa.RecordBatch] = []
 
@@ -166,7 +174,7 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         for start in range(0, order.size, config.batch_size):
             rows = order[start : start + config.batch_size]
             scale = ridge_scale[positions[rows]] if ridge_scale is not None else np.ones(rows.size)
-            yield positions[rows], unpack_upper(a[rows], d) + (config.ridge * scale)[:, None, None] * eye + extra, b[rows]
+            yield positions[rows], unpack_upper(a[rows], d) + config.ridge * diagonals(scale, d) + extra, b[rows]
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
         buffer.append(batch)
@@ -177,33 +185,42 @@ def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.ran
         yield from drain(buffer)
 
 
+def diagonals(scales: np.ndarray, d: int) -> np.ndarray:
+    """(B, d, d) matrices s_j I for scales (B,), or diag(s_j) for scales (B, d)."""
+    scales = np.asarray(scales, dtype=np.float64)
+    return scales[:, None, None] * np.eye(d) if scales.ndim == 1 else scales[:, :, None] * np.eye(d)
+
+
 def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None, anchor=None, start=None):
     """Mean over the batch's items of 1/2 v^T A v - b^T v (A already holds the ridge term), plus
-    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item) is given,
-    plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa) is given: the shared encoder's output
-    f(j) held near `start` (f0, where the step began) as strongly as the noise calls for."""
+    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item: (B,), or
+    (B, d) per coordinate) is given, plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa: a
+    number, or (d,) per coordinate) is given: the shared encoder's output f(j) held near `start`
+    (f0, where the step began) as strongly as the noise calls for."""
     v = encoder(positions)
     av = tf.einsum("bij,bj->bi", a, v)
     loss = 0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1)
     if residual_penalty is not None:
-        loss += 0.5 * residual_penalty * tf.reduce_sum(tf.square(encoder.residual(positions)), axis=-1)
+        penalty = residual_penalty if residual_penalty.shape.rank == 2 else residual_penalty[:, None]
+        loss += 0.5 * tf.reduce_sum(penalty * tf.square(encoder.residual(positions)), axis=-1)
     if anchor is not None:
-        loss += 0.5 * anchor * tf.reduce_sum(tf.square(encoder.shared(positions) - start), axis=-1)
+        loss += 0.5 * tf.reduce_sum(anchor * tf.square(encoder.shared(positions) - start), axis=-1)
     return tf.reduce_mean(loss)
 
 
 def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
           ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None, residual_penalty: np.ndarray | None = None,
-          anchor: float = 0.0) -> list[float]:
+          anchor: float | np.ndarray = 0.0) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
     Returns the mean loss of every epoch. `expected` lists release parameters the tables must
     carry (e.g. d, clip_u, clip_y, noise_multiplier from the ledger). `ridge_scale` (one value per
-    catalog position, e.g. the DP item counts: weighted-lambda ALS) scales each item's ridge;
+    catalog position, e.g. the DP item counts: weighted-lambda ALS, or a row of d per position)
+    scales each item's ridge;
     `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
     implicit-feedback penalty on every item's scores. `residual_penalty` (one mu_j per catalog
-    position) penalises the per-item residuals of a features encoder with the item id. `anchor`
-    (kappa > 0) holds the shared encoder's output near where this update began: the item update
+    position, or a row of d) penalises the per-item residuals of a features encoder with the item
+    id. `anchor` (kappa > 0, or one per coordinate) holds the shared encoder's output near where this update began: the item update
     moves away from its starting point only as far as the statistics outweigh the noise.
     """
     if not stats_paths:
@@ -223,14 +240,16 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
     use_residual = residual_penalty is not None and encoder.has_residual
     penalty_of = tf.constant(residual_penalty if use_residual else np.zeros(1), tf.float32)
-    use_anchor = anchor > 0 and encoder.kind == "features"
+    anchor = np.asarray(anchor, dtype=np.float64)
+    use_anchor = bool(np.any(anchor > 0)) and encoder.kind == "features"
     start_of = tf.constant(encoder.embed_all(shared=True) if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
+    anchor_of = tf.constant(anchor, tf.float32)
 
     @tf.function(reduce_retracing=True)
     def step(positions, a, b):
         with tf.GradientTape() as tape:
             loss = ssp_loss(encoder, positions, a, b, tf.gather(penalty_of, positions) if use_residual else None,
-                            anchor if use_anchor else None, tf.gather(start_of, positions) if use_anchor else None)
+                            anchor_of if use_anchor else None, tf.gather(start_of, positions) if use_anchor else None)
             penalty = config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense]) if dense and config.weight_decay else 0.0
             total = loss + penalty
         grads = tape.gradient(total, encoder.trainable_variables)
@@ -249,7 +268,31 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
             count += positions.size
         losses.append(total / max(count, 1))
         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
+    if use_residual and (config.psd_projection or stats_metadata(storage.read_schema(tables[0]))["noise_multiplier"] == 0):
+        solve_residuals(encoder, tables, config, residual_penalty, ridge_scale, gravity)
     return losses
+
+
+def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, residual_penalty: np.ndarray,
+                    ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None) -> None:
+    """Set every covered item's residual to its exact minimiser of the SSP loss, the shared encoder
+    as trained: with A = A_j + lambda s_j I (+ gravity) and f_j the shared output,
+        r_j = (A + mu_j I)^-1 (b_j - A f_j)
+    (the mean of R resampled tables for SSP1). Each item's loss is convex in r_j, so this block
+    step never raises the loss; it is what minibatch steps approach slowly for a popular item,
+    whose A_j grows with its count (at 10^5 users the head was fitted worse than the middle).
+    Needs PSD A_j: projected, or exact (non-private)."""
+    path = tables[0]
+    if len(tables) > 1:
+        from trainer.als import mean_table
+
+        path = mean_table(tables, path.rstrip("/").removesuffix(".parquet") + ".mean.parquet")
+    d = encoder.dim
+    in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size, 2048))
+    for positions, a, b in item_batches(path, encoder, in_order, np.random.default_rng(0), ridge_scale, gravity):
+        shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
+        gram = a + diagonals(residual_penalty[positions], d)
+        encoder.set_residuals(positions, np.linalg.solve(gram, (b - np.einsum("bij,bj->bi", a, shared))[..., None])[..., 0])
 
 
 def _projected_path(path: str) -> str:

@@ -119,11 +119,18 @@ def user_contributions(
     else:
         weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent)
     if settings.bias:
-        vectors = np.asarray(embeddings, dtype=np.float64)
-        u = vectors[:, :-2]
-        labels = np.asarray(labels, dtype=np.float64) - vectors[:, -1]
-        embeddings = np.hstack([u * row_scales(u, settings.clip_u)[:, None], np.full((u.shape[0], 1), settings.bias_scale)])
+        embeddings, user_biases = biased_user_rows(embeddings, settings)
+        labels = np.asarray(labels, dtype=np.float64) - user_biases
     return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
+
+
+def biased_user_rows(vectors: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray]:
+    """([Clip(u), c], b_u) of user vectors [u, 1, b_u]: what a biased model's item update fits to,
+    the label less the user's bias (the statistics here, AM-DPSGD's rows too). Its norm is at most
+    `noise_clips()[0]`."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    u = vectors[:, :-2]
+    return np.hstack([u * row_scales(u, settings.clip_u)[:, None], np.full((u.shape[0], 1), settings.bias_scale)]), vectors[:, -1]
 
 
 @dataclass(frozen=True)

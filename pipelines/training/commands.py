@@ -111,9 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "noise's spectral norm: larger keeps rare items at their public features",
         "biases": "user and item biases: the prediction is DP mean + b_u + b_j + u.v, each user's bias solved with the user's embedding, each "
                   "item's fitted with its embedding from the statistics (a constant coordinate appended to the clipped user vector) "
-                  "(default: on for --protocol rmse with --item-update ssp, als or none)",
+                  "(default: on for --protocol rmse with every item update; the federated engine has none yet)",
         "bias_coordinate": "the constant c appended to each clipped user vector so that the statistics carry each item's bias, in units of "
-                           "--clip-u: it raises the statistics' sensitivity (and noise) by sqrt(1 + c^2) (default: %(default)s)",
+                           "--clip-u: it raises the statistics' sensitivity (and noise) by sqrt(1 + c^2), and gives the item biases a share c^2 / (1 + c^2) "
+                           "of it (default: 2 below epsilon 10, where noise blurs the embedding most, 0.5 from 10)",
         "lambda_bias": "ridge of each user's bias, a pseudo-count of zero residuals: a user with few ratings keeps a bias near 0 "
                        "(trusted side: no privacy effect; default: %(default)s)",
         "dim": "embedding dimension d (default: 32 for --non-private runs; private: 8 for --protocol rmse; for recall 16 below "

@@ -13,6 +13,7 @@ public features, never the interactions; DP-SGD reads the private rows under its
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.base import logs
-from pipelines.releases import release, stats_job
+from pipelines.releases import release, stats_core, stats_job
 from pipelines.releases.gram import dp_gram
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
 from pipelines.training.prepare import ledger_multiplier
@@ -98,18 +99,49 @@ def _ridge_scale(config: TrainConfig, space, multiplier: float, counts: pa.Table
     return ridge_scale
 
 
-def _ssp_penalties(config: TrainConfig, space, multiplier: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """The SSP item update's per-item ridge scale and residual penalty, in the units the release
-    defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
+def _ssp_penalties(config: TrainConfig, space, multiplier: float, rating_range: tuple[float, float],
+                   has_residual: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The SSP item update's per-item ridge scale, residual penalty and anchor, in the units the
+    release defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
     item: its share of an item's problem fades as the item's data grows, so popular items are not
     shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
     free residual at zero until its statistics outweigh the noise: such an item stays what its
     public features say (the starting point), not what the noise says. The anchor kappa =
     anchor * (S + N) holds the shared encoder's output near where the update began, in the same
-    units."""
+    units. With biases the bias coordinate has its own penalty (`bias_penalty`), on the residual
+    (the features' prediction is the item bias's prior mean; the shared bias is not anchored), or
+    with an id encoder on the whole coordinate."""
     unit, noise = release_units(config, multiplier)
-    ridge_scale = np.full(space.size, unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
-    return ridge_scale, np.full(space.size, config.residual_penalty * (unit + noise)), config.anchor * (unit + noise)
+    d = config.encoder_dim
+    ridge_scale = np.full((space.size, d), unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
+    residual = np.full((space.size, d), config.residual_penalty * (unit + noise))
+    anchor = np.full(d, config.anchor * (unit + noise))
+    if config.biases:
+        penalty = bias_penalty(config, multiplier, rating_range)
+        ridge_scale[:, -1] = unit if has_residual else penalty / config.ridge
+        residual[:, -1] = penalty
+        anchor[-1] = 0.0
+    return ridge_scale, residual, anchor
+
+
+def bias_penalty(config: TrainConfig, multiplier: float, rating_range: tuple[float, float]) -> float:
+    """The item bias's prior precision in the units of A_j's bias coordinate (c^2 per unit weight):
+    noise over prior variance, the same posterior as the DP per-item mean (trainer.item_mean), with
+    the prior from the public rating scale, tau = range / 4. Three sources of noise:
+    - the ratings' own, sigma = range / 2 per unit weight: 4 wbar c^2 (sigma^2 / tau^2 pseudo-weights);
+    - the noise on A_j's bias entry, its standard deviation z S (N / (2 sqrt(d)): one entry's share);
+    - the noise on b_j's bias entry, z wbar Gamma_y rho (rho the rows' norm bound), against the
+      prior of the bias coefficient, tau / c: (z wbar Gamma_y rho c / tau)^2.
+    Why not the embedding's penalties: those are sized to the spectral norm of d x d noise and hold
+    the bias of every item below a few thousand ratings at zero (at 10^5 users x 20 ratings the
+    model lost to the per-item mean)."""
+    settings = config.settings()
+    unit, noise = release_units(config, multiplier)
+    c, tau = settings.bias_scale, (rating_range[1] - rating_range[0]) / 4
+    if noise == 0:
+        return 4 * unit * c**2
+    rho = settings.noise_clips()[0]
+    return 4 * settings.wbar * c**2 + noise / (2 * math.sqrt(config.encoder_dim)) + (multiplier * settings.wbar * settings.clip_y * rho * c / tau) ** 2
 
 
 def _check_step(config: TrainConfig, step: int) -> None:
@@ -213,11 +245,13 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         table = tables[0]
         if ssp_config.psd_projection:  # once, not once per inner iteration
             table = ssp.project_table(table, storage.join(run.stats(step), "psd-" + table.rsplit("/", 1)[-1]))
-        vectors, _ = cmf.solve_items(table, space, config.dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
+        vectors, _ = cmf.solve_items(table, space, config.encoder_dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
                                      config.cmf_iterations, features, gravity)
         model.set_item_vectors(vectors)
         return []
-    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier)
+    from pipelines.training.prepare import prepared_rating_range
+
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier, prepared_rating_range(run.prepared()["prepared"]), model.has_residual)
     with _kernel(run, step):
         return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
 
@@ -256,8 +290,13 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
         weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent)
     else:
         weights = np.ones(rows.num_rows)
-    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.dim).sort_by("user_id")
-    user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.dim, "user embedding"))
+    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.vector_dim).sort_by("user_id")
+    user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.vector_dim, "user embedding"))
+    clip_u = settings.clip_u
+    if config.biases:  # fit [Clip(u), c] . [v, b] to the label less b_u, as the statistics do (stats_core.biased_user_rows)
+        vectors, user_biases = stats_core.biased_user_rows(user_vectors[1], settings)
+        labels = labels - user_biases[np.minimum(np.searchsorted(user_vectors[0], users), user_biases.size - 1)]  # a user without one: dpsgd names it
+        user_vectors, clip_u = (user_vectors[0], vectors), settings.noise_clips()[0]  # the rows' norm bound: clipping them again changes nothing
     ledger = Ledger.open(run.ledger)
     multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
     q, steps = config.dpsgd_schedule(units)
@@ -268,6 +307,6 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     seed = int.from_bytes(hashlib.sha256(seeds.release_seed(index) + b"dpsgd").digest()[:8], "big")  # keyed by the release, as every noise draw
     with _kernel(run, step):
         result = dpsgd.train(model, (users, positions, labels, weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
-                             settings.clip_u, settings.clip_y, logs.bars(progress), units=units)
+                             clip_u, settings.clip_y, logs.bars(progress), units=units)
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
         raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")

@@ -58,11 +58,16 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
     assert metrics["test_rmse"] < 1.0
 
 
-def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path):
-    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4, biases=False), spark=spark, progress=False)
-    cmf0 = stages.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0), spark=spark, progress=False)
+@pytest.mark.parametrize("biases", [False, True])
+def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases):
+    """mu = 0 drops the feature term: DP-CMF is DP-ALS, biases included (DP-ALS is checked by hand above)."""
+    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4, biases=biases), spark=spark, progress=False)
+    cmf0 = stages.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0, biases=biases), spark=spark, progress=False)
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
-    np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), 4)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), 4)[1], atol=1e-6)
+    width = 6 if biases else 4
+    np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), width)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), width)[1], atol=1e-6)
+    if not biases:
+        return
     cmf = stages.run(small(tmp_path / "cmf", epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
     assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert (tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS").exists()  # projected once per step
@@ -97,6 +102,27 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     assert set(ledger.budget["multipliers"]) == {"counts", "mean"} and not (tmp_path / "run" / "step-1" / "stats").exists()
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
+
+
+def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(spark, tmp_path):
+    """With biases AM-DPSGD fits [Clip(u), c] . [v, b] to the label less the user's bias, as the
+    statistics do: non-private, the items' biases it writes follow their mean residual y - b_u."""
+    from privacy.seeds import SeedFile
+
+    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # DP-SGD's sampling is drawn from the run's seed
+    config = settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, item_update="dpsgd", outer_steps=1, dim=4, seed_file=seed)
+    stages.run(config, spark=spark, progress=False)
+    run = run_dir.Run(config.out)
+    catalog, item_v = vectors(run.item_embeddings(1), 6)
+    assert np.all(item_v[:, 5] == 1)
+    owners, user_v = vectors(run.user_embeddings(1), 6)
+    rows = storage.read_table(run.centred)
+    items = np.searchsorted(catalog, rows["item_id"].to_numpy())
+    residual = rows["label"].to_numpy() - user_v[np.searchsorted(owners, rows["user_id"].to_numpy()), 5]
+    counts = np.bincount(items, minlength=catalog.size)
+    rated = counts >= 50
+    item_means = np.bincount(items, residual, minlength=catalog.size)[rated] / counts[rated]
+    assert np.corrcoef(item_v[rated, 4], item_means)[0, 1] > 0.75  # 0.85 here; an item bias DP-SGD cannot move stays 0
 
 
 def unit_rms(vectors: np.ndarray) -> np.ndarray:

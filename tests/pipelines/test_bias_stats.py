@@ -135,3 +135,31 @@ def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, s
     a2, b2 = release("without", [row for row in INTERACTIONS if row[0] != 4])
     assert np.sqrt(np.sum((a - a2) ** 2)) <= WBAR * c**2 * (1 + 1e-9)
     assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(WBAR * CLIP_Y * c, rel=1e-9)  # user 4: |y| > clip_y on every row
+
+
+def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
+    """By hand for one release: S = wbar rho^2 with rho = sqrt(1 + k^2) clip_u, N = 2 sqrt(d) z S;
+    the penalty is 4 wbar c^2 (the ratings' own noise) + N / (2 sqrt(d)) (A's bias entry) +
+    (z wbar clip_y rho c / tau)^2 (b's), tau a quarter of the rating range; non-private, 4 c^2 wbar
+    with c = wbar = 1. The SSP update puts it on the bias coordinate alone."""
+    import math
+
+    import pyarrow as pa
+
+    from pipelines.training import item_update
+    from pipelines.training.settings import TrainConfig
+    from schemas.tables import items_schema
+    from trainer.features import FeatureSpace
+
+    config = TrainConfig(epsilon=5.0, dim=8, clip_u=0.3, clip_y=1.0, wbar=1.0, bias_coordinate=0.25)
+    rho, c, z = math.hypot(0.3, 0.075), 0.075, 2.0
+    expected = 4 * c**2 + 2 * 3 * z * rho**2 / (2 * 3) + (z * rho * c / 1.0) ** 2
+    assert item_update.bias_penalty(config, z, (1.0, 5.0)) == pytest.approx(expected)
+    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0)) == pytest.approx(4.0)
+    space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))
+    ridge, residual, anchor = item_update._ssp_penalties(config, space, z, (1.0, 5.0), has_residual=True)
+    assert ridge.shape == residual.shape == (space.size, 9) and anchor.shape == (9,)
+    assert np.all(residual[:, -1] == pytest.approx(expected)) and anchor[-1] == 0.0
+    assert np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected  # the embedding's penalties are the spectral ones
+    ridge_id, _, _ = item_update._ssp_penalties(config, space, z, (1.0, 5.0), has_residual=False)
+    assert np.all(config.ridge * ridge_id[:, -1] == pytest.approx(expected))  # an id encoder has no residual: the penalty is its ridge
