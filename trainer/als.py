@@ -8,7 +8,7 @@ memory does not grow with the number of items.
 
 Resamples: a step released with R > 1 (`--resamples`) holds R independently noised copies of the
 same statistics, and the budget paid for all R. The closed-form solves use their mean
-(`mean_table`), whose noise has 1/R of one copy's variance, not just one copy.
+(`trainer.ssp.mean_table`), whose noise has 1/R of one copy's variance, not just one copy.
 
 Privacy: reads only released statistics (post-processing).
 """
@@ -16,12 +16,10 @@ Privacy: reads only released statistics (post-processing).
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
-from schemas.arrays import list_column_to_matrix, matrix_to_list_column
-from schemas.tables import STATS, stats_metadata
+from schemas.arrays import list_column_to_matrix
 from trainer.features import FeatureSpace
 from trainer.ssp import check_stats
 
@@ -39,50 +37,6 @@ def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, r
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
         gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
         yield positions, gram, list_column_to_matrix(batch.column("b"), dim, "b")
-
-
-def _aligned_batches(paths: list[str], batch_size: int):
-    """The tables' rows in lockstep: lists of equally long record batches, one per table."""
-    iterators = [storage.iter_batches(path, batch_size=batch_size) for path in paths]
-    pending = [None] * len(paths)
-    while True:
-        for k, iterator in enumerate(iterators):
-            while pending[k] is None or pending[k].num_rows == 0:
-                pending[k] = next(iterator, None)
-                if pending[k] is None:
-                    break
-        ends = [batch is None for batch in pending]
-        if all(ends):
-            return
-        if any(ends):
-            raise ValueError(f"the stats tables {paths} have different numbers of rows")
-        rows = min(batch.num_rows for batch in pending)
-        yield [batch.slice(0, rows) for batch in pending]
-        pending = [batch.slice(rows) for batch in pending]
-
-
-def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
-    """The item-by-item mean of a step's R stats tables (its resamples), streamed into `out`;
-    returns `out`. The resamples list the same items in the same order (each engine writes every
-    resample of a shard from one array of items); anything else is refused. Metadata: the first
-    table's, plus `averaged_resamples` (R) and `averaged_releases` (the R release indices): the
-    mean's noise standard deviation is noise_multiplier / sqrt(R) times the sensitivity."""
-    metas = [stats_metadata(storage.read_schema(path)) for path in paths]
-    for key in ("d", "noise_multiplier", "clip_u", "clip_y", "wbar"):
-        if len({meta[key] for meta in metas}) != 1:
-            raise ValueError(f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged")
-    d = int(metas[0]["d"])
-    schema = STATS.with_metadata({**storage.read_schema(paths[0]).metadata, b"averaged_resamples": str(len(paths)).encode(),
-                                  b"averaged_releases": ",".join(str(int(meta["release"])) for meta in metas).encode()})
-    with storage.TableWriter(out, schema) as writer:
-        for batches in _aligned_batches(paths, batch_size):
-            items = batches[0].column("item_id")
-            if any(not batch.column("item_id").equals(items) for batch in batches[1:]):
-                raise ValueError(f"the stats tables {paths} list their items in different orders")
-            a = sum(list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper") for batch in batches) / len(batches)
-            b = sum(list_column_to_matrix(batch.column("b"), d, "b") for batch in batches) / len(batches)
-            writer.write(pa.RecordBatch.from_arrays([items, matrix_to_list_column(a), matrix_to_list_column(b)], schema=schema))
-    return out
 
 
 def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,

@@ -58,7 +58,7 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
 def noise_std_b(stats_path: str) -> float:
     """The standard deviation of the noise on each b_j of a released table: noise multiplier x wbar
     x clip_y x the rows' clip (the bias coordinate c = k clip_u alone), over sqrt(R) for a mean of
-    R resamples (trainer.als.mean_table)."""
+    R resamples (trainer.ssp.mean_table)."""
     schema = storage.read_schema(stats_path)
     meta = stats_metadata(schema)
     if meta["noise_multiplier"] == 0:

@@ -284,8 +284,6 @@ def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, 
     Needs PSD A_j: projected, or exact (non-private)."""
     path = tables[0]
     if len(tables) > 1:
-        from trainer.als import mean_table
-
         path = mean_table(tables, path.rstrip("/").removesuffix(".parquet") + ".mean.parquet")
     d = encoder.dim
     in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size, 2048))
@@ -293,6 +291,50 @@ def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, 
         shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
         gram = a + diagonals(residual_penalty[positions], d)
         encoder.set_residuals(positions, np.linalg.solve(gram, (b - np.einsum("bij,bj->bi", a, shared))[..., None])[..., 0])
+
+
+def _aligned_batches(paths: list[str], batch_size: int):
+    """The tables' rows in lockstep: lists of equally long record batches, one per table."""
+    iterators = [storage.iter_batches(path, batch_size=batch_size) for path in paths]
+    pending = [None] * len(paths)
+    while True:
+        for k, iterator in enumerate(iterators):
+            while pending[k] is None or pending[k].num_rows == 0:
+                pending[k] = next(iterator, None)
+                if pending[k] is None:
+                    break
+        ends = [batch is None for batch in pending]
+        if all(ends):
+            return
+        if any(ends):
+            raise ValueError(f"the stats tables {paths} have different numbers of rows")
+        rows = min(batch.num_rows for batch in pending)
+        yield [batch.slice(0, rows) for batch in pending]
+        pending = [batch.slice(rows) for batch in pending]
+
+
+def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
+    """The item-by-item mean of a step's R stats tables (its resamples), streamed into `out`;
+    returns `out`. The resamples list the same items in the same order (each engine writes every
+    resample of a shard from one array of items); anything else is refused. Metadata: the first
+    table's, plus `averaged_resamples` (R) and `averaged_releases` (the R release indices): the
+    mean's noise standard deviation is noise_multiplier / sqrt(R) times the sensitivity."""
+    metas = [stats_metadata(storage.read_schema(path)) for path in paths]
+    for key in ("d", "noise_multiplier", "clip_u", "clip_y", "wbar"):
+        if len({meta[key] for meta in metas}) != 1:
+            raise ValueError(f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged")
+    d = int(metas[0]["d"])
+    schema = STATS.with_metadata({**storage.read_schema(paths[0]).metadata, b"averaged_resamples": str(len(paths)).encode(),
+                                  b"averaged_releases": ",".join(str(int(meta["release"])) for meta in metas).encode()})
+    with storage.TableWriter(out, schema) as writer:
+        for batches in _aligned_batches(paths, batch_size):
+            items = batches[0].column("item_id")
+            if any(not batch.column("item_id").equals(items) for batch in batches[1:]):
+                raise ValueError(f"the stats tables {paths} list their items in different orders")
+            a = sum(list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper") for batch in batches) / len(batches)
+            b = sum(list_column_to_matrix(batch.column("b"), d, "b") for batch in batches) / len(batches)
+            writer.write(pa.RecordBatch.from_arrays([items, matrix_to_list_column(a), matrix_to_list_column(b)], schema=schema))
+    return out
 
 
 def _projected_path(path: str) -> str:

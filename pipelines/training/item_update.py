@@ -219,11 +219,9 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     if config.item_update in ("als", "cmf"):  # weighted-lambda ridges, from the mean of the resamples
         ridge_scale = _ridge_scale(config, space, multiplier, storage.read_table(run.counts), len(tables))
     if config.item_update in ("als", "cmf", "item-mean") and len(tables) > 1:
-        from trainer import als
-
         for table in tables:  # each resample as released (what the ledger planned), before they are mixed
             ssp.check_stats(table, {"d": config.encoder_dim, **expected})
-        tables = [als.mean_table(tables, storage.join(run.stats(step), "mean-of-resamples.parquet"))]
+        tables = [ssp.mean_table(tables, storage.join(run.stats(step), "mean-of-resamples.parquet"))]
     if config.item_update == "item-mean":  # a posterior mean per item, from the release's own noise scale
         from pipelines.training.prepare import prepared_rating_range
         from trainer import item_mean

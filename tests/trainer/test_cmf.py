@@ -8,7 +8,7 @@ from privacy.accumulator import pack_upper
 from schemas import storage
 from schemas.arrays import matrix_to_list_column
 from schemas.tables import items_schema, STATS
-from trainer import als, cmf
+from trainer import als, cmf, ssp
 from trainer.features import Family, feature_labels, feature_matrix, FeatureSpace
 
 ITEMS = pa.table(
@@ -169,7 +169,7 @@ def test_mean_table_averages_the_resamples_item_by_item(tmp_path):
     a = a + np.swapaxes(a, 2, 3)
     b = rng.normal(size=(3, 6, d))
     paths = [write_stats(str(tmp_path / f"r{k}.parquet"), space.item_ids, a[k], b[k], d, noise_multiplier=2.0, release=4 + k, resample=k) for k in range(3)]
-    mean = als.mean_table(paths, str(tmp_path / "mean.parquet"), batch_size=4)
+    mean = ssp.mean_table(paths, str(tmp_path / "mean.parquet"), batch_size=4)
     table = storage.read_table(mean)
     assert table["item_id"].to_pylist() == space.item_ids.tolist()
     np.testing.assert_allclose(np.array(table["a_upper"].to_pylist()), pack_upper(a.mean(axis=0)), rtol=1e-15, atol=1e-15)
@@ -183,10 +183,10 @@ def test_mean_table_averages_the_resamples_item_by_item(tmp_path):
     # resamples of different releases, or listing other items, are refused
     other = write_stats(str(tmp_path / "other.parquet"), space.item_ids, a[0], b[0], d, noise_multiplier=3.0)
     with pytest.raises(ValueError, match="different noise_multiplier"):
-        als.mean_table([paths[0], other], str(tmp_path / "bad.parquet"))
+        ssp.mean_table([paths[0], other], str(tmp_path / "bad.parquet"))
     shuffled = write_stats(str(tmp_path / "shuffled.parquet"), space.item_ids[::-1], a[1], b[1], d, noise_multiplier=2.0)
     with pytest.raises(ValueError, match="different orders"):
-        als.mean_table([paths[0], shuffled], str(tmp_path / "bad.parquet"))
+        ssp.mean_table([paths[0], shuffled], str(tmp_path / "bad.parquet"))
     short = write_stats(str(tmp_path / "short.parquet"), space.item_ids[:4], a[1][:4], b[1][:4], d, noise_multiplier=2.0)
     with pytest.raises(ValueError, match="different numbers of rows"):
-        als.mean_table([paths[0], short], str(tmp_path / "bad.parquet"))
+        ssp.mean_table([paths[0], short], str(tmp_path / "bad.parquet"))
