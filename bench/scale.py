@@ -39,11 +39,14 @@ EPSILON = 5.0
 USERS = (10_000, 100_000, 1_000_000)
 QUICK_USERS = (300, 1_000)
 RATINGS_PER_USER = 20  # mean ratings per user at every size
-METHODS = ("ssp", "dpsgd")
+RACE = ("ssp", "dpsgd")  # timed against each other (time to the same RMSE)
+METHODS = RACE + ("item-mean", "none")  # and the private baselines each size's quality is read against
 # The privacy-utility study's choices at epsilon 5 on the 6,040-user MovieLens-like set
 # (bench/results/movielens-like/report.md): AM-SSP's defaults won its search; AM-DPSGD's best trial.
 TUNED = {
     "ssp": {},
+    "item-mean": {},
+    "none": {},
     "dpsgd": {"dim": 8, "lambda_u": 0.02978, "outer_steps": 2, "clip_u": 0.2433, "clip_y": 1.123, "wbar": 0.7115, "count_share": 0.02694,
               "max_items_per_user": 213, "dpsgd_learning_rate": 0.01142, "dpsgd_epochs": 2, "dpsgd_clip": 0.1948, "dpsgd_batch_size": 64},
 }
@@ -65,6 +68,20 @@ def cells(quick: bool) -> list[dict]:
     return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": method, "epsilon": EPSILON,
              "config": {**training.METHODS[method].overrides, **TUNED[method], **(QUICK_CONFIG if quick else {})}, "seed": 0}
             for users in (QUICK_USERS if quick else USERS) for method in METHODS]
+
+
+def ladder_cells(quick: bool) -> list[dict]:
+    return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": "ladder", "seed": 0} for users in (QUICK_USERS if quick else USERS)]
+
+
+def run_ladder_cell(out: str, params: dict) -> dict:
+    """The non-private ladder on a size's data (bench.ladder: its own 80/10/10 split): the shrunk
+    per-item mean and biased ALS MF, the lines a private model is read against."""
+    from bench import ladder
+
+    ratings = ladder.load(data_set(out, params["users"]))
+    part = ladder.split_ratings(ratings, params["seed"])
+    return {"item_mean": ladder.item_mean(ratings, part)["test"], "mf": ladder.mf(ratings, part, params["seed"])["test"]}
 
 
 def phase_seconds(manifest: dict, parallelism: int) -> tuple[dict, dict]:
@@ -110,8 +127,9 @@ def summarize(by_size: dict[int, dict[str, dict]]) -> dict[int, dict]:
     """Per size: the target (the worse final test RMSE), each method's time to it, the ratio."""
     out = {}
     for users, methods in by_size.items():
-        if set(methods) != set(METHODS):
+        if not set(RACE) <= set(methods):
             continue
+        methods = {name: methods[name] for name in RACE}
         target = max(cell["test"] for cell in methods.values())
         times = {name: time_to_quality.time_to_reach([p["seconds"] for p in cell["trajectory"]], [p["test"] for p in cell["trajectory"]], target, True)
                  for name, cell in methods.items()}
@@ -122,7 +140,7 @@ def summarize(by_size: dict[int, dict[str, dict]]) -> dict[int, dict]:
 
 def plot_times(by_size: dict[int, dict[str, dict]]):
     fig, (ax,) = harness.new_figure(width=6.5)
-    for name in METHODS:
+    for name in RACE:
         sizes = sorted(users for users, methods in by_size.items() if name in methods)
         totals = [sum(by_size[users][name]["seconds"].values()) for users in sizes]
         ax.plot(sizes, totals, marker="o", color=training.color(name), label=f"{training.METHODS[name].label}: whole run")
@@ -157,6 +175,8 @@ def run(ctx: harness.Context) -> harness.Section:
     by_size: dict[int, dict[str, dict]] = {}
     for params, value in zip(cells(ctx.quick), values):
         by_size.setdefault(params["users"], {})[params["method"]] = value
+    ladders = dict(zip([p["users"] for p in ladder_cells(ctx.quick)],
+                       ctx.results.run(NAME, ladder_cells(ctx.quick), lambda p: run_ladder_cell(ctx.out, p), ctx.progress, f"{NAME}: ladder")))
     summary = summarize(by_size)
     section = harness.Section("Scale: AM-SSP against AM-DPSGD from 10^4 to 10^6 users")
     section.text(
@@ -167,6 +187,10 @@ def run(ctx: harness.Context) -> harness.Section:
         "MovieLens-like set). Every run is `pipelines.training.stages.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
         "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the rest of an outer step "
         "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up.")
+    quality = quality_rows(by_size, ladders)
+    section.table(["users", "ladder: per-item mean (non-private)", "ladder: biased MF (non-private)", *[training.METHODS[m].label for m in QUALITY]],
+                  quality)
+    section.text(quality_verdict(by_size, ladders))
     rows = []
     for users in sorted(by_size):
         for name, cell in sorted(by_size[users].items()):
@@ -191,7 +215,7 @@ def run(ctx: harness.Context) -> harness.Section:
             kernels.append([f"{users:,}", training.METHODS[name].label,
                             *[f"{cell['kernel_seconds'][p]:.1f} of {wall[p]:.0f}" for p in KERNELS]])
     section.table(["users", "method", *[f"{p}: kernel of wall (s)" for p in KERNELS]], kernels)
-    growth = [f"{training.METHODS[name].label} rows^{slope:.2f}" for name in METHODS if (slope := rows_growth(by_size, name)) is not None]
+    growth = [f"{training.METHODS[name].label} rows^{slope:.2f}" for name in RACE if (slope := rows_growth(by_size, name)) is not None]
     if growth:
         section.text(f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "
                      "(1: proportional to the rows).")
@@ -201,6 +225,34 @@ def run(ctx: harness.Context) -> harness.Section:
         section.text(f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} {summary[largest]['ratio']:.1f}x sooner "
                      f"than AM-DPSGD: this {verdict} the {GOAL:g}x goal.")
     return section
+
+
+QUALITY = ("item-mean", "none", "ssp", "dpsgd")  # the private columns of the quality table, at EPSILON
+
+
+def quality_rows(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict]) -> list[list[str]]:
+    """Per size: the ladder's lines and each private method's final test RMSE."""
+    def cell(value):
+        return "-" if value is None else f"{value:.4f}"
+
+    return [[f"{users:,}", cell(ladders.get(users, {}).get("item_mean")), cell(ladders.get(users, {}).get("mf")),
+             *[cell(by_size[users][m]["test"] if m in by_size[users] else None) for m in QUALITY]] for users in sorted(by_size)]
+
+
+def quality_verdict(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict]) -> str:
+    """Whether AM-SSP improves with the data (its RMSE from the smallest size to the largest) and
+    where it stands against the non-private per-item mean and MF at the largest size."""
+    sizes = sorted(users for users in by_size if "ssp" in by_size[users])
+    if not sizes:
+        return "**Quality.** No AM-SSP cell yet."
+    first, last = by_size[sizes[0]]["ssp"]["test"], by_size[sizes[-1]]["ssp"]["test"]
+    trend = "falls" if last < first else "does not fall"
+    text = f"**Quality.** AM-SSP's test RMSE {trend} as the users grow: {first:.4f} at {sizes[0]:,} users, {last:.4f} at {sizes[-1]:,}."
+    ladder = ladders.get(sizes[-1])
+    if ladder:
+        text += (f" At {sizes[-1]:,} users it is {last - ladder['item_mean']:+.4f} from the non-private per-item mean and "
+                 f"{last - ladder['mf']:+.4f} from biased MF.")
+    return text
 
 
 def rows_growth(by_size: dict[int, dict[str, dict]], name: str) -> float | None:

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "clip_u": "Gamma_u: each user embedding is clipped to this L2 norm before it enters the statistics (item embeddings have unit "
                   "RMS norm); with --wbar it bounds what one user adds to A_j, and so the noise",
         "clip_y": "Gamma_y: each centred label is clipped to [-Gamma_y, Gamma_y] before it enters b_j; with --clip-u and --wbar it bounds "
-                  "what one user adds to b_j",
+                  "what one user adds to b_j (default: 1.5 for --protocol rmse, in the centred labels' units: a smaller clip pulls "
+                  "every item's mean towards 0; 1 for recall, whose labels are 1)",
         "wbar": "bound on each user's weights: their squares sum to wbar^2 over the user's items, so one user moves A by at most wbar "
                 "Gamma_u^2 and b by wbar Gamma_y Gamma_u whatever the length of their history",
         "max_items_per_user": "at most this many of a user's items count in the DP item counts (the first release): bounds the counts' "
@@ -114,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "(default: on for --protocol rmse with every item update; the federated engine has none yet)",
         "bias_coordinate": "the constant c appended to each clipped user vector so that the statistics carry each item's bias, in units of "
                            "--clip-u: it raises the statistics' sensitivity (and noise) by sqrt(1 + c^2), and gives the item biases a share c^2 / (1 + c^2) "
-                           "of it (default: 2 below epsilon 10, where noise blurs the embedding most, 0.5 from 10)",
+                           "of it (default: 2 below epsilon 10, where noise blurs the embedding most, 0.25 from 10)",
         "lambda_bias": "ridge of each user's bias, a pseudo-count of zero residuals: a user with few ratings keeps a bias near 0 "
                        "(trusted side: no privacy effect; default: %(default)s)",
         "dim": "embedding dimension d (default: 32 for --non-private runs; private: 8 for --protocol rmse; for recall 16 below "

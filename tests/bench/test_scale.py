@@ -53,21 +53,31 @@ def test_each_method_runs_its_own_item_update():
 
 def test_the_report_from_stored_cells(tmp_path):
     results = harness.Results(str(tmp_path))
+    finals = {"ssp": {300: 0.93, 1000: 0.9}, "dpsgd": {300: 0.96, 1000: 0.95}, "item-mean": {300: 1.0, 1000: 0.99}, "none": {300: 1.02, 1000: 1.01}}
     for params in scale.cells(quick=True):
         fast = params["method"] == "ssp"
-        results.put(scale.NAME, params, _cell(params["users"] * 20, 0.9 if fast else 0.95, [5, 10, 20] if fast else [5, 500, 900],
-                                              [1.0, 0.92, 0.9] if fast else [1.0, 0.97, 0.95], {"item_update": 3.0}))
+        final = finals[params["method"]][params["users"]]
+        results.put(scale.NAME, params, _cell(params["users"] * 20, final, [5, 10, 20] if fast else [5, 500, 900],
+                                              [1.0, 0.92, final] if fast else [1.0, 0.97, final], {"item_update": 3.0}))
+    for params in scale.ladder_cells(quick=True):
+        results.put(scale.NAME, params, {"item_mean": 0.98, "mf": 0.88})
     section = scale.run(harness.Context(str(tmp_path), True, 1, results, progress=False))
     text = section.markdown()
     assert "| 1,000 | 0.9500 | 10 | 900 | 90.0x |" in text and "meets the 30x goal" in text
+    # the quality table: ladder lines, then the DP per-item mean, the starting point, AM-SSP, AM-DPSGD
+    assert "| 1,000 | 0.9800 | 0.8800 | 0.9900 | 1.0100 | 0.9000 | 0.9500 |" in text
+    assert "AM-SSP's test RMSE falls as the users grow: 0.9300 at 300 users, 0.9000 at 1,000" in text
+    assert "-0.0800 from the non-private per-item mean and +0.0200 from biased MF" in text
     assert os.path.exists(tmp_path / "scale_time_vs_users.png") and os.path.exists(tmp_path / "scale_rmse_vs_time.png")
 
 
 @pytest.mark.slow
 def test_quick_scale_runs_the_real_pipeline(tmp_path):
     section = harness.run_experiment(scale.NAME, str(tmp_path), quick=True, seeds=1, progress=False)
-    cells = [c["value"] for c in harness.Results(str(tmp_path)).cells.values()]
-    assert len(cells) == 2 * len(scale.QUICK_USERS)
+    stored = harness.Results(str(tmp_path)).cells.values()
+    assert sum(c["params"]["method"] in scale.METHODS for c in stored) == len(scale.METHODS) * len(scale.QUICK_USERS)
+    assert all(0.5 < c["value"]["mf"] < c["value"]["item_mean"] for c in stored if c["params"]["method"] == "ladder")
+    cells = [c["value"] for c in stored if c["params"]["method"] in scale.RACE]  # the timed methods, each with its item update's kernel
     for cell in cells:
         phases = [p for p in scale.PHASES if p != "stats" or cell["seconds"]["stats"]]
         assert all(cell["seconds"][p] > 0 for p in phases) and all(cell["kernel_seconds"][p] > 0 for p in scale.KERNELS if p in phases)

@@ -296,7 +296,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         flags = ["--interactions", storage.join(run, "private", "stats_rows.parquet"),
                  "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
                  "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
-                 "--dim", "9", "--bias", "2", "--clip-u", "0.3", "--clip-y", "1.0",  # d = 8 and the bias coordinate
+                 "--dim", "9", "--bias", "2", "--clip-u", "0.3", "--clip-y", "1.5",  # d = 8 and the bias coordinate
                  "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
                  "--ledger", storage.join(run, "ledger.parquet")]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
