@@ -199,7 +199,8 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     settings = config.settings()
     tables = stats_job.stats_tables(run.stats(step))
     multiplier = ledger_multiplier(run.ledger)
-    ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private, seed=config.model_seed)
+    ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private,
+                               seed=config.model_seed, solve_residuals=config.biases)
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier, "bias": float(settings.bias)}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:

@@ -264,3 +264,21 @@ def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_pa
 def test_diagonals_are_scaled_identities_or_per_coordinate():
     np.testing.assert_array_equal(ssp.diagonals(np.array([2.0, 3.0]), 2), [[[2, 0], [0, 2]], [[3, 0], [0, 3]]])
     np.testing.assert_array_equal(ssp.diagonals(np.array([[1.0, 4.0]]), 2), [[[1, 0], [0, 4]]])
+
+
+def test_training_with_solve_residuals_ends_at_each_items_exact_residual(tmp_path):
+    """One epoch, then the solve: item 10 (A = 50 I, b = 50 target, penalty 1) ends exactly at
+    (50 target + f) / 51 for the shared output f as trained; items without statistics keep r = 0."""
+    tf.keras.utils.set_random_seed(1)
+    space = FeatureSpace.from_items(ITEMS)
+    d = 2
+    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+    target = np.array([3.0, -2.0])
+    a, b = np.zeros((5, 3)), np.zeros((5, d))
+    a[0], b[0] = pack_upper(50.0 * np.eye(d)), 50.0 * target
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids, a, b, d)
+    ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1, batch_size=5, ridge=0.0, psd_projection=False, solve_residuals=True),
+              progress=False, residual_penalty=np.ones(space.size))
+    shared = encoder.embed_all(shared=True)
+    np.testing.assert_allclose(encoder.embed_all()[0], (50 * target + shared[0]) / 51, rtol=1e-5)
+    np.testing.assert_allclose(encoder.residual(tf.range(1, space.size)).numpy(), 0.0, atol=1e-6)
