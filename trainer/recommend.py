@@ -122,7 +122,8 @@ class PublishedModel:
         if s.get("loss") == "logistic":  # SSP-convex: every catalog item a negative, as its evaluation folds users in
             return logistic_solve(users, v[positions], v, s["lambda_u"])
         gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
-        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity, bias_ridge=s.get("lambda_bias") if s.get("biases") else None)
+        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity, bias_ridge=s.get("lambda_bias") if s.get("biases") else None,
+                           prior=s.get("user_prior") or 0.0)
 
     def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None) -> pa.Table:
         """The top-k items (RECOMMENDATIONS: user_id, rank from 1, item_id, score) of every user in

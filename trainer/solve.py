@@ -16,7 +16,7 @@ from privacy.accumulator import augment, grouped_sums, unpack_upper
 
 
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
-                gravity: np.ndarray | None = None, bias_ridge: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
@@ -27,6 +27,8 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     [u, b_u] against [v, 1] on the labels less the item's bias, its bias b_u with the fixed ridge
     `bias_ridge` (a pseudo-count of zero residuals: a light key's bias shrinks, a heavy one's does
     not); the solutions are [u, 1, b_u], so that the prediction stays one dot product.
+    `prior` is added to every key's ridge on its vector (not its bias): a fixed prior precision,
+    which weighs most for the keys with fewest rows.
     """
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
@@ -39,7 +41,9 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
         vectors = np.delete(vectors, -2, axis=1)
     d = vectors.shape[1]
     unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
-    strength = lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam)
+    if not np.isfinite(prior) or prior < 0:
+        raise ValueError(f"the prior ridge must be >= 0, got {prior}")
+    strength = prior + (lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam))
     ridge = np.repeat(strength[:, None], d, axis=1)
     if bias_ridge is not None:
         ridge[:, -1] = bias_ridge

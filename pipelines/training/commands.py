@@ -52,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "encoder's start come from them)",
         "mean_share": "share of the budget spent on the DP mean rating (--protocol rmse: labels are centred by it)",
         "gram_share": "share of the budget spent on the users' DP Gram matrix (--gravity > 0, implicit feedback)",
-        "lambda_u": "ridge of the user update: u = (sum v v^T + lambda_u n I)^-1 sum y v over the user's n ratings (weighted lambda); "
-                    "users are solved privately on the trusted side, so it has no privacy effect",
+        "lambda_u": "ridge of the user update per rating: u = (sum v v^T + (lambda_u n + --user-prior) I)^-1 sum y v over the user's n ratings; "
+                    "users are solved privately on the trusted side, so it has no privacy effect (default: 0.01 with biases, else 0.1)",
+        "user_prior": "the user ridge's fixed part, a prior precision on the embedding in the units of the unit-RMS item vectors: it "
+                      "weighs most for the users with fewest ratings (trusted side: no privacy effect; default: 20 with biases, else 0)",
         "epochs": "AM-SSP: passes of the item trainer over the released statistics in each item update (post-processing: no privacy effect)",
         "batch_size": "AM-SSP: items per minibatch of the item trainer",
         "learning_rate": "AM-SSP: Adam learning rate of the item trainer",

@@ -114,7 +114,8 @@ def model_settings(run: Run) -> dict:
         "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (trainer.encoder.as_written)
         "lambda_bias": settings.lambda_bias if biased else None,
         "loss": config.get("loss", "square"),
-        "lambda_u": config["lambda_u"],
+        "lambda_u": settings.lambda_u,
+        "user_prior": settings.user_prior,  # the user ridge's fixed part (trainer.solve.ridge_solve's prior)
         "gravity": config["gravity"],
         "dp_mean": None if recall else prepared["mean"],
         "rating_range": list(prepared_rating_range(prepared)),

@@ -158,6 +158,7 @@ def config_of(run: Run, manifest: dict) -> TrainConfig:
     """The configuration a prepared run was started with (recorded once, by prepare)."""
     recorded = dict(manifest["config"])
     recorded.setdefault("biases", False)  # recorded before the model had biases: it has none
+    recorded.setdefault("user_prior", 0.0)  # recorded before the user ridge had a fixed part
     if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
         raise ValueError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
     return TrainConfig(**recorded, out=run.root)

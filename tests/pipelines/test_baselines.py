@@ -40,7 +40,7 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
     scale = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]  # non-private: lambda_j = lambda n_j
     for step in (1, 2):
         owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True,
-                                     bias_ridge=config.lambda_bias if biases else None)
+                                     bias_ridge=config.lambda_bias if biases else None, prior=config.user_prior)
         u = user_u[np.searchsorted(owners, users)]
         c = config.settings().bias_scale
         x, y = (np.hstack([u[:, :4], np.full((u.shape[0], 1), c)]), labels - u[:, 5]) if biases else (u, labels)  # [u, c] and the label less the user's bias

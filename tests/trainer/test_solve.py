@@ -43,3 +43,23 @@ def test_the_logistic_solve_is_the_minimiser_of_each_users_weighted_logistic_los
         np.testing.assert_allclose(u[row], optimize.minimize(objective, np.zeros(4), method="BFGS", options={"gtol": 1e-12}).x, atol=1e-6)
     with pytest.raises(ValueError, match="lambda must be > 0"):
         logistic_solve(keys, items[rated], items, 0.0)
+
+
+def test_the_prior_adds_a_fixed_ridge_to_each_keys_vector_not_its_bias():
+    """Key 1 has 2 rows, key 2 has 5: with biases ([v, b_j, 1] items), each solves [u, b_u] against
+    [v, 1] on y - b_j with ridge lam n + prior on u and the bias ridge on b_u, by hand."""
+    rng = np.random.default_rng(3)
+    keys = np.array([1, 1, 2, 2, 2, 2, 2])
+    vectors = np.hstack([rng.normal(size=(7, 2)), rng.normal(size=(7, 1)), np.ones((7, 1))])
+    labels = rng.normal(size=7)
+    lam, prior, bias_ridge = 0.5, 3.0, 2.0
+    unique, solved = ridge_solve(keys, vectors, labels, lam, scale_by_rows=True, bias_ridge=bias_ridge, prior=prior)
+    assert unique.tolist() == [1, 2]
+    for k, key in enumerate(unique):
+        rows = keys == key
+        x, y = vectors[rows][:, [0, 1, 3]], labels[rows] - vectors[rows, 2]
+        ridge = np.diag([lam * rows.sum() + prior] * 2 + [bias_ridge])
+        u = np.linalg.solve(x.T @ x + ridge, x.T @ y)
+        np.testing.assert_allclose(solved[k], [u[0], u[1], 1.0, u[2]], rtol=1e-10)
+    with pytest.raises(ValueError, match="prior ridge must be >= 0"):
+        ridge_solve(keys, vectors, labels, lam, prior=-1.0)
