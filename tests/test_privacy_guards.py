@@ -187,7 +187,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
 @pytest.mark.parametrize("flag, value", [
     ("--batch-size", "0"), ("--epochs", "0"), ("--ridge", "-1"), ("--lambda-u", "-1"), ("--shards", "0"), ("--model-seed", "-5"),
     ("--learning-rate", "nan"), ("--dim", "0"), ("--dpsgd-epochs", "inf"), ("--stats-threshold", "-1"), ("--stats-threshold", "nan"),
-    ("--encoder-init", "pca"), ("--anchor", "-1"),
+    ("--encoder-init", "pca"), ("--anchor", "-1"), ("--user-prior", "-1"), ("--user-prior", "nan"), ("--clip-y", "0"), ("--bias-coordinate", "0"),
 ])
 def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, flag, value):
     refused("train", "--data", data, "--out", tmp_path / "run", *FAST, flag, value, pattern=flag)
