@@ -118,7 +118,7 @@ def _ssp_penalties(config: TrainConfig, space, multiplier: float, rating_range: 
     anchor = np.full(d, config.anchor * (unit + noise))
     if config.biases:
         penalty = bias_penalty(config, multiplier, rating_range)
-        ridge_scale[:, -1] = unit if has_residual else penalty / config.ridge
+        ridge_scale[:, -1] = penalty / config.ridge if not has_residual and config.ridge > 0 else unit  # --ridge 0: no ridge at all
         residual[:, -1] = penalty
         anchor[-1] = 0.0
     return ridge_scale, residual, anchor
