@@ -21,7 +21,7 @@ from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.features import FeatureSpace
-from trainer.ssp import check_stats
+from trainer.ssp import check_stats, diagonals
 
 
 def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
@@ -35,7 +35,7 @@ def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, r
         if psd_projection:
             a_upper = project_psd(a_upper, dim)
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
-        gram = unpack_upper(a_upper, dim) + (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0)
+        gram = unpack_upper(a_upper, dim) + diagonals(ridge * scale, dim) + (gravity if gravity is not None else 0.0)
         yield positions, gram, list_column_to_matrix(batch.column("b"), dim, "b")
 
 

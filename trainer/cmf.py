@@ -58,7 +58,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.als import item_systems
 from trainer.features import feature_matrix, FeatureSpace
-from trainer.ssp import check_stats
+from trainer.ssp import check_stats, diagonals
 
 
 def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, feature_ridge: float) -> np.ndarray:
@@ -163,6 +163,6 @@ def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch
         for start in range(0, missing.size, batch_size):
             positions = missing[start:start + batch_size]
             scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
-            gram = (ridge * scale)[:, None, None] * np.eye(dim) + (gravity if gravity is not None else 0.0) + shared
+            gram = diagonals(ridge * scale, dim) + (gravity if gravity is not None else 0.0) + shared
             vectors[positions] = np.linalg.solve(gram, pulled[positions][..., None])[..., 0]
     return vectors

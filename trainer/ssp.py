@@ -282,8 +282,8 @@ def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, 
     as trained: with A = A_j + lambda s_j I (+ gravity) and f_j the shared output,
         r_j = (A + mu_j I)^-1 (b_j - A f_j)
     (the mean of R resampled tables for SSP1). Each item's loss is convex in r_j, so this block
-    step never raises the loss; it is what minibatch steps approach slowly for a popular item,
-    whose A_j grows with its count (at 10^5 users the head was fitted worse than the middle).
+    step never raises the loss; it is what minibatch steps approach slowly where the penalty is
+    small against A_j (the item bias's, with biases).
     Needs PSD A_j: projected, or exact (non-private)."""
     path = tables[0]
     if len(tables) > 1:
