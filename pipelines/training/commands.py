@@ -117,10 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   "(default: on for --protocol rmse with every item update; the federated engine has none yet)",
         "bias_coordinate": "the constant c appended to each clipped user vector so that the statistics carry each item's bias, in units of "
                            "--clip-u: it raises the statistics' sensitivity (and noise) by sqrt(1 + c^2), and gives the item biases a share c^2 / (1 + c^2) "
-                           "of it (default: 2 below epsilon 10, where noise blurs the embedding most, 0.25 from 10)",
+                           "of it (default: min(2, sqrt(20 / epsilon)): 2 up to epsilon 5, where noise blurs the embedding most, 1 at 20)",
         "lambda_bias": "ridge of each user's bias, a pseudo-count of zero residuals: a user with few ratings keeps a bias near 0 "
                        "(trusted side: no privacy effect; default: %(default)s)",
-        "dim": "embedding dimension d (default: 32 for --non-private runs; private: 8 for --protocol rmse; for recall 16 below "
+        "dim": "embedding dimension d (default: 32 for --non-private runs; private: for --protocol rmse 8 below --epsilon 5, 16 from 5; for recall 16 below "
                "--epsilon 10, 32 from 10)",
         "weight_exponent": "exponent e of the user-level weights w = wbar n_j^e / sqrt(sum over the user's items of n^2e), n_j the item's "
                            "DP count (default: -0.25, towards rare items, for --protocol rmse; 0, even, for recall)",

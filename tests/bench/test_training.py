@@ -139,8 +139,8 @@ def test_cell_config_precedence_and_plain_numbers():
     # the draw beats the base, the base beats nothing of the method's; a field ALS does not tune is not set
     assert config == {"item_update": "als", "encoder": "id", "dim": 16} and type(config["dim"]) is int
     assert training.train_config(training.cell_params("/d", "rmse", "als", 5.0, config, 7), "/d", "/run").dim == 16
-    # what the sampler is told of the defaults: TrainConfig's (d = 8 private, 32 non-private)
-    assert training.tuned_values("als", training.cell_config("als", {}, {}), {})["dim"] == 8
+    # what the sampler is told of the defaults: TrainConfig's (d = 16 private at epsilon 10, 32 non-private)
+    assert training.tuned_values("als", training.cell_config("als", {}, {}), {})["dim"] == 16
     assert training.tuned_values("nonprivate-als", training.cell_config("nonprivate-als", {}, {}), {})["dim"] == 32
 
 

@@ -152,13 +152,18 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
 
 
 def test_the_dimension_and_the_weights_follow_the_protocol():
-    """Ratings: d 8 and weights towards rare items (n^-1/4); ranking: d 16 below epsilon 10, 32 from
-    10, and even weights (every hit is on a popular item); non-private: d 32. A given value is kept; a non-finite exponent is
+    """Ratings: d 8 below epsilon 5, 16 from 5, and weights towards rare items (n^-1/4); ranking: d 16
+    below epsilon 10, 32 from 10, and even weights (every hit is on a popular item); non-private: d 32.
+    The bias coordinate k = min(2, sqrt(20 / epsilon)). A given value is kept; a non-finite exponent is
     refused by name, and the weights the stats job gets follow the config."""
-    assert (settings.TrainConfig().dim, settings.TrainConfig().weight_exponent) == (8, -0.25)
+    assert (settings.TrainConfig(epsilon=1).dim, settings.TrainConfig(epsilon=4.9).dim, settings.TrainConfig(epsilon=5).dim) == (8, 8, 16)
+    assert (settings.TrainConfig().dim, settings.TrainConfig().weight_exponent) == (16, -0.25)
+    assert [settings.TrainConfig(epsilon=e).bias_coordinate for e in (0.5, 1, 5, 20, 80)] == [2.0, 2.0, 2.0, 1.0, 0.5]
+    assert settings.TrainConfig(epsilon=10).bias_coordinate == pytest.approx(np.sqrt(2))
+    assert settings.TrainConfig(epsilon=20, bias_coordinate=3.0).bias_coordinate == 3.0
     assert (settings.TrainConfig(protocol="recall", epsilon=5).dim, settings.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
     assert settings.TrainConfig(protocol="recall", epsilon=10).dim == settings.TrainConfig(protocol="recall", epsilon=20).dim == 32
-    assert settings.TrainConfig(epsilon=20).dim == 8
+    assert settings.TrainConfig(epsilon=20).dim == 16
     assert settings.TrainConfig(non_private=True).dim == settings.TrainConfig(protocol="recall", non_private=True).dim == 32
     assert settings.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
     assert settings.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
