@@ -31,6 +31,13 @@ from trainer.features import FeatureSpace
 from trainer.ssp import check_stats
 
 
+def rating_prior(rating_range: tuple[float, float]) -> tuple[float, float]:
+    """(sigma, tau) of the public rating scale: a rating's spread about its item's mean (half the
+    scale) and an item's spread about the DP mean (a quarter of it), in rating units."""
+    low, high = rating_range
+    return (high - low) / 2, (high - low) / 4
+
+
 def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_std_b: float, rating_range: tuple[float, float],
                expected: dict | None = None) -> np.ndarray:
     """Each catalog item's offset from the DP mean divided by `bias_scale` (catalog order, one column:
@@ -43,7 +50,7 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high) or not (bias_scale > 0 and noise_std_b >= 0):
         raise ValueError(f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}")
-    spread, prior = (high - low) / 2, (high - low) / 4  # sigma and tau, in rating units
+    spread, prior = rating_prior(rating_range)
     variance = (noise_std_b / bias_scale) ** 2  # V: the noise on S_j = b_j / c
     means = np.zeros((space.size, 1))
     for batch in storage.iter_batches(stats_path, batch_size=8192):

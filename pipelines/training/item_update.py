@@ -127,21 +127,25 @@ def _ssp_penalties(config: TrainConfig, space, multiplier: float, rating_range: 
 def bias_penalty(config: TrainConfig, multiplier: float, rating_range: tuple[float, float]) -> float:
     """The item bias's prior precision in the units of A_j's bias coordinate (c^2 per unit weight):
     noise over prior variance, the same posterior as the DP per-item mean (trainer.item_mean), with
-    the prior from the public rating scale, tau = range / 4. Three sources of noise:
-    - the ratings' own, sigma = range / 2 per unit weight: 4 wbar c^2 (sigma^2 / tau^2 pseudo-weights);
+    the prior from the public rating scale (trainer.item_mean.rating_prior: tau = range / 4). Three
+    sources of noise:
+    - the ratings' own, sigma = range / 2 per unit weight: (sigma / tau)^2 wbar c^2 = 4 wbar c^2;
     - the noise on A_j's bias entry, its standard deviation z S (N / (2 sqrt(d)): one entry's share);
     - the noise on b_j's bias entry, z wbar Gamma_y rho (rho the rows' norm bound), against the
       prior of the bias coefficient, tau / c: (z wbar Gamma_y rho c / tau)^2.
     Why not the embedding's penalties: those are sized to the spectral norm of d x d noise and hold
     the bias of every item below a few thousand ratings at zero (at 10^5 users x 20 ratings the
     model lost to the per-item mean)."""
+    from trainer.item_mean import rating_prior
+
     settings = config.settings()
     unit, noise = release_units(config, multiplier)
-    c, tau = settings.bias_scale, (rating_range[1] - rating_range[0]) / 4
+    sigma, tau = rating_prior(rating_range)
+    c, pseudo_weights = settings.bias_scale, (sigma / tau) ** 2
     if noise == 0:
-        return 4 * unit * c**2
+        return pseudo_weights * unit * c**2
     rho = settings.noise_clips()[0]
-    return 4 * settings.wbar * c**2 + noise / (2 * math.sqrt(config.encoder_dim)) + (multiplier * settings.wbar * settings.clip_y * rho * c / tau) ** 2
+    return pseudo_weights * settings.wbar * c**2 + noise / (2 * math.sqrt(config.encoder_dim)) + (multiplier * settings.wbar * settings.clip_y * rho * c / tau) ** 2
 
 
 def _check_step(config: TrainConfig, step: int) -> None:
