@@ -26,8 +26,10 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     if name == "mean":
         return ("the mean rating: a weighted sum and count of the ratings, each user's weights summing to at most a fixed cap",
                 "set by the cap and the public rating range (pipelines/releases/mean.py)")
-    if name.endswith("/gram"):
-        return "the users' Gram matrix of item embeddings (implicit feedback)", f"Gamma_u^2 wbar = {clip_u ** 2 * wbar:.4g}" if clip_u and wbar else "Gamma_u^2 wbar"
+    if name.endswith("/gram"):  # one unweighted row per user, [Clip(u)] or with biases [Clip(u), k Gamma_u]
+        k = settings.get("bias_coordinate", 2.0) if settings.get("biases") else 0.0
+        return ("the users' Gram matrix of item embeddings (implicit feedback)",
+                f"(1 + k^2) Gamma_u^2 = {biased_row_clip(clip_u, k) ** 2:.4g}" if clip_u else "(1 + k^2) Gamma_u^2")
     if name.endswith("/dpsgd"):
         return ("the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
                 f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}")

@@ -52,35 +52,45 @@ def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarra
     return np.clip(scores, *rating_range)
 
 
-def with_popularity(item_vectors: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def with_popularity(item_vectors: np.ndarray, counts: np.ndarray, biases: bool = False) -> np.ndarray:
     """The ranking fold-in's item vectors: the trained ones plus one fixed column, the items' DP
     counts (a public release: post-processing, no privacy cost) scaled to the RMS norm of the
     trained columns. Each folded-in user gets a coefficient on it, how much popularity explains
     their history, shrunk by the same ridge as the other coordinates. Where the noise leaves the
     trained directions little signal the users fall back on popularity instead of ranking on noise
     (the ML-1M-like data, 6,040 users, 3 runs: test Recall@20 at epsilon 1 0.067 without, 0.121
-    with, DP popularity 0.121; at epsilon 5 and 20 within 0.002 of without; README, "Ranking")."""
+    with, DP popularity 0.121; at epsilon 5 and 20 within 0.002 of without; README, "Ranking"). With
+    `biases` the vectors are [v, b_j, 1] and the column goes after v, so that the bias pair stays
+    last (ridge_solve)."""
     counts = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)  # the counts release floors them at 1 already
     if counts.shape != (item_vectors.shape[0],):
         raise ValueError(f"{counts.size} DP counts for {item_vectors.shape[0]} item vectors")
-    rms = np.linalg.norm(item_vectors) / np.sqrt(item_vectors.shape[1])
-    return np.hstack([item_vectors, (counts / np.linalg.norm(counts) * (rms if rms > 0 else 1.0))[:, None]])
+    at = popularity_position(item_vectors.shape[1], biases)
+    trained = item_vectors[:, :at]
+    rms = np.linalg.norm(trained) / np.sqrt(max(trained.shape[1], 1))
+    return np.insert(item_vectors, at, counts / np.linalg.norm(counts) * (rms if rms > 0 else 1.0), axis=1)
+
+
+def popularity_position(width: int, biases: bool) -> int:
+    """Where the popularity column goes in item vectors of `width` columns: after the embedding
+    (before the bias pair [b_j, 1] of a model with biases)."""
+    return width - 2 if biases else width
 
 
 def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
                   lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS, gravity: float = 0.0,
-                  loss: str = "square") -> dict:
+                  loss: str = "square", bias_ridge: float | None = None) -> dict:
     """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
     of the targets; item_vectors in catalog order. Users are folded in as the model was trained:
-    a ridge solve (with `gravity`), or for the logistic loss its solve with every catalog item a
-    negative (trainer.solve.logistic_solve)."""
+    a ridge solve (with `gravity`, and `bias_ridge` for a model with biases: ridge_solve's), or for
+    the logistic loss its solve with every catalog item a negative (trainer.solve.logistic_solve)."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
     if loss == "logistic":
         users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
     else:
         users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True,
-                                    gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None)
+                                    gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None, bias_ridge=bias_ridge)
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise ValueError("no held-out user has both a history and targets")

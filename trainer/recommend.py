@@ -33,8 +33,8 @@ from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
-from trainer.evaluate import user_item_mask, with_popularity
-from trainer.solve import logistic_solve, ridge_solve
+from trainer.evaluate import popularity_position, user_item_mask, with_popularity
+from trainer.solve import logistic_solve, ridge_solve, user_bias_ridge
 
 MODEL_SETTINGS = "model.json"
 RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
@@ -81,7 +81,7 @@ class PublishedModel:
             counts = storage.read_table(storage.join(path, "counts.parquet"), columns=["item_id", "count"])
             in_order = np.ones(item_ids.size)
             in_order[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
-            vectors = with_popularity(vectors, in_order)
+            vectors = with_popularity(vectors, in_order, settings.get("biases", False))
         return cls(path, item_ids, vectors, settings)
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
@@ -106,7 +106,8 @@ class PublishedModel:
             embed = tf.saved_model.load(local).signatures["embed_features"]
             embedded = embed(**inputs)["embedding"].numpy().astype(np.float64)
         # a new item has no DP count: nothing in the popularity column
-        return np.hstack([embedded, np.zeros((embedded.shape[0], self.vectors.shape[1] - embedded.shape[1]))])
+        missing = self.vectors.shape[1] - embedded.shape[1]
+        return np.insert(embedded, [popularity_position(embedded.shape[1], self.settings.get("biases", False))] * missing, 0.0, axis=1)
 
     def fold_in(self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """(sorted user ids, user embeddings) solved from history rows (catalog positions), as the
@@ -122,7 +123,8 @@ class PublishedModel:
         if s.get("loss") == "logistic":  # SSP-convex: every catalog item a negative, as its evaluation folds users in
             return logistic_solve(users, v[positions], v, s["lambda_u"])
         gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
-        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity, bias_ridge=s.get("lambda_bias") if s.get("biases") else None,
+        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity,
+                           bias_ridge=user_bias_ridge(s["protocol"], s.get("biases", False), s.get("lambda_bias")),
                            prior=s.get("user_prior") or 0.0)
 
     def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None) -> pa.Table:

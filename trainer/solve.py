@@ -15,18 +15,30 @@ import numpy as np
 from privacy.accumulator import augment, grouped_sums, unpack_upper
 
 
+def user_bias_ridge(protocol: str, biases: bool, lambda_bias: float | None) -> float | None:
+    """`ridge_solve`'s bias_ridge for a model: None without biases; with them `lambda_bias` for
+    ratings, infinite (every user's bias held at 0) for ranking, where a user's bias orders nothing
+    and the item update's gravity has no term for it."""
+    if not biases:
+        return None
+    return lambda_bias if protocol == "rmse" else float("inf")
+
+
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
                 gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
     weighted-lambda ALS of Zhou et al. 2008), which suits keys with very different row counts.
-    `gravity` (d x d, e.g. alpha V^T V over all items) is added to every key's Gram matrix: the
-    implicit-feedback penalty on scores of unobserved items.
+    `gravity` (e.g. alpha V^T V over all items, in the layout of `vectors`) is the implicit-feedback
+    penalty on the scores of unobserved items: alpha sum_j (x . v_j)^2 = x^T G x for every key's x.
     With `bias_ridge` the model has biases: the vectors are [v, item bias, 1] and each key solves
     [u, b_u] against [v, 1] on the labels less the item's bias, its bias b_u with the fixed ridge
     `bias_ridge` (a pseudo-count of zero residuals: a light key's bias shrinks, a heavy one's does
-    not); the solutions are [u, 1, b_u], so that the prediction stays one dot product.
+    not); the solutions are [u, 1, b_u], so that the prediction stays one dot product. An infinite
+    `bias_ridge` holds every b_u at 0 (the ranking protocol: a user's bias orders nothing, and the
+    gravity of the item update has no term for it). With gravity, the fixed coordinate 1 on the
+    item bias gives the linear term of x^T G x: G's bias column moves to the right-hand side.
     `prior` is added to every key's ridge on its vector (not its bias): a fixed prior precision,
     which weighs most for the keys with fewest rows.
     """
@@ -34,22 +46,32 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
+    free = np.arange(vectors.shape[1])  # the coordinates each key solves
     if bias_ridge is not None:
-        if not np.isfinite(bias_ridge) or bias_ridge <= 0 or gravity is not None:
-            raise ValueError(f"the bias ridge must be > 0 (and biases take no gravity), got {bias_ridge}")
+        if np.isnan(bias_ridge) or bias_ridge <= 0:
+            raise ValueError(f"the bias ridge must be > 0, got {bias_ridge}")
         labels = labels - vectors[:, -2]
-        vectors = np.delete(vectors, -2, axis=1)
+        free = free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
+        vectors = vectors[:, free]
     d = vectors.shape[1]
     unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
     if not np.isfinite(prior) or prior < 0:
         raise ValueError(f"the prior ridge must be >= 0, got {prior}")
     strength = prior + (lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam))
     ridge = np.repeat(strength[:, None], d, axis=1)
-    if bias_ridge is not None:
+    if bias_ridge is not None and np.isfinite(bias_ridge):
         ridge[:, -1] = bias_ridge
-    gram = unpack_upper(gram_upper, d) + ridge[:, :, None] * np.eye(d) + (gravity if gravity is not None else 0.0)
+    gram = unpack_upper(gram_upper, d) + ridge[:, :, None] * np.eye(d)
+    if gravity is not None:
+        gravity = np.asarray(gravity, dtype=np.float64)
+        gram = gram + gravity[np.ix_(free, free)]
+        if bias_ridge is not None:
+            rhs = rhs - gravity[free, -2]
     solved = np.linalg.solve(gram, rhs[..., None])[..., 0]
-    return unique, np.insert(solved, d - 1, 1.0, axis=1) if bias_ridge is not None else solved
+    if bias_ridge is None:
+        return unique, solved
+    u, b_u = (solved, np.zeros(unique.size)) if np.isinf(bias_ridge) else (solved[:, :-1], solved[:, -1])
+    return unique, np.hstack([u, np.ones((unique.size, 1)), b_u[:, None]])
 
 
 def logistic_solve(keys: np.ndarray, vectors: np.ndarray, all_vectors: np.ndarray, lam: float, iterations: int = 25,

@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "noise's spectral norm: larger keeps rare items at their public features",
         "biases": "user and item biases: the prediction is DP mean + b_u + b_j + u.v, each user's bias solved with the user's embedding, each "
                   "item's fitted with its embedding from the statistics (a constant coordinate appended to the clipped user vector) "
-                  "(default: on for --protocol rmse with every item update; the federated engine has none yet)",
+                  "(default: on for --protocol rmse with every item update; the federated engine has none yet). With --protocol recall "
+                  "(off by default) the items' biases only, learned with the gravity; every user's bias is held at 0",
         "bias_coordinate": "the constant c appended to each clipped user vector so that the statistics carry each item's bias, in units of "
                            "--clip-u: it raises the statistics' sensitivity (and noise) by sqrt(1 + c^2), and gives the item biases a share c^2 / (1 + c^2) "
                            "of it (default: min(2, sqrt(20 / epsilon)): 2 up to epsilon 5, where noise blurs the embedding most, 1 at 20)",

@@ -18,6 +18,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
+from trainer.solve import user_bias_ridge
 
 
 def evaluate(run: Run) -> dict:
@@ -102,14 +103,14 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:
-        vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts)
+        vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts, config.biases)
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             report = evaluate.recall_report(
                 (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
                 (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, config.lambda_u, buckets,
-                gravity=config.gravity, loss=config.loss,
+                gravity=config.gravity, loss=config.loss, bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
             )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]

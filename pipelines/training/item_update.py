@@ -204,7 +204,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     tables = stats_job.stats_tables(run.stats(step))
     multiplier = ledger_multiplier(run.ledger)
     ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private,
-                               seed=config.model_seed, solve_residuals=config.biases)
+                               seed=config.model_seed, solve_residuals=config.biases and config.protocol == "rmse")
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier, "bias": float(settings.bias)}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
@@ -220,7 +220,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
         seeds = release.open_seed_file(config.seed_file, run.ledger)
-        gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, config.dim, settings.clip_u, step)
+        gravity = config.gravity * dp_gram(run.user_embeddings(step), Ledger.open(run.ledger), seeds, settings, step)
     if config.item_update in ("als", "cmf"):  # weighted-lambda ridges, from the mean of the resamples
         ridge_scale = _ridge_scale(config, space, multiplier, storage.read_table(run.counts), len(tables))
     if config.item_update in ("als", "cmf", "item-mean") and len(tables) > 1:
@@ -254,7 +254,8 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         return []
     from pipelines.training.prepare import prepared_rating_range
 
-    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier, prepared_rating_range(run.prepared()["prepared"]), model.has_residual)
+    label_range = prepared_rating_range(run.prepared()["prepared"]) if config.protocol == "rmse" else (0.0, 1.0)  # ranking labels: 1, and 0 by gravity
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier, label_range, model.has_residual)
     with _kernel(run, step):
         return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
 

@@ -112,7 +112,7 @@ def model_settings(run: Run) -> dict:
         "protocol": config["protocol"],
         "dim": settings.vector_dim,  # the item embeddings' length
         "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (trainer.encoder.as_written)
-        "lambda_bias": settings.lambda_bias if biased else None,
+        "lambda_bias": settings.lambda_bias if biased and settings.protocol == "rmse" else None,  # ranking holds every user's bias at 0
         "loss": config.get("loss", "square"),
         "lambda_u": settings.lambda_u,
         "user_prior": settings.user_prior,  # the user ridge's fixed part (trainer.solve.ridge_solve's prior)

@@ -16,6 +16,7 @@ import argparse
 
 from pipelines.engines.user_update import DEFAULT_LAMBDA_U, run
 from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
+from trainer.solve import user_bias_ridge
 
 
 def run_step(spark, root: str, step: int | None) -> int:
@@ -31,7 +32,7 @@ def run_step(spark, root: str, step: int | None) -> int:
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
     solved = run(spark, layout.centred, source, layout.user_embeddings(step), config.lambda_u, config.vector_dim, config.gravity, config.loss,
-                 config.lambda_bias if config.biases else None, constant=config.item_update == "item-mean", prior=config.user_prior)
+                 user_bias_ridge(config.protocol, config.biases, config.lambda_bias), constant=config.item_update == "item-mean", prior=config.user_prior)
     layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
     return solved.users
 

@@ -346,3 +346,14 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
             settings.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
     with pytest.raises(ValueError, match="--loss must be one of"):
         settings.TrainConfig(loss="poisson")
+
+
+def test_biases_need_the_square_loss_and_a_non_federated_engine_and_ranking_keeps_its_user_ridge():
+    ranking = settings.TrainConfig(protocol="recall", biases=True)
+    assert (ranking.biases, ranking.lambda_u, ranking.user_prior, ranking.settings().bias) == (True, 0.1, 0.0, ranking.bias_coordinate)
+    ratings = settings.TrainConfig()
+    assert (ratings.biases, ratings.lambda_u, ratings.user_prior) == (True, 0.01, 20.0)
+    with pytest.raises(ValueError, match="--biases needs --loss square"):
+        settings.TrainConfig(protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True)
+    with pytest.raises(ValueError, match="--biases needs --engine spark, beam or local"):
+        settings.TrainConfig(engine="federated", biases=True)

@@ -16,17 +16,21 @@ from trainer.recommend import PublishedModel
 from trainer.solve import logistic_solve
 
 
-def publication(folder, protocol="rmse", threshold=None, counts=None, loss="square") -> str:
+def publication(folder, protocol="rmse", threshold=None, counts=None, loss="square", biases=None) -> str:
     """Items 10, 20, 30 at e1, e2 and e1 + e2; lambda_u 1, no gravity, DP mean 3 (local or gs://);
-    with `counts` (of items 10, 20, 30) the ranking fold-in's popularity column."""
+    with `counts` (of items 10, 20, 30) the ranking fold-in's popularity column; with `biases` (of
+    items 10, 20, 30) a model with biases, items [v, b_j, 1]."""
     path = str(folder)
-    storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]}, schema=ITEM_EMBEDDINGS),
+    embeddings = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+    if biases is not None:
+        embeddings = [v + [b, 1.0] for v, b in zip(embeddings, [biases[2], biases[0], biases[1]])]
+    storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": embeddings}, schema=ITEM_EMBEDDINGS),
                         storage.join(path, "item_embeddings.parquet"))
     if counts is not None:
         storage.write_table(pa.table({"item_id": [20, 10, 30], "count": [counts[1], counts[0], counts[2]]}), storage.join(path, "counts.parquet"))
-    settings = {"protocol": protocol, "dim": 2, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
+    settings = {"protocol": protocol, "dim": 2 if biases is None else 4, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
                 "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {},
-                "popularity_column": counts is not None, "loss": loss}
+                "popularity_column": counts is not None, "loss": loss, "biases": biases is not None, "lambda_bias": None}
     storage.write_json(settings, storage.join(path, "model.json"))
     storage.write_json({"run": "r"}, storage.join(path, "_PUBLISHED"))
     return path
@@ -64,6 +68,21 @@ def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path
     np.testing.assert_allclose(u, [x / (1 + x @ x)])
     top = model.recommend(pa.table({"user_id": [4], "item_id": [10]}), k=2, exclude_seen=True)
     assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx([u[0] @ [1.0, 1.0, p[2]], u[0] @ [0.0, 1.0, p[1]]])
+
+
+def test_a_ranking_model_with_item_biases_holds_each_users_bias_at_zero_and_keeps_the_bias_pair_last(tmp_path):
+    """Items [v, b_j, 1] with the popularity column after v: [v, p_j, b_j, 1]. Item 10 alone, target 1:
+    the user solves x = (v, p) against 1 - b_10 with ridge 1, x / (1 + |x|^2) (1 - b_10), and is
+    [u, 1, 0]: every score is u . (v, p) + b_j."""
+    model = PublishedModel.load(publication(tmp_path, "recall", counts=[1.0, 2.0, 2.0], biases=[0.25, -0.5, 0.75]))
+    p = np.sqrt(2) / 3 * np.array([1.0, 2.0, 2.0])  # the embedding's RMS norm, as without biases
+    np.testing.assert_allclose(model.vectors, np.c_[[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], p, [0.25, -0.5, 0.75], np.ones(3)])
+    x = np.array([1.0, 0.0, p[0]])
+    _, u = model.fold_in(np.array([4]), np.array([0]), None)
+    np.testing.assert_allclose(u, [np.r_[x / (1 + x @ x) * (1 - 0.25), 1.0, 0.0]])
+    top = model.recommend(pa.table({"user_id": [4], "item_id": [10]}), k=2, exclude_seen=True)
+    scores = {30: u[0, :3] @ [1.0, 1.0, p[2]] + 0.75, 20: u[0, :3] @ [0.0, 1.0, p[1]] - 0.5}
+    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx([scores[30], scores[20]])
 
 
 def test_a_logistic_model_folds_in_with_every_item_a_negative_as_its_evaluation(tmp_path):

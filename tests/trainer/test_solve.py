@@ -63,3 +63,30 @@ def test_the_prior_adds_a_fixed_ridge_to_each_keys_vector_not_its_bias():
         np.testing.assert_allclose(solved[k], [u[0], u[1], 1.0, u[2]], rtol=1e-10)
     with pytest.raises(ValueError, match="prior ridge must be >= 0"):
         ridge_solve(keys, vectors, labels, lam, prior=-1.0)
+
+
+@pytest.mark.parametrize("bias_ridge", [2.0, np.inf])
+def test_biases_with_gravity_minimise_the_implicit_objective(bias_ridge):
+    """Items [v, b_j, 1] over a catalog V; each key x = [u, 1, b_u] minimises
+    sum_rows (y - x . v_j)^2 + lam n |u|^2 + bias_ridge b_u^2 + alpha sum_catalog (x . v_j)^2, the
+    gravity's fixed coordinate 1 on b_j included; an infinite bias ridge holds b_u at 0."""
+    from scipy import optimize
+
+    rng = np.random.default_rng(5)
+    catalog = np.hstack([rng.normal(size=(9, 2)), rng.normal(size=(9, 1)), np.ones((9, 1))])
+    keys, rated = np.array([4, 4, 4, 6, 6]), np.array([0, 3, 8, 1, 3])
+    labels, lam, alpha = rng.normal(size=5), 0.4, 0.3
+    unique, solved = ridge_solve(keys, catalog[rated], labels, lam, scale_by_rows=True, gravity=alpha * catalog.T @ catalog, bias_ridge=bias_ridge)
+    for k, key in enumerate(unique):
+        rows = keys == key
+
+        def objective(free):
+            x = np.array([free[0], free[1], 1.0, free[2] if np.isfinite(bias_ridge) else 0.0])
+            penalty = lam * rows.sum() * (free[0] ** 2 + free[1] ** 2) + (bias_ridge * free[2] ** 2 if np.isfinite(bias_ridge) else 0.0)
+            return ((labels[rows] - catalog[rated[rows]] @ x) ** 2).sum() + penalty + alpha * ((catalog @ x) ** 2).sum()
+
+        best = optimize.minimize(objective, np.zeros(3), method="BFGS", options={"gtol": 1e-12}).x
+        want = [best[0], best[1], 1.0, best[2] if np.isfinite(bias_ridge) else 0.0]
+        np.testing.assert_allclose(solved[k], want, atol=1e-6)
+    with pytest.raises(ValueError, match="bias ridge must be > 0"):
+        ridge_solve(keys, catalog[rated], labels, lam, bias_ridge=0.0)
