@@ -446,4 +446,4 @@ def test_the_own_data_paths_refuse_bad_input_in_one_line(tmp_path):
     model = publication(tmp_path / "published")
     assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "missing.csv"), "missing.csv", "does not exist")
     assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "history.csv"), "needs a label column")  # a model of ratings
-    assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "clicks.parquet"), "the history has no 'user_id' column (columns: customer, product)")
+    assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "clicks.parquet"), "clicks.parquet has no 'user_id' column (columns: customer, product)", "--user-col")

@@ -8,9 +8,13 @@ held-out users (`trainer.evaluate.recall_report`: `trainer.solve.ridge_solve` wi
 scaled by the history's length, the gravity alpha V^T V over the catalog, labels 1 for positives or
 rating minus the DP mean; for the logistic loss `trainer.solve.logistic_solve`; for a ranking model
 the DP counts as one more item column, `trainer.evaluate.with_popularity`), then every item outside
-the history (with `exclude_seen`) is scored by u . v and the k best are returned. Items added to
-the catalog after training are embedded from their public features through the encoder's
-`embed_features` signature and scored with the rest.
+the history (with `exclude_seen`) is scored by u . v and the k best are returned: for a ratings
+model the score is the predicted rating on the model's scale (DP mean + u . v, within the scale),
+for a ranking model u . v (relative: only its order means something). A user whose history names
+no catalog item (a new user) gets the DP popularity ranking instead, the counts release the
+publication ships, scored by the items' DP counts. Items added to the catalog after training are
+embedded from their public features through the encoder's `embed_features` signature and scored
+with the rest.
 
 Privacy: the history never leaves the client; nothing here writes to the run or the trainer. The
 inputs are public (the publication) and the user's own data.
@@ -19,6 +23,7 @@ inputs are public (the publication) and the user's own data.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from dataclasses import dataclass
 
@@ -28,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipelines.base import logs
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
@@ -39,6 +45,28 @@ from trainer.solve import logistic_solve, ridge_solve, user_bias_ridge
 MODEL_SETTINGS = "model.json"
 RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
                              pa.field("item_id", pa.int64(), nullable=False), pa.field("score", pa.float64(), nullable=False)])
+
+
+def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
+    """`table` with its id columns ({"user_id": its column, "item_id": its column}) renamed to
+    user_id and item_id as int64, each checked first: present, integer ids, no empty value. Anything
+    else is one ValueError naming `source`, the column and the row."""
+    flags = {"user_id": "--user-col", "item_id": "--item-col"}
+    for name, column in columns.items():
+        if column not in table.column_names:
+            raise ValueError(f"{source} has no {column!r} column (columns: {', '.join(table.column_names)}); name its "
+                             f"{name.removesuffix('_id')} id column with {flags[name]}")
+        values = table[column]
+        if values.null_count:
+            raise ValueError(f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)")
+        if pa.types.is_floating(values.type) and pc.all(pc.equal(pc.floor(values), values)).as_py() is not False:
+            values = pc.cast(values, pa.int64())
+        if not pa.types.is_integer(values.type):
+            example = values[0].as_py() if len(values) else None
+            raise ValueError(f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
+                             "ids the model was trained on")
+        table = table.set_column(table.column_names.index(column), name, pc.cast(values, pa.int64()))
+    return table
 
 
 def read_user_table(path: str) -> pa.Table:
@@ -63,6 +91,7 @@ class PublishedModel:
     item_ids: np.ndarray
     vectors: np.ndarray  # float64, (items, d), plus the popularity column when model.json says so
     settings: dict
+    popularity: np.ndarray | None = None  # the DP counts in catalog order (None: a publication without counts.parquet)
 
     @classmethod
     def load(cls, path: str) -> PublishedModel:
@@ -77,12 +106,16 @@ class PublishedModel:
         order = np.argsort(table["item_id"].to_numpy(), kind="stable")
         item_ids = table["item_id"].to_numpy()[order]
         vectors = list_column_to_matrix(table["embedding"], settings["dim"], "item embedding")[order]
-        if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
+        popularity = None
+        if storage.exists(storage.join(path, "counts.parquet")):  # the DP counts release (shipped since cold start uses it)
             counts = storage.read_table(storage.join(path, "counts.parquet"), columns=["item_id", "count"])
-            in_order = np.ones(item_ids.size)
-            in_order[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
-            vectors = with_popularity(vectors, in_order, settings.get("biases", False))
-        return cls(path, item_ids, vectors, settings)
+            popularity = np.ones(item_ids.size)
+            popularity[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
+        if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
+            if popularity is None:
+                raise ValueError(f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again")
+            vectors = with_popularity(vectors, popularity, settings.get("biases", False))
+        return cls(path, item_ids, vectors, settings, popularity)
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
         """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
@@ -127,26 +160,31 @@ class PublishedModel:
                            bias_ridge=user_bias_ridge(s["protocol"], s.get("biases", False), s.get("lambda_bias")),
                            prior=s.get("user_prior") or 0.0)
 
-    def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None) -> pa.Table:
+    def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None,
+                  source: str = "the history") -> pa.Table:
         """The top-k items (RECOMMENDATIONS: user_id, rank from 1, item_id, score) of every user in
-        `history` (columns user_id, item_id and, for a regression model or explicit feedback, label).
+        `history` (columns user_id, item_id and, for a regression model or explicit feedback, label;
+        `source` names it in errors).
 
         Ranking protocol: only positives count (label above the model's positive threshold, every
         row without a label or for implicit feedback); `exclude_seen` leaves out every item of the
-        history. History items missing from the catalog are ignored. `new_items` (item_id and the
-        feature columns) are embedded and ranked too."""
+        history. History items missing from the catalog are ignored and counted on stderr (listed
+        with -v); a user left with nothing to fold in gets the DP popularity ranking. A ratings
+        model refuses a label outside its rating scale. `new_items` (item_id and the feature
+        columns) are embedded and ranked too."""
         if k < 1:
             raise ValueError(f"--k must be a positive number of items, got {k}")
-        for column in ("user_id", "item_id"):
-            if column not in history.column_names:
-                raise ValueError(f"the history has no {column!r} column (columns: {', '.join(history.column_names)})")
-        users = history["user_id"].to_numpy(zero_copy_only=False).astype(np.int64)
-        items = history["item_id"].to_numpy(zero_copy_only=False).astype(np.int64)
-        labels = history["label"].to_numpy(zero_copy_only=False).astype(np.float64) if "label" in history.column_names else None
-        if labels is not None and not np.all(np.isfinite(labels)):
-            raise ValueError("the history's label column holds a missing or non-finite value")
+        history = keyed(history, source, {"user_id": "user_id", "item_id": "item_id"})
+        users = history["user_id"].to_numpy()
+        items = history["item_id"].to_numpy()
+        labels = self._labels(history, source)
         threshold = self.settings.get("positive_threshold")
         known = np.isin(items, self.item_ids)
+        if not known.all():
+            unknown = np.unique(items[~known])
+            logs.log(f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
+                     + ("" if logs.verbose() else " (-v lists them)"))
+            logs.detail(f"items outside the catalog: {', '.join(map(str, unknown))}")
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
@@ -154,7 +192,7 @@ class PublishedModel:
         solved_users, solved = self.fold_in(users[keep], positions, labels[keep] if labels is not None else None)
         catalog_ids, vectors = self.item_ids, self.vectors
         if new_items is not None and new_items.num_rows:
-            added = new_items["item_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+            added = keyed(new_items, "the new items", {"item_id": "item_id"})["item_id"].to_numpy()
             if np.isin(added, self.item_ids).any():
                 raise ValueError(f"new item {added[np.isin(added, self.item_ids)][0]} is already in the model's catalog")
             catalog_ids, vectors = np.r_[catalog_ids, added], np.vstack([vectors, self.embed_new_items(new_items)])
@@ -163,19 +201,41 @@ class PublishedModel:
         for start in range(0, every_user.size, 1024):
             chunk = every_user[start : start + 1024]
             u = np.zeros((chunk.size, vectors.shape[1]))
-            found = np.isin(chunk, solved_users)  # a user with no usable history scores every item 0: ranked by index
+            found = np.isin(chunk, solved_users)
             u[found] = solved[np.searchsorted(solved_users, chunk[found])]
             scores = u @ vectors.T
+            shown = np.clip(scores + self.settings["dp_mean"], *self.settings["rating_range"]) if self.settings["protocol"] == "rmse" else scores
+            if self.popularity is not None:  # a user with nothing to fold in: the DP popularity ranking (new items have no count)
+                scores[~found] = shown[~found] = np.r_[self.popularity, np.zeros(catalog_ids.size - self.item_ids.size)]
             # every item of the history, liked or not
             seen = user_item_mask(chunk, users[known], np.searchsorted(self.item_ids, items[known]), scores.shape[1]) if exclude_seen else np.zeros(scores.shape, bool)
             rows, cols = np.nonzero(metrics.top_k_mask(scores, seen, k) & ~seen)
             order = np.lexsort((cols, -scores[rows, cols], rows))  # each user's best first, ties by catalog position
             rows, cols = rows[order], cols[order]
             rank = np.arange(rows.size) - np.searchsorted(rows, rows) + 1
-            out.append(pa.table({"user_id": chunk[rows], "rank": rank.astype(np.int32), "item_id": catalog_ids[cols], "score": scores[rows, cols]},
+            out.append(pa.table({"user_id": chunk[rows], "rank": rank.astype(np.int32), "item_id": catalog_ids[cols], "score": shown[rows, cols]},
                                 schema=RECOMMENDATIONS))
+        cold = np.setdiff1d(every_user, solved_users).size
+        if cold:
+            logs.log(f"{cold} user(s) with no catalog item to fold in: " + ("the DP popularity ranking (score: the DP count)" if self.popularity is not None
+                                                                          else "every score 0 (this publication ships no DP counts; publish the run again)"))
         return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
 
+    def _labels(self, history: pa.Table, source: str) -> np.ndarray | None:
+        """The history's labels (None without a label column), each finite and, for a ratings model,
+        on its rating scale."""
+        if "label" not in history.column_names:
+            return None
+        labels = history["label"].to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = ~np.isfinite(labels)
+        if self.settings["protocol"] == "rmse":
+            low, high = self.settings["rating_range"]
+            bad |= (labels < low) | (labels > high)
+        if bad.any():
+            row = int(np.argmax(bad))
+            scale = f" (the model's rating scale is {low:g}..{high:g})" if self.settings["protocol"] == "rmse" else ""
+            raise ValueError(f"{source}: row {row + 1} has label {history['label'][row].as_py()!r}{scale}")
+        return labels
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a publication folder written by `ssp publish` (local or gs://): its item embeddings, "
@@ -183,10 +243,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", required=True, help="the users' own interactions, Parquet or CSV (local or gs://) with columns user_id, item_id "
                         "and, for a model trained on ratings, label; they stay on this machine (nothing is sent to the trainer)")
     parser.add_argument("--k", type=int, default=20, help="how many items to recommend per user (default: %(default)s)")
-    parser.add_argument("--exclude-seen", action="store_true", help="leave out the items already in a user's history (as the evaluation does)")
-    parser.add_argument("--new-items", help="Parquet or CSV of catalog items added after training (item_id and the model's public feature columns; "
-                        "a bag's values separated by |): embedded from their features alone and ranked with the rest")
-    parser.add_argument("--out", help="write the recommendations as a Parquet file (user_id, rank, item_id, score) instead of printing them as CSV")
+    parser.add_argument("--include-seen", action="store_true", help="also recommend the items already in a user's history (by default they are "
+                        "left out, as the evaluation does)")
+    parser.add_argument("--user-col", default="user_id", help="the history's user id column (default: %(default)s)")
+    parser.add_argument("--item-col", default="item_id", help="the item id column of the history and of --new-items (default: %(default)s)")
+    parser.add_argument("--new-items", help="Parquet or CSV of catalog items added after training (the item id and the model's public feature "
+                        "columns; a bag's values separated by |): embedded from their features alone and ranked with the rest")
+    parser.add_argument("--out", help="write the recommendations (user_id, rank, item_id, score) to this file, CSV or Parquet as its name ends "
+                        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on the model's "
+                        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the history "
+                        "(who gets the DP popularity ranking) the item's DP count")
 
 
 def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:
@@ -200,12 +266,22 @@ def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out and not args.out.endswith((".csv", ".parquet")):
+        raise ValueError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
-    history = read_user_table(args.history)
-    new_items = _bags_from_csv(read_user_table(args.new_items), model.settings.get("feature_families") or {}) if args.new_items else None
-    table = model.recommend(history, args.k, args.exclude_seen, new_items)
+    history = keyed(read_user_table(args.history), args.history, {"user_id": args.user_col, "item_id": args.item_col})
+    new_items = None
+    if args.new_items:
+        new_items = keyed(read_user_table(args.new_items), args.new_items, {"item_id": args.item_col})
+        new_items = _bags_from_csv(new_items, model.settings.get("feature_families") or {})
+    table = model.recommend(history, args.k, not args.include_seen, new_items, source=args.history)
     if args.out:
-        storage.write_table_file(table, args.out)
+        if args.out.endswith(".csv"):
+            sink = io.BytesIO()
+            pacsv.write_csv(table, sink)
+            storage.StagedFile(sink.getvalue(), args.out).publish()
+        else:
+            storage.write_table_file(table, args.out)
         print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}")
     else:
         sys.stdout.write("user_id,rank,item_id,score\n")

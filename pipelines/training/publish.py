@@ -57,9 +57,8 @@ def privacy_summary(run: Run) -> dict:
     ledger = Ledger.open(run.ledger)
     seed_path = config.get("seed_file") or run.private("seed")
     check_ledger_complete(ledger, seed_path)
-    if config["protocol"] == "recall" and config.get("popularity_column", False):  # counts.parquet is shipped: it must be the recorded release
-        seeds = SeedFile.load(seed_path)
-        check_counts_release(ledger, seeds, run.counts, seeds.digest_table(run.counts))
+    seeds = SeedFile.load(seed_path)  # counts.parquet is shipped (the ranking fold-in's column, every model's cold start): the recorded release
+    check_counts_release(ledger, seeds, run.counts, seeds.digest_table(run.counts))
     budget, spent = ledger.budget, ledger.epsilon_spent()
     if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
         raise ValueError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
@@ -172,13 +171,11 @@ def publish(run: Run, dest: str) -> dict:
         storage.write_json(summary, storage.join(staging, "privacy.json"))
         settings = model_settings(run)
         storage.write_json(settings, storage.join(staging, "model.json"))
-        if settings["popularity_column"]:  # the DP counts release, which the fold-in uses as a column
-            _copy_table(run.counts, storage.join(staging, "counts.parquet"))
+        _copy_table(run.counts, storage.join(staging, "counts.parquet"))  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": ["encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
-                  + (["counts.parquet"] if settings["popularity_column"] else []), "encoder_files": files}
+                  "contents": ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"], "encoder_files": files}
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):

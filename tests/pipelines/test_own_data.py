@@ -99,7 +99,7 @@ def test_the_batch_mode_reads_parquet_histories_and_writes_parquet(published, tm
     history = storage.read_table(str(root / "run" / "private" / "split" / "valid_history.parquet"))
     pq.write_table(history.select(["user_id", "item_id"]), tmp_path / "histories.parquet")
     assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "histories.parquet"), "--k", "5",
-                     "--exclude-seen", "--out", str(tmp_path / "top.parquet")]) == 0
+                     "--out", str(tmp_path / "top.parquet")]) == 0
     written = pq.read_table(tmp_path / "top.parquet")
     expected = PublishedModel.load(str(root / "published")).recommend(history, k=5, exclude_seen=True)
     assert written.equals(expected) and written.num_rows == 5 * len(set(history["user_id"].to_pylist()))
@@ -120,7 +120,7 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
     (tmp_path / "history.csv").write_text("user_id,item_id\n" + "".join(f"7,{item}\n" for item in same))
     out = tmp_path / "recs.parquet"
     assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "history.csv"), "--new-items",
-                     str(tmp_path / "new.csv"), "--k", "200", "--exclude-seen", "--out", str(out)]) == 0
+                     str(tmp_path / "new.csv"), "--k", "200", "--out", str(out)]) == 0
     recs = pq.read_table(out)
     assert recs.num_rows == products.num_rows + 2 - 5 and {5000, 5001} <= set(recs["item_id"].to_pylist())
     twin_score = recs.filter(pa.compute.equal(recs["item_id"], 5000))["score"][0].as_py()
@@ -161,7 +161,7 @@ def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
     root, _ = published
     (tmp_path / "h.csv").write_text("customer,product\n1,2\n")
     assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "h.csv")]) == 2
-    assert "the history has no 'user_id' column (columns: customer, product)" in capsys.readouterr().err
+    assert "h.csv has no 'user_id' column (columns: customer, product); name its user id column with --user-col" in capsys.readouterr().err
     assert cli.main(["recommend", "--model", str(root / "run"), "--history", str(tmp_path / "h.csv")]) == 2
     assert "is not a complete publication" in capsys.readouterr().err
 

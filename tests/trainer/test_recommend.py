@@ -30,7 +30,7 @@ def publication(folder, protocol="rmse", threshold=None, counts=None, loss="squa
         storage.write_table(pa.table({"item_id": [20, 10, 30], "count": [counts[1], counts[0], counts[2]]}), storage.join(path, "counts.parquet"))
     settings = {"protocol": protocol, "dim": 2 if biases is None else 4, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
                 "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {},
-                "popularity_column": counts is not None, "loss": loss, "biases": biases is not None, "lambda_bias": None}
+                "popularity_column": counts is not None and protocol == "recall", "loss": loss, "biases": biases is not None, "lambda_bias": None}
     storage.write_json(settings, storage.join(path, "model.json"))
     storage.write_json({"run": "r"}, storage.join(path, "_PUBLISHED"))
     return path
@@ -43,7 +43,8 @@ def test_a_rating_is_folded_in_by_the_ridge_and_the_best_unseen_items_come_first
     np.testing.assert_allclose(u, [[0.5, 0.0]])
     history = pa.table({"user_id": [7], "item_id": [10], "label": [4.0]})
     top = model.recommend(history, k=2, exclude_seen=True)
-    assert top.to_pydict() == {"user_id": [7, 7], "rank": [1, 2], "item_id": [30, 20], "score": [0.5, 0.0]}
+    # the score is the predicted rating: DP mean 3 + u . v
+    assert top.to_pydict() == {"user_id": [7, 7], "rank": [1, 2], "item_id": [30, 20], "score": [3.5, 3.0]}
     # with the history: items 10 and 30 tie at 0.5, the smaller id first
     assert model.recommend(history, k=2, exclude_seen=False)["item_id"].to_pylist() == [10, 30]
 
@@ -101,7 +102,7 @@ def test_a_regression_model_needs_the_ratings_and_a_bad_k_is_refused(tmp_path):
         model.recommend(pa.table({"user_id": [1], "item_id": [10]}))
     with pytest.raises(ValueError, match="--k must be a positive number"):
         model.recommend(pa.table({"user_id": [1], "item_id": [10], "label": [4.0]}), k=0)
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(ValueError, match="the history: row 1 has label nan"):
         model.recommend(pa.table({"user_id": [1], "item_id": [10], "label": [float("nan")]}))
     with pytest.raises(ValueError, match="cannot embed new items"):
         model.embed_new_items(pa.table({"item_id": [5]}))
@@ -113,7 +114,7 @@ def test_a_publication_and_histories_on_gcs(gcs_path):
 
     model = publication(f"{gcs_path}/published")
     storage.write_table(pa.table({"user_id": [7], "item_id": [10], "label": [4.0]}), f"{gcs_path}/history.parquet")
-    assert cli.main(["recommend", "--model", model, "--history", f"{gcs_path}/history.parquet", "--k", "2", "--exclude-seen",
+    assert cli.main(["recommend", "--model", model, "--history", f"{gcs_path}/history.parquet", "--k", "2",
                      "--out", f"{gcs_path}/top.parquet"]) == 0
     assert storage.read_table(f"{gcs_path}/top.parquet")["item_id"].to_pylist() == [30, 20]
 
@@ -127,3 +128,52 @@ def test_a_counts_release_naming_an_item_without_an_embedding_is_one_line_throug
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines()[-1].startswith("ssp recommend: error: ") and "counts.parquet" in result.stderr and "99" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def installed_ssp(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ssp"), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(result: subprocess.CompletedProcess, *names: str) -> None:
+    """Exit 2, no traceback, nothing on stdout, the last stderr line the error naming each of `names`."""
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("ssp recommend: error: ") and all(name in line for name in names), (names, line)
+
+
+def test_bad_histories_and_new_items_are_one_line_through_the_installed_command(tmp_path):
+    """An empty item id (a user with no history), string ids, a rating outside the model's scale, a
+    --new-items table keyed by another column, an --out that is neither .csv nor .parquet."""
+    model = publication(tmp_path / "published")
+    (tmp_path / "empty.csv").write_text("user_id,item_id,label\n1,10,4\n2,,3\n")
+    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "empty.csv"), "empty.csv", "row 2", "item_id", "empty value")
+    (tmp_path / "strings.csv").write_text("user_id,item_id,label\nann,10,4\n")
+    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "strings.csv"), "strings.csv", "'user_id'", "'ann'", "not integer ids")
+    (tmp_path / "scale.csv").write_text("user_id,item_id,label\n1,10,4\n1,20,40\n")
+    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "scale.csv"), "scale.csv", "row 2", "label 40", "0.5..5")
+    (tmp_path / "history.csv").write_text("user_id,item_id,label\n1,10,4\n")
+    (tmp_path / "new.csv").write_text("sku,brand\n50,acme\n")
+    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "history.csv", "--new-items", tmp_path / "new.csv"),
+                   "new.csv", "'item_id'", "sku, brand", "--item-col")
+    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "history.csv", "--out", tmp_path / "top.txt"), "top.txt", ".csv", ".parquet")
+    assert not (tmp_path / "top.txt").exists()
+
+
+def test_own_column_names_csv_out_seen_items_and_a_new_user_through_the_installed_command(tmp_path):
+    """--user-col / --item-col; seen items left out unless --include-seen; --out by extension; a user
+    whose history names no catalog item gets the DP popularity ranking (scored by the DP counts), with
+    a note and the unknown items counted on stderr, listed with -v."""
+    model = publication(tmp_path / "published", counts=[5.0, 9.0, 7.0])  # a ratings model shipping its DP counts
+    (tmp_path / "h.csv").write_text("customer,sku,label\n7,10,4\n8,99,5\n8,98,2\n")
+    result = installed_ssp("recommend", "--model", model, "--history", tmp_path / "h.csv", "--user-col", "customer", "--item-col", "sku", "--k", "2",
+                           "--out", tmp_path / "top.csv")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "top.csv").read_text().splitlines() == [
+        '"user_id","rank","item_id","score"', "7,1,30,3.5", "7,2,20,3",  # u = (0.5, 0): DP mean 3 + u . v, item 10 (seen) left out
+        "8,1,20,9", "8,2,30,7"]  # no catalog item: the DP popularity ranking
+    assert "2 history row(s) name 2 item(s) outside the model's catalog" in result.stderr and "-v lists them" in result.stderr
+    assert "1 user(s) with no catalog item to fold in: the DP popularity ranking" in result.stderr
+    verbose = installed_ssp("recommend", "-v", "--model", model, "--history", tmp_path / "h.csv", "--user-col", "customer", "--item-col", "sku",
+                            "--include-seen", "--k", "1")
+    assert verbose.returncode == 0 and "items outside the catalog: 98, 99" in verbose.stderr
+    assert verbose.stdout.splitlines() == ["user_id,rank,item_id,score", "7,1,10,3.5", "8,1,20,9"]  # item 10 ties 30 at 3.5, the smaller id first
