@@ -349,6 +349,24 @@ def test_a_failed_ingest_into_a_new_folder_leaves_no_folder(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_ingest_into_a_run_or_any_other_folder_is_refused_and_a_data_set_is_replaced(tmp_path, dataset, prepared):
+    """`ssp ingest --out` a run folder would write the private log beside the run's private/ and
+    replace its manifest: refused before any work, as is a folder of other files; an earlier data set
+    is replaced whole (tested with the synthetic generator, the quickest writer)."""
+    run = copy_of(prepared, tmp_path / "run")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    for out in (run, other):
+        assert_refused(ssp("ingest", "--out", out), "--out", out, "holds something other than a data set")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before and sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    assert_refused(ssp("synth", "--like", "movielens", "--users", 50, "--out", run), "holds something other than a data set")
+    replaced = copy_of(dataset, tmp_path / "ds")
+    assert ssp("synth", "--like", "movielens", "--users", 50, "--out", replaced).returncode == 0
+    assert json.loads((replaced / "manifest.json").read_text())["users"] == 50
+
+
 def test_an_empty_output_path_is_refused(tmp_path):
     assert_refused(ssp("ingest", "--out", ""), "--out is empty")
 

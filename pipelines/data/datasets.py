@@ -83,6 +83,20 @@ class _InteractionStats:
         }
 
 
+def require_dataset_target(out: str) -> None:
+    """Refuse an `--out` that holds something other than a data set (a training run, a publication,
+    any other files): a data set written there would mix the private log into it, or replace its
+    manifest. A missing or empty folder, or an earlier data set (replaced whole), is fine."""
+    storage.require_folder_target(out, "--out")
+    fs, folder = storage.filesystem(out)
+    if not fs.exists(folder) or not fs.ls(folder):
+        return
+    manifest = storage.join(out, MANIFEST)
+    if storage.exists(manifest) and {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
+        return
+    raise ValueError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
+
+
 def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
     """Validate and write a data set: items, streamed interactions, then the manifest.
 
@@ -93,7 +107,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     old manifest goes first and the new one lands last: a folder caught between the two reads as
     incomplete, never as a mix.
     """
-    storage.require_folder_target(out, "--out")
+    require_dataset_target(out)
     fs, folder = storage.filesystem(out)
     created = storage.is_local(fs) and not fs.exists(folder)  # removed again if this write fails
     items = validate_items(items)

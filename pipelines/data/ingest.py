@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from pipelines.base import logs
 from pipelines.data import generic, movielens
-from pipelines.data.datasets import Dataset, is_dataset, open_dataset, write_dataset
+from pipelines.data.datasets import Dataset, is_dataset, open_dataset, require_dataset_target, write_dataset
 from schemas import storage
 from schemas.tables import item_features, MULTIVALENT
 
@@ -209,6 +209,7 @@ def _usage_error(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     _check_arguments(args)
+    require_dataset_target(args.out)  # before any work
     if args.interactions is not None:
         columns = generic.Columns(user=args.user_col, item=args.item_col, label=args.label_col, timestamp=args.timestamp_col, title=args.title_col)
         scale = tuple(args.rating_scale) if args.rating_scale is not None else None
