@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-
 from pipelines.data import splits
 from pipelines.releases.release import DEFAULT_OUTER_STEPS
 from pipelines.releases.stats_core import LOSSES
@@ -19,12 +18,14 @@ from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import existing_run_lock, Run
 from pipelines.training.settings import ENCODER_INITS, ENGINES, ITEM_UPDATES, NON_PRIVATE_OUTER_STEPS, read_config, STAGES, TrainConfig
 from pipelines.training.stages import run
+from schemas import storage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`ssp train` flags: one per TrainConfig field."""
     helps = {
-        "data": "MovieLens folder or data set folder (default: the bundled ml-latest-small)",
+        "data": "data set folder (written by `ssp ingest` or `ssp synth`) or MovieLens folder; required (`ssp demo` runs on the bundled "
+                "ml-latest-small)",
         "protocol": "rmse (80/10/10 ratings split, RMSE) or recall (held-out users, Recall@20)",
         "rating_min": "lowest rating: the DP mean's clipping bound and the predictions' floor (default: the data set's declared "
                       "rating scale, see `ssp ingest --rating-scale`; 0.5 for data that declares none)",
@@ -145,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     }
     for item in fields(TrainConfig):
         name = "--" + item.name.replace("_", "-")
-        default = item.default  # the declared default: None means "chosen per mode"
+        default = None if item.name == "data" else item.default  # the declared default: None means "chosen per mode" (--data: required)
         kind_name = item.type if isinstance(item.type, str) else item.type.__name__
         if kind_name.startswith("bool") or isinstance(default, bool):
             action = argparse.BooleanOptionalAction if default is not False else "store_true"
@@ -155,7 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices = {"protocol": splits.PROTOCOLS, "engine": ENGINES, "loss": LOSSES, "item_update": ITEM_UPDATES, "encoder": ("features", "id"),
                    "encoder_init": ENCODER_INITS}.get(item.name)
         text = helps.get(item.name, item.name.replace("_", " "))
-        parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text else f"{text} (default: %(default)s)")
+        parser.add_argument(name, type=kind, default=default, choices=choices, help=text if "default:" in text or default is None and item.default is not None
+                            else f"{text} (default: %(default)s)")
     parser.add_argument("--config", help="a file of settings, one per flag (TOML: `epsilon = 5`, `item-update = \"ssp\"`; or JSON, such as "
                         "a run's manifest.json, whose settings are fed back): flags given on the command line override it")
     parser.add_argument("--stage", choices=STAGES, default="all",
@@ -177,10 +179,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if getattr(args, "config", None):
         given = getattr(args, "explicit", set())
         values.update({name: value for name, value in read_config(args.config).items() if name not in given})
+    if values["data"] is None:  # not given: TrainConfig's own default (`ssp train` itself refuses that, see `check_data`)
+        del values["data"]
     return TrainConfig(**values)
 
 
+def check_data(args: argparse.Namespace) -> None:
+    """`ssp train` needs its data named (only `ssp demo` runs on the bundled set), as a folder: a CSV
+    log is told to go through `ssp ingest` first. Checked before any engine starts."""
+    data = args.data if args.data is not None else read_config(args.config).get("data") if getattr(args, "config", None) else None
+    if data is None:
+        raise ValueError("--data is required: a data set folder (`ssp ingest`, `ssp synth`) or a MovieLens folder; `ssp demo` runs on the "
+                         "bundled ml-latest-small")
+    fs, inner = storage.filesystem(data)
+    if fs.isfile(inner):
+        raise ValueError(f"--data {data} is a file: training reads a data set folder; turn an interaction log into one with `ssp ingest "
+                         f"--interactions {data} --catalog ITEMS --features ... --out FOLDER`")
+
+
 def main(args: argparse.Namespace) -> int:
+    check_data(args)
     config = config_from_args(args)
     if args.stage == "prepare":
         with run_directory(config):

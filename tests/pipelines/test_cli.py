@@ -3,9 +3,11 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
+from pipelines.data.ingest import BUNDLED
 from ssp import cli
 
 SUBCOMMANDS = ["demo", "train", "ingest", "synth", "split", "counts", "stats", "user-update"]
@@ -60,7 +62,7 @@ def test_train_refuses_a_folder_that_holds_something_else_and_writes_nothing_in_
     folder = tmp_path / "data-set"
     folder.mkdir()
     (folder / "manifest.json").write_text('{"source": "synthetic", "users": 3}')
-    result = subprocess.run([installed, "train", "--out", str(folder), *stage], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([installed, "train", "--data", BUNDLED, "--out", str(folder), *stage], capture_output=True, text=True, timeout=300)
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors == [f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no settings); use a new --out"]
@@ -96,6 +98,21 @@ def test_bench_is_the_experiment_harness(capsys):
     out = capsys.readouterr().out
     assert "--quick" in out and "--protocol" in out and "--data" in out
     assert "bench" in ssp("--help").stdout
+
+
+def test_train_needs_its_data_named_as_a_folder_before_any_engine_starts(tmp_path):
+    """Through the installed `ssp`: no --data (only `ssp demo` trains on the bundled set) and a CSV
+    log given as --data are each one line, exit 2, within the time of a process start (no JVM), and
+    leave no run folder."""
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    (tmp_path / "log.csv").write_text("user_id,item_id,label\n1,2,4\n")
+    for data, named in (([], "--data is required"), (["--data", str(tmp_path / "log.csv")], "is a file: training reads a data set folder")):
+        started = time.perf_counter()
+        result = subprocess.run([installed, "train", *data, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and "Traceback" not in result.stderr and "spark" not in result.stderr.lower(), result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].startswith("ssp train: error: ") and named in result.stderr
+        assert time.perf_counter() - started < 30 and not (tmp_path / "run").exists()
+    assert "ssp ingest --interactions" in result.stderr
 
 
 @pytest.mark.parametrize("unit", ["example", "user"])
