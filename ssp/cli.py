@@ -101,12 +101,14 @@ def _run_privacy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_bench(argv: list[str]) -> int:
+def _run_bench(argv: list[str], name: str = "bench") -> int:
     """`ssp bench ...` is `python -m bench ...` (its own parser and --help): the experiment harness
-    sits above the pipelines, so it is imported only here, when asked for."""
+    sits above the pipelines, so it is imported only here, when asked for. A failure is one line,
+    exit 2, as for every other command."""
     from bench.__main__ import main as bench_main
 
-    return bench_main(argv)
+    out = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--out"), None)
+    return command.run(name, lambda: bench_main(argv), output=out)
 
 
 def _version() -> str:
@@ -212,7 +214,7 @@ def _given_flags(argv: list[str]) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["bench"], ["audit"]):  # `ssp audit ...` is `python -m bench audit ...`
-        return _run_bench(argv[1:] if argv[0] == "bench" else argv)
+        return _run_bench(argv[1:] if argv[0] == "bench" else argv, argv[0])
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(args.verbosity)

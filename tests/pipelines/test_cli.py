@@ -176,3 +176,13 @@ def test_version_is_the_packages():
     declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
     result = ssp("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"ssp {declared}"
+
+
+def test_a_failing_bench_is_one_line_through_the_installed_command(tmp_path):
+    """`ssp bench` follows the one-line rule of every other command: a missing --data is exit 2 and
+    one error line naming it, no traceback."""
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    result = subprocess.run([installed, "bench", "privacy-utility", "--quick", "--no-progress", "--out", str(tmp_path / "bench"),
+                             "--data", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == f"ssp bench: error: {tmp_path / 'nowhere'}: no such folder"
