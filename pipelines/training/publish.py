@@ -196,6 +196,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
-    print(f"published {args.run} to {args.to}: encoder/, item_embeddings.parquet, model.json, privacy.json, privacy.md "
+    print(f"published {args.run} to {args.to}: {', '.join(marker['contents'])} "
           f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")
     return 0
