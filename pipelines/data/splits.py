@@ -5,7 +5,8 @@ This module owns the split protocols of the paper's benchmarks and the layout of
 * ``rmse`` (regression, the ML10M benchmark): each rating goes to train, valid or test with fixed
   probabilities 1 - h, h/2, h/2 (h = ``holdout``, 0.2 by default: 80/10/10) (`split_ratings`).
 * ``recall`` (ranking, the ML20M benchmark): the preprocessing of Liang et al. 2018 (VAE-CF) as used
-  by the DP-ALS papers: positives only (labels above 3.5; every row of an implicit-feedback data set,
+  by the DP-ALS papers: positives only (labels in the top 30% of the rating scale, above 3.65 on
+  MovieLens' 0.5..5 stars as the papers' "above 3.5"; every row of an implicit-feedback data set,
   whose rows are all positives), held-out validation and test users (each eligible user is
   one with probabilities 1 - h, h/2, h/2) whose positives are split into fold-in history and targets
   (`split_heldout_users`). The restriction of training to the 10% most frequent items is not
@@ -71,7 +72,18 @@ RATING_PARTS = ("train", "valid", "test")
 
 # Ranking protocol (Liang et al. 2018).
 HELDOUT_PARTS = ("train", "valid_history", "valid_targets", "test_history", "test_targets")
-POSITIVE_THRESHOLD = 3.5  # labels above it are positives (explicit ratings)
+POSITIVE_SHARE = 0.3  # explicit ratings: the positives are the labels in the top 30% of the rating scale
+DEFAULT_SCALE = (0.5, 5.0)  # the rating scale of data that declares none (as the run's rating range)
+
+
+def scale_threshold(scale: tuple[float, float]) -> float:
+    """The positive threshold of a rating scale: labels above low + (1 - POSITIVE_SHARE)(high - low)
+    are positives (3.65 on 0.5..5 stars: 4 and up, the MovieLens papers' positives; 7.3 on 1..10)."""
+    low, high = scale
+    return low + (1 - POSITIVE_SHARE) * (high - low)
+
+
+POSITIVE_THRESHOLD = scale_threshold(DEFAULT_SCALE)
 MIN_POSITIVES = 5  # users with fewer positives are dropped
 TARGET_FRACTION = 0.2  # probability that a held-out user's row is a target
 MIN_TARGET_ROWS = 5  # a held-out user with fewer rows keeps them all as history
@@ -239,10 +251,20 @@ def _positives(table: pa.Table, positive_threshold: float | None) -> pa.Table:
     return table if positive_threshold is None else table.filter(pc.greater(table["label"], positive_threshold))
 
 
-def positive_threshold_for(data: Dataset) -> float | None:
+def positive_threshold_for(data: Dataset, threshold: float | None = None, scale: tuple[float, float] | None = None) -> float | None:
     """The ranking protocol's positive threshold for a data set: None (every row is a positive) for
-    implicit feedback (`ssp ingest` without a label column), POSITIVE_THRESHOLD for ratings."""
-    return None if data.manifest.get("feedback") == "implicit" else POSITIVE_THRESHOLD
+    implicit feedback (`ssp ingest` without a label column); for ratings `threshold` when given
+    (--positive-threshold), else the top of the data's declared rating scale (`scale_threshold`;
+    `scale`, else DEFAULT_SCALE, for data that declares none)."""
+    if data.manifest.get("feedback") == "implicit":
+        if threshold is not None:
+            raise ValueError(f"--positive-threshold {threshold:g}: {data.path} holds implicit feedback (no labels), where every interaction is a positive")
+        return None
+    if threshold is not None:
+        if not math.isfinite(threshold):
+            raise ValueError(f"--positive-threshold must be finite, got {threshold}")
+        return float(threshold)
+    return scale_threshold(tuple(data.manifest.get("rating_scale") or scale or DEFAULT_SCALE))
 
 
 def top_items(item_ids: np.ndarray, counts: np.ndarray, fraction: float = TRAIN_ITEM_FRACTION) -> np.ndarray:
@@ -340,17 +362,19 @@ def write_split(split: dict[str, pa.Table], out: str, manifest: dict) -> dict:
     return document
 
 
-def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT, engine=None) -> dict:
+def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT, engine=None,
+               positive_threshold: float | None = None, scale: tuple[float, float] | None = None) -> dict:
     """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
 
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
     against and the (private, exact) table sizes; for recall also the positive threshold used
-    (null for an implicit-feedback data set, where every row is a positive). With an `engine`
+    (null for an implicit-feedback data set, where every row is a positive; `positive_threshold_for`
+    of `positive_threshold` and `scale`). With an `engine`
     (pipelines.engines.selection) the rows are split there, users at a time, into the same tables; else
     the whole log is read into this process."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
-    rule = SplitRule(protocol, seed, check_holdout(holdout), positive_threshold_for(data))
+    rule = SplitRule(protocol, seed, check_holdout(holdout), positive_threshold_for(data, positive_threshold, scale))
     manifest = rule.manifest(data.path)
     if engine is not None:
         storage.remove(storage.join(out, SPLIT_MANIFEST))
@@ -473,8 +497,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         choices=PROTOCOLS,
         help="rmse: each rating is train, valid or test (80/10/10 by default); recall: Liang et al. 2018 held-out users "
-        "(positives > 3.5, or every row of implicit-feedback data; users with >= 5 positives, 80/20 fold-in history/targets)",
+        "(positives: labels in the top 30%% of the rating scale, or every row of implicit-feedback data; users with >= 5 positives, "
+        "80/20 fold-in history/targets)",
     )
+    parser.add_argument("--positive-threshold", type=float, help="recall: labels above it are the positives (default: the top 30%% of the data "
+                        "set's declared rating scale, 3.65 on 0.5..5 stars)")
     parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")
     parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
@@ -483,7 +510,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, data: Dataset, engine=None) -> int:
     """Make the split (on `engine`, pipelines.engines.selection; None: this process) and print one
     line per table (rows and users)."""
-    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine)
+    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine, args.positive_threshold)
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "data": "data set folder (written by `ssp ingest` or `ssp synth`) or MovieLens folder; required (`ssp demo` runs on the bundled "
                 "ml-latest-small)",
         "protocol": "rmse (80/10/10 ratings split, RMSE) or recall (held-out users, Recall@20)",
+        "positive_threshold": "--protocol recall: labels above it are the positives (default: the top 30%% of the rating scale, 3.65 on 0.5..5 "
+                              "stars; implicit feedback keeps every interaction)",
         "rating_min": "lowest rating: the DP mean's clipping bound and the predictions' floor (default: the data set's declared "
                       "rating scale, see `ssp ingest --rating-scale`; 0.5 for data that declares none)",
         "rating_max": "highest rating: the DP mean's other clipping bound and the predictions' ceiling (default: the data set's declared "

@@ -278,7 +278,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     ratings = rating_range(config, data)
     engine = prepare_engine(config, spark, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine)
+        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine, config.positive_threshold, ratings)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):

@@ -102,6 +102,7 @@ class TrainConfig:
     dpsgd_learning_rate: float = 0.01
     dpsgd_clip: float = 1.0  # per-user gradient clip norm C
     dpsgd_max_rows_per_user: int = 256
+    positive_threshold: float | None = None  # --protocol recall: labels above it are positives; None: the top 30% of the rating scale (splits.positive_threshold_for)
     rating_min: float | None = None  # None: the data set's declared rating scale (see rating_range)
     rating_max: float | None = None
     split_seed: int = splits.DEFAULT_SEED
@@ -318,10 +319,10 @@ _NON_NEGATIVE_FLOATS = ("user_prior", "ridge", "noise_ridge", "residual_penalty"
                         "stats_threshold")
 
 
-_CHOSEN_AT_PREPARE = ("stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
+_CHOSEN_AT_PREPARE = ("positive_threshold", "stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
 
 
-_FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max")
+_FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max", "positive_threshold")
 
 
 def _check_settings(config: TrainConfig) -> None:

@@ -549,6 +549,30 @@ def test_make_split_recall_round_trip(tmp_path):
     assert document["sizes"]["train"] == {"rows": 25 * 11, "users": 25}
 
 
+def test_the_positives_follow_the_declared_rating_scale_or_the_flag(tmp_path):
+    """On a 1..10 scale the positives are the top 30% (above 7.3: 8, 9, 10), not "above 3.5"; on
+    MovieLens' 0.5..5 (and data that declares no scale) 4 and up, as the papers'. --positive-threshold
+    overrides it; implicit feedback keeps every row and refuses the flag. Checked through `ssp split`."""
+    from ssp import cli
+
+    assert splits.scale_threshold((1.0, 10.0)) == pytest.approx(7.3) and splits.POSITIVE_THRESHOLD == pytest.approx(3.65)
+    mine = [8.0, 9.0, 10.0, 8.0, 9.0, 4.0, 3.0, 7.0, 2.0, 10.0]  # every user's labels: 6 above 7.3, 8 above 3.5 (or 3.65)
+    labels = mine * 10
+    table = _table(np.repeat(np.arange(10), 10), np.tile(np.arange(10), 10), labels)
+    catalog = pa.table({"item_id": np.arange(10), "title": [f"item {i}" for i in range(10)]}, schema=items_schema({}))
+    write_dataset(str(tmp_path / "ten"), catalog, table.to_batches(), {"source": "test", "rating_scale": [1.0, 10.0]})
+    write_dataset(str(tmp_path / "undeclared"), catalog, table.to_batches(), {"source": "test"})
+    write_dataset(str(tmp_path / "implicit"), catalog, table.to_batches(), {"source": "test", "feedback": "implicit"})
+    for data, flags, want in (("ten", [], 7.3), ("ten", ["--positive-threshold", "3.5"], 3.5), ("undeclared", [], 3.65), ("implicit", [], None)):
+        out = tmp_path / f"split-{data}-{len(flags)}"
+        assert cli.main(["split", "--data", str(tmp_path / data), "--protocol", "recall", "--holdout", "0", "--out", str(out), *flags]) == 0
+        document = json.loads((out / "split.json").read_text())
+        assert document["positive_threshold"] == (None if want is None else pytest.approx(want))
+        assert document["sizes"]["train"]["rows"] == 10 * {None: 10, 7.3: 6, 3.5: 8, 3.65: 8}[want], (data, flags)
+    assert cli.main(["split", "--data", str(tmp_path / "implicit"), "--protocol", "recall", "--out", str(tmp_path / "bad"), "--positive-threshold", "5"]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
 def test_make_split_errors(tmp_path):
     data = _dataset(tmp_path / "data", _random_ratings(20))
     with pytest.raises(ValueError, match="unknown protocol 'ndcg'"):
