@@ -48,9 +48,41 @@ class MissingTableError(FileNotFoundError):
 
 
 def filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem serving `path` and the path inside it."""
+    """The fsspec filesystem serving `path` and the path inside it. A gs:// path's endpoint is
+    probed first (`reach_gcs`): gcsfs retries an unreachable host for minutes, with a traceback
+    logged at every attempt."""
+    if path.startswith("gs://"):
+        reach_gcs(path)
     fs, inner = fsspec.core.url_to_fs(path)
     return fs, inner
+
+
+_REACHED: set[str] = set()
+
+
+def reach_gcs(path: str) -> None:
+    """Refuse a gs:// `path` whose endpoint (storage.googleapis.com, or STORAGE_EMULATOR_HOST) does
+    not resolve or answer within SSP_GCS_TIMEOUT seconds (default 10), in one ValueError naming the
+    path, the host and the cause; once per host and process. gcsfs's own retry messages are kept
+    for -v (pipelines.base.logs)."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com")
+    host, port = endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    if host in _REACHED:
+        return
+    try:
+        timeout = float(os.environ.get("SSP_GCS_TIMEOUT", "10"))
+    except ValueError:
+        raise ValueError(f"SSP_GCS_TIMEOUT must be a number of seconds, got {os.environ['SSP_GCS_TIMEOUT']!r}") from None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.gaierror as exc:
+        raise ValueError(f"{path}: cannot reach {host} (DNS: {exc.strerror or exc}); check the network or STORAGE_EMULATOR_HOST") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)") from None
+    _REACHED.add(host)
 
 
 def join(base: str, *parts: str) -> str:

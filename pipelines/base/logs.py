@@ -32,8 +32,10 @@ if not LOGGER.handlers:
 
 
 def configure(verbosity: int) -> None:
-    """-1 (`-q`): warnings only; 0: progress; 1 or more (`-v`): details too."""
+    """-1 (`-q`): warnings only; 0: progress; 1 or more (`-v`): details too. gcsfs logs a traceback
+    at every retry of a gs:// request: shown with -v only (the command's error line names the cause)."""
     LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
+    logging.getLogger("gcsfs").setLevel(logging.DEBUG if verbosity > 0 else logging.CRITICAL)
 
 
 def log(message: str) -> None:

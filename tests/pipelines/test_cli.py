@@ -186,3 +186,19 @@ def test_a_failing_bench_is_one_line_through_the_installed_command(tmp_path):
                              "--data", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == f"ssp bench: error: {tmp_path / 'nowhere'}: no such folder"
+
+
+@pytest.mark.parametrize("endpoint, named", [("http://nohost.invalid:4443", "cannot reach nohost.invalid (DNS: "),
+                                              ("http://127.0.0.1:9", "cannot reach 127.0.0.1:9 within 3 s")])
+def test_an_unreachable_gcs_endpoint_is_one_line_in_seconds(tmp_path, endpoint, named):
+    """Without the network (a name that does not resolve, a port nobody answers on) a gs:// path is
+    one line naming the path, the host and the cause, at once: no gcsfs retries for minutes, no
+    retry tracebacks on stderr."""
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": endpoint, "SSP_GCS_TIMEOUT": "3"}
+    started = time.perf_counter()
+    result = subprocess.run([installed, "ingest", "--out", "gs://bucket/data"], capture_output=True, text=True, timeout=300, env=env)
+    assert time.perf_counter() - started < 30
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ssp ingest: error: gs://bucket/data: {named}"), lines
