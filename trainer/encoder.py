@@ -236,8 +236,10 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="item_ids")])
     def embed(item_ids):
         positions = module.lookup.lookup(item_ids)
-        tf.debugging.assert_non_negative(positions, message="item id not in the encoder's catalog")
-        return {"embedding": as_written(module.encoder(positions), bias_scale)}
+        known = tf.debugging.Assert(tf.reduce_all(positions >= 0), ["item ids not in the catalog of this encoder (embed_features embeds a new item):",
+                                                                    tf.boolean_mask(item_ids, positions < 0)], summarize=20)
+        with tf.control_dependencies([known]):  # named before any lookup fails on them
+            return {"embedding": as_written(module.encoder(tf.identity(positions)), bias_scale)}
 
     module.embed = embed
     signatures = {"embed": embed}

@@ -122,6 +122,8 @@ def test_export_and_item_embeddings(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     out = loaded.signatures["embed"](item_ids=tf.constant([30, 10], tf.int64))["embedding"].numpy()
     np.testing.assert_allclose(out, np.array(table["embedding"].to_pylist())[[2, 0]], rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in the catalog of this encoder[\s\S]*\[777 999\]"):
+        loaded.signatures["embed"](item_ids=tf.constant([30, 777, 10, 999], tf.int64))  # the unknown ids are named
 
 
 def test_the_features_signature_embeds_any_item_from_its_public_features(tmp_path):
