@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import sys
 from dataclasses import dataclass
 
@@ -33,7 +34,6 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipelines.base import logs
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
@@ -43,6 +43,7 @@ from trainer.evaluate import popularity_position, user_item_mask, with_popularit
 from trainer.solve import logistic_solve, ridge_solve, user_bias_ridge
 
 MODEL_SETTINGS = "model.json"
+LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
 RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
                              pa.field("item_id", pa.int64(), nullable=False), pa.field("score", pa.float64(), nullable=False)])
 
@@ -182,9 +183,9 @@ class PublishedModel:
         known = np.isin(items, self.item_ids)
         if not known.all():
             unknown = np.unique(items[~known])
-            logs.log(f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
-                     + ("" if logs.verbose() else " (-v lists them)"))
-            logs.detail(f"items outside the catalog: {', '.join(map(str, unknown))}")
+            LOGGER.info(f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
+                        + ("" if LOGGER.isEnabledFor(logging.DEBUG) else " (-v lists them)"))
+            LOGGER.debug(f"items outside the catalog: {', '.join(map(str, unknown))}")
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
@@ -217,7 +218,7 @@ class PublishedModel:
                                 schema=RECOMMENDATIONS))
         cold = np.setdiff1d(every_user, solved_users).size
         if cold:
-            logs.log(f"{cold} user(s) with no catalog item to fold in: " + ("the DP popularity ranking (score: the DP count)" if self.popularity is not None
+            LOGGER.info(f"{cold} user(s) with no catalog item to fold in: " + ("the DP popularity ranking (score: the DP count)" if self.popularity is not None
                                                                           else "every score 0 (this publication ships no DP counts; publish the run again)"))
         return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
 

@@ -143,7 +143,8 @@ class TrainConfig:
             # (d 8); at 100,000 users x 20 ratings, epsilon 5, k 4 beat 2 under label clip 1 (0.9613 /
             # 0.9657). So the bias's share, 80% up to epsilon 5, falls to 67% at 10 and 50% at 20 (k =
             # sqrt(20 / epsilon)); without noise k changes nothing (non-private: 0.8588 at k 0.25 and 1).
-            object.__setattr__(self, "bias_coordinate", min(2.0, math.sqrt(20.0 / self.epsilon)))
+            rule = min(2.0, math.sqrt(20.0 / self.epsilon)) if 0 < self.epsilon < math.inf else 2.0  # a bad epsilon is refused below, by name
+            object.__setattr__(self, "bias_coordinate", rule)
         if self.weight_exponent is None:
             # Ranking: every Recall@20 hit is on a popular item (the top fifth; the other fifths score 0
             # even without noise), so a user's weight is spread evenly over their positives instead of

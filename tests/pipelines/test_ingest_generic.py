@@ -296,7 +296,7 @@ def test_explicit_data_keep_the_rating_threshold(tmp_path):
     catalog = write_csv(tmp_path / "c.csv", "item_id\n" + "".join(f"{i}\n" for i in range(8)))
     data = generic.ingest(ratings, catalog, str(tmp_path / "data"), "", generic.Columns(label="rating"), rating_scale=(1, 5))
     document = splits.make_split(data, "recall", str(tmp_path / "split"), holdout=0.0)
-    assert document["positive_threshold"] == splits.POSITIVE_THRESHOLD
+    assert document["positive_threshold"] == splits.scale_threshold((1, 5)) == 3.8  # the top 30% of the declared 1..5
     assert document["sizes"]["train"] == {"rows": 5, "users": 1}  # the three 3.0 ratings are not positives
 
 

@@ -317,7 +317,8 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "exceeds the allowed 4" in ssp_error("privacy", run, "--max-epsilon", "4")
     ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
     ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
-    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "encoder", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "counts.parquet", "encoder", "item_embeddings.parquet", "model.json", "privacy.json",
+                                                          "privacy.md"]
     report = (tmp_path / "published" / "privacy.md").read_text()
     assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
     capsys.readouterr()
