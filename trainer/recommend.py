@@ -238,6 +238,7 @@ class PublishedModel:
             raise ValueError(f"{source}: row {row + 1} has label {history['label'][row].as_py()!r}{scale}")
         return labels
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a publication folder written by `ssp publish` (local or gs://): its item embeddings, "
                         "encoder and model.json are all that is read")
