@@ -88,7 +88,7 @@ def study(results: harness.Results, data: str, protocol: str, name: str, epsilon
         if bar is not None:
             bar.update()
         trials.append({"params": params, "value": value})
-        history.append((training.tuned_values(name, params["config"], size["caps"]), value["valid"]))
+        history.append((training.tuned_values(name, params["config"], size["caps"], epsilon, protocol), value["valid"]))
     return trials
 
 

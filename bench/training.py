@@ -230,10 +230,12 @@ def study_seed(name: str, epsilon: float | None) -> int:
     return int(sequence.generate_state(1)[0])
 
 
-def tuned_values(name: str, config: dict, caps: dict) -> dict:
-    """The values a cell config gives the method's tuned fields (TrainConfig's defaults for those it
-    leaves out), those inside the search space: what the sampler is told of a finished trial."""
-    effective = settings.TrainConfig(**{key: value for key, value in config.items() if key in _FIELDS})
+def tuned_values(name: str, config: dict, caps: dict, epsilon: float | None = None, protocol: str = "rmse") -> dict:
+    """The values a cell config gives the method's tuned fields (TrainConfig's defaults at the cell's
+    epsilon and protocol for those it leaves out: d follows both), those inside the search space:
+    what the sampler is told of a finished trial."""
+    run = {"protocol": protocol, **({} if epsilon is None else {"epsilon": epsilon})}
+    effective = settings.TrainConfig(**run, **{key: value for key, value in config.items() if key in _FIELDS})
     values = {key: getattr(effective, key) for key, dim in search_space(name, caps).items() if dim.contains(getattr(effective, key))}
     return {key: int(value) if getattr(METHODS[name].space[key], "integer", False) else value for key, value in values.items()}
 

@@ -139,8 +139,11 @@ def test_cell_config_precedence_and_plain_numbers():
     # the draw beats the base, the base beats nothing of the method's; a field ALS does not tune is not set
     assert config == {"item_update": "als", "encoder": "id", "dim": 16} and type(config["dim"]) is int
     assert training.train_config(training.cell_params("/d", "rmse", "als", 5.0, config, 7), "/d", "/run").dim == 16
-    # what the sampler is told of the defaults: TrainConfig's (d = 16 private at epsilon 10, 32 non-private)
+    # what the sampler is told of the defaults: TrainConfig's at the cell's epsilon and protocol (d = 16
+    # private at epsilon 10, 8 at epsilon 1 for ratings, 16 at epsilon 1 for ranking, 32 non-private)
     assert training.tuned_values("als", training.cell_config("als", {}, {}), {})["dim"] == 16
+    assert training.tuned_values("als", training.cell_config("als", {}, {}), {}, epsilon=1.0)["dim"] == 8
+    assert training.tuned_values("als", training.cell_config("als", {}, {}), {}, epsilon=1.0, protocol="recall")["dim"] == 16
     assert training.tuned_values("nonprivate-als", training.cell_config("nonprivate-als", {}, {}), {})["dim"] == 32
 
 
