@@ -35,7 +35,7 @@ INTERACTIONS = pa.schema(
 # kind ("multivalent": list<string>, a bag of values where repeats weigh more; "univalent": one
 # int64 or string value, null when unknown) are listed in the schema metadata under b"features".
 ITEMS_BASE = pa.schema([pa.field("item_id", pa.int64(), nullable=False), pa.field("title", pa.string())])
-MULTIVALENT, UNIVALENT = "multivalent", "univalent"
+MULTIVALENT, UNIVALENT, NUMERIC = "multivalent", "univalent", "numeric"
 CATALOG = pa.schema([ITEMS_BASE.field("item_id")])  # the keys of an items table: what jobs that only need the catalog read
 
 USER_EMBEDDINGS = pa.schema(
@@ -84,8 +84,10 @@ def items_schema(features: dict[str, str], univalent_types: dict[str, pa.DataTyp
             fields.append(pa.field(name, STRING_LIST))
         elif kind == UNIVALENT:
             fields.append(pa.field(name, univalent_types.get(name, pa.int64())))
+        elif kind == NUMERIC:  # a number per item (null: unknown), bucketed by the catalog's quantiles (trainer.features)
+            fields.append(pa.field(name, pa.float64()))
         else:
-            raise SchemaError("items", f"feature family kind must be '{MULTIVALENT}' or '{UNIVALENT}', got {kind!r}", name)
+            raise SchemaError("items", f"feature family kind must be '{MULTIVALENT}', '{UNIVALENT}' or '{NUMERIC}', got {kind!r}", name)
     return pa.schema(fields, metadata={b"features": json.dumps(features).encode()})
 
 
@@ -120,6 +122,11 @@ def validate_items(table: pa.Table) -> pa.Table:
             univalent_types[name] = pa.string() if pa.types.is_string(kept) or pa.types.is_large_string(kept) else pa.int64()
     table = _conform(table, items_schema(features, univalent_types), "items")
     _require_unique(table, "item_id", "items")
+    for name, kind in features.items():
+        if kind == NUMERIC:  # null is unknown; a value is a finite number
+            bad = np.flatnonzero(pc.fill_null(pc.invert(pc.is_finite(table[name])), False).to_numpy(zero_copy_only=False))
+            if bad.size:
+                raise SchemaError("items", f"holds a non-finite number ({table[name][int(bad[0])].as_py()}); leave an unknown value empty", name, int(bad[0]))
     return table
 
 

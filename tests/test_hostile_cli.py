@@ -367,6 +367,18 @@ def test_ingest_into_a_run_or_any_other_folder_is_refused_and_a_data_set_is_repl
     assert json.loads((replaced / "manifest.json").read_text())["users"] == 50
 
 
+def test_a_bad_feature_column_is_one_line_naming_the_row_and_leaves_no_data_set(tmp_path):
+    """A CSV value column holding several values (declare it a bag), and a number column holding
+    text: one line naming the file, the row and the column; nothing written."""
+    (tmp_path / "clicks.csv").write_text("customer,sku\n1,10\n2,20\n")
+    for catalog, spec, named in (("sku,tags\n10,red\n20,red|blue\n", "tags:value", ("row 2", "'tags'", "tags:bag")),
+                                 ("sku,price\n10,9.99\n20,ask us\n", "price:number", ("row 2", "'price'", "'ask us'", "not a number"))):
+        (tmp_path / "catalog.csv").write_text(catalog)
+        assert_refused(ssp("ingest", "--interactions", tmp_path / "clicks.csv", "--catalog", tmp_path / "catalog.csv", "--user-col", "customer",
+                           "--item-col", "sku", "--features", spec, "--out", tmp_path / "data"), tmp_path / "catalog.csv", *named)
+        assert not (tmp_path / "data").exists()
+
+
 def test_an_empty_output_path_is_refused(tmp_path):
     assert_refused(ssp("ingest", "--out", ""), "--out is empty")
 

@@ -222,7 +222,8 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
     - `embed(item_ids: int64[n]) -> {"embedding": float32[n, d]}`: the catalog's items, as trained;
     - `embed_features(<family>: string[n, None] ...) -> {"embedding": float32[n, d]}` (features
       encoder only): any item from its public feature values alone, one string input per family
-      ("" pads a bag; a univalent family gives one value or ""), so a new catalog item is embedded
+      ("" pads a bag; a univalent family gives one value or ""; a numeric family its number as text,
+      bucketed by the catalog's edges), so a new catalog item is embedded
       without retraining. A value the catalog never had gets the family's out-of-vocabulary row.
       It is the shared encoder, without the per-item residuals of the training catalog.
     With `bias_scale` c (a model with biases) both give [v, c b, 1] for the encoder's outputs [v, b]:
@@ -249,13 +250,24 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
 
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])
         def embed_features(*values):
-            ids = [tf.ragged.boolean_mask(table.lookup(strings), tf.not_equal(strings, "")) for table, strings in zip(module.vocabularies, values)]
+            ids = [_value_ids(family, table, strings) for family, table, strings in zip(families, module.vocabularies, values)]
             return {"embedding": as_written(module.encoder.encode_values(ids), bias_scale)}
 
         module.embed_features = embed_features
         signatures["embed_features"] = embed_features
     with storage.write_folder(path) as local:
         tf.saved_model.save(module, local, signatures=signatures)
+
+
+def _value_ids(family, table: tf.lookup.StaticHashTable, strings: tf.Tensor) -> tf.RaggedTensor:
+    """A family's value ids of a [n, None] string batch ("" is padding): the vocabulary's, or for a
+    numeric family the bucket of each number given as text (as trainer.features buckets the catalog)."""
+    given = tf.ragged.boolean_mask(strings, tf.not_equal(strings, ""))
+    if family.boundaries is None:
+        return tf.ragged.map_flat_values(table.lookup, given)
+    edges = tf.constant(family.boundaries, tf.float64)
+    numbers = tf.ragged.map_flat_values(tf.strings.to_number, given, out_type=tf.float64)  # float64: the catalog's edges exactly
+    return tf.ragged.map_flat_values(lambda x: tf.searchsorted(edges, x, side="right", out_type=tf.int64) + 1, numbers)
 
 
 def _vocabulary_table(vocabulary: list[str]) -> tf.lookup.StaticHashTable:

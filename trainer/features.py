@@ -5,7 +5,9 @@ its values (id 0 is reserved for "unknown": an item with no value in a family, o
 when the space was built); multivalent families keep repeated values (they weigh more in the
 encoder's bag average). The item id itself can be one more family: the catalog is public, so an
 id embedding costs no privacy under SSP (the noise scales with the number of items, not of
-features).
+features). A numeric family (a price) is bucketed by the catalog's quantiles (NUMERIC_BUCKETS of
+them, fewer where values repeat): one value per bucket, so items of a similar price share an
+embedding row, and a new item's number falls in a bucket whatever its exact value.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from schemas.tables import item_features, validate_items
+from schemas.tables import item_features, NUMERIC, validate_items
 
 ITEM_ID_FAMILY = "item_id"
+NUMERIC_BUCKETS = 10  # deciles, the usual quantile bucketing of a numeric feature
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Family:
     vocabulary: list[str]  # value of id k is vocabulary[k - 1]; id 0 = unknown
     values: np.ndarray  # int64 value ids, all items concatenated
     row_splits: np.ndarray  # item i's ids are values[row_splits[i]:row_splits[i + 1]]
+    boundaries: np.ndarray | None = None  # a numeric family's bucket edges: x's id is 1 + #(edges <= x)
 
     @property
     def size(self) -> int:
@@ -55,6 +59,9 @@ class FeatureSpace:
             raise ValueError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
         out = []
         for name in chosen:
+            if declared[name] == NUMERIC:
+                out.append(_numeric_family(name, items[name]))
+                continue
             lengths, flat = _column_values(items[name])
             vocabulary, ids = np.unique(flat, return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
             out.append(Family(name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64)))
@@ -86,6 +93,22 @@ class FeatureSpace:
         return order[pos]
 
 
+def _numeric_family(name: str, column: pa.ChunkedArray) -> Family:
+    """A numeric family: buckets between the catalog's quantiles (the catalog is public), each
+    item's number as its bucket (no value when null)."""
+    numbers = column.to_numpy(zero_copy_only=False).astype(np.float64)
+    known = np.isfinite(numbers)
+    if known.any():
+        edges = np.unique(np.quantile(numbers[known], np.linspace(0.0, 1.0, NUMERIC_BUCKETS + 1)[1:-1]))
+        edges = edges[edges > numbers[known].min()]  # no bucket below every value
+    else:
+        edges = np.zeros(0)
+    bounds = np.r_[-np.inf, edges, np.inf]
+    vocabulary = [f"[{low:g}, {high:g})" for low, high in zip(bounds[:-1], bounds[1:])]
+    ids = np.searchsorted(edges, numbers[known], side="right").astype(np.int64) + 1
+    return Family(name, vocabulary, ids, np.r_[0, np.cumsum(known)].astype(np.int64), boundaries=edges)
+
+
 def _column_values(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(number of values of each row, every value as a string, rows concatenated) of a feature
     column: a bag (list<string>, repeats kept) or a single value (null: none)."""
@@ -99,9 +122,12 @@ def _column_values(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.n
 
 def value_strings(items: pa.Table, name: str) -> list[list[str]]:
     """Every row's values of feature family `name` as the strings the vocabularies hold (a bag's
-    values in order; a univalent value as a one-element list, none when null): what the exported
-    encoder's `embed_features` signature takes."""
-    lengths, flat = _column_values(items[name])
+    values in order; a univalent value as a one-element list, none when null; a number as its
+    text, which the signature buckets): what the exported encoder's `embed_features` signature takes."""
+    column = items[name]
+    if pa.types.is_floating(column.type):
+        return [[] if value is None or value != value else [repr(float(value))] for value in column.to_pylist()]
+    lengths, flat = _column_values(column)
     splits, values = np.r_[0, np.cumsum(lengths)], flat.tolist()
     return [values[splits[i] : splits[i + 1]] for i in range(lengths.size)]
 

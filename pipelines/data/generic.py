@@ -16,12 +16,15 @@ table. Interactions are streamed in record batches (bounded memory); the catalog
 - A timestamp column may hold integer seconds since 1970 or Arrow timestamps (any unit and time
   zone), or, in CSV, ISO 8601 date-times (UTC unless they carry an offset); it becomes int64 epoch
   seconds.
-- Catalog features are declared one by one with their kind (`genres:bag,brand:value`): a `bag`
-  (multivalent) column is a list of strings, or a string of values separated by `|` (CSV has no
-  lists; blanks around values and empty values are dropped); a `value` (univalent) column keeps an
-  integer type as int64 and becomes a string otherwise (in CSV: int64 when every value is an
-  integer). Null or empty means no values / unknown. Every catalog row becomes an item, whether it
-  has interactions or not.
+- Catalog features are declared one by one with their kind (`genres:bag,brand:value,price:number`):
+  a `bag` (multivalent) column is a list of strings, or a string of values separated by `|` (CSV has
+  no lists; blanks around values and empty values are dropped); a `value` (univalent) column is one
+  category per item: int64 when every value is a whole number, else text, the same whichever the
+  format (9, 9.0 and "9.0" are one value; numbers that are not whole are written by one rule), and
+  a CSV value holding `|` is refused (declare it a bag); a `number` column is a quantity (a price, a
+  duration): float64, bucketed by the catalog's quantiles when the encoder is built
+  (trainer.features), not one category per distinct value. Null or empty (and NaN in a number)
+  means no values / unknown. Every catalog row becomes an item, whether it has interactions or not.
 
 Privacy: the interactions table is private user data. The catalog's declared feature columns (and
 the title) are declared PUBLIC by the run (`--features`) and the manifest records the declaration:
@@ -49,9 +52,9 @@ from pipelines.base import logs
 from pipelines.data.datasets import Dataset, write_dataset
 from pipelines.data.movielens import IngestError
 from schemas import SchemaError, storage
-from schemas.tables import items_schema, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
+from schemas.tables import items_schema, MULTIVALENT, NUMERIC, UNIVALENT, validate_interactions, validate_items
 
-FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT}
+FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT, "number": NUMERIC}
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 BAG_SEPARATOR = "|"
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
@@ -73,17 +76,19 @@ class Columns:
 
 
 def parse_features(spec: str) -> dict[str, str]:
-    """The feature declaration `name:kind,...` (kind `bag` or `value`) as {column: multivalent or
-    univalent}, in the given order; an empty spec declares no feature."""
+    """The feature declaration `name:kind,...` (kind `bag`, `value` or `number`) as {column:
+    multivalent, univalent or numeric}, in the given order; an empty spec declares no feature."""
     features: dict[str, str] = {}
     for entry in (part.strip() for part in spec.split(",")):
         if not entry:
             continue
         name, colon, kind = (text.strip() for text in entry.rpartition(":"))
         if not colon or not name:
-            raise IngestError(f"--features: {entry!r} must be COLUMN:KIND with KIND bag (a list of values) or value (one value per item)")
+            raise IngestError(f"--features: {entry!r} must be COLUMN:KIND with KIND bag (a list of values), value (one category per item) "
+                              "or number (a quantity per item)")
         if kind not in FEATURE_KINDS:
-            raise IngestError(f"--features: unknown kind {kind!r} for column {name!r}; use bag (a list of values, e.g. genres) or value (one value per item, e.g. brand)")
+            raise IngestError(f"--features: unknown kind {kind!r} for column {name!r}; use bag (a list of values, e.g. genres), value (one "
+                              "category per item, e.g. brand) or number (a quantity per item, e.g. price)")
         if name in features:
             raise IngestError(f"--features: column {name!r} is declared twice")
         if name in RESERVED:
@@ -308,16 +313,51 @@ def _bag(column: pa.Array, name: str, part: _Part) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values.filter(pa.array(keep)))
 
 
+def _as_floats(column: pa.Array, name: str, part: _Part, strict: bool) -> pa.Array | None:
+    """A column of numbers (an integer, floating or decimal type; in CSV, text) as float64, NaN as
+    null. A value that is not a number: an error naming its row when `strict`, else None."""
+    column = _decoded(column)
+    kind = column.type
+    text = part.csv and _is_text(kind)
+    if not (text or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+        if strict:
+            raise IngestError(f"{part.file}: number column {name!r} has type {kind}; give numbers (a price, a duration), or declare it a value")
+        return None
+    source = pc.utf8_trim_whitespace(column) if text else column
+    try:
+        floats = source.cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if not strict:
+            return None
+        for offset, value in enumerate(source.to_pylist()):
+            try:
+                pa.array([value]).cast(pa.float64())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise IngestError(f"{part.at(offset)}: number column {name!r} holds {value!r}, not a number (leave an unknown value empty)") from None
+        raise IngestError(f"{part.file}: number column {name!r} cannot be read as numbers") from None
+    floats = pc.if_else(pc.is_nan(floats), pa.scalar(None, pa.float64()), floats)
+    infinite = np.flatnonzero(pc.fill_null(pc.is_inf(floats), False).to_numpy(zero_copy_only=False))
+    if infinite.size:
+        raise IngestError(f"{part.at(int(infinite[0]))}: {name!r} holds {floats[int(infinite[0])].as_py()}, not a finite number")
+    return floats
+
+
+def _numbers(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
+    """The chunks of a number column as float64 (null: unknown)."""
+    return [_as_floats(column, name, part, strict=True) for part, column in chunks]
+
+
 def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
-    """The chunks of a value (univalent) column, as one type: int64 when every chunk holds integers
-    (an integer type; in CSV, text of integers), else text; null means unknown."""
+    """The chunks of a value (univalent) column, as one type whatever the file format: int64 when
+    every value is a whole number (an integer type, whole floats, in CSV text of numbers), text
+    otherwise, numbers written by one rule (Arrow's float to text); null (and NaN) means unknown."""
     chunks = [(part, _decoded(column)) for part, column in chunks]
     for part, column in chunks:
         kind = column.type
         if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
             raise IngestError(f"{part.file}: value column {name!r} has type {kind}, which is not one value per item; declare a list column a bag")
     as_ints = []
-    for part, column in chunks:
+    for part, column in chunks:  # integers first, exactly (ids beyond 2^53 are not floats)
         source = pc.utf8_trim_whitespace(column) if part.csv and _is_text(column.type) else column
         if not (pa.types.is_integer(source.type) or (part.csv and _is_text(source.type))):
             break
@@ -327,13 +367,26 @@ def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
             break
     else:
         return as_ints
+    floats = [_as_floats(column, name, part, strict=False) for part, column in chunks]
+    if all(chunk is not None for chunk in floats):  # every value a number: whole numbers as int64, the rest as one text rule
+        flat = np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in floats]) if floats else np.zeros(0)
+        known = flat[np.isfinite(flat)]
+        if np.all(known == np.round(known)) and np.all(np.abs(known) < 2.0**53):
+            return [chunk.cast(pa.int64()) for chunk in floats]
+        return [chunk.cast(pa.string()) for chunk in floats]
     out = []
     for part, column in chunks:
         try:
             text = column.cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise IngestError(f"{part.file}: value column {name!r} has type {column.type}, which cannot be read as text") from None
-        out.append(pc.utf8_trim_whitespace(text) if part.csv else text)
+        if part.csv:
+            text = pc.utf8_trim_whitespace(text)
+            several = np.flatnonzero(pc.fill_null(pc.match_substring(text, BAG_SEPARATOR), False).to_numpy(zero_copy_only=False))
+            if several.size:
+                raise IngestError(f"{part.at(int(several[0]))}: value column {name!r} holds {text[int(several[0])].as_py()!r}, several values "
+                                  f"separated by '{BAG_SEPARATOR}'; declare the column a bag ({name}:bag)")
+        out.append(text)
     return out
 
 
@@ -342,8 +395,8 @@ def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
 
 
 def _declared(features: dict[str, str] | str) -> dict[str, str]:
-    """A feature declaration as {column: multivalent or univalent}: the spec `genres:bag,year:value`
-    or a dict of kinds (bag/value or multivalent/univalent)."""
+    """A feature declaration as {column: multivalent, univalent or numeric}: the spec
+    `genres:bag,year:value,price:number` or a dict of kinds (bag/value/number or their schema names)."""
     if isinstance(features, str):
         return parse_features(features)
     spec = ",".join(f"{name}:{next((k for k, v in FEATURE_KINDS.items() if v == kind), kind)}" for name, kind in features.items())
@@ -375,6 +428,8 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
     for name, family in features.items():
         if family == MULTIVALENT:
             data[name] = pa.chunked_array(raw[name], pa.list_(pa.string()))
+        elif family == NUMERIC:
+            data[name] = pa.chunked_array(_numbers(raw[name], name), pa.float64())
         else:
             chunks = _values(raw[name], name)
             univalent[name] = chunks[0].type

@@ -175,7 +175,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("--title-col", default=None, metavar="NAME", help="catalog column holding a display title per item, published "
                        "with the item (default: none, titles left empty)")
     table.add_argument("--features", metavar="SPEC", help="catalog columns declared PUBLIC item features, as COLUMN:KIND,... with KIND bag "
-                       "(a list of values, or text separated by '|', e.g. genres:bag) or value (one value per item, e.g. brand:value); "
+                       "(a list of values, or text separated by '|', e.g. genres:bag), value (one category per item, e.g. brand:value) or number "
+                       "(a quantity per item, bucketed by the catalog's deciles, e.g. price:number); "
                        "they are published with the model, so declare only columns no user wrote; an empty SPEC declares none")
 
 

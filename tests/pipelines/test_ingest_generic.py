@@ -204,7 +204,7 @@ def test_feature_declarations(tables, tmp_path):
     assert generic.parse_features(" genres:bag , brand:value,,") == {"genres": "multivalent", "brand": "univalent"}
     assert generic.parse_features("") == {}
     for spec, pattern in (
-        ("tags:list", r"unknown kind 'list' for column 'tags'; use bag .* or value"),
+        ("tags:list", r"unknown kind 'list' for column 'tags'; use bag .*, value .* or number"),
         ("tags", r"'tags' must be COLUMN:KIND"),
         ("tags:bag,tags:value", "declared twice"),
         ("title:value", "canonical items column"),
@@ -216,6 +216,43 @@ def test_feature_declarations(tables, tmp_path):
     with pytest.raises(IngestError, match=r"value column 'tags' has type list<element: string>, which is not one value per item"):
         generic.ingest(interactions, catalog, str(tmp_path / "out"), "tags:value", COLUMNS)
     assert not (tmp_path / "out").exists()
+
+
+def test_values_and_numbers_read_the_same_from_csv_and_parquet(tmp_path):
+    """One catalog as CSV and as Parquet gives one items table: a value column of whole numbers is
+    int64 (9, 9.0, "9.0" alike), one of other numbers is text by one rule, a number column is
+    float64; empty, null and NaN are unknown."""
+    csv = write_csv(tmp_path / "catalog.csv", "sku,price,size,brand\n10,9.0,9.0,acme\n20,9.5,10,bolt\n30,,,acme\n40,nan,11.5,\n")
+    parquet = tmp_path / "catalog.parquet"
+    pq.write_table(pa.table({"sku": [10, 20, 30, 40], "price": pa.array([9, 9.5, None, float("nan")], pa.float32()), "size": [9.0, 10.0, None, 11.5],
+                             "brand": ["acme", "bolt", "acme", None]}), parquet)
+    whole = write_csv(tmp_path / "whole.csv", "sku,size\n10,9.0\n20, 10\n")
+    columns = generic.Columns(item="sku")
+    expected = [{"item_id": 10, "title": None, "price": 9.0, "size": "9", "brand": "acme"},
+                {"item_id": 20, "title": None, "price": 9.5, "size": "10", "brand": "bolt"},
+                {"item_id": 30, "title": None, "price": None, "size": None, "brand": "acme"},
+                {"item_id": 40, "title": None, "price": None, "size": "11.5", "brand": None}]
+    for catalog in (csv, str(parquet)):
+        items = generic.read_catalog(catalog, columns, "price:number,size:value,brand:value")
+        assert rows(items) == expected and items.schema.field("price").type == pa.float64(), catalog
+    assert generic.read_catalog(whole, columns, "size:value")["size"].to_pylist() == [9, 10]
+
+
+def test_bad_values_and_numbers_are_named(tmp_path):
+    columns = generic.Columns(item="sku")
+    for text, spec, pattern in (
+        ("sku,brand\n10,acme\n20,a|b\n", "brand:value", r"catalog.csv, row 2: value column 'brand' holds 'a\|b', several values separated by '\|'; "
+                                                        r"declare the column a bag \(brand:bag\)"),
+        ("sku,price\n10,9\n20,cheap\n", "price:number", r"catalog.csv, row 2: number column 'price' holds 'cheap', not a number"),
+        ("sku,price\n10,inf\n", "price:number", r"catalog.csv, row 1: 'price' holds inf, not a finite number"),
+    ):
+        catalog = write_csv(tmp_path / "catalog.csv", text)
+        with pytest.raises(IngestError, match=pattern):
+            generic.read_catalog(catalog, columns, spec)
+    parquet = tmp_path / "bags.parquet"
+    pq.write_table(pa.table({"sku": [10], "price": [["9"]]}), parquet)
+    with pytest.raises(IngestError, match=r"number column 'price' has type list<element: string>; give numbers"):
+        generic.read_catalog(str(parquet), columns, "price:number")
 
 
 def test_bad_catalogs(tables, tmp_path):

@@ -37,8 +37,9 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
     brand = rng.integers(0, len(BRANDS), items)
     tags = [sorted(set(rng.choice(len(TAGS), 2).tolist())) for _ in range(items)]
     product = np.arange(1000, 1000 + items)
+    price = np.random.default_rng(seed + 1).lognormal(3.0, 0.6, items).round(2)  # a quantity: ingested as a number, bucketed
     catalog = pa.table({"product": product, "name": [f"p{p}" for p in product], "brand": [BRANDS[b] for b in brand],
-                        "tags": [[TAGS[t] for t in ts] for ts in tags], "year": rng.integers(2015, 2020, items)})
+                        "tags": [[TAGS[t] for t in ts] for ts in tags], "year": rng.integers(2015, 2020, items), "price": price})
     rows, tastes = [], []
     for user in range(users):
         liked_brand, liked_tags = rng.integers(0, len(BRANDS)), set(rng.choice(len(TAGS), 2, replace=False).tolist())
@@ -63,7 +64,7 @@ def published(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("own-data")
     clicks, products = planted_tables(root / "raw")
     assert cli.main(["ingest", "--interactions", str(clicks), "--catalog", str(products), "--user-col", "customer", "--item-col", "product",
-                     "--timestamp-col", "ts", "--title-col", "name", "--features", "brand:value,tags:bag,year:value", "--out", str(root / "data")]) == 0
+                     "--timestamp-col", "ts", "--title-col", "name", "--features", "brand:value,tags:bag,year:value,price:number", "--out", str(root / "data")]) == 0
     config = settings.TrainConfig(data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8)
     metrics = stages.run(config, spark=spark, progress=False)
     publish(Run(str(root / "run")), str(root / "published"))
@@ -110,9 +111,10 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
     model = PublishedModel.load(str(root / "published"))
     products = pq.read_table(root / "raw" / "products.parquet")
     # a new item that copies catalog item 1000's public features embeds as the shared encoder says of it
-    twin = pa.table({"item_id": [5000], "brand": products["brand"][:1], "tags": products["tags"][:1], "year": products["year"][:1]})
-    (tmp_path / "new.csv").write_text("item_id,brand,tags,year\n5000,{},{},{}\n5001,newbrand,,2030\n".format(
-        products["brand"][0].as_py(), "|".join(products["tags"][0].as_py()), products["year"][0].as_py()))
+    twin = pa.table({"item_id": [5000], "brand": products["brand"][:1], "tags": products["tags"][:1], "year": products["year"][:1],
+                     "price": products["price"][:1]})
+    (tmp_path / "new.csv").write_text("item_id,brand,tags,year,price\n5000,{},{},{},{}\n5001,newbrand,,2030,\n".format(
+        products["brand"][0].as_py(), "|".join(products["tags"][0].as_py()), products["year"][0].as_py(), products["price"][0].as_py()))
     embedded = model.embed_new_items(twin)
     assert embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded)) and embedded[0, 8] == 0  # d, then no DP count in the popularity column
     # a user who clicked only items of the twin's brand gets the twin among their recommendations' scores
@@ -134,7 +136,7 @@ def test_items_held_out_of_training_are_embedded_from_their_features_and_ranked_
     root, _ = published
     model = PublishedModel.load(str(root / "published"))
     products = pq.read_table(root / "raw" / "products_all.parquet")
-    added = products.slice(products.num_rows - HELD_OUT).rename_columns(["item_id", "name", "brand", "tags", "year"])
+    added = products.slice(products.num_rows - HELD_OUT).rename_columns(["item_id", "name", "brand", "tags", "year", "price"])
     assert not np.isin(added["item_id"].to_numpy(), model.item_ids).any()  # never trained on
     history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
     users, vectors = model.fold_in(history["user_id"].to_numpy(), np.searchsorted(model.item_ids, history["item_id"].to_numpy()), None)

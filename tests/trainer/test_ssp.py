@@ -284,3 +284,30 @@ def test_training_with_solve_residuals_ends_at_each_items_exact_residual(tmp_pat
     shared = encoder.embed_all(shared=True)
     np.testing.assert_allclose(encoder.embed_all()[0], (50 * target + shared[0]) / 51, rtol=1e-5)
     np.testing.assert_allclose(encoder.residual(tf.range(1, space.size)).numpy(), 0.0, atol=1e-6)
+
+
+def test_a_numeric_family_is_bucketed_by_the_catalogs_quantiles_in_training_and_in_the_signature(tmp_path):
+    """Prices 1..20 (and one unknown): nine decile edges by numpy's quantile rule, each price's
+    bucket 1 + #(edges <= price); the signature buckets a number given as text the same way,
+    float64 exactly at an edge, and a new price beyond every edge lands in the top bucket."""
+    prices = [float(p) for p in range(1, 21)] + [None]
+    items = pa.table({"item_id": list(range(100, 121)), "title": [None] * 21, "price": prices},
+                     schema=items_schema({"price": "numeric"}))
+    space = FeatureSpace.from_items(items, use_item_id=False)
+    (family,) = space.families
+    edges = np.quantile(np.arange(1.0, 21.0), np.arange(1, 10) / 10)  # 2.9, 4.8, ..., 18.1
+    np.testing.assert_allclose(family.boundaries, edges)
+    assert family.size == 11 and family.vocabulary[0] == "[-inf, 2.9)" and family.vocabulary[-1] == "[18.1, inf)"
+    np.testing.assert_array_equal(family.values, 1 + np.searchsorted(edges, np.arange(1.0, 21.0), side="right"))
+    np.testing.assert_array_equal(np.diff(family.row_splits), [1] * 20 + [0])  # the unknown price: no value
+    tf.keras.utils.set_random_seed(5)
+    encoder = ItemEncoder(space, dim=3)
+    encoder(tf.range(space.size))
+    export(encoder, str(tmp_path / "model"))
+    embed = tf.saved_model.load(str(tmp_path / "model")).signatures["embed_features"]
+    texts = [[repr(p)] if p is not None else [""] for p in prices]
+    np.testing.assert_allclose(embed(price=tf.constant(texts))["embedding"].numpy(), encoder.embed_all(shared=True), rtol=1e-5, atol=1e-6)
+    at_edge, beyond = embed(price=tf.constant([[repr(edges[3])], ["1000"]]))["embedding"].numpy()
+    ids = [tf.ragged.constant([[5]], dtype=tf.int64), tf.ragged.constant([[10]], dtype=tf.int64)]
+    np.testing.assert_allclose(at_edge, encoder.encode_values(ids[:1]).numpy()[0], rtol=1e-5, atol=1e-6)  # an edge opens its bucket
+    np.testing.assert_allclose(beyond, encoder.encode_values(ids[1:]).numpy()[0], rtol=1e-5, atol=1e-6)
