@@ -99,6 +99,12 @@ class PublishedModel:
         """Open the publication at `path` (local or gs://), refusing one that is not complete."""
         if not storage.exists(storage.join(path, "_PUBLISHED")):
             raise ValueError(f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`")
+        return cls.read(path)
+
+    @classmethod
+    def read(cls, path: str) -> PublishedModel:
+        """The model from a publication's files, committed or not (`ssp publish` builds the serving
+        SavedModel from them before its marker)."""
         settings_path = storage.join(path, MODEL_SETTINGS)
         if not storage.exists(settings_path):
             raise ValueError(f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder")

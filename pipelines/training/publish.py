@@ -1,7 +1,8 @@
 """`ssp publish --run RUN --to DEST`: hand a finished run's public results over, after checking its ledger.
 
 What is published: `encoder/` (SavedModel, signatures `embed` and `embed_features`),
-`item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`), for a
+`recommender/` (SavedModel for TF Serving, signatures `recommend` and `similar_items`: trainer.serving;
+not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`), for a
 ranking model whose fold-in uses a popularity column the DP counts release (`counts.parquet`), and
 `privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
 settings) with `privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases and public item features only. Never published:
@@ -173,9 +174,17 @@ def publish(run: Run, dest: str) -> dict:
         storage.write_json(settings, storage.join(staging, "model.json"))
         _copy_table(run.counts, storage.join(staging, "counts.parquet"))  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
+        contents = ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+        if settings["loss"] != "logistic":  # the user side for TF Serving (a logistic fold-in is Newton's method: ssp recommend only)
+            from trainer import serving
+            from trainer.recommend import PublishedModel
+
+            model = PublishedModel.read(staging)
+            serving.export(model.item_ids, model.vectors, model.settings, model.popularity, storage.join(staging, serving.SERVING_FOLDER))
+            contents.append(serving.SERVING_FOLDER + "/")
         marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"], "encoder_files": files}
+                  "contents": sorted(contents), "encoder_files": files}
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):

@@ -4,6 +4,7 @@ on (ranking protocol), published, and served by `ssp recommend` from the publica
 The data are planted: each user favours one brand and two tags, and clicks the items that match.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv  # noqa: F401 (pa.csv)
 import pyarrow.parquet as pq
 import pytest
 
@@ -157,6 +159,41 @@ def test_the_documented_python_example_recommends_for_one_history(published, tmp
     result = subprocess.run([sys.executable, "-c", block.group(1)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.strip().splitlines()) >= 10  # a table of the top items
+
+
+SERVING_CLIENT = """
+import json, sys
+import tensorflow as tf
+histories = json.load(open(sys.argv[2]))
+serve = tf.saved_model.load(sys.argv[1]).signatures["recommend"]
+width = max(len(items) for items in histories.values())
+out = serve(item_ids=tf.constant([items + [-1] * (width - len(items)) for items in histories.values()], tf.int64), k=tf.constant(10))
+assert not any(name.split(".")[0] in ("trainer", "pipelines", "privacy", "schemas", "ssp") for name in sys.modules)
+json.dump(dict(zip(histories, out["item_ids"].numpy().tolist())), sys.stdout)
+"""
+
+
+def test_the_recommend_signature_serves_ssp_recommends_top_k_from_plain_tensorflow(published, tmp_path):
+    """The publication's `recommender/` SavedModel, loaded by a Python that imports TensorFlow alone
+    (as TF Serving would), gives every held-out user the top 10 of the installed `ssp recommend`."""
+    root, _ = published
+    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet")).select(["user_id", "item_id"])
+    pq.write_table(history.rename_columns(["customer", "product"]), tmp_path / "history.parquet")
+    ssp = Path(sys.executable).with_name("ssp")
+    done = subprocess.run([str(ssp), "recommend", "--model", str(root / "published"), "--history", str(tmp_path / "history.parquet"), "--user-col",
+                           "customer", "--item-col", "product", "--k", "10", "--out", str(tmp_path / "top.csv")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    top = pa.csv.read_csv(tmp_path / "top.csv")
+    users = history["user_id"].to_numpy()
+    histories = {str(u): history["item_id"].to_numpy()[users == u].tolist() for u in np.unique(users)}
+    (tmp_path / "histories.json").write_text(json.dumps(histories))
+    served = subprocess.run([sys.executable, "-c", SERVING_CLIENT, str(root / "published" / "recommender"), str(tmp_path / "histories.json")],
+                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert served.returncode == 0, served.stderr[-3000:]
+    served = json.loads(served.stdout)
+    assert len(served) == len(histories) > 20
+    for user, items in served.items():
+        assert items == top.filter(pa.compute.equal(top["user_id"], int(user)))["item_id"].to_pylist(), user
 
 
 def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):

@@ -50,7 +50,9 @@ def finished_run(root: str, epsilon=1.0, delta=1e-5, spent_multiplier=8.0, steps
 def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     run = finished_run(str(tmp_path / "run"))
     marker = publish(run, str(tmp_path / "out"))
-    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "counts.parquet", "encoder", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+    assert sorted(os.listdir(tmp_path / "out")) == [PUBLISHED, "counts.parquet", "encoder", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md",
+                                                    "recommender"]
+    assert marker["contents"] == ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md", "recommender/"]
     assert sorted(marker["encoder_files"]) == ["encoder/_SUCCESS", "encoder/saved_model.pb", "encoder/variables/variables.index"]  # a committed folder
     assert storage.read_table(str(tmp_path / "out" / "item_embeddings.parquet")).equals(storage.read_table(run.path("item_embeddings.parquet")))
     summary = json.load(open(tmp_path / "out" / "privacy.json"))

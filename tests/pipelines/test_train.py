@@ -318,7 +318,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
     ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
     assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "counts.parquet", "encoder", "item_embeddings.parquet", "model.json", "privacy.json",
-                                                          "privacy.md"]
+                                                          "privacy.md", "recommender"]
     report = (tmp_path / "published" / "privacy.md").read_text()
     assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
     capsys.readouterr()
