@@ -28,7 +28,6 @@ import numpy as np
 import tensorflow as tf
 
 from schemas import storage
-from trainer.evaluate import popularity_position
 from trainer.solve import user_bias_ridge
 
 SERVING_FOLDER = "recommender"
