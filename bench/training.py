@@ -444,27 +444,21 @@ def popularity_cell(out: str, params: dict) -> dict:
 
 def popularity_recall(split_dir: str, catalog: np.ndarray, train_items: np.ndarray, count_items: np.ndarray, counts: np.ndarray) -> dict:
     """Valid and test Recall@20 (overall and per popularity bucket) of ranking every catalog item by
-    its DP count: trainer.evaluate.recall_report itself, with each item's DP count as its
-    one-dimensional embedding. A held-out user's fold-in is then one positive number (the ridge
-    solve of positive labels on positive counts: counts are floored at 1), so the user's scores
-    are the counts times a positive constant: the same ranking, ties included (the lower catalog
-    index first), and the same metric code as every other method."""
+    its DP count (trainer.evaluate.popularity_recall_report: the same metric code as every method)."""
     from trainer import evaluate
     from trainer.features import FeatureSpace
 
     space = FeatureSpace(np.asarray(catalog), [])
-    vectors = np.zeros((space.size, 1))
-    vectors[space.index_of(np.asarray(count_items)), 0] = np.asarray(counts, dtype=np.float64)
-    if not np.all(vectors > 0):
-        raise ValueError("every catalog item needs a positive DP count (the counts release floors them at 1)")
+    in_catalog_order = np.zeros(space.size)
+    in_catalog_order[space.index_of(np.asarray(count_items))] = np.asarray(counts, dtype=np.float64)
     buckets = evaluate.popularity_buckets(space.item_ids, np.asarray(train_items))
     out = {}
     for part in ("valid", "test"):
         history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"), columns=["user_id", "item_id"])
         targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"), columns=["user_id", "item_id"])
-        out[part] = evaluate.recall_report(
-            (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
-            (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, 1.0, buckets)
+        out[part] = evaluate.popularity_recall_report((history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy())),
+                                                      (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())),
+                                                      in_catalog_order, buckets)
     return out
 
 

@@ -112,6 +112,20 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
     return {"recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)), "sliced": sliced, "users": int(evaluated.size)}
 
 
+def popularity_recall_report(history: tuple[np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], counts: np.ndarray,
+                             item_buckets: np.ndarray, k: int = 20) -> dict:
+    """`recall_report` of DP popularity: every catalog item ranked by its DP count (`counts`, catalog
+    order, floored at 1 by the release), the history's items left out. It is recall_report itself with
+    each item's count as its one-dimensional embedding: a user's fold-in is then one positive number,
+    so the scores are the counts times a positive constant, the same ranking (ties: the lower catalog
+    position first) through the same metric code as every model."""
+    vectors = np.asarray(counts, dtype=np.float64)[:, None]
+    if not np.all(vectors > 0):
+        raise ValueError("every catalog item needs a positive DP count (the counts release floors them at 1)")
+    (users, positions), (t_users, t_positions) = history, targets
+    return recall_report((users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets, k=k)
+
+
 def user_item_mask(chunk_users: np.ndarray, users: np.ndarray, positions: np.ndarray, m: int) -> np.ndarray:
     """(chunk users x m) booleans: True where a row (users, positions) puts a chunk user on a catalog position."""
     mask = np.zeros((chunk_users.size, m), dtype=bool)

@@ -41,7 +41,8 @@ def evaluate(run: Run) -> dict:
     item_vectors = np.zeros((space.size, config.vector_dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
     metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
-                        prepared_rating_range(prepared), fold_in_counts(run, config, space))
+                        prepared_rating_range(prepared), fold_in_counts(run, config, space),
+                        catalog_counts(run, space) if config.protocol == "recall" else None)
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
@@ -67,6 +68,11 @@ def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
     """The DP counts in catalog order when the ranking fold-in uses them (--popularity-column), else None."""
     if config.protocol != "recall" or not config.popularity_column:
         return None
+    return catalog_counts(run, space)
+
+
+def catalog_counts(run: Run, space) -> np.ndarray:
+    """The run's DP counts release in catalog order (1, the release's floor, for an item it lacks)."""
     table = storage.read_table(run.counts, columns=["item_id", "count"])
     counts = np.ones(space.size)
     counts[space.index_of(table["item_id"].to_numpy())] = table["count"].to_numpy()
@@ -74,10 +80,11 @@ def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
 
 
 def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
-              ratings: tuple[float, float], counts: np.ndarray | None = None) -> dict:
+              ratings: tuple[float, float], counts: np.ndarray | None = None, popularity: np.ndarray | None = None) -> dict:
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
     predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
-    `counts` (catalog order) as a popularity column when given."""
+    `counts` (catalog order) as a popularity column when given, and with `popularity` (the DP
+    counts, catalog order) the ranking metrics hold DP popularity's Recall@20 beside the model's."""
     from trainer import evaluate
 
     train = storage.read_table(train_rows, columns=["item_id"])
@@ -107,13 +114,16 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
-            report = evaluate.recall_report(
-                (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()), np.ones(history.num_rows)),
-                (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())), vectors, config.lambda_u, buckets,
-                gravity=config.gravity, loss=config.loss, bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
-            )
+            held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
+            aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
+            report = evaluate.recall_report((*held_out, np.ones(history.num_rows)), aimed, vectors, config.lambda_u, buckets, gravity=config.gravity,
+                                            loss=config.loss, bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias))
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
+            if popularity is not None:  # the baseline, free: the run's own counts release
+                baseline = evaluate.popularity_recall_report(held_out, aimed, popularity, buckets)
+                metrics[f"{part}_popularity_recall_at_20"] = baseline["recall_at_20"]
+                metrics[f"{part}_popularity_recall_at_20_sliced"] = baseline["sliced"]
         metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
     return metrics
 
@@ -134,6 +144,11 @@ def describe(metrics: dict) -> str:
         lines.append(f"test Recall@20 {metrics['test_recall_at_20']:.4f} (valid {metrics['valid_recall_at_20']:.4f})")
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_recall_at_20_sliced"])
         lines.append(f"test Recall@20 by item popularity (least to most popular fifth): {sliced}")
+        if "test_popularity_recall_at_20" in metrics:
+            baseline = metrics["test_popularity_recall_at_20"]
+            sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_popularity_recall_at_20_sliced"])
+            below = "; the model is BELOW it" if metrics["test_recall_at_20"] < baseline else ""
+            lines.append(f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: {sliced}")
     eps = metrics["epsilon_spent"]
     guarantee = "no privacy (non-private run)" if metrics["non_private"] else f"({eps:.4g}, {metrics['delta']:g})-DP at the {metrics['unit']} level"
     lines.append(f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} releases (ledger: {metrics['outputs']['ledger']})")

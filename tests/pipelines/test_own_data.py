@@ -76,6 +76,10 @@ def published(spark, tmp_path_factory):
 def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(published):
     root, metrics = published
     assert metrics["test_recall_at_20"] > 0.3  # the planted taste is learnt (random: about 20/160)
+    # DP popularity's Recall@20 beside it, from the run's own counts release (the same metric code, by the counts alone)
+    assert 0 < metrics["test_popularity_recall_at_20"] < metrics["test_recall_at_20"] and len(metrics["test_popularity_recall_at_20_sliced"]) == 5
+    from pipelines.training.evaluation import describe
+    assert f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths" in describe(metrics)
     model = PublishedModel.load(str(root / "published"))
     assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
     history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))

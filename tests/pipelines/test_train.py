@@ -129,6 +129,10 @@ def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
 def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path, small_data):
     metrics = stages.run(small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
+    # DP popularity beside the model, and a loss to it said in words
+    below = metrics["test_recall_at_20"] < metrics["test_popularity_recall_at_20"]
+    assert ("the model is BELOW it" in evaluation.describe(metrics)) == below
+    assert "BELOW" in evaluation.describe({**metrics, "test_recall_at_20": metrics["test_popularity_recall_at_20"] - 0.01})
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
     assert stats.num_rows == int(np.ceil(0.1 * SMALL_ITEMS))  # the top 10% items by DP count
     counts = storage.read_table(str(tmp_path / "run" / "counts" / "counts.parquet"))
