@@ -53,7 +53,8 @@ def session(app: str, master: str | None = None):
     builder = SparkSession.builder.appName(app)
     for key, value in session_settings(SparkConf(), master).items():
         builder = builder.master(value) if key == "spark.master" else builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _jvm_notices_dropped():
+        spark = builder.getOrCreate()
     # PySpark's Ctrl-C handler cancels the jobs through the gateway connection the interrupted call
     # is still using (re-entrant calls: pages of Python and Java traces). A job of ours is simply
     # interrupted once its session runs: the command stops and its JVM ends with it (stdin closes).
@@ -70,6 +71,35 @@ def session(app: str, master: str | None = None):
             spark.stop()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+JVM_NOTICES = (b"WARNING: Using incubator modules",)  # Spark 4's launcher always adds jdk.incubator.vector; the JDK says so on every start
+
+
+@contextmanager
+def _jvm_notices_dropped():
+    """Start the JVM inside this block with a pipe for its stderr: a thread forwards every line it
+    writes, for its whole life, to this process's stderr, except the JDK's notices above (nothing a
+    user can act on). This process's own stderr is restored when the block ends."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    saved, target = os.dup(2), os.dup(2)  # `target` stays open for the forwarder
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward():
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in iter(pipe.readline, b""):
+                if not line.startswith(JVM_NOTICES):
+                    os.write(target, line)
+
+    threading.Thread(target=forward, name="jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextmanager
