@@ -28,6 +28,7 @@ def evaluate(run: Run) -> dict:
     from trainer import curves
     from trainer.features import FeatureSpace
 
+    began = time.time()
     manifest = run.prepared()
     config = config_of(run, manifest)
     require_steps(run, manifest, config.outer_steps + 1)
@@ -48,7 +49,8 @@ def evaluate(run: Run) -> dict:
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
     metrics.update(
         epsilon_spent=ledger.epsilon_spent(), delta=config.delta, epsilon_budget=ledger.budget["epsilon"],
-        releases=len(ledger.rows), seconds=time.time() - prepared["started_at"],
+        # the run's own time: prepare to the last step, and this evaluation (not the hours a rerun may come later)
+        releases=len(ledger.rows), seconds=(marks[-1] or began) - prepared["started_at"] + time.time() - began,
         step_seconds={s: marks[s] - marks[s - 1] for s in range(1, len(marks)) if marks[s] is not None and marks[s - 1] is not None},
         outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
     )

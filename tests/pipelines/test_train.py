@@ -95,6 +95,14 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/stats/r0", "step-2/stats/r0"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read() == step1
+    # the finished run started again an hour later (its marks moved back an hour) reports its own time, not the hour
+    manifest = json.load(open(tmp_path / "run" / "manifest.json"))
+    manifest["prepared"]["started_at"] -= 3600
+    manifest["prepared"]["at"] -= 3600
+    manifest["step_done_at"] = {step: at - 3600 for step, at in manifest["step_done_at"].items()}
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))
+    again = stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
+    assert again["test_rmse"] == metrics["test_rmse"] and again["seconds"] < 600
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
         stages.run(small(tmp_path / "run", small_data).__class__(**{**small(tmp_path / "run", small_data).__dict__, "epsilon": 1.0}), spark=spark, progress=False)
