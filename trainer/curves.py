@@ -2,7 +2,8 @@
 
 Every item update writes `RUN/step-s/curves.json` (its epoch losses, the epsilon the ledger has
 spent after the step, its seconds) and TensorBoard event files under `RUN/tensorboard/step-s/`
-(`item_update/loss` by epoch); evaluation gathers the steps into `metrics.json`'s `curves` and
+(`item_update/loss` by epoch: the SSP objective, negative by design, as its description in
+TensorBoard says); evaluation gathers the steps into `metrics.json`'s `curves` and
 writes `RUN/tensorboard/run/` (`epsilon_spent` and the last item-update loss by outer step, and the
 final metrics). `tensorboard --logdir RUN/tensorboard` shows them. The events are written into a
 local folder that `schemas.storage` commits (atomically, local or gs://), like the checkpoints.
@@ -18,6 +19,9 @@ import tensorflow as tf
 from schemas import storage
 
 CURVES = "curves.json"
+# the SSP objective is the squared error less its constant part (sum of w y^2 / 2, never released): below zero by design
+LOSS_DESCRIPTION = ("The SSP objective 1/2 v'A v - b'v (+ penalties) over the released statistics: the weighted squared error "
+                    "less its constant part, sum w y^2 / 2, which is not released. Negative values are expected; lower is better.")
 
 
 def write_step(step_folder: str, events_folder: str, losses: list[float], epsilon_spent: float, seconds: float) -> dict:
@@ -26,7 +30,7 @@ def write_step(step_folder: str, events_folder: str, losses: list[float], epsilo
     with storage.write_folder(events_folder) as local:
         with tf.summary.create_file_writer(local).as_default():
             for epoch, loss in enumerate(losses, start=1):
-                tf.summary.scalar("item_update/loss", loss, step=epoch)
+                tf.summary.scalar("item_update/loss", loss, step=epoch, description=LOSS_DESCRIPTION)
     storage.write_json(curve, storage.join(step_folder, CURVES))
     return curve
 
@@ -48,7 +52,7 @@ def gather(step_folders: list[str], events_folder: str, final: dict[str, float])
                 tf.summary.scalar("epsilon_spent", epsilon, step=int(step))
                 losses = curves["item_update_loss"][step]
                 if losses:
-                    tf.summary.scalar("item_update/last_loss", losses[-1], step=int(step))
+                    tf.summary.scalar("item_update/last_loss", losses[-1], step=int(step), description=LOSS_DESCRIPTION)
             for name, value in final.items():
                 tf.summary.scalar(f"final/{name}", value, step=len(step_folders))
     return curves

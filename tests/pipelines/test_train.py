@@ -14,7 +14,7 @@ from pipelines.training.model import build_encoder, item_vectors, normalise_embe
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
-from trainer import ssp
+from trainer import curves, ssp
 
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
@@ -37,6 +37,10 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert sorted(losses) == ["1", "2"] and all(len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses)
     assert losses["1"][-1] < losses["1"][0]  # the item update descends
     assert tensorboard_scalars(tmp_path / "run" / "tensorboard" / "step-2") == {"item_update/loss": [(e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(losses["2"], 1)]}
+    import tensorflow as tf  # the loss's description (TensorBoard shows it) says why it is negative
+    events = next((tmp_path / "run" / "tensorboard" / "step-2").glob("events.*"))
+    descriptions = {value.metadata.summary_description for event in tf.compat.v1.train.summary_iterator(str(events)) for value in event.summary.value}
+    assert descriptions == {curves.LOSS_DESCRIPTION} and "Negative values are expected" in curves.LOSS_DESCRIPTION
     by_step = tensorboard_scalars(tmp_path / "run" / "tensorboard" / "run")
     assert by_step["item_update/last_loss"] == [(1, pytest.approx(losses["1"][-1], rel=1e-6)), (2, pytest.approx(losses["2"][-1], rel=1e-6))]
     assert by_step["final/test_rmse"] == [(2, pytest.approx(metrics["test_rmse"], rel=1e-6))]
