@@ -21,7 +21,8 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     wbar, clip_u, clip_y = settings.get("wbar"), settings.get("clip_u"), settings.get("clip_y")
     if name == "counts":
         k = settings.get("max_items_per_user")
-        return ("how many users rated each catalog item (each user's at most K items counted once), and the number of users",
+        verb = "interacted with" if _implicit(settings) else "rated"
+        return (f"how many users {verb} each catalog item (each user's at most K items counted once), and the number of users",
                 f"sqrt(K + 1) = {math.sqrt(k + 1):.4g} (K = {k})" if k else "sqrt(K + 1)")
     if name == "mean":
         return ("the mean rating: a weighted sum and count of the ratings, each user's weights summing to at most a fixed cap",
@@ -50,6 +51,10 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
                        if wbar and clip_u and clip_y else "A: wbar Gamma_u^2; b: wbar Gamma_y Gamma_u")
         return f"A_j and b_j of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)", sensitivity
     return "a release of the run", "see the ledger's event"
+
+
+def _implicit(settings: dict) -> bool:
+    return settings.get("feedback") == "implicit"
 
 
 def _families(public_features: dict | list) -> str:
@@ -92,16 +97,17 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
     budget = ledger.budget
     unit = budget["unit"]
     spent = ledger.epsilon_spent()
+    rows, row, verb = ("interactions", "interaction", "interacted with") if _implicit(settings) else ("ratings", "rating", "rated")
     lines = [
-        f"# Privacy report: {run}",
+        f"# Privacy report: run `{run}`",
         "",
         "## Guarantee",
         "",
         f"- **Unit of privacy: {unit}.** "
-        + ("Neighbouring data sets differ by all the ratings of one user, added or removed. Whatever one user's whole history is, "
+        + (f"Neighbouring data sets differ by all the {rows} of one user, added or removed. Whatever one user's whole history is, "
            "the run's outputs are almost as likely without it: within a factor e^epsilon, plus delta. (User level implies example level "
            "with the same epsilon and delta.)" if unit == "user" else
-           "Neighbouring data sets differ by one rating. This does not bound what a user with many ratings reveals."),
+           f"Neighbouring data sets differ by one {row}. This does not bound what a user with many {rows} reveals."),
         f"- **epsilon {budget['epsilon']:g}, delta {budget['delta']:g}**, composed over every release below with dp-accounting's "
         f"{budget['accountant'].upper()} accountant. Spent: epsilon {spent:.4g} of {budget['epsilon']:g}.",
         "- The noise of every release was calibrated before the first one, so that together they spend the target; a release that "
@@ -122,15 +128,20 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         "whose squares sum to at most wbar^2, user embeddings clipped to Gamma_u and labels to Gamma_y, so the sensitivity holds "
         "whatever the length of a user's history.",
         "",
+        "Symbols: A_j and b_j are item j's sufficient statistics (the sum over its users of w x x^T and of w y x, x the user's clipped "
+        "vector, y the label, w the user's weight); wbar the bound on a user's weights (`wbar`); Gamma_u the clip norm of a user's "
+        "embedding (`clip_u`); Gamma_y the clip of a label (`clip_y`); K the most items counted per user (`max_items_per_user`); k the "
+        "item-bias coordinate's share of the clip (c = k Gamma_u, `bias_coordinate`); C the DP-SGD gradient clip (`dpsgd_clip`).",
+        "",
         "## What is public, what is private",
         "",
         "- **Public:** the item catalog and the feature families the data set declares public"
         + (f" ({_families(public_features)})" if public_features else "") + "; "
-        "the run's settings (below). Which items a user rated is private even though the items' features are public.",
+        f"the run's settings (below). Which items a user {verb} is private even though the items' features are public.",
         "- **Released (differentially private):** the ledger, the DP counts, the statistics of every step, the item encoder and the "
         "item embeddings: all computed from the releases above and the public features only.",
         "- **Private, never published:** `RUN/private/` (the secret noise seed, the ingested data, the split, the user embeddings). "
-        "`metrics.json` is an evaluation on held-out private ratings, not a DP release.",
+        f"`metrics.json` is an evaluation on held-out private {rows}, not a DP release.",
         "",
         "## Trust assumptions",
         "",

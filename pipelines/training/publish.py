@@ -29,6 +29,7 @@ import os
 import posixpath
 import shutil
 import uuid
+from dataclasses import asdict
 
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
@@ -43,6 +44,18 @@ PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
 PUBLIC_SETTINGS = ("protocol", "unit", "epsilon", "delta", "outer_steps", "resamples", "clip_u", "clip_y", "wbar", "weight_exponent",
                    "max_items_per_user", "count_share", "mean_share", "gram_share", "dim", "encoder", "item_update", "item_id_feature")
+
+
+def public_settings(run: Run, manifest: dict, extra: tuple[str, ...] = ()) -> dict:
+    """The run's public settings as they took effect (rules resolved: d, k), its model's biases and
+    its data's feedback kind (explicit ratings or implicit interactions)."""
+    config, effective = manifest["config"], asdict(config_of(run, manifest))
+    settings = {key: effective.get(key, config.get(key)) for key in (*PUBLIC_SETTINGS, *extra) if key in config}
+    settings["biases"] = effective["biases"]
+    if effective["biases"] or effective["item_update"] == "item-mean":
+        settings["bias_coordinate"] = effective["bias_coordinate"]
+    settings["feedback"] = open_dataset(manifest["prepared"]["data"]).manifest.get("feedback", "explicit")
+    return settings
 
 
 def privacy_summary(run: Run) -> dict:
@@ -76,7 +89,7 @@ def privacy_summary(run: Run) -> dict:
         "accountant": budget["accountant"],
         "budget_account": account,
         "releases": [{key: row[key] for key in ("release", "name", "noise_multiplier", "epsilon_spent", "data_fingerprint", "recorded_at")} for row in ledger.rows],
-        "settings": {key: config[key] for key in PUBLIC_SETTINGS if key in config},
+        "settings": public_settings(run, manifest),
         "public_features": open_dataset(manifest["prepared"]["data"]).manifest.get("public_features"),
     }
 
@@ -85,9 +98,9 @@ def privacy_report(run: Run) -> str:
     """The run's privacy.md (privacy.report), from its ledger, settings and declared public features."""
     manifest = run.prepared()
     config = manifest["config"]
-    settings = {key: config[key] for key in (*PUBLIC_SETTINGS, "dpsgd_clip") if key in config}
+    settings = public_settings(run, manifest, ("dpsgd_clip",))
     features = open_dataset(manifest["prepared"]["data"]).manifest.get("public_features")
-    text = report.render(Ledger.open(run.ledger), settings, features, run.root)
+    text = report.render(Ledger.open(run.ledger), settings, features, posixpath.basename(run.root.rstrip("/")))
     if config.get("engine") == "federated":  # its trust model, in a section of its own
         first = storage.join(run.stats(1), RELEASE_SUMMARY)
         neighbours = storage.read_json(first)["federated"]["neighbours"] if storage.exists(first) else None

@@ -82,6 +82,9 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths" in describe(metrics)
     model = PublishedModel.load(str(root / "published"))
     assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
+    report = (root / "published" / "privacy.md").read_text()  # implicit feedback: interactions, not ratings
+    assert "all the interactions of one user" in report and "how many users interacted with each" in report
+    assert not re.search(r"\b(rated|ratings?)\b", report), re.search(r".*\b(rated|ratings?)\b.*", report).group(0)
     history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
     targets = storage.read_table(str(root / "run" / "private" / "split" / "test_targets.parquet"))
     users = np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy())  # the users the evaluation scores

@@ -64,6 +64,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert "**Unit of privacy: user.**" in report and "**epsilon 1, delta 1e-05**" in report and f"Spent: epsilon {spent:.4g} of 1" in report
     assert f"| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
     assert "secret/location" not in report and "sqrt(K + 1)" in report  # the private data location is not a public setting
+    assert str(tmp_path) not in report and report.startswith("# Privacy report: run `run`")  # no local path: the run's folder name
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".out.tmp")]
     assert json.load(open(tmp_path / "out" / "model.json")) == {  # the user side's public settings, for ssp recommend
         "protocol": "rmse", "dim": 2, "loss": "square", "lambda_u": 0.1, "gravity": 0.0, "dp_mean": 3.5, "rating_range": [0.5, 5.0],

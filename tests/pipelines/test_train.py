@@ -342,6 +342,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert capsys.readouterr().out == report
     for row in Ledger.open(os.path.join(run, "ledger.parquet")).rows:
         assert f"| {row['release']} | `{row['name']}` |" in report
+    # the statistics' sensitivity as the release's noise was scaled: rows [Clip(u), k Gamma_u], k = 2 by the epsilon-5 rule
+    assert "A: wbar (1 + k^2) Gamma_u^2 = 0.45" in report and "k = 2, appended" in report and str(tmp_path) not in report
+    assert report.startswith("# Privacy report: run `staged`") and "Symbols: A_j and b_j" in report and "ratings of one user" in report
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
     seed = SeedFile.create(str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed).path  # one ledger a seed file
