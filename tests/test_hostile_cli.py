@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.data.ingest import BUNDLED
+from privacy import account
+from privacy.ledger import Ledger
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 # The JVM of a command that starts Spark is tuned for a short life, as these commands' are: the client
@@ -100,6 +102,22 @@ def prepared(tmp_path_factory, dataset) -> Path:
     result = ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--stage", "prepare")
     assert result.returncode == 0, result.stderr[-3000:]
     return run
+
+
+def test_the_plan_is_the_runs_before_anything_is_read_or_spent(tmp_path, dataset, prepared):
+    """`ssp train --plan` with the prepared run's flags prints the noise multipliers its ledger
+    recorded and the N/S it logged, writes nothing and charges no account; bad settings are refused
+    in one line as the run refuses them."""
+    registry = Path(account.accounts_home())
+    accounts = sorted(p.name for p in registry.rglob("*"))
+    result = ssp("train", "--data", dataset, "--out", tmp_path / "run", "--epsilon", 5, "--plan")
+    assert result.returncode == 0 and not (tmp_path / "run").exists(), result.stderr[-3000:]
+    budget = Ledger.open(str(prepared / "ledger.parquet")).budget
+    for name in ("counts", "mean", "stats"):
+        assert f"| {name} | " in result.stdout and f" | {budget['multipliers'][name]:.4g} | " in result.stdout, (name, result.stdout)
+    assert "m = 9742 catalog items" in result.stdout and "N/S = " in result.stdout
+    assert sorted(p.name for p in registry.rglob("*")) == accounts  # no account made or charged
+    assert_refused(ssp("train", "--plan", "--epsilon", -1), "epsilon")
 
 
 def copy_of(path: Path, target: Path) -> Path:

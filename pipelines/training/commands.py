@@ -162,6 +162,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             else f"{text} (default: %(default)s)")
     parser.add_argument("--config", help="a file of settings, one per flag (TOML: `epsilon = 5`, `item-update = \"ssp\"`; or JSON, such as "
                         "a run's manifest.json, whose settings are fed back): flags given on the command line override it")
+    parser.add_argument("--plan", action="store_true", help="print what the run would release (each release's noise multiplier and standard "
+                        "deviation, the budget split, the DP count an item needs to rise above the noise) and stop: nothing private is read, "
+                        "nothing is spent")
     parser.add_argument("--stage", choices=STAGES, default="all",
                         help="all: the whole run in this process (default); prepare: only the first stage, recording these settings in "
                         "OUT/manifest.json for the stage commands (user-update, stats, item-update, evaluate) that a scheduler runs")
@@ -200,6 +203,14 @@ def check_data(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.plan:  # the settings and the public catalog's size only: --data may be left out
+        from pipelines.data.datasets import is_dataset, open_dataset
+        from pipelines.training import plan
+
+        data = args.data
+        catalog = open_dataset(data).manifest.get("items") if data and is_dataset(data) else None
+        print(plan.describe(config_from_args(args), catalog))
+        return 0
     check_data(args)
     config = config_from_args(args)
     if args.stage == "prepare":
