@@ -481,7 +481,7 @@ def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
         vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.vector_dim, "item embedding")
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
         metrics = evaluation._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
-                                   prepare.prepared_rating_range(prepared), counts)
+                                   prepare.prepared_rating_range(prepared), counts, confidence_alpha=prepared.get("confidence_alpha"))
         out.append({"step": s, "seconds": mark - prepared["started_at"], "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"]})
     return out
 

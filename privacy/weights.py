@@ -5,6 +5,10 @@ User level (Krichene et al. 2023, eqs. 11-12): from DP item counts n_j,
 `sum_{i of a user} w_i^2 = wbar^2` exactly: tail items get more weight, heavy users less per row.
 e = 0 gives uniform weights wbar / sqrt(|user's rows|). Example level: w_i = 1.
 
+Confidence (implicit feedback's repeats, Hu, Koren and Volinsky 2008): a row may carry c_i > 0,
+`w_i = wbar * c_i n_j^e / sqrt(sum_{i'} (c_i' n_j'^e)^2)`, so a user's weights lean towards the items
+the user came back to while their squares still sum to wbar^2: the sensitivity is unchanged.
+
 Privacy: the counts must be DP (released) counts, never exact ones; the weights are then a function
 of the user's own rows and released data, and the statistics' user-level sensitivity is wbar times
 the clip bounds. Each (user, item) pair must appear once (duplicates are merged upstream).
@@ -28,9 +32,18 @@ def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
         raise ValueError("DP counts must be finite and floored at 1")
 
 
+def _confidence(confidence: np.ndarray | None, size: int) -> np.ndarray:
+    if confidence is None:
+        return np.ones(size)
+    confidence = np.asarray(confidence, dtype=np.float64)
+    if confidence.shape != (size,) or not np.all(np.isfinite(confidence)) or (confidence.size and confidence.min() <= 0):
+        raise ValueError("row confidences must be finite numbers > 0, one per row")
+    return confidence
+
+
 def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: float = DEFAULT_EXPONENT,
-                     known_users: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted user ids, each user's normaliser sum n_j^(2e) over all of the user's rows).
+                     known_users: np.ndarray | None = None, confidence: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted user ids, each user's normaliser sum (c_i n_j^e)^2 over all of the user's rows).
 
     `known_users` (sorted, holding every user of the rows) replaces the sort of the rows' user
     ids by a lookup (schemas.ids); the sums are the same.
@@ -46,25 +59,27 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
         group = IdIndex(known_users).positions(user_ids, "user")
         present = np.bincount(group, minlength=known_users.size) > 0
         users, group = known_users[present], np.cumsum(present)[group] - 1
-    return users, np.bincount(group, weights=counts ** (2 * exponent), minlength=users.size)
+    return users, np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=users.size)
 
 
-def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
-    """Weights for rows given each row's user id and the DP count of its item.
+def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,
+                       confidence: np.ndarray | None = None) -> np.ndarray:
+    """Weights for rows given each row's user id and the DP count of its item (and its confidence).
 
     Rows may come in any order; the per-user normaliser is computed over all rows of each user
     present in the arrays (so a caller must pass all of a user's rows together).
     """
-    users, norms = user_normalisers(user_ids, row_counts, exponent)
-    return weights_from_normalisers(row_counts, norms[np.searchsorted(users, np.asarray(user_ids))], wbar, exponent)
+    users, norms = user_normalisers(user_ids, row_counts, exponent, confidence=confidence)
+    return weights_from_normalisers(row_counts, norms[np.searchsorted(users, np.asarray(user_ids))], wbar, exponent, confidence)
 
 
-def weights_from_normalisers(row_counts: np.ndarray, normalisers: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
-    """`w_i = wbar * n_j^e / sqrt(normaliser of the row's user)`, the normaliser being the sum of
-    n^(2e) over all of that user's rows (`user_normalisers`)."""
+def weights_from_normalisers(row_counts: np.ndarray, normalisers: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,
+                             confidence: np.ndarray | None = None) -> np.ndarray:
+    """`w_i = wbar * c_i n_j^e / sqrt(normaliser of the row's user)`, the normaliser being the sum of
+    (c n^e)^2 over all of that user's rows (`user_normalisers`, with the same confidences)."""
     counts = np.asarray(row_counts, dtype=np.float64)
     _check(float(wbar), exponent, counts)
-    return float(wbar) * counts**exponent / np.sqrt(np.asarray(normalisers, dtype=np.float64))
+    return float(wbar) * _confidence(confidence, counts.size) * counts**exponent / np.sqrt(np.asarray(normalisers, dtype=np.float64))
 
 
 def example_level_weights(n_rows: int) -> np.ndarray:

@@ -79,18 +79,20 @@ def popularity_position(width: int, biases: bool) -> int:
 
 def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
                   lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS, gravity: float = 0.0,
-                  loss: str = "square", bias_ridge: float | None = None) -> dict:
+                  loss: str = "square", bias_ridge: float | None = None, confidence: bool = False) -> dict:
     """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
     of the targets; item_vectors in catalog order. Users are folded in as the model was trained:
     a ridge solve (with `gravity`, and `bias_ridge` for a model with biases: ridge_solve's), or for
-    the logistic loss its solve with every catalog item a negative (trainer.solve.logistic_solve)."""
+    the logistic loss its solve with every catalog item a negative (trainer.solve.logistic_solve).
+    `confidence`: the history's labels are the rows' confidences (ridge_solve's)."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
     if loss == "logistic":
         users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
     else:
         users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True,
-                                    gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None, bias_ridge=bias_ridge)
+                                    gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None, bias_ridge=bias_ridge,
+                                    confidence=confidence)
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise ValueError("no held-out user has both a history and targets")

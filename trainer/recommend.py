@@ -40,7 +40,7 @@ from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
 from trainer.evaluate import popularity_position, user_item_mask, with_popularity
-from trainer.solve import logistic_solve, ridge_solve, user_bias_ridge
+from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
 
 MODEL_SETTINGS = "model.json"
 LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
@@ -157,6 +157,8 @@ class PublishedModel:
             if labels is None:
                 raise ValueError("this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)")
             targets = labels - s["dp_mean"]
+        elif labels is not None and s.get("confidence_alpha") is not None:  # implicit feedback: each item's count, its confidence
+            targets = confidence(labels, s["confidence_alpha"])
         else:
             targets = np.ones(positions.size)
         v = self.vectors
@@ -165,7 +167,7 @@ class PublishedModel:
         gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
         return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity,
                            bias_ridge=user_bias_ridge(s["protocol"], s.get("biases", False), s.get("lambda_bias")),
-                           prior=s.get("user_prior") or 0.0)
+                           prior=s.get("user_prior") or 0.0, confidence=s["protocol"] == "recall")
 
     def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None,
                   source: str = "the history") -> pa.Table:

@@ -15,6 +15,16 @@ import numpy as np
 from privacy.accumulator import augment, grouped_sums, unpack_upper
 
 
+def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
+    """How much a (user, item) seen `counts` times weighs (implicit feedback): Hu, Koren and
+    Volinsky's c = 1 + alpha log(1 + count), relative to one interaction, so that a single play,
+    and every row of explicit data, weighs 1."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if not np.all(np.isfinite(counts)) or (counts.size and counts.min() < 1):
+        raise ValueError("interaction counts must be finite and at least 1")
+    return (1.0 + alpha * np.log1p(counts)) / (1.0 + alpha * np.log(2.0))
+
+
 def user_bias_ridge(protocol: str, biases: bool, lambda_bias: float | None) -> float | None:
     """`ridge_solve`'s bias_ridge for a model: None without biases; with them `lambda_bias` for
     ratings, infinite (every user's bias held at 0) for ranking, where a user's bias orders nothing
@@ -25,7 +35,8 @@ def user_bias_ridge(protocol: str, biases: bool, lambda_bias: float | None) -> f
 
 
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
-                gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0,
+                confidence: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
@@ -40,12 +51,17 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     gravity of the item update has no term for it). With gravity, the fixed coordinate 1 on the
     item bias gives the linear term of x^T G x: G's bias column moves to the right-hand side.
     `prior` is added to every key's ridge on its vector (not its bias): a fixed prior precision,
-    which weighs most for the keys with fewest rows.
+    which weighs most for the keys with fewest rows. With `confidence` the labels are the rows'
+    confidences (the ranking protocol): each row is a positive, label 1, weighing its confidence in
+    the squared error (Hu, Koren and Volinsky's weighted least squares).
     """
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
+    weights = None
+    if confidence:
+        weights, labels = labels, np.ones(labels.size)
     free = np.arange(vectors.shape[1])  # the coordinates each key solves
     if bias_ridge is not None:
         if np.isnan(bias_ridge) or bias_ridge <= 0:
@@ -54,6 +70,9 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
         free = free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
         vectors = vectors[:, free]
     d = vectors.shape[1]
+    if weights is not None:  # sqrt(c) on both sides: sum c x x^T and sum c y x
+        root = np.sqrt(weights)[:, None]
+        vectors, labels = vectors * root, labels * root[:, 0]
     unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
     if not np.isfinite(prior) or prior < 0:
         raise ValueError(f"the prior ridge must be >= 0, got {prior}")

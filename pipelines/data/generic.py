@@ -534,6 +534,9 @@ def ingest(
     }
     if columns.label:
         manifest["rating_scale"] = [float(rating_scale[0]), float(rating_scale[1])]
+    if not columns.label:
+        logs.log("implicit feedback: every row is kept; a (user, item) pair that comes more than once (repeated plays) is one positive, its "
+                 "repeats its confidence in training (ssp train --confidence-alpha; 0 counts it once)")
     batches = known_rows()
     try:
         return write_dataset(out, items, batches, manifest)

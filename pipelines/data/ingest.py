@@ -110,9 +110,9 @@ def describe(dataset: Dataset) -> str:
     lines = [
         f"data set {dataset.path} (from {m.get('source')}, layout {m.get('layout', 'synthetic')})",
         f"  feedback {_feedback(m)}",
-        f"  ratings  {m['ratings']:>12,}",
-        f"  users    {m['users']:>12,}",
-        f"  items    {m['items']:>12,}  ({m['rated_items']:,} rated)",
+        f"  {'interactions' if m.get('feedback') == 'implicit' else 'ratings':<12} {m['ratings']:>8,}",
+        f"  users        {m['users']:>8,}",
+        f"  items        {m['items']:>8,}  ({m['rated_items']:,} " + ("with interactions)" if m.get("feedback") == "implicit" else "rated)"),
     ]
     if m.get("label_range") and m.get("feedback") != "implicit":
         scale = m.get("rating_scale")

@@ -138,10 +138,12 @@ def _parts(uniform: np.ndarray, holdout: float) -> np.ndarray:
     return np.where(uniform < 1.0 - holdout, 0, np.where(uniform < 1.0 - holdout / 2, 1, 2))
 
 
-def _canonical(interactions: pa.Table) -> pa.Table:
+def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     """Validated interactions in canonical row order (sorted by user, item, timestamp, label), one
-    row per (user, item): a repeated rating keeps only its latest (the last in that order). The
-    privacy bounds count each (user, item) pair once."""
+    row per (user, item): a repeated rating keeps only its latest (the last in that order); with
+    `count_repeats` (implicit feedback, every label 1) the kept row's label is how many times the
+    pair came, the confidence the ranking protocol weighs it by (trainer.solve.confidence).
+    User-local: the privacy bounds count each (user, item) pair once."""
     table = validate_interactions(interactions)
     if table.num_rows == 0:
         raise ValueError("cannot split an empty interactions table")
@@ -152,7 +154,14 @@ def _canonical(interactions: pa.Table) -> pa.Table:
     table = table.take(order).combine_chunks()
     users, items = table["user_id"].to_numpy(), table["item_id"].to_numpy()
     last = np.r_[(users[1:] != users[:-1]) | (items[1:] != items[:-1]), True]
-    return table if last.all() else table.filter(pa.array(last))
+    if last.all():
+        return table
+    kept = table.filter(pa.array(last))
+    if count_repeats:  # each pair's rows are contiguous: its count is the gap between its last row and the previous pair's
+        ends = np.flatnonzero(last)
+        repeats = np.diff(np.r_[-1, ends]).astype(np.float64)
+        kept = kept.set_column(kept.column_names.index("label"), "label", pa.array(repeats))
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +229,7 @@ def split_heldout_users(
     if not 0.0 <= target_fraction < 1.0:
         raise ValueError(f"target_fraction must be in [0, 1), got {target_fraction}")
     holdout = check_holdout(holdout)
-    table = _positives(_canonical(interactions), positive_threshold)
+    table = _positives(_canonical(interactions, count_repeats=positive_threshold is None), positive_threshold)
     users = table["user_id"].to_numpy()
     ids, inverse, counts = np.unique(users, return_inverse=True, return_counts=True)
     eligible = counts >= min_positives

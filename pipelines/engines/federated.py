@@ -185,7 +185,7 @@ def client_contribution(user: int, solve_rows: tuple[np.ndarray, np.ndarray], st
     index, vectors = broadcast.embeddings
     items, labels = solve_rows
     _, u = ridge_solve(np.full(items.size, user), vectors[index.positions(items, "item with an embedding")], labels, lambda_u, scale_by_rows=True,
-                       gravity=broadcast.gram)
+                       gravity=broadcast.gram, confidence=settings.confidence)
     out = np.zeros((plan.items, plan.width))
     rated, rated_labels = stats_rows
     if np.unique(rated).size != rated.size:  # its weights bound the client's contribution only with each pair once, as the central job requires

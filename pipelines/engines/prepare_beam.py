@@ -171,12 +171,13 @@ class BeamEngine:
                               | "Json" >> beam.Map(lambda total: [float(v) for v in total]))
         return (float(found[0][0]), float(found[0][1])) if found and found[0] else (0.0, 0.0)
 
-    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
+    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None,
+                      confidence_alpha: float | None = None) -> None:
         """`mean.centred` over every row of `train`, written to `out`, one part per input file."""
         staged = storage.StagedWrite(out)
 
         def write(index: int, file: str) -> Iterator[list]:
-            written = write_centred_part(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, keep_items)
+            written = write_centred_part(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, keep_items, confidence_alpha)
             if written is not None:
                 yield list(written)
 

@@ -124,14 +124,15 @@ class SparkEngine:
                 sums = rows.agg(F.sum(middle).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
         return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
 
-    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None) -> None:
+    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None,
+                      confidence_alpha: float | None = None) -> None:
         """`mean.centred` over every row of `train`, written to `out`, a part per input partition."""
         from pyspark import TaskContext
 
         staged = storage.StagedWrite(out)
 
         def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            written = write_centred_part(batches, staged, TaskContext.get().partitionId(), mean, protocol, keep_items)
+            written = write_centred_part(batches, staged, TaskContext.get().partitionId(), mean, protocol, keep_items, confidence_alpha)
             if written is not None:
                 yield pa.record_batch({"name": [written[0]], "rows": [written[1]]})
 

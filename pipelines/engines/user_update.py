@@ -40,7 +40,7 @@ SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], lam: float, staged: storage.StagedWrite, part: int,
                      sources: tuple[str, str], gravity=None, logistic: bool = False, bias_ridge: float | None = None,
-                     constant: bool = False, prior: float = 0.0) -> Iterator[pa.RecordBatch]:
+                     constant: bool = False, prior: float = 0.0, confidence: bool = False) -> Iterator[pa.RecordBatch]:
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table. Each
     row's item embedding is looked up here (`vectors`: the broadcast table), so the shuffle moves
     ids and labels only; a row without an embedding or with a label that is not finite is refused."""
@@ -63,7 +63,8 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         elif logistic:  # implicit feedback's logistic loss: the rows are positives, every catalog item a negative
             solved, u = logistic_solve(users, matrix[at], matrix, lam)
         else:
-            solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity, bias_ridge=bias_ridge, prior=prior)
+            solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity, bias_ridge=bias_ridge, prior=prior,
+                                    confidence=confidence)
         seconds += time.perf_counter() - started
         out = pa.Table.from_arrays([pa.array(solved, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
@@ -85,7 +86,7 @@ class Solved(NamedTuple):
 
 
 def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0,
-        loss: str = "square", bias_ridge: float | None = None, constant: bool = False, prior: float = 0.0) -> Solved:
+        loss: str = "square", bias_ridge: float | None = None, constant: bool = False, prior: float = 0.0, confidence: bool = False) -> Solved:
     """Solve every user of `interactions` against `item_embeddings`; write `out`.
 
     `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
@@ -97,6 +98,8 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     per-item mean's users, [1, 0] each (no embedding, no bias), so that the statistics are each
     item's weighted label sum and count. `prior` is added to every user's ridge on the embedding
     (trainer.solve.ridge_solve): a fixed prior precision, which matters most for light users.
+    `confidence` (the ranking protocol): the labels are the rows' confidences, each row a positive
+    weighing its confidence (trainer.solve.ridge_solve).
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
@@ -122,7 +125,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
             by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
             written = by_user.mapInArrow(lambda batches: _solve_partition(batches, vectors.value, lambda_u, staged, TaskContext.get().partitionId(),
                                                                            (interactions, item_embeddings), gram, loss == "logistic", bias_ridge, constant,
-                                                                           prior),
+                                                                           prior, confidence),
                                           WRITTEN_DDL).collect()
     except BaseException:
         staged.abort([])

@@ -49,12 +49,18 @@ def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: st
     return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
 
 
-def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None) -> pa.Table:
-    """Training rows with labels centred by the DP mean (regression) or set to 1 (ranking:
-    positives), restricted to `keep_items` when given. Row-local."""
+def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None, confidence_alpha: float | None = None) -> pa.Table:
+    """Training rows with labels centred by the DP mean (regression) or, ranking, each positive's
+    confidence: 1, or for implicit feedback (`confidence_alpha` given) trainer.solve.confidence of
+    how many times the pair came (the split's label); restricted to `keep_items` when given. Row-local."""
+    from trainer.solve import confidence
+
     if keep_items is not None:
         table = table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
-    labels = np.ones(table.num_rows) if protocol == "recall" else table["label"].to_numpy() - mean
+    if protocol == "recall":
+        labels = np.ones(table.num_rows) if confidence_alpha is None else confidence(table["label"].to_numpy(), confidence_alpha)
+    else:
+        labels = table["label"].to_numpy() - mean
     return table.set_column(2, INTERACTIONS.field("label"), pa.array(labels, pa.float64()))
 
 
@@ -86,12 +92,12 @@ def dp_mean(
 
 
 def write_centred_part(batches: Iterable[pa.RecordBatch], staged: storage.StagedWrite, part: int, mean: float, protocol: str,
-                       keep_items: np.ndarray | None) -> tuple[str, int] | None:
+                       keep_items: np.ndarray | None, confidence_alpha: float | None = None) -> tuple[str, int] | None:
     """`centred` rows of a stream of interaction batches, written as part `part` of `staged` (an
     engine's task); (the part's file name, its rows), or None when no row is left."""
     writer, count = None, 0
     for batch in batches:
-        table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items)
+        table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items, confidence_alpha)
         if table.num_rows:
             writer = writer or staged.open_part(part, INTERACTIONS)
             writer.write_table(table)

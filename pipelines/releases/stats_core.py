@@ -46,6 +46,7 @@ class StatsSettings:
     weight_exponent: float = DEFAULT_EXPONENT
     loss: str = "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
     bias: float = 0.0  # > 0: user vectors are [u, 1, b_u], released as [Clip(u), c] with labels y - b_u, c = bias x clip_u (see `user_contributions`)
+    confidence: bool = False  # the labels are each row's confidence (the ranking protocol): its weight within the user's budget, label 1
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -67,6 +68,8 @@ class StatsSettings:
             raise ValueError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")
         if self.bias and self.loss != "square":
             raise ValueError("biases need the square loss")
+        if self.confidence and self.loss != "square":
+            raise ValueError("row confidences need the square loss (the logistic loss weighs each user's positives itself)")
 
     @property
     def user_dim(self) -> int:
@@ -111,13 +114,20 @@ def user_contributions(
     the constant c makes the last coordinate of A_j the item's weighted count (times c^2) and of b_j
     its label sum, so the item bias is fitted with the embedding; the user's own bias leaves the
     label first. |[Clip(u), c]| <= sqrt(clip_u^2 + c^2), the clip the noise is scaled to (`noise_clips`).
+
+    With `settings.confidence` each row's label is its confidence (implicit feedback's repeats): it
+    scales the row's weight inside the user's normalised budget (privacy.weights), and the label
+    itself is 1, a positive. The normalisers must then be computed with the same confidences.
     """
+    confidence = None
+    if settings.confidence:
+        confidence, labels = np.asarray(labels, dtype=np.float64), np.ones(len(labels))
     if settings.unit == "example":
-        weights = example_level_weights(len(item_ids))
+        weights = example_level_weights(len(item_ids)) * (1.0 if confidence is None else confidence)
     elif normalisers is None:
-        weights = user_level_weights(user_ids, counts, settings.wbar, settings.weight_exponent)
+        weights = user_level_weights(user_ids, counts, settings.wbar, settings.weight_exponent, confidence)
     else:
-        weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent)
+        weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent, confidence)
     if settings.bias:
         embeddings, user_biases = biased_user_rows(embeddings, settings)
         labels = np.asarray(labels, dtype=np.float64) - user_biases

@@ -126,7 +126,8 @@ class StatsJob:
         missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
         if missing:
             raise ValueError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
-        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent, bias=args.bias)
+        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent, bias=args.bias,
+                                 confidence=args.confidence)
         return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
                    release.privacy_settings(args), 1 if args.step is None else args.step, args.ledger, args.seed_file, args.shards)
 
@@ -144,7 +145,7 @@ class StatsJob:
         embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.user_dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
-        pairs = []  # per batch: user position * catalog size + item position (both sorted lookups)
+        pairs, confidences = [], []  # per batch: user position * catalog size + item position (both sorted lookups); the labels when they are confidences
 
         def checked_batches():
             for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
@@ -157,6 +158,8 @@ class StatsJob:
                 if not known.all():
                     raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
                 pairs.append(user_at * self.catalog.size + item_at)
+                if self.settings.confidence:
+                    confidences.append(table["label"].to_numpy())
                 yield from table.to_batches()
 
         # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow release the GIL)
@@ -176,7 +179,9 @@ class StatsJob:
         self.catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
         if (self.settings.unit == "user" or self.settings.loss == "logistic") and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
             user_at, item_at = np.divmod(keys, self.catalog.size)
-            self.normalisers = user_normalisers(known_users[user_at], self.catalog_counts[item_at], self.settings.weight_exponent, known_users)
+            confidence = np.concatenate(confidences) if self.settings.confidence else None  # in the order of `keys`
+            self.normalisers = user_normalisers(known_users[user_at], self.catalog_counts[item_at], self.settings.weight_exponent, known_users,
+                                                confidence)
         digests = {
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,
@@ -264,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bias", type=float, default=0.0, metavar="C",
                         help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, so each item's "
                              "bias is fitted with its embedding (default: 0, no biases)")
+    parser.add_argument("--confidence", action="store_true", help="the labels are each row's confidence (the ranking protocol: implicit "
+                        "feedback's repeats): a row weighs its confidence within its user's weight budget, with label 1 (default: labels are labels)")
     parser.add_argument("--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)")
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)

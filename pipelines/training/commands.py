@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "protocol": "rmse (80/10/10 ratings split, RMSE) or recall (held-out users, Recall@20)",
         "positive_threshold": "--protocol recall: labels above it are the positives (default: the top 30%% of the rating scale, 3.65 on 0.5..5 "
                               "stars; implicit feedback keeps every interaction)",
+        "confidence_alpha": "implicit feedback: a (user, item) pair that came n times (plays, clicks) weighs c = (1 + alpha log(1 + n)) / "
+                            "(1 + alpha log 2) in its user's fit and, within the user's weight budget (the sensitivity unchanged), in the "
+                            "statistics (Hu, Koren and Volinsky's confidence; c = 1 for one interaction); 0 counts a repeat once",
         "rating_min": "lowest rating: the DP mean's clipping bound and the predictions' floor (default: the data set's declared "
                       "rating scale, see `ssp ingest --rating-scale`; 0.5 for data that declares none)",
         "rating_max": "highest rating: the DP mean's other clipping bound and the predictions' ceiling (default: the data set's declared "

@@ -18,7 +18,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
-from trainer.solve import user_bias_ridge
+from trainer.solve import confidence, user_bias_ridge
 
 
 def evaluate(run: Run) -> dict:
@@ -43,7 +43,7 @@ def evaluate(run: Run) -> dict:
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
     metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
                         prepared_rating_range(prepared), fold_in_counts(run, config, space),
-                        catalog_counts(run, space) if config.protocol == "recall" else None)
+                        catalog_counts(run, space) if config.protocol == "recall" else None, prepared.get("confidence_alpha"))
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
@@ -82,11 +82,13 @@ def catalog_counts(run: Run, space) -> np.ndarray:
 
 
 def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
-              ratings: tuple[float, float], counts: np.ndarray | None = None, popularity: np.ndarray | None = None) -> dict:
+              ratings: tuple[float, float], counts: np.ndarray | None = None, popularity: np.ndarray | None = None,
+              confidence_alpha: float | None = None) -> dict:
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
     predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
     `counts` (catalog order) as a popularity column when given, and with `popularity` (the DP
-    counts, catalog order) the ranking metrics hold DP popularity's Recall@20 beside the model's."""
+    counts, catalog order) the ranking metrics hold DP popularity's Recall@20 beside the model's;
+    with `confidence_alpha` (implicit feedback) a history row weighs its confidence as in training."""
     from trainer import evaluate
 
     train = storage.read_table(train_rows, columns=["item_id"])
@@ -118,8 +120,9 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
             aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
-            report = evaluate.recall_report((*held_out, np.ones(history.num_rows)), aimed, vectors, config.lambda_u, buckets, gravity=config.gravity,
-                                            loss=config.loss, bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias))
+            weights = np.ones(history.num_rows) if confidence_alpha is None else confidence(history["label"].to_numpy(), confidence_alpha)
+            report = evaluate.recall_report((*held_out, weights), aimed, vectors, config.lambda_u, buckets, gravity=config.gravity, loss=config.loss,
+                                            bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias), confidence=config.loss == "square")
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
             if popularity is not None:  # the baseline, free: the run's own counts release

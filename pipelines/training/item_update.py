@@ -288,12 +288,16 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     if config.loss == "logistic":  # positives and sampled negatives (secret randomness), weighted as SSP-convex weighs its every-item negatives
         negatives = np.random.default_rng(int.from_bytes(hashlib.sha256(seeds.seed + b"negatives" + step.to_bytes(8, "big")).digest()[:8], "big"))
         users, positions, labels, weights = dpsgd.logistic_rows(users, positions, space.size, negatives)
-    elif settings.unit == "user":
-        counts = storage.read_table(run.counts).sort_by("item_id")
-        row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
-        weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent)
     else:
-        weights = np.ones(rows.num_rows)
+        confidence = None
+        if settings.confidence:  # the ranking rows' labels are confidences: the weights (within each user's budget); every row a positive
+            confidence, labels = labels, np.ones(labels.size)
+        if settings.unit == "user":
+            counts = storage.read_table(run.counts).sort_by("item_id")
+            row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
+            weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent, confidence)
+        else:
+            weights = np.ones(rows.num_rows) if confidence is None else confidence
     embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.vector_dim).sort_by("user_id")
     user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.vector_dim, "user embedding"))
     clip_u = settings.clip_u

@@ -85,14 +85,15 @@ def _run_identity(config: TrainConfig) -> dict:
     return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
 
 
-def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None, engine=None) -> None:
+def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None, engine=None,
+                   confidence_alpha: float | None = None) -> None:
     """The training rows centred by `mean.centred` (on the engine when given), written to `out`."""
     if engine is not None:
-        engine.write_centred(train, out, mean, protocol, keep_items)
+        engine.write_centred(train, out, mean, protocol, keep_items, confidence_alpha)
         return
     with storage.TableWriter(out, INTERACTIONS) as writer:
         for batch in storage.iter_batches(train):
-            writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items))
+            writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items, confidence_alpha))
 
 
 LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
@@ -120,6 +121,13 @@ def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: i
 def ledger_multiplier(ledger_path: str) -> float:
     """The stats noise multiplier the run's budget planned."""
     return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
+
+
+def confidence_alpha_of(config: TrainConfig, manifest: dict) -> float | None:
+    """The confidence rule of the run's ranking rows: --confidence-alpha for implicit feedback (the
+    split's label is how many times a pair came), None (every positive weighs 1) otherwise."""
+    implicit = config.protocol == "recall" and config.loss == "square" and manifest.get("feedback") == "implicit"
+    return config.confidence_alpha if implicit else None
 
 
 def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, noise_per_unit: float) -> float:
@@ -308,11 +316,12 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
-    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items, engine)  # the user update's rows
+    alpha = confidence_alpha_of(config, data.manifest)
+    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items, engine, alpha)  # the user update's rows
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
-        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered, engine)  # the stats job's rows
+        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered, engine, alpha)  # the stats job's rows
 
     if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
         weights = np.ones(space.size)
@@ -328,7 +337,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     encoders.write_checkpoint(model, run.checkpoint(0))
     manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
                            "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,
-                           "dpsgd_multiplier": dpsgd_multiplier, "started_at": started, "at": time.time()}
+                           "dpsgd_multiplier": dpsgd_multiplier, "confidence_alpha": alpha, "started_at": started, "at": time.time()}
     run.write_manifest(manifest)
     logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")
     logs.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")

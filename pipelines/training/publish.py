@@ -136,6 +136,7 @@ def model_settings(run: Run) -> dict:
         "encoder": config["encoder"],
         "feature_families": features if config["encoder"] == "features" else {},
         "popularity_column": recall and config.get("popularity_column", False),  # counts.parquet beside it (an older run's fold-in had none)
+        "confidence_alpha": prepared.get("confidence_alpha"),  # implicit feedback: a history's counts weigh as in training (trainer.solve.confidence)
     }
 
 

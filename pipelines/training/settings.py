@@ -103,6 +103,7 @@ class TrainConfig:
     dpsgd_clip: float = 1.0  # per-user gradient clip norm C
     dpsgd_max_rows_per_user: int = 256
     positive_threshold: float | None = None  # --protocol recall: labels above it are positives; None: the top 30% of the rating scale (splits.positive_threshold_for)
+    confidence_alpha: float = 1.0  # implicit feedback: a (user, item) that came n times weighs trainer.solve.confidence(n, alpha); 0: once is once
     rating_min: float | None = None  # None: the data set's declared rating scale (see rating_range)
     rating_max: float | None = None
     split_seed: int = splits.DEFAULT_SEED
@@ -271,9 +272,12 @@ class TrainConfig:
         return self.embedding_dim + 2 if self.biases else self.embedding_dim
 
     def settings(self) -> StatsSettings:
+        confidence = self.protocol == "recall" and self.loss == "square"  # the ranking rows' labels are their confidences (pipelines.releases.mean.centred)
         if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
-            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.bias_of_release)
-        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.bias_of_release)
+            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.bias_of_release,
+                                 confidence=confidence)
+        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.bias_of_release,
+                             confidence=confidence)
 
     @property
     def bias_of_release(self) -> float:
@@ -317,7 +321,7 @@ _POSITIVE_FLOATS = ("learning_rate", "lambda_u", "lambda_bias", "bias_coordinate
 
 
 _NON_NEGATIVE_FLOATS = ("user_prior", "ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "feature_weight", "gram_share", "mean_share",
-                        "stats_threshold")
+                        "stats_threshold", "confidence_alpha")
 
 
 _CHOSEN_AT_PREPARE = ("positive_threshold", "stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released

@@ -32,7 +32,8 @@ def run_step(spark, root: str, step: int | None) -> int:
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
     solved = run(spark, layout.centred, source, layout.user_embeddings(step), config.lambda_u, config.vector_dim, config.gravity, config.loss,
-                 user_bias_ridge(config.protocol, config.biases, config.lambda_bias), constant=config.item_update == "item-mean", prior=config.user_prior)
+                 user_bias_ridge(config.protocol, config.biases, config.lambda_bias), constant=config.item_update == "item-mean", prior=config.user_prior,
+                 confidence=config.settings().confidence)
     layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
     return solved.users
 

@@ -21,17 +21,20 @@ def write_inputs(folder, interactions, embeddings, counts, catalog):
     return paths
 
 
-def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25, bias=False):
+def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25, bias=False, confidence=False):
     """A_j (full matrices) and b_j by the formulas, one row at a time in plain numpy. With `bias` the
-    embeddings are [u, 1, b_u] and each row adds [Clip(u), clip_u] with label Clip(y - b_u)."""
+    embeddings are [u, 1, b_u] and each row adds [Clip(u), clip_u] with label Clip(y - b_u). With
+    `confidence` the label c is the row's confidence: weight wbar c n^e / sqrt(sum (c n^e)^2), label 1."""
     d = len(next(iter(embeddings.values()))) - (1 if bias else 0)
     a = {j: np.zeros((d, d)) for j in catalog}
     b = {j: np.zeros(d) for j in catalog}
     for user in {row[0] for row in interactions}:
         rows = [row for row in interactions if row[0] == user]
-        norm = sum(counts[j] ** (2 * exponent) for _, j, _ in rows)
+        scale = (lambda c: c) if confidence else (lambda c: 1.0)  # noqa: E731
+        norm = sum((scale(c) * counts[j] ** exponent) ** 2 for _, j, c in rows)
         for _, j, y in rows:
-            w = wbar * counts[j] ** exponent / np.sqrt(norm)
+            w = wbar * scale(y) * counts[j] ** exponent / np.sqrt(norm)
+            y = 1.0 if confidence else y
             u = np.asarray(embeddings[user], float)
             if bias:
                 u, y = np.r_[u[:-2] * min(1.0, clip_u / np.linalg.norm(u[:-2])), clip_u], y - u[-1]

@@ -23,6 +23,7 @@ from schemas import storage
 from ssp import cli
 from trainer import evaluate
 from trainer.recommend import PublishedModel
+from trainer.solve import confidence
 
 BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in range(8)]
 OWN_DATA_DOC = Path(__file__).resolve().parents[2] / "docs" / "own-data.md"
@@ -32,7 +33,8 @@ HELD_OUT = 12  # the last products of the catalog are left out of training: adde
 
 
 def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int = 0) -> tuple[Path, Path]:
-    """clicks.parquet (customer, product, ts; no label: implicit feedback), products.parquet (the
+    """clicks.parquet (customer, product, ts; no label: implicit feedback; a third of the customers
+    played their first product twice, a third three times), products.parquet (the
     catalog trained on) and products_all.parquet (with the HELD_OUT products added after training),
     and tastes.parquet (each customer's planted brand)."""
     rng = np.random.default_rng(seed)
@@ -49,6 +51,7 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
         affinity[items - HELD_OUT:] = 0.0  # not yet in the catalog when the log was written
         chosen = rng.choice(items, size=int(rng.integers(8, 25)), replace=False, p=affinity / affinity.sum())
         rows += [(10_000 + user, int(product[j]), int(1_600_000_000 + rng.integers(0, 10**7))) for j in chosen]
+        rows += [(10_000 + user, int(product[chosen[0]]), 1_700_000_000 + k) for k in range(user % 3)]  # repeated plays: 1, 2 or 3 of the first
         tastes.append((10_000 + user, BRANDS[liked_brand]))
     customer, item, ts = map(np.array, zip(*rows))
     clicks = pa.table({"customer": customer, "product": item, "ts": ts})
@@ -82,6 +85,12 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths" in describe(metrics)
     model = PublishedModel.load(str(root / "published"))
     assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
+    # repeated plays: the split counts them, the ranking rows weigh their confidence, model.json carries the rule
+    train = storage.read_table(str(root / "run" / "private" / "split" / "train.parquet"))
+    assert set(train["label"].to_pylist()) == {1.0, 2.0, 3.0} and model.settings["confidence_alpha"] == 1.0
+    rows = storage.read_table(str(root / "run" / "private" / "train_centred.parquet")).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+    train = train.sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+    np.testing.assert_allclose(rows["label"].to_numpy(), confidence(train["label"].to_numpy(), 1.0))
     report = (root / "published" / "privacy.md").read_text()  # implicit feedback: interactions, not ratings
     assert "all the interactions of one user" in report and "how many users interacted with each" in report
     assert not re.search(r"\b(rated|ratings?)\b", report), re.search(r".*\b(rated|ratings?)\b.*", report).group(0)
@@ -96,9 +105,10 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert model.settings["popularity_column"] and np.array_equal(counts["item_id"].to_numpy(), run_items["item_id"].to_numpy())
     vectors = evaluate.with_popularity(np.array(run_items["embedding"].to_pylist()), counts["count"].to_numpy())  # the run's fold-in (the default)
     positions = lambda ids: np.searchsorted(run_items["item_id"].to_numpy(), ids)  # noqa: E731
-    report = evaluate.recall_report((history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), np.ones(history.num_rows)),
+    weights = confidence(history["label"].to_numpy(), model.settings["confidence_alpha"])  # the history's repeats, as the run's evaluation weighs them
+    report = evaluate.recall_report((history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), weights),
                                     (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())), vectors, model.settings["lambda_u"],
-                                    np.zeros(vectors.shape[0], np.int64), k=10, gravity=model.settings["gravity"])
+                                    np.zeros(vectors.shape[0], np.int64), k=10, gravity=model.settings["gravity"], confidence=True)
     assert report["recall_at_10"] == 1.0 and report["users"] == users.size
     scores = top["score"].to_numpy().reshape(users.size, 10)
     assert np.all(np.diff(scores, axis=1) <= 0)  # ranked best first
@@ -111,7 +121,7 @@ def test_the_batch_mode_reads_parquet_histories_and_writes_parquet(published, tm
     assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "histories.parquet"), "--k", "5",
                      "--out", str(tmp_path / "top.parquet")]) == 0
     written = pq.read_table(tmp_path / "top.parquet")
-    expected = PublishedModel.load(str(root / "published")).recommend(history, k=5, exclude_seen=True)
+    expected = PublishedModel.load(str(root / "published")).recommend(history.select(["user_id", "item_id"]), k=5, exclude_seen=True)
     assert written.equals(expected) and written.num_rows == 5 * len(set(history["user_id"].to_pylist()))
 
 

@@ -69,7 +69,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert json.load(open(tmp_path / "out" / "model.json")) == {  # the user side's public settings, for ssp recommend
         "protocol": "rmse", "dim": 2, "loss": "square", "lambda_u": 0.1, "gravity": 0.0, "dp_mean": 3.5, "rating_range": [0.5, 5.0],
         "positive_threshold": None, "encoder": "features", "feature_families": ["genres", "year"], "popularity_column": False,
-        "biases": False, "lambda_bias": None, "user_prior": 0.0}  # a run recorded without biases (or a user prior) has none
+        "biases": False, "lambda_bias": None, "user_prior": 0.0, "confidence_alpha": None}  # a run recorded without biases (or a user prior) has none
     # publishing the same run again is a no-op; another run to the same place is refused
     assert publish(run, str(tmp_path / "out")) == marker
     other = finished_run(str(tmp_path / "other"))
