@@ -433,9 +433,10 @@ def test_a_damaged_run_manifest_is_refused_naming_it(tmp_path, prepared, command
     assert not (run / "private" / "step-1").exists() and not (run / "step-1").exists()
 
 
-def stopped(args: list, after: str, log: Path) -> subprocess.CompletedProcess:
-    """`ssp ARGS`, sent SIGTERM (a scheduler stopping the task) once `after` shows in its stderr; it
-    must end with one line, exit 143 and no traceback. Returns its result (stderr from `log`)."""
+def stopped(args: list, after: str, log: Path, interrupt: bool = False) -> subprocess.CompletedProcess:
+    """`ssp ARGS`, sent SIGTERM (a scheduler stopping the task), or SIGINT (Ctrl-C) with `interrupt`,
+    once `after` shows in its stderr; it must end with one line, exit 143 (130) and no traceback.
+    Returns its result (stderr from `log`)."""
     import signal
     import time
 
@@ -444,12 +445,22 @@ def stopped(args: list, after: str, log: Path) -> subprocess.CompletedProcess:
         deadline = time.monotonic() + 300
         while after not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(signal.SIGINT if interrupt else signal.SIGTERM)
         child.wait(timeout=300)
     result = subprocess.CompletedProcess(child.args, child.returncode, "", log.read_text())
-    assert child.returncode == 143 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith(f"ssp {args[0]}: terminated; nothing partial was published"), result.stderr[-3000:]
+    assert child.returncode == (130 if interrupt else 143) and "Traceback" not in result.stderr and "py4j" not in result.stderr, result.stderr[-3000:]
+    word = "interrupted" if interrupt else "terminated"
+    assert result.stderr.strip().splitlines()[-1].startswith(f"ssp {args[0]}: {word}; nothing partial was published"), result.stderr[-3000:]
     return result
+
+
+def test_ctrl_c_in_a_spark_job_is_the_promised_line_alone(tmp_path, prepared):
+    """Ctrl-C while the statistics' Spark job runs (a gateway call in flight): the one line, no py4j
+    or Java trace; the same command resumes."""
+    run = copy_of(prepared, tmp_path / "run")
+    args = ["train", "--data", json.loads((run / "manifest.json").read_text())["config"]["data"], "--out", run, "--epsilon", 5, "--outer-steps", 2]
+    result = stopped(args, "user update:", tmp_path / "stderr", interrupt=True)
+    assert java_stack_lines(result) == 0
 
 
 @pytest.mark.slow  # two Spark sessions and a whole training (~50 s): its fast twin is the case below

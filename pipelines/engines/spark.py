@@ -18,6 +18,7 @@ was started before they were set.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -53,6 +54,8 @@ def session(app: str, master: str | None = None):
     builder = SparkSession.builder.appName(app)
     for key, value in session_settings(SparkConf(), master).items():
         builder = builder.master(value) if key == "spark.master" else builder.config(key, value)
+    if not any(isinstance(item, _Py4jRootRecords) for item in logging.getLogger().filters):
+        logging.getLogger().addFilter(_Py4jRootRecords())
     with _jvm_notices_dropped():
         spark = builder.getOrCreate()
     # PySpark's Ctrl-C handler cancels the jobs through the gateway connection the interrupted call
@@ -71,6 +74,15 @@ def session(app: str, master: str | None = None):
             spark.stop()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+class _Py4jRootRecords(logging.Filter):
+    """py4j logs on the root logger too ("KeyboardInterrupt while sending command.", "Exception
+    while sending command.", with their tracebacks) when Ctrl-C lands inside a gateway call; the
+    command's own line says what happened. Shown with -v."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname or logging.getLogger("py4j").isEnabledFor(logging.DEBUG)
 
 
 JVM_NOTICES = (b"WARNING: Using incubator modules",)  # Spark 4's launcher always adds jdk.incubator.vector; the JDK says so on every start
