@@ -66,3 +66,17 @@ def registered(job):
     """The job, with its hand-made counts table recorded as the counts release of its ledger."""
     register_counts(job.counts, job.ledger_path, job.privacy, job.seed_file, job.settings.unit)
     return job
+
+
+def noise_free_release(engine: str, folder, interactions, embeddings, counts, catalog, settings, spark=None) -> str:
+    """Run the stats job without noise on `engine` ("spark" or "beam") over the rows (the embeddings
+    of the users who have rows); returns the path of its released table."""
+    from pipelines.engines import beam_stats, spark_stats
+    from pipelines.releases import stats_job
+    from pipelines.releases.release import PrivacySettings
+
+    paths = write_inputs(folder, interactions, {u: v for u, v in embeddings.items() if any(row[0] == u for row in interactions)}, counts, catalog)
+    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), settings,
+                                        PrivacySettings(noise_multiplier=0.0)))
+    spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
+    return str(folder / "out" / "resample-0.parquet")

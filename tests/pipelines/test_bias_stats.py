@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, register_counts, registered, write_inputs
+from stats_inputs import expected_stats, noise_free_release, register_counts, registered, write_inputs
 
 from pipelines.engines import beam_stats, spark_stats
 from pipelines.releases import stats_job
@@ -36,11 +36,7 @@ EMBEDDINGS = {1: [0.3, 0.4, 1.0, 0.5], 2: [0.5, -0.5, 1.0, -0.25], 3: [0.0, 0.2,
 
 def released(engine: str, folder, interactions, spark=None):
     """(A_j full matrices, b_j) of the noise-free release on `engine`, in catalog order."""
-    paths = write_inputs(folder, interactions, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)}, COUNTS, CATALOG)
-    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), SETTINGS,
-                                        PrivacySettings(noise_multiplier=0.0)))
-    spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
-    return read(str(folder / "out" / "resample-0.parquet"))
+    return read(noise_free_release(engine, folder, interactions, EMBEDDINGS, COUNTS, CATALOG, SETTINGS, spark))
 
 
 def read(path):

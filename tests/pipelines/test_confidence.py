@@ -13,11 +13,9 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from stats_inputs import expected_stats, register_counts, registered, write_inputs
+from stats_inputs import expected_stats, noise_free_release, register_counts, write_inputs
 
 from pipelines.data import splits
-from pipelines.engines import beam_stats, spark_stats
-from pipelines.releases import stats_job
 from pipelines.releases.mean import centred
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
@@ -38,11 +36,8 @@ EMBEDDINGS = {1: [0.3, 0.4], 2: [0.5, -0.5], 3: [0.0, 0.2], 4: [3.0, 4.0]}
 
 
 def released(engine: str, folder, rows, spark=None):
-    paths = write_inputs(folder, rows, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in rows)}, COUNTS, CATALOG)
-    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), SETTINGS,
-                                        PrivacySettings(noise_multiplier=0.0)))
-    spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
-    return read(str(folder / "out" / "resample-0.parquet"))
+    """(A_j full matrices, b_j) of the noise-free release on `engine`, in catalog order."""
+    return read(noise_free_release(engine, folder, rows, EMBEDDINGS, COUNTS, CATALOG, SETTINGS, spark))
 
 
 def read(path):
