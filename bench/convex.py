@@ -30,7 +30,6 @@ import shutil
 
 from bench import harness, training
 from pipelines.training import settings, stages
-from schemas import storage
 
 NAME = "convex"
 USERS, QUICK_USERS = 6040, 300
@@ -56,16 +55,14 @@ def run_cell(out: str, params: dict) -> dict:
     if params["method"] == "dp-popularity":  # every held-out user's candidates ranked by DP count
         return training.popularity_cell(out, training.cell_params(data, "recall", "dp-popularity", params["epsilon"], METHODS["dp-popularity"][1], params["seed"]))
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
-    account = root + ".account.json"  # the cell's own: a rerun of a cell is a new run on the same folder
-    shutil.rmtree(root, ignore_errors=True)
-    storage.remove(account)
+    shutil.rmtree(root, ignore_errors=True)  # a rerun of a cell is a new run on the same folder, with a fresh account
     privacy = {"non_private": True} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
-    config = settings.TrainConfig(data=data, out=root, protocol="recall", delta=training.DELTA, model_seed=params["seed"], budget_account=account,
-                               **privacy, **params["config"])
-    os.makedirs(os.path.dirname(root), exist_ok=True)
-    metrics = stages.run(config, spark=training.spark(), progress=False)
+    with training.own_budget_accounts(root) as account:
+        config = settings.TrainConfig(data=data, out=root, protocol="recall", delta=training.DELTA, model_seed=params["seed"], budget_account=account,
+                                   **privacy, **params["config"])
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        metrics = stages.run(config, spark=training.spark(), progress=False)
     shutil.rmtree(root)
-    storage.remove(account)
     return {"valid": metrics["valid_recall_at_20"], "test": metrics["test_recall_at_20"], "test_sliced": metrics["test_recall_at_20_sliced"],
             "epsilon_spent": metrics["epsilon_spent"] if math.isfinite(metrics["epsilon_spent"]) else None, "seconds": metrics["seconds"]}
 

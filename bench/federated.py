@@ -40,7 +40,6 @@ from pipelines.engines.federated import SHAMIR_SHARE_BYTES
 from pipelines.training import settings, stages
 from pipelines.training.run_dir import Run
 from privacy import secure_aggregation
-from schemas import storage
 
 NAME = "federated"
 EPSILON = 5.0
@@ -91,14 +90,13 @@ def traffic(run: Run, config: settings.TrainConfig, method: str, items: int) -> 
 def run_cell(out: str, params: dict) -> dict:
     data = training.movielens_like(out, params["users"])
     root = os.path.join(out, "runs", params["method"], hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
-    account = root + ".account.json"  # the cell's own: a rerun of a cell is a new run on the same folder
-    shutil.rmtree(root, ignore_errors=True)
-    storage.remove(account)
-    config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
-                               budget_account=account, **params["config"])
-    spark = training.spark()
-    os.makedirs(os.path.dirname(root), exist_ok=True)
-    metrics = stages.run(config, spark=spark, progress=False)
+    shutil.rmtree(root, ignore_errors=True)  # a rerun of a cell is a new run on the same folder, with a fresh account
+    with training.own_budget_accounts(root) as account:
+        config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
+                                   budget_account=account, **params["config"])
+        spark = training.spark()
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        metrics = stages.run(config, spark=spark, progress=False)
     layout = Run(root)
     if config.engine == "federated":  # the evaluator's solves (the run's clients kept theirs)
         for s in range(1, config.outer_steps + 1):
@@ -110,7 +108,6 @@ def run_cell(out: str, params: dict) -> dict:
              "mean_predictor": metrics["test_mean_predictor_rmse"], "trajectory": steps,
              "traffic": traffic(layout, config, params["method"], manifest["items"]), "prepare_upload": prepare_upload}
     shutil.rmtree(root)
-    storage.remove(account)
     return value
 
 

@@ -293,6 +293,28 @@ def dataset(out: str, data: str) -> str:
     return ingest.load_or_ingest(path, os.path.join(out, "data", slug)).path
 
 
+@contextlib.contextmanager
+def own_budget_accounts(root: str):
+    """A cell's own budget-account registry (privacy.account), fresh for each run of the cell: the
+    cells of an experiment train on one generated data set, which in a shared registry keeps one
+    account, so a cell that names its own account, or a rerun of one, would be refused. An
+    experiment's cells are independent deployments: each gets a registry of its own, removed after."""
+    from privacy.account import ACCOUNTS_ENV
+
+    folder = root + ".accounts"
+    shutil.rmtree(folder, ignore_errors=True)
+    before = os.environ.get(ACCOUNTS_ENV)
+    os.environ[ACCOUNTS_ENV] = folder
+    try:
+        yield os.path.join(folder, "account.json")
+    finally:
+        if before is None:
+            os.environ.pop(ACCOUNTS_ENV, None)
+        else:
+            os.environ[ACCOUNTS_ENV] = before
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 _SPARK = contextlib.ExitStack()
 
 

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench import training
+from schemas import storage
 from trainer import evaluate
 
 
@@ -191,3 +192,20 @@ def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
     assert list(buckets[:5]) == [0] * 5 and len(got["test"]["sliced"]) == training.BUCKETS
     with pytest.raises(ValueError, match="positive DP count"):
         training.popularity_recall(str(tmp_path), catalog, train_items, catalog[:-1], np.ones(24))
+
+
+def test_each_cell_has_its_own_budget_account_registry(tmp_path, monkeypatch):
+    """Cells of one experiment train on one generated data set: in a shared registry the second cell's
+    own account (or a rerun's) would be refused. Each cell gets a fresh registry; the caller's is restored."""
+    from privacy.account import ACCOUNTS_ENV, BudgetAccount, accounts_home
+
+    monkeypatch.setenv(ACCOUNTS_ENV, str(tmp_path / "shared"))
+    BudgetAccount.for_source("source-digest")  # the user's own registry already knows the data source
+    for cell in ("a", "b", "a"):  # two cells, then a rerun of the first
+        with training.own_budget_accounts(str(tmp_path / "runs" / cell)) as account:
+            assert accounts_home() == str(tmp_path / "runs" / f"{cell}.accounts")
+            assert BudgetAccount.for_source("source-digest", account).path == storage.canonical(account)
+        assert not (tmp_path / "runs" / f"{cell}.accounts").exists()
+    assert accounts_home() == str(tmp_path / "shared")
+    with pytest.raises(ValueError, match="already has its budget account"):  # what a cell met before
+        BudgetAccount.for_source("source-digest", str(tmp_path / "elsewhere.json"))
