@@ -41,9 +41,9 @@ def evaluate(run: Run) -> dict:
         raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
     item_vectors = np.zeros((space.size, config.vector_dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
+    popularity = catalog_counts(run, space) if config.protocol == "recall" else None  # read once: the fold-in's column and the baseline
     metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
-                        prepared_rating_range(prepared), fold_in_counts(run, config, space),
-                        catalog_counts(run, space) if config.protocol == "recall" else None, prepared.get("confidence_alpha"))
+                        prepared_rating_range(prepared), popularity if config.popularity_column else None, popularity, prepared.get("confidence_alpha"))
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
