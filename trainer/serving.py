@@ -28,18 +28,9 @@ import numpy as np
 import tensorflow as tf
 
 from schemas import storage
-from trainer.solve import user_bias_ridge
+from trainer.solve import free_coordinates, user_bias_ridge
 
 SERVING_FOLDER = "recommender"
-
-
-def _solve_layout(vectors: np.ndarray, settings: dict) -> tuple[np.ndarray, float | None]:
-    """(the coordinates each user solves, the bias ridge) of ridge_solve for this model."""
-    free = np.arange(vectors.shape[1])
-    bias_ridge = user_bias_ridge(settings["protocol"], settings.get("biases", False), settings.get("lambda_bias"))
-    if bias_ridge is not None:
-        free = free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
-    return free, bias_ridge
 
 
 def embedding_width(settings: dict) -> int:
@@ -56,7 +47,8 @@ class Recommender(tf.Module):
         if settings.get("loss") == "logistic":
             raise ValueError("a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)")
         vectors = np.asarray(vectors, np.float64)
-        free, bias_ridge = _solve_layout(vectors, settings)
+        bias_ridge = user_bias_ridge(settings["protocol"], settings.get("biases", False), settings.get("lambda_bias"))
+        free = free_coordinates(vectors.shape[1], bias_ridge)
         gravity = settings["gravity"] * (vectors.T @ vectors) if settings.get("gravity", 0) > 0 else np.zeros((vectors.shape[1],) * 2)
         self.ratings = settings["protocol"] == "rmse"
         self.biased = bias_ridge is not None

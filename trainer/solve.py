@@ -34,6 +34,16 @@ def user_bias_ridge(protocol: str, biases: bool, lambda_bias: float | None) -> f
     return lambda_bias if protocol == "rmse" else float("inf")
 
 
+def free_coordinates(width: int, bias_ridge: float | None) -> np.ndarray:
+    """The coordinates of item vectors of `width` columns that each key solves against (ridge_solve):
+    every one; with biases ([v, b_j, 1]) all but the item bias b_j, and also not the constant 1
+    when every key's bias is held at 0 (an infinite `bias_ridge`)."""
+    free = np.arange(width)
+    if bias_ridge is None:
+        return free
+    return free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
+
+
 def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
                 gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0,
                 confidence: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -62,12 +72,11 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     weights = None
     if confidence:
         weights, labels = labels, np.ones(labels.size)
-    free = np.arange(vectors.shape[1])  # the coordinates each key solves
+    free = free_coordinates(vectors.shape[1], bias_ridge)
     if bias_ridge is not None:
         if np.isnan(bias_ridge) or bias_ridge <= 0:
             raise ValueError(f"the bias ridge must be > 0, got {bias_ridge}")
         labels = labels - vectors[:, -2]
-        free = free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
         vectors = vectors[:, free]
     d = vectors.shape[1]
     if weights is not None:  # sqrt(c) on both sides: sum c x x^T and sum c y x
