@@ -507,3 +507,15 @@ def test_the_own_data_paths_refuse_bad_input_in_one_line(tmp_path):
     assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "missing.csv"), "missing.csv", "does not exist")
     assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "history.csv"), "needs a label column")  # a model of ratings
     assert_refused(ssp("recommend", "--model", model, "--history", tmp_path / "clicks.parquet"), "clicks.parquet has no 'user_id' column (columns: customer, product)", "--user-col")
+
+
+def test_an_ingest_killed_before_its_manifest_is_resumed_not_refused(tmp_path):
+    """A data set folder a killed write left (its tables or their staging, no manifest yet) is a
+    data set's leftovers: the next ingest into it replaces them; a folder with other files is refused."""
+    out = tmp_path / "ds"
+    (out / ".interactions.parquet.tmp-0123").mkdir(parents=True)
+    (out / "items.parquet").mkdir()
+    assert ssp("ingest", "--out", out).returncode == 0 and json.loads((out / "manifest.json").read_text())["ratings"] > 0
+    (tmp_path / "other" / "notes.txt").parent.mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    assert_refused(ssp("ingest", "--out", tmp_path / "other"), "holds something other than a data set")

@@ -10,6 +10,7 @@ Privacy: the interactions table is private; it stays inside the run's trusted st
 from __future__ import annotations
 
 import datetime
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -92,8 +93,11 @@ def require_dataset_target(out: str) -> None:
     if not fs.exists(folder) or not fs.ls(folder):
         return
     manifest = storage.join(out, MANIFEST)
-    if storage.exists(manifest) and {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
-        return
+    if storage.exists(manifest):
+        if {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
+            return
+    elif all(name in (ITEMS_TABLE, INTERACTIONS_TABLE) or ".tmp-" in name for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))):
+        return  # a data set's write that was killed: its tables or staging, no manifest yet (the next write replaces it)
     raise ValueError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
 
 
