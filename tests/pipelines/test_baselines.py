@@ -59,16 +59,17 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
 
 
 @pytest.mark.parametrize("biases", [False, True])
-def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases):
+def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, small_data):
     """mu = 0 drops the feature term: DP-CMF is DP-ALS, biases included (DP-ALS is checked by hand above)."""
-    als = stages.run(small(tmp_path / "als", non_private=True, item_update="als", encoder="id", dim=4, biases=biases), spark=spark, progress=False)
-    cmf0 = stages.run(small(tmp_path / "cmf0", non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0, biases=biases), spark=spark, progress=False)
+    als = stages.run(small(tmp_path / "als", data=small_data, non_private=True, item_update="als", encoder="id", dim=4, biases=biases), spark=spark, progress=False)
+    cmf0 = stages.run(small(tmp_path / "cmf0", data=small_data, non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0, biases=biases),
+                      spark=spark, progress=False)
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
     width = 6 if biases else 4
     np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), width)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), width)[1], atol=1e-6)
     if not biases:
         return
-    cmf = stages.run(small(tmp_path / "cmf", epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
+    cmf = stages.run(small(tmp_path / "cmf", data=small_data, epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
     assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
     assert (tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS").exists()  # projected once per step
 

@@ -14,6 +14,7 @@ from pipelines.training.model import build_encoder, item_vectors, normalise_embe
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
+from tests.pipelines.conftest import SMALL_ITEMS, SMALL_RATINGS, SMALL_USERS
 from trainer import curves, ssp
 
 
@@ -58,19 +59,6 @@ def tensorboard_scalars(folder) -> dict:
                 for value in event.summary.value:
                     scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
     return scalars
-
-
-SMALL_USERS, SMALL_ITEMS, SMALL_RATINGS = 400, 300, 15
-
-
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> str:
-    """A synthetic data set of 6,000 ratings (`ssp synth`: power-law items, public features)."""
-    from pipelines.data.synth import generate
-
-    folder = str(tmp_path_factory.mktemp("data") / "small")
-    generate(folder, users=SMALL_USERS, items=SMALL_ITEMS, ratings_per_user=SMALL_RATINGS, seed=1)
-    return folder
 
 
 def small(out, data, **kwargs):
