@@ -141,6 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "account_window_days": "renewal window of a new budget account: releases older than this many days stop counting against its cap "
                                "(default: none, every release counts forever)",
         "gravity": "implicit-feedback weight alpha on the users' DP Gram matrix (default: 0.1 for --protocol recall, 0 for rmse)",
+        "fold_in_gravity": "the gravity alpha of a user folded in to be ranked for (evaluation, ssp recommend, the served model; "
+                           "default: 1 where --gravity > 0, else --gravity)",
         "train_item_fraction": "--protocol recall: the statistics cover this share of the catalog, the items with the largest DP counts "
                                "(default: 0.1 for --encoder id, whose rare items would be fitted to noise alone; 1 for features, "
                                "whose rare items fall back on their features)",

@@ -121,7 +121,7 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
             aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
             weights = np.ones(history.num_rows) if confidence_alpha is None else confidence(history["label"].to_numpy(), confidence_alpha)
-            report = evaluate.recall_report((*held_out, weights), aimed, vectors, config.lambda_u, buckets, gravity=config.gravity, loss=config.loss,
+            report = evaluate.recall_report((*held_out, weights), aimed, vectors, config.lambda_u, buckets, gravity=config.fold_in_gravity, loss=config.loss,
                                             bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias), confidence=config.loss == "square")
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]

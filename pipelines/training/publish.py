@@ -129,7 +129,7 @@ def model_settings(run: Run) -> dict:
         "loss": config.get("loss", "square"),
         "lambda_u": settings.lambda_u,
         "user_prior": settings.user_prior,  # the user ridge's fixed part (trainer.solve.ridge_solve's prior)
-        "gravity": config["gravity"],
+        "gravity": settings.fold_in_gravity,  # the fold-in's (a served user is ranked as evaluation ranked)
         "dp_mean": None if recall else prepared["mean"],
         "rating_range": list(prepared_rating_range(prepared)),
         "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold") if recall else None,

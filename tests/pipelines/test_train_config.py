@@ -50,3 +50,16 @@ def test_a_bad_config_is_refused_naming_the_file_and_the_setting(tmp_path, capsy
     error = capsys.readouterr().err
     assert f"--config {tmp_path / 'run.toml'}" in error and problem in error
     assert not (tmp_path / "run").exists()
+
+
+def test_a_ranked_users_fold_in_has_its_own_gravity():
+    """The fold-in of a user to be ranked (evaluation, ssp recommend, serving) weighs the unobserved
+    items at FOLD_IN_GRAVITY where the model has a gravity at all; training's users keep --gravity."""
+    recall = settings.TrainConfig(protocol="recall")
+    assert (recall.gravity, recall.fold_in_gravity) == (0.1, settings.FOLD_IN_GRAVITY) and settings.FOLD_IN_GRAVITY == 1.0
+    assert settings.TrainConfig(protocol="recall", gravity=0.0).fold_in_gravity == 0.0  # no gravity model: none in its fold-in
+    assert settings.TrainConfig(protocol="recall", fold_in_gravity=0.3).fold_in_gravity == 0.3
+    assert settings.TrainConfig(protocol="rmse").fold_in_gravity == 0.0
+    assert parsed("--protocol", "recall", "--fold-in-gravity", "2").fold_in_gravity == 2.0
+    with pytest.raises(ValueError, match="--fold-in-gravity must be >= 0"):
+        settings.TrainConfig(protocol="recall", fold_in_gravity=-1.0)
