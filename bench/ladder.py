@@ -211,6 +211,21 @@ class _Segments:
         d = other.shape[1]
         a = np.zeros((self.size, d, d))
         b = np.zeros((self.size, d))
+        for segments, a_block, b_block in self._block_sums(other, columns, targets):
+            a[segments], b[segments] = a_block, b_block
+        return a, b
+
+    def solve(self, other: np.ndarray, columns: np.ndarray, targets: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+        """Per segment s: (A_s + ridge_s I)^-1 b_s (0 for a segment without rows), one block at a
+        time: all A_s at once would not fit at scale (10^6 users at d 33: 8.7 GB, twice)."""
+        d = other.shape[1]
+        solved = np.zeros((self.size, d))
+        for segments, a_block, b_block in self._block_sums(other, columns, targets):
+            solved[segments] = _solve(a_block, b_block, ridge[segments])
+        return solved
+
+    def _block_sums(self, other: np.ndarray, columns: np.ndarray, targets: np.ndarray):
+        """(segments, their A_s, their b_s) block by block."""
         cols = columns[self.order]
         ys = targets[self.order]
         for segments, width in self.blocks:
@@ -218,9 +233,7 @@ class _Segments:
             mask = offsets[None, :] < self.counts[segments][:, None]
             rows = np.where(mask, self.starts[segments][:, None] + offsets[None, :], 0)
             x = other[cols[rows]] * mask[..., None]
-            a[segments] = np.matmul(x.transpose(0, 2, 1), x)
-            b[segments] = np.einsum("sl,sld->sd", ys[rows] * mask, x)
-        return a, b
+            yield segments, np.matmul(x.transpose(0, 2, 1), x), np.einsum("sl,sld->sd", ys[rows] * mask, x)
 
 
 def _solve(a: np.ndarray, b: np.ndarray, ridge: np.ndarray) -> np.ndarray:
@@ -270,8 +283,7 @@ def _feature_fit(r, train, x, mean, lam, by_user, by_item, seed):
     u = None
     for _ in range(FEATURE_ITERATIONS):
         e = x @ w.T
-        a, b = by_user.sums(e, items, y)
-        u = _solve(a, b, lam * np.maximum(n_user, 1.0))
+        u = by_user.solve(e, items, y, lam * np.maximum(n_user, 1.0))
         a, b = by_item.sums(u, users, y)
         k = (a.reshape(r.items, -1).T @ xx).reshape(FEATURE_DIM, FEATURE_DIM, p, p).transpose(0, 2, 1, 3)
         k = k.reshape(FEATURE_DIM * p, FEATURE_DIM * p)
@@ -280,8 +292,7 @@ def _feature_fit(r, train, x, mean, lam, by_user, by_item, seed):
         k += lam * np.kron(np.eye(FEATURE_DIM), weighted_xx)
         w = np.linalg.solve(k, rhs).reshape(FEATURE_DIM, p)
     e = x @ w.T
-    a, b = by_user.sums(e, items, y)
-    u = _solve(a, b, lam * np.maximum(n_user, 1.0))
+    u = by_user.solve(e, items, y, lam * np.maximum(n_user, 1.0))
     return u, e
 
 
@@ -313,11 +324,9 @@ def _mf_fit(r, train, mean, lam, by_user, by_item, seed):
     for _ in range(MF_ITERATIONS):
         # users: [u_k, b_k] against [v_j, 1], target y - b_j
         fixed = np.hstack([v[:, :MF_DIM], np.ones((r.items, 1))])
-        a, b = by_user.sums(fixed, items, y - v[items, MF_DIM])
-        u = _solve(a, b, lam * n_user)
+        u = by_user.solve(fixed, items, y - v[items, MF_DIM], lam * n_user)
         fixed = np.hstack([u[:, :MF_DIM], np.ones((r.users, 1))])
-        a, b = by_item.sums(fixed, users, y - u[users, MF_DIM])
-        v = _solve(a, b, lam * n_item)
+        v = by_item.solve(fixed, users, y - u[users, MF_DIM], lam * n_item)
     return u, v
 
 

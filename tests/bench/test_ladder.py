@@ -19,7 +19,7 @@ def _ratings(user, item, label, users, items, features=None) -> ladder.Ratings:
 # Pieces
 
 
-def test_segment_sums_match_brute_force():
+def test_segment_sums_and_solves_match_brute_force():
     rng = np.random.default_rng(0)
     n_rows, n_seg, n_other, d = 3000, 70, 40, 5
     key = np.minimum(rng.zipf(1.5, n_rows) - 1, n_seg - 2)  # skewed lengths; the last segment has no rows
@@ -32,6 +32,11 @@ def test_segment_sums_match_brute_force():
         np.testing.assert_allclose(a[s], x.T @ x, atol=1e-9)
         np.testing.assert_allclose(b[s], x.T @ y[key == s], atol=1e-9)
     assert not a[-1].any() and not b[-1].any()
+    ridge = rng.uniform(0.5, 2.0, n_seg)  # the solves, a block at a time (never every A_s at once)
+    solved = ladder._Segments(key, n_seg).solve(other, columns, y, ridge)
+    for s in range(n_seg):
+        np.testing.assert_allclose(solved[s], np.linalg.solve(a[s] + ridge[s] * np.eye(d), b[s]), atol=1e-9)
+    assert not solved[-1].any()
 
 
 def test_recall_at_k_by_hand():
