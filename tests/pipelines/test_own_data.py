@@ -103,6 +103,7 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     run_items = storage.read_table(str(root / "run" / "item_embeddings.parquet")).sort_by("item_id")
     counts = storage.read_table(str(root / "run" / "counts" / "counts.parquet")).sort_by("item_id")  # the DP counts release
     assert model.settings["popularity_column"] and np.array_equal(counts["item_id"].to_numpy(), run_items["item_id"].to_numpy())
+    assert model.settings["gravity"] == settings.FOLD_IN_GRAVITY  # the ranked user's fold-in, as the run's evaluation folded in (not training's 0.1)
     vectors = evaluate.with_popularity(np.array(run_items["embedding"].to_pylist()), counts["count"].to_numpy())  # the run's fold-in (the default)
     positions = lambda ids: np.searchsorted(run_items["item_id"].to_numpy(), ids)  # noqa: E731
     weights = confidence(history["label"].to_numpy(), model.settings["confidence_alpha"])  # the history's repeats, as the run's evaluation weighs them
