@@ -195,7 +195,7 @@ class TrainConfig:
             # 6,040 users, the same trained items refolded, valid (test) Recall@20 at fold-in gravity 0.1 / 1:
             # epsilon 1 0.1349 (0.1233) / 0.1381 (0.1223) and 0.1320 (0.1225) / 0.1346 (0.1239); epsilon 5
             # 0.1381 (0.1284) / 0.1397 (0.1291) and 0.1395 (0.1269) / 0.1408 (0.1299); epsilon 20 0.1540
-            # (0.1498) / 0.1639 (0.1565). Training's users at gravity 1 instead: epsilon 1 0.1284 (0.1159),
+            # (0.1498) / 0.1639 (0.1565). Training's users at gravity 1 as well: epsilon 1 0.1284 (0.1159),
             # epsilon 5 0.1327 (0.1230), worse.
             object.__setattr__(self, "fold_in_gravity", FOLD_IN_GRAVITY if self.gravity > 0 else self.gravity)
         if self.train_item_fraction is None:
