@@ -222,7 +222,6 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check(prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
           f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})")
     order = ["ingest", "prepare"]
-    items = run.stats_items
     for s in range(1, config.outer_steps + 1):
         order += [f"user_update_{s}", f"stats_{s}", f"item_update_{s}"]
         user, job, item = (parsed.get(f"{name}_{s}", (None, None))[1] for name in ("user_update", "stats", "item_update"))

@@ -62,7 +62,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert "data" not in summary["settings"] and "secret" not in json.dumps(summary)
     report = (tmp_path / "out" / "privacy.md").read_text()  # the same, for a reviewer
     assert "**Unit of privacy: user.**" in report and "**epsilon 1, delta 1e-05**" in report and f"Spent: epsilon {spent:.4g} of 1" in report
-    assert f"| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
+    assert "| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
     assert "secret/location" not in report and "sqrt(K + 1)" in report  # the private data location is not a public setting
     assert str(tmp_path) not in report and report.startswith("# Privacy report: run `run`")  # no local path: the run's folder name
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".out.tmp")]
