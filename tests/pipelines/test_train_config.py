@@ -1,6 +1,9 @@
 """`ssp train --config FILE`: the same settings as the flags, flags over the file, a run's manifest fed back."""
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -63,3 +66,12 @@ def test_a_ranked_users_fold_in_has_its_own_gravity():
     assert parsed("--protocol", "recall", "--fold-in-gravity", "2").fold_in_gravity == 2.0
     with pytest.raises(ValueError, match="--fold-in-gravity must be >= 0"):
         settings.TrainConfig(protocol="recall", fold_in_gravity=-1.0)
+
+
+def test_a_negative_fold_in_gravity_is_one_line_through_the_installed_command(tmp_path):
+    installed = os.path.join(os.path.dirname(sys.executable), "ssp")
+    result = subprocess.run([installed, "train", "--data", str(tmp_path), "--protocol", "recall", "--fold-in-gravity", "-1", "--out", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == "ssp train: error: --fold-in-gravity must be >= 0, got -1.0"
+    assert not (tmp_path / "run").exists()
