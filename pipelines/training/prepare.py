@@ -48,7 +48,9 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
             raise ValueError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
-            raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}); resume it with the same flags or use a new --out")
+            newer = [key for key in differing if key not in manifest["config"]]
+            since = f"; {', '.join(newer)} did not exist in the version that started it" if newer else ""
+            raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out")
         return manifest
     for name in ("counts", "step-1", "ledger.parquet", "private"):  # a run's outputs without its manifest: not a fresh directory
         if _present(run.path(name)):

@@ -75,3 +75,19 @@ def test_a_negative_fold_in_gravity_is_one_line_through_the_installed_command(tm
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == "ssp train: error: --fold-in-gravity must be >= 0, got -1.0"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_started_before_a_setting_existed_is_refused_naming_it(tmp_path):
+    """Resuming a run folder whose manifest lacks a setting this version has is refused, as any
+    other settings are, and the error says the setting is newer than the run."""
+    from pipelines.training.prepare import _check_manifest
+    from pipelines.training.run_dir import Run
+
+    config = parsed("--protocol", "recall", "--out", str(tmp_path / "run"))
+    older = {key: value for key, value in asdict(config).items() if key not in ("out", "fold_in_gravity")}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps({"config": older, "steps_done": []}))
+    with pytest.raises(ValueError, match=r"other settings \(fold_in_gravity; fold_in_gravity did not exist in the version that started it\)"):
+        _check_manifest(Run(str(tmp_path / "run")), config)
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps({"config": {**older, "fold_in_gravity": 1.0}, "steps_done": []}))
+    assert _check_manifest(Run(str(tmp_path / "run")), config)["config"]["fold_in_gravity"] == 1.0  # the same settings: resumed
