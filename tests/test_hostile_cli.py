@@ -458,7 +458,7 @@ def test_ctrl_c_in_a_spark_job_is_the_promised_line_alone(tmp_path, prepared):
     """Ctrl-C while the statistics' Spark job runs (a gateway call in flight): the one line, no py4j
     or Java trace; the same command resumes."""
     run = copy_of(prepared, tmp_path / "run")
-    args = ["train", "--data", json.loads((run / "manifest.json").read_text())["config"]["data"], "--out", run, "--epsilon", 5, "--outer-steps", 2]
+    args = ["train", "--data", json.loads((run / "manifest.json").read_text())["config"]["data"], "--out", run, "--epsilon", 5]  # the prepared run's settings
     result = stopped(args, "user update:", tmp_path / "stderr", interrupt=True)
     assert java_stack_lines(result) == 0
 

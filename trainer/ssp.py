@@ -47,7 +47,8 @@ numbers are set by pipelines.training from the release, never from a look at the
 - After each update the item embeddings are rescaled to unit RMS norm (post-processing), so the
   user clip and the user ridge keep one meaning across steps and epsilons.
 - Adam with a cosine-decaying step over full-catalog epochs: the last steps average the minibatch
-  noise instead of chasing it. Few outer steps (2): each step's release splits the budget further.
+  noise instead of chasing it. Few outer steps: each step's release splits the budget further; with
+  biases one (the item biases gain most from one release at the whole budget), else two.
 - Ranking (implicit positives, Recall@20): every hit is on a popular item, so each user's weight is
   spread evenly over their positives (weight exponent 0, not the rating protocol's -1/4 towards rare
   items), and d is as large as the noise allows (16 below epsilon 10, 32 from 10): ordering the

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "delta": "target delta of the whole run: the chance, beyond epsilon, that the guarantee fails; keep it below 1/(number of users)",
         "outer_steps": "outer steps S of alternating minimization (user update, then item update from newly released statistics); "
                        "each step is one more release, so more steps mean more noise per release at the same epsilon (default: "
-                       f"{DEFAULT_OUTER_STEPS}; {NON_PRIVATE_OUTER_STEPS} for --non-private, which has no budget to split; 1 for --item-update "
+                       f"1 for AM-SSP on ratings with biases, whose item biases gain most from one release at the whole budget; {DEFAULT_OUTER_STEPS} "
+                       f"for the other updates; {NON_PRIVATE_OUTER_STEPS} for --non-private, which has no budget to split; 1 for --item-update "
                        "item-mean, whose users never change)",
         "resamples": "independently noised copies R of each statistics release (the paper's SSP1); the budget is split among them",
         "clip_u": "Gamma_u: each user embedding is clipped to this L2 norm before it enters the statistics (item embeddings have unit "

@@ -179,7 +179,7 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     want = item_mean.item_means(table, space, c, item_mean.noise_std_b(table), prepare.prepared_rating_range(run.prepared()["prepared"]))[:, 0] * c
     np.testing.assert_allclose(items[:, 0], want, rtol=1e-5, atol=1e-6)  # the id encoder's table is float32
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
-    assert settings.TrainConfig(item_update="item-mean", encoder="id").outer_steps == 1 and settings.TrainConfig().outer_steps == 2
+    assert settings.TrainConfig(item_update="item-mean", encoder="id").outer_steps == 1
     with pytest.raises(ValueError, match="item biases alone: drop --no-biases"):
         settings.TrainConfig(item_update="item-mean", encoder="id", biases=False)
     with pytest.raises(ValueError, match="use it with --encoder id"):

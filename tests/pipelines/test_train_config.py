@@ -1,4 +1,4 @@
-"""`ssp train --config FILE`: the same settings as the flags, flags over the file, a run's manifest fed back."""
+"""`ssp train`'s settings: `--config FILE` the same as the flags, flags over the file, a run's manifest fed back; defaults that follow the mode."""
 
 import json
 import os
@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
+from pipelines.releases import release
 from pipelines.training import commands, settings
 from ssp import cli
 
@@ -53,6 +54,14 @@ def test_a_bad_config_is_refused_naming_the_file_and_the_setting(tmp_path, capsy
     error = capsys.readouterr().err
     assert f"--config {tmp_path / 'run.toml'}" in error and problem in error
     assert not (tmp_path / "run").exists()
+
+
+def test_am_ssp_with_biases_releases_its_statistics_once_by_default():
+    assert settings.TrainConfig().outer_steps == 1  # ratings, AM-SSP, biases: one release at the whole budget
+    assert settings.TrainConfig(biases=False).outer_steps == settings.TrainConfig(protocol="recall").outer_steps == release.DEFAULT_OUTER_STEPS == 2
+    assert settings.TrainConfig(item_update="dpsgd").outer_steps == settings.TrainConfig(item_update="als", encoder="id").outer_steps == 2
+    assert settings.TrainConfig(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS
+    assert settings.TrainConfig(outer_steps=3).outer_steps == 3
 
 
 def test_a_ranked_users_fold_in_has_its_own_gravity():
