@@ -285,7 +285,7 @@ class TrainConfig:
     def _default_outer_steps(self) -> int:
         """One release of the statistics for AM-SSP on ratings with biases, else two (a non-private run:
         NON_PRIVATE_OUTER_STEPS; the per-item mean: one). Most of what a second step adds is each item's
-        bias estimated again under twice the noise variance, and only the last step's counts: one release
+        bias estimated again under twice the noise variance, and only the last step's estimate is kept: one release
         at the whole budget estimated the biases of the middle of the catalog better than two (the
         ML-1M-like data, 6,040 users, test RMSE at 1 / 2 steps, seeds 101 and 102: epsilon 1 0.9438 /
         0.9537 and 0.9418 / 0.9550 (statistics threshold 1), epsilon 5 0.9034 / 0.9060 and 0.9033 /
