@@ -105,7 +105,11 @@ INGEST = {
 }
 RATING_SCALE = ("0.5", "5")
 
-OUTER_STEPS = 2
+# The product's default recipe (`TrainConfig`): for ratings with biases AM-SSP releases its statistics
+# once (1 outer step), and every other setting follows the budget and the data's DP size. The graph
+# has a task per outer step, so the step count is pinned here; tests/infra/test_dag.py checks it is
+# the default's.
+OUTER_STEPS = 1
 # `ssp train` settings of every scheduled run (prepare records them in RUN/manifest.json).
 TRAINING = {
     "protocol": "rmse",
@@ -116,14 +120,6 @@ TRAINING = {
     "holdout": 0,
     "engine": ENGINE,
     "outer-steps": OUTER_STEPS,
-    "dim": 8,
-    "clip-u": 0.3,
-    "clip-y": 1.0,
-    "wbar": 1.0,
-    "weight-exponent": -0.25,
-    "count-share": 0.1,
-    "mean-share": 0.05,
-    "resamples": 1,
     "shards": 16,
 }
 BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}", "budget-account": "{{ params.account }}",

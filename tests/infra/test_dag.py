@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -218,6 +219,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
     check(not config.non_private and config.engine == engine, f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}")
     check((config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
           f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params")
+    default_steps = dataclasses.replace(config, outer_steps=None).outer_steps
+    check(config.outer_steps == default_steps, f"prepare: {config.outer_steps} outer steps, the default recipe's are {default_steps}")
     check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
     check(prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
           f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})")
