@@ -18,7 +18,8 @@ The construction (noise version 3; every constant below is part of what a releas
    R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64 and capped at 1 - 2^-53 (so R is
    in [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and t = 2 pi w_2k+1 / 2^64. ln, cos
    and sin are computed here from + - * / and sqrt only (tables built at import from Taylor
-   series, then short polynomials: `_box_muller`), operations IEEE 754 rounds exactly, so a value
+   series, then short polynomials: `_box_muller`, compiled by numba in privacy.box_muller without
+   fast-math, so no operation is fused or reordered), operations IEEE 754 rounds exactly, so a value
    is the same bits on every machine and numpy build (numpy's float64 log gives other last bits
    with AVX-512 than without: a task retried on another worker would not reproduce its release)
    and within 4 units in the last place of R of the formula. Box-Muller rather than the inverse
@@ -86,20 +87,7 @@ NOISE_VERSION = 3  # part of every release's fingerprint: a release made with ot
 KEY_INFO = b"ssp-recsys noise v2: ChaCha20 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
 GRID_BITS = 32  # the grid of a noise standard deviation s: 2^(floor(log2 s) - GRID_BITS)
 MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 words, 2^32 ChaCha20 blocks of 64 bytes
-_CHUNK_BYTES = 1 << 19  # keystream drawn at a time (whole items)
-_SLICE_WORDS = 1 << 13  # words turned into values at a time (arrays of 32 KiB: in the CPU's cache)
-
-# ln 2 split so that e * _LN2_HI is exact for |e| < 2^20 (fdlibm's constants): the log table's ln(1/2)
-_LN2_HI = 6.93147180369123816490e-01
-_LN2_LO = 1.90821492927058770002e-10
-_SQRT_HALF = math.sqrt(0.5)
-_BELOW_ONE = 1.0 - 2.0**-53  # the largest float64 below 1
-# ln m = 2 atanh(s) = 2 s sum_k s^2k / (2k + 1), |s| <= 3 - 2 sqrt(2): terms to s^20 reach 2^-56
-_ATANH = tuple(1.0 / (2 * k + 1) for k in range(10, -1, -1))
-# sin a = a sum_k (-1)^k a^2k / (2k+1)!, cos a = sum_k (-1)^k a^2k / (2k)!, |a| <= pi/4: to a^17, a^18
-_SIN = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(8, -1, -1))
-_COS = tuple((-1) ** k / math.factorial(2 * k) for k in range(9, -1, -1))
-
+_CHUNK_BYTES = 1 << 19  # keystream drawn and turned into values at a time (whole items; in the CPU's cache)
 
 def release_key(seed: bytes, release: int) -> bytes:
     """The ChaCha20 key (32 bytes) of one release: HKDF-SHA256 of the secret seed, info KEY_INFO + release."""
@@ -140,108 +128,15 @@ def _fill_keystream(key: bytes, ids: np.ndarray, out: np.ndarray) -> None:
         encryptor.update_into(zeros, out[row])
 
 
-def _horner(x: np.ndarray, coefficients: tuple[float, ...]) -> np.ndarray:
-    """sum_k c_k x^k, the coefficients from the highest power down (a new array)."""
-    result = np.full_like(x, coefficients[0])
-    for c in coefficients[1:]:
-        result *= x
-        result += c
-    return result
-
-
-def _sin_cos_turns(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of 2 pi w / 2^64 (to 53 bits of the turn) from Taylor polynomials on a quarter
-    turn: builds the tables below. Quadrant q (the nearest), a in [-pi/4, pi/4) from the rest."""
-    shifted = words + np.uint64(1 << 61)
-    quadrant = (shifted >> np.uint64(62)).astype(np.intp)
-    a = (((shifted & np.uint64((1 << 62) - 1)).view(np.int64) - np.int64(1 << 61)) >> np.int64(9)).astype(np.float64)
-    a *= math.pi / 2**54  # (pi / 2) 2^-53 per unit: |a| <= pi/4
-    a2 = a * a
-    sin_a = _horner(a2, _SIN) * a
-    cos_a = _horner(a2, _COS)
-    odd = (quadrant & 1).astype(bool)  # cos and sin of q pi/2 + a: (c, s), (-s, c), (-c, -s), (s, -c)
-    return (np.where(odd, sin_a, cos_a) * np.array([1.0, -1.0, -1.0, 1.0])[quadrant],
-            np.where(odd, cos_a, sin_a) * np.array([1.0, 1.0, -1.0, -1.0])[quadrant])
-
-
-def _log_series(m: np.ndarray) -> np.ndarray:
-    """ln m for m in [1/2, 1] (exact operations only): builds the table below."""
-    m = m.copy()
-    low = m < _SQRT_HALF
-    m[low] *= 2.0
-    s = (m - 1.0) / (m + 1.0)  # m - 1 exact (Sterbenz); ln m = 2 atanh(s), |s| <= 3 - 2 sqrt(2)
-    return 2.0 * s * _horner(s * s, _ATANH) - np.where(low, _LN2_HI, 0.0) - np.where(low, _LN2_LO, 0.0)
-
-
-# Angle table: cos and sin of 2 pi (j + 1/2) / 2^_TURN_BITS. A draw's angle is its entry's plus a
-# remainder |d| <= pi / 2^_TURN_BITS: sin d = d - d^3/6 and cos d = 1 - d^2/2 leave out under 2^-56.
-_TURN_BITS = 14
-_TURN_COS, _TURN_SIN = _sin_cos_turns((np.arange(1 << _TURN_BITS, dtype=np.uint64) << np.uint64(64 - _TURN_BITS))
-                                      + np.uint64(1 << (63 - _TURN_BITS)))
-# Log table: mantissas m in [1/2, 1) fall in bins i = floor(m 2^(_LOG_BITS+1)) in [2^_LOG_BITS, 2^(_LOG_BITS+1)),
-# each with its centre c_i (the top bin: 1, so that ln u near 0 keeps its relative precision), 1 / c_i
-# and -2 ln c_i. Then -2 ln m = -2 ln c_i - 2 log1p(r), r = (m - c_i) / c_i, |r| <= 2^-(_LOG_BITS+1), and
-# -2 log1p(r) = -2r + r^2 - 2r^3/3 + r^4/2 leaves out under 2^-54 r.
-_LOG_BITS = 12
-_LOG_CENTRE = (np.arange(2 << _LOG_BITS, dtype=np.float64) + 0.5) * 2.0 ** -(_LOG_BITS + 1)
-_LOG_CENTRE[: 1 << _LOG_BITS] = 1.0  # unused bins (m < 1/2)
-_LOG_CENTRE[-1] = 1.0
-_LOG_INVERSE = 1.0 / _LOG_CENTRE
-_MINUS_TWO_LOG_CENTRE = -2.0 * _log_series(_LOG_CENTRE)
-_MINUS_TWO_LN2 = -2.0 * math.log(2.0)  # e (-2 ln 2) in one rounding: within 2^-54 |e| of exact, far below an ulp of -2 ln u
-
-
 def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Standard normal values from 64-bit words (1-d, even length): value 2k = R cos t, 2k+1 = R sin t
-    of words 2k, 2k+1 (module docstring, step 3), from IEEE-exact operations and the tables above."""
-    halves = words.astype("<u8", copy=False).view("<u4")  # each word's low half first
-    # u = (w + 1/2) / 2^64 with one rounding (hi 2^-32 and (lo + 1/2) 2^-64 are exact), below 1
-    u = halves[1::4].astype(np.float64)
-    u *= 2.0**-32
-    low = halves[0::4].astype(np.float64)
-    low += 0.5
-    low *= 2.0**-64
-    u += low
-    np.minimum(u, _BELOW_ONE, out=u)
-    # R^2 = -2 ln u = e (-2 ln 2) - 2 ln c - 2 log1p(r), u = m 2^e, m in [1/2, 1), c the centre of m's bin
-    m, e = np.frexp(u)
-    bins = np.multiply(m, float(2 << _LOG_BITS), out=u).astype(np.intp)  # in range: take(mode="wrap") skips the checks
-    r = np.subtract(m, _LOG_CENTRE.take(bins, mode="wrap"), out=m)  # exact: m and c within a factor 2
-    r *= _LOG_INVERSE.take(bins, mode="wrap")
-    r2 = r * 0.5
-    r2 -= 2.0 / 3.0
-    r2 *= r
-    r2 += 1.0
-    r2 *= r
-    r2 -= 2.0
-    r2 *= r
-    r2 += _MINUS_TWO_LOG_CENTRE.take(bins, mode="wrap")
-    e = e.astype(np.float64)
-    e *= _MINUS_TWO_LN2
-    r2 += e
-    np.maximum(r2, 0.0, out=r2)  # positive already (u < 1): a guard against a NaN radius
-    radius = np.sqrt(r2, out=r2)
-    # t = 2 pi w / 2^64 = 2 pi (j + 1/2) / 2^_TURN_BITS + d: j the top bits, d from the others (exact in float64)
-    angle = words[1::2]
-    j = (angle >> np.uint64(64 - _TURN_BITS)).view(np.int64)
-    d = ((angle & np.uint64((1 << (64 - _TURN_BITS)) - 1)).view(np.int64) - np.int64(1 << (63 - _TURN_BITS))).astype(np.float64)
-    d *= 2 * math.pi / 2.0**64
-    h = d * d
-    sin_d = np.multiply(h, -1.0 / 6.0, out=e)
-    sin_d *= d
-    sin_d += d
-    h *= 0.5  # cos d = 1 - h
-    cos_j, sin_j = _TURN_COS.take(j, mode="wrap"), _TURN_SIN.take(j, mode="wrap")
+    of words 2k, 2k+1 (module docstring, step 3), from IEEE-exact operations and privacy.box_muller's
+    tables, compiled there."""
+    from privacy.box_muller import box_muller  # numba: imported, and compiled or loaded from its cache, on the first draw
+
+    words = np.ascontiguousarray(words, dtype=np.uint64)
     out = np.empty(words.shape, dtype=np.float64) if out is None else out
-    # cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d), times R
-    first = np.multiply(cos_j, h, out=d)
-    first += np.multiply(sin_j, sin_d, out=u)
-    np.subtract(cos_j, first, out=first)
-    np.multiply(first, radius, out=out[0::2])
-    second = np.multiply(sin_j, h, out=h)
-    second -= np.multiply(cos_j, sin_d, out=sin_d)
-    np.subtract(sin_j, second, out=second)
-    np.multiply(second, radius, out=out[1::2])
+    box_muller(words, out)
     return out
 
 
@@ -257,7 +152,7 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     contiguous (the packed A noise and the b noise of a release, without a copy of the whole).
 
     Items are drawn a chunk at a time (about _CHUNK_BYTES of keystream): one ChaCha20 keystream
-    per item, the Box-Muller arithmetic vectorised over slices of _SLICE_WORDS words (the CPU's cache)."""
+    per item, then the compiled Box-Muller over the chunk's words."""
     ids = _item_ids(item_ids)
     sizes = tuple(int(size) for size in sizes)
     if min(sizes, default=0) < 0:
@@ -278,8 +173,7 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
         _fill_keystream(key, chunk, stream[: chunk.size])
         flat_words = stream[: chunk.size].reshape(-1).view("<u8")
         flat_values = values[: chunk.size].reshape(-1)
-        for start in range(0, flat_words.size, _SLICE_WORDS):  # items' pairs one after another: any even cut works
-            _box_muller(flat_words[start : start + _SLICE_WORDS], flat_values[start : start + _SLICE_WORDS])
+        _box_muller(flat_words, flat_values)  # items' pairs one after another
         column = 0
         for block, size in zip(blocks, sizes):
             block[first : first + chunk.size] = values[: chunk.size, column : column + size]

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from privacy import noise
+from privacy import box_muller, noise
 from privacy.noise import (GRID_BITS, MAX_VALUES, SEED_BYTES, add_noise, granularity, keystream_words, release_key, sensitivity_slack,
                            standard_normal, standard_normal_blocks)
 
@@ -76,13 +76,12 @@ def test_independent_of_batch_composition_and_order():
 
 
 def test_batches_across_chunks_equal_single_items(monkeypatch):
-    # many items per call are drawn a chunk of items at a time, a slice of words at a time: no
-    # item's values may depend on where those cuts fall
+    # many items per call are drawn a chunk of items at a time: no item's values may depend on
+    # where those cuts fall
     ids = np.arange(-40, 160, 3)
     singles = np.concatenate([standard_normal(SEED, 4, [item], 37) for item in ids.tolist()])
     assert np.array_equal(standard_normal(SEED, 4, ids, 37), singles)
     monkeypatch.setattr(noise, "_CHUNK_BYTES", 700)  # two items a chunk
-    monkeypatch.setattr(noise, "_SLICE_WORDS", 6)  # slices cut through items
     assert np.array_equal(standard_normal(SEED, 4, ids, 37), singles)
 
 
@@ -155,14 +154,14 @@ def test_tables_agree_with_math():
     # the tables are built at import from Taylor series with exact operations (no libm, whose last
     # bits may vary): within a few units in the last place of math's values (whose angle t is
     # itself rounded, by up to 2^-51)
-    size = noise._TURN_COS.size
+    size = box_muller._TURN_COS.size
     for j in range(0, size, 7):
         t = 2 * math.pi * (j + 0.5) / size
-        assert abs(noise._TURN_COS[j] - math.cos(t)) <= 2.0**-50 and abs(noise._TURN_SIN[j] - math.sin(t)) <= 2.0**-50
-    half = noise._LOG_CENTRE.size // 2
+        assert abs(box_muller._TURN_COS[j] - math.cos(t)) <= 2.0**-50 and abs(box_muller._TURN_SIN[j] - math.sin(t)) <= 2.0**-50
+    half = box_muller._LOG_CENTRE.size // 2
     for i in range(half, 2 * half, 5):
-        c = noise._LOG_CENTRE[i]
-        assert abs(noise._MINUS_TWO_LOG_CENTRE[i] + 2 * math.log(c)) <= 4 * math.ulp(2 * math.log(c)) + 1e-300
+        c = box_muller._LOG_CENTRE[i]
+        assert abs(box_muller._MINUS_TWO_LOG_CENTRE[i] + 2 * math.log(c)) <= 4 * math.ulp(2 * math.log(c)) + 1e-300
 
 
 def test_values_are_pinned_bit_for_bit():
