@@ -1,19 +1,23 @@
 """Keyed Gaussian noise: a pure function of (secret release seed, release index, item id), on a grid.
 
-The construction (noise version 3; every constant below is part of what a release means):
+The construction (noise version 4; every constant below is part of what a release means):
 
 1. Key. Each release has its own 256-bit key: HKDF-SHA256 (RFC 5869, the `cryptography` package)
    of the 32-byte secret seed, no salt, info = KEY_INFO + the release index as 8 bytes big-endian.
    The seed given here is the release's own (privacy.seeds.SeedFile.release_seed: HKDF of the
    run's secret seed with the release index and the release's input fingerprint), so two releases
    on different inputs never share noise, even from copies of one seed file.
-2. Stream. Item j's random words are the ChaCha20 keystream (RFC 7539, the `cryptography` cipher
-   applied to zero bytes) under the release key with the 16-byte initial block (counter, nonce) =
-   8 zero bytes (the block counter starts at 0) and the item id modulo 2^64, 8 bytes little-endian:
-   one stream per item, the item id in the nonce. It is read as little-endian 64-bit words w_0,
-   w_1, ...; a draw of n values uses the first 2 ceil(n/2) words, so a longer draw starts with the
-   shorter one. A draw has at most MAX_VALUES values (2^32 ChaCha20 blocks), so the counter never
-   reaches the nonce and two items never share keystream.
+2. Stream. Item j's random words are the AES-256-CTR keystream (NIST SP 800-38A) under the
+   release key, its 128-bit counter block (big-endian) starting at the item id modulo 2^64 in the
+   high 8 bytes and 0 in the low 8: block k of item j is AES(key, j || k). It is computed as AES in
+   ECB mode over those counter blocks (the `cryptography` cipher: OpenSSL, with the CPU's AES
+   instructions where it has them, its constant-time code elsewhere, the same bits), which is the
+   CTR keystream by definition, for a whole chunk of items in one call. It is read as little-endian
+   64-bit words w_0, w_1, ... (block k gives w_2k and w_2k+1); a draw of n values uses the first
+   ceil(n/2) blocks, so a longer draw starts with the shorter one. A draw has at most MAX_VALUES
+   values (2^35 blocks), far below the 2^64 counter values of an item, so two items never share
+   keystream. (Version 3 used one ChaCha20 stream per item, the id in the nonce: a cipher object
+   per item, whose set-up cost more than the keystream.)
 3. Gaussians: Box-Muller on consecutive words, value 2k = R cos t and value 2k+1 = R sin t, with
    R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64 and capped at 1 - 2^-53 (so R is
    in [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and t = 2 pi w_2k+1 / 2^64. ln, cos
@@ -79,18 +83,19 @@ from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SEED_BYTES = 32
-NOISE_VERSION = 3  # part of every release's fingerprint: a release made with other noise is never resumed with this one
-KEY_INFO = b"ssp-recsys noise v2: ChaCha20 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
+NOISE_VERSION = 4  # part of every release's fingerprint: a release made with other noise is never resumed with this one
+KEY_INFO = b"ssp-recsys noise v4: AES-256 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
 GRID_BITS = 32  # the grid of a noise standard deviation s: 2^(floor(log2 s) - GRID_BITS)
-MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 words, 2^32 ChaCha20 blocks of 64 bytes
+MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 AES blocks of 16 bytes
 _CHUNK_BYTES = 1 << 19  # keystream drawn and turned into values at a time (whole items; in the CPU's cache)
 
+
 def release_key(seed: bytes, release: int) -> bytes:
-    """The ChaCha20 key (32 bytes) of one release: HKDF-SHA256 of the secret seed, info KEY_INFO + release."""
+    """The AES-256 key (32 bytes) of one release: HKDF-SHA256 of the secret seed, info KEY_INFO + release."""
     seed = bytes(seed)
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a noise seed has {SEED_BYTES} bytes, got {len(seed)}")
@@ -110,22 +115,24 @@ def _item_ids(item_ids) -> np.ndarray:
 
 
 def keystream_words(seed: bytes, release: int, item_ids: np.ndarray, words: int) -> np.ndarray:
-    """The first `words` 64-bit words (little-endian) of each item's ChaCha20 stream: (len(item_ids), words) uint64."""
+    """The first `words` 64-bit words (little-endian) of each item's AES-CTR stream: (len(item_ids), words) uint64."""
     ids = _item_ids(item_ids)
-    out = np.empty((ids.size, 8 * words), dtype=np.uint8)
+    out = np.empty((ids.size, 16 * ((words + 1) // 2)), dtype=np.uint8)
     _fill_keystream(release_key(seed, release), ids, out)
-    return out.view("<u8").astype(np.uint64, copy=False)
+    return out.view("<u8")[:, :words].astype(np.uint64)
 
 
 def _fill_keystream(key: bytes, ids: np.ndarray, out: np.ndarray) -> None:
-    """Row k of `out` (uint8, C-contiguous) <- the start of item ids[k]'s keystream."""
-    nonces = np.zeros((ids.size, 2), dtype="<u8")
-    nonces[:, 1] = ids.view(np.uint64)  # two's complement: the id modulo 2^64
-    nonces = nonces.tobytes()
-    zeros = bytes(out.shape[1])
-    for row in range(ids.size):
-        encryptor = Cipher(algorithms.ChaCha20(key, nonces[16 * row : 16 * row + 16]), mode=None).encryptor()
-        encryptor.update_into(zeros, out[row])
+    """Row k of `out` (uint8, C-contiguous, rows of whole 16-byte blocks) <- the start of item ids[k]'s
+    keystream: AES of the counter blocks ids[k] || 0, ids[k] || 1, ... (module docstring, step 2)."""
+    blocks = out.shape[1] // 16
+    counters = np.empty((ids.size, blocks, 2), dtype=">u8")
+    counters[:, :, 0] = ids.view(np.uint64)[:, None]  # two's complement: the id modulo 2^64
+    counters[:, :, 1] = np.arange(blocks, dtype=np.uint64)
+    size = counters.nbytes
+    stream = np.empty(size + 15, dtype=np.uint8)  # update_into asks room for a block more than it writes
+    Cipher(algorithms.AES(key), modes.ECB()).encryptor().update_into(counters.reshape(-1).view(np.uint8), stream)
+    out[...] = stream[:size].reshape(out.shape)
 
 
 def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -151,8 +158,8 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     same numbers as `standard_normal` with the sizes' sum, split by columns, but each block
     contiguous (the packed A noise and the b noise of a release, without a copy of the whole).
 
-    Items are drawn a chunk at a time (about _CHUNK_BYTES of keystream): one ChaCha20 keystream
-    per item, then the compiled Box-Muller over the chunk's words."""
+    Items are drawn a chunk at a time (about _CHUNK_BYTES of keystream): the chunk's AES-CTR
+    keystreams in one call, then the compiled Box-Muller over its words."""
     ids = _item_ids(item_ids)
     sizes = tuple(int(size) for size in sizes)
     if min(sizes, default=0) < 0:

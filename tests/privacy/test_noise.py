@@ -1,5 +1,5 @@
 """privacy.noise: N(0, 1) noise that is a pure function of (seed, release, item id), from HKDF-SHA256
-and ChaCha20, and its release on a power-of-two grid (floating-point attacks)."""
+and AES-CTR, and its release on a power-of-two grid (floating-point attacks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from privacy import box_muller, noise
@@ -97,11 +97,11 @@ def test_large_and_negative_item_ids():
 
 
 def by_hand_words(seed: bytes, release: int, item: int, words: int) -> list[int]:
-    """HKDF-SHA256 key, ChaCha20 keystream with nonce 0^8 || item mod 2^64 (little-endian), as the module docstring says."""
+    """HKDF-SHA256 key, AES-256 in CTR mode from the counter block item mod 2^64 || 0^8 (big-endian), as the module docstring says."""
     key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-               info=b"ssp-recsys noise v2: ChaCha20 key of release " + release.to_bytes(8, "big")).derive(seed)
-    nonce = bytes(8) + (item % 2**64).to_bytes(8, "little")
-    stream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(8 * words))
+               info=b"ssp-recsys noise v4: AES-256 key of release " + release.to_bytes(8, "big")).derive(seed)
+    counter = (item % 2**64).to_bytes(8, "big") + bytes(8)
+    stream = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor().update(bytes(8 * words))
     return [int.from_bytes(stream[8 * k : 8 * k + 8], "little") for k in range(words)]
 
 
@@ -119,10 +119,10 @@ def test_release_key_is_hkdf_sha256_of_the_seed():
     for release in (0, 1, 5, 2**40):
         want = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=noise.KEY_INFO + release.to_bytes(8, "big")).derive(SEED)
         assert release_key(SEED, release) == want
-    assert noise.KEY_INFO == b"ssp-recsys noise v2: ChaCha20 key of release "
+    assert noise.KEY_INFO == b"ssp-recsys noise v4: AES-256 key of release "
 
 
-def test_keystream_is_chacha20_with_the_item_id_in_the_nonce():
+def test_keystream_is_aes_ctr_with_the_item_id_in_the_counter():
     ids = [0, 3, -2, 2**40, -(2**63)]
     got = keystream_words(SEED, 5, np.array(ids), 11)
     assert got.dtype == np.uint64 and got.shape == (5, 11)
@@ -171,7 +171,7 @@ def test_values_are_pinned_bit_for_bit():
     assert hashlib.sha256(z.tobytes()).hexdigest() == PINNED_SHA256
 
 
-PINNED_SHA256 = "f3747f2520c32c2e9504b4ae8692c1fb020d1db0986bc06e44eb3a91238b1e10"
+PINNED_SHA256 = "ded6608dfcf11f93e48732fa4956a530edb3c4eb077d3dcbdfcecb2afd195ec9"
 
 
 def test_same_bits_without_the_cpus_vector_instructions():
