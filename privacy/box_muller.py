@@ -6,10 +6,12 @@ same order as written, one pass per pair of words instead of some forty numpy pa
 compiles without fast-math, so nothing is reassociated and no multiply-add is fused: every value is
 the same bits on every machine (tests/privacy/test_noise.py pins them). privacy.noise imports this
 module on the first draw (numba's import and, on a cold cache, the compile take about a second
-once per process; the compiled code is cached beside this file)."""
+once per process; the compiled code is cached beside this file, except where the module is read from
+a zip, as from spark-submit's --py-files, where each process compiles it)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numba
@@ -86,8 +88,7 @@ _ANGLE_UNIT = 2 * math.pi / 2.0**64  # radians per unit of the rest (exact: a po
 _LOW_WORD = np.uint64(0xFFFFFFFF)
 
 
-@numba.njit(cache=True, nogil=True)
-def box_muller(words: np.ndarray, out: np.ndarray) -> None:
+def _pairs(words: np.ndarray, out: np.ndarray) -> None:
     """out[2k], out[2k+1] = R cos t, R sin t of words[2k], words[2k+1] (1-d uint64, even length; out
     float64 of the same length): u = (w + 1/2) / 2^64 rounded once and capped below 1, R^2 = -2 ln u
     from the log table, t = 2 pi w' / 2^64 from the turn table (privacy.noise, `_LOG_*`, `_TURN_*`)."""
@@ -111,3 +112,8 @@ def box_muller(words: np.ndarray, out: np.ndarray) -> None:
         cos_j, sin_j = _TURN_COS[j], _TURN_SIN[j]
         out[2 * k] = (cos_j - (cos_j * h + sin_j * sin_d)) * radius
         out[2 * k + 1] = (sin_j - (sin_j * h - cos_j * sin_d)) * radius
+
+
+box_muller = numba.njit(nogil=True)(_pairs)
+with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+    box_muller.enable_caching()
