@@ -21,7 +21,7 @@ The construction (noise version 4; every constant below is part of what a releas
 3. Gaussians: Box-Muller on consecutive words, value 2k = R cos t and value 2k+1 = R sin t, with
    R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64 and capped at 1 - 2^-53 (so R is
    in [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and t = 2 pi w_2k+1 / 2^64. ln, cos
-   and sin are computed here from + - * / and sqrt only (tables built at import from Taylor
+   and sin are computed from + - * / and sqrt only (tables built at import from Taylor
    series, then short polynomials: `_box_muller`, compiled by numba in privacy.box_muller without
    fast-math, so no operation is fused or reordered), operations IEEE 754 rounds exactly, so a value
    is the same bits on every machine and numpy build (numpy's float64 log gives other last bits
