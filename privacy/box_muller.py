@@ -91,7 +91,7 @@ _LOW_WORD = np.uint64(0xFFFFFFFF)
 def _pairs(words: np.ndarray, out: np.ndarray) -> None:
     """out[2k], out[2k+1] = R cos t, R sin t of words[2k], words[2k+1] (1-d uint64, even length; out
     float64 of the same length): u = (w + 1/2) / 2^64 rounded once and capped below 1, R^2 = -2 ln u
-    from the log table, t = 2 pi w' / 2^64 from the turn table (privacy.noise, `_LOG_*`, `_TURN_*`)."""
+    from the log table, t = 2 pi w' / 2^64 from the turn table (the tables above; privacy.noise, step 3)."""
     for k in range(words.size // 2):
         radius_word, angle_word = words[2 * k], words[2 * k + 1]
         # u = hi 2^-32 + (lo + 1/2) 2^-64: both exact, one rounding in the sum
