@@ -135,9 +135,11 @@ def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, s
 
 def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
     """By hand for one release: S = wbar rho^2 with rho = sqrt(1 + k^2) clip_u, N = 2 sqrt(d) z S;
-    the penalty is 4 wbar c^2 (the ratings' own noise) + N / (2 sqrt(d)) (A's bias entry) +
-    (z wbar clip_y rho c / tau)^2 (b's), tau a quarter of the rating range; non-private, 4 c^2 wbar
-    with c = wbar = 1. The SSP update puts it on the bias coordinate alone."""
+    an item's penalty is 4 wbar c^2 (the ratings' own noise) + N / (2 sqrt(d)) (A's bias entry) +
+    std_b^2 / (tau^2 W) (b's: std_b = z wbar clip_y rho, tau a quarter of the rating range), W the
+    item's released weight less twice its noise s_W = z S / c^2 (over sqrt(R) for R resamples),
+    floored at s_W / 1000; non-private, 4 c^2 wbar with c = wbar = 1, whatever the weights. The SSP
+    update puts it on the bias coordinate alone."""
     import math
 
     import pyarrow as pa
@@ -149,13 +151,40 @@ def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
 
     config = TrainConfig(epsilon=5.0, dim=8, clip_u=0.3, clip_y=1.0, wbar=1.0, bias_coordinate=0.25)
     rho, c, z = math.hypot(0.3, 0.075), 0.075, 2.0
-    expected = 4 * c**2 + 2 * 3 * z * rho**2 / (2 * 3) + (z * rho * c / 1.0) ** 2
-    assert item_update.bias_penalty(config, z, (1.0, 5.0)) == pytest.approx(expected)
-    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0)) == pytest.approx(4.0)
+    s_w = z * rho**2 / c**2
+    weights = np.array([0.0, 2 * s_w + 1 / c**2, 10 * s_w])  # no statistics; a lower bound of 1 / c^2; of 8 s_W
+    base = 4 * c**2 + 2 * 3 * z * rho**2 / (2 * 3)
+    expected = base + np.array([(z * rho) ** 2 / (s_w / 1000), (z * rho * c) ** 2, (z * rho) ** 2 / (8 * s_w)])
+    assert item_update.bias_penalty(config, z, (1.0, 5.0), weights) == pytest.approx(expected)
+    assert item_update.bias_penalty(config, z, (1.0, 5.0), np.array([2 * s_w / 2 + 1 / c**2]), resamples=4) == pytest.approx([expected[1]])  # s_W / 2
+    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0), weights) == pytest.approx(np.full(3, 4.0))
     space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))
-    ridge, residual, anchor = item_update._ssp_penalties(config, space, z, (1.0, 5.0), has_residual=True)
+    ridge, residual, anchor = item_update._ssp_penalties(config, space, z, (1.0, 5.0), True, weights)
     assert ridge.shape == residual.shape == (space.size, 9) and anchor.shape == (9,)
-    assert np.all(residual[:, -1] == pytest.approx(expected)) and anchor[-1] == 0.0
-    assert np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected  # the embedding's penalties are the spectral ones
-    ridge_id, _, _ = item_update._ssp_penalties(config, space, z, (1.0, 5.0), has_residual=False)
-    assert np.all(config.ridge * ridge_id[:, -1] == pytest.approx(expected))  # an id encoder has no residual: the penalty is its ridge
+    assert residual[:, -1] == pytest.approx(expected) and anchor[-1] == 0.0
+    assert np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected[1]  # the embedding's penalties are the spectral ones
+    ridge_id, _, _ = item_update._ssp_penalties(config, space, z, (1.0, 5.0), False, weights)
+    assert config.ridge * ridge_id[:, -1] == pytest.approx(expected)  # an id encoder has no residual: the penalty is its ridge
+
+
+def test_the_released_bias_weights_are_the_last_diagonal_entry_over_c_squared(tmp_path):
+    """W_j = A_j[d-1, d-1] / c^2, the mean over the resampled tables, 0 for an item without a row."""
+    import pyarrow as pa
+
+    from pipelines.training import item_update
+    from pipelines.releases.stats_core import stats_table
+    from privacy.accumulator import pack_upper
+    from schemas import storage
+    from schemas.tables import items_schema
+    from trainer.features import FeatureSpace
+
+    space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))
+    d, c = 2, 0.5
+    paths = []
+    for k, diagonal in enumerate(([4.0, 8.0], [6.0, 2.0])):  # items 3 and 1, in that order
+        a = np.array([[[1.0, 0.3], [0.3, diagonal[0]]], [[2.0, 0.1], [0.1, diagonal[1]]]])
+        paths.append(str(tmp_path / f"r{k}.parquet"))
+        meta = {"d": d, "noise_multiplier": 0.0, "clip_u": 1.0, "clip_y": 1.0, "wbar": 1.0, "release": k, "resample": k}
+        storage.write_table(stats_table(np.array([3, 1]), pack_upper(a), np.zeros((2, d)), meta), paths[-1])
+    weights = item_update.released_bias_weights(paths, space, d, c)
+    assert weights.tolist() == pytest.approx([(8.0 + 2.0) / 2 / c**2, 0.0, (4.0 + 6.0) / 2 / c**2])
