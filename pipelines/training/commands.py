@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stats_threshold": "the statistics cover the items whose DP count is at least this many times N/S (the count at which an item's "
                            "data would match the noise in its A_j); the others keep what their public features say, and no user's weight "
                            "is spent on them; 0: every item (default: 6 for --item-update ssp with the features encoder when the release's noise-to-"
-                           "signal ratio sqrt(m) (N/S) / sqrt(total DP count x DP users) exceeds 0.03, 1 otherwise)",
+                           "signal ratio sqrt(m) (N/S) / sqrt(total DP count x DP users) exceeds 0.15 with --biases, 0.03 without; 1 otherwise)",
     }
     for item in fields(TrainConfig):
         name = "--" + item.name.replace("_", "-")

@@ -205,10 +205,10 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
-    # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.1 with biases, else 1 N/S
+    # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.15 with biases, else 1 N/S
     # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
-    items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 22.36
-    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 22.2) == 1.0 and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 22.5) == 6.0
+    items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 33.54
+    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.4) == 1.0 and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.7) == 6.0
     ranking = settings.TrainConfig(protocol="recall")  # no biases: the cut at 0.03, N/S = 6.71
     assert prepare.stats_threshold_of(ranking, items, 1000, 6.6) == 1.0 and prepare.stats_threshold_of(ranking, items, 1000, 6.8) == 6.0
     assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
