@@ -117,22 +117,37 @@ def _item_ids(item_ids) -> np.ndarray:
 def keystream_words(seed: bytes, release: int, item_ids: np.ndarray, words: int) -> np.ndarray:
     """The first `words` 64-bit words (little-endian) of each item's AES-CTR stream: (len(item_ids), words) uint64."""
     ids = _item_ids(item_ids)
-    out = np.empty((ids.size, 16 * ((words + 1) // 2)), dtype=np.uint8)
-    _fill_keystream(release_key(seed, release), ids, out)
-    return out.view("<u8")[:, :words].astype(np.uint64)
+    out = np.empty((ids.size, words), dtype=np.uint64)
+    for first, chunk in _keystream_chunks(release_key(seed, release), ids, words, _chunk_items(words)):
+        out[first : first + chunk.shape[0]] = chunk
+    return out
 
 
-def _fill_keystream(key: bytes, ids: np.ndarray, out: np.ndarray) -> None:
-    """Row k of `out` (uint8, C-contiguous, rows of whole 16-byte blocks) <- the start of item ids[k]'s
-    keystream: AES of the counter blocks ids[k] || 0, ids[k] || 1, ... (module docstring, step 2)."""
-    blocks = out.shape[1] // 16
-    counters = np.empty((ids.size, blocks, 2), dtype=">u8")
-    counters[:, :, 0] = ids.view(np.uint64)[:, None]  # two's complement: the id modulo 2^64
+def _chunk_items(words: int) -> int:
+    """Items per chunk of about _CHUNK_BYTES of keystream (whole items)."""
+    return max(1, _CHUNK_BYTES // (8 * max(words, 1)))
+
+
+def _keystream_chunks(key: bytes, ids: np.ndarray, words: int, step: int):
+    """Yields (first, (n, words) uint64 view): items ids[first : first + n]'s first `words` words
+    of keystream, `step` items at a time: AES of the counter blocks ids[k] || 0, ids[k] || 1, ...
+    (module docstring, step 2), one ECB call per chunk, which is CTR's keystream by definition. The
+    buffers and the cipher are made once (a new 512 KB buffer per chunk cost its page faults: 7x the
+    cipher's own time); each view is overwritten by the next chunk. ECB keeps no state between
+    calls of whole blocks, so one encryptor serves every chunk."""
+    blocks = (words + 1) // 2
+    if not (ids.size and blocks):
+        return
+    counters = np.empty((min(step, ids.size), blocks, 2), dtype=">u8")
     counters[:, :, 1] = np.arange(blocks, dtype=np.uint64)
-    size = counters.nbytes
-    stream = np.empty(size + 15, dtype=np.uint8)  # update_into asks room for a block more than it writes
-    Cipher(algorithms.AES(key), modes.ECB()).encryptor().update_into(counters.reshape(-1).view(np.uint8), stream)
-    out[...] = stream[:size].reshape(out.shape)
+    stream = np.empty(counters.nbytes + 16, dtype=np.uint8)  # update_into asks room for a block more than it writes
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    for first in range(0, ids.size, step):
+        chunk = ids[first : first + step]
+        counters[: chunk.size, :, 0] = chunk.view(np.uint64)[:, None]  # two's complement: the id modulo 2^64
+        size = chunk.size * blocks * 16
+        encryptor.update_into(counters[: chunk.size].reshape(-1).view(np.uint8), stream[: size + 15])
+        yield first, stream[:size].view("<u8").reshape(chunk.size, 2 * blocks)[:, :words]
 
 
 def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -172,18 +187,14 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     words = 2 * ((total + 1) // 2)  # Box-Muller pairs: an odd draw drops its last pair's sine
     if not (ids.size and words):
         return blocks
-    step = max(1, _CHUNK_BYTES // (8 * words))
-    stream = np.empty((min(step, ids.size), 8 * words), dtype=np.uint8)
+    step = _chunk_items(words)
     values = np.empty((min(step, ids.size), words), dtype=np.float64)
-    for first in range(0, ids.size, step):
-        chunk = ids[first : first + step]
-        _fill_keystream(key, chunk, stream[: chunk.size])
-        flat_words = stream[: chunk.size].reshape(-1).view("<u8")
-        flat_values = values[: chunk.size].reshape(-1)
-        _box_muller(flat_words, flat_values)  # items' pairs one after another
+    for first, chunk in _keystream_chunks(key, ids, words, step):
+        count = chunk.shape[0]
+        _box_muller(chunk.reshape(-1), values[:count].reshape(-1))  # items' pairs one after another (words is even: a contiguous view)
         column = 0
         for block, size in zip(blocks, sizes):
-            block[first : first + chunk.size] = values[: chunk.size, column : column + size]
+            block[first : first + count] = values[:count, column : column + size]
             column += size
     return blocks
 
