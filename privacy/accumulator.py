@@ -229,9 +229,8 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
     (`privacy.noise.add_noise`: the sums rounded to a power-of-two grid, the noise drawn on it).
 
     `a_upper` and `b` hold one row per item, or, with `at`, the sums of the items at positions
-    `at` of `item_ids` only (items with rows; the others' sums are zero). The noise is drawn
-    straight into the two output arrays and scaled, rounded and summed in place (one temporary:
-    the sums on the grid).
+    `at` of `item_ids` only (items with rows; the others' sums are zero). The noise is drawn, scaled,
+    rounded and summed a chunk of items at a time (`privacy.noise.released_blocks`).
     """
     a_upper = np.asarray(a_upper, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
@@ -242,13 +241,12 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
         raise ValueError(f"finalize needs one row of sums per item, or per distinct position `at`: {item_ids.shape} ids, "
                          f"{a_upper.shape[0]} A rows, {b.shape[0]} b rows, {rows.size} positions")
     full = rows.size == item_ids.size  # increasing positions, as many as items: every item, in order
+    positions = None if full else rows
     if spec.sigma == 0:  # no noise (clip norms may then be infinite): the sums as they are
         noised_a, noised_b = np.zeros((item_ids.size, a_upper.shape[1])), np.zeros((item_ids.size, b.shape[1]))
-        std_a = std_b = 0.0
-    else:
-        noised_a, noised_b = noise.standard_normal_blocks(spec.seed, spec.release, item_ids, (a_upper.shape[1], b.shape[1]))
-        std_a, std_b = spec.sigma * spec.clip_u**2, spec.sigma * spec.clip_y * spec.clip_u
-    positions = None if full else rows
-    noise.add_noise(noised_a, std_a, a_upper, positions)
-    noise.add_noise(noised_b, std_b, b, positions)
+        noise.add_noise(noised_a, 0.0, a_upper, positions)
+        noise.add_noise(noised_b, 0.0, b, positions)
+        return noised_a, noised_b
+    std_a, std_b = spec.sigma * spec.clip_u**2, spec.sigma * spec.clip_y * spec.clip_u
+    noised_a, noised_b = noise.released_blocks(spec.seed, spec.release, item_ids, (a_upper, b), (std_a, std_b), positions)
     return noised_a, noised_b

@@ -1,4 +1,5 @@
-"""The noise's Gaussian transform (privacy.noise, step 3): Box-Muller from IEEE-exact operations only.
+"""The noise's compiled kernels: the Gaussian transform (privacy.noise, step 3), Box-Muller from
+IEEE-exact operations only, and the rounding of a release to the noise's grid (step 4).
 
 ln, cos and sin come from tables built at import from Taylor series (no libm, whose last bits vary
 by machine), then short polynomials; the transform is compiled by numba: the same operations in the
@@ -119,6 +120,25 @@ def _pairs(words: np.ndarray, out: np.ndarray) -> None:
         out[2 * k + 1] = (sin_j - (sin_j * h - cos_j * sin_d)) * radius
 
 
+def _on_grid(z: np.ndarray, factor: float, grid: float, values: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """out <- grid (rint(z factor) + rint(values / grid) at rows `positions`): privacy.noise.add_noise's
+    release (step 4) with the same operations in the same order, one pass over a chunk of items while
+    its noise is in the cache. z, out (n, w); values (len(positions), w); positions increasing rows of out."""
+    rows, width = z.shape
+    for i in range(rows):
+        for j in range(width):
+            out[i, j] = np.rint(z[i, j] * factor)
+    for p in range(positions.size):
+        i = positions[p]
+        for j in range(width):
+            out[i, j] = out[i, j] + np.rint(values[p, j] / grid)
+    for i in range(rows):
+        for j in range(width):
+            out[i, j] = out[i, j] * grid
+
+
 box_muller = numba.njit(nogil=True)(_pairs)
-with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
-    box_muller.enable_caching()
+on_grid = numba.njit(nogil=True)(_on_grid)
+for _kernel in (box_muller, on_grid):
+    with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+        _kernel.enable_caching()

@@ -199,6 +199,43 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     return blocks
 
 
+def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tuple[np.ndarray, ...], stds: tuple[float, ...],
+                    rows: np.ndarray | None = None) -> list[np.ndarray]:
+    """The release of several blocks noised from one draw: block k is
+    add_noise(standard_normal_blocks(...)[k], stds[k], blocks[k], rows), the same bits, with the
+    blocks' widths as the draw's sizes; but each chunk of items is scaled, rounded to the grid and
+    summed while its noise is in the cache (privacy.box_muller.on_grid), one pass instead of five
+    numpy passes over the whole release. `rows`: as add_noise's (increasing positions of the items
+    that have values), None for every item."""
+    ids = _item_ids(item_ids)
+    blocks = tuple(np.asarray(block, dtype=np.float64) for block in blocks)
+    sizes = tuple(block.shape[1] for block in blocks)
+    if any(float(std) == 0 for std in stds):  # no noise: add_noise's own path
+        return [add_noise(z, std, block, rows) for z, std, block in zip(standard_normal_blocks(seed, release, ids, sizes), stds, blocks)]
+    from privacy.box_muller import on_grid
+
+    grids = [granularity(std) for std in stds]
+    positions = np.arange(ids.size) if rows is None else np.asarray(rows, dtype=np.int64)
+    if any(block.shape[0] != positions.size for block in blocks):
+        raise ValueError(f"each block needs one row of values per item with values: {positions.size}, got {[block.shape[0] for block in blocks]}")
+    out = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
+    words = 2 * ((sum(sizes) + 1) // 2)
+    if not ids.size:
+        return out
+    step = _chunk_items(words)
+    values = np.empty((min(step, ids.size), words), dtype=np.float64)
+    for first, chunk in _keystream_chunks(release_key(seed, release), ids, words, step):
+        count = chunk.shape[0]
+        _box_muller(chunk.reshape(-1), values[:count].reshape(-1))
+        low, high = np.searchsorted(positions, (first, first + count))
+        column = 0
+        for block, std, grid, target in zip(blocks, stds, grids, out):
+            on_grid(values[:count, column : column + block.shape[1]], float(std) / grid, grid, block[low:high], positions[low:high] - first,
+                    target[first : first + count])
+            column += block.shape[1]
+    return out
+
+
 def granularity(std: float) -> float:
     """The grid of noise with standard deviation std > 0: the power of two 2^(floor(log2 std) - GRID_BITS),
     in (std 2^-(GRID_BITS+1), std 2^-GRID_BITS]."""

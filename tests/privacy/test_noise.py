@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from privacy import box_muller, noise
-from privacy.noise import (GRID_BITS, MAX_VALUES, SEED_BYTES, add_noise, granularity, keystream_words, release_key, sensitivity_slack,
-                           standard_normal, standard_normal_blocks)
+from privacy.noise import (GRID_BITS, MAX_VALUES, SEED_BYTES, add_noise, granularity, keystream_words, release_key, released_blocks,
+                           sensitivity_slack, standard_normal, standard_normal_blocks)
 
 SEED = bytes(range(SEED_BYTES))
 OTHER_SEED = bytes(range(1, SEED_BYTES + 1))
@@ -289,6 +289,24 @@ def test_add_noise_in_place_and_with_rows():
     # scalars (the mean's two releases): one draw each
     g = granularity(2.0)
     assert add_noise(z[0, :1].copy(), 2.0, 123.456)[0] == g * (np.rint(123.456 / g) + np.rint(2.0 * z[0, 0] / g))
+
+
+@pytest.mark.parametrize("rows", [None, "some"])
+def test_released_blocks_are_the_draw_and_add_noise_bit_for_bit(monkeypatch, rows):
+    """One pass per chunk (the compiled kernel) gives add_noise's bits for every block, across
+    chunks (a small chunk size), with values for every item or for some rows only; std 0 too."""
+    monkeypatch.setattr(noise, "_CHUNK_BYTES", 1 << 10)
+    rng = np.random.default_rng(3)
+    ids = np.array([5, -2, 7, 2**40, 0, 11, 12, 13, 90])
+    positions = None if rows is None else np.array([0, 3, 4, 8])
+    count = ids.size if rows is None else positions.size
+    blocks = (rng.normal(scale=1e3, size=(count, 21)), rng.normal(size=(count, 6)))
+    for stds in ((1.3, 0.07), (0.0, 0.0)):
+        got = released_blocks(SEED, 4, ids, blocks, stds, positions)
+        want = [add_noise(z, std, block, positions) for z, std, block in zip(standard_normal_blocks(SEED, 4, ids, (21, 6)), stds, blocks)]
+        assert all(g.shape == w.shape and np.array_equal(g.view(np.uint64), w.view(np.uint64)) for g, w in zip(got, want))
+    with pytest.raises(ValueError, match="one row of values per item"):
+        released_blocks(SEED, 4, ids, (blocks[0][:2], blocks[1][:2]), (1.0, 1.0), positions)
 
 
 def test_add_noise_without_noise_releases_values_as_they_are():
