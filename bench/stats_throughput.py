@@ -13,18 +13,18 @@ at the same time:
     (a) rows in file order (by user: arbitrary item order), (b) rows pre-sorted by item, and
     (c) what a Spark task does with its rows (sort by item and user, contributions, one grouped_sums).
     Effective rate 2 rows d^2 / time, and its fraction of the GEMM rate
-    (target >= 30%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
+    (target >= 50%). The time of `user_contributions` and of `prepare_rows` alone is reported too.
  3. Spark: `pipelines.engines.spark_stats.run` of a StatsJob (noise multiplier 1, 4 shards) on local[2], run three
     times in one session (the first warms the JVM and the Python workers), the fastest of the others
     reported, as the best of the kernel's repeats is; its end-to-end time over the
-    kernel time (target <= 3x). Session start-up and `StatsJob.prepare()` (driver-side validation
+    kernel time (target <= 2x). Session start-up and `StatsJob.prepare()` (driver-side validation
     and digests, inside the end-to-end time) are reported separately, and so are the Spark stages
     of the second run (from the event log).
  4. Noise: `privacy.accumulator.finalize` of every catalog item with no sums (the keyed draws, their
     scaling and grid: what the job adds on top of the sums), in groups of a Spark task's size
     (pipelines.engines.spark_stats.ITEMS_PER_ROW_GROUP), on one core, best of --repeats before the Spark runs and
     --repeats after them (as the Spark figure is the best of its runs, under the same swings of
-    load); its time over the reported Spark run's end-to-end time (target <= 25%; the job spreads
+    load); its time over the reported Spark run's end-to-end time (target <= 10%; the job spreads
     the noise over its tasks, so this overstates its share of the job's wall time).
 
     python -m bench.stats_throughput                          # 2M rows, d=64, 20,000 items
@@ -54,9 +54,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-KERNEL_TARGET = 0.30  # kernel rate / GEMM rate, at least
-SPARK_TARGET = 3.0  # Spark end-to-end / kernel time, at most
-NOISE_TARGET = 0.25  # noise of every catalog item (one core) / Spark end-to-end time, at most
+# issue 31's targets (the earlier ones: 30%, 3x and 25%)
+KERNEL_TARGET = 0.50  # kernel rate / GEMM rate, at least
+SPARK_TARGET = 2.0  # Spark end-to-end / kernel time, at most
+NOISE_TARGET = 0.10  # noise of every catalog item (one core) / Spark end-to-end time, at most
 
 
 def log(message: str) -> None:
