@@ -35,6 +35,6 @@ def test_tiny_perf_reports_targets_and_resumes(tmp_path, spark, monkeypatch):
     fig = perf.plot(stats, memory)
     rates, peaks = fig.axes
     assert rates.get_ylabel() == "rate (GFLOP/s)" and peaks.get_ylabel() == "peak resident memory (MiB)" and peaks.get_xlabel() == "catalog items (items)"
-    assert any(t.get_text() == "target: 30% of GEMM" for t in rates.get_legend().get_texts())
+    assert any(t.get_text() == "target: 50% of GEMM" for t in rates.get_legend().get_texts())
     assert any(t.get_text() == "target: 2048 MiB" for t in peaks.get_legend().get_texts())
     plt.close(fig)
