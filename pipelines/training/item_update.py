@@ -289,7 +289,11 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     from pipelines.training.prepare import prepared_rating_range
 
     label_range = prepared_rating_range(run.prepared()["prepared"]) if config.protocol == "rmse" else (0.0, 1.0)  # ranking labels: 1, and 0 by gravity
-    weights = released_bias_weights(tables, space, config.encoder_dim, settings.bias_scale) if config.biases else None
+    weights = None
+    if config.biases:
+        for table in tables:  # the tables' parameters before their entries are read
+            ssp.check_stats(table, {"d": config.encoder_dim, **expected})
+        weights = released_bias_weights(tables, space, config.encoder_dim, settings.bias_scale)
     ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier, label_range, model.has_residual, weights, len(tables))
     with _kernel(run, step):
         return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)

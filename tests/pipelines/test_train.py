@@ -20,7 +20,8 @@ from trainer import curves, ssp
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert settings.TrainConfig(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS  # no budget to split: until it converges
-    metrics = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, outer_steps=2), spark=spark, progress=False)
+    epochs = 10  # as good as the default 30 here (0.8626 against 0.8622), in a third of the time
+    metrics = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs), spark=spark, progress=False)
     # Plain ALS: 0.904 on this split (seed 1234); 0.880, 0.881, 0.897 with split seeds 1, 2, 3, and 0.878
     # on the former permutation split: which ratings fall in the 10% test part moves it by ~0.02.
     assert metrics["test_rmse"] < 0.91
@@ -33,7 +34,6 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert on_disk["epsilon_spent"] == "inf"
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     # the curves: each outer step's SSP losses by epoch in metrics.json and in TensorBoard's event files
-    epochs = settings.TrainConfig(non_private=True).epochs
     losses = on_disk["curves"]["item_update_loss"]
     assert sorted(losses) == ["1", "2"] and all(len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses)
     assert losses["1"][-1] < losses["1"][0]  # the item update descends
