@@ -177,26 +177,36 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     keystreams in one call, then the compiled Box-Muller over its words."""
     ids = _item_ids(item_ids)
     sizes = tuple(int(size) for size in sizes)
+    words = _draw_words(sizes)
+    blocks = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
+    for first, values in _normal_chunks(seed, release, ids, words):
+        column = 0
+        for block, size in zip(blocks, sizes):
+            block[first : first + values.shape[0]] = values[:, column : column + size]
+            column += size
+    return blocks
+
+
+def _draw_words(sizes: tuple[int, ...]) -> int:
+    """The 64-bit words per item of a draw of blocks of these sizes, after checking them."""
     if min(sizes, default=0) < 0:
         raise ValueError(f"noise block sizes must be >= 0, got {sizes}")
     total = sum(sizes)
     if total > MAX_VALUES:
         raise ValueError(f"at most {MAX_VALUES} noise values per item and draw, asked for {total}")
-    key = release_key(seed, release)
-    blocks = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
-    words = 2 * ((total + 1) // 2)  # Box-Muller pairs: an odd draw drops its last pair's sine
-    if not (ids.size and words):
-        return blocks
+    return 2 * ((total + 1) // 2)  # Box-Muller pairs: an odd draw drops its last pair's sine
+
+
+def _normal_chunks(seed: bytes, release: int, ids: np.ndarray, words: int):
+    """Yields (first, (n, words) values): the standard normal values of items ids[first : first + n],
+    a chunk at a time (the chunk's keystreams in one AES call, then the compiled Box-Muller over its
+    words); each view is overwritten by the next chunk."""
     step = _chunk_items(words)
     values = np.empty((min(step, ids.size), words), dtype=np.float64)
-    for first, chunk in _keystream_chunks(key, ids, words, step):
+    for first, chunk in _keystream_chunks(release_key(seed, release), ids, words, step):
         count = chunk.shape[0]
         _box_muller(chunk.reshape(-1), values[:count].reshape(-1))  # items' pairs one after another (words is even: a contiguous view)
-        column = 0
-        for block, size in zip(blocks, sizes):
-            block[first : first + count] = values[:count, column : column + size]
-            column += size
-    return blocks
+        yield first, values[:count]
 
 
 def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tuple[np.ndarray, ...], stds: tuple[float, ...],
@@ -218,19 +228,14 @@ def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tup
     positions = np.arange(ids.size) if rows is None else np.asarray(rows, dtype=np.int64)
     if any(block.shape[0] != positions.size for block in blocks):
         raise ValueError(f"each block needs one row of values per item with values: {positions.size}, got {[block.shape[0] for block in blocks]}")
+    words = _draw_words(sizes)
     out = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
-    words = 2 * ((sum(sizes) + 1) // 2)
-    if not ids.size:
-        return out
-    step = _chunk_items(words)
-    values = np.empty((min(step, ids.size), words), dtype=np.float64)
-    for first, chunk in _keystream_chunks(release_key(seed, release), ids, words, step):
-        count = chunk.shape[0]
-        _box_muller(chunk.reshape(-1), values[:count].reshape(-1))
+    for first, values in _normal_chunks(seed, release, ids, words):
+        count = values.shape[0]
         low, high = np.searchsorted(positions, (first, first + count))
         column = 0
         for block, std, grid, target in zip(blocks, stds, grids, out):
-            on_grid(values[:count, column : column + block.shape[1]], float(std) / grid, grid, block[low:high], positions[low:high] - first,
+            on_grid(values[:, column : column + block.shape[1]], float(std) / grid, grid, block[low:high], positions[low:high] - first,
                     target[first : first + count])
             column += block.shape[1]
     return out
