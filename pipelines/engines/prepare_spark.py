@@ -1,8 +1,8 @@
 """The prepare stage's row work on Spark: the split, the aggregates of the DP counts and the DP mean,
 and the centred training tables.
 
-The rows stay on the executors; the driver receives per-item and per-release aggregates only (one
-count per item, two sums, the training users' items, the written parts' names and sizes), so no
+The rows stay on the executors; the driver receives per-item and per-release aggregates only (a
+count per item and task, two sums, the training users' items, the written parts' names and sizes), so no
 step holds the log in one process (ARCHITECTURE.md, Scale). The math is the in-process one
 (pipelines.data.splits, pipelines.releases.counts, pipelines.releases.mean) applied to partitions of complete users
 (rows repartitioned by user and sorted within partitions), so the tables and, for the same seed,
@@ -21,8 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.data import splits
+from pipelines.data.chunks import complete_users
 from pipelines.engines.spark import forward_storage_settings, readable_tables
-from pipelines.releases.counts import row_problem, sampling_hash
+from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import write_centred_part
 from schemas import storage
 from schemas.tables import INTERACTIONS
@@ -83,30 +84,26 @@ class SparkEngine:
             raise ValueError(f"{interactions}: {found[0]['problem']}")
 
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
-        """`counts.exact_aggregates` (rows checked by `check_count_rows`): one count per rated item
-        and the number of units reach the driver; the same numbers."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
+        """`counts.exact_aggregates` (rows checked by `check_count_rows`) applied to chunks of complete
+        users (user level: one shuffle by user; example level: the table's own partitions); each
+        task returns its nonzero counts and its number of units, which the driver adds up: the same
+        numbers."""
+        size = catalog.size  # the row at this position carries a task's number of units
 
-        def with_hash(batches):
-            for batch in batches:
-                h = sampling_hash(batch.column("user_id").to_numpy(), batch.column("item_id").to_numpy(), key)
-                # the unsigned order of the hash is the signed order with the top bit flipped (Spark's longs are signed)
-                yield batch.append_column("hash", pa.array((h ^ np.uint64(1 << 63)).view(np.int64)))
+        def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            totals, units = np.zeros(size, dtype=np.int64), 0
+            for chunk in (complete_users(batches) if unit == "user" else (pa.Table.from_batches([batch]) for batch in batches)):
+                exact, found = exact_aggregates(chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, unit, max_items_per_user, key)
+                totals += exact.astype(np.int64)
+                units += found
+            positions = np.flatnonzero(totals)
+            yield pa.record_batch({"position": np.r_[positions, size], "count": np.r_[totals[positions], units]})
 
         with readable_tables(self.spark, interactions) as (files,):
-            rows = self.spark.read.parquet(*files).select("user_id", "item_id")
-            if unit == "user":
-                rows = rows.distinct()
-                units = rows.select("user_id").distinct().count()
-                rank = F.row_number().over(Window.partitionBy("user_id").orderBy("hash", "item_id"))
-                rows = rows.mapInArrow(with_hash, "user_id long, item_id long, hash long").withColumn("rank", rank).filter(F.col("rank") <= max_items_per_user)
-            else:
-                units = rows.count()
-            per_item = rows.groupBy("item_id").count().collect()  # at most one row per catalog item
-        exact = np.zeros(catalog.size)
-        exact[np.searchsorted(catalog, np.array([row["item_id"] for row in per_item], dtype=np.int64))] = [row["count"] for row in per_item]
-        return exact, int(units)
+            rows = self._by_user(files) if unit == "user" else self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS)
+            found = rows.mapInArrow(aggregate, "position long, count long").toArrow()
+        totals = np.bincount(found["position"].to_numpy(), weights=found["count"].to_numpy(), minlength=size + 1)
+        return totals[:size], int(totals[size])
 
     def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
         """`mean.weighted_sums`: per-user sums on the executors, two numbers to the driver."""

@@ -11,6 +11,7 @@ import pytest
 from pipelines.data import splits
 from pipelines.data.datasets import open_dataset, write_dataset
 from pipelines.data.synth import generate
+from pipelines.releases import counts
 from pipelines.training import prepare, run_dir, settings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -61,6 +62,19 @@ def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protoc
     if protocol == "recall" and holdout:  # the restriction of held-out rows to training items bit
         unrestricted = splits.split_heldout_users(_ratings_with_repeats(), 11, holdout=holdout, restrict_to_train_items=False)
         assert sum(unrestricted[name].num_rows for name in splits.HELDOUT_PARTS[1:]) > sum(local["sizes"][name]["rows"] for name in splits.HELDOUT_PARTS[1:])
+
+
+@pytest.mark.parametrize("unit", ["user", "example"])
+def test_the_count_aggregates_on_an_engine_are_the_in_process_ones(engine, tmp_path, unit):
+    """Repeated pairs counted once and each user's keyed sample of 3 items (user level), every row
+    (example level): the engine's per-item counts and number of units are exact_aggregates'."""
+    table = _ratings_with_repeats()
+    data = _dataset(tmp_path / "data", table)
+    catalog = np.sort(storage.read_table(data.items)["item_id"].to_numpy())
+    expected = counts.exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, unit, 3, key=12345)
+    got = engine.count_aggregates(data.interactions, catalog, unit, 3, 12345)
+    assert np.array_equal(got[0], expected[0]) and got[1] == expected[1]
+    assert expected[1] == (60 if unit == "user" else table.num_rows) and expected[0].sum() == (3 * 60 if unit == "user" else table.num_rows)
 
 
 def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing(engine, tmp_path):
