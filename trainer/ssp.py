@@ -94,7 +94,7 @@ class SSPConfig:
     """Optimisation settings of the item update."""
 
     epochs: int = 30
-    batch_size: int = 512
+    batch_size: int | None = None  # items per minibatch; None: `auto_batch_size` of the covered catalog
     learning_rate: float = 0.01
     ridge: float = 1.0  # lambda: lambda * scale_j I is added to every A_j (scale_j: DP count, or 1)
     weight_decay: float = 0.0  # L2 on the encoder's dense kernel
@@ -106,12 +106,29 @@ class SSPConfig:
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "shuffle_batches"):
+            if name == "batch_size" and self.batch_size is None:
+                continue
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         for name in ("learning_rate", "ridge", "weight_decay"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "learning_rate" and value == 0):
                 raise ValueError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}")
+
+
+EPOCH_STEPS = 8  # the regime the defaults were tuned in: 6,040 users cover about 3,500 items, 7 batches of 512
+MIN_BATCH = 512
+SHUFFLE_BUFFER_BYTES = 256 << 20  # the packed A_j the shuffle buffer holds, at most (float64)
+
+
+def auto_batch_size(items: int, d: int, shuffle_batches: int) -> int:
+    """The default minibatch of a catalog of `items` items: an epoch of about EPOCH_STEPS steps, at
+    least MIN_BATCH items, and no more than the shuffle buffer's memory allows. Adam updates every
+    residual at every step, so a step costs O(catalog): with batches of 512 the item update grew as
+    the catalog squared (83,000 items: 3,600 steps, 28 s; 240 steps of 7,700: 16 s, the same test
+    RMSE). The catalog's size is the DP counts' (the items they cover): no privacy cost."""
+    fits = SHUFFLE_BUFFER_BYTES // (shuffle_batches * packed_size(d) * 8)
+    return max(MIN_BATCH, min(math.ceil(items / EPOCH_STEPS), fits))
 
 
 def check_stats(path: str, expected: dict) -> dict:
@@ -161,33 +178,52 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
     return out
 
 
-def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
-                 gravity: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(catalog positions, A_j + ridge scale_j I (+ gravity) (B, d, d), b_j (B, d)) minibatches of
-    items, shuffled within a bounded buffer of record batches. `ridge_scale` is one number per
-    catalog position, or one row of d (a diagonal: the bias coordinate's own ridge)."""
+def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator,
+                ridge_scale: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The table's items shuffled within a bounded buffer of `shuffle_batches` record batches, one
+    chunk per buffer: (catalog positions (n,), packed A_j (n, d(d+1)/2), b_j (n, d), ridge scales
+    (n, d)), rows in their shuffled order. `ridge_scale` is one number per catalog position, or
+    one row of d (a diagonal: the bias coordinate's own ridge)."""
     d = encoder.dim
-    extra = gravity if gravity is not None else 0.0
     buffer: list[pa.RecordBatch] = []
 
     def drain(batches):
         table = pa.Table.from_batches(batches).combine_chunks()
         order = rng.permutation(table.num_rows)
-        positions = encoder.space.index_of(table["item_id"].to_numpy())
-        a = list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper")
-        b = list_column_to_matrix(table["b"], d, "b")
-        for start in range(0, order.size, config.batch_size):
-            rows = order[start : start + config.batch_size]
-            scale = ridge_scale[positions[rows]] if ridge_scale is not None else np.ones(rows.size)
-            yield positions[rows], unpack_upper(a[rows], d) + config.ridge * diagonals(scale, d) + extra, b[rows]
+        positions = encoder.space.index_of(table["item_id"].to_numpy())[order]
+        scale = ridge_scale[positions] if ridge_scale is not None else np.ones(order.size)
+        return (positions, list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper")[order], list_column_to_matrix(table["b"], d, "b")[order],
+                np.broadcast_to(scale[:, None] if scale.ndim == 1 else scale, (order.size, d)))
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
         buffer.append(batch)
         if len(buffer) >= config.shuffle_batches:
-            yield from drain(buffer)
+            yield drain(buffer)
             buffer = []
     if buffer:
-        yield from drain(buffer)
+        yield drain(buffer)
+
+
+def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
+                 gravity: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(catalog positions, A_j + ridge diag(scale_j) (+ gravity) (B, d, d), b_j (B, d)) minibatches
+    of `item_chunks`."""
+    d = encoder.dim
+    extra = gravity if gravity is not None else 0.0
+    for positions, a, b, scale in item_chunks(path, encoder, config, rng, ridge_scale):
+        for start in range(0, positions.size, config.batch_size):
+            rows = slice(start, start + config.batch_size)
+            yield positions[rows], unpack_upper(a[rows], d) + config.ridge * diagonals(scale[rows], d) + extra, b[rows]
+
+
+def system_matrices(packed, scale, ridge: float, gravity):
+    """`item_batches`' matrices in TensorFlow: packed A_j (B, d(d+1)/2) unpacked to (B, d, d), plus
+    ridge diag(scale_j) (scale (B, d)) and `gravity` (d, d)."""
+    d = gravity.shape[-1]
+    rows, cols = np.meshgrid(np.arange(d), np.arange(d), indexing="ij")
+    lower, upper = np.minimum(rows, cols), np.maximum(rows, cols)
+    unpacking = (lower * (2 * d - lower + 1) // 2 + upper - lower).ravel()  # the packed position of each (i, j)
+    return tf.reshape(tf.gather(packed, unpacking, axis=1), [-1, d, d]) + ridge * tf.linalg.diag(scale) + gravity
 
 
 def diagonals(scales: np.ndarray, d: int) -> np.ndarray:
@@ -202,14 +238,15 @@ def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None, ancho
     (B, d) per coordinate) is given, plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa: a
     number, or (d,) per coordinate) is given: the shared encoder's output f(j) held near `start`
     (f0, where the step began) as strongly as the noise calls for."""
-    v = encoder(positions)
+    shared = encoder.shared(positions)  # once: the anchor term needs it too
+    v = shared + encoder.residual(positions) if encoder.has_residual else shared
     av = tf.einsum("bij,bj->bi", a, v)
     loss = 0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1)
     if residual_penalty is not None:
         penalty = residual_penalty if residual_penalty.shape.rank == 2 else residual_penalty[:, None]
         loss += 0.5 * tf.reduce_sum(penalty * tf.square(encoder.residual(positions)), axis=-1)
     if anchor is not None:
-        loss += 0.5 * tf.reduce_sum(anchor * tf.square(encoder.shared(positions) - start), axis=-1)
+        loss += 0.5 * tf.reduce_sum(anchor * tf.square(shared - start), axis=-1)
     return tf.reduce_mean(loss)
 
 
@@ -239,6 +276,8 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     if config.psd_projection:
         tables = [project_table(path, _projected_path(path)) for path in stats_paths]
     items = sum(rows for _, _, rows in storage.row_groups(tables[0]))  # the catalog the tables cover
+    if config.batch_size is None:
+        config = dataclasses.replace(config, batch_size=auto_batch_size(items, encoder.dim, config.shuffle_batches))
     steps = config.epochs * max(1, math.ceil(items / config.batch_size))
     rate = tf.keras.optimizers.schedules.CosineDecay(config.learning_rate, steps) if config.cosine_decay else config.learning_rate
     optimizer = tf.keras.optimizers.Adam(rate)
@@ -252,11 +291,9 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     start_of = tf.constant(encoder.embed_all(shared=True) if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
     anchor_of = tf.constant(anchor, tf.float32)
 
-    # One trace of the step: a signature for every batch size, and Adam's slots built before the first
-    # call: it traced three times in every item update (2.2 s at 10^5 users, against 1.3 s for one trace).
-    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, encoder.dim, encoder.dim], tf.float32), tf.TensorSpec([None, encoder.dim], tf.float32)]
+    d = encoder.dim
+    gravity_of = tf.constant(gravity if gravity is not None else np.zeros((d, d)), tf.float32)
 
-    @tf.function(input_signature=signature)
     def step(positions, a, b):
         with tf.GradientTape() as tape:
             loss = ssp_loss(encoder, positions, a, b, tf.gather(penalty_of, positions) if use_residual else None,
@@ -267,15 +304,28 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
         optimizer.apply_gradients(zip(grads, encoder.trainable_variables))
         return loss
 
+    # A chunk's batches in one call (one trace for every chunk): a call per batch cost more in
+    # Python than the batch's arithmetic.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, packed_size(d)], tf.float32),
+                                  tf.TensorSpec([None, d], tf.float32), tf.TensorSpec([None, d], tf.float32)])
+    def run_chunk(positions, packed, b, scale):
+        n = tf.shape(positions)[0]
+        total = tf.constant(0.0, tf.float64)
+        for start in tf.range(0, n, config.batch_size):
+            end = tf.minimum(start + config.batch_size, n)
+            a = system_matrices(packed[start:end], scale[start:end], config.ridge, gravity_of)
+            loss = step(positions[start:end], a, b[start:end])
+            total += tf.cast(loss, tf.float64) * tf.cast(end - start, tf.float64)
+        return total
+
     rng = np.random.default_rng(config.seed)
     losses = []
     bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress, mininterval=2.0)
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
-        for positions, a, b in item_batches(path, encoder, config, rng, ridge_scale, gravity):
-            loss = step(tf.constant(positions), tf.constant(a, tf.float32), tf.constant(b, tf.float32))
-            total += float(loss) * positions.size
+        for positions, packed, b, scale in item_chunks(path, encoder, config, rng, ridge_scale):
+            total += float(run_chunk(tf.constant(positions), tf.constant(packed, tf.float32), tf.constant(b, tf.float32), tf.constant(scale, tf.float32)))
             count += positions.size
         losses.append(total / max(count, 1))
         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
@@ -297,7 +347,7 @@ def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, 
     if len(tables) > 1:
         path = mean_table(tables, path.rstrip("/").removesuffix(".parquet") + ".mean.parquet")
     d = encoder.dim
-    in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size, 2048))
+    in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size or 0, 2048))
     for positions, a, b in item_batches(path, encoder, in_order, np.random.default_rng(0), ridge_scale, gravity):
         shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
         gram = a + diagonals(residual_penalty[positions], d)

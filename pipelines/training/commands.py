@@ -64,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "user_prior": "the user ridge's fixed part, a prior precision on the embedding in the units of the unit-RMS item vectors: it "
                       "weighs most for the users with fewest ratings (trusted side: no privacy effect; default: 20 with biases, else 0)",
         "epochs": "AM-SSP: passes of the item trainer over the released statistics in each item update (post-processing: no privacy effect)",
-        "batch_size": "AM-SSP: items per minibatch of the item trainer",
+        "batch_size": "AM-SSP: items per minibatch of the item trainer (default: the covered catalog over 8, at least 512: an epoch of "
+                      "about 8 steps, as the defaults were tuned with; each step updates every item's residual, so small batches on a "
+                      "large catalog cost time without gaining accuracy)",
         "learning_rate": "AM-SSP: Adam learning rate of the item trainer",
         "ridge": "ridge lambda of the item update in units of the most one user adds to an item's statistics (S): lambda S I is added to "
                  "every A_j",

@@ -86,7 +86,7 @@ class TrainConfig:
     lambda_bias: float = 5.0  # the user bias's ridge: a pseudo-count of zero residuals (trainer.solve.ridge_solve)
     bias_coordinate: float | None = None  # c / clip_u, the constant appended to each clipped user vector (pipelines.releases.stats_core); None: by epsilon
     epochs: int = 30
-    batch_size: int = 512
+    batch_size: int | None = None  # None: trainer.ssp.auto_batch_size of the covered catalog
     learning_rate: float = 0.01
     ridge: float = 0.1
     noise_ridge: float = 0.25
@@ -355,6 +355,9 @@ _NON_NEGATIVE_FLOATS = ("user_prior", "ridge", "noise_ridge", "residual_penalty"
 _CHOSEN_AT_PREPARE = ("positive_threshold", "stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
 
 
+_CHOSEN_BY_THE_TRAINER = ("batch_size",)  # None: the trainer's rule, applied to the catalog the statistics cover
+
+
 _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max", "positive_threshold")
 
 
@@ -365,6 +368,8 @@ def _check_settings(config: TrainConfig) -> None:
 
     for name in _POSITIVE_INTS + _NON_NEGATIVE_INTS:
         value = getattr(config, name)
+        if value is None and name in _CHOSEN_BY_THE_TRAINER:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE_INTS else 0):
             raise ValueError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
     for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:

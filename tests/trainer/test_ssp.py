@@ -268,6 +268,35 @@ def test_diagonals_are_scaled_identities_or_per_coordinate():
     np.testing.assert_array_equal(ssp.diagonals(np.array([[1.0, 4.0]]), 2), [[[1, 0], [0, 4]]])
 
 
+def test_the_trainers_matrices_are_the_item_batches_ones(tmp_path):
+    """The training loop builds A_j + ridge diag(s_j) + gravity in TensorFlow from the packed rows
+    (`system_matrices`); `item_batches` (the residual solve's) in numpy: the same matrices, for a
+    ridge of one number per item and of one per coordinate."""
+    space = FeatureSpace.from_items(ITEMS)
+    d = 3
+    rng = np.random.default_rng(7)
+    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
+    write_stats(str(tmp_path / "s.parquet"), space.item_ids, a, rng.normal(size=(5, d)), d)
+    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+    gravity = rng.normal(size=(d, d))
+    config = ssp.SSPConfig(ridge=0.5, batch_size=2)
+    for scale in (rng.uniform(1, 3, size=5), rng.uniform(1, 3, size=(5, d))):
+        (positions, packed, _, scales), = ssp.item_chunks(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale)
+        expected = np.concatenate([batch[1] for batch in ssp.item_batches(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale, gravity)])
+        got = ssp.system_matrices(tf.constant(packed, tf.float32), tf.constant(scales, tf.float32), 0.5, tf.constant(gravity, tf.float32)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(expected[0], unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity)
+
+
+def test_the_default_batch_is_an_eighth_of_the_catalog_within_its_bounds():
+    """At least 512 items, an epoch of about 8 steps, and a shuffle buffer of 8 batches of packed
+    float64 A_j within 256 MiB (d = 64: 2,080 entries, 2,016 items)."""
+    assert ssp.auto_batch_size(3_500, 17, 8) == 512
+    assert ssp.auto_batch_size(61_542, 19, 8) == 7_693
+    assert ssp.auto_batch_size(500_000, 64, 8) == (256 << 20) // (8 * 2_080 * 8) == 2_016
+    assert ssp.auto_batch_size(500_000, 128, 8) == 512  # the buffer's bound never goes below the smallest batch
+
+
 def test_training_with_solve_residuals_ends_at_each_items_exact_residual(tmp_path):
     """One epoch, then the solve: item 10 (A = 50 I, b = 50 target, penalty 1) ends exactly at
     (50 target + f) / 51 for the shared output f as trained; items without statistics keep r = 0."""
