@@ -28,7 +28,7 @@ import shutil
 
 import numpy as np
 
-from bench import harness, time_to_quality, training
+from bench import harness, phase_limits, time_to_quality, training
 from pipelines.data import synth
 from pipelines.data.datasets import is_dataset, open_dataset
 from pipelines.training import settings, stages
@@ -51,7 +51,7 @@ TUNED = {
               "max_items_per_user": 213, "dpsgd_learning_rate": 0.01142, "dpsgd_epochs": 2, "dpsgd_clip": 0.1948, "dpsgd_batch_size": 64},
 }
 QUICK_CONFIG = {"epochs": 2}  # --quick: a smoke run of the machinery, not a measurement
-PHASES = ("prepare", "user_update", "stats", "item_update", "final_user_update", "evaluation")
+PHASES = phase_limits.PHASES
 KERNELS = ("user_update", "stats", "item_update")  # the phases of an outer step, each with its kernel
 GOAL = 30.0  # AM-SSP should reach the common RMSE this many times sooner at the largest size
 
@@ -111,10 +111,14 @@ def run_cell(out: str, params: dict) -> dict:
         metrics = stages.run(config, spark=spark, progress=False)
         steps = training.trajectory(Run(root), config)
     walls, kernels = phase_seconds(Run(root).read_manifest(), spark.sparkContext.defaultParallelism)
+    jobs = dict.fromkeys(PHASES, 0)
+    for name, count in Run(root).read_manifest().get("spark_jobs", {}).items():
+        jobs[name.split("/")[-1]] += int(count)
+    done = phase_limits.work(Run(root), data, config.outer_steps, config.epochs) if params["method"] == "ssp" else None
     manifest = open_dataset(data).manifest
     shutil.rmtree(root)
     return {"rows": manifest["ratings"], "items": manifest["items"], "test": metrics["test_rmse"], "seconds": walls, "kernel_seconds": kernels,
-            "outer_steps": config.outer_steps, "trajectory": steps}
+            "spark_jobs": jobs, "work": done, "outer_steps": config.outer_steps, "trajectory": steps}
 
 
 def outside_share(cell: dict) -> float:
@@ -215,6 +219,17 @@ def run(ctx: harness.Context) -> harness.Section:
             kernels.append([f"{users:,}", training.METHODS[name].label,
                             *[f"{cell['kernel_seconds'][p]:.1f} of {wall[p]:.0f}" for p in KERNELS]])
     section.table(["users", "method", *[f"{p}: kernel of wall (s)" for p in KERNELS]], kernels)
+    measured = [users for users in sorted(by_size) if (by_size[users].get("ssp") or {}).get("work")]
+    if measured:
+        rates = phase_limits.machine(training.spark(), os.path.join(data_set(ctx.out, measured[-1]), "interactions.parquet"))
+        section.text(
+            f"**Each phase beside its limit (AM-SSP).** This machine, measured with the report: GEMM {rates['gemm_flops'] / 1e9:.1f} GFLOP/s "
+            f"(float64, both cores), Parquet read into Arrow {rates['read_bytes_per_s'] / 1e6:.0f} MB/s, a small Spark job through Python workers "
+            f"{rates['job_seconds']:.2f} s. A phase's limit is the larger of its bytes at that read rate and its flops at that GEMM rate, plus its "
+            "Spark jobs at that fixed cost (bench.phase_limits: what each phase reads, writes and computes).")
+        for users in measured:
+            section.table([f"{users:,} users: phase", "wall (s)", "bytes read and written (MB)", "GFLOP", "Spark jobs", "limit (s)", "wall / limit"],
+                          phase_limits.rows(by_size[users]["ssp"], rates))
     growth = [f"{training.METHODS[name].label} rows^{slope:.2f}" for name in RACE if (slope := rows_growth(by_size, name)) is not None]
     if growth:
         section.text(f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "

@@ -149,6 +149,17 @@ def session_settings(conf, master: str | None) -> dict[str, str]:
     return settings
 
 
+def jobs_started() -> int:
+    """How many Spark jobs this process's active session has started (0 without one): a stage's
+    count of jobs, each with its fixed cost of scheduling and Python workers, is the difference."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        return 0
+    return max(active.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1) + 1
+
+
 def is_local(spark) -> bool:
     """Whether the session runs its tasks on this machine (local master)."""
     return spark.sparkContext.master.startswith("local")

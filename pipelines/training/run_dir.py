@@ -131,7 +131,8 @@ class Run:
     def record_seconds(self, phase: str, seconds: float, kind: str = "seconds") -> None:
         """Add a stage's wall time to the manifest's `seconds` ({phase: seconds}; a stage that runs
         again after an interruption adds to its figure), or with kind "kernel_seconds" the seconds
-        its tasks spent in the stage's kernel (summed over tasks): where a run's time goes."""
+        its tasks spent in the stage's kernel (summed over tasks), or with "spark_jobs" the Spark jobs it
+        started: where a run's time goes."""
         manifest = self.read_manifest()
         timings = manifest.setdefault(kind, {})
         timings[phase] = timings.get(phase, 0.0) + seconds

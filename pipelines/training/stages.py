@@ -33,6 +33,7 @@ import time
 from contextlib import contextmanager
 
 
+from pipelines.engines.spark import jobs_started
 from pipelines.training import user_stage
 from pipelines.training.evaluation import evaluate
 from pipelines.training.item_update import covers_items, item_update, release_stats
@@ -46,6 +47,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
     The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones;
     each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
+    Each stage's number of Spark jobs goes into `spark_jobs`.
     Holds the run directory's lock throughout: a second run on the same directory is refused.
     """
     with run_directory(config):
@@ -53,9 +55,10 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
         @contextmanager
         def timed(phase: str):
-            started = time.perf_counter()
+            started, jobs = time.perf_counter(), jobs_started()
             yield
             layout.record_seconds(phase, time.perf_counter() - started)
+            layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 
         def stages(spark_of):  # spark_of(): the session, opened when a stage first needs it (a refused run starts no JVM)
             with timed("prepare"):  # on a resumed run: the check of its recorded settings

@@ -84,4 +84,7 @@ def test_quick_scale_runs_the_real_pipeline(tmp_path):
         assert 0 < scale.outside_share(cell) < 1 and len(cell["trajectory"]) == cell["outer_steps"] + 1
     dpsgd = [c["value"] for c in harness.Results(str(tmp_path)).cells.values() if c["params"]["method"] == "dpsgd"]
     assert all(c["seconds"]["stats"] == 0 for c in dpsgd)  # AM-DPSGD releases no statistics: its item update is DP-SGD
-    assert "ratio (AM-DPSGD / AM-SSP)" in section.markdown() and "Growth." in section.markdown()
+    for cell in (c["value"] for c in stored if c["params"]["method"] == "ssp"):  # what each phase read, wrote, computed and started
+        assert all(cell["work"][p]["bytes"] > 0 for p in scale.PHASES) and all(cell["work"][p]["flops"] > 0 for p in scale.KERNELS)
+        assert cell["spark_jobs"]["user_update"] >= 1 and cell["spark_jobs"]["item_update"] == 0
+    assert "ratio (AM-DPSGD / AM-SSP)" in section.markdown() and "Growth." in section.markdown() and "Each phase beside its limit" in section.markdown()
