@@ -99,7 +99,7 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         return metrics
     if config.protocol == "rmse":
         users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim).sort_by("user_id")
-        user_table = (users["user_id"].to_numpy(), np.array(users["embedding"].to_pylist(), dtype=np.float64).reshape(-1, config.vector_dim))
+        user_table = (users["user_id"].to_numpy(), list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding"))
         for part in ("valid", "test"):
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
             positions = space.index_of(rows["item_id"].to_numpy())
