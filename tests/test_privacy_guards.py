@@ -178,7 +178,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
                                           dp_units(released.counts))
     assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
     again = tmp_path / "less-with-full-release.parquet"
-    prepare_stage._write_centred(str(less_run / "private" / "split" / "train.parquet"), str(again), manifest["prepared"]["mean"], "rmse", covered)
+    prepare_stage._write_centred(str(less_run / "private" / "split" / "train.parquet"), [(str(again), covered)], manifest["prepared"]["mean"], "rmse")
     stats_rows = rows(released.stats_rows)
     assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
     assert rows(again) == {r for r in stats_rows if r[0] != user}

@@ -35,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.data import splits
 from pipelines.engines.beam_stats import ReadTable
 from pipelines.releases.counts import exact_aggregates, row_problem
-from pipelines.releases.mean import weighted_sums_of, write_centred_part
+from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS
@@ -171,17 +171,18 @@ class BeamEngine:
                               | "Json" >> beam.Map(lambda total: [float(v) for v in total]))
         return (float(found[0][0]), float(found[0][1])) if found and found[0] else (0.0, 0.0)
 
-    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None,
+    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
                       confidence_alpha: float | None = None) -> None:
-        """`mean.centred` over every row of `train`, written to `out`, one part per input file."""
-        staged = storage.StagedWrite(out)
+        """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
+        the items it keeps), one part per input file."""
+        staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
         def write(index: int, file: str) -> Iterator[list]:
-            written = write_centred_part(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, keep_items, confidence_alpha)
-            if written is not None:
-                yield list(written)
+            written = write_centred_parts(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, confidence_alpha)
+            yield from ([k, *part] for k, part in enumerate(written) if part is not None)
 
         files = list(enumerate(storage.table_files(train)))
         written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write))
-        names = [name for name, _ in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
-        staged.commit(names, sum(count for _, count in written))
+        for k, (table, _) in enumerate(staged):
+            mine = [(name, count) for output, name, count in written if output == k]
+            table.commit([name for name, _ in mine] or [table.write_part(0, INTERACTIONS.empty_table())], sum(count for _, count in mine))  # no task wrote part 0

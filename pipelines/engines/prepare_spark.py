@@ -24,7 +24,7 @@ from pipelines.data import splits
 from pipelines.data.chunks import complete_users
 from pipelines.engines.spark import forward_storage_settings, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
-from pipelines.releases.mean import write_centred_part
+from pipelines.releases.mean import write_centred_parts
 from schemas import storage
 from schemas.tables import INTERACTIONS
 
@@ -42,9 +42,9 @@ class SparkEngine:
     def __init__(self, spark):
         self.spark = spark
 
-    def _by_user(self, files: list[str]):
-        """The interactions repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""
-        return self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).repartition("user_id").sortWithinPartitions("user_id")
+    def _by_user(self, files: list[str], columns: tuple[str, ...] = INTERACTION_COLUMNS):
+        """The interactions' `columns` repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""
+        return self.spark.read.parquet(*files).select(*columns).repartition("user_id").sortWithinPartitions("user_id")
 
     def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
         """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""
@@ -100,7 +100,7 @@ class SparkEngine:
             yield pa.record_batch({"position": np.r_[positions, size], "count": np.r_[totals[positions], units]})
 
         with readable_tables(self.spark, interactions) as (files,):
-            rows = self._by_user(files) if unit == "user" else self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS)
+            rows = self._by_user(files, ("user_id", "item_id")) if unit == "user" else self.spark.read.parquet(*files).select("user_id", "item_id")
             found = rows.mapInArrow(aggregate, "position long, count long").toArrow()
         totals = np.bincount(found["position"].to_numpy(), weights=found["count"].to_numpy(), minlength=size + 1)
         return totals[:size], int(totals[size])
@@ -121,19 +121,22 @@ class SparkEngine:
                 sums = rows.agg(F.sum(middle).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
         return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
 
-    def write_centred(self, train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None,
+    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
                       confidence_alpha: float | None = None) -> None:
-        """`mean.centred` over every row of `train`, written to `out`, a part per input partition."""
+        """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
+        the items it keeps), a part per input partition."""
         from pyspark import TaskContext
 
-        staged = storage.StagedWrite(out)
+        staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
         def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            written = write_centred_part(batches, staged, TaskContext.get().partitionId(), mean, protocol, keep_items, confidence_alpha)
-            if written is not None:
-                yield pa.record_batch({"name": [written[0]], "rows": [written[1]]})
+            written = write_centred_parts(batches, staged, TaskContext.get().partitionId(), mean, protocol, confidence_alpha)
+            found = [(k, *part) for k, part in enumerate(written) if part is not None]
+            if found:
+                yield pa.record_batch(dict(zip(("output", "name", "rows"), map(list, zip(*found)))))
 
         with readable_tables(self.spark, train) as (files,):
-            written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(write, WRITTEN_DDL).collect()
-        names = [row["name"] for row in written] or [staged.write_part(0, INTERACTIONS.empty_table())]  # no task wrote part 0
-        staged.commit(names, sum(row["rows"] for row in written))
+            written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(write, "output long, " + WRITTEN_DDL).collect()
+        for k, (table, _) in enumerate(staged):
+            mine = [row for row in written if row["output"] == k]
+            table.commit([row["name"] for row in mine] or [table.write_part(0, INTERACTIONS.empty_table())], sum(row["rows"] for row in mine))  # no task wrote part 0

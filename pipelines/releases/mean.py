@@ -91,18 +91,21 @@ def dp_mean(
     return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}
 
 
-def write_centred_part(batches: Iterable[pa.RecordBatch], staged: storage.StagedWrite, part: int, mean: float, protocol: str,
-                       keep_items: np.ndarray | None, confidence_alpha: float | None = None) -> tuple[str, int] | None:
-    """`centred` rows of a stream of interaction batches, written as part `part` of `staged` (an
-    engine's task); (the part's file name, its rows), or None when no row is left."""
-    writer, count = None, 0
+def write_centred_parts(batches: Iterable[pa.RecordBatch], outputs: list[tuple[storage.StagedWrite, np.ndarray | None]], part: int, mean: float,
+                        protocol: str, confidence_alpha: float | None = None) -> list[tuple[str, int] | None]:
+    """`centred` rows of a stream of interaction batches, once, written as part `part` of each
+    output (a staged table and the items it keeps: `centred`'s `keep_items`) (an engine's task);
+    per output, (the part's file name, its rows), or None when no row is left."""
+    writers, counts = [None] * len(outputs), [0] * len(outputs)
     for batch in batches:
-        table = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, keep_items, confidence_alpha)
-        if table.num_rows:
-            writer = writer or staged.open_part(part, INTERACTIONS)
-            writer.write_table(table)
-            count += table.num_rows
-    if writer is None:
-        return None
-    writer.close()
-    return staged.part_name(part), count
+        every = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, None, confidence_alpha)
+        for k, (staged, keep_items) in enumerate(outputs):
+            table = every if keep_items is None else every.filter(pa.array(np.isin(every["item_id"].to_numpy(), keep_items)))
+            if table.num_rows:
+                writers[k] = writers[k] or staged.open_part(part, INTERACTIONS)
+                writers[k].write_table(table)
+                counts[k] += table.num_rows
+    for writer in writers:
+        if writer is not None:
+            writer.close()
+    return [None if writer is None else (staged.part_name(part), count) for writer, (staged, _), count in zip(writers, outputs, counts)]

@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, ExitStack
 from dataclasses import asdict
 
 import numpy as np
@@ -87,15 +87,19 @@ def _run_identity(config: TrainConfig) -> dict:
     return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
 
 
-def _write_centred(train: str, out: str, mean: float, protocol: str, keep_items: np.ndarray | None, engine=None,
+def _write_centred(train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str, engine=None,
                    confidence_alpha: float | None = None) -> None:
-    """The training rows centred by `mean.centred` (on the engine when given), written to `out`."""
+    """The training rows centred by `mean.centred` in one pass (on the engine when given), written to
+    each output: a path and the items it keeps (None: every item)."""
     if engine is not None:
-        engine.write_centred(train, out, mean, protocol, keep_items, confidence_alpha)
+        engine.write_centred(train, outputs, mean, protocol, confidence_alpha)
         return
-    with storage.TableWriter(out, INTERACTIONS) as writer:
+    with ExitStack() as stack:
+        writers = [(stack.enter_context(storage.TableWriter(out, INTERACTIONS)), keep_items) for out, keep_items in outputs]
         for batch in storage.iter_batches(train):
-            writer.write(centred(pa.Table.from_batches([batch]), mean, protocol, keep_items, confidence_alpha))
+            every = centred(pa.Table.from_batches([batch]), mean, protocol, None, confidence_alpha)
+            for writer, keep_items in writers:
+                writer.write(every if keep_items is None else every.filter(pa.array(np.isin(every["item_id"].to_numpy(), keep_items))))
 
 
 LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
@@ -330,11 +334,12 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
     alpha = confidence_alpha_of(config, data.manifest)
-    _write_centred(train_rows, run.centred, mean, config.protocol, keep_items, engine, alpha)  # the user update's rows
+    outputs = [(run.centred, keep_items)]  # the user update's rows
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
-        _write_centred(train_rows, run.stats_rows, mean, config.protocol, covered, engine, alpha)  # the stats job's rows
+        outputs.append((run.stats_rows, covered))  # the stats job's rows
+    _write_centred(train_rows, outputs, mean, config.protocol, engine, alpha)
 
     if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
         weights = np.ones(space.size)
