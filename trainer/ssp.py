@@ -238,15 +238,14 @@ def ssp_loss(encoder: ItemEncoder, positions, a, b, residual_penalty=None, ancho
     (B, d) per coordinate) is given, plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa: a
     number, or (d,) per coordinate) is given: the shared encoder's output f(j) held near `start`
     (f0, where the step began) as strongly as the noise calls for."""
-    shared = encoder.shared(positions)  # once: the anchor term needs it too
-    v = shared + encoder.residual(positions) if encoder.has_residual else shared
+    v = encoder(positions)
     av = tf.einsum("bij,bj->bi", a, v)
     loss = 0.5 * tf.reduce_sum(v * av, axis=-1) - tf.reduce_sum(b * v, axis=-1)
     if residual_penalty is not None:
         penalty = residual_penalty if residual_penalty.shape.rank == 2 else residual_penalty[:, None]
         loss += 0.5 * tf.reduce_sum(penalty * tf.square(encoder.residual(positions)), axis=-1)
     if anchor is not None:
-        loss += 0.5 * tf.reduce_sum(anchor * tf.square(shared - start), axis=-1)
+        loss += 0.5 * tf.reduce_sum(anchor * tf.square(encoder.shared(positions) - start), axis=-1)
     return tf.reduce_mean(loss)
 
 

@@ -7,6 +7,7 @@ SparkContext.PACKAGE_EXTENSIONS): a .whl there reaches the driver only. So the w
 under a .zip name (the same bytes; a pure-Python wheel is zip-importable), as infra/build.sh does.
 """
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -27,10 +28,13 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """`python -m pip wheel . -w dist`, as infra/build.sh builds it."""
+    """`python -m pip wheel . -w dist`, as infra/build.sh builds it; one build at a time (the test
+    workers share the repository's build/ folder)."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(out)],
-                   check=True, capture_output=True, cwd=out)
+    with open(tmp_path_factory.getbasetemp().parent / "wheel-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(out)],
+                       check=True, capture_output=True, cwd=out)
     path = out / f"ssp_recsys-{VERSION}-py3-none-any.whl"
     assert path.exists(), os.listdir(out)
     return path
@@ -64,7 +68,7 @@ def test_py_files_wheel_comes_first(py_files, cluster_dir):
     assert spark_submit(py_files, cluster_dir, cluster_dir / "probe.py").strip().startswith(str(py_files))
 
 
-def test_stats_and_user_update_scripts_run_from_the_wheel(py_files, cluster_dir):
+def test_the_stats_script_runs_from_the_wheel(py_files, cluster_dir):
     catalog = [1, 2, 3, 4]
     paths = {name: str(cluster_dir / f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")}
     storage.write_table(pa.table({"user_id": [1, 1, 2, 3], "item_id": [1, 2, 2, 3], "label": [4.0, 3.0, 5.0, 1.0], "timestamp": [0] * 4}, schema=INTERACTIONS), paths["interactions"])
@@ -84,7 +88,12 @@ def test_stats_and_user_update_scripts_run_from_the_wheel(py_files, cluster_dir)
     assert "stats step 1" in stdout
     assert validate_stats(storage.read_table(str(out / "resample-0.parquet"))).num_rows == len(catalog)
 
+
+def test_the_user_update_script_runs_from_the_wheel(py_files, cluster_dir):
+    catalog = [1, 2, 3, 4]
+    interactions = str(cluster_dir / "interactions.parquet")
+    storage.write_table(pa.table({"user_id": [1, 1, 2, 3], "item_id": [1, 2, 2, 3], "label": [4.0, 3.0, 5.0, 1.0], "timestamp": [0] * 4}, schema=INTERACTIONS), interactions)
     storage.write_table(pa.table({"item_id": catalog, "embedding": list(np.eye(4)[:, :2])}, schema=ITEM_EMBEDDINGS), str(cluster_dir / "v.parquet"))
-    spark_submit(py_files, cluster_dir, "user_update.py", "--interactions", paths["interactions"], "--item-embeddings", cluster_dir / "v.parquet",
+    spark_submit(py_files, cluster_dir, "user_update.py", "--interactions", interactions, "--item-embeddings", cluster_dir / "v.parquet",
                  "--out", cluster_dir / "u.parquet", "--dim", "2")
     assert validate_user_embeddings(storage.read_table(str(cluster_dir / "u.parquet")), dim=2).num_rows == 3
