@@ -108,7 +108,7 @@ def run_cell(out: str, params: dict) -> dict:
     os.makedirs(os.path.dirname(root), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log:
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        metrics = stages.run(config, spark=spark, progress=False)
+        metrics = stages.run(config, spark=spark, progress=False, count_jobs=True)
         steps = training.trajectory(Run(root), config)
     walls, kernels = phase_seconds(Run(root).read_manifest(), spark.sparkContext.defaultParallelism)
     jobs = dict.fromkeys(PHASES, 0)

@@ -15,6 +15,10 @@ import uuid
 import pytest
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
+# One BLAS thread per process, before numpy is imported: the two test workers share two cores, and
+# OpenBLAS's spinning threads then starve each other (the non-private run: 132 s beside one busy
+# core, 24 s with one thread). Spark's Python workers get the same setting (pipelines.engines.spark).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # session-scoped fixtures' runs
 
 

@@ -42,12 +42,14 @@ from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
 
 
-def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
+def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool = False) -> dict:
     """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
 
     The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones;
     each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
-    Each stage's number of Spark jobs goes into `spark_jobs`.
+    With `count_jobs` (a benchmark's measure) each stage's number of Spark jobs goes into
+    `spark_jobs`; off by default: reading Spark's status leaves Java proxies whose collection,
+    should a Ctrl-C land in it, would swallow the interrupt.
     Holds the run directory's lock throughout: a second run on the same directory is refused.
     """
     with run_directory(config):
@@ -55,10 +57,11 @@ def run(config: TrainConfig, spark=None, progress: bool = True) -> dict:
 
         @contextmanager
         def timed(phase: str):
-            started, jobs = time.perf_counter(), jobs_started()
+            started, jobs = time.perf_counter(), jobs_started() if count_jobs else 0
             yield
             layout.record_seconds(phase, time.perf_counter() - started)
-            layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
+            if count_jobs:
+                layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 
         def stages(spark_of):  # spark_of(): the session, opened when a stage first needs it (a refused run starts no JVM)
             with timed("prepare"):  # on a resumed run: the check of its recorded settings
