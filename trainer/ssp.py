@@ -81,7 +81,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from privacy import quadratic
-from privacy.accumulator import packed_size, project_psd, unpack_upper
+from privacy.accumulator import packed_size, project_psd, unpack_upper, upper_indices
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.ids import IdIndex
@@ -220,10 +220,10 @@ def system_matrices(packed, scale, ridge: float, gravity):
     """`item_batches`' matrices in TensorFlow: packed A_j (B, d(d+1)/2) unpacked to (B, d, d), plus
     ridge diag(scale_j) (scale (B, d)) and `gravity` (d, d)."""
     d = gravity.shape[-1]
-    rows, cols = np.meshgrid(np.arange(d), np.arange(d), indexing="ij")
-    lower, upper = np.minimum(rows, cols), np.maximum(rows, cols)
-    unpacking = (lower * (2 * d - lower + 1) // 2 + upper - lower).ravel()  # the packed position of each (i, j)
-    return tf.reshape(tf.gather(packed, unpacking, axis=1), [-1, d, d]) + ridge * tf.linalg.diag(scale) + gravity
+    rows, cols = upper_indices(d)
+    unpacking = np.empty((d, d), np.int64)  # the packed position of each (i, j)
+    unpacking[rows, cols] = unpacking[cols, rows] = np.arange(rows.size)
+    return tf.reshape(tf.gather(packed, unpacking.ravel(), axis=1), [-1, d, d]) + ridge * tf.linalg.diag(scale) + gravity
 
 
 def diagonals(scales: np.ndarray, d: int) -> np.ndarray:

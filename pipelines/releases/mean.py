@@ -49,14 +49,18 @@ def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: st
     return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
 
 
+def kept(table: pa.Table, keep_items: np.ndarray | None) -> pa.Table:
+    """The rows of `table` whose item is in `keep_items` (every row for None)."""
+    return table if keep_items is None else table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
+
+
 def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None, confidence_alpha: float | None = None) -> pa.Table:
     """Training rows with labels centred by the DP mean (regression) or, ranking, each positive's
     confidence: 1, or for implicit feedback (`confidence_alpha` given) trainer.solve.confidence of
     how many times the pair came (the split's label); restricted to `keep_items` when given. Row-local."""
     from trainer.solve import confidence
 
-    if keep_items is not None:
-        table = table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
+    table = kept(table, keep_items)
     if protocol == "recall":
         labels = np.ones(table.num_rows) if confidence_alpha is None else confidence(table["label"].to_numpy(), confidence_alpha)
     else:
@@ -100,7 +104,7 @@ def write_centred_parts(batches: Iterable[pa.RecordBatch], outputs: list[tuple[s
     for batch in batches:
         every = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, None, confidence_alpha)
         for k, (staged, keep_items) in enumerate(outputs):
-            table = every if keep_items is None else every.filter(pa.array(np.isin(every["item_id"].to_numpy(), keep_items)))
+            table = kept(every, keep_items)
             if table.num_rows:
                 writers[k] = writers[k] or staged.open_part(part, INTERACTIONS)
                 writers[k].write_table(table)

@@ -27,7 +27,7 @@ from pipelines.base.lock import run_lock
 from pipelines.data import ingest, splits
 from pipelines.releases import release
 from pipelines.releases.counts import dp_counts, dp_units
-from pipelines.releases.mean import centred, dp_mean
+from pipelines.releases.mean import centred, dp_mean, kept
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
@@ -99,7 +99,7 @@ def _write_centred(train: str, outputs: list[tuple[str, np.ndarray | None]], mea
         for batch in storage.iter_batches(train):
             every = centred(pa.Table.from_batches([batch]), mean, protocol, None, confidence_alpha)
             for writer, keep_items in writers:
-                writer.write(every if keep_items is None else every.filter(pa.array(np.isin(every["item_id"].to_numpy(), keep_items))))
+                writer.write(kept(every, keep_items))
 
 
 LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
