@@ -44,7 +44,7 @@ def work(run: Run, data: str, steps: int, epochs: int) -> dict[str, dict[str, fl
     stats_rows = sum(count for _, _, count in storage.row_groups(run.stats_rows))
     users = sum(count for _, _, count in storage.row_groups(run.user_embeddings(None)))
     items = sum(count for _, _, count in storage.row_groups(run.stats_items))
-    d = len(pq.read_table(run.user_embeddings(None)).column("embedding")[0]) + 1  # with the bias coordinate
+    d = len(next(storage.iter_batches(run.user_embeddings(None), ["embedding"], batch_size=1)).column(0)[0]) + 1  # with the bias coordinate
     solve = 2 * rows * d * d + users * d**3 / 3
     stats_tables = [run.stats(s) for s in range(1, steps + 1)]
     user_steps = [run.user_embeddings(s) for s in range(1, steps + 1)]

@@ -110,9 +110,10 @@ def run_cell(out: str, params: dict) -> dict:
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
         metrics = stages.run(config, spark=spark, progress=False, count_jobs=True)
         steps = training.trajectory(Run(root), config)
-    walls, kernels = phase_seconds(Run(root).read_manifest(), spark.sparkContext.defaultParallelism)
+    recorded = Run(root).read_manifest()
+    walls, kernels = phase_seconds(recorded, spark.sparkContext.defaultParallelism)
     jobs = dict.fromkeys(PHASES, 0)
-    for name, count in Run(root).read_manifest().get("spark_jobs", {}).items():
+    for name, count in recorded.get("spark_jobs", {}).items():
         jobs[name.split("/")[-1]] += int(count)
     done = phase_limits.work(Run(root), data, config.outer_steps, config.epochs) if params["method"] == "ssp" else None
     manifest = open_dataset(data).manifest
