@@ -1,8 +1,8 @@
 """Closed-form ridge solves per key: the user update of alternating minimization (and fold-in).
 
 For the rows of each key k (a user) with vectors v_i (the items' embeddings) and labels y_i:
-`u_k = (sum v_i v_i^T + lambda_k I)^-1 sum y_i v_i`, with lambda_k = lambda or lambda * n_k. Gram matrices come from the same grouped kernel
-as the item statistics (privacy.accumulator.grouped_sums); the solves are batched.
+`u_k = (sum v_i v_i^T + lambda_k I)^-1 sum y_i v_i`, with lambda_k = lambda or lambda * n_k. Each key's
+normal equations come from one compiled pass over its rows (trainer.normal_equations); the solves are batched.
 
 Privacy: the user update uses a user's own rows and released item embeddings only; its output
 (user embeddings) is private and stays in the run directory.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.accumulator import augment, grouped_sums, unpack_upper
+from privacy.accumulator import stable_argsort
 
 
 def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
@@ -65,31 +65,33 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     confidences (the ranking protocol): each row is a positive, label 1, weighing its confidence in
     the squared error (Hu, Koren and Volinsky's weighted least squares).
     """
+    from trainer.normal_equations import normal_equations  # numba's import, once a process, on the first solve
+
     if not np.isfinite(lam) or lam <= 0:
         raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
-    weights = None
-    if confidence:
-        weights, labels = labels, np.ones(labels.size)
+    root = None
+    if confidence:  # sqrt(c) on both sides: sum c x x^T and sum c y x
+        root, labels = np.sqrt(labels), np.ones(labels.size)
     free = free_coordinates(vectors.shape[1], bias_ridge)
-    if bias_ridge is not None:
-        if np.isnan(bias_ridge) or bias_ridge <= 0:
-            raise ValueError(f"the bias ridge must be > 0, got {bias_ridge}")
-        labels = labels - vectors[:, -2]
-        vectors = vectors[:, free]
-    d = vectors.shape[1]
-    if weights is not None:  # sqrt(c) on both sides: sum c x x^T and sum c y x
-        root = np.sqrt(weights)[:, None]
-        vectors, labels = vectors * root, labels * root[:, 0]
-    unique, gram_upper, rhs = grouped_sums(keys, augment(vectors, labels))
+    if bias_ridge is not None and (np.isnan(bias_ridge) or bias_ridge <= 0):
+        raise ValueError(f"the bias ridge must be > 0, got {bias_ridge}")
     if not np.isfinite(prior) or prior < 0:
         raise ValueError(f"the prior ridge must be >= 0, got {prior}")
-    strength = prior + (lam * np.bincount(np.searchsorted(unique, keys), minlength=unique.size) if scale_by_rows else np.full(unique.size, lam))
+    d = free.size
+    keys = np.asarray(keys)
+    if keys.size > 1 and not np.all(keys[1:] >= keys[:-1]):  # each key's rows together, in their given order
+        order = stable_argsort(keys)
+        keys, vectors, labels = keys[order], vectors[order], labels[order]
+        root = None if root is None else root[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else np.zeros(0, np.int64)
+    unique = keys[starts]
+    strength = prior + (lam * np.diff(np.r_[starts, keys.size]) if scale_by_rows else np.full(unique.size, lam))
     ridge = np.repeat(strength[:, None], d, axis=1)
     if bias_ridge is not None and np.isfinite(bias_ridge):
         ridge[:, -1] = bias_ridge
-    gram = unpack_upper(gram_upper, d) + ridge[:, :, None] * np.eye(d)
+    gram, rhs = normal_equations(np.r_[starts, keys.size], vectors, labels, ridge, free, None if bias_ridge is None else -2, root)
     if gravity is not None:
         gravity = np.asarray(gravity, dtype=np.float64)
         gram = gram + gravity[np.ix_(free, free)]

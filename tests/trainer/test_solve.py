@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from trainer.normal_equations import normal_equations
 from trainer.solve import logistic_solve, ridge_solve
 
 
@@ -21,6 +22,34 @@ def test_solves_match_the_normal_equations():
             np.testing.assert_allclose(u[row], np.linalg.solve(system, v[rows].T @ y[rows]), rtol=1e-12)
     with pytest.raises(ValueError, match="lambda must be > 0"):
         ridge_solve(keys, v, y, 0.0)
+
+
+def test_the_compiled_normal_equations_are_each_keys_sums_plus_its_ridge():
+    """Key 0 has one row, vector [1, 7, 2], label 3: solving for coordinates 0 and 2 with coordinate 1
+    as the offset gives x = [1, 2], s = 3 - 7 = -4, so gram [[1, 2], [2, 4]] + diag(ridge) and rhs
+    [-4, -8] by hand; with root 2 on that row, 4x the gram's sums and the rhs. Key 1 has 300 rows
+    (more than one GEMM tile) and key 2 none, against numpy's sums."""
+    rng = np.random.default_rng(1)
+    vectors = np.vstack([[1.0, 7.0, 2.0], rng.normal(size=(300, 3))])
+    labels = np.r_[3.0, rng.normal(size=300)]
+    ridge = np.array([[0.5, 0.25], [1.0, 2.0], [3.0, 3.0]])
+    starts, free = np.array([0, 1, 301, 301]), np.array([0, 2])
+    gram, rhs = normal_equations(starts, vectors, labels, ridge, free, offset=1)
+    np.testing.assert_array_equal(gram[0], [[1.5, 2.0], [2.0, 4.25]])
+    np.testing.assert_array_equal(rhs[0], [-4.0, -8.0])
+    x, s = vectors[1:][:, free], labels[1:] - vectors[1:, 1]
+    np.testing.assert_allclose(gram[1], x.T @ x + np.diag([1.0, 2.0]), rtol=1e-12)
+    np.testing.assert_allclose(rhs[1], x.T @ s, rtol=1e-12)
+    np.testing.assert_array_equal(gram[2], np.diag([3.0, 3.0]))
+    np.testing.assert_array_equal(rhs[2], [0.0, 0.0])
+    weighted, weighted_rhs = normal_equations(starts, vectors, labels, ridge, free, offset=1, root=np.r_[2.0, np.ones(300)])
+    np.testing.assert_array_equal(weighted[0], [[4.5, 8.0], [8.0, 16.25]])
+    np.testing.assert_array_equal(weighted_rhs[0], [-16.0, -32.0])
+    plain, plain_rhs = normal_equations(starts, vectors, labels, np.ones((3, 3)))
+    np.testing.assert_allclose(plain[1], vectors[1:].T @ vectors[1:] + np.eye(3), rtol=1e-12)
+    np.testing.assert_allclose(plain_rhs[1], vectors[1:].T @ labels[1:], rtol=1e-12)
+    unique, u = ridge_solve(np.zeros(0, np.int64), np.zeros((0, 2)), np.zeros(0), 0.1)
+    assert unique.size == 0 and u.shape == (0, 2)
 
 
 def test_the_logistic_solve_is_the_minimiser_of_each_users_weighted_logistic_loss():
