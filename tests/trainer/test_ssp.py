@@ -86,6 +86,21 @@ def test_psd_projection():
     np.testing.assert_allclose(unpack_upper(ssp.project_psd(pack_upper(psd), 4), 4), psd, atol=1e-10)  # PSD stays
 
 
+def test_a_projected_table_is_each_rows_projection_in_order(tmp_path):
+    """project_table works on several batches at once: 23 items in batches of 4 come out in their
+    order, each A_j exactly project_psd's, b_j and the release's metadata untouched."""
+    rng = np.random.default_rng(5)
+    m = rng.normal(size=(23, 3, 3))
+    a_upper, b = pack_upper((m + np.swapaxes(m, 1, 2)) / 2), rng.normal(size=(23, 3))
+    write_stats(str(tmp_path / "s.parquet"), np.arange(100, 123), a_upper, b, 3)
+    ssp.project_table(str(tmp_path / "s.parquet"), str(tmp_path / "p.parquet"), batch_size=4)
+    projected = storage.read_table(str(tmp_path / "p.parquet"))
+    assert projected["item_id"].to_pylist() == list(range(100, 123))
+    np.testing.assert_array_equal(np.array(projected["a_upper"].to_pylist()), ssp.project_psd(a_upper, 3))
+    np.testing.assert_array_equal(np.array(projected["b"].to_pylist()), b)
+    assert projected.schema.metadata == storage.read_schema(str(tmp_path / "s.parquet")).metadata
+
+
 def test_stats_that_do_not_match_are_refused(tmp_path):
     space = FeatureSpace.from_items(ITEMS)
     write_stats(str(tmp_path / "s.parquet"), space.item_ids, np.zeros((5, 6)), np.zeros((5, 3)), 3, clip_u=2.0)
