@@ -4,6 +4,11 @@ The user-local steps (the split's dedup and eligibility, the user solve) must se
 together; an engine partition sorted by user_id arrives as batches whose cuts fall anywhere. This
 cuts the stream at user boundaries and gathers whole users into tables of about `rows` rows, so a
 task's memory is bounded by the chunk (and the largest user), not by its partition.
+
+A table whose every file holds whole users sorted by user_id (the split's parts, and the centred
+rows a Spark task writes from one of them) says so in its files' Parquet metadata (USERS_TOGETHER):
+a user-local step can then give each file to a task as it is, with no shuffle by user
+(`users_together`, `sorted_by_user` checks the order as it reads).
 """
 
 from __future__ import annotations
@@ -14,6 +19,26 @@ import numpy as np
 import pyarrow as pa
 
 DEFAULT_CHUNK_ROWS = 262_144
+USERS_TOGETHER = {b"ssp.users_together": b"1"}  # a file's Parquet metadata: it holds whole users, sorted by user_id
+
+
+def users_together(path: str) -> bool:
+    """Whether every file of the table at `path` declares USERS_TOGETHER."""
+    from schemas import storage
+
+    return all(all((storage.read_schema(file).metadata or {}).get(key) == value for key, value in USERS_TOGETHER.items())
+               for file in storage.table_files(path))
+
+
+def sorted_by_user(batches: Iterable[pa.RecordBatch], source: str) -> Iterator[pa.RecordBatch]:
+    """The batches of a file that declares USERS_TOGETHER, refused at the first row out of user order."""
+    last = None
+    for batch in batches:
+        users = batch.column("user_id").to_numpy()
+        if users.size and ((last is not None and users[0] < last) or np.any(users[1:] < users[:-1])):
+            raise ValueError(f"{source}: its rows are not sorted by user_id, though its metadata says each file holds whole users in order")
+        last = users[-1] if users.size else last
+        yield batch
 
 
 def complete_users(batches: Iterable[pa.RecordBatch], rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[pa.Table]:

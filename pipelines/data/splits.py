@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.data.chunks import complete_users
+from pipelines.data.chunks import complete_users, USERS_TOGETHER
 from pipelines.data.datasets import Dataset
 from privacy.seeds import mix64
 from schemas import storage
@@ -427,7 +427,7 @@ def train_items_of(batches: Iterable[pa.RecordBatch], rule: SplitRule) -> Iterat
 def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: dict[str, storage.StagedWrite], part: int,
                     train_items: np.ndarray | None) -> Iterator[pa.RecordBatch]:
     """Split one partition of rows sorted by user, complete users at a time, writing part `part` of
-    each table through `staged`; yields what was written (SPLIT_WRITTEN rows: table, file, rows,
+    each table through `staged` (each part holds whole users in order: chunks.USERS_TOGETHER); yields what was written (SPLIT_WRITTEN rows: table, file, rows,
     users) and one row with the partition's eligible users (table ""). Each user's rows are in one
     partition, so the sums over partitions are the tables' sizes."""
     writers: dict[str, object] = {}
@@ -441,7 +441,7 @@ def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: 
                 if piece.num_rows == 0:
                     continue
                 if name not in writers:
-                    writers[name] = staged[name].open_part(part, INTERACTIONS)
+                    writers[name] = staged[name].open_part(part, INTERACTIONS.with_metadata(USERS_TOGETHER))  # whole users, in order
                 writers[name].write_table(piece.cast(INTERACTIONS))
                 rows[name] += piece.num_rows
                 users[name] += int(pc.count_distinct(piece["user_id"]).as_py())
@@ -488,7 +488,7 @@ def commit_split(rule: SplitRule, staged: dict[str, storage.StagedWrite], writte
         mine = [record for record in records if record["table"] == name]
         files = [record["name"] for record in mine]
         if not files:  # an empty table: one file with the schema (no task wrote part 0)
-            files = [staged[name].write_part(0, INTERACTIONS.empty_table())]
+            files = [staged[name].write_part(0, INTERACTIONS.with_metadata(USERS_TOGETHER).empty_table())]
         staged[name].commit(files, sum(record["rows"] for record in mine))
         sizes[name] = {"rows": sum(record["rows"] for record in mine), "users": sum(record["users"] for record in mine)}
     return sizes, eligible

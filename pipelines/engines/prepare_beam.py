@@ -33,6 +33,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.data import splits
+from pipelines.data.chunks import users_together
 from pipelines.engines.beam_stats import ReadTable
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
@@ -178,10 +179,12 @@ class BeamEngine:
         staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
         def write(index: int, file: str) -> Iterator[list]:
-            written = write_centred_parts(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, confidence_alpha)
+            written = write_centred_parts(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, confidence_alpha,
+                                          together)
             yield from ([k, *part] for k, part in enumerate(written) if part is not None)
 
         files = list(enumerate(storage.table_files(train)))
+        together = users_together(train)  # each file whole users in order (the split's parts): so is each part written from one
         written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write))
         for k, (table, _) in enumerate(staged):
             mine = [(name, count) for output, name, count in written if output == k]

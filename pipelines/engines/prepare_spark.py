@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.data import splits
-from pipelines.data.chunks import complete_users
-from pipelines.engines.spark import forward_storage_settings, readable_tables
+from pipelines.data.chunks import complete_users, users_together
+from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import write_centred_parts
 from schemas import storage
@@ -124,19 +124,26 @@ class SparkEngine:
     def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
                       confidence_alpha: float | None = None) -> None:
         """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
-        the items it keeps), a part per input partition."""
+        the items it keeps), a part per input partition; from a table whose files hold whole users
+        in order (the split's), a part per file, which then holds whole users in order too."""
         from pyspark import TaskContext
 
         staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
-        def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            written = write_centred_parts(batches, staged, TaskContext.get().partitionId(), mean, protocol, confidence_alpha)
+        def write(batches: Iterator[pa.RecordBatch], part: int, together: bool = False) -> Iterator[pa.RecordBatch]:
+            written = write_centred_parts(batches, staged, part, mean, protocol, confidence_alpha, together)
             found = [(k, *part) for k, part in enumerate(written) if part is not None]
             if found:
                 yield pa.record_batch(dict(zip(("output", "name", "rows"), map(list, zip(*found)))))
 
-        with readable_tables(self.spark, train) as (files,):
-            written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(write, "output long, " + WRITTEN_DDL).collect()
+        ddl = "output long, " + WRITTEN_DDL
+        if users_together(train):
+            written = per_file(self.spark, storage.table_files(train),
+                               lambda index, file: write(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), index, True), ddl)
+        else:
+            with readable_tables(self.spark, train) as (files,):
+                written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(
+                    lambda batches: write(batches, TaskContext.get().partitionId()), ddl).collect()
         for k, (table, _) in enumerate(staged):
             mine = [row for row in written if row["output"] == k]
             table.commit([row["name"] for row in mine] or [table.write_part(0, INTERACTIONS.empty_table())], sum(row["rows"] for row in mine))  # no task wrote part 0

@@ -208,6 +208,22 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
         yield files
 
 
+def per_file(spark, files: list[str], task, ddl: str) -> list:
+    """A job of one Python task per file: `task(index, file)` (record batches of `ddl`) reads the
+    file itself (schemas.storage: local paths and gs:// alike), with no shuffle of its rows;
+    returns the collected rows."""
+    if not files:
+        return []
+    forward_storage_settings(spark)
+
+    def run(batches):
+        for batch in batches:
+            for index, file in zip(batch.column("index").to_pylist(), batch.column("file").to_pylist()):
+                yield from task(index, file)
+
+    return spark.createDataFrame(list(enumerate(files)), "index int, file string").repartition(len(files)).mapInArrow(run, ddl).collect()
+
+
 @contextmanager
 def task_errors_raised_here() -> Iterator[None]:
     """A ValueError raised in a Python task of the block's jobs (a row the job refuses) is raised

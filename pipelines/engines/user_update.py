@@ -3,7 +3,8 @@
 Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k rows (weighted-lambda
 ALS), with the item embeddings table broadcast to every task; each partition (sorted by user)
 solves its users in batches with numpy (trainer.solve.ridge_solve) and writes its part of the user
-embeddings table, which the driver commits. A run's user-update stage and the command are
+embeddings table, which the driver commits. A table whose files each hold whole users in order (a
+run's centred rows: pipelines.data.chunks.USERS_TOGETHER) is read a file per task, with no shuffle. A run's user-update stage and the command are
 pipelines.training.user_stage.
 
 Privacy: reads private interactions and released item embeddings; the user embeddings it writes
@@ -23,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.base.logs import log
-from pipelines.data.chunks import complete_users
-from pipelines.engines.spark import readable_tables, task_errors_raised_here
+from pipelines.data.chunks import complete_users, sorted_by_user, users_together
+from pipelines.engines.spark import per_file, readable_tables, task_errors_raised_here
 from pipelines.releases.stats_core import LOSSES
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
@@ -119,14 +120,22 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
             raise exc.__context__ from None  # the disk's error, which the CLI reports in one line
         raise
     staged = storage.StagedWrite(out)
+
+    def solve(batches: Iterator[pa.RecordBatch], part: int) -> Iterator[pa.RecordBatch]:
+        return _solve_partition(batches, vectors.value, lambda_u, staged, part, (interactions, item_embeddings), gram, loss == "logistic", bias_ridge,
+                                constant, prior, confidence)
+
     try:
-        with readable_tables(spark, interactions) as (rated_files,), task_errors_raised_here():
-            rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
-            by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
-            written = by_user.mapInArrow(lambda batches: _solve_partition(batches, vectors.value, lambda_u, staged, TaskContext.get().partitionId(),
-                                                                           (interactions, item_embeddings), gram, loss == "logistic", bias_ridge, constant,
-                                                                           prior, confidence),
-                                          WRITTEN_DDL).collect()
+        with task_errors_raised_here():
+            if users_together(interactions):  # each file whole users in order (a run's centred rows): a task per file, no shuffle
+                written = per_file(spark, storage.table_files(interactions),
+                                   lambda index, file: solve(sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id", "label"]), file), index),
+                                   WRITTEN_DDL)
+            else:
+                with readable_tables(spark, interactions) as (rated_files,):
+                    rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
+                    by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
+                    written = by_user.mapInArrow(lambda batches: solve(batches, TaskContext.get().partitionId()), WRITTEN_DDL).collect()
     except BaseException:
         staged.abort([])
         raise

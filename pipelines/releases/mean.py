@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.base import logs
+from pipelines.data.chunks import USERS_TOGETHER
 from pipelines.releases import release
 from privacy import accounting
 from privacy.ledger import Ledger
@@ -96,17 +97,19 @@ def dp_mean(
 
 
 def write_centred_parts(batches: Iterable[pa.RecordBatch], outputs: list[tuple[storage.StagedWrite, np.ndarray | None]], part: int, mean: float,
-                        protocol: str, confidence_alpha: float | None = None) -> list[tuple[str, int] | None]:
+                        protocol: str, confidence_alpha: float | None = None, users_together: bool = False) -> list[tuple[str, int] | None]:
     """`centred` rows of a stream of interaction batches, once, written as part `part` of each
     output (a staged table and the items it keeps: `centred`'s `keep_items`) (an engine's task);
-    per output, (the part's file name, its rows), or None when no row is left."""
+    per output, (the part's file name, its rows), or None when no row is left. `users_together`:
+    the batches are one file's whole users in order, and so is each part (chunks.USERS_TOGETHER)."""
+    schema = INTERACTIONS.with_metadata(USERS_TOGETHER) if users_together else INTERACTIONS
     writers, counts = [None] * len(outputs), [0] * len(outputs)
     for batch in batches:
         every = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, None, confidence_alpha)
         for k, (staged, keep_items) in enumerate(outputs):
             table = kept(every, keep_items)
             if table.num_rows:
-                writers[k] = writers[k] or staged.open_part(part, INTERACTIONS)
+                writers[k] = writers[k] or staged.open_part(part, schema)
                 writers[k].write_table(table)
                 counts[k] += table.num_rows
     for writer in writers:

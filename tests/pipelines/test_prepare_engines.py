@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 
 from pipelines.data import splits
+from pipelines.data.chunks import users_together
 from pipelines.data.datasets import open_dataset, write_dataset
 from pipelines.data.synth import generate
-from pipelines.releases import counts
+from pipelines.releases import counts, mean
 from pipelines.training import prepare, run_dir, settings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -48,6 +49,16 @@ def _dataset(path, table):
     return open_dataset(str(path))
 
 
+def _assert_whole_users_in_order(path):
+    """The table declares chunks.USERS_TOGETHER, and rightly: each file sorted by user, no user in two files."""
+    assert users_together(path)
+    seen = set()
+    for file in storage.table_files(path):
+        users = storage.read_table(file)["user_id"].to_numpy()
+        assert np.all(users[1:] >= users[:-1]) and not seen & set(users.tolist())
+        seen |= set(users.tolist())
+
+
 @pytest.mark.parametrize("protocol, holdout", [("rmse", 0.2), ("recall", 0.2), ("recall", 0.0)])
 def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protocol, holdout):
     data = _dataset(tmp_path / "data", _ratings_with_repeats())
@@ -58,6 +69,11 @@ def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protoc
         expected = storage.read_table(str(tmp_path / "local" / f"{name}.parquet"))
         got = storage.read_table(str(tmp_path / engine.name / f"{name}.parquet"))
         assert got.schema.equals(INTERACTIONS) and _rows(got) == _rows(expected)
+        _assert_whole_users_in_order(str(tmp_path / engine.name / f"{name}.parquet"))
+    centred = str(tmp_path / engine.name / "centred.parquet")  # written a part per file of the split's train: whole users in order too
+    engine.write_centred(str(tmp_path / engine.name / "train.parquet"), [(centred, None)], 3.0, protocol)
+    _assert_whole_users_in_order(centred)
+    assert _rows(storage.read_table(centred)) == _rows(mean.centred(storage.read_table(str(tmp_path / "local" / "train.parquet")), 3.0, protocol, None))
     assert local["sizes"]["train"]["rows"] > 0 and (holdout == 0 or local["sizes"][splits.RATING_PARTS[1] if protocol == "rmse" else "test_targets"]["rows"] > 0)
     if protocol == "recall" and holdout:  # the restriction of held-out rows to training items bit
         unrestricted = splits.split_heldout_users(_ratings_with_repeats(), 11, holdout=holdout, restrict_to_train_items=False)

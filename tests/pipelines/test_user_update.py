@@ -40,3 +40,37 @@ def test_missing_item_embedding_and_bad_lambda(spark, tmp_path):
     with pytest.raises(ValueError, match="--lambda-u must be > 0"):
         user_update.run(spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.0)
     assert not (tmp_path / "u.parquet").exists()
+
+
+def _parts(path, tables, metadata=None):
+    """A committed table of one part per table, each with `metadata` (chunks.USERS_TOGETHER or none)."""
+    staged = storage.StagedWrite(path)
+    staged.commit([staged.write_part(k, table.cast(INTERACTIONS).replace_schema_metadata(metadata)) for k, table in enumerate(tables)],
+                  sum(table.num_rows for table in tables))
+
+
+def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(spark, tmp_path):
+    """A table whose files declare whole users in order is read a file per task (no shuffle): the
+    same embeddings as the shuffled path on the same rows; a declared file out of user order is
+    refused, naming it, and nothing is written."""
+    from pipelines.data.chunks import USERS_TOGETHER
+
+    rng = np.random.default_rng(4)
+    pairs = np.unique(np.c_[rng.integers(1, 60, 800), rng.integers(1, 40, 800)], axis=0)  # sorted by user
+    rows = pa.table({"user_id": pairs[:, 0], "item_id": pairs[:, 1], "label": rng.normal(size=len(pairs)), "timestamp": np.zeros(len(pairs), np.int64)})
+    low = rows.filter(pa.compute.less_equal(rows["user_id"], 30))
+    high = rows.filter(pa.compute.greater(rows["user_id"], 30))
+    storage.write_table(pa.table({"item_id": np.arange(1, 41), "embedding": list(rng.normal(size=(40, 3)))}, schema=ITEM_EMBEDDINGS), str(tmp_path / "v.parquet"))
+    _parts(str(tmp_path / "together.parquet"), [low, high], USERS_TOGETHER)
+    _parts(str(tmp_path / "plain.parquet"), [high, low])
+    solved = {}
+    for name in ("together", "plain"):
+        n, _ = user_update.run(spark, str(tmp_path / f"{name}.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / f"u-{name}.parquet"), 0.5, 3)
+        solved[name] = storage.read_table(str(tmp_path / f"u-{name}.parquet")).sort_by("user_id")
+        assert n == solved[name].num_rows == np.unique(pairs[:, 0]).size
+    np.testing.assert_array_equal(solved["together"]["user_id"].to_numpy(), solved["plain"]["user_id"].to_numpy())
+    np.testing.assert_allclose(np.array(solved["together"]["embedding"].to_pylist()), np.array(solved["plain"]["embedding"].to_pylist()), rtol=1e-10)
+    _parts(str(tmp_path / "unsorted.parquet"), [high, low.take(np.arange(low.num_rows)[::-1])], USERS_TOGETHER)
+    with pytest.raises(ValueError, match=r"part-00001.parquet: its rows are not sorted by user_id"):
+        user_update.run(spark, str(tmp_path / "unsorted.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u-bad.parquet"), 0.5, 3)
+    assert not (tmp_path / "u-bad.parquet").exists()
