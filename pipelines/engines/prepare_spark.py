@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.data import splits
-from pipelines.data.chunks import complete_users, users_together
+from pipelines.data.chunks import complete_users, sorted_by_user, users_together
 from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import write_centred_parts
@@ -85,10 +85,14 @@ class SparkEngine:
 
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates` (rows checked by `check_count_rows`) applied to chunks of complete
-        users (user level: one shuffle by user; example level: the table's own partitions); each
-        task returns its nonzero counts and its number of units, which the driver adds up: the same
-        numbers."""
+        users (user level: one shuffle by user, or a task per file of a table whose files hold whole
+        users in order, the split's train; example level: the table's own partitions); each task
+        returns its nonzero counts and its number of units, which the driver adds up: the same
+        numbers. A user's sample of at most K items is drawn once, so without the shuffle each file
+        also returns its users, and a user found in two files is refused."""
         size = catalog.size  # the row at this position carries a task's number of units
+        if unit == "user" and users_together(interactions):
+            return self._count_aggregates_per_file(interactions, catalog, max_items_per_user, key)
 
         def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             totals, units = np.zeros(size, dtype=np.int64), 0
@@ -104,6 +108,30 @@ class SparkEngine:
             found = rows.mapInArrow(aggregate, "position long, count long").toArrow()
         totals = np.bincount(found["position"].to_numpy(), weights=found["count"].to_numpy(), minlength=size + 1)
         return totals[:size], int(totals[size])
+
+    def _count_aggregates_per_file(self, interactions: str, catalog: np.ndarray, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+        """`count_aggregates` at user level, a task per file of whole users in order (no shuffle)."""
+        def aggregate(index: int, file: str) -> Iterator[pa.RecordBatch]:
+            totals, units, users = np.zeros(catalog.size, dtype=np.int64), 0, []
+            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id"]), file)):
+                ids = chunk["user_id"].to_numpy()
+                exact, found = exact_aggregates(ids, chunk["item_id"].to_numpy(), catalog, "user", max_items_per_user, key)
+                totals += exact.astype(np.int64)
+                units += found
+                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
+            positions = np.flatnonzero(totals)
+            ids = np.concatenate(users) if users else np.zeros(0, np.int64)
+            yield pa.record_batch({"position": np.r_[positions, catalog.size], "count": np.r_[totals[positions], units],
+                                   "user": pa.nulls(positions.size + 1, pa.int64())})
+            yield pa.record_batch({"position": pa.nulls(ids.size, pa.int64()), "count": pa.nulls(ids.size, pa.int64()), "user": ids})
+
+        found = per_file(self.spark, storage.table_files(interactions), aggregate, "position long, count long, user long")
+        users = found.filter(found["user"].is_valid())["user"].to_numpy()
+        if np.unique(users).size != users.size:
+            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; the counts would sample the user twice")
+        sums = found.filter(found["position"].is_valid())
+        totals = np.bincount(sums["position"].to_numpy(), weights=sums["count"].to_numpy(), minlength=catalog.size + 1)
+        return totals[: catalog.size], int(totals[catalog.size])
 
     def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
         """`mean.weighted_sums`: per-user sums on the executors, two numbers to the driver."""
@@ -139,7 +167,7 @@ class SparkEngine:
         ddl = "output long, " + WRITTEN_DDL
         if users_together(train):
             written = per_file(self.spark, storage.table_files(train),
-                               lambda index, file: write(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), index, True), ddl)
+                               lambda index, file: write(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), index, True), ddl).to_pylist()
         else:
             with readable_tables(self.spark, train) as (files,):
                 written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import pyarrow as pa
+
 from schemas import storage
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -208,12 +210,12 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
         yield files
 
 
-def per_file(spark, files: list[str], task, ddl: str) -> list:
+def per_file(spark, files: list[str], task, ddl: str) -> pa.Table:
     """A job of one Python task per file: `task(index, file)` (record batches of `ddl`) reads the
     file itself (schemas.storage: local paths and gs:// alike), with no shuffle of its rows;
-    returns the collected rows."""
+    returns what the tasks yielded, as one Arrow table."""
     if not files:
-        return []
+        return spark.createDataFrame([], ddl).toArrow()
     forward_storage_settings(spark)
 
     def run(batches):
@@ -221,7 +223,7 @@ def per_file(spark, files: list[str], task, ddl: str) -> list:
             for index, file in zip(batch.column("index").to_pylist(), batch.column("file").to_pylist()):
                 yield from task(index, file)
 
-    return spark.createDataFrame(list(enumerate(files)), "index int, file string").repartition(len(files)).mapInArrow(run, ddl).collect()
+    return spark.createDataFrame(list(enumerate(files)), "index int, file string").repartition(len(files)).mapInArrow(run, ddl).toArrow()
 
 
 @contextmanager

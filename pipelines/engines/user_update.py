@@ -130,7 +130,7 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
             if users_together(interactions):  # each file whole users in order (a run's centred rows): a task per file, no shuffle
                 written = per_file(spark, storage.table_files(interactions),
                                    lambda index, file: solve(sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id", "label"]), file), index),
-                                   WRITTEN_DDL)
+                                   WRITTEN_DDL).to_pylist()
             else:
                 with readable_tables(spark, interactions) as (rated_files,):
                     rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")

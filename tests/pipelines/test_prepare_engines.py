@@ -93,6 +93,27 @@ def test_the_count_aggregates_on_an_engine_are_the_in_process_ones(engine, tmp_p
     assert expected[1] == (60 if unit == "user" else table.num_rows) and expected[0].sum() == (3 * 60 if unit == "user" else table.num_rows)
 
 
+def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_two_files_is_refused(spark, tmp_path):
+    """Spark reads a table whose files declare whole users in order a file per task (no shuffle):
+    the same counts; a user whose rows are in two such files would have two samples of K items, so
+    that table is refused."""
+    from pipelines.data.chunks import USERS_TOGETHER
+    from pipelines.engines.prepare_spark import SparkEngine
+
+    table = _ratings_with_repeats().sort_by([("user_id", "ascending")])
+    catalog = np.unique(table["item_id"].to_numpy())
+    expected = counts.exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, "user", 3, key=12345)
+    start = int(np.searchsorted(table["user_id"].to_numpy(), np.unique(table["user_id"].to_numpy())[20]))  # the 21st user's first row
+    for name, edges in (("whole", [0, start, table.num_rows]), ("torn", [0, start + 2, table.num_rows])):  # torn: that user's rows in both files
+        staged = storage.StagedWrite(str(tmp_path / f"{name}.parquet"))
+        staged.commit([staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER)) for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))],
+                      table.num_rows)
+    got = SparkEngine(spark).count_aggregates(str(tmp_path / "whole.parquet"), catalog, "user", 3, 12345)
+    assert np.array_equal(got[0], expected[0]) and got[1] == expected[1] == 60
+    with pytest.raises(ValueError, match="a user's rows are in two of its files"):
+        SparkEngine(spark).count_aggregates(str(tmp_path / "torn.parquet"), catalog, "user", 3, 12345)
+
+
 def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing(engine, tmp_path):
     table = _ratings_with_repeats().slice(0, 30)
     data = _dataset(tmp_path / "data", table.set_column(2, INTERACTIONS.field("label"), pa.array(np.ones(30))))  # no label above 3.5
