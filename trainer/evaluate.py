@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.ids import IdIndex
 from trainer import metrics
 from trainer.solve import logistic_solve, ridge_solve
 
@@ -25,7 +26,8 @@ BUCKETS = 5
 def popularity_buckets(catalog: np.ndarray, train_items: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
     """Bucket (0 = least popular) of every catalog item: equal-size groups by training count."""
     catalog = np.asarray(catalog)
-    counts = np.bincount(np.searchsorted(np.sort(catalog), train_items), minlength=catalog.size)[np.argsort(np.argsort(catalog))]
+    at, found = IdIndex(np.sort(catalog)).lookup(train_items)
+    counts = np.bincount(at[found], minlength=catalog.size)[np.argsort(np.argsort(catalog))]
     order = np.lexsort((catalog, counts))  # ascending popularity, ties by id
     bucket = np.empty(catalog.size, np.int64)
     bucket[order] = np.arange(catalog.size) * buckets // max(catalog.size, 1)
@@ -44,9 +46,7 @@ def rmse_report(predictions: np.ndarray, labels: np.ndarray, item_buckets: np.nd
 def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range) -> np.ndarray:
     """u_k . v_j + mean for each (user, catalog position), the mean alone for unknown users."""
     known_users, user_vectors = user_table
-    index = np.searchsorted(known_users, user_ids)
-    index = np.minimum(index, max(known_users.size - 1, 0))
-    known = (known_users.size > 0) & (known_users[index] == user_ids) if known_users.size else np.zeros(len(user_ids), bool)
+    index, known = IdIndex(known_users).lookup(user_ids)
     scores = np.full(len(user_ids), mean, dtype=np.float64)
     scores[known] += np.einsum("nd,nd->n", user_vectors[index[known]], item_vectors[positions[known]])
     return np.clip(scores, *rating_range)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
+from schemas.ids import IdIndex
 from schemas.tables import item_features, NUMERIC, validate_items
 
 ITEM_ID_FAMILY = "item_id"
@@ -77,20 +78,20 @@ class FeatureSpace:
         return int(self.item_ids.size)
 
     @cached_property
-    def _order(self) -> np.ndarray:
-        """The catalog positions in item id order (computed once: index_of runs per minibatch)."""
-        return np.argsort(self.item_ids, kind="stable")
+    def _index(self) -> tuple[IdIndex, np.ndarray]:
+        """(the ids in order, as an IdIndex; the catalog position of each), built once: index_of runs
+        per minibatch and per evaluated row."""
+        order = np.argsort(self.item_ids, kind="stable")
+        return IdIndex(self.item_ids[order]), order
 
     def index_of(self, item_ids: np.ndarray) -> np.ndarray:
         """Positions of catalog items in this space; raises for an item not in the catalog."""
-        order = self._order
+        index, order = self._index
         item_ids = np.asarray(item_ids)
-        pos = np.searchsorted(self.item_ids, item_ids, sorter=order)
-        pos = np.minimum(pos, self.size - 1)
-        found = self.item_ids[order[pos]] == item_ids
+        at, found = index.lookup(item_ids)
         if not np.all(found):
             raise ValueError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
-        return order[pos]
+        return order[at]
 
 
 def _numeric_family(name: str, column: pa.ChunkedArray) -> Family:

@@ -98,8 +98,9 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
         metrics["no_heldout_data"] = "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
         return metrics
     if config.protocol == "rmse":
-        users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim).sort_by("user_id")
-        user_table = (users["user_id"].to_numpy(), list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding"))
+        users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim)
+        order = np.argsort(users["user_id"].to_numpy(), kind="stable")  # the matrix reordered in numpy: Arrow's sort of a list column took 0.7 s at 10^6 users
+        user_table = (users["user_id"].to_numpy()[order], list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding")[order])
         for part in ("valid", "test"):
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
             positions = space.index_of(rows["item_id"].to_numpy())

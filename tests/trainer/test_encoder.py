@@ -73,3 +73,12 @@ def test_bad_uses_are_refused():
         ItemEncoder(space, dim=3, family_dim=2).init_principal(WEIGHTS)
     with pytest.raises(ValueError, match="only the features encoder"):
         ItemEncoder(space, dim=2, kind="id").init_principal(WEIGHTS)
+
+
+@pytest.mark.parametrize("ids", [[30, 10, 50, 20, 40], [3 << 60, -5, 7, 2**62, 0]])
+def test_index_of_gives_catalog_positions_and_refuses_an_unknown_item(ids):
+    """Dense ids (a position table) and sparse ones (a binary search), in catalog order, not sorted."""
+    space = FeatureSpace.from_items(ITEMS.set_column(0, "item_id", pa.array(ids, pa.int64())))
+    assert space.index_of(np.array([ids[3], ids[0], ids[3], ids[4]])).tolist() == [3, 0, 3, 4]
+    with pytest.raises(ValueError, match="item 99 is not in the catalog the encoder was built for"):
+        space.index_of(np.array([ids[1], 99]))
