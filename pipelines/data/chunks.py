@@ -18,16 +18,15 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from schemas import storage
+
 DEFAULT_CHUNK_ROWS = 262_144
 USERS_TOGETHER = {b"ssp.users_together": b"1"}  # a file's Parquet metadata: it holds whole users, sorted by user_id
 
 
 def users_together(path: str) -> bool:
     """Whether every file of the table at `path` declares USERS_TOGETHER."""
-    from schemas import storage
-
-    return all(all((storage.read_schema(file).metadata or {}).get(key) == value for key, value in USERS_TOGETHER.items())
-               for file in storage.table_files(path))
+    return all(USERS_TOGETHER.items() <= (storage.read_schema(file).metadata or {}).items() for file in storage.table_files(path))
 
 
 def sorted_by_user(batches: Iterable[pa.RecordBatch], source: str) -> Iterator[pa.RecordBatch]:

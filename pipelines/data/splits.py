@@ -427,9 +427,10 @@ def train_items_of(batches: Iterable[pa.RecordBatch], rule: SplitRule) -> Iterat
 def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: dict[str, storage.StagedWrite], part: int,
                     train_items: np.ndarray | None) -> Iterator[pa.RecordBatch]:
     """Split one partition of rows sorted by user, complete users at a time, writing part `part` of
-    each table through `staged` (each part holds whole users in order: chunks.USERS_TOGETHER); yields what was written (SPLIT_WRITTEN rows: table, file, rows,
-    users) and one row with the partition's eligible users (table ""). Each user's rows are in one
-    partition, so the sums over partitions are the tables' sizes."""
+    each table through `staged` (so each part holds whole users in order: chunks.USERS_TOGETHER);
+    yields what was written (SPLIT_WRITTEN rows: table, file, rows, users) and one row with the
+    partition's eligible users (table ""). Each user's rows are in one partition, so the sums over
+    partitions are the tables' sizes."""
     writers: dict[str, object] = {}
     rows = dict.fromkeys(rule.parts, 0)
     users = dict.fromkeys(rule.parts, 0)

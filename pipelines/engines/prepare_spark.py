@@ -158,8 +158,8 @@ class SparkEngine:
 
         staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
-        def write(batches: Iterator[pa.RecordBatch], part: int, together: bool = False) -> Iterator[pa.RecordBatch]:
-            written = write_centred_parts(batches, staged, part, mean, protocol, confidence_alpha, together)
+        def write(batches: Iterator[pa.RecordBatch], index: int, together: bool = False) -> Iterator[pa.RecordBatch]:
+            written = write_centred_parts(batches, staged, index, mean, protocol, confidence_alpha, together)
             found = [(k, *part) for k, part in enumerate(written) if part is not None]
             if found:
                 yield pa.record_batch(dict(zip(("output", "name", "rows"), map(list, zip(*found)))))

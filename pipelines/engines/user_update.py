@@ -4,8 +4,8 @@ Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k ro
 ALS), with the item embeddings table broadcast to every task; each partition (sorted by user)
 solves its users in batches with numpy (trainer.solve.ridge_solve) and writes its part of the user
 embeddings table, which the driver commits. A table whose files each hold whole users in order (a
-run's centred rows: pipelines.data.chunks.USERS_TOGETHER) is read a file per task, with no shuffle. A run's user-update stage and the command are
-pipelines.training.user_stage.
+run's centred rows: pipelines.data.chunks.USERS_TOGETHER) is read a file per task, with no
+shuffle. A run's user-update stage and the command are pipelines.training.user_stage.
 
 Privacy: reads private interactions and released item embeddings; the user embeddings it writes
 are private (they stay in the run directory and only ever enter the stats job, which clips them).
