@@ -31,6 +31,18 @@ if not LOGGER.handlers:
     LOGGER.propagate = False
 
 
+class _BeamBigQueryNote(logging.Filter):
+    """Beam's first import logs on the root logger that its optional BigQuery client (apitools) is
+    missing: this project reads no BigQuery, so the line only alarms (every Beam run printed it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.getMessage().startswith("apitools not found"))
+
+
+if not any(isinstance(f, _BeamBigQueryNote) for f in logging.getLogger().filters):
+    logging.getLogger().addFilter(_BeamBigQueryNote())
+
+
 def configure(verbosity: int) -> None:
     """-1 (`-q`): warnings only; 0: progress; 1 or more (`-v`): details too. gcsfs logs a traceback
     at every retry of a gs:// request, and py4j its connections' teardown after Ctrl-C: shown with -v only
