@@ -33,13 +33,6 @@ import scipy.sparse
 from privacy import noise
 from privacy.clipping import check_bound, clip_labels, row_scales
 
-# Groups with at least this many rows get one GEMM each; smaller ones are padded to the next bucket
-# width and multiplied as stacks of small matrices (a Python call per tail item would dominate).
-GEMM_MIN_ROWS = 128
-_BUCKET_WIDTHS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 127)  # small groups are padded up to one of these
-_STACK_GROUPS = 1024
-
-
 def packed_size(d: int) -> int:
     """Entries in the packed upper triangle of a d x d matrix."""
     return d * (d + 1) // 2
@@ -122,55 +115,48 @@ def grouped_sums(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     the packed sum of x x^T and the sum of s x. Returns (sorted unique keys, a_upper, b).
 
     Both are blocks of the key's Gram matrix sum z z^T. Rows are grouped through a stable sort of
-    the keys (skipped when they are already sorted); each row is read once: large groups are one
-    GEMM each (z_g^T z_g), small groups are zero-padded to a bucket width and multiplied as stacks.
-    Within a key, rows are summed in their given order. Cost O(rows d^2), no per-row Python.
+    the keys (skipped when they are already sorted) and read where they lie, once, by the compiled
+    kernel (privacy.grouped_gram): no per-row Python, no copy of the rows. Within a key the
+    additions follow the rows' given order, so the same rows give the same bits.
     """
     keys = np.asarray(keys)
     z = np.asarray(rows, dtype=np.float64)
     if z.ndim != 2 or z.shape[1] < 2 or keys.shape != (z.shape[0],):
         raise ValueError(f"keys {keys.shape} and kernel rows {z.shape} do not line up (rows are [x, s]: n x (d+1), d >= 1)")
-    n, d = z.shape[0], z.shape[1] - 1
+    return weighted_grouped_sums(keys, z, d=z.shape[1] - 1)
+
+
+def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndarray | None = None, weights: np.ndarray | None = None,
+                          labels: np.ndarray | None = None, d: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key, sum w_i x_i x_i^T (packed) and sum w_i l_i x_i over the rows i with that key, where
+    x_i = vectors[source[i], :d] (a row of a shared table: every row of a user may point to the
+    user's one clipped vector; default: source[i] = i), w_i = weights[i] (default 1) and l_i = labels[i] (default: the
+    column d of vectors). Returns (sorted unique keys, a_upper, b); see `grouped_sums`."""
+    from privacy import grouped_gram  # numba: imported on the first sums
+
+    keys = np.asarray(keys)
+    d = np.shape(vectors)[1] - (labels is None) if d is None else d
+    n = keys.size
+    for name, values in (("row sources", source), ("weights", weights), ("labels", labels)):
+        if values is not None and np.shape(values) != keys.shape:
+            raise ValueError(f"{name} {np.shape(values)} do not match the keys {keys.shape}")
+    if weights is not None and n and (not np.all(np.isfinite(weights)) or np.min(weights) < 0):
+        raise ValueError("weights must be finite and non-negative")
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
     in_order = bool(np.all(keys[1:] >= keys[:-1]))
-    order = np.arange(n) if in_order else stable_argsort(keys)
-    sorted_keys = keys[order]
+    order = None if in_order else stable_argsort(keys)
+    sorted_keys = keys if in_order else keys[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    a = np.empty((starts.size, packed_size(d)))
-    b = np.empty((starts.size, d))
-    a_at, b_at = _gram_positions(d)
-    for g in np.flatnonzero(sizes >= GEMM_MIN_ROWS):  # sorted rows: a view, no copy
-        block = z[starts[g] : starts[g] + sizes[g]] if in_order else np.take(z, order[starts[g] : starts[g] + sizes[g]], axis=0)
-        gram = (block.T @ block).ravel()
-        a[g], b[g] = gram[a_at], gram[b_at]
-    small = np.flatnonzero(sizes < GEMM_MIN_ROWS)
-    grams = np.empty((_STACK_GROUPS, d + 1, d + 1))
-    low = 0
-    for width in _BUCKET_WIDTHS:
-        bucket = small[(sizes[small] <= width) & (sizes[small] > low)]
-        low = width
-        offsets = np.arange(width)
-        for first in range(0, bucket.size, _STACK_GROUPS):
-            groups = bucket[first : first + _STACK_GROUPS]
-            inside = offsets < sizes[groups, None]  # (groups, width): real rows, the rest is padding
-            stack = np.take(z, order[np.where(inside, starts[groups, None] + offsets, 0)], axis=0)
-            stack *= inside[..., None]
-            out = grams[: groups.size]
-            np.matmul(stack.transpose(0, 2, 1), stack, out=out)
-            flat = out.reshape(groups.size, (d + 1) ** 2)
-            a[groups] = np.take(flat, a_at, axis=1)
-            b[groups] = np.take(flat, b_at, axis=1)
+    if source is None:
+        source = np.arange(n) if order is None else order
+    elif order is not None:
+        source = np.asarray(source, dtype=np.int64)[order]
+    if order is not None:
+        weights = None if weights is None else np.asarray(weights, dtype=np.float64)[order]
+        labels = None if labels is None else np.asarray(labels, dtype=np.float64)[order]
+    a, b = grouped_gram.grouped_gram(np.r_[starts, n], source, vectors, d, weights, labels)
     return sorted_keys[starts], a, b
-
-
-@lru_cache(maxsize=16)
-def _gram_positions(d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions, in a flattened (d+1) x (d+1) Gram matrix of kernel rows, of A's packed upper
-    triangle and of b (the last column's first d entries)."""
-    rows, cols = upper_indices(d)
-    return rows * (d + 1) + cols, np.arange(d) * (d + 1) + d
 
 
 def reduce_by_key(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

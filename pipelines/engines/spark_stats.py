@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipelines.engines.spark import forward_storage_settings
 from pipelines.releases import stats_job
-from pipelines.releases.stats_core import release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table, user_contributions
+from pipelines.releases.stats_core import clipped_users, item_sums, release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table
 from privacy import accumulator, quadratic
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -49,6 +49,7 @@ ROWS_PER_PARTITION = 2_000_000  # rows per reduce task, at most on average: its 
 
 
 _last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
+_last_clipped: dict = {}  # the user vectors clipped last, by digest and settings
 
 
 def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
@@ -63,6 +64,17 @@ def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id"
             _last_vectors.clear()
         _last_vectors[digest] = (IdIndex(ids[order]), list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order])
     return _last_vectors[digest]
+
+
+def clipped_vectors(digest: str, vectors: np.ndarray, settings) -> tuple[np.ndarray, np.ndarray | None]:
+    """stats_core.clipped_users of the user embeddings with content digest `digest`; a worker's
+    next task of the same release reuses them (the last one is kept)."""
+    key = (digest, settings)
+    if key not in _last_clipped:
+        _last_clipped.clear()
+        _last_clipped[key] = clipped_users(vectors, settings)
+    return _last_clipped[key]
+
 
 
 def read_and_pack(units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
@@ -131,6 +143,7 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
     owners, vectors = embedding_vectors(*embeddings, settings.user_dim) if rated.size or expansion else (None, None)
+    clipped = clipped_vectors(embeddings[1], vectors, settings) if rated.size and not expansion else None
     negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
@@ -145,9 +158,8 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
                     kernel += time.perf_counter() - started
                 elif part.stop > part.start:
                     started = time.perf_counter()
-                    keys, sums_a, sums_b = accumulator.grouped_sums(*user_contributions(
-                        users[part], rated[part], labels[part], vectors[owners.positions(users[part], "user embedding")], counts[part], settings,
-                        None if normalisers is None else normalisers[part]))
+                    keys, sums_a, sums_b = item_sums(users[part], rated[part], labels[part], clipped, owners.positions(users[part], "user embedding"),
+                                                     counts[part], settings, None if normalisers is None else normalisers[part])
                     kernel += time.perf_counter() - started
                 else:  # no rows: noise only
                     keys, sums_a, sums_b = group[:0], np.zeros((0, accumulator.packed_size(settings.dim))), np.zeros((0, settings.dim))

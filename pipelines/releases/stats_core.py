@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from privacy import accumulator, quadratic
-from privacy.clipping import biased_row_clip, check_bound, row_scales
+from privacy.clipping import biased_row_clip, check_bound, clip_labels, row_scales
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas.arrays import matrix_to_list_column
@@ -119,19 +119,52 @@ def user_contributions(
     scales the row's weight inside the user's normalised budget (privacy.weights), and the label
     itself is 1, a positive. The normalisers must then be computed with the same confidences.
     """
+    weights, labels = row_weights(user_ids, labels, counts, settings, normalisers)
+    if settings.bias:
+        embeddings, user_biases = biased_user_rows(embeddings, settings)
+        labels = labels - user_biases
+    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
+
+
+def item_sums(
+    user_ids: np.ndarray, item_ids: np.ndarray, labels: np.ndarray, users: tuple[np.ndarray, np.ndarray | None], user_rows: np.ndarray,
+    counts: np.ndarray, settings: StatsSettings, normalisers: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted items, a_upper, b): the sums of `user_contributions`' rows per item, read from one
+    clipped vector per user (`clipped_users`: `users`, row i's user at position user_rows[i]) instead
+    of a copy of it per row (privacy.accumulator.weighted_grouped_sums); the same math."""
+    weights, labels = row_weights(user_ids, labels, counts, settings, normalisers)
+    vectors, offsets = users
+    if offsets is not None:
+        labels = labels - offsets[user_rows]
+    return accumulator.weighted_grouped_sums(item_ids, vectors, user_rows, weights, clip_labels(labels, settings.clip_y))
+
+
+def clipped_users(embeddings: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray | None]:
+    """(each user's vector as the statistics read it, clipped to `noise_clips()[0]`; the users' biases,
+    which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`)."""
+    offsets = None
+    if settings.bias:
+        embeddings, offsets = biased_user_rows(embeddings, settings)
+    vectors = np.asarray(embeddings, dtype=np.float64)
+    return vectors * row_scales(vectors, settings.noise_clips()[0])[:, None], offsets
+
+
+def row_weights(user_ids: np.ndarray, labels: np.ndarray, counts: np.ndarray, settings: StatsSettings,
+                normalisers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's weight, its label) as `user_contributions` describes: with confidences the label
+    becomes the weight's factor and the label 1."""
     confidence = None
+    labels = np.asarray(labels, dtype=np.float64)
     if settings.confidence:
-        confidence, labels = np.asarray(labels, dtype=np.float64), np.ones(len(labels))
+        confidence, labels = labels, np.ones(len(labels))
     if settings.unit == "example":
-        weights = example_level_weights(len(item_ids)) * (1.0 if confidence is None else confidence)
+        weights = example_level_weights(len(labels)) * (1.0 if confidence is None else confidence)
     elif normalisers is None:
         weights = user_level_weights(user_ids, counts, settings.wbar, settings.weight_exponent, confidence)
     else:
         weights = weights_from_normalisers(counts, normalisers, settings.wbar, settings.weight_exponent, confidence)
-    if settings.bias:
-        embeddings, user_biases = biased_user_rows(embeddings, settings)
-        labels = np.asarray(labels, dtype=np.float64) - user_biases
-    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
+    return weights, labels
 
 
 def biased_user_rows(vectors: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray]:

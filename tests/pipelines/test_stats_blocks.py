@@ -59,3 +59,32 @@ def test_groups_cover_items_and_rows_in_order_within_the_limits(rows_per_item, c
         if group is not groups[-1][0]:  # greedy: the next item would have broken a limit
             following = items[np.searchsorted(items, group[-1]) + 1]
             assert group.size == per_group or (part.stop - part.start) + np.count_nonzero(rated == following) > chunk
+
+
+@settings(max_examples=25, deadline=None)
+@given(bias=st.sampled_from([0.0, 0.5]), unit=st.sampled_from(["user", "example"]), confidence=st.booleans(),
+       given_normalisers=st.booleans(), seed=st.integers(0, 2**31))
+def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(bias, unit, confidence, given_normalisers, seed):
+    # the Spark task's path (each user's vector clipped once, rows pointing into it) gives the sums
+    # of user_contributions' per-row kernel rows, for every kind of release
+    from pipelines.releases.stats_core import clipped_users, item_sums, StatsSettings, user_contributions
+    from privacy import accumulator
+    from privacy.weights import user_normalisers
+
+    rng = np.random.default_rng(seed)
+    users, n = 9, 60
+    settings_ = StatsSettings(3, clip_u=0.8, clip_y=2.0, unit=unit, bias=bias, confidence=confidence)
+    vectors = rng.normal(size=(users, settings_.user_dim)) * 2  # some above the clip
+    user_rows = rng.integers(0, users, n)
+    user_ids, item_ids = user_rows * 10 + 3, rng.integers(0, 7, n)
+    labels = rng.uniform(0.5, 3.0, n) if confidence else rng.normal(size=n) * 3
+    counts = rng.uniform(1, 50, n)
+    normalisers = None
+    if given_normalisers and unit == "user":
+        known, sums = user_normalisers(user_ids, counts, settings_.weight_exponent, confidence=labels if confidence else None)
+        normalisers = sums[np.searchsorted(known, user_ids)]
+    got = item_sums(user_ids, item_ids, labels, clipped_users(vectors, settings_), user_rows, counts, settings_, normalisers)
+    want = accumulator.grouped_sums(*user_contributions(user_ids, item_ids, labels, vectors[user_rows], counts, settings_, normalisers))
+    np.testing.assert_array_equal(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from privacy import accumulator as acc
+from privacy import grouped_gram
 from privacy.noise import add_noise, granularity, standard_normal
 from privacy.weights import user_level_weights
 
@@ -78,11 +79,11 @@ def sizes_data(sizes, d, seed):
 
 
 def test_grouped_sums_all_sizes_1_to_300_unsorted_and_sorted():
-    # sizes 1..300: every power-of-two bucket of the stacked path (1, 2, 3-4, ..., 65-127 in the
-    # 128 bucket) and the GEMM path from GEMM_MIN_ROWS = 128 on
-    assert acc.GEMM_MIN_ROWS == 128
+    # sizes 1..300: the compiled kernel's rank-one loop below GEMM_ROWS = 8 and its BLAS path from
+    # there on; d = 11 rows are not whole cache lines, so the prefetch runs past row ends
+    assert grouped_gram.GEMM_ROWS == 8
     sizes = np.arange(1, 301)
-    keys, rows = sizes_data(sizes, 3, 0)
+    keys, rows = sizes_data(sizes, 11, 0)
     perm = np.random.default_rng(1).permutation(keys.size)
     check_against_naive(keys[perm], rows[perm])  # unsorted: sorted inside
     order = np.argsort(keys, kind="stable")
@@ -97,9 +98,9 @@ def test_grouped_sums_single_bucket_sizes(size):
     check_against_naive(keys[perm], rows[perm])
 
 
-def test_grouped_sums_more_small_groups_than_one_stack():
-    # more than _STACK_GROUPS groups in one bucket: the stack loop runs in several chunks
-    sizes = np.r_[np.ones(2500, dtype=int), np.full(1100, 2), np.full(30, 70)]
+def test_grouped_sums_many_small_groups_between_large_ones():
+    # the Gram of a small group is reset between groups, also after a BLAS group
+    sizes = np.r_[np.ones(2500, dtype=int), np.full(1100, 2), np.full(30, 70), np.full(300, 9), np.full(300, 7)]
     keys, rows = sizes_data(sizes, 2, 7)
     perm = np.random.default_rng(2).permutation(keys.size)
     check_against_naive(keys[perm], rows[perm])
@@ -115,6 +116,42 @@ def test_grouped_sums_property(sizes, d, seed):
     keys, rows = sizes_data(np.array(sizes), d, seed)
     perm = np.random.default_rng(seed).permutation(keys.size)
     check_against_naive(keys[perm], rows[perm])
+
+
+def test_weighted_grouped_sums_by_hand():
+    # rows point into a table of two user vectors; item 5 gets user 0 twice (weights 0.5, 2) and
+    # user 1 once (weight 1): A = 2.5 u0 u0^T + u1 u1^T, b = 0.5*1*u0 + 2*(-1)*u0 + 1*3*u1
+    table = np.array([[1.0, 2.0], [0.0, -1.0]])
+    keys, a, b = acc.weighted_grouped_sums(np.array([5, 9, 5, 5]), table, np.array([0, 1, 0, 1]),
+                                           np.array([0.5, 4.0, 2.0, 1.0]), np.array([1.0, 2.0, -1.0, 3.0]))
+    assert keys.tolist() == [5, 9]
+    u0, u1 = table
+    np.testing.assert_allclose(a[0], acc.pack_upper(2.5 * np.outer(u0, u0) + np.outer(u1, u1)))
+    np.testing.assert_allclose(b[0], 0.5 * u0 - 2.0 * u0 + 3.0 * u1)
+    np.testing.assert_allclose(a[1], acc.pack_upper(4.0 * np.outer(u1, u1)))
+    np.testing.assert_allclose(b[1], 8.0 * u1)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 90), min_size=1, max_size=8), d=st.integers(1, 12), seed=st.integers(0, 2**31))
+def test_weighted_grouped_sums_equal_the_augmented_rows(sizes, d, seed):
+    # a shared table with weights and labels gives the sums of the rows [sqrt(w) x, sqrt(w) l]
+    rng = np.random.default_rng(seed)
+    keys = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    table = rng.normal(size=(7, d))
+    source, weights, labels = rng.integers(0, 7, keys.size), rng.uniform(0, 2, keys.size), rng.normal(size=keys.size)
+    got = acc.weighted_grouped_sums(keys, table, source, weights, labels)
+    root = np.sqrt(weights)
+    want = acc.grouped_sums(keys, acc.augment(table[source] * root[:, None], root * labels))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_weighted_grouped_sums_refuse_a_source_outside_the_table():
+    with pytest.raises(ValueError, match="row sources"):
+        acc.weighted_grouped_sums(np.array([1, 2]), np.ones((2, 3)), np.array([0, 2]), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="weights"):
+        acc.weighted_grouped_sums(np.array([1, 2]), np.ones((2, 3)), np.array([0, 1]), np.ones(3), np.ones(2))
 
 
 def test_grouped_sums_empty_input():
