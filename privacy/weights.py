@@ -55,10 +55,19 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     _check(1.0, exponent, counts)
     if known_users is None:
         users, group = np.unique(user_ids, return_inverse=True)
-    else:
-        group = IdIndex(known_users).positions(user_ids, "user")
-        present = np.bincount(group, minlength=known_users.size) > 0
-        users, group = known_users[present], np.cumsum(present)[group] - 1
+        return users, np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=users.size)
+    return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), counts, known_users, exponent, confidence)
+
+
+def normalisers_at(positions: np.ndarray, row_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT,
+                   confidence: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`user_normalisers` of rows whose users are given by their positions in `known_users` (sorted):
+    for a caller that has looked them up already."""
+    counts = np.asarray(row_counts, dtype=np.float64)
+    _check(1.0, exponent, counts)
+    present = np.bincount(positions, minlength=known_users.size) > 0
+    group = np.cumsum(present)[positions] - 1
+    users = known_users[present]
     return users, np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=users.size)
 
 

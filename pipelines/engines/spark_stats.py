@@ -233,19 +233,36 @@ def decode_rows(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return users, items, labels.view(np.float64)
 
 
-_partition_keys: dict[int, np.ndarray] = {}  # by partition count: Spark's hash is the same in every session
+def spark_int_hash(values: np.ndarray) -> np.ndarray:
+    """Spark SQL's `hash` of int (32-bit) values: Murmur3 x86_32 of each value with seed 42, as a
+    signed int (org.apache.spark.unsafe.hash.Murmur3_x86_32.hashInt), vectorised."""
+    def rotl(x, r):
+        return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+    with np.errstate(over="ignore"):
+        k = np.asarray(values, dtype=np.int32).view(np.uint32) * np.uint32(0xCC9E2D51)
+        k = rotl(k, 15) * np.uint32(0x1B873593)
+        h = rotl(np.uint32(42) ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+        h ^= np.uint32(4)  # the length in bytes
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h.view(np.int32)
 
 
-def partition_keys(spark, partitions: int) -> np.ndarray:
-    """For each k < partitions, an int key that Spark's hash partitioning (pmod of the SQL `hash`,
-    as `repartition(n, column)` does) sends to partition k. Were the mapping ever different, the
-    job would stay correct (a task handles whatever shards it gets), only less balanced. Found with
-    one small Spark query, once per partition count."""
-    if partitions not in _partition_keys:
-        candidates = spark.range(0, 64 * partitions).selectExpr("cast(id as int) as key", f"pmod(hash(cast(id as int)), {partitions}) as shard")
-        found = {row["shard"]: row["key"] for row in candidates.groupBy("shard").min("key").withColumnRenamed("min(key)", "key").collect()}
-        _partition_keys[partitions] = np.array([found.get(k, k) for k in range(partitions)], dtype=np.int32)
-    return _partition_keys[partitions]
+def partition_keys(partitions: int) -> np.ndarray:
+    """For each k < partitions, the smallest non-negative int key that Spark's hash partitioning
+    (pmod of the SQL `hash`, as `repartition(n, column)` does) sends to partition k, computed here
+    (`spark_int_hash`) rather than asked of Spark with a query. Were the mapping ever different, the
+    job would stay correct (a task handles whatever shards it gets), only less balanced."""
+    candidates = np.arange(64 * partitions, dtype=np.int32)
+    shard = spark_int_hash(candidates).astype(np.int64) % partitions  # Python's % of a negative hash is Java's pmod
+    keys = np.arange(partitions, dtype=np.int32)  # a partition no candidate reaches (never seen) keeps its own number
+    first = np.unique(shard, return_index=True)
+    keys[first[0]] = candidates[first[1]]
+    return keys
 
 
 def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) -> Iterator[pa.RecordBatch]:
@@ -275,7 +292,7 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
     shards = max(job.shards, needed)
     tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
-    keys = partition_keys(spark, tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
+    keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
     embeddings = (job.user_embeddings, job.digests["user_embeddings"])
     expansion = (job.expansion, job.digests["expansion"]) if job.expansion else None
     forward_storage_settings(spark)

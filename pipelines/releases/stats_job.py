@@ -36,7 +36,7 @@ from pipelines.releases.stats_core import StatsSettings
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
 from privacy.seeds import SeedFile
-from privacy.weights import user_normalisers
+from privacy.weights import normalisers_at
 from schemas import SchemaError, storage
 from schemas.ids import IdIndex
 from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_item_embeddings, validate_user_embeddings
@@ -180,8 +180,7 @@ class StatsJob:
         if (self.settings.unit == "user" or self.settings.loss == "logistic") and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
             user_at, item_at = np.divmod(keys, self.catalog.size)
             confidence = np.concatenate(confidences) if self.settings.confidence else None  # in the order of `keys`
-            self.normalisers = user_normalisers(known_users[user_at], self.catalog_counts[item_at], self.settings.weight_exponent, known_users,
-                                                confidence)
+            self.normalisers = normalisers_at(user_at, self.catalog_counts[item_at], known_users, self.settings.weight_exponent, confidence)
         digests = {
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,

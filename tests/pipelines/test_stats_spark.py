@@ -37,6 +37,19 @@ def read_stats(path):
     return table["item_id"].to_pylist(), np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist()), d
 
 
+def test_partition_keys_are_computed_as_spark_hashes_them(spark):
+    # Spark's own hash of ints (negative, zero, large) is ours, and each key of partition_keys(n)
+    # lands in partition k when Spark repartitions by it
+    values = np.r_[np.arange(-300, 300), [2**31 - 1, -(2**31), 123456789, -987654321]].astype(np.int32)
+    frame = spark.createDataFrame([(int(v),) for v in values], "v int")
+    got = {row["v"]: row["h"] for row in frame.selectExpr("v", "hash(v) as h").collect()}
+    np.testing.assert_array_equal(stats.spark_int_hash(values), [got[int(v)] for v in values])
+    for partitions in (1, 2, 3, 8, 13):
+        keys = stats.partition_keys(partitions)
+        placed = spark.createDataFrame([(int(k),) for k in keys], "key int").repartition(partitions, "key").selectExpr("key", "spark_partition_id() as p")
+        assert {row["key"]: row["p"] for row in placed.collect()} == {int(k): p for p, k in enumerate(keys)}
+
+
 def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
     paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
     summary = stats.run(make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=0.0)), spark)

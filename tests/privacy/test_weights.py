@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, user_normalisers
+from privacy.weights import DEFAULT_EXPONENT, example_level_weights, normalisers_at, user_level_weights, user_normalisers
 
 
 def test_default_exponent_is_minus_a_quarter():
@@ -137,3 +137,5 @@ def test_normalisers_with_known_users_equal_the_sorting_path():
     assert known_users.tolist() == expected_users.tolist() == [10, 20, 30]
     # by hand, n^(2e) = n^(-1/2): user 10: 1/4 + 1/2; user 20: 1/3; user 30: 1/2 + 1 + 1/4
     assert np.allclose(expected, [0.75, 1 / 3, 1.75]) and np.array_equal(known, expected)
+    at_users, at = normalisers_at(np.array([4, 1, 4, 2, 1, 4]), counts, np.array([5, 10, 20, 25, 30]))  # the same rows by position
+    assert at_users.tolist() == [10, 20, 30] and np.array_equal(at, expected)
