@@ -35,6 +35,7 @@ from contextlib import contextmanager, suppress
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import fsspec  # noqa: E402
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.fs as pafs  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -204,20 +205,28 @@ class StagedWrite:
         fs.invalidate_cache()
 
 
+def _run_end(values: np.ndarray, start: int, value) -> int:
+    """The first position from `start` on whose value differs from `value` (or the end)."""
+    differ = np.flatnonzero(values[start:] != value)
+    return start + int(differ[0]) if differ.size else values.size
+
+
 class TableWriter:
     """Streams record batches into a new table at `path`; nothing is visible until `commit()`.
 
     Use as a context manager: leaving the block normally commits, an exception discards the
     written files. `rows_per_file` rolls over to a new part file, so huge tables are split into
-    files that readers (and Spark) can take in parallel.
+    files that readers (and Spark) can take in parallel. With `together` (a column), a file rolls
+    over only where that column's value changes: rows sharing a value (a user's) stay in one file.
     """
 
-    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE):
-        self.path, self.schema, self.rows_per_file = path.rstrip("/"), schema, rows_per_file
+    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE, together: str | None = None):
+        self.path, self.schema, self.rows_per_file, self.together = path.rstrip("/"), schema, rows_per_file, together
         self._staged = StagedWrite(self.path)
         self._files: list[str] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
+        self._last = None  # the `together` value of the last row written
         self.rows = 0
         self._sealed = self._done = False
 
@@ -233,14 +242,27 @@ class TableWriter:
         if not data.schema.equals(self.schema, check_metadata=False):
             raise ValueError(f"{self.path}: batch schema {data.schema} does not match table schema {self.schema}")
         table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        values = table[self.together].to_numpy() if self.together and table.num_rows else None
         start = 0
         while start < table.num_rows or self._writer is None:
-            if self._writer is None or self._rows_in_file >= self.rows_per_file:
+            if self._writer is None:
                 self._open_next_file()
-            take = min(table.num_rows - start, self.rows_per_file - self._rows_in_file)
+            room = self.rows_per_file - self._rows_in_file
+            if room <= 0 and (values is None or values[start] != self._last):
+                self._open_next_file()
+                room = self.rows_per_file
+            if values is None:
+                take = min(table.num_rows - start, room)
+            elif room <= 0:  # the file is full but its last value runs on: its rows first
+                take = _run_end(values, start, self._last) - start
+            else:  # as many rows as fit, and the rest of the value at the cut
+                end = min(table.num_rows, start + room)
+                take = (_run_end(values, end, values[end - 1]) if end < table.num_rows else end) - start
             if take <= 0:
                 break
             self._writer.write_table(table.slice(start, take).replace_schema_metadata(self.schema.metadata))
+            if values is not None:
+                self._last = values[start + take - 1]
             self._rows_in_file += take
             self.rows += take
             start += take
@@ -549,6 +571,23 @@ def row_groups(path: str) -> list[tuple[str, int, int]]:
             metadata = pq.ParquetFile(handle).metadata
         units += [(_url(fs, inner), group, metadata.row_group(group).num_rows) for group in range(metadata.num_row_groups)]
     return units
+
+
+def value_range(file: str, column: str) -> tuple[int, int] | None:
+    """(smallest, largest) value of an integer column of one data file, from its row groups'
+    Parquet statistics (no rows read); None when a row group has no statistics for it."""
+    fs, inner = filesystem(file)
+    with _reading(file), _arrow_fs(fs).open_input_file(inner) as handle:
+        metadata = pq.ParquetFile(handle).metadata
+    at = metadata.schema.to_arrow_schema().get_field_index(column)
+    lows, highs = [], []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(at).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else None
 
 
 def iter_row_group(file: str, group: int, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:

@@ -33,6 +33,22 @@ SPLIT_DDL = "table string, name string, rows long, users long, eligible long"
 INTERACTION_COLUMNS = ("user_id", "item_id", "label", "timestamp")
 
 
+def files_of_whole_users(interactions: str) -> list[str] | None:
+    """The table's files when each declares whole users in order (chunks.USERS_TOGETHER, checked
+    as it is read) and their user_id ranges (Parquet statistics) do not overlap, so that no user
+    is in two files; else None (the rows are then shuffled by user)."""
+    if not users_together(interactions):
+        return None
+    files = storage.table_files(interactions)
+    ranges = [storage.value_range(file, "user_id") for file in files]
+    if any(span is None for span in ranges):
+        return None
+    bounds = sorted(span for span in ranges)
+    if any(high >= low for (_, high), (low, _) in zip(bounds, bounds[1:])):
+        return None
+    return files
+
+
 class SparkEngine:
     """The prepare stage's engine methods (`splits.make_split`, `counts.dp_counts`, `mean.dp_mean`,
     `train.prepare`) on a Spark session."""
@@ -51,6 +67,10 @@ class SparkEngine:
         from pyspark import TaskContext
 
         staged = {name: storage.StagedWrite(storage.join(out, f"{name}.parquet")) for name in rule.parts}
+        user_files = files_of_whole_users(interactions)
+        if user_files:
+            with splits.discarded_on_failure(staged):
+                return self._split_per_file(interactions, user_files, rule, staged)
         with splits.discarded_on_failure(staged), readable_tables(self.spark, interactions) as (files,):
             by_user = self._by_user(files)
             train_items = None
@@ -60,6 +80,18 @@ class SparkEngine:
             written = by_user.mapInArrow(lambda batches: splits.split_partition(batches, rule, staged, TaskContext.get().partitionId(), train_items),
                                          SPLIT_DDL).collect()
         return splits.commit_split(rule, staged, pa.Table.from_pylist([row.asDict() for row in written], schema=splits.SPLIT_WRITTEN), interactions)
+
+    def _split_per_file(self, interactions: str, files: list[str], rule: splits.SplitRule, staged: dict) -> tuple[dict, int]:
+        """`split` with a task per file of whole users (`files_of_whole_users`): no shuffle by user."""
+        def rows_of(file: str) -> Iterator[pa.RecordBatch]:
+            return sorted_by_user(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), file)
+
+        train_items = None
+        if rule.needs_train_items:
+            found = per_file(self.spark, files, lambda index, file: splits.train_items_of(rows_of(file), rule), "item_id long")
+            train_items = np.unique(found["item_id"].to_numpy())
+        written = per_file(self.spark, files, lambda index, file: splits.split_partition(rows_of(file), rule, staged, index, train_items), SPLIT_DDL)
+        return splits.commit_split(rule, staged, written.cast(splits.SPLIT_WRITTEN), interactions)
 
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
         """`counts.read_rows`'s refusals, with its messages: each row group of the table is read and

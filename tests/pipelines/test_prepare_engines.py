@@ -114,6 +114,32 @@ def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_t
         SparkEngine(spark).count_aggregates(str(tmp_path / "torn.parquet"), catalog, "user", 3, 12345)
 
 
+@pytest.mark.parametrize("protocol", ["rmse", "recall"])
+def test_a_split_of_files_of_whole_users_takes_a_file_per_task_and_gives_the_same_tables(spark, tmp_path, protocol):
+    """Spark splits a table whose files declare whole users in order, with disjoint user ranges, a
+    file per task (no shuffle): the in-process tables. Files whose ranges overlap (a user could be
+    in two) are shuffled by user as any table: the same tables again."""
+    from pipelines.data.chunks import USERS_TOGETHER
+    from pipelines.engines.prepare_spark import files_of_whole_users, SparkEngine
+
+    table = _ratings_with_repeats().sort_by([("user_id", "ascending")])
+    data = _dataset(tmp_path / "data", table)
+    local = splits.make_split(data, protocol, str(tmp_path / "local"), seed=11, holdout=0.2)
+    users = table["user_id"].to_numpy()
+    cut = [0, int(np.searchsorted(users, np.unique(users)[20])), int(np.searchsorted(users, np.unique(users)[41])), table.num_rows]
+    whole = [table.slice(a, b - a) for a, b in zip(cut[:-1], cut[1:])]
+    overlapping = [pa.concat_tables([whole[0], whole[2]]), whole[1]]  # each file whole users in order, but the first file's range holds the second's
+    for layout, pieces in (("whole", whole), ("overlapping", overlapping)):
+        staged = storage.StagedWrite(data.interactions)
+        staged.commit([staged.write_part(k, piece.replace_schema_metadata(USERS_TOGETHER)) for k, piece in enumerate(pieces)], table.num_rows)
+        assert (files_of_whole_users(data.interactions) is not None) == (layout == "whole")
+        got = splits.make_split(data, protocol, str(tmp_path / layout), seed=11, holdout=0.2, engine=SparkEngine(spark))
+        assert got == local
+        for name in local["sizes"]:
+            assert _rows(storage.read_table(str(tmp_path / layout / f"{name}.parquet"))) == _rows(storage.read_table(str(tmp_path / "local" / f"{name}.parquet")))
+            _assert_whole_users_in_order(str(tmp_path / layout / f"{name}.parquet"))
+
+
 def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing(engine, tmp_path):
     table = _ratings_with_repeats().slice(0, 30)
     data = _dataset(tmp_path / "data", table.set_column(2, INTERACTIONS.field("label"), pa.array(np.ones(30))))  # no label above 3.5

@@ -16,7 +16,7 @@ import pytest
 from pipelines.data import synth, synth_movielens
 from pipelines.data.datasets import open_dataset
 from schemas.storage import read_table
-from schemas.tables import item_features, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
+from schemas.tables import INTERACTIONS, item_features, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
 
 N, M, K = 2000, 300, 30  # the shared data set: 60,000 ratings
 
@@ -365,13 +365,13 @@ def _record_batches(monkeypatch, measure) -> list:
     seen = []
     real = synth.write_dataset
 
-    def spy(out, items, batches, manifest):
+    def spy(out, items, batches, manifest, **options):
         def recorded():
             for batch in batches:
                 seen.append(measure(batch))
                 yield batch
 
-        return real(out, items, recorded(), manifest)
+        return real(out, items, recorded(), manifest, **options)
 
     monkeypatch.setattr(synth, "write_dataset", spy)
     return seen
@@ -652,3 +652,18 @@ def test_cli_like_movielens(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "200 users" in out and f"{synth_movielens.catalog_size(200):,} items" in out
     assert open_dataset(str(tmp_path / "d")).manifest["generator"]["like"] == "movielens"
+
+
+def test_synthetic_interactions_declare_whole_users_in_order(tmp_path):
+    # both generators stream users in order: the files say so (a split then needs no shuffle), and
+    # a stream announced as sorted that goes back is refused
+    from pipelines.data.chunks import users_together
+    from pipelines.data.datasets import write_dataset
+
+    for data in (synth.generate(str(tmp_path / "ideal"), 200, 50, 5), synth.generate(str(tmp_path / "ml"), 200, like="movielens")):
+        users = read_table(data.interactions)["user_id"].to_numpy()
+        assert users_together(data.interactions) and np.all(users[1:] >= users[:-1])
+    items = read_table(data.items)
+    backwards = pa.table({"user_id": [2, 1], "item_id": items["item_id"].to_numpy()[:2], "label": [1.0, 2.0], "timestamp": [0, 0]}, schema=INTERACTIONS)
+    with pytest.raises(ValueError, match="user_id goes back"):
+        write_dataset(str(tmp_path / "back"), items, backwards.to_batches(), {"source": "test"}, users_sorted=True)

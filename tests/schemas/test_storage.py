@@ -3,8 +3,11 @@
 import os
 import posixpath
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas import storage
 
@@ -62,6 +65,31 @@ def test_rows_roll_over_into_part_files(tmp_path):
     assert sorted(os.listdir(path)) == ["_SUCCESS", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet", "part-00003.parquet"]
     assert storage.read_table(path)["a"].to_pylist() == list(range(10))
     assert sum(b.num_rows for b in storage.iter_batches(path, batch_size=2)) == 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=25), rows_per_file=st.integers(1, 12), cuts=st.lists(st.integers(0, 200), max_size=4))
+def test_rows_of_one_value_stay_in_one_file(tmp_path_factory, sizes, rows_per_file, cuts):
+    # together="user_id": files roll over only between users, and exceed rows_per_file only by the
+    # rest of the user at the cut, however the rows arrive in batches
+    path = str(tmp_path_factory.mktemp("t") / "t.parquet")
+    users = np.repeat(np.arange(len(sizes)), sizes)
+    edges = [0, *sorted(c % (users.size + 1) for c in cuts), users.size]
+    with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=rows_per_file, together="user_id") as writer:
+        for a, b in zip(edges[:-1], edges[1:]):
+            writer.write(pa.table({"user_id": users[a:b]}))
+    parts = [storage.read_table(file)["user_id"].to_numpy() for file in storage.table_files(path)]
+    assert np.array_equal(np.concatenate(parts), users)
+    for part, after in zip(parts, parts[1:]):
+        assert part[-1] != after[0]
+    for part in parts:
+        assert np.all(part[rows_per_file - 1 :] == part[min(rows_per_file, part.size) - 1])
+
+
+def test_value_range_comes_from_the_statistics(tmp_path):
+    path = str(tmp_path / "t.parquet")
+    storage.write_table(pa.table({"user_id": [7, -3, 12, 5], "x": [1.0, 2.0, 3.0, 4.0]}), path)
+    assert storage.value_range(storage.table_files(path)[0], "user_id") == (-3, 12)
 
 
 def test_failed_write_publishes_nothing_and_keeps_old_table(tmp_path):
