@@ -26,6 +26,7 @@ from pipelines.engines.spark import forward_storage_settings, per_file, readable
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import write_centred_parts
 from schemas import storage
+from schemas.ids import IdIndex
 from schemas.tables import INTERACTIONS
 
 WRITTEN_DDL = "name string, rows long"
@@ -103,10 +104,11 @@ class SparkEngine:
         work = self.spark.createDataFrame([(file, group) for file, group, _ in units], "file string, row_group int")
 
         def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            known = IdIndex(catalog)
             for batch in batches:
                 for file, group in zip(batch.column("file").to_pylist(), batch.column("row_group").to_pylist()):
                     for rows in storage.iter_row_group(file, group):
-                        problem = row_problem(rows, catalog)
+                        problem = row_problem(rows, known)
                         if problem:
                             yield pa.record_batch({"problem": [problem]})
                             return

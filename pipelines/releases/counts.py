@@ -35,6 +35,7 @@ from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import mix64
 from schemas import storage
+from schemas.ids import IdIndex
 from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
 
 COUNTS_TABLE = "counts.parquet"
@@ -88,15 +89,17 @@ def read_rows(interactions: str, catalog: np.ndarray) -> tuple[np.ndarray, np.nd
     return users, rated
 
 
-def row_problem(batch: pa.RecordBatch, catalog: np.ndarray) -> str | None:
+def row_problem(batch: pa.RecordBatch, catalog: np.ndarray | IdIndex) -> str | None:
     """What `read_rows` refuses in one batch of interactions, as its message; None when it is fine.
-    The engines check their tables batch by batch with it, so they refuse with the same words."""
+    The engines check their tables batch by batch with it, so they refuse with the same words.
+    `catalog`: the sorted catalog ids, or their IdIndex (a task checking many batches builds it once)."""
     try:
         table = validate_interactions(pa.Table.from_batches([batch]))
     except ValueError as exc:
         return str(exc)
-    unknown = np.setdiff1d(table["item_id"].to_numpy(), catalog)
-    return f"interactions refer to items missing from the catalog (e.g. {unknown[0]})" if unknown.size else None
+    ids = table["item_id"].to_numpy()
+    _, known = (catalog if isinstance(catalog, IdIndex) else IdIndex(catalog)).lookup(ids)
+    return None if known.all() else f"interactions refer to items missing from the catalog (e.g. {np.sort(ids[~known])[0]})"
 
 
 def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
