@@ -106,15 +106,32 @@ def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, 
     """(exact count of every catalog item, exact number of units): user level, each distinct
     (user, item) once and each user's keyed sample of at most K items (a repeated rating must not
     add twice, or a user's count vector could move by K in one coordinate instead of sqrt(K) in L2
-    norm); example level, every row. Private: they are only ever noised."""
-    if unit == "user":
-        order = np.lexsort((rated, users))  # the distinct pairs in (user, item) order; np.unique(axis=0) took 2.5x as long
-        users, rated = users[order], rated[order]
-        first = np.r_[True, (users[1:] != users[:-1]) | (rated[1:] != rated[:-1])] if users.size else np.zeros(0, bool)
-        users, rated = users[first], rated[first]
-        rated = rated[sampled_rows(users, rated, max_items_per_user, key)]
-    units = np.unique(users).size if unit == "user" else users.size
-    return np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size).astype(np.float64), int(units)
+    norm); example level, every row. Private: they are only ever noised. Rows must be of catalog
+    items (the engines check them first)."""
+    users, rated = np.asarray(users), np.asarray(rated)
+    positions = IdIndex(catalog).lookup(rated)[0]
+    if unit != "user":
+        return np.bincount(positions, minlength=catalog.size).astype(np.float64), int(users.size)
+    if users.size and np.all(users[1:] >= users[:-1]):  # complete users in order, as the engines' chunks come: no sort
+        first = np.r_[True, users[1:] != users[:-1]]
+        distinct, group = users[first], np.cumsum(first) - 1
+    else:
+        distinct, group = np.unique(users, return_inverse=True)
+    pairs = np.unique(group.astype(np.int64) * catalog.size + positions)  # the distinct pairs, in (user, item) order
+    group, positions = np.divmod(pairs, catalog.size)
+    keep = _sampled(distinct[group], catalog[positions], group, max_items_per_user, key)
+    return np.bincount(positions[keep], minlength=catalog.size).astype(np.float64), int(np.unique(group[keep]).size)
+
+
+def _sampled(user_ids: np.ndarray, item_ids: np.ndarray, group: np.ndarray, max_items: int, key: int) -> np.ndarray:
+    """`sampled_rows` as a mask, for distinct pairs in (user, item) order with each user's group
+    index: only the rows of users with more than `max_items` items are ranked (the rest are kept whole)."""
+    keep = np.ones(group.size, dtype=bool)
+    over = np.flatnonzero((np.bincount(group) > max_items)[group]) if group.size else group[:0]
+    if over.size:
+        keep[over] = False
+        keep[over[sampled_rows(user_ids[over], item_ids[over], max_items, key)]] = True
+    return keep
 
 
 def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -> None:

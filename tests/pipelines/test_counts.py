@@ -3,8 +3,10 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipelines.releases.counts import dp_counts, sampled_rows
+from pipelines.releases.counts import dp_counts, exact_aggregates, sampled_rows, sampling_hash
 from pipelines.releases.release import PrivacySettings
 from privacy.ledger import Ledger
 from schemas import storage
@@ -48,6 +50,26 @@ def test_sampling_keeps_at_most_k_rows_per_user_uniformly():
     assert not np.array_equal(kept, sampled_rows(users, items, 3, key=54321))
     reversed_kept = sampled_rows(users[::-1].copy(), items[::-1].copy(), 3, key=12345)
     assert set(zip(users[kept], items[kept])) == set(zip(users[::-1][reversed_kept], items[::-1][reversed_kept]))  # row order is irrelevant
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), k=st.integers(1, 6), sorted_users=st.booleans())
+def test_exact_aggregates_are_the_distinct_pairs_of_each_users_sample(seed, k, sorted_users):
+    # by hand: each distinct (user, item) once; a user with more than K items keeps the K whose
+    # keyed hash ranks lowest; the units are the users; rows in any order (sorted by user or not)
+    rng = np.random.default_rng(seed)
+    catalog = np.unique(rng.integers(-20, 10**9, 12))
+    users = rng.integers(-3, 9, 150) * 10**11
+    users = np.sort(users) if sorted_users else users
+    rated = catalog[rng.integers(0, catalog.size, users.size)]
+    got, units = exact_aggregates(users, rated, catalog, "user", k, key=777)
+    want = np.zeros(catalog.size)
+    for user in np.unique(users):
+        items = np.unique(rated[users == user])
+        ranked = items[np.argsort(sampling_hash(np.full(items.size, user), items, 777), kind="stable")][:k]
+        want[np.searchsorted(catalog, ranked)] += 1
+    assert np.array_equal(got, want) and units == np.unique(users).size
+    assert np.array_equal(exact_aggregates(users, rated, catalog, "example", k, key=777)[0], np.bincount(np.searchsorted(catalog, rated), minlength=catalog.size))
 
 
 def test_noise_scale_and_ledger(tmp_path):
