@@ -24,7 +24,7 @@ from pipelines.data import splits
 from pipelines.data.chunks import complete_users, sorted_by_user, users_together
 from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
-from pipelines.releases.mean import write_centred_parts
+from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from schemas import storage
 from schemas.ids import IdIndex
 from schemas.tables import INTERACTIONS
@@ -171,6 +171,8 @@ class SparkEngine:
         """`mean.weighted_sums`: per-user sums on the executors, two numbers to the driver."""
         from pyspark.sql import functions as F
 
+        if unit == "user" and users_together(interactions):
+            return self._mean_sums_per_file(interactions, rating_range, user_cap)
         low, high = rating_range
         with readable_tables(self.spark, interactions) as (files,):
             rows = self.spark.read.parquet(*files).select("user_id", F.least(F.greatest(F.col("label"), F.lit(low)), F.lit(high)).alias("label"))
@@ -182,6 +184,27 @@ class SparkEngine:
             else:
                 sums = rows.agg(F.sum(middle).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
         return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
+
+    def _mean_sums_per_file(self, interactions: str, rating_range: tuple[float, float], user_cap: float) -> tuple[float, float]:
+        """`mean_sums` at user level, a task per file of whole users in order (no shuffle); a user
+        found in two files would be capped twice, so that table is refused."""
+        def sums(index: int, file: str) -> Iterator[pa.RecordBatch]:
+            total, count, users = 0.0, 0.0, []
+            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=["user_id", "label"]), file)):
+                ids = chunk["user_id"].to_numpy()
+                part_sum, part_count = weighted_sums_of(ids, chunk["label"].to_numpy(), rating_range, "user", user_cap)
+                total, count = total + part_sum, count + part_count
+                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
+            ids = np.concatenate(users) if users else np.zeros(0, np.int64)
+            yield pa.record_batch({"sum": [total], "count": [count], "user": pa.nulls(1, pa.int64())})
+            yield pa.record_batch({"sum": pa.nulls(ids.size, pa.float64()), "count": pa.nulls(ids.size, pa.float64()), "user": ids})
+
+        found = per_file(self.spark, storage.table_files(interactions), sums, "sum double, count double, user long")
+        users = found.filter(found["user"].is_valid())["user"].to_numpy()
+        if np.unique(users).size != users.size:
+            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; the mean would cap the user twice")
+        totals = found.filter(found["sum"].is_valid())
+        return float(np.sum(totals["sum"].to_numpy())), float(np.sum(totals["count"].to_numpy()))
 
     def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
                       confidence_alpha: float | None = None) -> None:

@@ -40,3 +40,19 @@ def test_the_release_on_an_engine_is_the_in_process_one(engine, rows, tmp_path):
         ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / name / "ledger.parquet"), "user")
         released[name] = dp_mean(rows, ledger, SeedFile.create(str(tmp_path / f"seed-{name}"), seed), RANGE, engine=where)
     assert released["engine"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0
+
+
+def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_two_files_is_refused(spark, rows, tmp_path):
+    # Spark sums a table whose files declare whole users in order a file per task (no shuffle);
+    # a user in two such files would be capped twice, so that table is refused
+    from pipelines.data.chunks import USERS_TOGETHER
+    from pipelines.engines.prepare_spark import SparkEngine
+
+    table = storage.read_table(rows)
+    for name, edges in (("whole", [0, 3, 4]), ("torn", [0, 1, 4])):  # torn: user 1's two rows in both files
+        staged = storage.StagedWrite(str(tmp_path / f"{name}.parquet"))
+        staged.commit([staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER)) for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))],
+                      table.num_rows)
+    assert SparkEngine(spark).mean_sums(str(tmp_path / "whole.parquet"), RANGE, "user", 1.0) == pytest.approx(weighted_sums(rows, RANGE, "user", 1.0), rel=1e-12)
+    with pytest.raises(ValueError, match="a user's rows are in two of its files"):
+        SparkEngine(spark).mean_sums(str(tmp_path / "torn.parquet"), RANGE, "user", 1.0)
