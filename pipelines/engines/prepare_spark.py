@@ -145,26 +145,11 @@ class SparkEngine:
 
     def _count_aggregates_per_file(self, interactions: str, catalog: np.ndarray, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
         """`count_aggregates` at user level, a task per file of whole users in order (no shuffle)."""
-        def aggregate(index: int, file: str) -> Iterator[pa.RecordBatch]:
-            totals, units, users = np.zeros(catalog.size, dtype=np.int64), 0, []
-            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id"]), file)):
-                ids = chunk["user_id"].to_numpy()
-                exact, found = exact_aggregates(ids, chunk["item_id"].to_numpy(), catalog, "user", max_items_per_user, key)
-                totals += exact.astype(np.int64)
-                units += found
-                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
-            positions = np.flatnonzero(totals)
-            ids = np.concatenate(users) if users else np.zeros(0, np.int64)
-            yield pa.record_batch({"position": np.r_[positions, catalog.size], "count": np.r_[totals[positions], units],
-                                   "user": pa.nulls(positions.size + 1, pa.int64())})
-            yield pa.record_batch({"position": pa.nulls(ids.size, pa.int64()), "count": pa.nulls(ids.size, pa.int64()), "user": ids})
+        def of_chunk(chunk: pa.Table) -> np.ndarray:
+            exact, found = exact_aggregates(chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, "user", max_items_per_user, key)
+            return np.r_[exact, found]
 
-        found = per_file(self.spark, storage.table_files(interactions), aggregate, "position long, count long, user long")
-        users = found.filter(found["user"].is_valid())["user"].to_numpy()
-        if np.unique(users).size != users.size:
-            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; the counts would sample the user twice")
-        sums = found.filter(found["position"].is_valid())
-        totals = np.bincount(sums["position"].to_numpy(), weights=sums["count"].to_numpy(), minlength=catalog.size + 1)
+        totals = self._sums_per_file(interactions, ["user_id", "item_id"], of_chunk, catalog.size + 1, "the counts would sample the user twice")
         return totals[: catalog.size], int(totals[catalog.size])
 
     def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
@@ -186,25 +171,34 @@ class SparkEngine:
         return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
 
     def _mean_sums_per_file(self, interactions: str, rating_range: tuple[float, float], user_cap: float) -> tuple[float, float]:
-        """`mean_sums` at user level, a task per file of whole users in order (no shuffle); a user
-        found in two files would be capped twice, so that table is refused."""
-        def sums(index: int, file: str) -> Iterator[pa.RecordBatch]:
-            total, count, users = 0.0, 0.0, []
-            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=["user_id", "label"]), file)):
+        """`mean_sums` at user level, a task per file of whole users in order (no shuffle)."""
+        def of_chunk(chunk: pa.Table) -> np.ndarray:
+            return np.array(weighted_sums_of(chunk["user_id"].to_numpy(), chunk["label"].to_numpy(), rating_range, "user", user_cap))
+
+        total, count = self._sums_per_file(interactions, ["user_id", "label"], of_chunk, 2, "the mean would cap the user twice")
+        return float(total), float(count)
+
+    def _sums_per_file(self, interactions: str, columns: list[str], of_chunk, width: int, broken: str) -> np.ndarray:
+        """The sum of `of_chunk(chunk)` (`width` numbers) over the chunks of complete users of a table
+        whose files declare whole users in order, a task per file (no shuffle by user). Each task
+        also returns its users, and a user found in two files is refused: `broken` says what its
+        two partial histories would break."""
+        def task(index: int, file: str) -> Iterator[pa.RecordBatch]:
+            total, users = np.zeros(width), []
+            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=columns), file)):
+                total += of_chunk(chunk)
                 ids = chunk["user_id"].to_numpy()
-                part_sum, part_count = weighted_sums_of(ids, chunk["label"].to_numpy(), rating_range, "user", user_cap)
-                total, count = total + part_sum, count + part_count
                 users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
             ids = np.concatenate(users) if users else np.zeros(0, np.int64)
-            yield pa.record_batch({"sum": [total], "count": [count], "user": pa.nulls(1, pa.int64())})
-            yield pa.record_batch({"sum": pa.nulls(ids.size, pa.float64()), "count": pa.nulls(ids.size, pa.float64()), "user": ids})
+            yield pa.record_batch({"at": np.arange(width), "value": total, "user": pa.nulls(width, pa.int64())})
+            yield pa.record_batch({"at": pa.nulls(ids.size, pa.int64()), "value": pa.nulls(ids.size, pa.float64()), "user": ids})
 
-        found = per_file(self.spark, storage.table_files(interactions), sums, "sum double, count double, user long")
+        found = per_file(self.spark, storage.table_files(interactions), task, "at long, value double, user long")
         users = found.filter(found["user"].is_valid())["user"].to_numpy()
         if np.unique(users).size != users.size:
-            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; the mean would cap the user twice")
-        totals = found.filter(found["sum"].is_valid())
-        return float(np.sum(totals["sum"].to_numpy())), float(np.sum(totals["count"].to_numpy()))
+            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}")
+        sums = found.filter(found["at"].is_valid())
+        return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
 
     def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
                       confidence_alpha: float | None = None) -> None:
