@@ -217,23 +217,31 @@ class TableWriter:
     Use as a context manager: leaving the block normally commits, an exception discards the
     written files. `rows_per_file` rolls over to a new part file, so huge tables are split into
     files that readers (and Spark) can take in parallel. With `together` (a column), a file rolls
-    over only where that column's value changes: rows sharing a value (a user's) stay in one file.
+    over only where that column's value changes: rows sharing a value (a user's) stay in one file;
+    and when its values came in order, every file gets the key-value metadata `in_order` (a footer
+    entry, so the files stay open until the table is sealed).
     """
 
-    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE, together: str | None = None):
-        self.path, self.schema, self.rows_per_file, self.together = path.rstrip("/"), schema, rows_per_file, together
+    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE, together: str | None = None,
+                 in_order: dict[bytes, bytes] | None = None):
+        self.path, self.schema, self.rows_per_file, self.together, self.in_order = path.rstrip("/"), schema, rows_per_file, together, in_order
         self._staged = StagedWrite(self.path)
         self._files: list[str] = []
-        self._writer: pq.ParquetWriter | None = None
+        self._writers: list[pq.ParquetWriter] = []
         self._rows_in_file = 0
         self._last = None  # the `together` value of the last row written
+        self._ordered = True  # the `together` values so far never went back
         self.rows = 0
         self._sealed = self._done = False
 
+    @property
+    def _writer(self) -> pq.ParquetWriter | None:
+        return self._writers[-1] if self._writers else None
+
     def _open_next_file(self) -> None:
-        if self._writer is not None:
+        if self._writer is not None and not (self.together and self.in_order):
             self._writer.close()
-        self._writer = self._staged.open_part(len(self._files), self.schema)
+        self._writers.append(self._staged.open_part(len(self._files), self.schema))
         self._files.append(self._staged.part_name(len(self._files)))
         self._rows_in_file = 0
 
@@ -243,6 +251,8 @@ class TableWriter:
             raise ValueError(f"{self.path}: batch schema {data.schema} does not match table schema {self.schema}")
         table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
         values = table[self.together].to_numpy() if self.together and table.num_rows else None
+        if values is not None and self._ordered:
+            self._ordered = bool((self._last is None or values[0] >= self._last) and np.all(values[1:] >= values[:-1]))
         start = 0
         while start < table.num_rows or self._writer is None:
             if self._writer is None:
@@ -278,14 +288,17 @@ class TableWriter:
         """Write everything short of publishing (see `StagedWrite.seal`); `commit()` then publishes."""
         if self._writer is None:
             self._open_next_file()
-        self._writer.close()
+        for writer in self._writers:
+            if self.together and self.in_order and self._ordered:
+                writer.add_key_value_metadata(self.in_order)
+            writer.close()  # closing twice does nothing
         self._staged.seal(self._files, self.rows)
         self._sealed = True
 
     def abort(self) -> None:
         """Discard everything written so far."""
-        if self._writer is not None:
-            self._writer.close()
+        for writer in self._writers:
+            writer.close()
         self._staged.abort(self._files)
         self._done = True
 
@@ -529,6 +542,13 @@ def _reading(file: str) -> Iterator[None]:
         if isinstance(exc, FileNotFoundError):
             raise
         raise DamagedTableError(f"{file} cannot be read as Parquet: {exc}".rstrip()) from None
+
+
+def file_metadata(file: str) -> dict[bytes, bytes]:
+    """The key-value metadata of one data file's Parquet footer (the schema's metadata among it)."""
+    fs, inner = filesystem(file)
+    with _reading(file), _arrow_fs(fs).open_input_file(inner) as handle:
+        return dict(pq.ParquetFile(handle).metadata.metadata or {})
 
 
 def read_schema(path: str) -> pa.Schema:

@@ -26,7 +26,7 @@ USERS_TOGETHER = {b"ssp.users_together": b"1"}  # a file's Parquet metadata: it 
 
 def users_together(path: str) -> bool:
     """Whether every file of the table at `path` declares USERS_TOGETHER."""
-    return all(USERS_TOGETHER.items() <= (storage.read_schema(file).metadata or {}).items() for file in storage.table_files(path))
+    return all(USERS_TOGETHER.items() <= storage.file_metadata(file).items() for file in storage.table_files(path))
 
 
 def sorted_by_user(batches: Iterable[pa.RecordBatch], source: str) -> Iterator[pa.RecordBatch]:

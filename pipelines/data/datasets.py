@@ -102,14 +102,13 @@ def require_dataset_target(out: str) -> None:
     raise ValueError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
 
 
-def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict,
-                  users_sorted: bool = False) -> Dataset:
+def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
     """Validate and write a data set: items, streamed interactions, then the manifest.
 
-    Interactions are validated batch by batch and must refer to catalog items only. With
-    `users_sorted` (a generator that streams its users in user_id order, each whole) the order is
-    checked, no file splits a user, and every file says so (chunks.USERS_TOGETHER): a user-local
-    step (the split) then takes a file per task with no shuffle by user. A data set
+    Interactions are validated batch by batch and must refer to catalog items only. No file splits
+    a user's consecutive rows; when the rows came in user_id order (synth's, MovieLens' ratings
+    files), every file says it holds whole users in order (chunks.USERS_TOGETHER): a user-local step
+    (the split) then takes a file per task with no shuffle by user. A data set
     already in `out` stays whole until the new one is written in full: both tables and the new
     manifest are staged beside it first, and only then swapped in (on a local disk by renames,
     which need no space, so a full disk or a bad row leaves the earlier data set as it was). The
@@ -122,9 +121,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     items = validate_items(items)
     catalog = np.sort(items["item_id"].to_numpy())
     stats = _InteractionStats()
-    interactions = (storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS.with_metadata(USERS_TOGETHER), together="user_id")
-                    if users_sorted else storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS))
-    last_user = None
+    interactions = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS, together="user_id", in_order=USERS_TOGETHER)
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
     try:
         for batch in interaction_batches:
@@ -133,11 +130,6 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
             unknown = ids[~np.isin(ids, catalog)]
             if unknown.size:
                 raise ValueError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
-            if users_sorted and table.num_rows:
-                users = table["user_id"].to_numpy()
-                if (last_user is not None and users[0] < last_user) or np.any(users[1:] < users[:-1]):
-                    raise ValueError("the interactions were announced in user order, but a user_id goes back")
-                last_user = users[-1]
             for part in table.to_batches():
                 stats.add(part)
             interactions.write(table)

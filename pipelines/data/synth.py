@@ -319,7 +319,7 @@ def generate(
     p = popularity(params["items"], params["alpha"], params["seed"])
     manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}, "rating_scale": [MIN_RATING, MAX_RATING]}
     with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
-        return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest, users_sorted=True)
+        return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
 
 def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
@@ -343,7 +343,7 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
         "rating_scale": [MIN_RATING, MAX_RATING],  # the MovieLens scale; this generator's whole stars 1..5 lie within it
     }
     with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
-        return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest, users_sorted=True)
+        return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,6 +86,18 @@ def test_rows_of_one_value_stay_in_one_file(tmp_path_factory, sizes, rows_per_fi
         assert np.all(part[rows_per_file - 1 :] == part[min(rows_per_file, part.size) - 1])
 
 
+def test_files_of_values_in_order_say_so_and_others_do_not(tmp_path):
+    mark = {b"ssp.test": b"1"}
+    for name, users in (("ordered", [1, 1, 2, 3, 3, 3, 4]), ("unordered", [1, 1, 3, 2, 2, 4, 4])):
+        path = str(tmp_path / f"{name}.parquet")
+        with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=2, together="user_id", in_order=mark) as writer:
+            writer.write(pa.table({"user_id": users[:3]}))
+            writer.write(pa.table({"user_id": users[3:]}))
+        files = storage.table_files(path)
+        assert len(files) > 1 and storage.read_table(path)["user_id"].to_pylist() == users
+        assert [mark.items() <= storage.file_metadata(file).items() for file in files] == [name == "ordered"] * len(files)
+
+
 def test_value_range_comes_from_the_statistics(tmp_path):
     path = str(tmp_path / "t.parquet")
     storage.write_table(pa.table({"user_id": [7, -3, 12, 5], "x": [1.0, 2.0, 3.0, 4.0]}), path)
