@@ -42,6 +42,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 SUCCESS = "_SUCCESS"
 DEFAULT_ROWS_PER_FILE = 5_000_000
+MAX_FILES_HELD_OPEN = 64  # TableWriter(in_order=...): files kept open for their footer's declaration, at most
 
 
 class MissingTableError(FileNotFoundError):
@@ -219,7 +220,8 @@ class TableWriter:
     files that readers (and Spark) can take in parallel. With `together` (a column), a file rolls
     over only where that column's value changes: rows sharing a value (a user's) stay in one file;
     and when its values came in order, every file gets the key-value metadata `in_order` (a footer
-    entry, so the files stay open until the table is sealed).
+    entry, so the files stay open until the table is sealed; a table of more than
+    MAX_FILES_HELD_OPEN files goes without it).
     """
 
     def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE, together: str | None = None,
@@ -239,7 +241,9 @@ class TableWriter:
         return self._writers[-1] if self._writers else None
 
     def _open_next_file(self) -> None:
-        if self._writer is not None and not (self.together and self.in_order):
+        if len(self._writers) >= MAX_FILES_HELD_OPEN:  # a bound on the writers (and their upload buffers) held open: no declaration then
+            self._ordered = False
+        if self._writer is not None and not (self.together and self.in_order and self._ordered):
             self._writer.close()
         self._writers.append(self._staged.open_part(len(self._files), self.schema))
         self._files.append(self._staged.part_name(len(self._files)))

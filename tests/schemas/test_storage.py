@@ -96,6 +96,11 @@ def test_files_of_values_in_order_say_so_and_others_do_not(tmp_path):
         files = storage.table_files(path)
         assert len(files) > 1 and storage.read_table(path)["user_id"].to_pylist() == users
         assert [mark.items() <= storage.file_metadata(file).items() for file in files] == [name == "ordered"] * len(files)
+    path = str(tmp_path / "many.parquet")  # more files than are held open: ordered, but undeclared
+    with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=1, together="user_id", in_order=mark) as writer:
+        writer.write(pa.table({"user_id": list(range(storage.MAX_FILES_HELD_OPEN + 1))}))
+    files = storage.table_files(path)
+    assert len(files) == storage.MAX_FILES_HELD_OPEN + 1 and not any(mark.items() <= storage.file_metadata(file).items() for file in files)
 
 
 def test_value_range_comes_from_the_statistics(tmp_path):
