@@ -96,12 +96,18 @@ def augment(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     return rows
 
 
-def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> np.ndarray:
-    """Clip and weight rows into kernel rows [x_i, s_i]: x_i = sqrt(w_i) Clip(u_i) and
-    s_i = sqrt(w_i) Clip(y_i), so that A_j = sum x_i x_i^T and b_j = sum s_i x_i = sum w_i Clip(y_i) Clip(u_i)."""
+def _checked_weights(w: np.ndarray) -> np.ndarray:
+    """Row weights as float64, refused unless finite and non-negative (they bound a user's contribution)."""
     w = np.asarray(w, dtype=np.float64)
     if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
         raise ValueError("weights must be finite and non-negative")
+    return w
+
+
+def prepare_rows(u: np.ndarray, y: np.ndarray, w: np.ndarray, clip_u: float, clip_y: float) -> np.ndarray:
+    """Clip and weight rows into kernel rows [x_i, s_i]: x_i = sqrt(w_i) Clip(u_i) and
+    s_i = sqrt(w_i) Clip(y_i), so that A_j = sum x_i x_i^T and b_j = sum s_i x_i = sum w_i Clip(y_i) Clip(u_i)."""
+    w = _checked_weights(w)
     u = np.asarray(u, dtype=np.float64)
     root_w = np.sqrt(w)
     rows = np.empty((u.shape[0], u.shape[1] + 1))
@@ -140,8 +146,8 @@ def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndar
     for name, values in (("row sources", source), ("weights", weights), ("labels", labels)):
         if values is not None and np.shape(values) != keys.shape:
             raise ValueError(f"{name} {np.shape(values)} do not match the keys {keys.shape}")
-    if weights is not None and n and (not np.all(np.isfinite(weights)) or np.min(weights) < 0):
-        raise ValueError("weights must be finite and non-negative")
+    if weights is not None:
+        weights = _checked_weights(weights)
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
     in_order = bool(np.all(keys[1:] >= keys[:-1]))
@@ -153,7 +159,7 @@ def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndar
     elif order is not None:
         source = np.asarray(source, dtype=np.int64)[order]
     if order is not None:
-        weights = None if weights is None else np.asarray(weights, dtype=np.float64)[order]
+        weights = None if weights is None else weights[order]
         labels = None if labels is None else np.asarray(labels, dtype=np.float64)[order]
     a, b = grouped_gram.grouped_gram(np.r_[starts, n], source, vectors, d, weights, labels)
     return sorted_keys[starts], a, b

@@ -52,11 +52,11 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     counts = np.asarray(row_counts, dtype=np.float64)
     if user_ids.shape != counts.shape:
         raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
+    if known_users is not None:
+        return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), counts, known_users, exponent, confidence)
     _check(1.0, exponent, counts)
-    if known_users is None:
-        users, group = np.unique(user_ids, return_inverse=True)
-        return users, np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=users.size)
-    return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), counts, known_users, exponent, confidence)
+    users, group = np.unique(user_ids, return_inverse=True)
+    return users, _squared_sums(group, users.size, counts, exponent, confidence)
 
 
 def normalisers_at(positions: np.ndarray, row_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT,
@@ -66,9 +66,13 @@ def normalisers_at(positions: np.ndarray, row_counts: np.ndarray, known_users: n
     counts = np.asarray(row_counts, dtype=np.float64)
     _check(1.0, exponent, counts)
     present = np.bincount(positions, minlength=known_users.size) > 0
-    group = np.cumsum(present)[positions] - 1
     users = known_users[present]
-    return users, np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=users.size)
+    return users, _squared_sums(np.cumsum(present)[positions] - 1, users.size, counts, exponent, confidence)
+
+
+def _squared_sums(group: np.ndarray, groups: int, counts: np.ndarray, exponent: float, confidence: np.ndarray | None) -> np.ndarray:
+    """Per group (user), the sum of (c_i n_j^e)^2 over its rows: the normaliser."""
+    return np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=groups)
 
 
 def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,

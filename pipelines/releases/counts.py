@@ -99,7 +99,7 @@ def row_problem(batch: pa.RecordBatch, catalog: np.ndarray | IdIndex) -> str | N
         return str(exc)
     ids = table["item_id"].to_numpy()
     _, known = (catalog if isinstance(catalog, IdIndex) else IdIndex(catalog)).lookup(ids)
-    return None if known.all() else f"interactions refer to items missing from the catalog (e.g. {np.sort(ids[~known])[0]})"
+    return None if known.all() else f"interactions refer to items missing from the catalog (e.g. {ids[~known].min()})"
 
 
 def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
