@@ -11,13 +11,12 @@ sort's permutation), or one table of clipped user vectors that every row of a us
 (the Spark task's path, pipelines.releases.stats_core.item_sums: no per-row copy of a vector).
 
 numba compiles one pass over the groups. A group of at least GEMM_ROWS rows is gathered into a
-buffer as sqrt(w_k) x_k, the rows some way ahead prefetched (in file order they lie anywhere in
-memory), b summed as they pass, and the upper triangle of a computed by one BLAS symmetric rank-k
-update (dsyrk: half a GEMM's flops) of d columns (for d = 64 a row is 8 whole cache lines, and
-dsyrk runs about 5% faster than at d + 1); a smaller group is summed row by row. The numpy path it
+buffer as z_k = sqrt(w_k) [x_k, l_k], the rows some way ahead prefetched (in file order they lie
+anywhere in memory), and its Gram matrix's upper triangle computed by one BLAS symmetric rank-k
+update (dsyrk: half a GEMM's flops); a smaller group is summed row by row. The numpy path it
 replaced (sorting a copy of every row, padding small groups to bucket widths and multiplying them
 as stacks, a Python call per large group) reached 30% of GEMM's rate on the stats bench's rows in
-file order and 40% sorted by item; this one about 47% and 63% (bench.stats_throughput). The order
+file order and 40% sorted by item; this one about 45% and 56% (bench.stats_throughput). The order
 of the additions is fixed by the rows' order, so reruns give the same bits. The compiled code is
 cached beside this file, except where the module is read from a zip (spark-submit's --py-files).
 """
@@ -64,31 +63,25 @@ def _grouped_gram(starts: np.ndarray, source: np.ndarray, weights: np.ndarray, l
     weighted = weights.size > 0
     labelled = labels.size > 0
     flat = vectors.reshape(-1)
-    labelsum = np.zeros(d)
     gram = np.zeros((d + 1, d + 1))  # row-major: its upper triangle is BLAS's lower one of the transpose
     lower, no_trans = np.array([ord("L")], np.uint8), np.array([ord("N")], np.uint8)
-    size, stride, rows, one, zero = np.array([d], np.int32), np.array([d + 1], np.int32), np.zeros(1, np.int32), np.ones(1), np.zeros(1)
+    size, rows, one, zero = np.array([d + 1], np.int32), np.zeros(1, np.int32), np.ones(1), np.zeros(1)
     for g in range(starts.size - 1):
         k, end = starts[g], starts[g + 1]
         if end - k >= GEMM_ROWS:
-            labelsum[:] = 0.0
             for r in range(end - k):
                 if k + r + _AHEAD < source.size:
                     ahead = source[k + r + _AHEAD] * width
                     for c in range(0, width, 8):  # a cache line holds 8 float64
                         _prefetch(flat, ahead + c)
                 row = vectors[source[k + r]]
-                w = weights[k + r] if weighted else 1.0
-                root = np.sqrt(w)
-                t = w * (labels[k + r] if labelled else row[d])
+                root = np.sqrt(weights[k + r]) if weighted else 1.0
                 for p in range(d):
                     block[r, p] = root * row[p]
-                    labelsum[p] += t * row[p]
+                block[r, d] = root * (labels[k + r] if labelled else row[d])
             rows[0] = end - k
-            # row-major block (rows x d) is BLAS's column-major d x rows: gram = block^T block
-            _dsyrk(lower.ctypes, no_trans.ctypes, size.ctypes, rows.ctypes, one.ctypes, block.ctypes, size.ctypes, zero.ctypes, gram.ctypes, stride.ctypes)
-            for p in range(d):
-                gram[p, d] = labelsum[p]
+            # row-major block (rows x (d+1)) is BLAS's column-major (d+1) x rows: gram = block^T block
+            _dsyrk(lower.ctypes, no_trans.ctypes, size.ctypes, rows.ctypes, one.ctypes, block.ctypes, size.ctypes, zero.ctypes, gram.ctypes, size.ctypes)
         else:
             gram[:] = 0.0
             for r in range(k, end):
@@ -133,7 +126,7 @@ def grouped_gram(starts: np.ndarray, source: np.ndarray, vectors: np.ndarray, d:
     groups = starts.size - 1
     a, b = np.empty((groups, d * (d + 1) // 2)), np.empty((groups, d))
     widest = int(np.diff(starts).max(initial=0))
-    block = np.empty((widest if widest >= GEMM_ROWS else 0, d))  # numpy's allocation: huge pages where the kernel offers them
+    block = np.empty((widest if widest >= GEMM_ROWS else 0, d + 1))  # numpy's allocation: huge pages where the kernel offers them
     empty = np.zeros(0)
     grouped_gram_kernel(starts, source,
                         empty if weights is None else np.ascontiguousarray(weights, dtype=np.float64),
