@@ -48,7 +48,17 @@ def test_growth_is_the_log_log_slope_of_the_outer_steps_time_against_rows():
 
 def test_each_method_runs_its_own_item_update():
     configs = {params["method"]: params["config"] for params in scale.cells(quick=False)}
-    assert configs["ssp"]["item_update"] == "ssp" and configs["dpsgd"]["item_update"] == "dpsgd" and configs["dpsgd"]["dpsgd_batch_size"] == 64
+    # AM-DPSGD with the best trial of its tuning at 10^5 users (bench/results/dpsgd-tune-100k): batch 256, one epoch
+    assert configs["ssp"]["item_update"] == "ssp" and configs["dpsgd"]["item_update"] == "dpsgd"
+    assert (configs["dpsgd"]["dpsgd_batch_size"], configs["dpsgd"]["dpsgd_epochs"]) == (256, 1)
+
+
+def test_the_largest_size_runs_am_ssp_alone():
+    by_size = {}
+    for params in scale.cells(quick=False):
+        by_size.setdefault(params["users"], []).append(params["method"])
+    assert by_size == {10_000: list(scale.METHODS), 100_000: list(scale.METHODS), 1_000_000: list(scale.METHODS), 10_000_000: ["ssp"]}
+    assert [params["users"] for params in scale.ladder_cells(quick=False)] == [10_000, 100_000, 1_000_000]
 
 
 def test_the_report_from_stored_cells(tmp_path):
