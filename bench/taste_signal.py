@@ -1,0 +1,121 @@
+"""How much personal taste a user-level DP release can carry on a ranking run's data (issue 29's epsilon-1 point).
+
+`python -m bench.taste_signal --run DIR [--epsilon 1] [--delta 1e-5] [--items K] [--rank R]`, DIR an
+`ssp train --protocol recall` run folder (its private split and its DP counts; the run's model is not read).
+
+What it measures, on the training users' positives over the K most popular items by DP count (default:
+the 10% of the catalog the id models train on):
+- the spectrum of G = sum_i x_i x_i^T, x_i user i's indicator row scaled to unit norm. G is the most
+  any second-moment release can carry at the user level with one unit of sensitivity (the
+  statistics A_j, b_j are projections of it onto the users' vectors). Its top eigenvalue is
+  popularity; the next ones are the taste directions a personal ranking needs;
+- the spectral norm of the Gaussian noise a release of G at (epsilon, delta) adds (a symmetric matrix
+  of N(0, z^2) entries, z calibrated by privacy.accounting as a run's releases are; measured, not the
+  2 z sqrt(K) bound), how many taste eigenvalues stand above it, and the epsilon at which the largest
+  one would reach it (the norm scales with z);
+- test Recall@20 of the fold-in (trainer.evaluate.recall_report, the run's defaults: lambda_u 0.1,
+  gravity 1, the popularity column) on G's top R eigenvectors scaled by the root of their eigenvalues,
+  without noise and with it (the whole budget on G), against DP popularity on the run's counts.
+
+A taste eigenvalue below the noise's norm is lost to any estimate of G's subspace from the release, so
+a private ranking then has popularity's information and little else. Diagnostic over a run's private
+split: read it only on synthetic or consented data; it releases nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from pipelines.data.splits import TRAIN_ITEM_FRACTION, top_items
+
+
+def _positions(path: str, catalog: dict) -> tuple[np.ndarray, np.ndarray]:
+    from schemas import storage
+
+    table = storage.read_table(path, columns=["user_id", "item_id"])
+    items = table["item_id"].to_numpy()
+    return table["user_id"].to_numpy(), np.array([catalog[i] for i in items], dtype=np.int64)
+
+
+def taste_gram(users: np.ndarray, positions: np.ndarray, top: np.ndarray, m: int) -> np.ndarray:
+    """G over the `top` catalog positions: each user's indicator row over them, scaled to unit norm."""
+    column = np.full(m, -1)
+    column[top] = np.arange(top.size)
+    keep = column[positions] >= 0
+    owners, row = np.unique(users[keep], return_inverse=True)
+    x = np.zeros((owners.size, top.size))
+    x[row, column[positions[keep]]] = 1.0
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x.T @ x
+
+
+def symmetric_noise(k: int, z: float, rng: np.random.Generator) -> np.ndarray:
+    upper = np.triu(rng.normal(0.0, z, (k, k)))
+    return upper + np.triu(upper, 1).T
+
+
+def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int, seed: int) -> dict:
+    from privacy.accounting import Group, calibrate, epsilon_of, gaussian_event
+    from schemas import storage
+    from trainer import evaluate
+
+    counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet"))
+    catalog_ids, counts = counts_table["item_id"].to_numpy(), counts_table["count"].to_numpy().astype(np.float64)
+    catalog = {item: position for position, item in enumerate(catalog_ids)}
+    m = catalog_ids.size
+    top = np.sort([catalog[i] for i in top_items(catalog_ids, counts, items / m if items else TRAIN_ITEM_FRACTION)])
+    k = top.size
+    split = os.path.join(run, "private", "split")
+    gram = taste_gram(*_positions(os.path.join(split, "train.parquet"), catalog), top, m)
+    z = calibrate(epsilon, delta, [Group("gram", 1.0, 1)])["gram"]
+    rng = np.random.default_rng(seed)
+    noise = symmetric_noise(k, z, rng)
+    noise_norm = float(np.abs(np.linalg.eigvalsh(noise)).max())
+    clean = np.sort(np.linalg.eigvalsh(gram))[::-1]
+    history = _positions(os.path.join(split, "test_history.parquet"), catalog)
+    targets = _positions(os.path.join(split, "test_targets.parquet"), catalog)
+    buckets = np.zeros(m, dtype=np.int64)
+
+    def recall(g: np.ndarray) -> float:
+        values, vectors = np.linalg.eigh(g)
+        best = np.argsort(-values)[:rank]
+        embedding = np.zeros((m, rank))
+        embedding[top] = vectors[:, best] * np.sqrt(np.maximum(values[best], 0.0))
+        report = evaluate.recall_report((*history, np.ones(history[0].size)), targets, evaluate.with_popularity(embedding, counts), 0.1, buckets,
+                                        gravity=1.0, confidence=True)
+        return report["recall_at_20"]
+
+    return {
+        "run": run, "epsilon": epsilon, "delta": delta, "items": k, "rank": rank, "noise_multiplier": z,
+        "top_eigenvalues": [round(float(v), 2) for v in clean[: rank + 1]],
+        "noise_spectral_norm": noise_norm,
+        "taste_eigenvalues_above_noise": int(np.sum(clean[1:] > noise_norm)),
+        "epsilon_where_the_largest_reaches_the_noise": epsilon_of([gaussian_event(z * clean[1] / noise_norm)], delta),
+        "test_recall_at_20": {"gram, no noise": recall(gram), "gram, DP": recall(gram + noise),
+                              "DP popularity": evaluate.popularity_recall_report(history, targets, counts, buckets)["recall_at_20"]},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.taste_signal", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="an `ssp train --protocol recall` run folder")
+    parser.add_argument("--epsilon", type=float, default=1.0, help="the budget given to the release of G (default 1: all of a run's)")
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--items", type=int, default=None, help="the K most popular items by DP count (default: 10%% of the catalog)")
+    parser.add_argument("--rank", type=int, default=16, help="eigenvectors in the fold-in's embedding (default 16)")
+    parser.add_argument("--seed", type=int, default=0, help="the noise's seed")
+    args = parser.parse_args(argv)
+    for name in ("train.parquet", "test_history.parquet", "test_targets.parquet"):
+        if not os.path.exists(os.path.join(args.run, "private", "split", name)):
+            parser.error(f"{args.run}: no private/split/{name}; give a folder of `ssp train --protocol recall`")
+    print(json.dumps(measure(args.run, args.epsilon, args.delta, args.items, args.rank, args.seed), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
