@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from pipelines.data.splits import TRAIN_ITEM_FRACTION, top_items
+from pipelines.data.splits import top_items
 
 
 def _positions(path: str, catalog: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +68,8 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
     catalog_ids, counts = counts_table["item_id"].to_numpy(), counts_table["count"].to_numpy().astype(np.float64)
     catalog = {item: position for position, item in enumerate(catalog_ids)}
     m = catalog_ids.size
-    top = np.sort([catalog[i] for i in top_items(catalog_ids, counts, items / m if items else TRAIN_ITEM_FRACTION)])
+    top_ids = top_items(catalog_ids, counts) if items is None else catalog_ids[np.lexsort((catalog_ids, -counts))[:items]]  # ties: the smaller id
+    top = np.sort([catalog[i] for i in top_ids])
     k = top.size
     split = os.path.join(run, "private", "split")
     gram = taste_gram(*_positions(os.path.join(split, "train.parquet"), catalog), top, m)
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", required=True, help="an `ssp train --protocol recall` run folder")
     parser.add_argument("--epsilon", type=float, default=1.0, help="the budget given to the release of G (default 1: all of a run's)")
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--items", type=int, default=None, help="the K most popular items by DP count (default: 10%% of the catalog)")
+    parser.add_argument("--items", type=int, default=None, help="the K most popular items by DP count (default: the 10%% of the catalog the id models train on)")
     parser.add_argument("--rank", type=int, default=16, help="eigenvectors in the fold-in's embedding (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="the noise's seed")
     args = parser.parse_args(argv)
