@@ -176,11 +176,9 @@ def partition_kernel(rows: dict, settings):
     """What one Spark task does after its rows arrive (pipelines.engines.spark_stats.item_shard):
     order rows by (item, user), look up their counts, normalisers and users' vectors, clip each
     user's vector once, then the sums per item (stats_core.item_sums)."""
-    from pipelines.releases.stats_core import clipped_users, item_sums
-    from privacy import accumulator
+    from pipelines.releases.stats_core import clipped_users, item_sums, item_user_order
 
-    by_user = accumulator.stable_argsort(rows["user_ids"])
-    order = by_user[accumulator.stable_argsort(rows["item_ids"][by_user])]
+    order = item_user_order(rows["user_ids"], rows["item_ids"])
     users, rated, labels = rows["user_ids"][order], rows["item_ids"][order], rows["labels"][order]
     counts, normalisers = rows["lookups"].of(users, rated)
     return item_sums(users, rated, labels, clipped_users(rows["user_table"], settings), rows["owners"].positions(users, "user embedding"),

@@ -86,6 +86,16 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     return order
 
 
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """`stable_argsort`'s order, by the compiled counting sort (privacy.grouped_gram.grouped_order)
+    where the keys are integers over a dense range: for the callers that run the compiled kernels
+    anyway (importing numba costs a process about 0.4 s, which stable_argsort's callers are spared)."""
+    from privacy import grouped_gram
+
+    grouped = grouped_gram.grouped_order(keys)
+    return grouped[0] if grouped is not None else stable_argsort(keys)
+
+
 def augment(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Kernel rows [x_i, s_i] (n x (d+1)) from vectors x (n x d) and scalars s (n): their grouped
     sums are A = sum x x^T and b = sum s x."""
@@ -121,7 +131,8 @@ def grouped_sums(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     the packed sum of x x^T and the sum of s x. Returns (sorted unique keys, a_upper, b).
 
     Both are blocks of the key's Gram matrix sum z z^T. Rows are grouped through a stable sort of
-    the keys (skipped when they are already sorted) and read where they lie, once, by the compiled
+    the keys (skipped when they are already sorted; a compiled counting sort when they are integers
+    over a dense range, privacy.grouped_gram.grouped_order) and read where they lie, once, by the compiled
     kernel (privacy.grouped_gram): no per-row Python, no copy of the rows. Within a key the
     additions follow the rows' given order, so the same rows give the same bits.
     """
@@ -151,9 +162,15 @@ def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndar
     if n == 0:
         return keys[:0], np.zeros((0, packed_size(d))), np.zeros((0, d))
     in_order = bool(np.all(keys[1:] >= keys[:-1]))
-    order = None if in_order else stable_argsort(keys)
-    sorted_keys = keys if in_order else keys[order]
-    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    grouped = None if in_order else grouped_gram.grouped_order(keys)
+    if grouped is not None:  # integer keys over a dense range: a compiled counting sort gives the groups
+        order, unique, bounds = grouped
+        starts = bounds[:-1]
+    else:
+        order = None if in_order else stable_argsort(keys)
+        sorted_keys = keys if in_order else keys[order]
+        starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        unique = sorted_keys[starts]
     if source is None:
         source = np.arange(n) if order is None else order
     elif order is not None:
@@ -162,7 +179,7 @@ def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndar
         weights = None if weights is None else weights[order]
         labels = None if labels is None else np.asarray(labels, dtype=np.float64)[order]
     a, b = grouped_gram.grouped_gram(np.r_[starts, n], source, vectors, d, weights, labels)
-    return sorted_keys[starts], a, b
+    return unique, a, b
 
 
 def reduce_by_key(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,10 @@ update (dsyrk: half a GEMM's flops); a smaller group is summed row by row. The n
 replaced (sorting a copy of every row, padding small groups to bucket widths and multiplying them
 as stacks, a Python call per large group) reached 30% of GEMM's rate on the stats bench's rows in
 file order and 40% sorted by item; this one about 45% and 56% (bench.stats_throughput). The order
-of the additions is fixed by the rows' order, so reruns give the same bits. The compiled code is
+of the additions is fixed by the rows' order, so reruns give the same bits. The rows' groups come
+from a compiled stable counting sort of the keys where they are integers over a dense range
+(`grouped_order`: one counting pass and one scatter, 12 ms for 2,000,010 item ids against 49 ms for
+the radix argsort and the sorted copy of the keys it replaced). The compiled code is
 cached beside this file, except where the module is read from a zip (spark-submit's --py-files).
 """
 
@@ -101,9 +104,48 @@ def _grouped_gram(starts: np.ndarray, source: np.ndarray, weights: np.ndarray, l
             b[g, p] = gram[p, d]
 
 
+def _counting_order(keys: np.ndarray, low: int, starts: np.ndarray, order: np.ndarray) -> None:
+    """A stable counting sort: order <- the positions of `keys` by ascending key, ties in their given
+    order; starts (span + 1 entries, zeros) <- where each key value low + k begins in that order,
+    starts[-1] the number of keys."""
+    for i in range(keys.size):
+        starts[keys[i] - low + 1] += 1
+    for k in range(1, starts.size):
+        starts[k] += starts[k - 1]
+    cursor = starts[:-1].copy()
+    for i in range(keys.size):
+        k = keys[i] - low
+        order[cursor[k]] = i
+        cursor[k] += 1
+
+
 grouped_gram_kernel = numba.njit(nogil=True)(_grouped_gram)
+counting_order_kernel = numba.njit(nogil=True)(_counting_order)
 with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
     grouped_gram_kernel.enable_caching()
+    counting_order_kernel.enable_caching()
+
+MAX_BINS_PER_KEY = 2  # the counting sort's table at most this many entries per key (and at least 2^16), else a radix argsort
+
+
+def grouped_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(order, unique keys, group starts) of integer `keys`: the stable order by key (as
+    np.argsort(kind="stable")), the sorted distinct keys, and where each one's rows begin in that order
+    (the last entry the number of keys). One counting pass and one scatter, compiled: no comparison
+    sort and no sorted copy of the keys. None when the keys are not integers or span more than
+    MAX_BINS_PER_KEY entries per key (a sparse id space: the caller sorts)."""
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu" or keys.dtype.itemsize > 8 - (keys.dtype.kind == "u") * 4 or keys.size == 0:  # uint64: its difference leaves int64
+        return None
+    low, high = int(keys.min()), int(keys.max())
+    span = high - low + 1
+    if span > max(MAX_BINS_PER_KEY * keys.size, 1 << 16):
+        return None
+    starts = np.zeros(span + 1, dtype=np.int64)
+    order = np.empty(keys.size, dtype=np.int64)
+    counting_order_kernel(keys, low, starts, order)
+    present = np.flatnonzero(starts[1:] > starts[:-1])
+    return order, low + present.astype(keys.dtype), np.r_[starts[present], keys.size]
 
 
 def grouped_gram(starts: np.ndarray, source: np.ndarray, vectors: np.ndarray, d: int, weights: np.ndarray | None = None,

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipelines.engines.spark import forward_storage_settings
 from pipelines.releases import stats_job
-from pipelines.releases.stats_core import clipped_users, item_sums, release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table
+from pipelines.releases.stats_core import clipped_users, item_sums, item_user_order, release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table
 from privacy import accumulator, quadratic
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -138,8 +138,7 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     users, rated, labels = rows
     if rated.size and not np.all(shard_of(rated, shards) == shard):
         raise RuntimeError(f"item shard {shard} received rows of other shards")
-    by_user = accumulator.stable_argsort(users)
-    order = by_user[accumulator.stable_argsort(rated[by_user])]  # by (item, user): np.lexsort((users, rated)), radix-fast
+    order = item_user_order(users, rated)
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
     owners, vectors = embedding_vectors(*embeddings, settings.user_dim) if rated.size or expansion else (None, None)

@@ -126,6 +126,14 @@ def user_contributions(
     return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
 
 
+def item_user_order(users: np.ndarray, rated: np.ndarray) -> np.ndarray:
+    """The rows' order by (item, user), as np.lexsort((users, rated)): the order a task sums its rows
+    in, so that reruns give the same bits whatever order the shuffle delivered them in. Two stable
+    passes, by user then by item (compiled counting sorts where the ids are dense)."""
+    by_user = accumulator.stable_order(users)
+    return by_user[accumulator.stable_order(rated[by_user])]
+
+
 def item_sums(
     user_ids: np.ndarray, item_ids: np.ndarray, labels: np.ndarray, users: tuple[np.ndarray, np.ndarray | None], user_rows: np.ndarray,
     counts: np.ndarray, settings: StatsSettings, normalisers: np.ndarray | None = None,

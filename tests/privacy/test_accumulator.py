@@ -513,3 +513,36 @@ def test_stable_argsort_equals_numpys(values, narrow):
     if narrow:  # small spans take the radix path with one to three passes
         keys = keys % (1 << (16 * narrow)) - 7
     assert np.array_equal(acc.stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-40, 40), min_size=1, max_size=300), st.sampled_from([np.int64, np.int32, np.uint32, np.int8]))
+def test_the_counting_sort_groups_like_a_stable_argsort(values, dtype):
+    keys = (np.array(values) + (41 if np.dtype(dtype).kind == "u" else 0)).astype(dtype)
+    order, unique, starts = grouped_gram.grouped_order(keys)
+    expected = np.argsort(keys, kind="stable")
+    distinct, first = np.unique(keys[expected], return_index=True)
+    assert np.array_equal(order, expected) and np.array_equal(acc.stable_order(keys), expected)
+    assert np.array_equal(unique, distinct) and unique.dtype == keys.dtype
+    assert np.array_equal(starts, np.r_[first, keys.size])
+
+
+def test_sparse_or_unsigned_64_bit_keys_leave_the_counting_sort_to_the_radix_argsort():
+    sparse = np.array([5, 10**15, 7, 5], dtype=np.int64)  # a span of 10^15 for 4 keys
+    assert grouped_gram.grouped_order(sparse) is None and grouped_gram.grouped_order(np.array([3, 1], dtype=np.uint64)) is None
+    assert grouped_gram.grouped_order(np.array([0.5, 0.25])) is None and grouped_gram.grouped_order(np.zeros(0, np.int64)) is None
+    assert np.array_equal(acc.stable_order(sparse), [0, 3, 2, 1])
+    # a dense span up to 2^16 takes the counting sort whatever the number of keys
+    assert grouped_gram.grouped_order(np.array([65535, 0], dtype=np.int64))[0].tolist() == [1, 0]
+
+
+def test_grouped_sums_give_the_same_bits_through_either_sort():
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((500, 5))
+    dense = rng.integers(0, 30, 500)
+    sparse = dense * 10**14  # the same groups in the same order, over a span the counting sort leaves alone
+    assert grouped_gram.grouped_order(dense) is not None and grouped_gram.grouped_order(sparse) is None
+    keys_d, a_d, b_d = acc.grouped_sums(dense, rows)
+    keys_s, a_s, b_s = acc.grouped_sums(sparse, rows)
+    assert np.array_equal(keys_s, keys_d * 10**14)
+    assert np.array_equal(a_d, a_s) and np.array_equal(b_d, b_s)
