@@ -15,7 +15,9 @@ the 10% of the catalog the id models train on):
   one would reach it (the norm scales with z);
 - test Recall@20 of the fold-in (trainer.evaluate.recall_report, the run's defaults: lambda_u 0.1,
   gravity 1, the popularity column) on G's top R eigenvectors scaled by the root of their eigenvalues,
-  without noise and with it (the whole budget on G), against DP popularity on the run's counts.
+  without noise and with it (the whole budget on G), with it keeping only the directions whose
+  released eigenvalue is above 2 z sqrt(K) (the noise's norm, about: a rule from public quantities),
+  against DP popularity on the run's counts.
 
 A taste eigenvalue below the noise's norm is lost to any estimate of G's subspace from the release, so
 a private ranking then has popularity's information and little else. Diagnostic over a run's private
@@ -82,10 +84,13 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
     targets = _positions(os.path.join(split, "test_targets.parquet"), catalog)
     buckets = np.zeros(m, dtype=np.int64)
 
-    def recall(g: np.ndarray) -> float:
+    bound = 2.0 * z * np.sqrt(k)  # the noise's spectral norm, about (public: z and K only)
+
+    def recall(g: np.ndarray, floor: float = -np.inf) -> float:
         values, vectors = np.linalg.eigh(g)
         best = np.argsort(-values)[:rank]
-        embedding = np.zeros((m, rank))
+        best = best[values[best] > floor]
+        embedding = np.zeros((m, best.size))
         embedding[top] = vectors[:, best] * np.sqrt(np.maximum(values[best], 0.0))
         report = evaluate.recall_report((*history, np.ones(history[0].size)), targets, evaluate.with_popularity(embedding, counts), 0.1, buckets,
                                         gravity=1.0, confidence=True)
@@ -98,6 +103,7 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
         "taste_eigenvalues_above_noise": int(np.sum(clean[1:] > noise_norm)),
         "epsilon_where_the_largest_reaches_the_noise": epsilon_of([gaussian_event(z * clean[1] / noise_norm)], delta),
         "test_recall_at_20": {"gram, no noise": recall(gram), "gram, DP": recall(gram + noise),
+                              "gram, DP, directions above 2 z sqrt(K)": recall(gram + noise, bound),
                               "DP popularity": evaluate.popularity_recall_report(history, targets, counts, buckets)["recall_at_20"]},
     }
 

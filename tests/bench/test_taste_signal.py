@@ -56,6 +56,8 @@ def test_a_planted_taste_stands_above_the_noise_and_ranks_above_popularity(tmp_p
     assert recall["gram, no noise"] == pytest.approx(0.4)
     assert recall["DP popularity"] == 0.0  # its top 20 are the unrated items
     assert recall["gram, DP"] >= 0.4  # the trained two kept their places (the noise may lift an untrained target)
+    # both blocks stand far above 2 z sqrt(K) (about 14 here): the rule keeps the same two directions
+    assert recall["gram, DP, directions above 2 z sqrt(K)"] == recall["gram, DP"]
 
 
 def test_the_command_refuses_a_folder_without_a_split(tmp_path):
