@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipelines.base.interrupts import kept_interrupts
 from schemas import storage
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -63,19 +63,18 @@ def session(app: str, master: str | None = None):
     # PySpark's Ctrl-C handler cancels the jobs through the gateway connection the interrupted call
     # is still using (re-entrant calls: pages of Python and Java traces). A job of ours is simply
     # interrupted once its session runs: the command stops and its JVM ends with it (stdin closes).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if threading.current_thread() is threading.main_thread() else None
-    spark.sparkContext.setLogLevel("WARN")
-    interrupted = False
-    try:
-        yield spark
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
-    finally:
-        if not interrupted:  # stopping would talk to a gateway left mid-call
-            spark.stop()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    # py4j's finalizers can swallow that KeyboardInterrupt: kept_interrupts raises it again.
+    with kept_interrupts():
+        spark.sparkContext.setLogLevel("WARN")
+        interrupted = False
+        try:
+            yield spark
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            if not interrupted:  # stopping would talk to a gateway left mid-call
+                spark.stop()
 
 
 class _Py4jRootRecords(logging.Filter):
