@@ -172,6 +172,11 @@ class Ledger:
             return 0.0
         return accounting.epsilon_of(events, self.budget["delta"], self.budget["accountant"])
 
+    def epsilon_recorded(self) -> float:
+        """`epsilon_spent` as `record` composed it with the latest release (0 when none): for progress
+        lines and summaries, without composing every event again (a PLD: about 50 ms a call)."""
+        return float(self.rows[-1]["epsilon_spent"]) if self.rows else 0.0
+
     def find(self, name: str) -> dict | None:
         return next((row for row in self.rows if row["name"] == name), None)
 

@@ -211,7 +211,7 @@ class StatsJob:
             self.releases.append(NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.release_seed(index), index))
         self._ledger = ledger
         logs.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
-                    f"epsilon spent {ledger.epsilon_spent():.4g} of {ledger.budget['epsilon']:g}")
+                    f"epsilon spent {ledger.epsilon_recorded():.4g} of {ledger.budget['epsilon']:g}")
         return self.releases
 
     def staged_writes(self) -> list[storage.StagedWrite]:
@@ -236,7 +236,7 @@ class StatsJob:
             "noise_multiplier": self.releases[0].noise_multiplier,
             "settings": self.settings.to_json(),
             "items": int(self.catalog.size),
-            "epsilon_spent": self._ledger.epsilon_spent(),
+            "epsilon_spent": self._ledger.epsilon_recorded(),
             "ledger": self.ledger_path,
         }
         storage.write_json(summary, storage.join(self.out, RELEASE_SUMMARY))

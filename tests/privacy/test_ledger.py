@@ -67,6 +67,10 @@ def test_epsilon_spent_matches_dp_accounting(path):
     assert ledger.epsilon_spent() == pytest.approx(expected, rel=1e-12)
     assert Ledger.open(path).epsilon_spent() == pytest.approx(expected, rel=1e-12)
     assert ledger.rows[-1]["epsilon_spent"] == pytest.approx(expected, rel=1e-12)
+    # the recorded figure is the same composition, read back instead of computed again
+    assert ledger.epsilon_recorded() == ledger.epsilon_spent() and Ledger.open(path).epsilon_recorded() == ledger.epsilon_spent()
+    assert ledger.record("stats/step-1", STATS, "b") == 1 and ledger.epsilon_recorded() == ledger.epsilon_spent()  # a release made again adds nothing
+    assert Ledger.create(path + ".empty", 2.0, DELTA).epsilon_recorded() == 0.0
     # running totals increase
     totals = [r["epsilon_spent"] for r in ledger.rows]
     assert totals == sorted(totals) and totals[0] < totals[-1]
