@@ -59,14 +59,10 @@ def kept_interrupts():
     sys.unraisablehook = unraisable
     try:
         yield
-    except BaseException:
-        with lock:
-            pending["armed"] = False
-        raise
-    finally:
+    finally:  # whatever leaves the block stops the resending
         with lock:
             lost, pending["armed"] = pending["armed"], False
         signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = hook
-    if lost:
+    if lost:  # the block ended normally with an interrupt still pending
         raise KeyboardInterrupt
