@@ -36,12 +36,12 @@ import numpy as np
 from pipelines.data.splits import top_items
 
 
-def _positions(path: str, catalog: dict) -> tuple[np.ndarray, np.ndarray]:
+def _positions(path: str, catalog) -> tuple[np.ndarray, np.ndarray]:
+    """(users, catalog positions of their items) of a split table; `catalog` a schemas.ids.IdIndex."""
     from schemas import storage
 
     table = storage.read_table(path, columns=["user_id", "item_id"])
-    items = table["item_id"].to_numpy()
-    return table["user_id"].to_numpy(), np.array([catalog[i] for i in items], dtype=np.int64)
+    return table["user_id"].to_numpy(), catalog.positions(table["item_id"].to_numpy(), "item")
 
 
 def taste_gram(users: np.ndarray, positions: np.ndarray, top: np.ndarray, m: int) -> np.ndarray:
@@ -64,14 +64,15 @@ def symmetric_noise(k: int, z: float, rng: np.random.Generator) -> np.ndarray:
 def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int, seed: int) -> dict:
     from privacy.accounting import Group, calibrate, epsilon_of, gaussian_event
     from schemas import storage
+    from schemas.ids import IdIndex
     from trainer import evaluate
 
-    counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet"))
+    counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet")).sort_by("item_id")  # catalog positions: by id
     catalog_ids, counts = counts_table["item_id"].to_numpy(), counts_table["count"].to_numpy().astype(np.float64)
-    catalog = {item: position for position, item in enumerate(catalog_ids)}
+    catalog = IdIndex(catalog_ids)
     m = catalog_ids.size
     top_ids = top_items(catalog_ids, counts) if items is None else catalog_ids[np.lexsort((catalog_ids, -counts))[:items]]  # ties: the smaller id
-    top = np.sort([catalog[i] for i in top_ids])
+    top = np.sort(catalog.positions(top_ids, "item"))
     k = top.size
     split = os.path.join(run, "private", "split")
     gram = taste_gram(*_positions(os.path.join(split, "train.parquet"), catalog), top, m)
