@@ -46,10 +46,11 @@ if not any(isinstance(f, _BeamBigQueryNote) for f in logging.getLogger().filters
 def configure(verbosity: int) -> None:
     """-1 (`-q`): warnings only; 0: progress; 1 or more (`-v`): details too. gcsfs logs a traceback
     at every retry of a gs:// request, and py4j its connections' teardown after Ctrl-C: shown with -v only
-    (the command's error line names the cause)."""
+    (the command's error line names the cause). py4j's debug level, every command sent to the JVM
+    and its answer (thousands of lines a run), stays off even with -v."""
     LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
     logging.getLogger("gcsfs").setLevel(logging.DEBUG if verbosity > 0 else logging.CRITICAL)
-    logging.getLogger("py4j").setLevel(logging.DEBUG if verbosity > 0 else logging.CRITICAL)  # its gateway's teardown traces after Ctrl-C
+    logging.getLogger("py4j").setLevel(logging.INFO if verbosity > 0 else logging.CRITICAL)  # its gateway's teardown traces after Ctrl-C
 
 
 def log(message: str) -> None:

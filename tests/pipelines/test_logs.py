@@ -57,3 +57,15 @@ def test_importing_beam_prints_nothing_about_bigquery():
     assert "apitools" not in done.stderr
     bare = subprocess.run([sys.executable, "-c", "import apache_beam"], capture_output=True, text=True, check=True)
     assert "apitools not found" in bare.stderr  # what the filter is for: Beam still says it without it
+
+
+def test_verbose_shows_py4j_teardown_but_not_its_protocol():
+    """-v shows py4j's connection teardown (info) but not every command it sends to the JVM (debug:
+    thousands of lines a Spark run); the default hides both."""
+    import logging
+
+    py4j = logging.getLogger("py4j.clientserver")
+    logs.configure(1)
+    assert py4j.isEnabledFor(logging.INFO) and not py4j.isEnabledFor(logging.DEBUG)
+    logs.configure(0)
+    assert not py4j.isEnabledFor(logging.ERROR)
