@@ -52,27 +52,25 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     counts = np.asarray(row_counts, dtype=np.float64)
     if user_ids.shape != counts.shape:
         raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
+    rows = np.arange(counts.size)
     if known_users is not None:
-        return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), counts, known_users, exponent, confidence)
-    _check(1.0, exponent, counts)
+        return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), rows, counts, known_users, exponent, confidence)
     users, group = np.unique(user_ids, return_inverse=True)
-    return users, _squared_sums(group, users.size, counts, exponent, confidence)
+    return users, normalisers_at(group, rows, counts, users, exponent, confidence)[1]
 
 
-def normalisers_at(positions: np.ndarray, row_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT,
+def normalisers_at(positions: np.ndarray, item_at: np.ndarray, item_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT,
                    confidence: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`user_normalisers` of rows whose users are given by their positions in `known_users` (sorted):
-    for a caller that has looked them up already."""
-    counts = np.asarray(row_counts, dtype=np.float64)
+    """`user_normalisers` of rows given by positions: their users' in `known_users` (sorted) and
+    their items' in `item_counts` (DP counts), for a caller that has looked both up already. The
+    power n^e is taken once per item rather than once per row (the same bits: the same operation
+    on the same value), and each user's terms are added in the rows' order, as before."""
+    counts = np.asarray(item_counts, dtype=np.float64)
     _check(1.0, exponent, counts)
+    scales = counts**exponent
+    terms = np.square(scales)[item_at] if confidence is None else np.square(_confidence(confidence, np.shape(item_at)[0]) * scales[item_at])
     present = np.bincount(positions, minlength=known_users.size) > 0
-    users = known_users[present]
-    return users, _squared_sums(np.cumsum(present)[positions] - 1, users.size, counts, exponent, confidence)
-
-
-def _squared_sums(group: np.ndarray, groups: int, counts: np.ndarray, exponent: float, confidence: np.ndarray | None) -> np.ndarray:
-    """Per group (user), the sum of (c_i n_j^e)^2 over its rows: the normaliser."""
-    return np.bincount(group, weights=(_confidence(confidence, counts.size) * counts**exponent) ** 2, minlength=groups)
+    return known_users[present], np.bincount(positions, weights=terms, minlength=known_users.size)[present]
 
 
 def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,

@@ -137,5 +137,24 @@ def test_normalisers_with_known_users_equal_the_sorting_path():
     assert known_users.tolist() == expected_users.tolist() == [10, 20, 30]
     # by hand, n^(2e) = n^(-1/2): user 10: 1/4 + 1/2; user 20: 1/3; user 30: 1/2 + 1 + 1/4
     assert np.allclose(expected, [0.75, 1 / 3, 1.75]) and np.array_equal(known, expected)
-    at_users, at = normalisers_at(np.array([4, 1, 4, 2, 1, 4]), counts, np.array([5, 10, 20, 25, 30]))  # the same rows by position
+    # the same rows by position: users' in the known ones, items' in a table of counts by item (4, 16, 1, 9)
+    at_users, at = normalisers_at(np.array([4, 1, 4, 2, 1, 4]), np.array([0, 1, 2, 3, 0, 1]), np.array([4.0, 16.0, 1.0, 9.0]), np.array([5, 10, 20, 25, 30]))
     assert at_users.tolist() == [10, 20, 30] and np.array_equal(at, expected)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 400), st.integers(1, 30), st.integers(1, 50), st.booleans(), st.floats(-2.0, 1.0), st.integers(0, 2**32 - 1))
+def test_normalisers_at_give_the_bits_of_the_per_row_formula(rows, users, items, confident, exponent, seed):
+    """Per item powers gathered per row give exactly what (c_i n_j^e)^2 per row, summed in row order, does."""
+    rng = np.random.default_rng(seed)
+    known = np.sort(rng.choice(10 * users, users, replace=False))
+    positions, item_at = rng.integers(0, users, rows), rng.integers(0, items, rows)
+    item_counts = 1.0 + rng.exponential(100.0, items)
+    confidence = rng.uniform(0.1, 5.0, rows) if confident else None
+    got_users, got = normalisers_at(positions, item_at, item_counts, known, exponent, confidence)
+    terms = ((confidence if confident else np.ones(rows)) * item_counts[item_at] ** exponent) ** 2
+    expected = np.zeros(users)
+    for position, term in zip(positions, terms):  # in the rows' order
+        expected[position] += term
+    present = np.isin(np.arange(users), positions)
+    assert np.array_equal(got_users, known[present]) and np.array_equal(got, expected[present])
