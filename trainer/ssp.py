@@ -122,7 +122,7 @@ class SSPConfig:
 EPOCH_STEPS = 8  # the regime the defaults were tuned in: 6,040 users cover about 3,500 items, 7 batches of 512
 MIN_BATCH = 512
 SHUFFLE_BUFFER_BYTES = 256 << 20  # the packed A_j the shuffle buffer holds, at most (float64)
-CACHED_TABLE_BYTES = 256 << 20  # a stats table at most this large (decoded, float64) is read once per training, not once per epoch
+CACHED_TABLE_BYTES = 256 << 20  # a stats table at most this large (decoded, in the trainer's float32) is read once per training, not once per epoch
 
 
 def auto_batch_size(items: int, d: int, shuffle_batches: int) -> int:
@@ -194,19 +194,21 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
 
 
 def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator,
-                ridge_scale: np.ndarray | None = None, cache: dict | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+                ridge_scale: np.ndarray | None = None, cache: dict | None = None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """The table's items shuffled within a bounded buffer of `shuffle_batches` record batches, one
     chunk per buffer: (catalog positions (n,), packed A_j (n, d(d+1)/2), b_j (n, d), ridge scales
     (n, d)), rows in their shuffled order. `ridge_scale` is one number per catalog position, or
     one row of d (a diagonal: the bias coordinate's own ridge). With `cache` (a dict the caller
     keeps across epochs), a table of at most CACHED_TABLE_BYTES keeps its buffers' decoded rows
-    there, so that later epochs neither read nor decode it: the same chunks and the same shuffles."""
+    there, so that later epochs neither read nor decode it: the same chunks and the same shuffles.
+    The values come as `dtype` (the trainer's float32: converted once, not after every shuffle)."""
     d = encoder.dim
     buffers = cache.get(path) if cache is not None else None
     if buffers is None:
-        buffers = _decoded_buffers(path, encoder, config, ridge_scale)
+        buffers = _decoded_buffers(path, encoder, config, ridge_scale, dtype)
         items = sum(rows for _, _, rows in storage.row_groups(path)) if cache is not None else 0
-        if cache is not None and items * (packed_size(d) + 2 * d) * 8 <= CACHED_TABLE_BYTES:
+        scale_width = 1 if ridge_scale is None or np.ndim(ridge_scale) == 1 else d
+        if cache is not None and items * (8 + (packed_size(d) + d + scale_width) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES:
             buffers = cache[path] = list(buffers)
     for positions, a, b, scale in buffers:
         order = rng.permutation(positions.size)
@@ -214,8 +216,8 @@ def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.rand
 
 
 def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
-                     ridge_scale: np.ndarray | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """`item_chunks`' buffers before their shuffle: (positions, packed A_j, b_j, ridge scales) in the table's order."""
+                     ridge_scale: np.ndarray | None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """`item_chunks`' buffers before their shuffle: (positions, packed A_j, b_j, ridge scales) in the table's order, values as `dtype`."""
     d = encoder.dim
     buffer: list[pa.RecordBatch] = []
 
@@ -223,7 +225,8 @@ def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
         table = pa.Table.from_batches(batches).combine_chunks()
         positions = encoder.space.index_of(table["item_id"].to_numpy())
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
-        return positions, list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper"), list_column_to_matrix(table["b"], d, "b"), scale
+        a, b = list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper"), list_column_to_matrix(table["b"], d, "b")
+        return positions, a.astype(dtype, copy=False), b.astype(dtype, copy=False), scale.astype(dtype, copy=False)
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
         buffer.append(batch)
@@ -354,7 +357,7 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
-        for positions, packed, b, scale in item_chunks(path, encoder, config, rng, ridge_scale, decoded):
+        for positions, packed, b, scale in item_chunks(path, encoder, config, rng, ridge_scale, decoded, np.float32):
             total += float(run_chunk(tf.constant(positions), tf.constant(packed, tf.float32), tf.constant(b, tf.float32), tf.constant(scale, tf.float32)))
             count += positions.size
         losses.append(total / max(count, 1))

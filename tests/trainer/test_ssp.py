@@ -303,6 +303,33 @@ def test_the_trainers_matrices_are_the_item_batches_ones(tmp_path):
         np.testing.assert_allclose(expected[0], unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity)
 
 
+def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_read_once(tmp_path, monkeypatch):
+    """The trainer's chunks (float32, converted once at decoding) hold the float64 chunks' rows in the
+    same shuffled order, converted; with a cache, later epochs reuse the decoded rows (no read) and
+    give the shuffles an uncached run gives."""
+    space = FeatureSpace.from_items(ITEMS)
+    d = 3
+    rng = np.random.default_rng(3)
+    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
+    path = str(tmp_path / "s.parquet")
+    write_stats(path, space.item_ids, a, rng.normal(size=(5, d)), d)
+    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+    config = ssp.SSPConfig(batch_size=2)
+    scale = rng.uniform(1, 3, size=5)
+    reads = []
+    real = ssp._decoded_buffers
+    monkeypatch.setattr(ssp, "_decoded_buffers", lambda *args: reads.append(1) or real(*args))
+    wide, narrow, cache = np.random.default_rng(5), np.random.default_rng(5), {}
+    for epoch in range(3):
+        expected = list(ssp.item_chunks(path, encoder, config, wide, scale))
+        got = list(ssp.item_chunks(path, encoder, config, narrow, scale, cache, np.float32))
+        assert len(got) == len(expected) == 1
+        for g, e in zip(got[0], expected[0]):
+            assert g.dtype == (np.int64 if e.dtype == np.int64 else np.float32)
+            np.testing.assert_array_equal(g, e.astype(g.dtype))
+    assert len(reads) == 3 + 1  # every epoch for the uncached chunks, once for the cached ones
+
+
 def test_the_default_batch_is_an_eighth_of_the_catalog_within_its_bounds():
     """At least 512 items, an epoch of about 8 steps, and a shuffle buffer of 8 batches of packed
     float64 A_j within 256 MiB (d = 64: 2,080 entries, 2,016 items)."""
