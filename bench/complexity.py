@@ -124,7 +124,7 @@ def time_epochs(params: dict) -> dict:
     import tensorflow as tf
 
     from privacy.accumulator import augment, grouped_sums, unpack_upper
-    from trainer.ssp import ssp_loss
+    from trainer.ssp import dense_product, ssp_loss
 
     tf.keras.utils.set_random_seed(params["seed"])
     m, d, noise, clip, lr = params["items"], params["d"], 1.0, 1.0, 1e-3
@@ -153,7 +153,7 @@ def time_epochs(params: dict) -> dict:
     @tf.function
     def ssp_step(positions):
         with tf.GradientTape() as tape:
-            loss = ssp_loss(encoder, positions, tf.gather(a_all, positions), tf.gather(b_all, positions))
+            loss = ssp_loss(encoder, positions, dense_product(tf.gather(a_all, positions)), tf.gather(b_all, positions))
         for var, grad in zip(variables, tape.gradient(loss, variables)):
             if isinstance(grad, tf.IndexedSlices):  # the embedding's gradient stays sparse, as in the trainer
                 var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices))

@@ -35,7 +35,7 @@ def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
     with tf.GradientTape(persistent=True) as tape:
         v_rows = tf.cast(encoder(tf.constant(positions)), tf.float64)
         exact = 0.5 * tf.reduce_sum((tf.reduce_sum(v_rows * u, axis=1) - y) ** 2)
-        mean = ssp.ssp_loss(encoder, tf.constant(keys), tf.constant(unpack_upper(a_upper, 3), tf.float32), tf.constant(b, tf.float32))
+        mean = ssp.ssp_loss(encoder, tf.constant(keys), ssp.dense_product(tf.constant(unpack_upper(a_upper, 3), tf.float32)), tf.constant(b, tf.float32))
         summed = mean * keys.size
     for g_exact, g_ssp, var in zip(tape.gradient(exact, encoder.trainable_variables), tape.gradient(summed, encoder.trainable_variables), encoder.trainable_variables):
         g_exact, g_ssp = tf.convert_to_tensor(g_exact).numpy(), tf.convert_to_tensor(g_ssp).numpy()
@@ -47,7 +47,7 @@ def test_embedding_gradients_are_sparse():
     space = FeatureSpace.from_items(ITEMS)
     encoder = ItemEncoder(space, dim=2)
     with tf.GradientTape() as tape:
-        loss = ssp.ssp_loss(encoder, tf.constant([0, 1]), tf.eye(2, batch_shape=[2]), tf.ones((2, 2)))
+        loss = ssp.ssp_loss(encoder, tf.constant([0, 1]), ssp.dense_product(tf.eye(2, batch_shape=[2])), tf.ones((2, 2)))
     grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables)))
     tables = [name for name in grads if "embeddings" in name]
     assert tables and all(isinstance(grads[name], tf.IndexedSlices) for name in tables)
@@ -267,7 +267,7 @@ def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_pa
     b = tf.constant(np.stack(storage.read_table(str(tmp_path / "s.parquet"))["b"].to_numpy(zero_copy_only=False)), tf.float32)
 
     def loss():
-        return ssp.ssp_loss(encoder, positions, full_a, b, tf.constant(penalty, tf.float32))
+        return ssp.ssp_loss(encoder, positions, ssp.dense_product(full_a), b, tf.constant(penalty, tf.float32))
 
     before = float(loss())
     ssp.solve_residuals(encoder, [str(tmp_path / "s.parquet")], config, penalty, ridge)
@@ -283,10 +283,11 @@ def test_diagonals_are_scaled_identities_or_per_coordinate():
     np.testing.assert_array_equal(ssp.diagonals(np.array([[1.0, 4.0]]), 2), [[[1, 0], [0, 4]]])
 
 
-def test_the_trainers_matrices_are_the_item_batches_ones(tmp_path):
-    """The training loop builds A_j + ridge diag(s_j) + gravity in TensorFlow from the packed rows
-    (`system_matrices`); `item_batches` (the residual solve's) in numpy: the same matrices, for a
-    ridge of one number per item and of one per coordinate."""
+def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(tmp_path):
+    """The training loop applies A_j + ridge diag(s_j) + gravity to the items' vectors in TensorFlow
+    from the packed rows (`packed_product`); `item_batches` (the residual solve's) builds the
+    matrices in numpy: the same products, for a ridge of one number per item and of one per
+    coordinate, and a gravity that need not be symmetric."""
     space = FeatureSpace.from_items(ITEMS)
     d = 3
     rng = np.random.default_rng(7)
@@ -298,8 +299,9 @@ def test_the_trainers_matrices_are_the_item_batches_ones(tmp_path):
     for scale in (rng.uniform(1, 3, size=5), rng.uniform(1, 3, size=(5, d))):
         (positions, packed, _, scales), = ssp.item_chunks(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale)
         expected = np.concatenate([batch[1] for batch in ssp.item_batches(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale, gravity)])
-        got = ssp.system_matrices(tf.constant(packed, tf.float32), tf.constant(scales, tf.float32), 0.5, tf.constant(gravity, tf.float32)).numpy()
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        v = rng.normal(size=(5, d))
+        product = ssp.packed_product(tf.constant(packed, tf.float32), tf.constant(scales, tf.float32), 0.5, tf.constant(gravity, tf.float32))
+        np.testing.assert_allclose(product(tf.constant(v, tf.float32)).numpy(), np.einsum("bij,bj->bi", expected, v), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(expected[0], unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity)
 
 
