@@ -17,7 +17,7 @@ import json
 import math
 import time
 from contextlib import contextmanager, ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pyarrow as pa
@@ -318,6 +318,8 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
     space, model = build_encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
+    if ingest.is_dataset(config.data):  # the data source's identity is the content digest the run's identity took of the same table: not read again
+        privacy = replace(privacy, source=identity["data"]["interactions"])
     privacy.open_ledger(run.ledger, unit, data.interactions)  # creates the run's budget (charging its data source's account), or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised

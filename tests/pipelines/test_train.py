@@ -367,3 +367,28 @@ def test_biases_need_the_square_loss_and_a_non_federated_engine_and_ranking_keep
         settings.TrainConfig(protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True)
     with pytest.raises(ValueError, match="--biases needs --engine spark, beam or local"):
         settings.TrainConfig(engine="federated", biases=True)
+
+
+def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_names(tmp_path, small_data, monkeypatch, budget_account_registry):
+    """The run's identity and its data source's budget account both need the interactions' content
+    digest: prepare takes it once (a pass over every row) and the account it charges is the one
+    that digest names in the registry."""
+    from privacy import seeds
+    from privacy.account import BudgetAccount
+    from pipelines.data import ingest
+    from pipelines.releases import release
+
+    digested = []
+
+    def counted(path):
+        digested.append(path)
+        return seeds.content_digest_table(path)
+
+    monkeypatch.setattr(prepare, "content_digest_table", counted)
+    monkeypatch.setattr(release, "content_digest_table", counted)
+    config = small(tmp_path / "run", small_data)
+    prepare.prepare(config, progress=False)
+    interactions = ingest.open_dataset(small_data).interactions
+    assert digested.count(interactions) == 1
+    account = Ledger.open(prepare.Run(config.out).ledger).budget["account"]
+    assert account == BudgetAccount.for_source(seeds.content_digest_table(interactions)).path
