@@ -193,26 +193,35 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
     return out
 
 
-def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator,
-                ridge_scale: np.ndarray | None = None, cache: dict | None = None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The table's items shuffled within a bounded buffer of `shuffle_batches` record batches, one
-    chunk per buffer: (catalog positions (n,), packed A_j (n, d(d+1)/2), b_j (n, d), ridge scales
-    (n, d)), rows in their shuffled order. `ridge_scale` is one number per catalog position, or
-    one row of d (a diagonal: the bias coordinate's own ridge). With `cache` (a dict the caller
-    keeps across epochs), a table of at most CACHED_TABLE_BYTES keeps its buffers' decoded rows
-    there, so that later epochs neither read nor decode it: the same chunks and the same shuffles.
-    The values come as `dtype` (the trainer's float32: converted once, not after every shuffle)."""
+def shuffled_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
+                    cache: dict | None = None, dtype=np.float64, convert=None) -> Iterator[tuple[np.ndarray, tuple]]:
+    """The table's items in buffers of `shuffle_batches` record batches, each with its shuffle:
+    (order, (catalog positions (n,), packed A_j (n, d(d+1)/2), b_j (n, d), ridge scales (n, d))), the
+    buffer's rows in the table's order and `order` a permutation of them. `ridge_scale` is one number
+    per catalog position, or one row of d (a diagonal: the bias coordinate's own ridge). Values come
+    as `dtype`, and `convert` (e.g. to tensors) is applied to each buffer once. With `cache` (a dict
+    the caller keeps across epochs), a table of at most CACHED_TABLE_BYTES keeps its converted
+    buffers there, so that later epochs neither read, decode nor convert it: the same buffers and
+    the same shuffles."""
     d = encoder.dim
     buffers = cache.get(path) if cache is not None else None
     if buffers is None:
         buffers = _decoded_buffers(path, encoder, config, ridge_scale, dtype)
+        if convert is not None:
+            buffers = map(convert, buffers)
         items = sum(rows for _, _, rows in storage.row_groups(path)) if cache is not None else 0
-        scale_width = 1 if ridge_scale is None or np.ndim(ridge_scale) == 1 else d
-        if cache is not None and items * (8 + (packed_size(d) + d + scale_width) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES:
+        if cache is not None and items * (8 + (packed_size(d) + 2 * d) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES:
             buffers = cache[path] = list(buffers)
-    for positions, a, b, scale in buffers:
-        order = rng.permutation(positions.size)
-        yield positions[order], a[order], b[order], np.broadcast_to(scale[order][:, None] if scale.ndim == 1 else scale[order], (order.size, d))
+    for buffer in buffers:
+        yield rng.permutation(len(buffer[0])), buffer
+
+
+def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator,
+                ridge_scale: np.ndarray | None = None, cache: dict | None = None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """`shuffled_chunks`' buffers with their rows in their shuffled order: (catalog positions (n,),
+    packed A_j, b_j, ridge scales (n, d)), a chunk per buffer."""
+    for order, (positions, a, b, scale) in shuffled_chunks(path, encoder, config, rng, ridge_scale, cache, dtype):
+        yield positions[order], a[order], b[order], scale[order]
 
 
 def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
@@ -225,8 +234,9 @@ def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
         table = pa.Table.from_batches(batches).combine_chunks()
         positions = encoder.space.index_of(table["item_id"].to_numpy())
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
+        scale = np.broadcast_to(scale[:, None] if scale.ndim == 1 else scale, (positions.size, d))
         a, b = list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper"), list_column_to_matrix(table["b"], d, "b")
-        return positions, a.astype(dtype, copy=False), b.astype(dtype, copy=False), scale.astype(dtype, copy=False)
+        return positions, a.astype(dtype, copy=False), b.astype(dtype, copy=False), scale.astype(dtype)
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
         buffer.append(batch)
@@ -350,29 +360,36 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
         return loss
 
     # A chunk's batches in one call (one trace for every chunk): a call per batch cost more in
-    # Python than the batch's arithmetic.
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, packed_size(d)], tf.float32),
+    # Python than the batch's arithmetic. Each batch gathers its rows of the chunk's tensors by the
+    # epoch's shuffle, so a cached chunk is converted to tensors once, not shuffled and converted
+    # every epoch.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, packed_size(d)], tf.float32),
                                   tf.TensorSpec([None, d], tf.float32), tf.TensorSpec([None, d], tf.float32)])
-    def run_chunk(positions, packed, b, scale):
-        n = tf.shape(positions)[0]
+    def run_chunk(order, positions, packed, b, scale):
+        n = tf.shape(order)[0]
         total = tf.constant(0.0, tf.float64)
         for start in tf.range(0, n, config.batch_size):
             end = tf.minimum(start + config.batch_size, n)
-            product = packed_product(packed[start:end], scale[start:end], config.ridge, gravity_of)
-            loss = step(positions[start:end], product, b[start:end])
+            rows = order[start:end]
+            product = packed_product(tf.gather(packed, rows), tf.gather(scale, rows), config.ridge, gravity_of)
+            loss = step(tf.gather(positions, rows), product, tf.gather(b, rows))
             total += tf.cast(loss, tf.float64) * tf.cast(end - start, tf.float64)
         return total
 
+    def tensors(buffer):
+        positions, packed, b, scale = buffer
+        return tf.constant(positions), tf.constant(packed, tf.float32), tf.constant(b, tf.float32), tf.constant(scale, tf.float32)
+
     rng = np.random.default_rng(config.seed)
     losses = []
-    decoded: dict = {}  # item_chunks' cache: a small table is read and decoded once, not once per epoch
+    decoded: dict = {}  # shuffled_chunks' cache: a small table is read, decoded and converted once, not once per epoch
     bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress, mininterval=2.0)
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
-        for positions, packed, b, scale in item_chunks(path, encoder, config, rng, ridge_scale, decoded, np.float32):
-            total += float(run_chunk(tf.constant(positions), tf.constant(packed, tf.float32), tf.constant(b, tf.float32), tf.constant(scale, tf.float32)))
-            count += positions.size
+        for order, buffer in shuffled_chunks(path, encoder, config, rng, ridge_scale, decoded, np.float32, tensors):
+            total += float(run_chunk(tf.constant(order), *buffer))
+            count += order.size
         losses.append(total / max(count, 1))
         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
     if config.solve_residuals and use_residual and (config.psd_projection or stats_metadata(storage.read_schema(tables[0]))["noise_multiplier"] == 0):

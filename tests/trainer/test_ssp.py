@@ -332,6 +332,37 @@ def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_rea
     assert len(reads) == 3 + 1  # every epoch for the uncached chunks, once for the cached ones
 
 
+def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunks_rows(tmp_path):
+    """The trainer's feed (`shuffled_chunks` with a conversion to tensors): a cached table's buffers are
+    converted once and reused by every epoch; gathering each buffer's rows by the epoch's order gives
+    `item_chunks`' shuffled chunks exactly, for the same random stream."""
+    space = FeatureSpace.from_items(ITEMS)
+    d = 3
+    rng = np.random.default_rng(11)
+    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
+    path = str(tmp_path / "s.parquet")
+    write_stats(path, space.item_ids, a, rng.normal(size=(5, d)), d)
+    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
+    config = ssp.SSPConfig(batch_size=2)
+    scale = rng.uniform(1, 3, size=(5, d))
+    conversions = []
+
+    def convert(buffer):
+        conversions.append(1)
+        return tuple(tf.constant(x) for x in buffer)
+
+    fed, expected, cache = np.random.default_rng(2), np.random.default_rng(2), {}
+    first = None
+    for epoch in range(3):
+        (order, buffer), = ssp.shuffled_chunks(path, encoder, config, fed, scale, cache, np.float32, convert)
+        first = first or buffer
+        assert all(x is y for x, y in zip(buffer, first))  # the same tensors every epoch
+        (chunk,) = ssp.item_chunks(path, encoder, config, expected, scale, None, np.float32)
+        for tensor, rows in zip(buffer, chunk):
+            np.testing.assert_array_equal(tf.gather(tensor, order).numpy(), rows)
+    assert len(conversions) == 1
+
+
 def test_the_default_batch_is_an_eighth_of_the_catalog_within_its_bounds():
     """At least 512 items, an epoch of about 8 steps, and a shuffle buffer of 8 batches of packed
     float64 A_j within 256 MiB (d = 64: 2,080 entries, 2,016 items)."""
