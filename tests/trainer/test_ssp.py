@@ -305,18 +305,23 @@ def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(t
         np.testing.assert_allclose(expected[0], unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity)
 
 
+def five_item_stats(tmp_path, seed: int):
+    """A stats table of the five test items at d = 3 (random PSD A_j), a features encoder, batches
+    of 2, and the random stream that made them."""
+    space = FeatureSpace.from_items(ITEMS)
+    d = 3
+    rng = np.random.default_rng(seed)
+    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
+    path = str(tmp_path / "s.parquet")
+    write_stats(path, space.item_ids, a, rng.normal(size=(5, d)), d)
+    return path, ItemEncoder(space, dim=d, kind="features", family_dim=3), ssp.SSPConfig(batch_size=2), rng
+
+
 def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_read_once(tmp_path, monkeypatch):
     """The trainer's chunks (float32, converted once at decoding) hold the float64 chunks' rows in the
     same shuffled order, converted; with a cache, later epochs reuse the decoded rows (no read) and
     give the shuffles an uncached run gives."""
-    space = FeatureSpace.from_items(ITEMS)
-    d = 3
-    rng = np.random.default_rng(3)
-    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
-    path = str(tmp_path / "s.parquet")
-    write_stats(path, space.item_ids, a, rng.normal(size=(5, d)), d)
-    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
-    config = ssp.SSPConfig(batch_size=2)
+    path, encoder, config, rng = five_item_stats(tmp_path, 3)
     scale = rng.uniform(1, 3, size=5)
     reads = []
     real = ssp._decoded_buffers
@@ -336,15 +341,8 @@ def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunk
     """The trainer's feed (`shuffled_chunks` with a conversion to tensors): a cached table's buffers are
     converted once and reused by every epoch; gathering each buffer's rows by the epoch's order gives
     `item_chunks`' shuffled chunks exactly, for the same random stream."""
-    space = FeatureSpace.from_items(ITEMS)
-    d = 3
-    rng = np.random.default_rng(11)
-    a = np.stack([pack_upper(m @ m.T) for m in rng.normal(size=(5, d, d))])
-    path = str(tmp_path / "s.parquet")
-    write_stats(path, space.item_ids, a, rng.normal(size=(5, d)), d)
-    encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
-    config = ssp.SSPConfig(batch_size=2)
-    scale = rng.uniform(1, 3, size=(5, d))
+    path, encoder, config, rng = five_item_stats(tmp_path, 11)
+    scale = rng.uniform(1, 3, size=(5, encoder.dim))
     conversions = []
 
     def convert(buffer):
