@@ -64,7 +64,7 @@ def normalisers_at(positions: np.ndarray, item_at: np.ndarray, item_counts: np.n
     """`user_normalisers` of rows given by positions: their users' in `known_users` (sorted) and
     their items' in `item_counts` (DP counts), for a caller that has looked both up already. The
     power n^e is taken once per item rather than once per row (the same bits: the same operation
-    on the same value), and each user's terms are added in the rows' order, as before."""
+    on the same value), and each user's terms are added in the rows' order."""
     counts = np.asarray(item_counts, dtype=np.float64)
     _check(1.0, exponent, counts)
     scales = counts**exponent

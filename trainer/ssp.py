@@ -226,7 +226,7 @@ def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.rand
 
 def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
                      ridge_scale: np.ndarray | None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """`item_chunks`' buffers before their shuffle: (positions, packed A_j, b_j, ridge scales) in the table's order, values as `dtype`."""
+    """`shuffled_chunks`' buffers before their conversion: (positions, packed A_j, b_j, ridge scales (n, d)) in the table's order, values as `dtype`."""
     d = encoder.dim
     buffer: list[pa.RecordBatch] = []
 

@@ -155,13 +155,13 @@ class StatsJob:
             for batch in storage.iter_batches(self.interactions, columns=["user_id", "item_id", "label", "timestamp"]):
                 table = _validated(self.interactions, validate_interactions, pa.Table.from_batches([batch]))
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
-                places, in_catalog = catalog_index.lookup(rated)
+                item_positions, in_catalog = catalog_index.lookup(rated)
                 if not in_catalog.all():
                     raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
-                positions, known = user_index.lookup(users)
+                user_positions, known = user_index.lookup(users)
                 if not known.all():
                     raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
-                user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = positions, places
+                user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = user_positions, item_positions
                 filled += rated.size
                 if self.settings.confidence:
                     confidences.append(table["label"].to_numpy())
