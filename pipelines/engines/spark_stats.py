@@ -295,7 +295,7 @@ def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> di
     embeddings = (job.user_embeddings, job.digests["user_embeddings"])
     expansion = (job.expansion, job.digests["expansion"]) if job.expansion else None
     forward_storage_settings(spark)
-    units = storage.row_groups(job.interactions)
+    units = job.units  # the row groups prepare() read the footers of
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
     written = blocks.repartition(tasks, "key").mapInArrow(

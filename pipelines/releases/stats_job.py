@@ -92,6 +92,7 @@ class StatsJob:
     catalog: np.ndarray | None = None  # sorted catalog item ids, by prepare()
     catalog_counts: np.ndarray | None = None  # their DP counts
     rows: int = 0
+    units: list[tuple[str, int, int]] = field(default_factory=list)  # the interactions' (file, row group, rows), by prepare(): engines' work units
     normalisers: tuple[np.ndarray, np.ndarray] | None = None  # (user ids, sum of n^(2e) over each user's rows)
     digests: dict[str, str] = field(default_factory=dict)  # content digests of the inputs, by prepare()
 
@@ -145,7 +146,8 @@ class StatsJob:
         embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.user_dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
-        total = sum(rows for _, _, rows in storage.row_groups(self.interactions))  # from the files' footers
+        self.units = storage.row_groups(self.interactions)
+        total = sum(rows for _, _, rows in self.units)  # from the files' footers
         user_at, item_at = np.empty(total, np.int64), np.empty(total, np.int64)  # every row's user and item positions (sorted lookups), filled by the reading thread
         confidences = []  # per batch: the labels when they are confidences
         filled = 0
