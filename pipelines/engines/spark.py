@@ -41,8 +41,14 @@ STORAGE_ENV_PREFIXES = ("STORAGE_EMULATOR_HOST", "FSSPEC_", "GCSFS_", "GOOGLE_")
 @contextmanager
 def session(app: str, master: str | None = None):
     """A SparkSession for the duration of a job (stopped afterwards). A session that is already
-    active (a scheduler's, a test suite's) is used as it is and left running."""
-    from pyspark import SparkConf
+    active (a scheduler's, a test suite's) is used as it is and left running.
+
+    Under spark-submit (a launcher started the JVM: PYSPARK_GATEWAY_PORT) the driver attaches to
+    that JVM first and reads its conf, so the master and every setting the user or the cluster gave
+    stay; the project then sets only what nobody set (`session_settings`), leaves the executors'
+    Python to the cluster (spark.pyspark.python), and ships the project to the executors unless
+    --py-files already does (`ship_project`)."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -50,9 +56,13 @@ def session(app: str, master: str | None = None):
         yield active
         return
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    launched = launched_by_spark_submit()
+    if launched:
+        SparkContext._ensure_initialized()  # attach to the launcher's JVM: its conf holds what was submitted
+    else:  # this process starts the JVM: its Python workers run this interpreter and import this checkout
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app)
     for key, value in session_settings(SparkConf(), master).items():
         builder = builder.master(value) if key == "spark.master" else builder.config(key, value)
@@ -60,6 +70,8 @@ def session(app: str, master: str | None = None):
         logging.getLogger().addFilter(_Py4jRootRecords())
     with _jvm_notices_dropped():
         spark = builder.getOrCreate()
+    if not is_local(spark):
+        ship_project(spark)
     # PySpark's Ctrl-C handler cancels the jobs through the gateway connection the interrupted call
     # is still using (re-entrant calls: pages of Python and Java traces). A job of ours is simply
     # interrupted once its session runs: the command stops and its JVM ends with it (stdin closes).
@@ -148,6 +160,43 @@ def session_settings(conf, master: str | None) -> dict[str, str]:
             "spark.sql.adaptive.enabled": "false",  # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
         })
     return settings
+
+
+def launched_by_spark_submit() -> bool:
+    """Whether spark-submit (or another launcher) started this driver's JVM and handed it over."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+PROJECT_PACKAGES = ("schemas", "privacy", "trainer", "pipelines")  # what the executors' tasks import of this project
+
+
+def ship_project(spark) -> None:
+    """Put this project on a cluster's executors when nothing else does: a driver that imports it
+    from a checkout (not from a --py-files zip) adds a zip of its packages with addPyFile, so that
+    `spark-submit pipelines/stats.py` from the repository root runs on any cluster whose nodes have
+    the dependencies. A project already shipped (its modules imported from a zip) is left as it is."""
+    import pipelines
+
+    if not os.path.isdir(os.path.dirname(pipelines.__file__)):
+        return
+    folder = tempfile.mkdtemp(prefix="ssp-py-files-")
+    archive = project_zip(os.path.join(folder, "ssp_project.zip"))
+    spark.sparkContext.addPyFile(archive)
+
+
+def project_zip(path: str) -> str:
+    """A zip of this checkout's Python packages (PROJECT_PACKAGES, .py files only) at `path`:
+    importable from sys.path, as a --py-files entry."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in PROJECT_PACKAGES:
+            for folder, _, names in sorted(os.walk(os.path.join(ROOT, package))):
+                for name in sorted(names):
+                    if name.endswith((".py", ".properties")):
+                        full = os.path.join(folder, name)
+                        archive.write(full, os.path.relpath(full, ROOT))
+    return path
 
 
 def jobs_started() -> int:
