@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Build what a deployment ships, and with --push upload it:
 #   dist/ssp_recsys-VERSION-py3-none-any.whl  the project, installed in the images
-#   dist/ssp_recsys-VERSION.zip                the same wheel under the name Spark ships to executors
+#   dist/ssp_recsys-VERSION.zip                the project's packages, which Spark ships to executors
 #                                             (--py-files / python_file_uris: PySpark puts only .zip,
 #                                             .egg and .jar files on the executors' sys.path)
+#   dist/ssp-executor-env.tar.gz               the executors' slim Python environment (--archives ...#env),
+#                                             for clusters whose nodes lack the dependencies; its
+#                                             bin/python links to $NODE_PYTHON (default: this machine's)
+#   (both by pipelines/engines/shipping.py, which prints the spark-submit line that uses them)
 #   the three images of infra/docker/Dockerfile (trainer, beam-worker, spark)
 # With --push ARTIFACTS REGISTRY it uploads the .zip, the Spark entry scripts (spark-submit's main
 # files), requirements.lock and the Dataproc initialization action to ARTIFACTS/ssp-recsys/VERSION/
 # (the DAG's SSP_ARTIFACTS) and pushes the images to REGISTRY (e.g. europe-west4-docker.pkg.dev/P/ssp).
-# Usage: infra/build.sh [--push gs://BUCKET REGISTRY]
+# Usage: [NODE_PYTHON=/path/on/the/nodes/python3.11] infra/build.sh [--push gs://BUCKET REGISTRY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
@@ -17,7 +21,7 @@ wheel=dist/ssp_recsys-$version-py3-none-any.whl
 
 rm -rf dist build
 "$python" -m pip wheel --quiet --no-deps --no-build-isolation . -w dist
-cp "$wheel" "dist/ssp_recsys-$version.zip"
+"$python" -m ssp.cli spark-package --out dist ${NODE_PYTHON:+--python "$NODE_PYTHON"}
 for target in trainer beam-worker spark; do
   docker build -f infra/docker/Dockerfile --target "$target" --build-arg WHEEL="$wheel" -t "ssp-$target:$version" .
 done

@@ -13,8 +13,8 @@ parses this DAG with Airflow and checks every command against the project's own 
   memory: it spills to disk), or with SSP_STATS_ENGINE=beam Dataflow jobs launched from the pod
   (their options in $SSP_BEAM_PIPELINE_OPTIONS, from retrain/dataflow-options.yaml).
 - user_update_<s>, final_user_update: `pipelines/user_update.py --run RUN --step s` on Dataproc
-  (DataprocSubmitJobOperator, job settings in retrain/dataproc-job.yaml, the project wheel shipped in
-  python_file_uris under a .zip name).
+  (DataprocSubmitJobOperator, job settings in retrain/dataproc-job.yaml, the project zip of
+  `ssp spark-package` shipped in python_file_uris).
 - stats_<s>: the stats job of the run, `--run RUN --step s` (the rest from the run's manifest), on Dataproc
   (`pipelines/stats.py`, SSP_STATS_ENGINE=spark, the default) or on Dataflow
   (`python -m pipelines.beam_stats` by BeamRunPythonPipelineOperator with the DataflowRunner and the
