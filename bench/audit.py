@@ -340,6 +340,7 @@ def planted(defect: str | None):
 def audit(size: Size, settings: Settings, confidence: float, spark, work: str, seed: int | None = None, plant: str | None = None) -> list[Row]:
     """Run the releases on the canaries and score them; returns the table's rows."""
     from pipelines.releases import release
+    from pipelines.engines.local import LocalEngine
     from pipelines.releases.counts import dp_counts
     from pipelines.releases.mean import dp_mean
     from pipelines.releases.release import PrivacySettings
@@ -366,10 +367,10 @@ def audit(size: Size, settings: Settings, confidence: float, spark, work: str, s
         background = int(rng.integers(2**63))
         tables = write_data(storage.join(work, "data"), size, member, settings.steps, settings.clip_u, background)
         started = time.perf_counter()
-        dp_counts(tables.interactions, tables.items, storage.join(run, "counts"), privacy, "user", k, ledger_path)
+        dp_counts(tables.interactions, tables.items, storage.join(run, "counts"), privacy, "user", k, ledger_path, engine=LocalEngine())
         seconds["counts"] = time.perf_counter() - started
         counts = storage.join(run, "counts", "counts.parquet")
-        dp = dp_mean(tables.interactions, Ledger.open(ledger_path), release.open_seed_file(None, ledger_path), LABELS, "user")["mean"]
+        dp = dp_mean(tables.interactions, Ledger.open(ledger_path), release.open_seed_file(None, ledger_path), LABELS, "user", engine=LocalEngine())["mean"]
         rows = write_centred(tables.interactions, dp, storage.join(work, "data", "stats-rows.parquet"))
         shutil.copytree(run, copy)  # the seed-file copy: the run folder before its first stats release
         for step in range(1, settings.steps + 1):

@@ -109,6 +109,7 @@ def make_data(folder: str, users: int, items: int, ratings_per_user: int, alpha:
 
 def make_inputs(interactions: str, items: str, work: str, dim: int, seed: int) -> dict:
     """User embeddings (N(0, I/d), every user) and DP counts (noise multiplier 1) under `work`."""
+    from pipelines.engines.local import LocalEngine
     from pipelines.releases.counts import dp_counts
     from pipelines.releases.release import PrivacySettings
     from schemas import storage
@@ -126,7 +127,7 @@ def make_inputs(interactions: str, items: str, work: str, dim: int, seed: int) -
     }
     storage.write_table(table, paths["user_embeddings"])
     log(f"wrote {users.size:,} user embeddings (d={dim}); releasing DP counts")
-    dp_counts(interactions, items, work, PrivacySettings(noise_multiplier=1.0), ledger_path=paths["ledger"], seed_file=paths["seed_file"])
+    dp_counts(interactions, items, work, PrivacySettings(noise_multiplier=1.0), ledger_path=paths["ledger"], seed_file=paths["seed_file"], engine=LocalEngine())
     return paths
 
 

@@ -12,7 +12,7 @@ import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.engines import beam_stats
+from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import stats_job
 from pipelines.training.item_update import stats_job_of_run
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}")
     def compute() -> dict | None:
         job = stats_job.StatsJob.from_args(args, stats_job_of_run)
-        return None if job is None else beam_stats.run(job, PipelineOptions(beam_args))  # None: a run's step with nothing to release
+        return None if job is None else BeamEngine(PipelineOptions(beam_args)).release_stats(job)  # None: a run's step with nothing to release
 
     return stats_job.run_and_report(compute)
 

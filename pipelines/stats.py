@@ -1,7 +1,7 @@
 """`spark-submit pipelines/stats.py FLAGS`: the stats job as a Spark application (the flags of
 `ssp stats`; `--run RUN --step S` for a prepared run's own release). A thin script: the job is
-pipelines.engines.spark_stats. Run it from the repository root, or on a cluster with the project's
-wheel in `--py-files`.
+pipelines.engines.spark_stats. Run it from the repository root, or from anywhere with the project's
+zip in `--py-files` (`ssp spark-package`); what a cluster's nodes need: docs/operations.md.
 
 Privacy: that of pipelines.releases.stats_job (every release goes through the run's ledger).
 """
@@ -16,14 +16,12 @@ if __package__ in (None, ""):  # run as a script by spark-submit: make the proje
 
 import argparse  # noqa: E402
 
-from pipelines.engines import spark_stats  # noqa: E402
+from pipelines.engines.engine import engine_of  # noqa: E402
 from pipelines.releases import stats_job  # noqa: E402
 from pipelines.training.item_update import stats_job_of_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.engines.spark import session
-
     parser = argparse.ArgumentParser(prog="stats.py", description="The AM-SSP stats job on Spark: noised A_j, b_j for every catalog item.")
     stats_job.add_arguments(parser)
     parser.add_argument("--master", help="Spark master (default: the one spark-submit gives, else local[*])")
@@ -33,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         job = stats_job.StatsJob.from_args(args, stats_job_of_run)
         if job is None:  # a run whose statistics cover no item: nothing to release
             return None
-        with session("ssp-stats", args.master) as spark:
-            return spark_stats.run(job, spark)
+        with engine_of("spark", app="ssp-stats", master=args.master) as engine:
+            return engine.release_stats(job)
 
     return stats_job.run_and_report(compute)
 

@@ -26,7 +26,8 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_cor
 
 from pipelines.base import command, logs
 from pipelines.data import ingest, splits, synth
-from pipelines.engines.selection import add_engine_argument, engine_of
+from pipelines.engines import shipping
+from pipelines.engines.engine import add_engine_argument, engine_of
 from pipelines.releases import counts, release, stats_job
 from pipelines.training import commands as train_commands, publish, user_stage
 from pipelines.training.evaluation import describe
@@ -62,16 +63,8 @@ def _run_stats(args: argparse.Namespace) -> int:
     job = stats_job.StatsJob.from_args(args, stats_job_of_run)
     if job is None:  # a run whose statistics cover no item: nothing to release (said on stderr)
         return 0
-    if args.engine == "beam":
-        from pipelines.engines import beam_stats
-
-        summary = beam_stats.run(job)
-    else:
-        from pipelines.engines import spark_stats
-        from pipelines.engines.spark import session
-
-        with session("ssp-stats", args.master) as spark:
-            summary = spark_stats.run(job, spark)
+    with engine_of(args.engine, app="ssp-stats", master=args.master) as engine:
+        summary = engine.release_stats(job)
     print(stats_job.describe(summary))
     return 0
 
@@ -158,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats_cmd = commands.add_parser("stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)")
     stats_job.add_arguments(stats_cmd)
-    stats_cmd.add_argument("--engine", choices=("spark", "beam"), default="spark", help="Spark (default; also spark-submit pipelines/stats.py) or Beam DirectRunner")
+    add_engine_argument(stats_cmd)
     stats_cmd.add_argument("--master", help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine)")
     stats_cmd.set_defaults(handler=_run_stats)
 
@@ -186,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                                         "solved on this machine (Parquet in, Parquet or CSV out)")
     recommend.add_arguments(recommend_cmd)
     recommend_cmd.set_defaults(handler=recommend.run)
+
+    package_cmd = commands.add_parser("spark-package", help="build what a Spark cluster's executors need (the project zip, a slim Python "
+                                      "environment) and print the spark-submit line that ships them")
+    shipping.add_arguments(package_cmd)
+    package_cmd.set_defaults(handler=shipping.run)
 
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")

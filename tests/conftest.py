@@ -39,6 +39,12 @@ def pytest_configure(config):
                          start_new_session=True)
 
 
+def pytest_collection_modifyitems(items):
+    """The standalone-cluster tests first: the longest single tests of the suite, so that a test
+    worker starts them while the others work through the rest, not at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def module_budget_account_registry(tmp_path_factory):
     """Each test module's own registry for the runs its module-scoped fixtures make: a data source's
@@ -154,10 +160,14 @@ def spark():
         yield spark_session
 
 
-@pytest.fixture(params=["spark", "beam"])
+@pytest.fixture(params=["local", "spark", "beam"])
 def engine(request):
-    """Each engine the prepare stage runs on: Spark (the session above) and Beam's DirectRunner,
-    with small shards so that even a small table is spread over several."""
+    """Each engine the prepare stage runs on: this process, Spark (the session above) and Beam's
+    DirectRunner, with small shards so that even a small table is spread over several."""
+    if request.param == "local":
+        from pipelines.engines.local import LocalEngine
+
+        return LocalEngine()
     if request.param == "spark":
         from pipelines.engines.prepare_spark import SparkEngine
 

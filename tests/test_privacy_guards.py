@@ -154,6 +154,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     the mean are computed from) of D minus one user are exactly those of D minus that user's rows.
     The rows the stats job reads are chosen by the released DP counts alone: given D's release,
     D minus one user gives D's stats rows minus that user's."""
+    from pipelines.engines.local import LocalEngine
     from pipelines.releases.counts import dp_units
     from pipelines.training import prepare as prepare_stage, run_dir
     from pipelines.training.run_dir import Run
@@ -178,7 +179,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
                                           dp_units(released.counts))
     assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
     again = tmp_path / "less-with-full-release.parquet"
-    prepare_stage._write_centred(str(less_run / "private" / "split" / "train.parquet"), [(str(again), covered)], manifest["prepared"]["mean"], "rmse")
+    LocalEngine().write_centred(str(less_run / "private" / "split" / "train.parquet"), [(str(again), covered)], manifest["prepared"]["mean"], "rmse")
     stats_rows = rows(released.stats_rows)
     assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
     assert rows(again) == {r for r in stats_rows if r[0] != user}

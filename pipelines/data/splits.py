@@ -350,7 +350,7 @@ class SplitRule:
         return document
 
 
-def _sizes(split: dict[str, pa.Table]) -> dict[str, dict[str, int]]:
+def sizes_of(split: dict[str, pa.Table]) -> dict[str, dict[str, int]]:
     return {
         name: {"rows": table.num_rows, "users": int(pc.count_distinct(table["user_id"]).as_py())}
         for name, table in split.items()
@@ -366,39 +366,31 @@ def write_split(split: dict[str, pa.Table], out: str, manifest: dict) -> dict:
     storage.remove(storage.join(out, SPLIT_MANIFEST))
     for name, table in split.items():
         storage.write_table(table, storage.join(out, f"{name}.parquet"))
-    document = {**manifest, "sizes": _sizes(split)}
+    document = {**manifest, "sizes": sizes_of(split)}
     storage.write_json(document, storage.join(out, SPLIT_MANIFEST))
     return document
 
 
-def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT, engine=None,
-               positive_threshold: float | None = None, scale: tuple[float, float] | None = None) -> dict:
+def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT,
+               positive_threshold: float | None = None, scale: tuple[float, float] | None = None, *, engine) -> dict:
     """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
 
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
     against and the (private, exact) table sizes; for recall also the positive threshold used
     (null for an implicit-feedback data set, where every row is a positive; `positive_threshold_for`
-    of `positive_threshold` and `scale`). With an `engine`
-    (pipelines.engines.selection) the rows are split there, users at a time, into the same tables; else
-    the whole log is read into this process."""
+    of `positive_threshold` and `scale`). The rows are split on `engine` (pipelines.engines.engine),
+    into the same tables on every engine."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     rule = SplitRule(protocol, seed, check_holdout(holdout), positive_threshold_for(data, positive_threshold, scale))
     manifest = rule.manifest(data.path)
-    if engine is not None:
-        storage.remove(storage.join(out, SPLIT_MANIFEST))
-        sizes, eligible = engine.split(data.interactions, rule, out)
-        if protocol == "recall":
-            manifest["n_eligible_users"] = eligible
-        document = {**manifest, "sizes": sizes}
-        storage.write_json(document, storage.join(out, SPLIT_MANIFEST))
-        return document
-    interactions = storage.read_table(data.interactions)
-    if interactions.num_rows == 0:
-        raise ValueError(f"{data.path} has no interactions to split")
+    storage.remove(storage.join(out, SPLIT_MANIFEST))
+    sizes, eligible = engine.split(data.interactions, rule, out)
     if protocol == "recall":
-        manifest["n_eligible_users"] = rule.eligible_users(interactions)
-    return write_split(rule.apply(interactions), out, manifest)
+        manifest["n_eligible_users"] = eligible
+    document = {**manifest, "sizes": sizes}
+    storage.write_json(document, storage.join(out, SPLIT_MANIFEST))
+    return document
 
 
 def _eligible_users(interactions: pa.Table, threshold: float | None = POSITIVE_THRESHOLD) -> int:
@@ -517,10 +509,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
 
 
-def run(args: argparse.Namespace, data: Dataset, engine=None) -> int:
-    """Make the split (on `engine`, pipelines.engines.selection; None: this process) and print one
+def run(args: argparse.Namespace, data: Dataset, engine) -> int:
+    """Make the split (on `engine`, pipelines.engines.engine) and print one
     line per table (rows and users)."""
-    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, engine, args.positive_threshold)
+    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, args.positive_threshold, engine=engine)
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")

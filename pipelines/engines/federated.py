@@ -61,6 +61,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
 from pipelines.engines.beam_stats import ReadTable, rows_by_user
+from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
 from pipelines.releases.counts import dp_units
 from pipelines.releases.stats_core import release_metadata, stats_table, user_contributions
@@ -471,3 +472,22 @@ def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret
         missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), load("unmasked", np.int64))  # survivors and dropped alike need a correction
         return RoundResult(load("sum", np.uint64), load("corrections", np.uint64), int(alive.size), missing.tolist(), int(load("revealed", np.int64)[0]),
                            int(load("refusals", np.int64)[0]))
+
+
+class FederatedEngine(BeamEngine):
+    """The federated engine (pipelines.engines.engine): the prepare stage and the user update for
+    evaluation on Beam (the trusted side's, as for the Beam engine); each statistics release a round
+    of this module, `rounds(job)` its FederatedJob (the run's clients, settings and dropout). Its
+    clients solve their own embeddings inside the release: no user update before it."""
+
+    name = "federated"
+    solves_users_in_release = True
+
+    def __init__(self, rounds: Callable[[stats_job.StatsJob], FederatedJob] | None, options: PipelineOptions | None = None, scratch: str | None = None):
+        super().__init__(options, scratch=scratch)
+        self.rounds = rounds
+
+    def release_stats(self, job: stats_job.StatsJob) -> dict:
+        if self.rounds is None:
+            raise ValueError("the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables")
+        return run(self.rounds(job), self.options)

@@ -54,10 +54,10 @@ def _by_shard(batch: pa.RecordBatch, shards: int) -> Iterator[tuple[int, pa.Reco
         yield index, batch.filter(pa.array(shard == index))
 
 
-def _sorted(batches: Iterable[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """A shard's rows sorted by user, as batches (the input `chunks.complete_users` expects)."""
+def _sorted(batches: Iterable[pa.RecordBatch], order: tuple[str, ...] = ("user_id",)) -> list[pa.RecordBatch]:
+    """A shard's rows sorted by `order` (user first), as batches (the input `chunks.complete_users` expects)."""
     table = pa.Table.from_batches(list(batches))
-    return table.sort_by("user_id").to_batches(max_chunksize=65_536) if table.num_rows else []
+    return table.sort_by([(name, "ascending") for name in order]).to_batches(max_chunksize=65_536) if table.num_rows else []
 
 
 def _columns(batches: list[pa.RecordBatch], *names: str) -> list[np.ndarray]:
@@ -90,10 +90,10 @@ def options_from_environment() -> PipelineOptions | None:
 
 
 class BeamEngine:
-    """The prepare stage's engine methods (`splits.make_split`, `counts.dp_counts`, `mean.dp_mean`,
-    `train.prepare`) as Beam pipelines run with `options`."""
+    """Every operation of pipelines.engines.engine.Engine as Beam pipelines run with `options`."""
 
     name = "beam"
+    solves_users_in_release = False
 
     def __init__(self, options: PipelineOptions | None = None, scratch: str | None = None, shard_rows: int = SHARD_ROWS):
         self.options, self.scratch, self.shard_rows = options, scratch, shard_rows
@@ -109,15 +109,48 @@ class BeamEngine:
             finally:
                 storage.remove(path)
 
-    def _shards(self, pipeline: beam.Pipeline, interactions: str, columns: list[str]) -> beam.PCollection:
-        """(shard, rows of that shard's users sorted by user, as batches), about `shard_rows` rows each."""
+    def _shards(self, pipeline: beam.Pipeline, interactions: str, columns: list[str], order: tuple[str, ...] = ("user_id",)) -> beam.PCollection:
+        """(shard, rows of that shard's users sorted by `order`, as batches), about `shard_rows` rows each."""
         rows = sum(count for _, _, count in storage.row_groups(interactions))
         shards = max(1, math.ceil(rows / self.shard_rows))
         return (pipeline
                 | "Read" >> ReadTable(interactions, columns)
                 | "ToShards" >> beam.FlatMap(_by_shard, shards)
                 | "GroupShards" >> beam.GroupByKey()
-                | "SortShards" >> beam.MapTuple(lambda shard, batches: (shard, _sorted(batches))))
+                | "SortShards" >> beam.MapTuple(lambda shard, batches: (shard, _sorted(batches, order))))
+
+    def release_stats(self, job) -> dict:
+        """The statistics release of `job` (pipelines.engines.beam_stats)."""
+        from pipelines.engines import beam_stats
+
+        return beam_stats.run(job, self.options)
+
+    def user_update(self, interactions: str, item_embeddings: str, out: str, solve):
+        """The user update (pipelines.engines.user_update) as a pipeline, with the Spark tasks' bits:
+        a table whose files hold whole users in order a file per task, any other by shards of users
+        sorted by (user, item), as Spark's shuffle sorts them."""
+        from pipelines.engines import user_update
+
+        vectors, gram, d = user_update.item_vectors(item_embeddings, solve)
+        staged = storage.StagedWrite(out)
+        sources = (interactions, item_embeddings)
+
+        def solved(part: int, batches) -> Iterator[dict]:
+            for record in user_update.solve_part(iter(batches), vectors, gram, solve, staged, part, sources):
+                yield from pa.Table.from_batches([record]).to_pylist()
+
+        try:
+            if users_together(interactions):
+                files = list(enumerate(storage.table_files(interactions)))
+                written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle()
+                                        | "Solve" >> beam.FlatMapTuple(lambda index, file: solved(index, user_update.file_rows(file))))
+            else:
+                written = self._collect(lambda p: self._shards(p, interactions, ["user_id", "item_id", "label"], ("user_id", "item_id"))
+                                        | "Solve" >> beam.FlatMapTuple(solved))
+        except BaseException:
+            staged.abort([])
+            raise
+        return user_update.commit(staged, written, out, d, solve.lambda_u)
 
     def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
         """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""

@@ -51,13 +51,30 @@ def files_of_whole_users(interactions: str) -> list[str] | None:
 
 
 class SparkEngine:
-    """The prepare stage's engine methods (`splits.make_split`, `counts.dp_counts`, `mean.dp_mean`,
-    `train.prepare`) on a Spark session."""
+    """Every operation of pipelines.engines.engine.Engine on a Spark session: `spark`, or a function
+    that returns it (engines.spark.session_on_demand: opened when an operation first needs it)."""
 
     name = "spark"
+    solves_users_in_release = False
 
     def __init__(self, spark):
-        self.spark = spark
+        self._spark = spark if callable(spark) else (lambda: spark)
+
+    @property
+    def spark(self):
+        return self._spark()
+
+    def release_stats(self, job) -> dict:
+        """The statistics release of `job` (pipelines.engines.spark_stats)."""
+        from pipelines.engines import spark_stats
+
+        return spark_stats.run(job, self.spark)
+
+    def user_update(self, interactions: str, item_embeddings: str, out: str, solve):
+        """The user update (pipelines.engines.user_update)."""
+        from pipelines.engines import user_update
+
+        return user_update.run_spark(self.spark, interactions, item_embeddings, out, solve)
 
     def _by_user(self, files: list[str], columns: tuple[str, ...] = INTERACTION_COLUMNS):
         """The interactions' `columns` repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""

@@ -1,8 +1,8 @@
 """Spark sessions for the jobs: local by default, the cluster's when launched by spark-submit.
 
 The Python workers must import this project: locally the session puts the repository on their
-PYTHONPATH; on a cluster the project ships as its wheel, under a .zip name in --py-files
-(infra/build.sh). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
+PYTHONPATH; on a cluster it ships as a zip of its packages, in --py-files (`ssp spark-package`) or
+added by the driver itself (`ship_project`). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
 one thread per worker (Spark already runs one worker per core).
 
 Tables on gs://: a job whose Spark reads input tables opens them with `readable_tables`. Spark reads a gs:// table

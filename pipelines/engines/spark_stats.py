@@ -264,45 +264,54 @@ def partition_keys(partitions: int) -> np.ndarray:
     return keys
 
 
-def _maybe_failing(results: Iterator[pa.RecordBatch], fail_first_attempt: bool) -> Iterator[pa.RecordBatch]:
-    """Pass a task's results through, or (fault injection) fail its first attempt at the end."""
-    from pyspark import TaskContext
-
-    produced = list(results)
-    if fail_first_attempt and TaskContext.get().attemptNumber() == 0:
-        raise RuntimeError("injected failure of a first task attempt")
-    yield from produced
+def row_lookups(job: stats_job.StatsJob) -> RowLookups:
+    """What every reduce task looks its rows up in: the catalog's DP counts and, at user level (or
+    for the logistic loss), the users' weight normalisers that `job.prepare()` found."""
+    settings = job.settings
+    users, normalisers = job.normalisers if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers else (None, None)
+    return RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers)
 
 
-def run(job: stats_job.StatsJob, spark, fail_first_attempts: bool = False) -> dict:
+def shard_count(job: stats_job.StatsJob) -> int:
+    """The release's item shards: the job's, or more when its rows need more reduce tasks' memory."""
+    return max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
+
+
+def commit_written(job: stats_job.StatsJob, specs, written: list[dict]) -> dict:
+    """Commit the parts the reduce tasks wrote (`item_shard`'s records); the step summary, with the
+    seconds the tasks spent in the statistics kernel (`kernel_task_seconds`)."""
+    names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
+    written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
+    return {**job.commit(names, written_rows), "kernel_task_seconds": sum(row["seconds"] for row in written)}
+
+
+def job_inputs(job: stats_job.StatsJob) -> tuple[tuple[str, str], tuple[str, str] | None]:
+    """(the user embeddings, the expansion points or None), each as (path, content digest)."""
+    return (job.user_embeddings, job.digests["user_embeddings"]), ((job.expansion, job.digests["expansion"]) if job.expansion else None)
+
+
+def run(job: stats_job.StatsJob, spark) -> dict:
     """Prepare the releases, compute and write them with Spark, commit; returns the step summary
-    (with the seconds the tasks spent in the statistics kernel, `kernel_task_seconds`).
-
-    `fail_first_attempts` is fault injection for tests: every item task fails on its first attempt,
-    after writing its part files, so Spark's retry must reproduce them exactly (keyed noise and a
-    fixed summation order make that so).
-    """
+    (with the seconds the tasks spent in the statistics kernel, `kernel_task_seconds`). A task Spark
+    retries (a lost executor) writes the same part files again: keyed noise and a fixed summation
+    order make them so (tests/pipelines/test_spark_cluster.py)."""
 
     specs = job.prepare()
     staged = job.staged_writes()
     settings = job.settings
-    users, normalisers = job.normalisers if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers else (None, None)  # by prepare()
-    lookups = spark.sparkContext.broadcast(RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers))
+    lookups = spark.sparkContext.broadcast(row_lookups(job))
     needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
-    shards = max(job.shards, needed)
+    shards = shard_count(job)
     tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
     keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
-    embeddings = (job.user_embeddings, job.digests["user_embeddings"])
-    expansion = (job.expansion, job.digests["expansion"]) if job.expansion else None
+    embeddings, expansion = job_inputs(job)
     forward_storage_settings(spark)
     units = job.units  # the row groups prepare() read the footers of
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
     written = blocks.repartition(tasks, "key").mapInArrow(
-        lambda batches: _maybe_failing(item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion), fail_first_attempts),
+        lambda batches: item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion),
         WRITTEN_DDL
     ).collect()
     lookups.unpersist()
-    names = [[row["name"] for row in written if row["resample"] == k] for k in range(len(specs))]
-    written_rows = [sum(row["rows"] for row in written if row["resample"] == k) for k in range(len(specs))]
-    return {**job.commit(names, written_rows), "kernel_task_seconds": sum(row["seconds"] for row in written)}
+    return commit_written(job, specs, [row.asDict() for row in written])

@@ -18,6 +18,7 @@ import io
 import pickle
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -86,9 +87,57 @@ class Solved(NamedTuple):
     solve_seconds: float
 
 
+@dataclass(frozen=True)
+class UserSolve:
+    """The settings of a user update (see `run`): what every engine's user update is given."""
+
+    lambda_u: float
+    dim: int | None = None
+    gravity: float = 0.0
+    loss: str = "square"
+    bias_ridge: float | None = None
+    constant: bool = False
+    prior: float = 0.0
+    confidence: bool = False
+
+
+def item_vectors(item_embeddings: str, solve: UserSolve) -> tuple[tuple[IdIndex, np.ndarray], np.ndarray | None, int]:
+    """The checked solve settings' inputs: ((index of the item ids, their embeddings), the gravity
+    Gram or None, d); refuses a bad loss or ridge before any row is read."""
+    if solve.loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {solve.loss!r}")
+    if not np.isfinite(solve.lambda_u) or solve.lambda_u <= 0:
+        raise ValueError(f"--lambda-u must be > 0, got {solve.lambda_u}")
+    items = validate_item_embeddings(storage.read_table(item_embeddings), dim=solve.dim)
+    d = len(items["embedding"][0].as_py()) if items.num_rows else solve.dim
+    v = list_column_to_matrix(items["embedding"], d, "item embedding")
+    gram = solve.gravity * (v.T @ v) if solve.gravity > 0 else None
+    return (IdIndex(items["item_id"].to_numpy()), v), gram, d
+
+
+def solve_part(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], gram, solve: UserSolve, staged: storage.StagedWrite,
+               part: int, sources: tuple[str, str]) -> Iterator[pa.RecordBatch]:
+    """One engine task: the users of `batches` (sorted by user) -> part `part` of the table."""
+    return _solve_partition(batches, vectors, solve.lambda_u, staged, part, sources, gram, solve.loss == "logistic", solve.bias_ridge,
+                            solve.constant, solve.prior, solve.confidence)
+
+
+def file_rows(file: str) -> Iterator[pa.RecordBatch]:
+    """The rows of one file of a table whose files hold whole users in order (chunks.USERS_TOGETHER)."""
+    return sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id", "label"]), file)
+
+
+def commit(staged: storage.StagedWrite, written: list[dict], out: str, d: int, lambda_u: float) -> Solved:
+    """Commit the parts the tasks wrote; the update's summary."""
+    users = sum(row["rows"] for row in written)
+    staged.commit([row["name"] for row in written], users)
+    log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
+    return Solved(users, sum(row["seconds"] for row in written))
+
+
 def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0,
         loss: str = "square", bias_ridge: float | None = None, constant: bool = False, prior: float = 0.0, confidence: bool = False) -> Solved:
-    """Solve every user of `interactions` against `item_embeddings`; write `out`.
+    """Solve every user of `interactions` against `item_embeddings` on Spark; write `out`.
 
     `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
     system: the item embeddings are released data, so this costs no privacy. `loss` "logistic"
@@ -102,46 +151,57 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     `confidence` (the ranking protocol): the labels are the rows' confidences, each row a positive
     weighing its confidence (trainer.solve.ridge_solve).
     """
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    return run_spark(spark, interactions, item_embeddings, out, UserSolve(lambda_u, dim, gravity, loss, bias_ridge, constant, prior, confidence))
+
+
+def run_spark(spark, interactions: str, item_embeddings: str, out: str, solve: UserSolve) -> Solved:
+    """`run` with its settings as a UserSolve."""
     from pyspark import TaskContext
 
-    if not np.isfinite(lambda_u) or lambda_u <= 0:
-        raise ValueError(f"--lambda-u must be > 0, got {lambda_u}")
-    items = validate_item_embeddings(storage.read_table(item_embeddings), dim=dim)
-    d = len(items["embedding"][0].as_py()) if items.num_rows else dim
-    v = list_column_to_matrix(items["embedding"], d, "item embedding")
-    gram = gravity * (v.T @ v) if gravity > 0 else None
+    vectors, gram, d = item_vectors(item_embeddings, solve)
     try:  # PySpark prints the traceback of a broadcast file it cannot write (a full disk, a file-size limit), then raises PicklingError
         with contextlib.redirect_stderr(io.StringIO()):
-            vectors = spark.sparkContext.broadcast((IdIndex(items["item_id"].to_numpy()), v))
+            shared = spark.sparkContext.broadcast(vectors)
     except pickle.PicklingError as exc:
         if isinstance(exc.__context__, OSError):
             raise exc.__context__ from None  # the disk's error, which the CLI reports in one line
         raise
     staged = storage.StagedWrite(out)
 
-    def solve(batches: Iterator[pa.RecordBatch], part: int) -> Iterator[pa.RecordBatch]:
-        return _solve_partition(batches, vectors.value, lambda_u, staged, part, (interactions, item_embeddings), gram, loss == "logistic", bias_ridge,
-                                constant, prior, confidence)
+    def task(batches: Iterator[pa.RecordBatch], part: int) -> Iterator[pa.RecordBatch]:
+        return solve_part(batches, shared.value, gram, solve, staged, part, (interactions, item_embeddings))
 
     try:
         with task_errors_raised_here():
             if users_together(interactions):  # each file whole users in order (a run's centred rows): a task per file, no shuffle
-                written = per_file(spark, storage.table_files(interactions),
-                                   lambda index, file: solve(sorted_by_user(storage.iter_batches(file, columns=["user_id", "item_id", "label"]), file), index),
-                                   WRITTEN_DDL).to_pylist()
+                written = per_file(spark, storage.table_files(interactions), lambda index, file: task(file_rows(file), index), WRITTEN_DDL).to_pylist()
             else:
                 with readable_tables(spark, interactions) as (rated_files,):
                     rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
                     by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
-                    written = by_user.mapInArrow(lambda batches: solve(batches, TaskContext.get().partitionId()), WRITTEN_DDL).collect()
+                    written = [row.asDict() for row in by_user.mapInArrow(lambda batches: task(batches, TaskContext.get().partitionId()), WRITTEN_DDL).collect()]
     except BaseException:
         staged.abort([])
         raise
     finally:
-        vectors.unpersist()
-    users = sum(row["rows"] for row in written)
-    staged.commit([row["name"] for row in written], users)
-    log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
-    return Solved(users, sum(row["seconds"] for row in written))
+        shared.unpersist()
+    return commit(staged, written, out, d, solve.lambda_u)
+
+
+def run_local(interactions: str, item_embeddings: str, out: str, solve: UserSolve) -> Solved:
+    """`run` in this process, with Spark's tasks' bits: a table whose files hold whole users in
+    order is solved a file at a time, any other sorted by (user, item), as Spark's shuffle sorts it."""
+    vectors, gram, d = item_vectors(item_embeddings, solve)
+    staged = storage.StagedWrite(out)
+    sources = (interactions, item_embeddings)
+    try:
+        if users_together(interactions):
+            parts = [solve_part(file_rows(file), vectors, gram, solve, staged, index, sources) for index, file in enumerate(storage.table_files(interactions))]
+        else:
+            rows = storage.read_table(interactions, columns=["user_id", "item_id", "label"]).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+            parts = [solve_part(iter(rows.to_batches()), vectors, gram, solve, staged, 0, sources)]
+        written = [row for part in parts for batch in part for row in pa.Table.from_batches([batch]).to_pylist()]
+    except BaseException:
+        staged.abort([])
+        raise
+    return commit(staged, written, out, d, solve.lambda_u)

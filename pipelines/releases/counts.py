@@ -142,28 +142,21 @@ def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -
 
 def dp_counts(
     interactions: str, items: str, out: str, privacy: release.PrivacySettings, unit: str = "user",
-    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, engine=None,
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, *, engine,
 ) -> dict:
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
-    With an engine (pipelines.engines.prepare_spark, pipelines.engines.prepare_beam) the exact counts are
-    aggregated there, else in this process."""
+    The exact counts are aggregated on `engine` (pipelines.engines.engine)."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
         raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     if unit not in ("user", "example"):
         raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
     catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
-    if engine is None:
-        users, rated = read_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
-    else:
-        engine.check_count_rows(interactions, catalog)
+    engine.check_count_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
     ledger = privacy.open_ledger(ledger_path, unit, interactions)  # a new run charges its data source's account
     seeds = release.open_seed_file(seed_file, ledger_path)
     key = sampling_key(seeds.seed)
-    if engine is None:
-        exact, units = exact_aggregates(users, rated, catalog, unit, max_items_per_user, key)
-    else:
-        exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
+    exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
     multiplier = ledger.budget["multipliers"]["counts"]
     sensitivity = math.sqrt((max_items_per_user if unit == "user" else 1) + 1)  # the item counts and the number of units
     description = {
@@ -198,10 +191,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     release.add_privacy_arguments(parser)
 
 
-def run(args: argparse.Namespace, engine=None) -> int:
-    """`ssp counts`: the release on `engine` (pipelines.engines.selection; None: this process)."""
+def run(args: argparse.Namespace, engine) -> int:
+    """`ssp counts`: the release on `engine` (pipelines.engines.engine)."""
     summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
-                        args.max_items_per_user, args.ledger, args.seed_file, engine)
+                        args.max_items_per_user, args.ledger, args.seed_file, engine=engine)
     print(f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
           f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
     return 0

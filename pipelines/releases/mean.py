@@ -71,17 +71,16 @@ def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray 
 
 def dp_mean(
     interactions: str, ledger: Ledger, seeds: SeedFile, rating_range: tuple[float, float], unit: str = "user", user_cap: float = DEFAULT_USER_CAP,
-    engine=None,
+    *, engine,
 ) -> dict:
-    """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. With an engine
-    (pipelines.engines.prepare_spark, pipelines.engines.prepare_beam) the weighted sums are computed there."""
+    """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. The weighted
+    sums are computed on `engine` (pipelines.engines.engine)."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"rating range must be two finite numbers low < high, got {rating_range}")
     if not math.isfinite(user_cap) or user_cap <= 0:
         raise ValueError(f"the per-user cap of the mean must be > 0, got {user_cap}")
-    sums = weighted_sums if engine is None else engine.mean_sums
-    total, count = sums(interactions, (low, high), unit, user_cap)
+    total, count = engine.mean_sums(interactions, (low, high), unit, user_cap)
     middle, half = (low + high) / 2, (high - low) / 2
     scale = user_cap if unit == "user" else 1.0
     multiplier = ledger.budget["multipliers"].get("mean", 0.0)

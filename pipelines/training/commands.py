@@ -13,7 +13,7 @@ from pipelines.data import splits
 from pipelines.releases.release import DEFAULT_OUTER_STEPS
 from pipelines.releases.stats_core import LOSSES
 from pipelines.training.evaluation import describe, evaluate
-from pipelines.training.item_update import item_update
+from pipelines.training.item_update import item_update, run_engine
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import existing_run_lock, Run
 from pipelines.training.settings import ENCODER_INITS, ENGINES, ITEM_UPDATES, NON_PRIVATE_OUTER_STEPS, read_config, STAGES, TrainConfig
@@ -86,10 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "non_private": "no noise and no clipping: the non-private top line of the same pipeline",
         "seed_file": "a secret noise seed file for a new run (default: RUN/private/seed, from the OS CSPRNG); a seed file serves one "
                      "run's ledger: another run's is refused (to reproduce a run, copy its folder)",
-        "engine": "engine of the prepare stage (split, DP counts, DP mean, centred rows) and of the stats job: spark or beam "
-                  "(the user update runs on Spark), or federated: the prepare stage on Beam, and each step's statistics released by "
+        "engine": "engine of the run's row work (the prepare stage, the user updates, the stats releases): spark, beam, or local "
+                  "(this process, no JVM: small logs); or federated: Beam's, with each step's statistics released by "
                   "simulated devices (solving their own embeddings) through secure aggregation with distributed Skellam noise "
-                  "(pipelines.engines.federated; accountant: RDP on integer orders)",
+                  "(pipelines.engines.federated; accountant: RDP on integer orders). A log under 2M rows is prepared locally on any engine",
         "federated_dropout": "--engine federated: share of clients that drop out of each round after its setup (simulated; their masks are "
                              "recovered from their neighbours' Shamir shares)",
         "federated_server": "--engine federated: the simulated server, honest, or partition: a malicious server showing holders different "
@@ -222,14 +222,8 @@ def main(args: argparse.Namespace) -> int:
     check_data(args)
     config = config_from_args(args)
     if args.stage == "prepare":
-        with run_directory(config):
-            if config.engine in ("beam", "federated"):
-                prepare(config)
-            else:
-                from pipelines.engines.spark import session_on_demand
-
-                with session_on_demand("ssp-prepare") as spark:  # started only for a log too large for this process
-                    prepare(config, spark=spark)
+        with run_directory(config), run_engine(Run(config.out), config, app="ssp-prepare") as engine:  # Spark: started only for a log too large for this process
+            prepare(config, engine=engine)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0
     print(describe(run(config)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 
@@ -22,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.base import logs
+from pipelines.engines.engine import Engine, engine_of
 from pipelines.releases import release, stats_core, stats_job
 from pipelines.releases.gram import dp_gram
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
@@ -66,26 +68,25 @@ def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) ->
                               expansion=run.item_embeddings(step - 1) if config.loss == "logistic" else None)
 
 
-def release_stats(run: Run, step: int, spark=None) -> dict:
-    """Stage 2b of step s: release the noised statistics with the run's engine; returns the step summary."""
+def release_stats(run: Run, step: int, engine: Engine) -> dict:
+    """Stage 2b of step s: release the noised statistics on `engine`, the run's; returns the step summary."""
     manifest = run.prepared()
     config = config_of(run, manifest)
-    job = stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
-    if config.engine == "federated":  # the clients solve their own embeddings: no user update before it
+    return engine.release_stats(stats_job_for(run, config, step, manifest["prepared"]["stats_items"]))
+
+
+@contextmanager
+def run_engine(run: Run, config: TrainConfig, spark=None, master: str | None = None, app: str = "ssp-train") -> Iterator[Engine]:
+    """The run's engine (--engine) for the duration of the block: a Spark engine's session (given,
+    or opened on first use), a Beam engine's scratch folder in the run, the federated rounds of its steps."""
+    def rounds(job: stats_job.StatsJob):
         from pipelines.engines import federated
-        from pipelines.engines.prepare_beam import options_from_environment
 
-        return federated.run(federated.FederatedJob(job, run.centred, run.item_embeddings(step - 1), config.lambda_u, config.gravity,
-                                                    config.federated_dropout, config.federated_max_dropout, scratch=run.private("federated"),
-                                                    server=config.federated_server),
-                             options_from_environment())
-    if config.engine == "beam":
-        from pipelines.engines import beam_stats
+        return federated.FederatedJob(job, run.centred, run.item_embeddings(job.step - 1), config.lambda_u, config.gravity, config.federated_dropout,
+                                      config.federated_max_dropout, scratch=run.private("federated"), server=config.federated_server)
 
-        return beam_stats.run(job)
-    from pipelines.engines import spark_stats as stats
-
-    return stats.run(job, spark)
+    with engine_of(config.engine, app=app, master=master, spark=spark, scratch=run.private("beam"), rounds=rounds) as engine:
+        yield engine
 
 
 def _ridge_scale(config: TrainConfig, space, multiplier: float, counts: pa.Table, averaged: int = 1) -> np.ndarray:

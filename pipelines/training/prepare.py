@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 import time
-from contextlib import contextmanager, ExitStack
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -25,16 +25,18 @@ import pyarrow as pa
 from pipelines.base import logs
 from pipelines.base.lock import run_lock
 from pipelines.data import ingest, splits
+from pipelines.engines.engine import Engine
+from pipelines.engines.local import LocalEngine
 from pipelines.releases import release
 from pipelines.releases.counts import dp_counts, dp_units
-from pipelines.releases.mean import centred, dp_mean, kept
+from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
 from privacy.ledger import Ledger
 from privacy.seeds import content_digest_table
 from schemas import storage
-from schemas.tables import INTERACTIONS, item_features
+from schemas.tables import item_features
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
@@ -87,41 +89,15 @@ def _run_identity(config: TrainConfig) -> dict:
     return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
 
 
-def _write_centred(train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str, engine=None,
-                   confidence_alpha: float | None = None) -> None:
-    """The training rows centred by `mean.centred` in one pass (on the engine when given), written to
-    each output: a path and the items it keeps (None: every item)."""
-    if engine is not None:
-        engine.write_centred(train, outputs, mean, protocol, confidence_alpha)
-        return
-    with ExitStack() as stack:
-        writers = [(stack.enter_context(storage.TableWriter(out, INTERACTIONS)), keep_items) for out, keep_items in outputs]
-        for batch in storage.iter_batches(train):
-            every = centred(pa.Table.from_batches([batch]), mean, protocol, None, confidence_alpha)
-            for writer, keep_items in writers:
-                writer.write(kept(every, keep_items))
-
-
 LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
+LOCAL = LocalEngine()
 
 
-def prepare_engine(config: TrainConfig, spark=None, rows: int = 0, local_rows: int = LOCAL_PREPARE_ROWS):
-    """Where the prepare stage's row work runs for a log of `rows` rows: in this process (None)
-    below `local_rows`, where a handful of Spark or Beam jobs would cost more than the work and
-    memory is bounded by the threshold; else on Beam when the run's stats job runs there, on Spark
-    when a session is given (or a function that opens one: engines.spark.session_on_demand), in
-    this process when none is."""
-    if rows < local_rows:
-        return None
-    if config.engine in ("beam", "federated"):
-        from pipelines.engines.prepare_beam import BeamEngine, options_from_environment
-
-        return BeamEngine(options_from_environment(), scratch=Run(config.out).private("beam"))
-    if spark is not None:
-        from pipelines.engines.prepare_spark import SparkEngine
-
-        return SparkEngine(spark() if callable(spark) else spark)
-    return None
+def prepare_engine(engine: Engine, rows: int, local_rows: int = LOCAL_PREPARE_ROWS) -> Engine:
+    """Where the prepare stage's row work runs for a log of `rows` rows: in this process below
+    `local_rows`, where a handful of Spark or Beam jobs would cost more than the work and memory is
+    bounded by the threshold; else on the run's engine."""
+    return LOCAL if rows < local_rows else engine
 
 
 def ledger_multiplier(ledger_path: str) -> float:
@@ -278,11 +254,11 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
     return tuple(prepared.get("rating_range", (0.5, 5.0)))
 
 
-def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: int = LOCAL_PREPARE_ROWS) -> dict:
+def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, local_rows: int = LOCAL_PREPARE_ROWS) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
     is left as it is (a different configuration is refused). The rows are split, counted, summed
-    and centred on the run's engine (`prepare_engine`): the same tables and releases as in this
+    and centred on `engine`, the run's (`prepare_engine`): the same tables and releases as in this
     process, without holding the log here (a log under `local_rows` rows is prepared here)."""
     from privacy.seeds import SeedFile
 
@@ -307,9 +283,9 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
         raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
                          "(--protocol rmse) has no ratings to predict; use --protocol recall")
     ratings = rating_range(config, data)
-    engine = prepare_engine(config, spark, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
+    engine = prepare_engine(engine, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, engine, config.positive_threshold, ratings)
+        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, config.positive_threshold, ratings, engine=engine)
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):
@@ -341,7 +317,7 @@ def prepare(config: TrainConfig, progress: bool = True, spark=None, local_rows: 
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
         outputs.append((run.stats_rows, covered))  # the stats job's rows
-    _write_centred(train_rows, outputs, mean, config.protocol, engine, alpha)
+    engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
 
     if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
         weights = np.ones(space.size)

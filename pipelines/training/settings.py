@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 
 from pipelines.data import ingest, splits
-from pipelines.engines import user_update
+from pipelines.engines import engine as engines, user_update
 from pipelines.releases import release
 from pipelines.releases.counts import DEFAULT_MAX_ITEMS_PER_USER
 from pipelines.releases.stats_core import LOSSES, StatsSettings
@@ -40,7 +40,7 @@ NON_PRIVATE_OUTER_STEPS = 10  # the item updates that fit biases (the others: --
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in (TrainConfig.__post_init__)
 
 
-ENGINES = ("spark", "beam", "federated")
+ENGINES = tuple(engines.ENGINES)
 
 
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
@@ -160,10 +160,10 @@ class TrainConfig:
             # 6,040 users, test (valid) Recall@20 without / with, k 2 or 1 by default / k 0.5: epsilon 5
             # 0.1285 (0.1385) / 0.1248 (0.1377) / 0.1274 (0.1389); epsilon 20 0.1534 (0.1590) / 0.1369
             # (0.1481) / 0.1522 (0.1627), one seed.
-            object.__setattr__(self, "biases", self.protocol == "rmse" and self.loss == "square" and self.item_update in BIASED_UPDATES and self.engine != "federated")
+            object.__setattr__(self, "biases", self.protocol == "rmse" and self.loss == "square" and self.item_update in BIASED_UPDATES
+                               and self.engine in ENGINES and engines.supports(self.engine, "biases"))
         if self.biases:
-            problems = [flag for flag, wrong in (("--loss square", self.loss != "square"), (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES),
-                                                 ("--engine spark, beam or local", self.engine == "federated")) if wrong]
+            problems = [flag for flag, wrong in (("--loss square", self.loss != "square"), (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES)) if wrong]
             if problems:
                 raise ValueError(f"--biases needs {', '.join(problems)} (use --no-biases otherwise)")
         if self.outer_steps is None:  # a private run splits its budget over the steps; a non-private one converges
@@ -211,26 +211,24 @@ class TrainConfig:
             raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.encoder_init not in ENCODER_INITS:
             raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic":
             problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
                                                  ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
-                                                 ("--engine spark", self.engine != "spark"), ("--gravity 0", self.gravity != 0),
+                                                 ("--gravity 0", self.gravity != 0),
                                                  ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
             if problems:
                 raise ValueError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
-        if self.engine == "federated" and self.item_update not in STATS_UPDATES:
-            raise ValueError(f"--engine federated releases statistics from the clients: it needs an --item-update that uses them {STATS_UPDATES}")
+        engines.check_supported(self.engine, {"biases": self.biases, "logistic": self.loss == "logistic", "no-statistics": self.item_update not in STATS_UPDATES,
+                                              "rounds": self.federated_server != "honest"})
         for name in ("federated_dropout", "federated_max_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
         if self.federated_server != "honest":
             from pipelines.engines.federated import SERVERS
 
-            if self.federated_server not in SERVERS or self.engine != "federated":
+            if self.federated_server not in SERVERS:
                 raise ValueError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
         if self.item_update not in ITEM_UPDATES:
             raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
@@ -257,10 +255,9 @@ class TrainConfig:
             dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
         common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
                       mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
-        if self.engine == "federated":  # its Skellam noise is accounted on integer RDP orders (pipelines.engines.federated)
-            from pipelines.engines import federated
-
-            common["accountant"] = federated.ACCOUNTANT
+        accountant = engines.ENGINES[self.engine].accountant  # federated: its Skellam noise is accounted on integer RDP orders
+        if accountant is not None:
+            common["accountant"] = accountant
         if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
             return release.PrivacySettings(noise_multiplier=0.0, **common)
         return release.PrivacySettings(epsilon=self.epsilon, account=self.budget_account, account_cap=self.account_cap,

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pipelines.engines.spark import jobs_started
 from pipelines.training import user_stage
 from pipelines.training.evaluation import evaluate
-from pipelines.training.item_update import covers_items, item_update, release_stats
+from pipelines.training.item_update import covers_items, item_update, release_stats, run_engine
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
@@ -45,7 +45,8 @@ from pipelines.training.settings import TrainConfig
 def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool = False) -> dict:
     """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
 
-    The same stages a scheduler runs as separate tasks, with one Spark session for the Spark ones;
+    The same stages a scheduler runs as separate tasks, on the run's engine (with `spark`, a Spark
+    engine uses that session; else it opens one when a stage first needs it);
     each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
     With `count_jobs` (a benchmark's measure) each stage's number of Spark jobs goes into
     `spark_jobs`; off by default: reading Spark's status leaves Java proxies whose collection,
@@ -63,32 +64,24 @@ def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool
             if count_jobs:
                 layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 
-        def stages(spark_of):  # spark_of(): the session, opened when a stage first needs it (a refused run starts no JVM)
+        with run_engine(layout, config, spark) as engine:  # a Spark session is opened when a stage first needs it (a refused run starts no JVM)
             with timed("prepare"):  # on a resumed run: the check of its recorded settings
-                prepare(config, progress, spark_of)
+                prepare(config, progress, engine)
             for s in range(1, config.outer_steps + 1):
                 if s in layout.read_manifest()["steps_done"]:
                     continue
-                if config.engine != "federated":  # federated clients solve their embeddings in the stats round
+                if not engine.solves_users_in_release:  # federated clients solve their embeddings in the stats round
                     with timed(f"step-{s}/user_update"):
-                        user_stage.run_step(spark_of(), layout.root, s)
+                        user_stage.run_step(engine, layout.root, s)
                 if config.item_update not in ("dpsgd", "none") and covers_items(layout.read_manifest()):  # AM-DPSGD releases no statistics, the starting point none
                     with timed(f"step-{s}/stats"):
-                        summary = release_stats(layout, s, spark_of() if config.engine == "spark" else None)
-                    if "kernel_task_seconds" in summary:  # the Spark job's (Beam's runners time their own)
+                        summary = release_stats(layout, s, engine)
+                    if "kernel_task_seconds" in summary:  # the Spark and local jobs' (Beam's runners time their own)
                         layout.record_seconds(f"step-{s}/stats", summary["kernel_task_seconds"], "kernel_seconds")
                 with timed(f"step-{s}/item_update"):
                     item_update(layout, s, progress)
             with timed("final_user_update"):
-                user_stage.run_step(spark_of(), layout.root, None)
-
-        if spark is not None:
-            stages(lambda: spark)
-        else:
-            from pipelines.engines.spark import session_on_demand
-
-            with session_on_demand("ssp-train") as spark_of:
-                stages(spark_of)
+                user_stage.run_step(engine, layout.root, None)
         with timed("evaluation"):
             metrics = evaluate(layout)
         return metrics

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 
-from pipelines.engines.user_update import DEFAULT_LAMBDA_U, run
+from pipelines.engines.engine import Engine, engine_of
+from pipelines.engines.user_update import DEFAULT_LAMBDA_U, UserSolve
 from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
 from trainer.solve import user_bias_ridge
 
 
-def run_step(spark, root: str, step: int | None) -> int:
+def run_step(engine: Engine, root: str, step: int | None) -> int:
     """The user update of outer step `step` of the run at `root` (against step s-1's item
-    embeddings), or the final one (`step` None: against the last step's); returns the user count.
+    embeddings), or the final one (`step` None: against the last step's), on `engine`; returns the user count.
     The solves' task seconds go into the manifest's `kernel_seconds`."""
     layout = Run(root)
     manifest = layout.prepared()
@@ -31,9 +32,9 @@ def run_step(spark, root: str, step: int | None) -> int:
         raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
-    solved = run(spark, layout.centred, source, layout.user_embeddings(step), config.lambda_u, config.vector_dim, config.gravity, config.loss,
-                 user_bias_ridge(config.protocol, config.biases, config.lambda_bias), constant=config.item_update == "item-mean", prior=config.user_prior,
-                 confidence=config.settings().confidence)
+    solve = UserSolve(config.lambda_u, config.vector_dim, config.gravity, config.loss, user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
+                      constant=config.item_update == "item-mean", prior=config.user_prior, confidence=config.settings().confidence)
+    solved = engine.user_update(layout.centred, source, layout.user_embeddings(step), solve)
     layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
     return solved.users
 
@@ -53,8 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipelines.engines.spark import session
-
     explicit = {"--interactions": args.interactions, "--item-embeddings": args.item_embeddings, "--out": args.out, "--lambda-u": args.lambda_u, "--dim": args.dim}
     if args.run is not None:
         given = [flag for flag, value in explicit.items() if value is not None]
@@ -63,8 +62,8 @@ def main(args: argparse.Namespace) -> int:
         if (args.step is None) == (not args.final):
             raise ValueError("with --run give exactly one of --step S and --final")
         Run(args.run).prepared()  # a missing or damaged run is refused before a JVM starts
-        with existing_run_lock(args.run), session("ssp-user-update", args.master) as spark:
-            run_step(spark, args.run, None if args.final else args.step)
+        with existing_run_lock(args.run), engine_of("spark", app="ssp-user-update", master=args.master) as engine:
+            run_step(engine, args.run, None if args.final else args.step)
         print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
         return 0
     if args.step is not None or args.final:
@@ -73,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
     lambda_u = DEFAULT_LAMBDA_U if args.lambda_u is None else args.lambda_u
-    with session("ssp-user-update", args.master) as spark:
-        run(spark, args.interactions, args.item_embeddings, args.out, lambda_u, args.dim)
+    with engine_of("spark", app="ssp-user-update", master=args.master) as engine:
+        engine.user_update(args.interactions, args.item_embeddings, args.out, UserSolve(lambda_u, args.dim))
     print(f"wrote the user embeddings to {args.out} (private)")
     return 0

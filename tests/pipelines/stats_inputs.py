@@ -68,15 +68,23 @@ def registered(job):
     return job
 
 
+def engine_named(name: str, spark=None):
+    """The engine `name` ("local", "spark" on the session `spark`, or "beam" on the DirectRunner)."""
+    from pipelines.engines.local import LocalEngine
+    from pipelines.engines.prepare_beam import BeamEngine
+    from pipelines.engines.prepare_spark import SparkEngine
+
+    return {"local": LocalEngine, "spark": lambda: SparkEngine(spark), "beam": BeamEngine}[name]()
+
+
 def noise_free_release(engine: str, folder, interactions, embeddings, counts, catalog, settings, spark=None) -> str:
-    """Run the stats job without noise on `engine` ("spark" or "beam") over the rows (the embeddings
+    """Run the stats job without noise on `engine` (`engine_named`) over the rows (the embeddings
     of the users who have rows); returns the path of its released table."""
-    from pipelines.engines import beam_stats, spark_stats
     from pipelines.releases import stats_job
     from pipelines.releases.release import PrivacySettings
 
     paths = write_inputs(folder, interactions, {u: v for u, v in embeddings.items() if any(row[0] == u for row in interactions)}, counts, catalog)
     job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), settings,
                                         PrivacySettings(noise_multiplier=0.0)))
-    spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
+    engine_named(engine, spark).release_stats(job)
     return str(folder / "out" / "resample-0.parquet")

@@ -14,9 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, noise_free_release, register_counts, registered, write_inputs
+from stats_inputs import engine_named, expected_stats, noise_free_release, register_counts, registered, write_inputs
 
-from pipelines.engines import beam_stats, spark_stats
 from pipelines.releases import stats_job
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
@@ -46,7 +45,7 @@ def read(path):
     return unpack_upper(np.array(table["a_upper"].to_pylist()), 3), np.array(table["b"].to_pylist())
 
 
-@pytest.mark.parametrize("engine", ["spark", "beam"])
+@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_biased_statistics_are_exact(engine, spark, tmp_path):
     a, b = released(engine, tmp_path, INTERACTIONS, spark)
     want_a, want_b = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, bias=True)
@@ -63,7 +62,7 @@ def test_biased_statistics_are_exact(engine, spark, tmp_path):
     assert np.all(a[3] == 0) and np.all(b[3] == 0)  # item 40: no rows, still released
 
 
-@pytest.mark.parametrize("engine", ["spark", "beam"])
+@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(engine, spark, tmp_path):
     a, b = released(engine, tmp_path / "all", INTERACTIONS, spark)
     clip_x = np.hypot(CLIP_U, CLIP_U)  # |[Clip(u), c]|
@@ -76,7 +75,7 @@ def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(engine
             assert moved_b == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
 
 
-@pytest.mark.parametrize("engine", [pytest.param("spark", marks=pytest.mark.slow), "beam"])
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.slow), "beam"])
 def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_path):
     """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user.
     The Spark case starts a JVM of its own (-m slow); its twin in this process is
@@ -109,7 +108,7 @@ def test_bias_needs_the_square_loss():
     assert StatsSettings(3, 0.3, CLIP_Y, bias=0.25).bias_scale == pytest.approx(0.075)
 
 
-@pytest.mark.parametrize("engine", ["spark", "beam"])
+@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, spark, tmp_path):
     """The per-item mean's release (d = 1: users [1, 0], rows [c] with c = k clip_u): its noise is scaled
     to c alone, and removing a user moves it by at most wbar c^2 (A) and wbar clip_y c (b), met by a
@@ -123,7 +122,7 @@ def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, s
         paths = write_inputs(tmp_path / name, interactions, {u: [1.0, 0.0] for u in users}, COUNTS, CATALOG)
         job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(tmp_path / name / "out"),
                                             settings, PrivacySettings(noise_multiplier=0.0)))
-        spark_stats.run(job, spark) if engine == "spark" else beam_stats.run(job)
+        engine_named(engine, spark).release_stats(job)
         table = validate_stats(storage.read_table(str(tmp_path / name / "out" / "resample-0.parquet"))).sort_by("item_id")
         return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
 

@@ -85,7 +85,7 @@ def test_a_confident_row_weighs_its_confidence_in_the_users_solve():
     np.testing.assert_allclose(ridge_solve(users, v, np.ones(3), lam, scale_by_rows=True, confidence=True)[1], plain)  # c = 1: unchanged
 
 
-@pytest.mark.parametrize("engine", ["spark", "beam"])
+@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
 def test_confident_statistics_are_exact_and_one_user_moves_them_within_the_bound(engine, spark, tmp_path):
     a, b = released(engine, tmp_path / "all", ROWS, spark)
     want_a, want_b = expected_stats(ROWS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, exponent=0.0, confidence=True)

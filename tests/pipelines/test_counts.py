@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from pipelines.releases.counts import dp_counts, exact_aggregates, sampled_rows, sampling_hash
 from pipelines.releases.release import PrivacySettings
+from pipelines.engines.local import LocalEngine
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
@@ -28,15 +29,15 @@ def counts_of(path):
 def test_exact_counts_with_cap_and_floor(tmp_path):
     rows = [(1, 10), (1, 20), (1, 30), (2, 10), (3, 10), (3, 30)]
     interactions, items = write(tmp_path, rows, [10, 20, 30, 40])
-    summary = dp_counts(interactions, items, str(tmp_path / "uncapped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3)
+    summary = dp_counts(interactions, items, str(tmp_path / "uncapped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3, engine=LocalEngine())
     assert counts_of(str(tmp_path / "uncapped" / "counts.parquet")) == {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}  # item 40: 0, floored at 1
     assert summary["epsilon_spent"] == float("inf")
-    dp_counts(interactions, items, str(tmp_path / "capped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=1)
+    dp_counts(interactions, items, str(tmp_path / "capped"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=1, engine=LocalEngine())
     capped = counts_of(str(tmp_path / "capped" / "counts.parquet"))
     # each user adds 1 to one item only: 3 contributions in all, so at most 3 - 1 items reach 2
     assert all(capped[j] <= uncapped for j, uncapped in {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}.items())
     assert sum(value for value in capped.values() if value > 1.0) <= 3.0 and capped != {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}
-    dp_counts(interactions, items, str(tmp_path / "example"), PrivacySettings(noise_multiplier=0.0), unit="example", max_items_per_user=1)
+    dp_counts(interactions, items, str(tmp_path / "example"), PrivacySettings(noise_multiplier=0.0), unit="example", max_items_per_user=1, engine=LocalEngine())
     assert counts_of(str(tmp_path / "example" / "counts.parquet")) == {10: 3.0, 20: 1.0, 30: 2.0, 40: 1.0}
 
 
@@ -75,7 +76,7 @@ def test_exact_aggregates_are_the_distinct_pairs_of_each_users_sample(seed, k, s
 def test_noise_scale_and_ledger(tmp_path):
     catalog = list(range(1, 3001))
     interactions, items = write(tmp_path, [(1, 5)], catalog)
-    summary = dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=2.0), max_items_per_user=4)
+    summary = dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=2.0), max_items_per_user=4, engine=LocalEngine())
     values = np.array(list(counts_of(str(tmp_path / "out" / "counts.parquet")).values()))
     assert values.size == 3000 and values.min() >= 1.0
     # noise std = multiplier * sqrt(K + 1) = 2 sqrt(5) (the counts are released with the number of
@@ -95,15 +96,15 @@ def test_noise_scale_and_ledger(tmp_path):
 def test_unknown_items_and_bad_cap(tmp_path):
     interactions, items = write(tmp_path, [(1, 5), (1, 99)], [5])
     with pytest.raises(ValueError, match=r"1 interaction\(s\) refer to items missing from the catalog \(e.g. 99\)"):
-        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0))
+        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), engine=LocalEngine())
     with pytest.raises(ValueError, match="--max-items-per-user must be a positive integer"):
-        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), max_items_per_user=0)
+        dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=1.0), max_items_per_user=0, engine=LocalEngine())
     assert not (tmp_path / "out").exists()
 
 
 def test_a_repeated_rating_counts_once_per_user(tmp_path):
     interactions, items = write(tmp_path, [(1, 10), (1, 10), (1, 10), (2, 10)], [10, 20])
-    dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=5)
+    dp_counts(interactions, items, str(tmp_path / "out"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=5, engine=LocalEngine())
     assert counts_of(str(tmp_path / "out" / "counts.parquet")) == {10: 2.0, 20: 1.0}  # two users, whatever the repeats
 
 
@@ -123,7 +124,7 @@ def test_the_number_of_users_is_released_with_dp(tmp_path):
     released = []
     for k in range(40):  # independent seeds: the released value is N(exact, (z sqrt(K + 1))^2), rounded
         summary = dp_counts(interactions, items, str(tmp_path / f"out{k}"), PrivacySettings(noise_multiplier=3.0), max_items_per_user=3,
-                            seed_file=SeedFile.create(str(tmp_path / f"seed{k}")).path)
+                            seed_file=SeedFile.create(str(tmp_path / f"seed{k}")).path, engine=LocalEngine())
         path = str(tmp_path / f"out{k}" / "counts.parquet")
         assert summary["dp_units"] == dp_units(path) == int(storage.read_schema(path).metadata[b"dp_units"])
         assert summary["noise_std"] == 3.0 * 2.0  # sqrt(K + 1) = 2
@@ -134,15 +135,15 @@ def test_the_number_of_users_is_released_with_dp(tmp_path):
     assert len(set(released.tolist())) > 10  # noised, not the exact count
     # a pure function of (seed, release, inputs): the same seed gives the same value, and the units' noise is not any item's
     again = dp_counts(interactions, items, str(tmp_path / "again"), PrivacySettings(noise_multiplier=3.0), max_items_per_user=3,
-                      seed_file=SeedFile.create(str(tmp_path / "seed0-again"), SeedFile.load(str(tmp_path / "seed0")).seed).path)
+                      seed_file=SeedFile.create(str(tmp_path / "seed0-again"), SeedFile.load(str(tmp_path / "seed0")).seed).path, engine=LocalEngine())
     assert again["dp_units"] == released[0]
     # without noise the exact numbers: distinct users at user level, rows at example level
-    assert dp_counts(interactions, items, str(tmp_path / "exact"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3)["dp_units"] == exact
-    assert dp_counts(interactions, items, str(tmp_path / "rows"), PrivacySettings(noise_multiplier=0.0), unit="example")["dp_units"] == len(rows)
+    assert dp_counts(interactions, items, str(tmp_path / "exact"), PrivacySettings(noise_multiplier=0.0), max_items_per_user=3, engine=LocalEngine())["dp_units"] == exact
+    assert dp_counts(interactions, items, str(tmp_path / "rows"), PrivacySettings(noise_multiplier=0.0), unit="example", engine=LocalEngine())["dp_units"] == len(rows)
     # at least 1
     (tmp_path / "tiny").mkdir()
     tiny, tiny_items = write(tmp_path / "tiny", [(1, 5)], [5])
-    low = [dp_counts(tiny, tiny_items, str(tmp_path / f"tiny{k}"), PrivacySettings(noise_multiplier=50.0), max_items_per_user=1)["dp_units"] for k in range(5)]
+    low = [dp_counts(tiny, tiny_items, str(tmp_path / f"tiny{k}"), PrivacySettings(noise_multiplier=50.0), max_items_per_user=1, engine=LocalEngine())["dp_units"] for k in range(5)]
     assert min(low) >= 1
 
 
@@ -158,7 +159,7 @@ def test_the_counts_aggregated_on_an_engine_are_the_same_release(engine, tmp_pat
     interactions, items = write(tmp_path, rows, [-(2**62), -3, 7, 2**62, *range(100, 170)])
     seed = SeedFile.create(str(tmp_path / "seed")).seed
     tables = {}
-    for name, where in (("local", None), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
+    for name, where in (("local", LocalEngine()), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
         out = tmp_path / name
         dp_counts(interactions, items, str(out), PrivacySettings(epsilon=1.0), unit=unit, max_items_per_user=10,
                   ledger_path=str(out / "ledger.parquet"), seed_file=SeedFile.create(str(tmp_path / f"seed-{name}"), seed).path, engine=where)

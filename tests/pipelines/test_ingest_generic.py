@@ -14,6 +14,7 @@ import pytest
 from pipelines.data import generic, ingest, splits
 from pipelines.data.datasets import open_dataset
 from pipelines.data.movielens import IngestError
+from pipelines.engines.local import LocalEngine
 from schemas import storage
 from schemas.tables import validate_interactions, validate_items
 from ssp import cli
@@ -308,7 +309,7 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     interactions, catalog = _implicit_tables(tmp_path, users)
     data = generic.ingest(interactions, catalog, str(tmp_path / "data"), "")
     assert data.manifest["feedback"] == "implicit"
-    document = splits.make_split(data, "recall", str(tmp_path / "all"), holdout=0.0)
+    document = splits.make_split(data, "recall", str(tmp_path / "all"), holdout=0.0, engine=LocalEngine())
     assert document["positive_threshold"] is None
     # every row is a positive: users 3..29 have u + 2 >= 5 rows, users 0..2 (2, 3, 4 rows) are not eligible
     assert document["n_eligible_users"] == 27
@@ -319,7 +320,7 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     # holdout 0.2 (seed 1234): the user hash (row_uniform 0.817, 0.823, 0.897, 0.910) puts users 12,
     # 13, 15 in validation (x < 0.9) and 21 in test; user 29 trains and has every item 0..30, so no
     # held-out row is dropped by the train-items restriction: 5 + 6 + ... + 31 = 486 rows in all.
-    document = splits.make_split(data, "recall", str(tmp_path / "held"))
+    document = splits.make_split(data, "recall", str(tmp_path / "held"), engine=LocalEngine())
     sizes = document["sizes"]
     assert sizes["train"] == {"rows": 486 - (14 + 15 + 17 + 23), "users": 23}
     assert sizes["valid_history"]["users"] == 3 and sizes["valid_history"]["rows"] + sizes["valid_targets"]["rows"] == 14 + 15 + 17
@@ -332,7 +333,7 @@ def test_explicit_data_keep_the_rating_threshold(tmp_path):
     ratings = write_csv(tmp_path / "r.csv", "user_id,item_id,rating\n" + "".join(f"1,{i},{3.0 if i < 3 else 5.0}\n" for i in range(8)))
     catalog = write_csv(tmp_path / "c.csv", "item_id\n" + "".join(f"{i}\n" for i in range(8)))
     data = generic.ingest(ratings, catalog, str(tmp_path / "data"), "", generic.Columns(label="rating"), rating_scale=(1, 5))
-    document = splits.make_split(data, "recall", str(tmp_path / "split"), holdout=0.0)
+    document = splits.make_split(data, "recall", str(tmp_path / "split"), holdout=0.0, engine=LocalEngine())
     assert document["positive_threshold"] == splits.scale_threshold((1, 5)) == 3.8  # the top 30% of the declared 1..5
     assert document["sizes"]["train"] == {"rows": 5, "users": 1}  # the three 3.0 ratings are not positives
 
@@ -343,14 +344,14 @@ def test_removing_a_user_changes_only_that_users_train_rows(tmp_path):
     users = list(range(3, 40))
     full, catalog = _implicit_tables(tmp_path, users)
     data = generic.ingest(full, catalog, str(tmp_path / "data-full"), "")
-    splits.make_split(data, "recall", str(tmp_path / "split-full"), holdout=0.5)
+    splits.make_split(data, "recall", str(tmp_path / "split-full"), holdout=0.5, engine=LocalEngine())
     full_train = storage.read_table(str(tmp_path / "split-full" / "train.parquet"))
     in_train = set(full_train["user_id"].to_pylist())
     assert 0 < len(in_train) < len(users)  # holdout 0.5: some users train, some are held out
     for removed in (min(in_train), max(in_train), min(set(users) - in_train)):
         neighbour, _ = _implicit_tables(tmp_path, [u for u in users if u != removed])
         data = generic.ingest(neighbour, catalog, str(tmp_path / f"data-{removed}"), "")
-        splits.make_split(data, "recall", str(tmp_path / f"split-{removed}"), holdout=0.5)
+        splits.make_split(data, "recall", str(tmp_path / f"split-{removed}"), holdout=0.5, engine=LocalEngine())
         train = storage.read_table(str(tmp_path / f"split-{removed}" / "train.parquet"))
         assert train.equals(full_train.filter(pc.not_equal(full_train["user_id"], removed)))
         assert full_train.num_rows - train.num_rows == (removed + 2 if removed in in_train else 0)

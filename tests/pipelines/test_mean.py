@@ -3,6 +3,7 @@
 import pyarrow as pa
 import pytest
 
+from pipelines.engines.local import LocalEngine
 from pipelines.releases.mean import dp_mean, weighted_sums
 from pipelines.releases.release import PrivacySettings
 from privacy.seeds import SeedFile
@@ -36,7 +37,7 @@ def test_an_engine_gives_the_same_sums(engine, rows, unit, cap):
 def test_the_release_on_an_engine_is_the_in_process_one(engine, rows, tmp_path):
     seed = SeedFile.create(str(tmp_path / "seed")).seed
     released = {}
-    for name, where in (("local", None), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
+    for name, where in (("local", LocalEngine()), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
         ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / name / "ledger.parquet"), "user")
         released[name] = dp_mean(rows, ledger, SeedFile.create(str(tmp_path / f"seed-{name}"), seed), RANGE, engine=where)
     assert released["engine"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0

@@ -1,14 +1,19 @@
 """The Spark entry scripts on a real multi-process cluster: a standalone master and two 1-core workers
 on 127.0.0.1, and the commands docs/operations.md gives, with the master a cluster user passes to
 spark-submit (once, to spark-submit). The jobs must run on the cluster's executors, not in a
-local-mode driver, and release the bits a local-mode run releases; an executor killed by its pid
-while a task of the release runs is retried with the same bits and one charge."""
+local-mode driver, and release the bits a local-mode run releases: the user update with the nodes'
+Python named by spark.pyspark.python; the stats job from a folder holding only its entry script,
+with what `ssp spark-package` ships (the project zip, a slim executor environment); and an
+executor killed by its pid while a task of the release runs is retried with the same bits and one
+charge."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -17,6 +22,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.engines import shipping
+from pipelines.engines.prepare_spark import SparkEngine
 from pipelines.training import user_stage
 from pipelines.training.item_update import release_stats
 from pipelines.training.prepare import prepare, run_directory
@@ -37,6 +44,11 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def shipment(tmp_path_factory) -> shipping.Shipment:
+    return shipping.build(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
 def runs(small_data, tmp_path_factory, module_budget_account_registry):
     """A prepared run (`prepared`), its step-1 user embeddings from a local-mode Spark (`users`: a
     copy of the run then), and that copy's step-1 statistics released in local mode (`local`)."""
@@ -48,9 +60,9 @@ def runs(small_data, tmp_path_factory, module_budget_account_registry):
         prepare(config, progress=False)
     shutil.copytree(folder / "prepared", folder / "local")
     with session("cluster-reference", "local[2]") as spark:
-        user_stage.run_step(spark, str(folder / "local"), 1)
+        user_stage.run_step(SparkEngine(spark), str(folder / "local"), 1)
         shutil.copytree(folder / "local", folder / "users")
-        release_stats(Run(str(folder / "local")), 1, spark)
+        release_stats(Run(str(folder / "local")), 1, SparkEngine(spark))
     return {name: folder / name for name in ("prepared", "users", "local")}
 
 
@@ -73,20 +85,61 @@ def assert_ran_on_both_workers(cluster, app: str, log: str) -> None:
     assert "Starting executor ID driver on host" not in log  # no local-mode executor inside the driver
 
 
-def test_the_documented_spark_submit_commands_run_on_the_cluster_with_local_bits(cluster, runs, tmp_path):
+def assert_same_statistics(run: str, reference: str) -> None:
+    stats, local = Path(Run(run).stats(1)), Path(Run(reference).stats(1))
+    assert sorted(os.listdir(stats)) == sorted(os.listdir(local))
+    for table in (name for name in os.listdir(local) if name.endswith(".parquet")):
+        assert table_rows(str(stats / table)) == table_rows(str(local / table)), table
+    assert released(run) == released(reference)  # one release of the step's statistics, as in local mode
+
+
+@pytest.mark.cluster
+def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster, shipment, runs, tmp_path):
+    """One test for the three applications, so that one test worker starts the cluster once (the
+    suite's workers steal tests from each other): the documented user update, the shipped stats
+    line, and an executor killed during a release."""
+    user_update_runs_on_the_cluster(cluster, runs, tmp_path / "user-update")
+    the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cluster, shipment, runs, tmp_path / "shipped")
+    an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path / "killed")
+
+
+def user_update_runs_on_the_cluster(cluster, runs, tmp_path):
+    """`spark-submit --master M pipelines/user_update.py --run R --step 1` from the repository root,
+    the nodes' Python named by spark.pyspark.python: the local-mode embeddings."""
+    tmp_path.mkdir()
     run = copy_run(runs["prepared"], tmp_path / "run")
     result = cluster.submit("pipelines/user_update.py", "--run", run, "--step", "1", conf=NODE_CONF)
     assert_ran_on_both_workers(cluster, "ssp-user-update", result.stderr)
-    local = Run(str(runs["local"]))
-    assert table_rows(Run(run).user_embeddings(1)) == table_rows(local.user_embeddings(1))
+    assert table_rows(Run(run).user_embeddings(1)) == table_rows(Run(str(runs["local"])).user_embeddings(1))
 
-    result = cluster.submit("pipelines/stats.py", "--run", run, "--step", "1", conf=NODE_CONF)
+
+def the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cluster, shipment, runs, tmp_path):
+    """`ssp spark-package`'s line: the executors run the shipped environment's Python (unpacked in
+    each executor's folder; the line names no other, and the cluster's environment has no PYTHONPATH
+    nor PYSPARK_PYTHON), the project comes from the shipped zip."""
+    tmp_path.mkdir()
+    run = copy_run(runs["users"], tmp_path / "run")
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    shutil.copy(ROOT / "pipelines" / "stats.py", entry)
+    line = shipping.spark_submit_line(shipment, cluster.master, "stats.py", ("--run", run, "--step", "1"))
+    assert line[:3] == ["spark-submit", "--master", cluster.master] and "spark.pyspark.python=./env/bin/python" in line
+    result = cluster.submit(*line[3:], cwd=entry)  # the cluster's spark-submit and master, then the line's own arguments
     assert_ran_on_both_workers(cluster, "ssp-stats", result.stderr)
-    stats = Path(Run(run).stats(1))
-    assert sorted(os.listdir(stats)) == sorted(os.listdir(local.stats(1)))
-    for table in (name for name in os.listdir(stats) if name.endswith(".parquet")):
-        assert table_rows(str(stats / table)) == table_rows(str(Path(local.stats(1)) / table)), table
-    assert released(run) == released(str(runs["local"]))
+    apps = {executor["appid"] for _, executor in cluster.executors_of("ssp-stats")}
+    unpacked = [path for app in apps for path in cluster.folder.glob(f"worker-*/{app}/*/{shipping.ENV_NAME}/bin/python")]
+    assert {path.parents[4].name for path in unpacked} == {"worker-0", "worker-1"}, unpacked
+    assert_same_statistics(run, str(runs["local"]))
+
+
+def test_the_executor_environment_holds_only_what_the_tasks_import(shipment):
+    names = {name.split("==")[0].lower() for name in shipment.distributions}
+    assert {"numpy", "pyarrow", "numba", "llvmlite", "gcsfs", "fsspec", "pyspark", "py4j"} <= names
+    assert not names & {"tensorflow", "apache-beam", "pandas", "ssp-recsys"}
+    pyspark = {str(file) for file in shipping.kept_files(importlib.metadata.distribution("pyspark"))}
+    assert {"pyspark/worker.py", "pyspark/daemon.py"} <= pyspark
+    assert not [file for file in pyspark if file.endswith((".jar", ".zip"))]  # Spark's jars and python/lib zips: the nodes' Spark has them
+    assert shipment.env_bytes < 600 << 20
 
 
 GATED_DRIVER = textwrap.dedent('''
@@ -98,12 +151,14 @@ GATED_DRIVER = textwrap.dedent('''
 
     GATE = os.environ["SSP_TEST_GATE"]
 
-    def gated(results, fail_first_attempt):
+    item_shards = spark_stats.item_shards
+
+    def gated(*args):
         """The first task to claim the gate writes its Python worker's pid and waits to be killed."""
         try:
             claim = os.open(os.path.join(GATE, "claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            yield from results
+            yield from item_shards(*args)
             return
         os.write(claim, str(os.getpid()).encode())
         os.close(claim)
@@ -112,9 +167,9 @@ GATED_DRIVER = textwrap.dedent('''
             if time.monotonic() > deadline:
                 raise RuntimeError("the test never killed the gated task")
             time.sleep(0.05)
-        yield from results
+        yield from item_shards(*args)
 
-    spark_stats._maybe_failing = gated  # pickled by value with the job's reduce function
+    spark_stats.item_shards = gated  # pickled by value with the job's reduce function, which looks it up by name
     sys.exit(pipelines.stats.main())
 ''')
 
@@ -130,11 +185,12 @@ def executor_of(pid: int) -> int:
     raise AssertionError("no executor JVM above the gated Python worker")
 
 
-def test_an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path):
-    import subprocess
-
+def an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path):
+    """pipelines/stats.py with its release's first reduce task held at a gate (it waits to be told,
+    no sleep decides anything): its executor's JVM killed by pid, Spark retries the task elsewhere."""
     from spark_cluster import spark_env
 
+    tmp_path.mkdir()
     run = copy_run(runs["users"], tmp_path / "run")
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -156,11 +212,20 @@ def test_an_executor_killed_during_the_release_is_retried_with_the_same_bits_and
             job.kill()
     assert job.returncode == 0, err[-4000:]
     assert "Lost executor" in err or "ExecutorLostFailure" in err, err[-4000:]
-    local = Run(str(runs["local"]))
-    for table in (name for name in os.listdir(local.stats(1)) if name.endswith(".parquet")):
-        assert table_rows(str(Path(Run(run).stats(1)) / table)) == table_rows(str(Path(local.stats(1)) / table)), table
-    assert released(run) == released(str(runs["local"]))  # one release of the step's statistics, as without the kill
+    assert_same_statistics(run, str(runs["local"]))
     ledger = Ledger.open(str(Path(run) / "ledger.parquet"))
     account = BudgetAccount.open(str(ledger.budget["account"]))
     charged = [c["release"] for c in account.document["charges"] if c["ledger"] == ledger.identity]
     assert sorted(charged) == [row["release"] for row in ledger.rows]
+
+
+def test_spark_package_refuses_a_python_that_is_not_3_11_with_one_line_and_nothing_written(tmp_path):
+    fake = tmp_path / "python3.10"
+    fake.write_text("#!/bin/sh\necho 3.10\n")
+    fake.chmod(0o755)
+    ssp = str(Path(sys.executable).parent / "ssp")
+    result = subprocess.run([ssp, "spark-package", "--out", str(tmp_path / "dist"), "--python", str(fake)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not (tmp_path / "dist").exists()
+    assert result.stderr.splitlines() == [f"ssp spark-package: error: --python {fake}: is Python 3.10, the environment needs Python 3.11"]
+    relative = subprocess.run([ssp, "spark-package", "--python", "python3.11"], capture_output=True, text=True, timeout=120)
+    assert relative.returncode == 2 and "give the absolute path" in relative.stderr

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pipelines.data import splits
 from pipelines.data.datasets import open_dataset, write_dataset
+from pipelines.engines.local import LocalEngine
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
@@ -506,7 +507,7 @@ def test_make_split_rmse_round_trip(tmp_path):
     table = _random_ratings(1000)
     data = _dataset(tmp_path / "data", table)
     out = str(tmp_path / "split")
-    document = splits.make_split(data, "rmse", out, seed=7)
+    document = splits.make_split(data, "rmse", out, seed=7, engine=LocalEngine())
     on_disk = json.loads((tmp_path / "split" / "split.json").read_text())
     assert on_disk == document
     assert document["protocol"] == "rmse" and document["seed"] == 7 and document["holdout"] == 0.2
@@ -521,22 +522,22 @@ def test_make_split_rmse_round_trip(tmp_path):
 
 def test_make_split_holdout_zero(tmp_path):
     data = _dataset(tmp_path / "data", _random_ratings(1000))
-    document = splits.make_split(data, "rmse", str(tmp_path / "rmse"), holdout=0)
+    document = splits.make_split(data, "rmse", str(tmp_path / "rmse"), holdout=0, engine=LocalEngine())
     assert document["holdout"] == 0.0 and document["fractions"] == {"train": 1.0, "valid": 0.0, "test": 0.0}
     assert {name: size["rows"] for name, size in document["sizes"].items()} == {"train": 1000, "valid": 0, "test": 0}
     data = _dataset(tmp_path / "ranking", _hand_ranking_table())
-    document = splits.make_split(data, "recall", str(tmp_path / "recall"), holdout=0.0)
+    document = splits.make_split(data, "recall", str(tmp_path / "recall"), holdout=0.0, engine=LocalEngine())
     assert document["sizes"]["train"] == {"rows": 30 * 11, "users": 30}
     assert all(document["sizes"][name]["rows"] == 0 for name in splits.HELDOUT_PARTS[1:])
     with pytest.raises(ValueError, match="holdout"):
-        splits.make_split(data, "recall", str(tmp_path / "bad"), holdout=1.0)
+        splits.make_split(data, "recall", str(tmp_path / "bad"), holdout=1.0, engine=LocalEngine())
     assert not (tmp_path / "bad").exists()
 
 
 def test_make_split_recall_round_trip(tmp_path):
     data = _dataset(tmp_path / "data", _hand_ranking_table())
     out = str(tmp_path / "split")
-    document = splits.make_split(data, "recall", out)
+    document = splits.make_split(data, "recall", out, engine=LocalEngine())
     assert json.loads((tmp_path / "split" / "split.json").read_text()) == document
     assert document["protocol"] == "recall" and document["seed"] == 1234 and document["holdout"] == 0.2
     assert document["train_item_fraction"] == 0.1 and document["n_eligible_users"] == 30 and document["target_fraction"] == 0.2
@@ -576,12 +577,12 @@ def test_the_positives_follow_the_declared_rating_scale_or_the_flag(tmp_path):
 def test_make_split_errors(tmp_path):
     data = _dataset(tmp_path / "data", _random_ratings(20))
     with pytest.raises(ValueError, match="unknown protocol 'ndcg'"):
-        splits.make_split(data, "ndcg", str(tmp_path / "out"))
+        splits.make_split(data, "ndcg", str(tmp_path / "out"), engine=LocalEngine())
     with pytest.raises(ValueError, match="at least 5 positives"):
-        splits.make_split(_dataset(tmp_path / "few", _table([1] * 4, range(4), [5.0] * 4)), "recall", str(tmp_path / "out"))
+        splits.make_split(_dataset(tmp_path / "few", _table([1] * 4, range(4), [5.0] * 4)), "recall", str(tmp_path / "out"), engine=LocalEngine())
     empty = _dataset(tmp_path / "empty", _table([], [], []))
     with pytest.raises(ValueError, match="no interactions"):
-        splits.make_split(empty, "rmse", str(tmp_path / "out"))
+        splits.make_split(empty, "rmse", str(tmp_path / "out"), engine=LocalEngine())
     assert not (tmp_path / "out" / "split.json").exists()
 
 
@@ -591,13 +592,13 @@ def test_cli_hooks(tmp_path, capsys):
     splits.add_arguments(parser)
     args = parser.parse_args(["--data", str(tmp_path / "data"), "--protocol", "rmse", "--out", str(tmp_path / "split")])
     assert args.seed == 1234 and args.holdout == 0.2
-    assert splits.run(args, data) == 0
+    assert splits.run(args, data, LocalEngine()) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["train", "valid", "test"]
     rows = [int(line.split()[1].removeprefix("rows=")) for line in lines]
     assert sum(rows) == 1000 and rows == [splits.split_ratings(_random_ratings(1000))[name].num_rows for name in splits.RATING_PARTS]
     args = parser.parse_args(["--data", str(tmp_path / "data"), "--protocol", "rmse", "--out", str(tmp_path / "all"), "--holdout", "0"])
-    assert splits.run(args, data) == 0
+    assert splits.run(args, data, LocalEngine()) == 0
     assert capsys.readouterr().out.splitlines()[0].split()[:2] == ["train", "rows=1000"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--protocol", "ndcg", "--out", "x"])

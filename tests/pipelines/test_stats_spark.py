@@ -1,12 +1,10 @@
 """The stats job on a real local Spark: exact values, every item once, noise, seeds, ledger, bad input."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, register_counts, registered, write_inputs
+from stats_inputs import expected_stats, registered, write_inputs
 
 from pipelines import stats as stats_script  # the entry script
 from pipelines.engines import spark_stats as stats
@@ -14,7 +12,8 @@ from pipelines.releases import stats_job
 from pipelines.releases.counts import dp_counts
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
-from privacy.accumulator import packed_size, unpack_upper
+from pipelines.engines.local import LocalEngine
+from privacy.accumulator import unpack_upper
 from privacy.ledger import BudgetExceededError, Ledger
 from privacy.seeds import SeedFile, SeedReuseError
 from schemas import storage
@@ -118,7 +117,7 @@ def test_budget_is_enforced_across_steps(spark, tmp_path):
     paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
     privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5, mean_share=0.0, gram_share=0.0)  # counts and stats only
     ledger = str(tmp_path / "ledger.parquet")
-    dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger)
+    dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger, engine=LocalEngine())
     paths = {**paths, "counts": str(tmp_path / "counts" / "counts.parquet")}  # the released counts: the job refuses any other
     summary = stats.run(make_job(paths, tmp_path / "s1", privacy, ledger_path=ledger), spark)
     assert summary["epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # the plan spends exactly the budget
@@ -164,31 +163,6 @@ def test_bad_inputs_are_refused_before_any_release(spark, tmp_path, change, mess
 def test_impossible_parameters(build, message):
     with pytest.raises(ValueError, match=message):
         build()
-
-
-def test_spark_submit_entry_point(tmp_path):
-    """`spark-submit pipelines/stats.py` from the repository root, as on a cluster's edge node."""
-    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    register_counts(paths["counts"], str(tmp_path / "out" / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
-    result = subprocess.run(
-        [submit, "--master", "local[2]", "pipelines/stats.py", "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
-         "--items", paths["items"], "--counts", paths["counts"], "--out", str(tmp_path / "out"), "--dim", "2", "--clip-u", "1", "--clip-y", "5",
-         "--wbar", "2", "--noise-multiplier", "0"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "stats step 1: 1 table(s) of 4 items" in result.stdout
-    items, a, b, _ = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
-    want_a, _ = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, clip_u=1.0, clip_y=5.0, wbar=2.0)
-    np.testing.assert_allclose(unpack_upper(a[2], 2), want_a[30], rtol=1e-12)
-    assert a.shape[1] == packed_size(2)
-    bad = subprocess.run([submit, "pipelines/stats.py", "--interactions", "x", "--user-embeddings", "y", "--items", "z", "--counts", "c",
-                          "--out", str(tmp_path / "bad"), "--dim", "2", "--clip-u", "1", "--clip-y", "1", "--epsilon", "-1"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
 
 
 def test_entry_point_errors_are_one_line(tmp_path, capsys):

@@ -350,10 +350,12 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
     assert config.gravity == 0 and config.weight_exponent == 0 and config.settings().loss == "logistic"
     assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
     assert settings.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
-    for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"engine": "beam"}, "--engine spark"), ({"gravity": 0.1}, "--gravity 0"),
+    for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"gravity": 0.1}, "--gravity 0"),
                          ({"item_update": "als", "encoder": "id"}, "--item-update ssp, dpsgd or none"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
         with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
             settings.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
+    with pytest.raises(ValueError, match="--engine beam cannot serve this run: its statistics pipeline sums no logistic expansion .* use --engine spark or local"):
+        settings.TrainConfig(protocol="recall", loss="logistic", engine="beam")
     with pytest.raises(ValueError, match="--loss must be one of"):
         settings.TrainConfig(loss="poisson")
 
@@ -365,7 +367,7 @@ def test_biases_need_the_square_loss_and_a_non_federated_engine_and_ranking_keep
     assert (ratings.biases, ratings.lambda_u, ratings.user_prior) == (True, 0.01, 20.0)
     with pytest.raises(ValueError, match="--biases needs --loss square"):
         settings.TrainConfig(protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True)
-    with pytest.raises(ValueError, match="--biases needs --engine spark, beam or local"):
+    with pytest.raises(ValueError, match="--engine federated cannot serve this run: its clients solve no bias .* use --engine spark or beam or local"):
         settings.TrainConfig(engine="federated", biases=True)
 
 

@@ -74,3 +74,35 @@ def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(sp
     with pytest.raises(ValueError, match=r"part-00001.parquet: its rows are not sorted by user_id"):
         user_update.run(spark, str(tmp_path / "unsorted.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u-bad.parquet"), 0.5, 3)
     assert not (tmp_path / "u-bad.parquet").exists()
+
+
+def test_every_engine_solves_the_users_with_the_spark_tasks_bits(engine, spark, tmp_path):
+    """The user update on each engine equals the Spark engine's bit for bit: on a table in no order
+    (Spark shuffles by user, sorted by user and item) and on one whose files hold whole users in
+    order (a file per task), with biases and gravity; bad input is refused with nothing written."""
+    from pipelines.data.chunks import USERS_TOGETHER
+    from pipelines.engines.prepare_spark import SparkEngine
+    from pipelines.engines.user_update import UserSolve
+
+    rng = np.random.default_rng(8)
+    pairs = np.unique(np.c_[rng.integers(1, 80, 1500), rng.integers(1, 40, 1500)], axis=0)
+    rows = pa.table({"user_id": pairs[:, 0], "item_id": pairs[:, 1], "label": rng.normal(size=len(pairs)), "timestamp": np.zeros(len(pairs), np.int64)})
+    shuffled = rows.take(rng.permutation(rows.num_rows))
+    _parts(str(tmp_path / "shuffled.parquet"), [shuffled.slice(0, 700), shuffled.slice(700)])
+    cut = int(np.searchsorted(pairs[:, 0], 40))
+    _parts(str(tmp_path / "together.parquet"), [rows.slice(0, cut), rows.slice(cut)], USERS_TOGETHER)
+    storage.write_table(pa.table({"item_id": np.arange(1, 41), "embedding": list(rng.normal(size=(40, 4)))}, schema=ITEM_EMBEDDINGS), str(tmp_path / "v.parquet"))
+    solve = UserSolve(0.3, 4, gravity=0.2, bias_ridge=2.0, prior=1.5)
+    for table in ("shuffled", "together"):
+        source, item_vectors = str(tmp_path / f"{table}.parquet"), str(tmp_path / "v.parquet")
+        want = SparkEngine(spark).user_update(source, item_vectors, str(tmp_path / f"spark-{table}.parquet"), solve)
+        got = engine.user_update(source, item_vectors, str(tmp_path / f"{engine.name}-{table}.parquet"), solve)
+        assert got.users == want.users == 79
+        expected = storage.read_table(str(tmp_path / f"spark-{table}.parquet")).sort_by("user_id")
+        assert storage.read_table(str(tmp_path / f"{engine.name}-{table}.parquet")).sort_by("user_id").equals(expected), table
+    storage.write_table(pa.table({"item_id": [1], "embedding": [[1.0, 0.0, 0.0, 0.0]]}, schema=ITEM_EMBEDDINGS), str(tmp_path / "one.parquet"))
+    with pytest.raises(ValueError, match=r"one.parquet: no embedding for item \d+ of the interactions"):
+        engine.user_update(str(tmp_path / "shuffled.parquet"), str(tmp_path / "one.parquet"), str(tmp_path / "bad.parquet"), UserSolve(1.0))
+    with pytest.raises(ValueError, match="--lambda-u must be > 0"):
+        engine.user_update(str(tmp_path / "shuffled.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "bad.parquet"), UserSolve(0.0))
+    assert not (tmp_path / "bad.parquet").exists()
