@@ -209,8 +209,11 @@ def test_open_or_create_non_private(path):
 
 
 def test_open_or_create_reopens_with_multipliers_none(path):
-    Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
-    Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
+    created = Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
+    reopened = Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
+    assert reopened.identity == created.identity and reopened.budget == created.budget and created.budget["multipliers"] == {}
+    with pytest.raises(ValueError, match="a run keeps one budget"):
+        Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers={"counts": 2.0})
 
 
 def test_next_index(path):
