@@ -64,6 +64,7 @@ import pyarrow as pa
 from scipy import special, stats
 
 from pipelines.base import logs
+from schemas.errors import UserError
 
 PLANTS = ("sensitivity", "shared-noise", "seed-copy")
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the one-run test's guesses: the top and bottom k = f m / 2 scores
@@ -480,10 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         size = QUICK if args.quick else FULL
         if args.canaries is not None:
             if args.canaries < 10:
-                raise ValueError(f"--canaries must be at least 10, got {args.canaries}")
+                raise UserError(f"--canaries must be at least 10, got {args.canaries}")
             size = dataclasses.replace(size, canaries=args.canaries)
         if not 0 < args.confidence < 1:
-            raise ValueError(f"--confidence must be in (0, 1), got {args.confidence}")
+            raise UserError(f"--confidence must be in (0, 1), got {args.confidence}")
         settings = Settings(args.epsilon, args.delta)
         from pipelines.releases.release import PrivacySettings
 
@@ -492,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             work = args.work or stack.enter_context(tempfile.TemporaryDirectory(prefix="ssp-audit-"))
             if storage.exists(storage.join(work, "run")):
-                raise ValueError(f"--work {work} already holds an audit run; give an empty folder")
+                raise UserError(f"--work {work} already holds an audit run; give an empty folder")
             spark = stack.enter_context(session("ssp-audit", args.master))
             rows = audit(size, settings, args.confidence, spark, work, args.seed, args.plant)
     except (ValueError, SchemaError, storage.MissingTableError) as exc:

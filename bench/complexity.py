@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from bench import harness
+from schemas.errors import UserError
 
 NAME = "complexity"
 PAPER = {"rows": 1_000_000, "items": 1_000}  # the paper's appendix figures
@@ -52,7 +53,7 @@ def power_law_frequencies(items: int, alpha: float) -> np.ndarray:
     """p_j, most frequent first: the upper quantiles 1 - (j - 1/2)/m of the density ~ x^(-alpha) on
     [1, inf), whose inverse survival function is q^(-1/(alpha-1)), normalised to sum 1."""
     if alpha <= 1:
-        raise ValueError(f"alpha must be > 1, got {alpha}")
+        raise UserError(f"alpha must be > 1, got {alpha}")
     counts = ((np.arange(items) + 0.5) / items) ** (-1 / (alpha - 1))
     return counts / counts.sum()
 

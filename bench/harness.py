@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import matplotlib
+from schemas.errors import UserError
 
 matplotlib.use("Agg")
 
@@ -132,7 +133,7 @@ def experiment(name: str, help: str):
 
     def register(fn: Callable[[Context], Section]):
         if name in EXPERIMENTS:
-            raise ValueError(f"experiment {name!r} is registered twice")
+            raise UserError(f"experiment {name!r} is registered twice")
         EXPERIMENTS[name] = Experiment(name, help, fn)
         return fn
 
@@ -179,12 +180,12 @@ def finish(ax, title: str, xlabel: str, ylabel: str, legend_loc: str = "best") -
     """Title, unit-bearing axis labels ("batch size (examples)") and a legend, or an error."""
     for label in (xlabel, ylabel):
         if not _UNIT.search(label):
-            raise ValueError(f"axis label {label!r} must end with its unit in parentheses")
+            raise UserError(f"axis label {label!r} must end with its unit in parentheses")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if not ax.get_legend_handles_labels()[1]:
-        raise ValueError(f"plot {title!r} has no labelled series for a legend")
+        raise UserError(f"plot {title!r} has no labelled series for a legend")
     ax.legend(loc=legend_loc, fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
 

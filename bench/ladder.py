@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from schemas.errors import UserError
 
 try:  # BLAS threads only slow down thousands of tiny solves, badly so on a shared machine
     from threadpoolctl import threadpool_limits
@@ -494,7 +495,7 @@ def _ladder(r: Ratings, seed: int, steps: tuple[str, ...] | None) -> dict:
             ranking = ranking or split_ranking(r, seed)
             result = popularity(ranking) if name == "popularity" else ials(ranking, seed)
         else:
-            raise ValueError(f"unknown ladder step {name!r}; known: {', '.join(LADDER_1M)}")
+            raise UserError(f"unknown ladder step {name!r}; known: {', '.join(LADDER_1M)}")
         out[name] = {**result, "seconds": time.perf_counter() - started}
     return out
 

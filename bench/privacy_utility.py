@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from bench import harness, training
 from schemas import storage
+from schemas.errors import UserError
 
 NAME = "privacy-utility"
 TABLE_CSV = "results.csv"
@@ -108,7 +109,7 @@ def best_trial(values: list[dict], protocol: str) -> int:
         if best is None or metric.better(score, values[best]["valid"]):
             best = k
     if best is None:
-        raise ValueError("every trial of the study failed")
+        raise UserError("every trial of the study failed")
     return best
 
 

@@ -55,6 +55,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings
+from schemas.errors import UserError
 
 DELTA = 1e-5
 BUCKETS = 5  # popularity buckets of the sliced metrics, least to most popular
@@ -211,7 +212,7 @@ def select(names: list[str] | None) -> list[str]:
     """The requested methods in table order (all when None); an unknown name is an error."""
     unknown = sorted(set(names or []) - set(METHODS))
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {list(METHODS)}")
+        raise UserError(f"unknown method(s) {unknown}; known: {list(METHODS)}")
     return [name for name in METHODS if names is None or name in names]
 
 
@@ -399,7 +400,7 @@ def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     """`prepare.prepare` of a ranking-only cell's config (the split and the counts release; nothing
     else is released there): the run and its `prepared` record."""
     if params["protocol"] != "recall":
-        raise ValueError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
+        raise UserError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
     root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)

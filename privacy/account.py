@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 
 from privacy import accounting
 from schemas import storage
+from schemas.errors import UserError
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -65,11 +66,11 @@ def accounts_home() -> str:
     return os.environ.get(ACCOUNTS_ENV) or os.path.join(os.path.expanduser("~"), ".ssp", "budget-accounts")
 
 
-class AccountMissingError(ValueError):
+class AccountMissingError(UserError):
     """A data source's account that the registry or a ledger names, but that is gone or replaced."""
 
 
-class AccountCapError(ValueError):
+class AccountCapError(UserError):
     """A release that would take a data source's lifetime budget past its cap."""
 
 
@@ -93,12 +94,12 @@ class BudgetAccount:
             account = cls.open(path)
             for key, value in (("cap", cap), ("window_days", window_days)):
                 if value is not None and account.document.get(key) != value:
-                    raise ValueError(f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy")
+                    raise UserError(f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy")
             return account
         if cap is not None and not (cap > 0):
-            raise ValueError(f"the account's lifetime epsilon cap must be > 0, got {cap}")
+            raise UserError(f"the account's lifetime epsilon cap must be > 0, got {cap}")
         if window_days is not None and not (math.isfinite(window_days) and window_days > 0):
-            raise ValueError(f"the account's window must be a positive number of days, got {window_days}")
+            raise UserError(f"the account's window must be a positive number of days, got {window_days}")
         accounting.check_budget(1.0, delta)
         accounting.make_accountant(accountant)
         account = cls(path, {"cap": cap, "delta": delta, "accountant": accountant, "window_days": window_days, "charges": [],
@@ -116,7 +117,7 @@ class BudgetAccount:
         if storage.exists(entry_path):
             entry = storage.read_json(entry_path)
             if path is not None and storage.canonical(path) != entry["account"]:
-                raise ValueError(f"this data source already has its budget account {entry['account']}; one data source keeps one account "
+                raise UserError(f"this data source already has its budget account {entry['account']}; one data source keeps one account "
                                  f"(registry {entry_path}): give that one, or no --budget-account")
             if not storage.exists(entry["account"]):
                 raise AccountMissingError(f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: deleted, "
@@ -128,7 +129,7 @@ class BudgetAccount:
             return account
         target = storage.canonical(path) if path is not None else storage.join(accounts_home(), f"{source}.account.json")
         if storage.exists(target):
-            raise ValueError(f"{target} is a budget account the registry {accounts_home()} does not list for this data source; "
+            raise UserError(f"{target} is a budget account the registry {accounts_home()} does not list for this data source; "
                              "an account serves the data source it was made for: give another path")
         account = cls.open_or_create(target, cap, delta, accountant, window_days, source=source)
         storage.write_json({"source": source, "account": target, "id": account.document["id"]}, entry_path)
@@ -143,7 +144,7 @@ class BudgetAccount:
         except storage.MissingTableError:
             raise storage.MissingTableError(f"budget account not found: {path}") from None
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path} is not a budget account ({type(exc).__name__}: {exc})") from None
+            raise UserError(f"{path} is not a budget account ({type(exc).__name__}: {exc})") from None
         if document.get("cap") is not None:
             document["cap"] = float(document["cap"])
         return cls(path, document)
@@ -198,7 +199,7 @@ class BudgetAccount:
         existing = self.find(ledger, release)
         if existing is not None:
             if existing["event"] != event_json:
-                raise ValueError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
+                raise UserError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
             return
         accountant = accountant or self.document["accountant"]
         import dp_accounting  # where used (privacy.accounting)
@@ -224,9 +225,9 @@ class BudgetAccount:
         self.reload()
         charge = self.find(ledger, release)
         if charge is None:
-            raise ValueError(f"{self.path}: release {release} of ledger {ledger} is not charged; a round starts after its release")
+            raise UserError(f"{self.path}: release {release} of ledger {ledger} is not charged; a round starts after its release")
         if charge.get("round") == "started":
-            raise ValueError(f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
+            raise UserError(f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
                              "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a new run")
         charge["round"] = "started"
         self._save()

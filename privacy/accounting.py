@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import attr
+from schemas.errors import UserError
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -65,7 +66,7 @@ def make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
         return rdp_privacy_accountant.RdpAccountant(orders=list(INTEGER_ORDERS))
     if kind == "pld":
         return pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+    raise UserError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
 
 
 def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent]:
@@ -96,9 +97,9 @@ def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent
 def check_budget(epsilon: float, delta: float) -> None:
     """Reject impossible privacy parameters with a message that says which and why."""
     if not (isinstance(epsilon, (int, float)) and epsilon > 0) or math.isnan(epsilon):
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+        raise UserError(f"epsilon must be > 0, got {epsilon}")
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
+        raise UserError(f"delta must be in (0, 1), got {delta}")
 
 
 def gaussian_event(noise_multiplier: float, count: int = 1) -> dp_accounting.DpEvent:
@@ -117,9 +118,9 @@ def dpsgd_event(noise_multiplier: float, sampling_probability: float, steps: int
     import dp_accounting
 
     if not 0 < sampling_probability <= 1:
-        raise ValueError(f"sampling probability must be in (0, 1], got {sampling_probability}")
+        raise UserError(f"sampling probability must be in (0, 1], got {sampling_probability}")
     if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"DP-SGD steps must be a positive integer, got {steps}")
+        raise UserError(f"DP-SGD steps must be a positive integer, got {steps}")
     if noise_multiplier == 0:
         return dp_accounting.NonPrivateDpEvent()
     step = dp_accounting.PoissonSampledDpEvent(sampling_probability, gaussian_event(noise_multiplier))
@@ -130,7 +131,7 @@ def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, i
     """(sampling probability, steps) of `epochs` passes over `units` in expected batches of
     `batch_size`, as TF-Privacy counts them."""
     if units < 1 or not 1 <= batch_size <= units or epochs <= 0:
-        raise ValueError(f"need 1 <= batch size <= units and epochs > 0, got units={units}, batch size={batch_size}, epochs={epochs}")
+        raise UserError(f"need 1 <= batch size <= units and epochs > 0, got units={units}, batch size={batch_size}, epochs={epochs}")
     return batch_size / units, int(math.ceil(epochs * units / batch_size))
 
 
@@ -184,7 +185,7 @@ def _calibrate(make_event, epsilon: float, delta: float, accountant: str, guess:
                 break
             low, high = high, high * 2
         else:
-            raise ValueError(f"no noise multiplier up to {high:g} spends at most epsilon {epsilon:g}")
+            raise UserError(f"no noise multiplier up to {high:g} spends at most epsilon {epsilon:g}")
     else:  # enough noise: halve until too little
         low, high = guess / 2, guess
         for _ in range(60):
@@ -214,11 +215,11 @@ def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, m
     S x R stats tables of two events (A and b) each."""
     for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
+            raise UserError(f"{name} must be a positive integer, got {value}")
     if not 0 < count_share < 1:
-        raise ValueError(f"count share must be in (0, 1), got {count_share}")
+        raise UserError(f"count share must be in (0, 1), got {count_share}")
     if not 0 <= mean_share or not 0 <= gram_share or not mean_share + gram_share < 1 - count_share:
-        raise ValueError(f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}")
+        raise UserError(f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}")
     plan = [Group("counts", count_share, 1)]
     if mean_share > 0:
         plan.append(Group("mean", mean_share, 2))
@@ -231,7 +232,7 @@ def multipliers_for(total_multiplier: float, plan: list[Group]) -> dict[str, flo
     """Each group's per-event noise multiplier when the whole plan composes to `total_multiplier`."""
     shares = sum(group.share for group in plan)
     if not math.isclose(shares, 1.0, rel_tol=1e-9):
-        raise ValueError(f"plan shares must add up to 1, got {shares}")
+        raise UserError(f"plan shares must add up to 1, got {shares}")
     return {group.name: total_multiplier * math.sqrt(group.events / group.share) for group in plan}
 
 

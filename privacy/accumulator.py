@@ -32,6 +32,7 @@ import scipy.sparse
 
 from privacy import noise
 from privacy.clipping import check_bound, clip_labels, row_scales
+from schemas.errors import UserError
 
 def packed_size(d: int) -> int:
     """Entries in the packed upper triangle of a d x d matrix."""
@@ -54,7 +55,7 @@ def unpack_upper(packed: np.ndarray, d: int) -> np.ndarray:
     """(..., d(d+1)/2) packed upper triangles -> (..., d, d) symmetric matrices."""
     packed = np.asarray(packed, dtype=np.float64)
     if packed.shape[-1] != packed_size(d):
-        raise ValueError(f"packed A has {packed.shape[-1]} entries, expected {packed_size(d)} for d={d}")
+        raise UserError(f"packed A has {packed.shape[-1]} entries, expected {packed_size(d)} for d={d}")
     rows, cols = upper_indices(d)
     out = np.zeros(packed.shape[:-1] + (d, d))
     out[..., rows, cols] = packed
@@ -110,7 +111,7 @@ def _checked_weights(w: np.ndarray) -> np.ndarray:
     """Row weights as float64, refused unless finite and non-negative (they bound a user's contribution)."""
     w = np.asarray(w, dtype=np.float64)
     if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
-        raise ValueError("weights must be finite and non-negative")
+        raise UserError("weights must be finite and non-negative")
     return w
 
 
@@ -225,7 +226,7 @@ class NoiseSpec:
         check_bound("clip_y", self.clip_y, allow_inf=self.noise_multiplier == 0)
         check_bound("wbar", self.wbar)
         if not np.isfinite(self.noise_multiplier) or self.noise_multiplier < 0:
-            raise ValueError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+            raise UserError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
 
     @property
     def sigma(self) -> float:

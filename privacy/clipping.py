@@ -8,13 +8,14 @@ u_i and y_i passes through these functions first.
 from __future__ import annotations
 
 import numpy as np
+from schemas.errors import UserError
 
 
 def check_bound(name: str, bound: float, allow_inf: bool = False) -> float:
     """A clip norm must be a positive number, finite unless `allow_inf` (no clipping: non-private)."""
     bound = float(bound)
     if np.isnan(bound) or bound <= 0 or (bound == np.inf and not allow_inf):
-        raise ValueError(f"{name} must be a finite number > 0, got {bound}")
+        raise UserError(f"{name} must be a finite number > 0, got {bound}")
     return bound
 
 

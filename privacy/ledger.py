@@ -36,6 +36,7 @@ from privacy import accounting
 from privacy.account import AccountMissingError, BudgetAccount
 from schemas import storage
 from schemas.tables import LEDGER, validate_ledger
+from schemas.errors import UserError
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -43,11 +44,11 @@ if TYPE_CHECKING:
 _TOLERANCE = 1e-9  # relative slack for floating point in the budget comparison
 
 
-class BudgetExceededError(ValueError):
+class BudgetExceededError(UserError):
     """A release that would take the run past its privacy budget."""
 
 
-class ReleaseConflictError(ValueError):
+class ReleaseConflictError(UserError):
     """A release recorded before under the same name with other parameters or inputs."""
 
 
@@ -65,10 +66,10 @@ class Ledger:
         if epsilon != math.inf:
             accounting.check_budget(epsilon, delta)
         elif not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {delta}")
+            raise UserError(f"delta must be in (0, 1), got {delta}")
         accounting.make_accountant(accountant)
         if unit not in ("user", "example"):
-            raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
+            raise UserError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
         budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {},
                   "id": secrets.token_hex(16)}  # the ledger's identity, which its seed file is bound to (a copy keeps it, a new ledger never has it)
         if account is not None:
@@ -86,7 +87,7 @@ class Ledger:
             raise storage.MissingTableError(f"privacy ledger not found: {path}") from None
         raw = (table.schema.metadata or {}).get(b"budget")
         if raw is None:
-            raise ValueError(f"{path}: ledger has no budget in its metadata")
+            raise UserError(f"{path}: ledger has no budget in its metadata")
         budget = json.loads(raw)
         budget["epsilon"] = float(budget["epsilon"])
         return cls(path, budget, table.to_pylist())
@@ -103,22 +104,22 @@ class Ledger:
             expected.pop("account", None)
         expected.pop("account_id", None)
         if any(ledger.budget.get(key) != value for key, value in expected.items()):
-            raise ValueError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
+            raise UserError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
         return ledger
 
     def reload(self) -> None:
         """Take in what other processes recorded since this ledger was read. A ledger that lost
         rows it had, or vanished, is refused: its releases happened and still count."""
         if not storage.exists(self.path):
-            raise ValueError(f"{self.path}: the privacy ledger was deleted while in use ({len(self.rows)} releases recorded); "
+            raise UserError(f"{self.path}: the privacy ledger was deleted while in use ({len(self.rows)} releases recorded); "
                              "its releases still count, so nothing more is released until it is restored")
         current = Ledger.open(self.path)
         if current.budget != self.budget:
-            raise ValueError(f"{self.path}: the ledger's budget was replaced while in use ({current.budget}, not {self.budget})")
+            raise UserError(f"{self.path}: the ledger's budget was replaced while in use ({current.budget}, not {self.budget})")
         known = {(row["release"], row["data_fingerprint"]) for row in current.rows}
         lost = [row["release"] for row in self.rows if (row["release"], row["data_fingerprint"]) not in known]
         if lost:
-            raise ValueError(f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released")
+            raise UserError(f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released")
         self.rows = current.rows
 
     @property
@@ -150,10 +151,10 @@ class Ledger:
             return None
         missing = account.missing(self.identity, [row["release"] for row in self.rows])
         if missing:
-            raise ValueError(f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced")
+            raise UserError(f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced")
         lifetime = account.epsilon()
         if account.cap is not None and lifetime > account.cap * (1 + _TOLERANCE):
-            raise ValueError(f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}")
+            raise UserError(f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}")
         return {"path": account.path, "epsilon": lifetime, "delta": account.delta, "cap": account.cap,
                 "window_days": account.document.get("window_days"), "releases": len(account.counted())}
 

@@ -85,6 +85,7 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from schemas.errors import UserError
 
 SEED_BYTES = 32
 NOISE_VERSION = 4  # part of every release's fingerprint: a release made with other noise is never resumed with this one
@@ -98,10 +99,10 @@ def release_key(seed: bytes, release: int) -> bytes:
     """The AES-256 key (32 bytes) of one release: HKDF-SHA256 of the secret seed, info KEY_INFO + release."""
     seed = bytes(seed)
     if len(seed) != SEED_BYTES:
-        raise ValueError(f"a noise seed has {SEED_BYTES} bytes, got {len(seed)}")
+        raise UserError(f"a noise seed has {SEED_BYTES} bytes, got {len(seed)}")
     release = int(release)
     if not 0 <= release < 1 << 64:
-        raise ValueError(f"release index must be >= 0 (and < 2^64), got {release}")
+        raise UserError(f"release index must be >= 0 (and < 2^64), got {release}")
     return _release_key(seed, release)
 
 
@@ -246,11 +247,11 @@ def granularity(std: float) -> float:
     in (std 2^-(GRID_BITS+1), std 2^-GRID_BITS]."""
     std = float(std)
     if not (math.isfinite(std) and std > 0):
-        raise ValueError(f"a noise standard deviation must be finite and > 0, got {std}")
+        raise UserError(f"a noise standard deviation must be finite and > 0, got {std}")
     mantissa, exponent = math.frexp(std)  # std = mantissa 2^exponent, mantissa in [1/2, 1): floor(log2 std) = exponent - 1
     grid = math.ldexp(1.0, exponent - 1 - GRID_BITS)
     if grid < np.finfo(np.float64).tiny:
-        raise ValueError(f"noise standard deviation {std} is too small for its grid")
+        raise UserError(f"noise standard deviation {std} is too small for its grid")
     return grid
 
 
@@ -269,7 +270,7 @@ def add_noise(z: np.ndarray, std: float, values=None, rows=None) -> np.ndarray:
     None: all 0. std 0 means no noise: z is ignored and the values are released as they are."""
     std = float(std)
     if not (math.isfinite(std) and std >= 0):
-        raise ValueError(f"a noise standard deviation must be finite and >= 0, got {std}")
+        raise UserError(f"a noise standard deviation must be finite and >= 0, got {std}")
     if std == 0:
         z[...] = 0.0
         grid = None

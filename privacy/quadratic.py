@@ -32,6 +32,7 @@ import numpy as np
 
 from privacy.accumulator import augment, pack_upper, unpack_upper
 from privacy.clipping import row_scales
+from schemas.errors import UserError
 
 LOSSES = ("logistic",)
 
@@ -59,10 +60,10 @@ def kernel_rows(u: np.ndarray, labels: np.ndarray, weights: np.ndarray, expansio
     v0 of each row's item (`expansion_rows`, n x d)."""
     w = np.asarray(weights, dtype=np.float64)
     if w.size and (not np.all(np.isfinite(w)) or w.min() < 0):
-        raise ValueError("weights must be finite and non-negative")
+        raise UserError("weights must be finite and non-negative")
     labels = np.asarray(labels, dtype=np.float64)
     if labels.size and not np.all((labels == 0) | (labels == 1)):
-        raise ValueError("logistic labels must be 0 or 1")
+        raise UserError("logistic labels must be 0 or 1")
     u = np.asarray(u, dtype=np.float64)
     clipped = u * row_scales(u, clip_u)[:, None]
     slope, curvature = logistic_derivatives(np.einsum("nd,nd->n", clipped, expansion_rows), labels)
@@ -87,7 +88,7 @@ def logistic_weights(positives: np.ndarray, items: int, wbar: float) -> tuple[np
     user's own count and the public catalog size."""
     n = np.asarray(positives, dtype=np.float64)
     if n.size and (n.min() < 1 or n.max() > items):
-        raise ValueError(f"a user's positives must number 1..{items} (the catalog), got {n.min():g}..{n.max():g}")
+        raise UserError(f"a user's positives must number 1..{items} (the catalog), got {n.min():g}..{n.max():g}")
     w_p, w_n = np.sqrt(0.5 / np.maximum(n, 1)), np.full(n.shape, np.sqrt(0.5 / items))
     scale = wbar / np.sqrt(n * (w_p + w_n) ** 2 + (items - n) * w_n**2)
     return w_p * scale, w_n * scale

@@ -69,6 +69,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from schemas.errors import UserError
 
 FIELD_PRIME = (1 << 521) - 1  # a Mersenne prime above every 32-byte secret
 RING_BITS = 64
@@ -179,7 +180,7 @@ def shamir_rebuild(points: dict[int, int]) -> bytes:
                 den = den * (x - other) % FIELD_PRIME
         total = (total + value * num * pow(den, -1, FIELD_PRIME)) % FIELD_PRIME
     if total >> 256:  # fewer than t shares (or wrong ones) give a random field element, almost surely this large
-        raise ValueError("the shares do not rebuild a 32-byte secret: too few or wrong shares")
+        raise UserError("the shares do not rebuild a 32-byte secret: too few or wrong shares")
     return total.to_bytes(32, "big")
 
 
@@ -261,7 +262,7 @@ def encode(x: np.ndarray, scale: float) -> np.ndarray:
     bounds survive), as two's complement."""
     scaled = np.trunc(np.asarray(x, dtype=np.float64) * scale)
     if scaled.size and np.abs(scaled).max() >= 2.0 ** (RING_BITS - 2):
-        raise ValueError(f"fixed-point scale {scale:g} puts values out of the ring's range")
+        raise UserError(f"fixed-point scale {scale:g} puts values out of the ring's range")
     return scaled.astype(np.int64).view(np.uint64)
 
 

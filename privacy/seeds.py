@@ -56,12 +56,13 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from privacy.noise import SEED_BYTES
 from schemas import storage
+from schemas.errors import UserError
 
 
 ROUND_STARTED, ROUND_UNREVEALED = "started", "refused unrevealed"  # SeedFile.rounds: the states of a federated round
 
 
-class SeedReuseError(ValueError):
+class SeedReuseError(UserError):
     """A seed presented for a release it was not bound to."""
 
 
@@ -93,7 +94,7 @@ class SeedFile:
         """Write a new seed file (a fresh CSPRNG seed unless one is given)."""
         seed = seed if seed is not None else new_seed()
         if len(seed) != SEED_BYTES:
-            raise ValueError(f"a seed has {SEED_BYTES} bytes, got {len(seed)}")
+            raise UserError(f"a seed has {SEED_BYTES} bytes, got {len(seed)}")
         seed_file = cls(path, seed, {})
         seed_file._save()
         return seed_file
@@ -112,9 +113,9 @@ class SeedFile:
         except storage.MissingTableError:
             raise storage.MissingTableError(f"seed file not found: {path}") from None
         except (KeyError, ValueError, AttributeError, TypeError) as exc:
-            raise ValueError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
+            raise UserError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
         if len(seed) != SEED_BYTES:
-            raise ValueError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
+            raise UserError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
         return cls(path, seed, releases, ledgers, run, outputs, rounds, account_charges)
 
     def reload(self) -> None:
@@ -141,7 +142,7 @@ class SeedFile:
         different inputs never get the same noise, whatever happens to the seed file."""
         fingerprint = self.releases.get(int(release))
         if fingerprint is None:
-            raise ValueError(f"{self.path}: release {release} is not bound to this seed; its noise is keyed by its fingerprint")
+            raise UserError(f"{self.path}: release {release} is not bound to this seed; its noise is keyed by its fingerprint")
         return _hkdf(self.seed, RELEASE_SEED_INFO + int(release).to_bytes(8, "big") + bytes.fromhex(fingerprint))
 
     def digest_table(self, path: str) -> str:
@@ -175,7 +176,7 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if charges < self.account_charges:
-            raise ValueError(f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
+            raise UserError(f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
                              "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore it (nothing was released)")
         if charges != self.account_charges and storage.exists(self.path):
             self.account_charges = charges
@@ -224,7 +225,7 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if release not in self.releases:
-            raise ValueError(f"{self.path}: release {release} is not bound to this seed; record its output after the release")
+            raise UserError(f"{self.path}: release {release} is not bound to this seed; record its output after the release")
         self.outputs[release] = digest
         self._save()
 
@@ -236,9 +237,9 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if release not in self.releases:
-            raise ValueError(f"{self.path}: release {release} is not bound to this seed; start its round after the release")
+            raise UserError(f"{self.path}: release {release} is not bound to this seed; start its round after the release")
         if self.rounds.get(release) == ROUND_STARTED:
-            raise ValueError(f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
+            raise UserError(f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
                              "unmasked its sum, and a new round would draw new noise for the same statistics, a release the ledger has not "
                              "planned; start a new run")
         self.rounds[release] = ROUND_STARTED
@@ -250,7 +251,7 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if self.rounds.get(release) != ROUND_STARTED:
-            raise ValueError(f"{self.path}: no round of release {release} is running")
+            raise UserError(f"{self.path}: no round of release {release} is running")
         self.rounds[release] = ROUND_UNREVEALED
         self._save()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from privacy.accounting import INTEGER_ORDERS
+from schemas.errors import UserError
 
 MAX_SHARE_VARIANCE = 2.0**62  # numpy's Poisson takes means below about 9.2e18
 
@@ -48,7 +49,7 @@ def skellam_multiplier(multiplier: float, parts: list[tuple[float, float]]) -> f
     """The smallest z_s >= z (to 1e-12 relative) whose Skellam dominates the Gaussian of multiplier z
     on every part (`dominates`); refused when even 2z does not (sensitivities too small for integers)."""
     if not dominates(2 * multiplier, multiplier, parts):
-        raise ValueError(f"Skellam noise cannot match a Gaussian of noise multiplier {multiplier:g} at sensitivities {parts}: "
+        raise UserError(f"Skellam noise cannot match a Gaussian of noise multiplier {multiplier:g} at sensitivities {parts}: "
                          "raise the fixed-point scale")
     low, high = 1.0, 2.0
     while high - low > 1e-12:
@@ -60,7 +61,7 @@ def skellam_multiplier(multiplier: float, parts: list[tuple[float, float]]) -> f
 def shares(size: int, variance: float, rng: np.random.Generator) -> np.ndarray:
     """One client's share: `size` i.i.d. Sk(variance) integers."""
     if not 0 <= variance <= MAX_SHARE_VARIANCE:
-        raise ValueError(f"a Skellam share's variance must be in [0, 2^62], got {variance:g}: lower the fixed-point scale")
+        raise UserError(f"a Skellam share's variance must be in [0, 2^62], got {variance:g}: lower the fixed-point scale")
     if variance == 0:
         return np.zeros(size, dtype=np.int64)
     return rng.poisson(variance / 2, size).astype(np.int64) - rng.poisson(variance / 2, size).astype(np.int64)

@@ -19,17 +19,18 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.ids import IdIndex
+from schemas.errors import UserError
 
 DEFAULT_EXPONENT = -0.25
 
 
 def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
     if not np.isfinite(wbar) or wbar <= 0:
-        raise ValueError(f"wbar must be a finite number > 0, got {wbar}")
+        raise UserError(f"wbar must be a finite number > 0, got {wbar}")
     if not np.isfinite(exponent):
-        raise ValueError(f"weight exponent must be finite, got {exponent}")
+        raise UserError(f"weight exponent must be finite, got {exponent}")
     if counts.size and (not np.all(np.isfinite(counts)) or counts.min() < 1.0):
-        raise ValueError("DP counts must be finite and floored at 1")
+        raise UserError("DP counts must be finite and floored at 1")
 
 
 def _confidence(confidence: np.ndarray | None, size: int) -> np.ndarray:
@@ -37,7 +38,7 @@ def _confidence(confidence: np.ndarray | None, size: int) -> np.ndarray:
         return np.ones(size)
     confidence = np.asarray(confidence, dtype=np.float64)
     if confidence.shape != (size,) or not np.all(np.isfinite(confidence)) or (confidence.size and confidence.min() <= 0):
-        raise ValueError("row confidences must be finite numbers > 0, one per row")
+        raise UserError("row confidences must be finite numbers > 0, one per row")
     return confidence
 
 
@@ -51,7 +52,7 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
     user_ids = np.asarray(user_ids)
     counts = np.asarray(row_counts, dtype=np.float64)
     if user_ids.shape != counts.shape:
-        raise ValueError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
+        raise UserError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
     rows = np.arange(counts.size)
     if known_users is not None:
         return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), rows, counts, known_users, exponent, confidence)

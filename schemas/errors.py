@@ -1,9 +1,16 @@
-"""The error raised when a table breaks its contract; it names the table, the column and the row."""
+"""The project's refusals: `UserError`, what the user can act on, and `SchemaError`, a table that
+breaks its contract (it names the table, the column and the row)."""
 
 from __future__ import annotations
 
 
-class SchemaError(ValueError):
+class UserError(ValueError):
+    """A refusal the user can act on: bad input, a bad setting, a run or budget that does not allow
+    the command. A command ends with its one line and exit status 2 (pipelines.base.command); any
+    other exception is a bug. A ValueError, so that callers catching those still catch it."""
+
+
+class SchemaError(UserError):
     """A table that does not satisfy its schema.
 
     `row` is the 0-based row index inside the table that was validated (None when the problem is

@@ -10,6 +10,7 @@ Sparse ids (hashes) fall back to the binary search. Both give the same positions
 from __future__ import annotations
 
 import numpy as np
+from schemas.errors import UserError
 
 DENSE_SPAN_FACTOR = 8  # a position table at most this many times the number of ids (plus DENSE_SLACK)
 DENSE_SLACK = 1 << 20
@@ -56,5 +57,5 @@ class IdIndex:
         """Positions of values that must all be there; a ValueError names the first missing one."""
         at, found = self.lookup(values)
         if not found.all():
-            raise ValueError(f"{np.count_nonzero(~found)} {what}(s) not found, e.g. {np.asarray(values)[~found][0]}")
+            raise UserError(f"{np.count_nonzero(~found)} {what}(s) not found, e.g. {np.asarray(values)[~found][0]}")
         return at

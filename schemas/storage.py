@@ -29,6 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from schemas.errors import UserError
 
 # gcsfs probes for hierarchical-namespace buckets on every access unless told not to; against the
 # storage emulator each probe hangs for about a minute. Set before gcsfs can be imported.
@@ -77,13 +78,13 @@ def reach_gcs(path: str) -> None:
     try:
         timeout = float(os.environ.get("SSP_GCS_TIMEOUT", "10"))
     except ValueError:
-        raise ValueError(f"SSP_GCS_TIMEOUT must be a number of seconds, got {os.environ['SSP_GCS_TIMEOUT']!r}") from None
+        raise UserError(f"SSP_GCS_TIMEOUT must be a number of seconds, got {os.environ['SSP_GCS_TIMEOUT']!r}") from None
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except socket.gaierror as exc:
-        raise ValueError(f"{path}: cannot reach {host} (DNS: {exc.strerror or exc}); check the network or STORAGE_EMULATOR_HOST") from None
+        raise UserError(f"{path}: cannot reach {host} (DNS: {exc.strerror or exc}); check the network or STORAGE_EMULATOR_HOST") from None
     except OSError as exc:
-        raise ValueError(f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)") from None
+        raise UserError(f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)") from None
     _REACHED.add(host)
 
 
@@ -252,7 +253,7 @@ class TableWriter:
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
         """Append rows; they must already match the writer's schema (columns and types)."""
         if not data.schema.equals(self.schema, check_metadata=False):
-            raise ValueError(f"{self.path}: batch schema {data.schema} does not match table schema {self.schema}")
+            raise UserError(f"{self.path}: batch schema {data.schema} does not match table schema {self.schema}")
         table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
         values = table[self.together].to_numpy() if self.together and table.num_rows else None
         if values is not None and self._ordered:
@@ -515,7 +516,7 @@ def _read_marker(fs: fsspec.AbstractFileSystem, marker: str, path: str) -> dict:
     try:
         document = json.loads(fs.cat_file(marker) or b"{}")
         if not isinstance(document, dict) or not isinstance(document.get("files", []), list):
-            raise ValueError("not a JSON object with a list of files")
+            raise UserError("not a JSON object with a list of files")
     except (ValueError, UnicodeDecodeError) as exc:
         raise MissingTableError(f"{path} is damaged: its {SUCCESS} marker is not the list of its files ({exc})") from None
     return document
@@ -533,7 +534,7 @@ def _url(fs: fsspec.AbstractFileSystem, inner: str) -> str:
     return inner if protocol in ("file", "local") else f"{protocol}://{inner}"
 
 
-class DamagedTableError(ValueError):
+class DamagedTableError(UserError):
     """A data file that exists but cannot be read as Parquet (truncated, overwritten, not Parquet)."""
 
 
@@ -651,7 +652,7 @@ def require_folder_target(path: str, flag: str) -> None:
     fs, inner = filesystem(path)
     fs.invalidate_cache()
     if fs.isfile(inner):
-        raise ValueError(f"{flag} {path} is a file; give a folder (new or written by ssp)")
+        raise UserError(f"{flag} {path} is a file; give a folder (new or written by ssp)")
 
 
 def remove(path: str) -> None:
@@ -672,4 +673,4 @@ def read_json(path: str) -> dict:
     try:
         return json.loads(fs.cat_file(inner))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not a JSON document ({exc})") from None
+        raise UserError(f"{path} is not a JSON document ({exc})") from None

@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import warnings
+from schemas.errors import UserError
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
 # factory" errors at every import. Its real failures reach us as Python exceptions; set 0 to see its log.
@@ -72,14 +73,14 @@ def _run_stats(args: argparse.Namespace) -> int:
 def _run_privacy(args: argparse.Namespace) -> int:
     for name, limit in (("--max-epsilon", args.max_epsilon), ("--max-delta", args.max_delta)):
         if limit is not None and not (math.isfinite(limit) and limit >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {limit}")
+            raise UserError(f"{name} must be a finite number >= 0, got {limit}")
     path = args.run if args.run.endswith(".parquet") else storage.join(args.run, "ledger.parquet")
     ledger = Ledger.open(path)
     if not args.run.endswith(".parquet"):  # a run folder: its own seed file witnesses what the ledger must list
         release.check_ledger_complete(ledger, storage.join(args.run, "private", "seed"))
     if args.format == "md":
         if args.run.endswith(".parquet"):
-            raise ValueError("--format md needs a run folder (the report reads the run's settings), not a ledger file")
+            raise UserError("--format md needs a run folder (the report reads the run's settings), not a ledger file")
         from pipelines.training.run_dir import Run
 
         print(publish.privacy_report(Run(args.run)), end="")
@@ -87,9 +88,9 @@ def _run_privacy(args: argparse.Namespace) -> int:
         print(ledger.describe())
     spent = ledger.epsilon_spent()
     if args.max_epsilon is not None and not spent <= args.max_epsilon * (1 + publish.TOLERANCE):
-        raise ValueError(f"{path}: epsilon spent {spent:.6g} exceeds the allowed {args.max_epsilon:g}")
+        raise UserError(f"{path}: epsilon spent {spent:.6g} exceeds the allowed {args.max_epsilon:g}")
     if args.max_delta is not None and not ledger.budget["delta"] <= args.max_delta:
-        raise ValueError(f"{path}: the run's delta {ledger.budget['delta']:g} exceeds the allowed {args.max_delta:g}")
+        raise UserError(f"{path}: the run's delta {ledger.budget['delta']:g} exceeds the allowed {args.max_delta:g}")
     ledger.check_account()  # a run that took its data source past the account's cap is refused
     return 0
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         flag = FOLDER_OUTPUTS.get(args.command)
         if flag and getattr(args, flag, None) is not None:  # before anything is read or written
             if not getattr(args, flag).strip():
-                raise ValueError(f"--{flag} is empty: give a folder")
+                raise UserError(f"--{flag} is empty: give a folder")
             storage.require_folder_target(getattr(args, flag), f"--{flag}")
         return args.handler(args)
 

@@ -521,3 +521,26 @@ def test_an_ingest_killed_before_its_manifest_is_resumed_not_refused(tmp_path):
     (tmp_path / "other" / "notes.txt").parent.mkdir()
     (tmp_path / "other" / "notes.txt").write_text("keep me")
     assert_refused(ssp("ingest", "--out", tmp_path / "other"), "holds something other than a data set")
+
+
+def test_an_internal_error_inside_a_stage_is_a_bug_with_its_traceback_reachable(tmp_path):
+    """A failure that is no refusal of the project's (a planted KeyError inside the prepare stage):
+    one line that calls it a bug and says where its traceback is, exit status 3 (a refusal's is 2);
+    with -v the traceback itself. Nothing is left: it failed before any release."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import pipelines.training.prepare as stage\n\n\ndef broken(*args, **kwargs):\n"
+                                           "    raise KeyError('planted')\n\n\nstage.rating_range = broken\n")
+    env = {**child_env(), "PYTHONPATH": str(hook)}
+    args = [SSP, "train", "--stage", "prepare", "--data", BUNDLED, "--out", str(tmp_path / "run"), "--epsilon", "5", "--outer-steps", "1", "--dim", "4"]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    prefix = "ssp train: internal error (a bug, not a problem with the input): KeyError: 'planted'; its traceback is in "
+    assert last.startswith(prefix) and last.endswith(" (-v prints it)"), last
+    saved = open(last[len(prefix):-len(" (-v prints it)")]).read()
+    assert "Traceback (most recent call last)" in saved and "in broken" in saved and "KeyError: 'planted'" in saved
+    assert not (tmp_path / "run").exists()
+    verbose = subprocess.run([*args, "-v"], env=env, capture_output=True, text=True, timeout=300)
+    assert verbose.returncode == 3 and "Traceback (most recent call last)" in verbose.stderr and "in broken" in verbose.stderr
+    assert verbose.stderr.strip().splitlines()[-1].endswith("KeyError: 'planted'; its traceback is above")

@@ -22,6 +22,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from trainer.features import FeatureSpace
 from trainer.ssp import check_stats, diagonals
+from schemas.errors import UserError
 
 
 def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
@@ -43,7 +44,7 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
                 psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048, gravity: np.ndarray | None = None) -> np.ndarray:
     """Item embeddings (catalog order) solved from one stats table; items without a row stay 0."""
     if not np.isfinite(ridge) or ridge <= 0:
-        raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
+        raise UserError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
     check_stats(stats_path, {"d": dim, **(expected or {})})
     vectors = np.zeros((space.size, dim))
     for positions, gram, b in item_systems(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity):

@@ -59,6 +59,7 @@ from schemas.arrays import list_column_to_matrix
 from trainer.als import item_systems
 from trainer.features import feature_matrix, FeatureSpace
 from trainer.ssp import check_stats, diagonals
+from schemas.errors import UserError
 
 
 def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, feature_ridge: float) -> np.ndarray:
@@ -84,16 +85,16 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
     returned P is the feature solve for the returned V.
     """
     if not np.isfinite(ridge) or ridge <= 0:
-        raise ValueError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
+        raise UserError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
     _check_weights(feature_weight, feature_ridge)
     if isinstance(inner_iterations, bool) or not isinstance(inner_iterations, (int, np.integer)) or inner_iterations < 1:
-        raise ValueError(f"inner_iterations must be a positive integer, got {inner_iterations!r}")
+        raise UserError(f"inner_iterations must be a positive integer, got {inner_iterations!r}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UserError(f"batch_size must be >= 1, got {batch_size}")
     if ridge_scale is not None and np.shape(ridge_scale) != (space.size,):
-        raise ValueError(f"ridge_scale must have one entry per catalog item ({space.size}), got shape {np.shape(ridge_scale)}")
+        raise UserError(f"ridge_scale must have one entry per catalog item ({space.size}), got shape {np.shape(ridge_scale)}")
     if gravity is not None and np.shape(gravity) != (dim, dim):
-        raise ValueError(f"gravity must be a {dim} x {dim} matrix, got shape {np.shape(gravity)}")
+        raise UserError(f"gravity must be a {dim} x {dim} matrix, got shape {np.shape(gravity)}")
     check_stats(stats_path, {"d": dim, **(expected or {})})
     x = feature_matrix(space)
     if feature_vectors is None:
@@ -101,7 +102,7 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
     else:
         features = np.asarray(feature_vectors, dtype=np.float64)
         if features.shape != (x.shape[1], dim):
-            raise ValueError(f"feature_vectors must be {x.shape[1]} x {dim} (features x d), got shape {features.shape}")
+            raise UserError(f"feature_vectors must be {x.shape[1]} x {dim} (features x d), got shape {features.shape}")
     if feature_weight == 0 or x.shape[1] == 0:
         inner_iterations = 1  # no feature term: the item solve does not depend on P, one pass is exact
     vectors = np.zeros((space.size, dim))
@@ -137,9 +138,9 @@ def objective(stats_path: str, space: FeatureSpace, vectors: np.ndarray, feature
 
 def _check_weights(feature_weight: float, feature_ridge: float) -> None:
     if not np.isfinite(feature_weight) or feature_weight < 0:
-        raise ValueError(f"the feature weight mu must be >= 0, got {feature_weight}")
+        raise UserError(f"the feature weight mu must be >= 0, got {feature_weight}")
     if not np.isfinite(feature_ridge) or feature_ridge <= 0:
-        raise ValueError(f"the feature ridge must be > 0 for a closed-form solve, got {feature_ridge}")
+        raise UserError(f"the feature ridge must be > 0 for a closed-form solve, got {feature_ridge}")
 
 
 def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, mu, x, features) -> np.ndarray:

@@ -50,6 +50,7 @@ from tqdm import tqdm
 from privacy.accounting import dpsgd_event, dpsgd_schedule
 from privacy.clipping import check_bound, clip_labels, clip_rows
 from trainer.encoder import ItemEncoder
+from schemas.errors import UserError
 
 UNITS = ("user", "example")
 OPTIMIZERS = ("adam", "sgd")
@@ -73,21 +74,21 @@ class DPSGDConfig:
 
     def __post_init__(self):
         if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+            raise UserError(f"unit must be one of {UNITS}, got {self.unit!r}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+            raise UserError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("batch_size", "max_rows_per_user"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+                raise UserError(f"{name} must be a positive integer, got {value}")
         for name in ("epochs", "learning_rate"):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         if not math.isfinite(self.ridge) or self.ridge < 0:
-            raise ValueError(f"ridge must be a finite number >= 0, got {self.ridge}")
+            raise UserError(f"ridge must be a finite number >= 0, got {self.ridge}")
         check_bound("l2_norm_clip", self.l2_norm_clip, allow_inf=True)
         if self.loss not in ("square", "logistic"):
-            raise ValueError(f"loss must be square or logistic, got {self.loss!r}")
+            raise UserError(f"loss must be square or logistic, got {self.loss!r}")
 
 
 def logistic_rows(user_ids: np.ndarray, positions: np.ndarray, items: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -134,9 +135,9 @@ def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDCon
     whether `units` is above the rows' number (the units beyond them contribute nothing) or below it.
     """
     if not math.isfinite(noise_multiplier) or noise_multiplier < 0:
-        raise ValueError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
+        raise UserError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
     if noise_multiplier > 0 and config.l2_norm_clip == math.inf:
-        raise ValueError("a private run (noise multiplier > 0) needs a finite l2_norm_clip")
+        raise UserError("a private run (noise multiplier > 0) needs a finite l2_norm_clip")
     cap_rng, sample_rng, noise = _randomness(config.seed)
     data = _Units(model, rows, user_vectors, config, clip_u, clip_y, cap_rng)
     count = data.count if units is None else units
@@ -168,17 +169,17 @@ class _Units:
         user_ids, positions, labels, weights = (np.asarray(a) for a in rows)
         n = user_ids.size
         if not n or any(a.shape != (n,) for a in (positions, labels, weights)):
-            raise ValueError("rows must be four non-empty 1-D arrays of one length (user ids, positions, labels, weights)")
+            raise UserError("rows must be four non-empty 1-D arrays of one length (user ids, positions, labels, weights)")
         if positions.min() < 0 or positions.max() >= model.space.size:
-            raise ValueError(f"item positions must be in [0, {model.space.size}) (the encoder's catalog)")
+            raise UserError(f"item positions must be in [0, {model.space.size}) (the encoder's catalog)")
         if not np.all(np.isfinite(labels)) or not np.all(np.isfinite(weights)) or weights.min() < 0:
-            raise ValueError("labels must be finite and weights finite and >= 0")
+            raise UserError("labels must be finite and weights finite and >= 0")
         known, matrix = np.asarray(user_vectors[0]), np.asarray(user_vectors[1], dtype=np.float64)
         if matrix.shape != (known.size, model.dim) or np.any(np.diff(known) <= 0):
-            raise ValueError(f"user vectors must be sorted unique ids and a ({known.size}, {model.dim}) matrix")
+            raise UserError(f"user vectors must be sorted unique ids and a ({known.size}, {model.dim}) matrix")
         which = np.minimum(np.searchsorted(known, user_ids), known.size - 1)
         if not np.all(known[which] == user_ids):
-            raise ValueError(f"user {user_ids[known[which] != user_ids][0]} has rows but no embedding")
+            raise UserError(f"user {user_ids[known[which] != user_ids][0]} has rows but no embedding")
         vectors = clip_rows(matrix, clip_u).astype(np.float32)
         labels = labels if config.loss == "logistic" else clip_labels(labels, clip_y)  # logistic labels are 0 and 1
         if config.unit == "user":  # shuffle, group by user, keep each user's first max_rows_per_user rows

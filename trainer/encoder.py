@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from schemas import storage
 from trainer.features import feature_families, feature_matrix, FeatureSpace, ITEM_ID_FAMILY
+from schemas.errors import UserError
 
 ENCODERS = ("features", "id")
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
@@ -47,16 +48,16 @@ class ItemEncoder(tf.keras.Model):
     def __init__(self, space: FeatureSpace, dim: int, kind: str = "features", family_dim: int | None = None, seed: int = 0):
         super().__init__(name=f"{kind}_encoder")
         if kind not in ENCODERS:
-            raise ValueError(f"encoder must be one of {ENCODERS}, got {kind!r}")
+            raise UserError(f"encoder must be one of {ENCODERS}, got {kind!r}")
         if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"encoder dimension must be a positive integer, got {dim}")
+            raise UserError(f"encoder dimension must be a positive integer, got {dim}")
         self.kind, self.dim, self.space = kind, dim, space
         ids = [f for f in space.families if f.name == ITEM_ID_FAMILY]
         families = feature_families(space) if kind == "features" else ids
         if kind == "id" and not families:
-            raise ValueError("the id-only encoder needs a feature space built with the item id family")
+            raise UserError("the id-only encoder needs a feature space built with the item id family")
         if kind == "features" and not families:
-            raise ValueError("the features encoder needs at least one public feature family besides the item id")
+            raise UserError("the features encoder needs at least one public feature family besides the item id")
         family_dim = family_dim or dim
         init = tf.keras.initializers.RandomNormal(stddev=1.0 / np.sqrt(family_dim), seed=seed)
         self._families = []
@@ -129,15 +130,15 @@ class ItemEncoder(tf.keras.Model):
         principal dimensions set (min(d, rank)). The unknown value (id 0) embeds to zero, as
         `feature_matrix` drops it."""
         if self.kind != "features":
-            raise ValueError("only the features encoder has public features to initialise from")
+            raise UserError("only the features encoder has public features to initialise from")
         weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise ValueError(f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}")
+            raise UserError(f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}")
         self(tf.zeros([1], tf.int64))  # builds the dense layer
         kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
         family_dim = kernel.shape[0] // len(self._families)
         if family_dim < self.dim:
-            raise ValueError(f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}")
+            raise UserError(f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}")
         x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
         values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
         rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
@@ -163,7 +164,7 @@ class ItemEncoder(tf.keras.Model):
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
         if self.kind != "id":
-            raise ValueError("only the id-only encoder has one free vector per item")
+            raise UserError("only the id-only encoder has one free vector per item")
         _, _, table = self._families[0]
         table.assign(np.vstack([np.zeros((1, self.dim)), np.asarray(vectors)]).astype(table.dtype.as_numpy_dtype))
 

@@ -19,6 +19,7 @@ import numpy as np
 from schemas.ids import IdIndex
 from trainer import metrics
 from trainer.solve import logistic_solve, ridge_solve
+from schemas.errors import UserError
 
 BUCKETS = 5
 
@@ -64,7 +65,7 @@ def with_popularity(item_vectors: np.ndarray, counts: np.ndarray, biases: bool =
     last (ridge_solve)."""
     counts = np.maximum(np.asarray(counts, dtype=np.float64), 1.0)  # the counts release floors them at 1 already
     if counts.shape != (item_vectors.shape[0],):
-        raise ValueError(f"{counts.size} DP counts for {item_vectors.shape[0]} item vectors")
+        raise UserError(f"{counts.size} DP counts for {item_vectors.shape[0]} item vectors")
     at = popularity_position(item_vectors.shape[1], biases)
     trained = item_vectors[:, :at]
     rms = np.linalg.norm(trained) / np.sqrt(max(trained.shape[1], 1))
@@ -95,7 +96,7 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
                                     confidence=confidence)
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
-        raise ValueError("no held-out user has both a history and targets")
+        raise UserError("no held-out user has both a history and targets")
     per_user, per_bucket = [], [[] for _ in range(buckets)]
     for start in range(0, evaluated.size, 1024):
         chunk = evaluated[start : start + 1024]
@@ -123,7 +124,7 @@ def popularity_recall_report(history: tuple[np.ndarray, np.ndarray], targets: tu
     position first) through the same metric code as every model."""
     vectors = np.asarray(counts, dtype=np.float64)[:, None]
     if not np.all(vectors > 0):
-        raise ValueError("every catalog item needs a positive DP count (the counts release floors them at 1)")
+        raise UserError("every catalog item needs a positive DP count (the counts release floors them at 1)")
     (users, positions), (t_users, t_positions) = history, targets
     return recall_report((users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets, k=k)
 

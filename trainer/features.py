@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from schemas.ids import IdIndex
 from schemas.tables import item_features, NUMERIC, validate_items
+from schemas.errors import UserError
 
 ITEM_ID_FAMILY = "item_id"
 NUMERIC_BUCKETS = 10  # deciles, the usual quantile bucketing of a numeric feature
@@ -57,7 +58,7 @@ class FeatureSpace:
         chosen = list(declared) if families is None else families
         unknown = [name for name in chosen if name not in declared]
         if unknown:
-            raise ValueError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
+            raise UserError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
         out = []
         for name in chosen:
             if declared[name] == NUMERIC:
@@ -70,7 +71,7 @@ class FeatureSpace:
         if use_item_id:
             out.append(Family(ITEM_ID_FAMILY, [str(i) for i in item_ids], np.arange(1, item_ids.size + 1, dtype=np.int64), np.arange(item_ids.size + 1, dtype=np.int64)))
         if not out:
-            raise ValueError("the encoder needs at least one feature family (or the item id)")
+            raise UserError("the encoder needs at least one feature family (or the item id)")
         return cls(item_ids, out)
 
     @property
@@ -90,7 +91,7 @@ class FeatureSpace:
         item_ids = np.asarray(item_ids)
         at, found = index.lookup(item_ids)
         if not np.all(found):
-            raise ValueError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
+            raise UserError(f"item {item_ids[~found][0]} is not in the catalog the encoder was built for")
         return order[at]
 
 

@@ -29,6 +29,7 @@ from schemas.arrays import list_column_to_matrix
 from schemas.tables import stats_metadata
 from trainer.features import FeatureSpace
 from trainer.ssp import check_stats
+from schemas.errors import UserError
 
 
 def rating_prior(rating_range: tuple[float, float]) -> tuple[float, float]:
@@ -46,10 +47,10 @@ def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_st
     mean of R resamples); 0 without noise."""
     check_stats(stats_path, {"d": 1, **(expected or {})})
     if not stats_metadata(storage.read_schema(stats_path))["bias"]:
-        raise ValueError(f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum")
+        raise UserError(f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum")
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high) or not (bias_scale > 0 and noise_std_b >= 0):
-        raise ValueError(f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}")
+        raise UserError(f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}")
     spread, prior = rating_prior(rating_range)
     variance = (noise_std_b / bias_scale) ** 2  # V: the noise on S_j = b_j / c
     means = np.zeros((space.size, 1))

@@ -12,6 +12,7 @@ argpartition).
 from __future__ import annotations
 
 import numpy as np
+from schemas.errors import UserError
 
 _ROW_BLOCK = 1024  # users ranked at a time, to bound the temporaries of large score matrices
 
@@ -21,21 +22,21 @@ def rmse(predictions, labels) -> float:
     predictions = np.asarray(predictions, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     if predictions.ndim != 1 or predictions.shape != labels.shape:
-        raise ValueError(f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and {labels.shape}")
+        raise UserError(f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and {labels.shape}")
     if predictions.size == 0:
-        raise ValueError("rmse of no predictions is undefined")
+        raise UserError("rmse of no predictions is undefined")
     if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(labels))):
-        raise ValueError("predictions and labels must be finite")
+        raise UserError("predictions and labels must be finite")
     return float(np.sqrt(np.mean((predictions - labels) ** 2)))
 
 
 def _mask(name: str, mask, shape: tuple[int, ...]) -> np.ndarray:
     mask = np.asarray(mask)
     if mask.shape != shape:
-        raise ValueError(f"{name} must have the shape of scores {shape}, got {mask.shape}")
+        raise UserError(f"{name} must have the shape of scores {shape}, got {mask.shape}")
     if mask.dtype != bool:
         if not np.all((mask == 0) | (mask == 1)):
-            raise ValueError(f"{name} must be a boolean (or 0/1) mask")
+            raise UserError(f"{name} must be a boolean (or 0/1) mask")
         mask = mask.astype(bool)
     return mask
 
@@ -68,16 +69,16 @@ def recall_at_k_per_user(scores: np.ndarray, history: np.ndarray, targets: np.nd
     """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2:
-        raise ValueError(f"scores must be a 2-D (users x items) array, got shape {scores.shape}")
+        raise UserError(f"scores must be a 2-D (users x items) array, got shape {scores.shape}")
     history = _mask("history", history, scores.shape)
     targets = _mask("targets", targets, scores.shape)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
+        raise UserError(f"k must be a positive integer, got {k!r}")
     if np.isnan(scores).any():
-        raise ValueError("scores hold NaN")
+        raise UserError("scores hold NaN")
     if (history & targets).any():
         user = int(np.flatnonzero((history & targets).any(axis=1))[0])
-        raise ValueError(f"history and targets overlap (user row {user}); they must be disjoint")
+        raise UserError(f"history and targets overlap (user row {user}); they must be disjoint")
     n_targets = targets.sum(axis=1)
     hits = np.empty(scores.shape[0], dtype=np.int64)
     for start in range(0, scores.shape[0], _ROW_BLOCK):
@@ -94,5 +95,5 @@ def recall_at_k(scores: np.ndarray, history: np.ndarray, targets: np.ndarray, k:
     per_user = recall_at_k_per_user(scores, history, targets, k)
     evaluated = per_user[~np.isnan(per_user)]
     if evaluated.size == 0:
-        raise ValueError("no user has a target: Recall@k is undefined")
+        raise UserError("no user has a target: Recall@k is undefined")
     return float(evaluated.mean())

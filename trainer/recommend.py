@@ -41,6 +41,7 @@ from schemas.tables import validate_item_embeddings
 from trainer import metrics
 from trainer.evaluate import popularity_position, user_item_mask, with_popularity
 from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
+from schemas.errors import UserError
 
 MODEL_SETTINGS = "model.json"
 LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
@@ -55,16 +56,16 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
     flags = {"user_id": "--user-col", "item_id": "--item-col"}
     for name, column in columns.items():
         if column not in table.column_names:
-            raise ValueError(f"{source} has no {column!r} column (columns: {', '.join(table.column_names)}); name its "
+            raise UserError(f"{source} has no {column!r} column (columns: {', '.join(table.column_names)}); name its "
                              f"{name.removesuffix('_id')} id column with {flags[name]}")
         values = table[column]
         if values.null_count:
-            raise ValueError(f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)")
+            raise UserError(f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)")
         if pa.types.is_floating(values.type) and pc.all(pc.equal(pc.floor(values), values)).as_py() is not False:
             values = pc.cast(values, pa.int64())
         if not pa.types.is_integer(values.type):
             example = values[0].as_py() if len(values) else None
-            raise ValueError(f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
+            raise UserError(f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
                              "ids the model was trained on")
         table = table.set_column(table.column_names.index(column), name, pc.cast(values, pa.int64()))
     return table
@@ -81,7 +82,7 @@ def read_user_table(path: str) -> pa.Table:
     try:
         return pq.read_table(inner, filesystem=fs)
     except pa.ArrowInvalid as exc:
-        raise ValueError(f"{path} is not a Parquet file or folder (a CSV file must end in .csv): {exc}") from None
+        raise UserError(f"{path} is not a Parquet file or folder (a CSV file must end in .csv): {exc}") from None
 
 
 @dataclass
@@ -98,7 +99,7 @@ class PublishedModel:
     def load(cls, path: str) -> PublishedModel:
         """Open the publication at `path` (local or gs://), refusing one that is not complete."""
         if not storage.exists(storage.join(path, "_PUBLISHED")):
-            raise ValueError(f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`")
+            raise UserError(f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`")
         return cls.read(path)
 
     @classmethod
@@ -107,7 +108,7 @@ class PublishedModel:
         SavedModel from them before its marker)."""
         settings_path = storage.join(path, MODEL_SETTINGS)
         if not storage.exists(settings_path):
-            raise ValueError(f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder")
+            raise UserError(f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder")
         settings = storage.read_json(settings_path)
         table = validate_item_embeddings(storage.read_table(storage.join(path, "item_embeddings.parquet")), dim=settings["dim"])
         order = np.argsort(table["item_id"].to_numpy(), kind="stable")
@@ -120,7 +121,7 @@ class PublishedModel:
             popularity[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
         if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
             if popularity is None:
-                raise ValueError(f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again")
+                raise UserError(f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again")
             vectors = with_popularity(vectors, popularity, settings.get("biases", False))
         return cls(path, item_ids, vectors, settings, popularity)
 
@@ -133,10 +134,10 @@ class PublishedModel:
 
         families = self.settings.get("feature_families")
         if not families:
-            raise ValueError(f"{self.path}: this model's encoder has no public features (--encoder id), so it cannot embed new items")
+            raise UserError(f"{self.path}: this model's encoder has no public features (--encoder id), so it cannot embed new items")
         missing = [name for name in families if name not in items.column_names]
         if missing:
-            raise ValueError(f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})")
+            raise UserError(f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})")
         inputs = {}
         for name in families:
             rows = value_strings(items, name)
@@ -155,7 +156,7 @@ class PublishedModel:
         s = self.settings
         if s["protocol"] == "rmse":
             if labels is None:
-                raise ValueError("this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)")
+                raise UserError("this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)")
             targets = labels - s["dp_mean"]
         elif labels is not None and s.get("confidence_alpha") is not None:  # implicit feedback: each item's count, its confidence
             targets = confidence(labels, s["confidence_alpha"])
@@ -182,7 +183,7 @@ class PublishedModel:
         model refuses a label outside its rating scale. `new_items` (item_id and the feature
         columns) are embedded and ranked too."""
         if k < 1:
-            raise ValueError(f"--k must be a positive number of items, got {k}")
+            raise UserError(f"--k must be a positive number of items, got {k}")
         history = keyed(history, source, {"user_id": "user_id", "item_id": "item_id"})
         users = history["user_id"].to_numpy()
         items = history["item_id"].to_numpy()
@@ -203,7 +204,7 @@ class PublishedModel:
         if new_items is not None and new_items.num_rows:
             added = keyed(new_items, "the new items", {"item_id": "item_id"})["item_id"].to_numpy()
             if np.isin(added, self.item_ids).any():
-                raise ValueError(f"new item {added[np.isin(added, self.item_ids)][0]} is already in the model's catalog")
+                raise UserError(f"new item {added[np.isin(added, self.item_ids)][0]} is already in the model's catalog")
             catalog_ids, vectors = np.r_[catalog_ids, added], np.vstack([vectors, self.embed_new_items(new_items)])
         every_user = np.unique(users)
         out = []
@@ -243,7 +244,7 @@ class PublishedModel:
         if bad.any():
             row = int(np.argmax(bad))
             scale = f" (the model's rating scale is {low:g}..{high:g})" if self.settings["protocol"] == "rmse" else ""
-            raise ValueError(f"{source}: row {row + 1} has label {history['label'][row].as_py()!r}{scale}")
+            raise UserError(f"{source}: row {row + 1} has label {history['label'][row].as_py()!r}{scale}")
         return labels
 
 
@@ -277,7 +278,7 @@ def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:
 
 def run(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith((".csv", ".parquet")):
-        raise ValueError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
+        raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
     history = keyed(read_user_table(args.history), args.history, {"user_id": args.user_col, "item_id": args.item_col})
     new_items = None

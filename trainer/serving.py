@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from schemas import storage
 from trainer.solve import free_coordinates, user_bias_ridge
+from schemas.errors import UserError
 
 SERVING_FOLDER = "recommender"
 
@@ -45,7 +46,7 @@ class Recommender(tf.Module):
     def __init__(self, item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity: np.ndarray | None):
         super().__init__()
         if settings.get("loss") == "logistic":
-            raise ValueError("a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)")
+            raise UserError("a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)")
         vectors = np.asarray(vectors, np.float64)
         bias_ridge = user_bias_ridge(settings["protocol"], settings.get("biases", False), settings.get("lambda_bias"))
         free = free_coordinates(vectors.shape[1], bias_ridge)

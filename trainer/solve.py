@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from privacy.accumulator import stable_argsort
+from schemas.errors import UserError
 
 
 def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
@@ -21,7 +22,7 @@ def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
     and every row of explicit data, weighs 1."""
     counts = np.asarray(counts, dtype=np.float64)
     if not np.all(np.isfinite(counts)) or (counts.size and counts.min() < 1):
-        raise ValueError("interaction counts must be finite and at least 1")
+        raise UserError("interaction counts must be finite and at least 1")
     return (1.0 + alpha * np.log1p(counts)) / (1.0 + alpha * np.log(2.0))
 
 
@@ -68,7 +69,7 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     from trainer.normal_equations import normal_equations  # numba's import, once a process, on the first solve
 
     if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
+        raise UserError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors = np.asarray(vectors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     root = None
@@ -76,9 +77,9 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
         root, labels = np.sqrt(labels), np.ones(labels.size)
     free = free_coordinates(vectors.shape[1], bias_ridge)
     if bias_ridge is not None and (np.isnan(bias_ridge) or bias_ridge <= 0):
-        raise ValueError(f"the bias ridge must be > 0, got {bias_ridge}")
+        raise UserError(f"the bias ridge must be > 0, got {bias_ridge}")
     if not np.isfinite(prior) or prior < 0:
-        raise ValueError(f"the prior ridge must be >= 0, got {prior}")
+        raise UserError(f"the prior ridge must be >= 0, got {prior}")
     d = free.size
     keys = np.asarray(keys)
     if keys.size > 1 and not np.all(keys[1:] >= keys[:-1]):  # each key's rows together, in their given order
@@ -113,7 +114,7 @@ def logistic_solve(keys: np.ndarray, vectors: np.ndarray, all_vectors: np.ndarra
     from privacy.quadratic import logistic_derivatives, logistic_weights
 
     if not np.isfinite(lam) or lam <= 0:
-        raise ValueError(f"ridge regularisation lambda must be > 0, got {lam}")
+        raise UserError(f"ridge regularisation lambda must be > 0, got {lam}")
     vectors, all_vectors = np.asarray(vectors, dtype=np.float64), np.asarray(all_vectors, dtype=np.float64)
     unique, group = np.unique(keys, return_inverse=True)
     d, m = vectors.shape[1], all_vectors.shape[0]

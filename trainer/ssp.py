@@ -90,6 +90,7 @@ from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.ids import IdIndex
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
+from schemas.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,11 @@ class SSPConfig:
             if name == "batch_size" and self.batch_size is None:
                 continue
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+                raise UserError(f"{name} must be a positive integer, got {getattr(self, name)}")
         for name in ("learning_rate", "ridge", "weight_decay"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "learning_rate" and value == 0):
-                raise ValueError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}")
+                raise UserError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}")
 
 
 EPOCH_STEPS = 8  # the regime the defaults were tuned in: 6,040 users cover about 3,500 items, 7 batches of 512
@@ -141,13 +142,13 @@ def check_stats(path: str, expected: dict) -> dict:
     schema = storage.read_schema(path)
     missing = [f.name for f in STATS if f.name not in schema.names or schema.field(f.name).type != f.type]
     if missing:
-        raise ValueError(f"{path} is not a stats table: column(s) {missing} missing or of the wrong type")
+        raise UserError(f"{path} is not a stats table: column(s) {missing} missing or of the wrong type")
     meta = stats_metadata(schema)
     for key, value in expected.items():
         if key not in meta:
-            raise ValueError(f"{path}: stats metadata has no {key!r}")
+            raise UserError(f"{path}: stats metadata has no {key!r}")
         if not math.isclose(meta[key], float(value), rel_tol=1e-9, abs_tol=0.0):
-            raise ValueError(f"{path}: stats were released with {key}={meta[key]:g}, but this run expects {key}={float(value):g}")
+            raise UserError(f"{path}: stats were released with {key}={meta[key]:g}, but this run expects {key}={float(value):g}")
     return meta
 
 
@@ -180,7 +181,7 @@ def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], 
     projected onto the PSD cone first when asked (post-processing of the release); returns `out`."""
     schema = storage.read_schema(path)
     if (schema.metadata or {}).get(b"loss") != b"logistic":
-        raise ValueError(f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded")
+        raise UserError(f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded")
     d = int(stats_metadata(schema)["d"])
     index, vectors = IdIndex(expansion[0]), expansion[1]
     with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
@@ -321,12 +322,12 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     moves away from its starting point only as far as the statistics outweigh the noise.
     """
     if not stats_paths:
-        raise ValueError("no stats tables to train on")
+        raise UserError("no stats tables to train on")
     expected = {"d": encoder.dim, **(expected or {})}
     for path in stats_paths:
         check_stats(path, expected)
     if config.epochs < len(stats_paths):
-        raise ValueError(f"{len(stats_paths)} resampled tables need at least as many epochs, got {config.epochs}")
+        raise UserError(f"{len(stats_paths)} resampled tables need at least as many epochs, got {config.epochs}")
     tables = stats_paths
     if config.psd_projection:
         tables = [project_table(path, _projected_path(path)) for path in stats_paths]
@@ -431,7 +432,7 @@ def _aligned_batches(paths: list[str], batch_size: int):
         if all(ends):
             return
         if any(ends):
-            raise ValueError(f"the stats tables {paths} have different numbers of rows")
+            raise UserError(f"the stats tables {paths} have different numbers of rows")
         rows = min(batch.num_rows for batch in pending)
         yield [batch.slice(0, rows) for batch in pending]
         pending = [batch.slice(rows) for batch in pending]
@@ -446,7 +447,7 @@ def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
     metas = [stats_metadata(storage.read_schema(path)) for path in paths]
     for key in ("d", "noise_multiplier", "clip_u", "clip_y", "wbar"):
         if len({meta[key] for meta in metas}) != 1:
-            raise ValueError(f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged")
+            raise UserError(f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged")
     d = int(metas[0]["d"])
     schema = STATS.with_metadata({**storage.read_schema(paths[0]).metadata, b"averaged_resamples": str(len(paths)).encode(),
                                   b"averaged_releases": ",".join(str(int(meta["release"])) for meta in metas).encode()})
@@ -454,7 +455,7 @@ def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
         for batches in _aligned_batches(paths, batch_size):
             items = batches[0].column("item_id")
             if any(not batch.column("item_id").equals(items) for batch in batches[1:]):
-                raise ValueError(f"the stats tables {paths} list their items in different orders")
+                raise UserError(f"the stats tables {paths} list their items in different orders")
             a = sum(list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper") for batch in batches) / len(batches)
             b = sum(list_column_to_matrix(batch.column("b"), d, "b") for batch in batches) / len(batches)
             writer.write(pa.RecordBatch.from_arrays([items, matrix_to_list_column(a), matrix_to_list_column(b)], schema=schema))

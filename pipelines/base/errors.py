@@ -1,8 +1,9 @@
 """Which failures are the user's to fix, and the one line that says so.
 
-Bad input, bad settings and the environment (a missing or damaged file, an output path that is a
-file, a full or read-only disk, a file-size limit) end a command with one line naming the file or
-setting and exit status 2; anything else is a bug and keeps its traceback. A failure inside a Spark
+Bad input, bad settings (schemas.errors.UserError, the project's refusals) and the environment (a
+missing or damaged file, an output path that is a file, a full or read-only disk, a file-size
+limit) end a command with one line naming the file or setting and exit status 2; anything else is
+a bug, whatever its class (a ValueError of numpy or pyarrow included). A failure inside a Spark
 task reaches the driver wrapped in Java and Py4J errors whose text is pages of stack traces: its
 root cause is found and judged the same way.
 """
@@ -14,8 +15,9 @@ import re
 import tempfile
 
 # Python exceptions raised inside Spark's Python workers arrive as text: judged by their class name.
+REFUSAL_NAMES = ("UserError", "SchemaError", "IngestError", "DamagedTableError")  # the project's refusals a task raises (schemas.errors.UserError)
 USER_ERROR_NAMES = (
-    "ValueError", "SchemaError", "IngestError", "MissingTableError", "DamagedTableError", "FileNotFoundError",
+    *REFUSAL_NAMES, "MissingTableError", "FileNotFoundError",
     "PermissionError", "IsADirectoryError", "NotADirectoryError", "FileExistsError", "OSError", "IOError", "ArrowInvalid",
 )
 # Java failures of the job's input or output: Spark's error classes, and I/O exceptions by package.
@@ -73,7 +75,7 @@ def _spark_cause(exc: BaseException, output: str | None) -> str | None:
     # native libraries), not something a Java stack helps the user with. One line, the stack kept.
     root = chain[-1]
     message = _flat(str(root.getMessage() or "")) or "no message"
-    return f"the Spark job failed: {root.getClass().getName()}: {message[:500]} (full trace: {_save_trace(texts)})"
+    return f"the Spark job failed: {root.getClass().getName()}: {message[:500]} (full trace: {save_trace(texts)})"
 
 
 def _java_chain(exc: BaseException) -> tuple[list[str], list]:
@@ -101,16 +103,16 @@ def _worker_error(texts: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def task_value_error(exc: BaseException) -> str | None:
-    """The message of a ValueError that a Spark job's Python task raised (a row the job refuses),
-    as the driver receives it wrapped in Spark's errors; None for anything else."""
+def task_refusal(exc: BaseException) -> str | None:
+    """The message of a refusal (a UserError: a row the job refuses) that a Spark job's Python task
+    raised, as the driver receives it wrapped in Spark's errors; None for anything else."""
     if type(exc).__module__.split(".")[0] not in ("py4j", "pyspark"):
         return None
     worker = _worker_error(_java_chain(exc)[0])
-    return worker[1] if worker is not None and worker[0] == "ValueError" else None
+    return worker[1] if worker is not None and worker[0] in REFUSAL_NAMES else None
 
 
-def _save_trace(texts: list[str]) -> str:
+def save_trace(texts: list[str]) -> str:
     """Write a failure's full text to a temporary log file for a bug report; returns its path."""
     try:
         handle, path = tempfile.mkstemp(prefix="ssp-error-", suffix=".log")

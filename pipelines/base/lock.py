@@ -34,6 +34,7 @@ import uuid
 from contextlib import contextmanager
 
 from schemas import storage
+from schemas.errors import UserError
 
 LOCK_NAME = ".lock"
 LEASE_SECONDS = 60.0
@@ -54,7 +55,7 @@ def run_lock(run_dir: str, lease_seconds: float = LEASE_SECONDS):
         with _lease(storage.join(run_dir.rstrip("/"), LOCK_NAME), run_dir, lease_seconds):
             yield
     else:
-        raise ValueError(f"{run_dir}: a run directory must be a local path or gs:// (no run lock for this filesystem)")
+        raise UserError(f"{run_dir}: a run directory must be a local path or gs:// (no run lock for this filesystem)")
 
 
 @contextmanager
@@ -224,7 +225,7 @@ def release_lock(path: str, wait_seconds: float = RELEASE_LOCK_WAIT):
             yield
         return
     if not path.startswith("gs://"):
-        raise ValueError(f"{path}: a ledger must be on a local path or gs:// (no release lock for this filesystem)")
+        raise UserError(f"{path}: a ledger must be on a local path or gs:// (no release lock for this filesystem)")
     while True:
         lease = _Lease(f"{path}.lock", path, LEASE_SECONDS)
         try:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas import storage
+from schemas.errors import UserError
 
 DEFAULT_CHUNK_ROWS = 262_144
 USERS_TOGETHER = {b"ssp.users_together": b"1"}  # a file's Parquet metadata: it holds whole users, sorted by user_id
@@ -35,7 +36,7 @@ def sorted_by_user(batches: Iterable[pa.RecordBatch], source: str) -> Iterator[p
     for batch in batches:
         users = batch.column("user_id").to_numpy()
         if users.size and ((last is not None and users[0] < last) or np.any(users[1:] < users[:-1])):
-            raise ValueError(f"{source}: its rows are not sorted by user_id, though its metadata says each file holds whole users in order")
+            raise UserError(f"{source}: its rows are not sorted by user_id, though its metadata says each file holds whole users in order")
         last = users[-1] if users.size else last
         yield batch
 

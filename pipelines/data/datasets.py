@@ -20,6 +20,7 @@ import pyarrow as pa
 from pipelines.data.chunks import USERS_TOGETHER
 from schemas import storage
 from schemas.tables import INTERACTIONS, item_features, validate_interactions, validate_items
+from schemas.errors import UserError
 
 INTERACTIONS_TABLE = "interactions.parquet"
 ITEMS_TABLE = "items.parquet"
@@ -99,7 +100,7 @@ def require_dataset_target(out: str) -> None:
             return
     elif all(name in (ITEMS_TABLE, INTERACTIONS_TABLE) or ".tmp-" in name for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))):
         return  # a data set's write that was killed: its tables or staging, no manifest yet (the next write replaces it)
-    raise ValueError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
+    raise UserError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
 
 
 def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
@@ -129,7 +130,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
             ids = table["item_id"].to_numpy()
             unknown = ids[~np.isin(ids, catalog)]
             if unknown.size:
-                raise ValueError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
+                raise UserError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
             for part in table.to_batches():
                 stats.add(part)
             interactions.write(table)

@@ -53,6 +53,7 @@ from pipelines.data.datasets import Dataset, write_dataset
 from pipelines.data.movielens import IngestError
 from schemas import SchemaError, storage
 from schemas.tables import items_schema, MULTIVALENT, NUMERIC, UNIVALENT, validate_interactions, validate_items
+from schemas.errors import UserError
 
 FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT, "number": NUMERIC}
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
@@ -486,7 +487,7 @@ def ingest(
     (min, max) is required; without it the data are implicit feedback (every label 1.0) and no
     scale may be given. Nothing is written when the input is bad."""
     if unknown_items not in UNKNOWN_ITEM_POLICIES:
-        raise ValueError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
+        raise UserError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
     features = _declared(features)
     if columns.label is None and rating_scale is not None:
         raise IngestError("--rating-scale needs --label-col: without a label column the data are implicit feedback (every row a positive), which has no rating scale")
@@ -495,7 +496,7 @@ def ingest(
             raise IngestError(f"--label-col {columns.label} needs --rating-scale MIN MAX: the scale of the ratings, which training clips to")
         low, high = rating_scale
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise ValueError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
+            raise UserError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
     items = read_catalog(catalog, columns, features)
     known_ids = np.sort(items["item_id"].to_numpy())
     unknown = {"rows": 0, "items": np.empty(0, np.int64), "seen": 0}

@@ -31,6 +31,7 @@ from pipelines.data import generic, movielens
 from pipelines.data.datasets import Dataset, is_dataset, open_dataset, require_dataset_target, write_dataset
 from schemas import storage
 from schemas.tables import item_features, MULTIVALENT
+from schemas.errors import UserError
 
 BUNDLED = str(Path(__file__).resolve().parent / "ml-latest-small")
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
@@ -47,10 +48,10 @@ def ingest(
     """Ingest the MovieLens folder `source` into the data set folder `out`; every rating must lie
     on `rating_scale`, which the manifest records as the data's declared scale."""
     if unknown_items not in UNKNOWN_ITEM_POLICIES:
-        raise ValueError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
+        raise UserError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
     low, high = rating_scale
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
-        raise ValueError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
+        raise UserError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
     layout = movielens.detect_layout(source)
     items = movielens.read_catalog(source, public_features)
     catalog = np.sort(items["item_id"].to_numpy())

@@ -29,6 +29,7 @@ import pyarrow.csv as pacsv
 
 from schemas import SchemaError, storage
 from schemas.tables import INTERACTIONS, items_schema, MULTIVALENT, UNIVALENT, validate_interactions
+from schemas.errors import UserError
 
 FAMILIES = {"genres": MULTIVALENT, "year": UNIVALENT, "tags": MULTIVALENT}
 DEFAULT_PUBLIC_FEATURES = ("genres", "year")
@@ -43,7 +44,7 @@ _UTF8_MULTIBYTE = re.compile(rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}
 DEFAULT_RATING_SCALE = (0.5, 5.0)  # every MovieLens set: half stars 0.5..5 (ml-100k and ml-1m use whole stars 1..5 within it)
 
 
-class IngestError(ValueError):
+class IngestError(UserError):
     """Input that cannot be read: a missing file, a malformed line, a bad value. Names the file and line."""
 
 
@@ -109,9 +110,9 @@ def _parse_int(value: str, what: str) -> int:
     try:
         number = int(value.strip())
     except ValueError:
-        raise ValueError(f"{what} {value!r} is not an integer") from None
+        raise UserError(f"{what} {value!r} is not an integer") from None
     if not _INT64[0] <= number <= _INT64[1]:
-        raise ValueError(f"{what} {value.strip()} does not fit in a 64-bit integer")
+        raise UserError(f"{what} {value.strip()} does not fit in a 64-bit integer")
     return number
 
 
@@ -119,7 +120,7 @@ def _parse_float(value: str, what: str) -> float:
     try:
         return float(value.strip())
     except ValueError:
-        raise ValueError(f"{what} {value!r} is not a number") from None
+        raise UserError(f"{what} {value!r} is not a number") from None
 
 
 def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None = None) -> Iterator[tuple[int, list[str]]]:

@@ -61,6 +61,7 @@ from pipelines.data.datasets import Dataset
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS, validate_interactions
+from schemas.errors import UserError
 
 DEFAULT_SEED = 1234
 DEFAULT_HOLDOUT = 0.2  # share of rows (rmse) or eligible users (recall) held out: half valid, half test
@@ -102,9 +103,9 @@ def check_holdout(holdout: float) -> float:
     try:
         value = float(holdout)
     except (TypeError, ValueError):
-        raise ValueError(f"holdout must be a number in [0, 1), got {holdout!r}") from None
+        raise UserError(f"holdout must be a number in [0, 1), got {holdout!r}") from None
     if not 0.0 <= value < 1.0:  # also refuses NaN
-        raise ValueError(f"holdout must be in [0, 1) (the share of rows or users held out for evaluation; 0 trains on every row), got {holdout!r}")
+        raise UserError(f"holdout must be in [0, 1) (the share of rows or users held out for evaluation; 0 trains on every row), got {holdout!r}")
     return value
 
 
@@ -128,7 +129,7 @@ def row_uniform(seed: int, purpose: str, *columns: np.ndarray) -> np.ndarray:
                 h = np.full(values.shape, _key(seed, purpose), dtype=np.uint64)
             h = mix64(h ^ mix64(values + np.uint64((_GOLDEN * position) & 0xFFFFFFFFFFFFFFFF)))
     if h is None:
-        raise ValueError("row_uniform needs at least one column")
+        raise UserError("row_uniform needs at least one column")
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -146,7 +147,7 @@ def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     User-local: the privacy bounds count each (user, item) pair once."""
     table = validate_interactions(interactions)
     if table.num_rows == 0:
-        raise ValueError("cannot split an empty interactions table")
+        raise UserError("cannot split an empty interactions table")
     order = pc.sort_indices(
         table,
         sort_keys=[("user_id", "ascending"), ("item_id", "ascending"), ("timestamp", "ascending"), ("label", "ascending")],
@@ -227,7 +228,7 @@ def split_heldout_users(
     `train_items` the items of every training user's positives (`train_items_of`).
     """
     if not 0.0 <= target_fraction < 1.0:
-        raise ValueError(f"target_fraction must be in [0, 1), got {target_fraction}")
+        raise UserError(f"target_fraction must be in [0, 1), got {target_fraction}")
     holdout = check_holdout(holdout)
     table = _positives(_canonical(interactions, count_repeats=positive_threshold is None), positive_threshold)
     users = table["user_id"].to_numpy()
@@ -235,7 +236,7 @@ def split_heldout_users(
     eligible = counts >= min_positives
     if require_eligible and not eligible.any():
         which = "rows" if positive_threshold is None else f"labels above {positive_threshold}"
-        raise ValueError(f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none")
+        raise UserError(f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none")
     group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]  # per row; -1: dropped
 
     items = table["item_id"].to_numpy()
@@ -267,11 +268,11 @@ def positive_threshold_for(data: Dataset, threshold: float | None = None, scale:
     `scale`, else DEFAULT_SCALE, for data that declares none)."""
     if data.manifest.get("feedback") == "implicit":
         if threshold is not None:
-            raise ValueError(f"--positive-threshold {threshold:g}: {data.path} holds implicit feedback (no labels), where every interaction is a positive")
+            raise UserError(f"--positive-threshold {threshold:g}: {data.path} holds implicit feedback (no labels), where every interaction is a positive")
         return None
     if threshold is not None:
         if not math.isfinite(threshold):
-            raise ValueError(f"--positive-threshold must be finite, got {threshold}")
+            raise UserError(f"--positive-threshold must be finite, got {threshold}")
         return float(threshold)
     return scale_threshold(tuple(data.manifest.get("rating_scale") or scale or DEFAULT_SCALE))
 
@@ -284,13 +285,13 @@ def top_items(item_ids: np.ndarray, counts: np.ndarray, fraction: float = TRAIN_
     """
     item_ids, counts = np.asarray(item_ids), np.asarray(counts, dtype=np.float64)
     if item_ids.ndim != 1 or counts.shape != item_ids.shape:
-        raise ValueError(f"item_ids and counts must be 1-D arrays of one length, got shapes {item_ids.shape} and {counts.shape}")
+        raise UserError(f"item_ids and counts must be 1-D arrays of one length, got shapes {item_ids.shape} and {counts.shape}")
     if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        raise UserError(f"fraction must be in (0, 1], got {fraction}")
     if not np.all(np.isfinite(counts)):
-        raise ValueError("counts must be finite")
+        raise UserError("counts must be finite")
     if np.unique(item_ids).size != item_ids.size:
-        raise ValueError("item_ids must be unique")
+        raise UserError("item_ids must be unique")
     m = item_ids.size
     keep = math.ceil(round(fraction * m, 9))  # round first: 0.1 * 30 is 3.0000000000000004 in floats
     order = np.lexsort((item_ids, -counts))  # largest count first, then smaller id
@@ -381,7 +382,7 @@ def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED,
     of `positive_threshold` and `scale`). The rows are split on `engine` (pipelines.engines.engine),
     into the same tables on every engine."""
     if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+        raise UserError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     rule = SplitRule(protocol, seed, check_holdout(holdout), positive_threshold_for(data, positive_threshold, scale))
     manifest = rule.manifest(data.path)
     storage.remove(storage.join(out, SPLIT_MANIFEST))
@@ -475,7 +476,7 @@ def commit_split(rule: SplitRule, staged: dict[str, storage.StagedWrite], writte
     if problem:
         for name, table in staged.items():
             table.abort([record["name"] for record in records if record["table"] == name])
-        raise ValueError(problem)
+        raise UserError(problem)
     sizes = {}
     for name in rule.parts:
         mine = [record for record in records if record["table"] == name]

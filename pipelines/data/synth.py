@@ -63,6 +63,7 @@ from pipelines.data.datasets import Dataset, write_dataset
 from pipelines.data.synth_movielens import CATALOG_GROWTH, KEY_BATCH, ML_GENERATOR_VERSION, ML_ITEMS, ML_MEAN_ACTIVITY, ML_USERS
 from pipelines.data.synth_movielens import _bag_mean, _draw, _MovieLensModel, _ml_batches, _offsets, _rng
 from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema
+from schemas.errors import UserError
 
 GENERATOR_VERSION = 1  # bump when the output for given parameters changes
 
@@ -97,7 +98,7 @@ LIKES = ("movielens",)  # the realistic generators (`like=`): pipelines.data.syn
 
 def _check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise UserError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -108,15 +109,15 @@ def _check_params(users, items, ratings_per_user, alpha, seed, rank) -> dict:
         "ratings_per_user": _check_positive_int("ratings_per_user", ratings_per_user),
     }
     if params["ratings_per_user"] > params["items"]:
-        raise ValueError(
+        raise UserError(
             f"ratings_per_user ({params['ratings_per_user']}) cannot exceed items ({params['items']}): "
             "each user rates distinct items"
         )
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+        raise UserError(f"alpha must be a finite number >= 0, got {alpha!r}")
     params["alpha"] = float(alpha)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     params["seed"] = int(seed)
     params["rank"] = _check_positive_int("rank", rank)
     return params
@@ -305,12 +306,12 @@ def generate(
     `progress` shows a bar on stderr.
     """
     if not isinstance(out, str) or not out:
-        raise ValueError(f"out must be a non-empty path, got {out!r}")
+        raise UserError(f"out must be a non-empty path, got {out!r}")
     if like is not None:
         return _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress)
     for name, value in (("users", users), ("items", items), ("ratings_per_user", ratings_per_user)):
         if value is None:
-            raise ValueError(f"{name} is required (unless like is given)")
+            raise UserError(f"{name} is required (unless like is given)")
     params = _check_params(users, items, ratings_per_user, 1.0 if alpha is None else alpha, seed, 8 if rank is None else rank)
     from tqdm import tqdm
 
@@ -324,14 +325,14 @@ def generate(
 
 def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
     if like not in LIKES:
-        raise ValueError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
+        raise UserError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
     for name, value in (("items", items), ("alpha", alpha), ("rank", rank)):
         if value is not None:
-            raise ValueError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
+            raise UserError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
     users = _check_positive_int("users", ML_USERS if users is None else users)
     scale = 1.0 if ratings_per_user is None else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     from tqdm import tqdm
 
@@ -414,11 +415,11 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.like is None:
         missing = [flag for flag, value in sizes if value is None]
         if missing:
-            raise ValueError(f"{', '.join(missing)} required (or give --like movielens)")
+            raise UserError(f"{', '.join(missing)} required (or give --like movielens)")
         return
     extra = [flag for flag, value in (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank)) if value is not None]
     if extra:
-        raise ValueError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
+        raise UserError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,6 +54,7 @@ from privacy import accumulator
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
+from schemas.errors import UserError
 
 INPUTS = ("interactions", "user_embeddings", "counts", "items")
 KERNEL_ROWS = 262_144  # complete users' rows gathered before one grouped-sums call (as in Spark)
@@ -128,7 +129,7 @@ def counts_lookup(tables: list[pa.Table | pa.RecordBatch]) -> tuple[IdIndex, np.
     order = np.argsort(ids, kind="stable")
     ids, counts = ids[order], counts[order]
     if ids.size > 1 and np.any(ids[1:] == ids[:-1]):
-        raise ValueError(f"DP counts: item {ids[1:][ids[1:] == ids[:-1]][0]} has more than one count")
+        raise UserError(f"DP counts: item {ids[1:][ids[1:] == ids[:-1]][0]} has more than one count")
     return IdIndex(ids), counts
 
 
@@ -169,7 +170,7 @@ class UserPartials(beam.DoFn):
 
     def _add_user(self, user: int, chunks: list, embeddings: list, counts) -> None:
         if len(embeddings) != 1:
-            raise ValueError(f"user {user} has {len(embeddings)} embeddings, expected exactly one")
+            raise UserError(f"user {user} has {len(embeddings)} embeddings, expected exactly one")
         self._counts = counts
         items = np.concatenate([chunk[0] for chunk in chunks])
         labels = np.concatenate([chunk[1] for chunk in chunks])
@@ -189,7 +190,7 @@ class UserPartials(beam.DoFn):
         index, values = self._counts
         where, known = index.lookup(items)
         if not known.all():
-            raise ValueError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
+            raise UserError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
         keys, a, b = accumulator.grouped_sums(*user_contributions(users, items, labels, embeddings, values[where], self.settings))
         if self._running is not None:
             previous = self._running
@@ -258,7 +259,7 @@ class ItemStats(beam.PTransform):
     def __init__(self, settings: StatsSettings, specs: Sequence[accumulator.NoiseSpec]):
         super().__init__()
         if not specs:
-            raise ValueError("ItemStats needs at least one NoiseSpec (one per resample)")
+            raise UserError("ItemStats needs at least one NoiseSpec (one per resample)")
         self.settings, self.specs = settings, list(specs)
 
     def expand(self, inputs):
@@ -266,7 +267,7 @@ class ItemStats(beam.PTransform):
             inputs = dict(zip(INPUTS, inputs))
         missing = [name for name in INPUTS if name not in inputs]
         if missing:
-            raise ValueError(f"ItemStats needs the inputs {INPUTS}; missing {missing}")
+            raise UserError(f"ItemStats needs the inputs {INPUTS}; missing {missing}")
         settings, specs = self.settings, self.specs
         rows = inputs["interactions"] | "RowsByUser" >> beam.FlatMap(rows_by_user)
         embeddings = inputs["user_embeddings"] | "EmbeddingsByUser" >> beam.FlatMap(embeddings_by_user, settings.user_dim)
@@ -309,7 +310,7 @@ class WriteStatsParts(beam.PTransform):
     def __init__(self, settings: StatsSettings, specs, staged: Sequence[storage.StagedWrite], shards: int, manifests: str | None = None):
         super().__init__()
         if len(staged) != len(specs):
-            raise ValueError(f"{len(specs)} resample(s) but {len(staged)} staged table(s)")
+            raise UserError(f"{len(specs)} resample(s) but {len(staged)} staged table(s)")
         self.settings, self.specs, self.staged, self.shards, self.manifests = settings, list(specs), list(staged), shards, manifests
 
     def expand(self, noised):
@@ -347,7 +348,7 @@ def read_manifests(manifests: str, shards: int, resamples: int) -> tuple[list[li
 def build(pipeline: beam.Pipeline, job: stats_job.StatsJob, manifests: str | None = None):
     """Add the stats job (reads, ItemStats, WriteStatsParts) to `pipeline`; `job.prepare()` must have run."""
     if not job.releases or job.catalog is None:
-        raise ValueError("StatsJob.prepare() must run before the pipeline is built")
+        raise UserError("StatsJob.prepare() must run before the pipeline is built")
     settings = job.settings
     counts = storage.read_table(job.counts, columns=["item_id", "count"])
     inputs = {
@@ -363,7 +364,7 @@ def build(pipeline: beam.Pipeline, job: stats_job.StatsJob, manifests: str | Non
 def run(job: stats_job.StatsJob, pipeline_options: PipelineOptions | None = None) -> dict:
     """Prepare the releases, compute and write them with Beam, commit; returns the step summary."""
     if job.settings.loss != "square":
-        raise ValueError(f"--loss {job.settings.loss} releases its statistics on the Spark engine only, not on Beam")
+        raise UserError(f"--loss {job.settings.loss} releases its statistics on the Spark engine only, not on Beam")
     job.prepare()
     manifests = storage.join(job.out, f"{MANIFESTS}{uuid.uuid4().hex}")
     try:

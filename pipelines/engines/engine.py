@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from schemas.errors import UserError
 
 
 class Engine(Protocol):
@@ -83,12 +84,12 @@ def check_supported(name: str, needs: dict[str, bool]) -> None:
     """Refuse an engine name that is not registered, or one that lacks a feature the run needs
     (`needs`: feature -> whether the run needs it), naming the flag and the engines that have it."""
     if name not in ENGINES:
-        raise ValueError(f"--engine must be one of {tuple(ENGINES)}, got {name!r}")
+        raise UserError(f"--engine must be one of {tuple(ENGINES)}, got {name!r}")
     for feature, needed in needs.items():
         if needed and not supports(name, feature):
             others = [other for other in ENGINES if supports(other, feature)]
             wanted = FEATURES.get(feature, feature)
-            raise ValueError(f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine {' or '.join(others)}")
+            raise UserError(f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine {' or '.join(others)}")
 
 
 def add_engine_argument(parser: argparse.ArgumentParser, default: str = "spark", names: tuple[str, ...] = ("local", "spark", "beam")) -> None:

@@ -72,13 +72,14 @@ from schemas.arrays import list_column_to_matrix
 from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer.solve import ridge_solve
+from schemas.errors import UserError
 
 ACCOUNTANT = "rdp-integer"
 QUANTISATION_BITS = 16  # the fixed-point step is at most 2^-16 of the noise's std over n clients
 SHAMIR_SHARE_BYTES = 66  # a share is an element of the field 2^521 - 1
 
 
-class RoundRefusedError(ValueError):
+class RoundRefusedError(UserError):
     """A round the clients or the server refused (too many dropouts, a secret too few could rebuild,
     survivor sets that failed the consistency check): one line for the user, nothing published."""
 
@@ -123,11 +124,11 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
     """The fixed-point scale s (a power of two), z_s and the shares' variances for `clients` clients."""
     settings = job.settings
     if settings.loss != "square":
-        raise ValueError(f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)")
+        raise UserError(f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)")
     if not (math.isfinite(settings.clip_u) and math.isfinite(settings.clip_y)):
-        raise ValueError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
+        raise UserError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
     if not 0 <= max_dropout < 1:
-        raise ValueError(f"the tolerated dropout must be in [0, 1), got {max_dropout}")
+        raise UserError(f"the tolerated dropout must be in [0, 1), got {max_dropout}")
     d, p = settings.dim, packed_size(settings.dim)
     sensitivity = (settings.wbar * settings.clip_u**2, settings.wbar * settings.clip_y * settings.clip_u)  # A, b: one user, L2
     largest = max(sensitivity)
@@ -190,7 +191,7 @@ def client_contribution(user: int, solve_rows: tuple[np.ndarray, np.ndarray], st
     out = np.zeros((plan.items, plan.width))
     rated, rated_labels = stats_rows
     if np.unique(rated).size != rated.size:  # its weights bound the client's contribution only with each pair once, as the central job requires
-        raise ValueError(f"client {user} has repeated (user, item) pairs in its statistics rows; each pair must appear once")
+        raise UserError(f"client {user} has repeated (user, item) pairs in its statistics rows; each pair must appear once")
     if rated.size:
         at = broadcast.catalog.positions(rated, "stats catalog item")
         keys, rows = user_contributions(np.full(rated.size, user), at, rated_labels, np.repeat(u, rated.size, axis=0), broadcast.counts[at], settings)
@@ -213,7 +214,7 @@ class ClientRound(beam.DoFn):
             return
         solve = _concatenated(grouped["solve"])
         if not solve[0].size:
-            raise ValueError(f"client {user} has statistics rows but no rows to solve its embedding on")
+            raise UserError(f"client {user} has statistics rows but no rows to solve its embedding on")
         x = client_contribution(user, solve, _concatenated(grouped["stats"]), self.broadcast, self.settings, self.lambda_u, self.plan)
         keys = client_secret(self.round_secret, user)
         encoded = secagg.encode(x * (1 - 1e-9), self.plan.scale)  # the margin absorbs the float rounding of the clipped norms
@@ -272,7 +273,7 @@ SERVERS = ("honest", "partition")  # what `--federated-server` simulates
 def simulated_server(kind: str, graph: dict) -> Callable[[int, frozenset], frozenset]:
     """The server a round simulates: honest, or partitioning the holders against the lowest client id."""
     if kind not in SERVERS:
-        raise ValueError(f"--federated-server must be one of {SERVERS}, got {kind!r}")
+        raise UserError(f"--federated-server must be one of {SERVERS}, got {kind!r}")
     if kind == "honest":
         return honest_server
     return PartitioningServer(min(graph), tuple((client, tuple(near)) for client, near in sorted(graph.items())))
@@ -359,16 +360,16 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     """Run the round; publish the stats table and release.json; returns the step summary."""
     central = job.stats
     if central.settings.bias:
-        raise ValueError(f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases")
+        raise UserError(f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases")
     if not 0 <= job.dropout < 1:
-        raise ValueError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
+        raise UserError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
     catalog, broadcast = broadcast_of(job)
     clients = np.unique(np.concatenate([batch.column("user_id").to_numpy() for batch in storage.iter_batches(job.solve_rows, columns=["user_id"])]))
     if clients.size < 3:
-        raise ValueError(f"secure aggregation needs at least 3 clients, {job.solve_rows} has {clients.size}")
+        raise UserError(f"secure aggregation needs at least 3 clients, {job.solve_rows} has {clients.size}")
     ledger = central.privacy.open_ledger(central.ledger_path, central.settings.unit)
     if ledger.budget["accountant"] != ACCOUNTANT and central.privacy.noise_multiplier != 0:
-        raise ValueError(f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
+        raise UserError(f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
                          f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is {ACCOUNTANT!r}")
     multiplier = ledger.budget["multipliers"]["stats"]
     plan = plan_round(central, multiplier, int(clients.size), job.max_dropout, int(catalog.size))
@@ -489,5 +490,5 @@ class FederatedEngine(BeamEngine):
 
     def release_stats(self, job: stats_job.StatsJob) -> dict:
         if self.rounds is None:
-            raise ValueError("the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables")
+            raise UserError("the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables")
         return run(self.rounds(job), self.options)

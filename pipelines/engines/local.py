@@ -24,6 +24,7 @@ from pipelines.releases.mean import centred, kept, weighted_sums
 from pipelines.releases.stats_core import shard_of
 from schemas import storage
 from schemas.tables import INTERACTIONS
+from schemas.errors import UserError
 
 
 class LocalEngine:
@@ -36,7 +37,7 @@ class LocalEngine:
         """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""
         table = storage.read_table(interactions)
         if table.num_rows == 0:
-            raise ValueError(f"{interactions} has no interactions to split")
+            raise UserError(f"{interactions} has no interactions to split")
         eligible = rule.eligible_users(table) if rule.protocol == "recall" else 0
         parts = rule.apply(table)
         for name, part in parts.items():

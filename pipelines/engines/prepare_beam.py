@@ -40,6 +40,7 @@ from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.tables import INTERACTIONS
+from schemas.errors import UserError
 
 SHARD_ROWS = 2_000_000  # rows per shard of users (a worker sorts one shard at a time)
 OPTIONS_ENV = "SSP_BEAM_PIPELINE_OPTIONS"  # the Beam pipeline options of `ssp train`'s prepare stage, as flags
@@ -85,7 +86,7 @@ def options_from_environment() -> PipelineOptions | None:
     options = PipelineOptions(flags)
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options()))
     if unknown:
-        raise ValueError(f"${OPTIONS_ENV}: {', '.join('--' + name for name in unknown)} is not a Beam pipeline option")
+        raise UserError(f"${OPTIONS_ENV}: {', '.join('--' + name for name in unknown)} is not a Beam pipeline option")
     return options
 
 
@@ -178,7 +179,7 @@ class BeamEngine:
         """`counts.read_rows`'s refusals, with its messages (`counts.row_problem` on every batch)."""
         found = self._collect(lambda p: p | "Read" >> ReadTable(interactions) | "Check" >> beam.FlatMap(lambda batch: [problem] if (problem := row_problem(batch, catalog)) else []))
         if found:
-            raise ValueError(f"{interactions}: {sorted(found)[0]}")
+            raise UserError(f"{interactions}: {sorted(found)[0]}")
 
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates`, per shard of users, summed: the same numbers."""

@@ -28,6 +28,7 @@ from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from schemas import storage
 from schemas.ids import IdIndex
 from schemas.tables import INTERACTIONS
+from schemas.errors import UserError
 
 WRITTEN_DDL = "name string, rows long"
 SPLIT_DDL = "table string, name string, rows long, users long, eligible long"
@@ -132,7 +133,7 @@ class SparkEngine:
 
         found = work.repartition(min(len(units), max(2, self.spark.sparkContext.defaultParallelism))).mapInArrow(check, "problem string").limit(1).collect()
         if found:
-            raise ValueError(f"{interactions}: {found[0]['problem']}")
+            raise UserError(f"{interactions}: {found[0]['problem']}")
 
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates` (rows checked by `check_count_rows`) applied to chunks of complete
@@ -213,7 +214,7 @@ class SparkEngine:
         found = per_file(self.spark, storage.table_files(interactions), task, "at long, value double, user long")
         users = found.filter(found["user"].is_valid())["user"].to_numpy()
         if np.unique(users).size != users.size:
-            raise ValueError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}")
+            raise UserError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}")
         sums = found.filter(found["at"].is_valid())
         return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
 

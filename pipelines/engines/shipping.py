@@ -36,6 +36,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pipelines.engines.spark import ROOT, project_zip
+from schemas.errors import UserError
 
 PYTHON_VERSION = "3.11"
 ENV_ARCHIVE = "ssp-executor-env.tar.gz"
@@ -78,17 +79,17 @@ def check_interpreter(path: str) -> None:
     """Refuse a --python that is not an absolute path, or that this machine has and is not Python 3.11. A path this
     machine lacks is taken as the nodes' own (it is only linked to)."""
     if not os.path.isabs(path):
-        raise ValueError(f"--python {path}: give the absolute path of the nodes' Python {PYTHON_VERSION}")
+        raise UserError(f"--python {path}: give the absolute path of the nodes' Python {PYTHON_VERSION}")
     if not os.path.exists(path):
         return
     try:
         found = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
                                text=True, timeout=60).stdout.strip()
     except OSError as exc:
-        raise ValueError(f"--python {path}: cannot run it ({exc.strerror})") from None
+        raise UserError(f"--python {path}: cannot run it ({exc.strerror})") from None
     if found != PYTHON_VERSION:
         found = f"Python {found}" if found else "not Python"
-        raise ValueError(f"--python {path}: is {found}, the environment needs Python {PYTHON_VERSION}")
+        raise UserError(f"--python {path}: is {found}, the environment needs Python {PYTHON_VERSION}")
 
 
 def distributions(names: tuple[str, ...] = EXECUTOR_DISTRIBUTIONS) -> list[importlib.metadata.Distribution]:
@@ -103,7 +104,7 @@ def distributions(names: tuple[str, ...] = EXECUTOR_DISTRIBUTIONS) -> list[impor
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             if named:
-                raise ValueError(f"{name} is not installed in {sys.prefix}: the executors need it") from None
+                raise UserError(f"{name} is not installed in {sys.prefix}: the executors need it") from None
             continue
         key = canonicalize_name(dist.metadata["Name"])
         if key in walked and extras <= walked[key]:
@@ -121,7 +122,7 @@ def kept_files(dist: importlib.metadata.Distribution) -> list[PurePosixPath]:
     """The files of `dist` the environment gets, relative to site-packages: its installed files (RECORD) there, less
     bytecode, test suites and, for pyspark, Spark's own payload."""
     if dist.files is None:
-        raise ValueError(f"{dist.metadata['Name']}: its installed files are not recorded (no RECORD); reinstall it")
+        raise UserError(f"{dist.metadata['Name']}: its installed files are not recorded (no RECORD); reinstall it")
     kept = []
     for file in map(PurePosixPath, dist.files):
         if file.parts[0] == ".." or any(part in LEFT_OUT_FOLDERS for part in file.parts):
@@ -195,7 +196,7 @@ def check_env(folder: Path, project: Path) -> None:
                             timeout=300)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        raise ValueError(f"the executor environment cannot import the jobs' task modules: {last}")
+        raise UserError(f"the executor environment cannot import the jobs' task modules: {last}")
 
 
 def build(out: str | Path = "dist", node_python: str | None = None) -> Shipment:

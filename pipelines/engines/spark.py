@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from pipelines.base.interrupts import kept_interrupts
 from schemas import storage
+from schemas.errors import UserError
 
 ROOT = str(Path(__file__).resolve().parents[2])
 ARROW_BATCH_ROWS = 100_000
@@ -253,7 +254,7 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
             elif is_local(spark):
                 files.append(storage.download_table(path, os.path.join(staging, str(index))))
             else:
-                raise ValueError(f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
+                raise UserError(f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
                                  "(Dataproc images carry it) or run the job with a local master")
         yield files
 
@@ -276,14 +277,14 @@ def per_file(spark, files: list[str], task, ddl: str) -> pa.Table:
 
 @contextmanager
 def task_errors_raised_here() -> Iterator[None]:
-    """A ValueError raised in a Python task of the block's jobs (a row the job refuses) is raised
-    here as a ValueError with the task's message, not wrapped in Spark's errors."""
-    from pipelines.base.errors import task_value_error
+    """A UserError raised in a Python task of the block's jobs (a row the job refuses) is raised
+    here as a UserError with the task's message, not wrapped in Spark's errors."""
+    from pipelines.base.errors import task_refusal
 
     try:
         yield
     except Exception as exc:
-        message = task_value_error(exc)
+        message = task_refusal(exc)
         if message is None:
             raise
-        raise ValueError(message) from None
+        raise UserError(message) from None

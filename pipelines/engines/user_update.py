@@ -33,6 +33,7 @@ from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.ids import IdIndex
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings
 from trainer.solve import logistic_solve, ridge_solve
+from schemas.errors import UserError
 
 DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
 
@@ -54,10 +55,10 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         users, items, labels = (table[name].to_numpy() for name in ("user_id", "item_id", "label"))
         bad = ~np.isfinite(labels)
         if bad.any():
-            raise ValueError(f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})")
+            raise UserError(f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})")
         at, found = index.lookup(items)
         if not found.all():
-            raise ValueError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
+            raise UserError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
         started = time.perf_counter()
         if constant:  # the per-item mean: no embedding, no bias, [1, 0] for every user
             solved = np.unique(users)
@@ -105,9 +106,9 @@ def item_vectors(item_embeddings: str, solve: UserSolve) -> tuple[tuple[IdIndex,
     """The checked solve settings' inputs: ((index of the item ids, their embeddings), the gravity
     Gram or None, d); refuses a bad loss or ridge before any row is read."""
     if solve.loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {solve.loss!r}")
+        raise UserError(f"loss must be one of {LOSSES}, got {solve.loss!r}")
     if not np.isfinite(solve.lambda_u) or solve.lambda_u <= 0:
-        raise ValueError(f"--lambda-u must be > 0, got {solve.lambda_u}")
+        raise UserError(f"--lambda-u must be > 0, got {solve.lambda_u}")
     items = validate_item_embeddings(storage.read_table(item_embeddings), dim=solve.dim)
     d = len(items["embedding"][0].as_py()) if items.num_rows else solve.dim
     v = list_column_to_matrix(items["embedding"], d, "item embedding")

@@ -37,6 +37,7 @@ from privacy.seeds import mix64
 from schemas import storage
 from schemas.ids import IdIndex
 from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
+from schemas.errors import UserError
 
 COUNTS_TABLE = "counts.parquet"
 DEFAULT_MAX_ITEMS_PER_USER = 100
@@ -52,7 +53,7 @@ def dp_units(counts_path: str) -> int:
     """The DP number of units (users) released with the counts table at `counts_path`."""
     metadata = storage.read_schema(counts_path).metadata or {}
     if UNITS_KEY not in metadata:
-        raise ValueError(f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again")
+        raise UserError(f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again")
     return int(metadata[UNITS_KEY])
 
 
@@ -137,7 +138,7 @@ def _sampled(user_ids: np.ndarray, item_ids: np.ndarray, group: np.ndarray, max_
 def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -> None:
     unknown = rated[~np.isin(rated, catalog)]
     if unknown.size:
-        raise ValueError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
+        raise UserError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
 
 
 def dp_counts(
@@ -147,9 +148,9 @@ def dp_counts(
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
     The exact counts are aggregated on `engine` (pipelines.engines.engine)."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
-        raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
+        raise UserError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     if unit not in ("user", "example"):
-        raise ValueError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
+        raise UserError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
     catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
     engine.check_count_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched

@@ -28,6 +28,7 @@ from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import INTERACTIONS
+from schemas.errors import UserError
 
 DEFAULT_USER_CAP = 50.0
 
@@ -77,9 +78,9 @@ def dp_mean(
     sums are computed on `engine` (pipelines.engines.engine)."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
-        raise ValueError(f"rating range must be two finite numbers low < high, got {rating_range}")
+        raise UserError(f"rating range must be two finite numbers low < high, got {rating_range}")
     if not math.isfinite(user_cap) or user_cap <= 0:
-        raise ValueError(f"the per-user cap of the mean must be > 0, got {user_cap}")
+        raise UserError(f"the per-user cap of the mean must be > 0, got {user_cap}")
     total, count = engine.mean_sums(interactions, (low, high), unit, user_cap)
     middle, half = (low + high) / 2, (high - low) / 2
     scale = user_cap if unit == "user" else 1.0

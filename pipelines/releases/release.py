@@ -30,6 +30,7 @@ from privacy.ledger import Ledger
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import content_digest_table, SeedFile, SeedReuseError
 from schemas import storage
+from schemas.errors import UserError
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -71,21 +72,21 @@ class PrivacySettings:
 
     def __post_init__(self):
         if (self.epsilon is None) == (self.noise_multiplier is None):
-            raise ValueError("give either --epsilon (with --delta) or --noise-multiplier")
+            raise UserError("give either --epsilon (with --delta) or --noise-multiplier")
         if self.epsilon == math.inf:  # would calibrate to no noise at all: say so explicitly instead
-            raise ValueError("epsilon must be finite (inf would add no noise); for a run without privacy give --noise-multiplier 0 "
+            raise UserError("epsilon must be finite (inf would add no noise); for a run without privacy give --noise-multiplier 0 "
                              "(ssp train: --non-private)")
         if self.epsilon is not None:
             accounting.check_budget(self.epsilon, self.delta)
         if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+            raise UserError(f"delta must be in (0, 1), got {self.delta}")
         if self.noise_multiplier is not None and (not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0):
-            raise ValueError(f"noise multiplier must be a finite number >= 0, got {self.noise_multiplier}")
+            raise UserError(f"noise multiplier must be a finite number >= 0, got {self.noise_multiplier}")
         accounting.make_accountant(self.accountant)
         if self.account_cap is not None and not (math.isfinite(self.account_cap) and self.account_cap > 0):
-            raise ValueError(f"--account-cap must be a finite epsilon > 0, got {self.account_cap}")
+            raise UserError(f"--account-cap must be a finite epsilon > 0, got {self.account_cap}")
         if self.account_window_days is not None and not (math.isfinite(self.account_window_days) and self.account_window_days > 0):
-            raise ValueError(f"--account-window-days must be a positive number of days, got {self.account_window_days}")
+            raise UserError(f"--account-window-days must be a positive number of days, got {self.account_window_days}")
         accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
 
     def multipliers(self) -> dict[str, float]:
@@ -112,7 +113,7 @@ class PrivacySettings:
         if storage.exists(path):
             ledger = Ledger.open_or_create(path, **budget)
             if self.account is not None and ledger.budget.get("account") != storage.canonical(self.account):
-                raise ValueError(f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not {self.account}; a run keeps one account")
+                raise UserError(f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not {self.account}; a run keeps one account")
             held = ledger.account()  # refused when missing or replaced
         else:
             ledger = held = None
@@ -122,7 +123,7 @@ class PrivacySettings:
             elif self.account is not None:
                 held = BudgetAccount.open_or_create(self.account, self.account_cap, self.delta, self.accountant, self.account_window_days)
         if held is not None and self.noise_multiplier == 0 and held.cap is not None:  # before anything is written: the ledger would refuse its first release
-            raise ValueError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {held.path} "
+            raise UserError(f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {held.path} "
                              f"(cap {held.cap:g}); nothing was released")
         if ledger is not None:
             return ledger
@@ -141,7 +142,7 @@ def check_bounds(settings, noised: bool, max_items_per_user: int = 1, gradient_c
         check_bound("--clip-u", settings.clip_u)
         check_bound("--clip-y", settings.clip_y)
     if isinstance(max_items_per_user, bool) or not isinstance(max_items_per_user, int) or max_items_per_user < 1:
-        raise ValueError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
+        raise UserError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     check_bound("--dpsgd-clip", gradient_clip)
 
 
@@ -210,7 +211,7 @@ def _refuse_lost_releases(ledger: Ledger, seed_file: SeedFile, note: str = "") -
                              f"ledger or start a new run (no --seed-file) {note}".rstrip())
     lost = seed_file.missing_from(bound, recorded)
     if lost:
-        raise ValueError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded in its ledger: the ledger "
+        raise UserError(f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded in its ledger: the ledger "
                          f"was deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run {note}".rstrip())
 
 
@@ -224,7 +225,7 @@ def check_counts_release(ledger: Ledger, seed_file: SeedFile, counts_path: str, 
         seed_file.reload()
     recorded = [row["release"] for row in ledger.rows if row["name"] == "counts"]
     if not recorded or seed_file.outputs.get(recorded[0]) != counts_digest:
-        raise ValueError(f"{counts_path} is not the DP counts release recorded in the ledger {ledger.path} (its content is not what that release "
+        raise UserError(f"{counts_path} is not the DP counts release recorded in the ledger {ledger.path} (its content is not what that release "
                          "wrote); use the counts released into this run's ledger (`ssp counts` with the same --ledger)")
 
 

@@ -27,6 +27,7 @@ from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_
 from schemas.arrays import matrix_to_list_column
 from schemas.ids import IdIndex
 from schemas.tables import STATS
+from schemas.errors import UserError
 
 UNITS = ("user", "example")
 LOSSES = ("square", *quadratic.LOSSES)
@@ -50,26 +51,26 @@ class StatsSettings:
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"--dim must be a positive integer, got {self.dim}")
+            raise UserError(f"--dim must be a positive integer, got {self.dim}")
         check_bound("--clip-u", self.clip_u, allow_inf=True)  # inf: no clipping, for non-private runs only
         check_bound("--clip-y", self.clip_y, allow_inf=True)
         check_bound("--wbar", self.wbar)
         if self.unit not in UNITS:
-            raise ValueError(f"unit of privacy must be one of {UNITS}, got {self.unit!r}")
+            raise UserError(f"unit of privacy must be one of {UNITS}, got {self.unit!r}")
         if self.unit == "example" and self.wbar != 1.0:
-            raise ValueError("example-level privacy has weights 1 (wbar = 1)")
+            raise UserError("example-level privacy has weights 1 (wbar = 1)")
         if not math.isfinite(self.weight_exponent):
-            raise ValueError(f"--weight-exponent must be finite, got {self.weight_exponent}")
+            raise UserError(f"--weight-exponent must be finite, got {self.weight_exponent}")
         if self.loss not in LOSSES:
-            raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
+            raise UserError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic" and self.weight_exponent != 0:
-            raise ValueError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
+            raise UserError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
         if not (math.isfinite(self.bias) and self.bias >= 0):
-            raise ValueError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")
+            raise UserError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")
         if self.bias and self.loss != "square":
-            raise ValueError("biases need the square loss")
+            raise UserError("biases need the square loss")
         if self.confidence and self.loss != "square":
-            raise ValueError("row confidences need the square loss (the logistic loss weighs each user's positives itself)")
+            raise UserError("row confidences need the square loss (the logistic loss weighs each user's positives itself)")
 
     @property
     def user_dim(self) -> int:

@@ -40,6 +40,7 @@ from privacy.weights import normalisers_at
 from schemas import SchemaError, storage
 from schemas.ids import IdIndex
 from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_item_embeddings, validate_user_embeddings
+from schemas.errors import UserError
 
 RELEASE_SUMMARY = "release.json"
 
@@ -98,12 +99,12 @@ class StatsJob:
 
     def __post_init__(self):
         if not isinstance(self.step, int) or self.step < 1:
-            raise ValueError(f"--step must be a positive integer, got {self.step}")
+            raise UserError(f"--step must be a positive integer, got {self.step}")
         if not isinstance(self.shards, int) or self.shards < 1:
-            raise ValueError(f"--shards must be a positive integer, got {self.shards}")
+            raise UserError(f"--shards must be a positive integer, got {self.shards}")
         release.check_bounds(self.settings, noised=self.privacy.noise_multiplier != 0)  # infinite clip norms only without noise
         if (self.settings.loss == "logistic") != (self.expansion is not None):
-            raise ValueError("the logistic loss's statistics need the item embeddings to expand around (and only they do)")
+            raise UserError("the logistic loss's statistics need the item embeddings to expand around (and only they do)")
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
@@ -118,15 +119,15 @@ class StatsJob:
         if getattr(args, "run", None):
             given = [flag(name) for name in (*JOB_FLAGS, *BUDGET_FLAGS) if getattr(args, name, None) is not None]
             if given:
-                raise ValueError(f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}")
+                raise UserError(f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}")
             if args.step is None:
-                raise ValueError("with --run give --step S, the outer step whose statistics to release")
+                raise UserError("with --run give --step S, the outer step whose statistics to release")
             if job_of_run is None:
-                raise ValueError("--run RUN is taken by `ssp stats`, pipelines/stats.py and python -m pipelines.beam_stats")
+                raise UserError("--run RUN is taken by `ssp stats`, pipelines/stats.py and python -m pipelines.beam_stats")
             return job_of_run(args.run, args.step)
         missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
         if missing:
-            raise ValueError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
+            raise UserError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
         settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent, bias=args.bias,
                                  confidence=args.confidence)
         return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
@@ -142,7 +143,7 @@ class StatsJob:
         counts = _validated(self.counts, validate_counts, storage.read_table(self.counts))
         missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
         if missing.size:
-            raise ValueError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
+            raise UserError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
         embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.user_dim)
         known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
@@ -159,10 +160,10 @@ class StatsJob:
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
                 item_positions, in_catalog = catalog_index.lookup(rated)
                 if not in_catalog.all():
-                    raise ValueError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
+                    raise UserError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
                 user_positions, known = user_index.lookup(users)
                 if not known.all():
-                    raise ValueError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
+                    raise UserError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
                 user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = user_positions, item_positions
                 filled += rated.size
                 if self.settings.confidence:
@@ -175,14 +176,14 @@ class StatsJob:
             interactions_digest = seeds.digest_batches(_read_ahead(checked_batches(), reader))
             embeddings_digest, counts_digest = others
         if filled != total:
-            raise ValueError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
+            raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
         keys = user_at * self.catalog.size + item_at  # a pair's key (kept apart from its parts: an integer division costs more than the sort)
         self.rows = int(keys.size)
         keys.sort(kind="stable")  # in place; adaptive: a run's rows come sorted by user and item (16M: 0.1 s against quicksort's 1.4 s)
         same = keys[1:] == keys[:-1]
         if same.any():
             user, item = divmod(int(keys[1:][same][0]), self.catalog.size)
-            raise ValueError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user]} item {self.catalog[item]}; "
+            raise UserError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user]} item {self.catalog[item]}; "
                              "each pair must appear once (its weight bounds the user's contribution)")
         count_of = counts.sort_by("item_id")
         self.catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
@@ -199,7 +200,7 @@ class StatsJob:
             expansion = _validated(self.expansion, validate_item_embeddings, storage.read_table(self.expansion), dim=self.settings.dim)
             missing = np.setdiff1d(self.catalog, expansion["item_id"].to_numpy())
             if missing.size:
-                raise ValueError(f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})")
+                raise UserError(f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})")
             digests["expansion"] = seeds.digest_table(self.expansion)
         return digests
 

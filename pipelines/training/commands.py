@@ -19,6 +19,7 @@ from pipelines.training.run_dir import existing_run_lock, Run
 from pipelines.training.settings import ENCODER_INITS, ENGINES, ITEM_UPDATES, NON_PRIVATE_OUTER_STEPS, read_config, STAGES, TrainConfig
 from pipelines.training.stages import run
 from schemas import storage
+from schemas.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,11 +203,11 @@ def check_data(args: argparse.Namespace) -> None:
     log is told to go through `ssp ingest` first. Checked before any engine starts."""
     data = args.data if args.data is not None else read_config(args.config).get("data") if getattr(args, "config", None) else None
     if data is None:
-        raise ValueError("--data is required: a data set folder (`ssp ingest`, `ssp synth`) or a MovieLens folder; `ssp demo` runs on the "
+        raise UserError("--data is required: a data set folder (`ssp ingest`, `ssp synth`) or a MovieLens folder; `ssp demo` runs on the "
                          "bundled ml-latest-small")
     fs, inner = storage.filesystem(data)
     if fs.isfile(inner):
-        raise ValueError(f"--data {data} is a file: training reads a data set folder; turn an interaction log into one with `ssp ingest "
+        raise UserError(f"--data {data} is a file: training reads a data set folder; turn an interaction log into one with `ssp ingest "
                          f"--interactions {data} --catalog ITEMS --features ... --out FOLDER`")
 
 

@@ -19,6 +19,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
 from trainer.solve import confidence, user_bias_ridge
+from schemas.errors import UserError
 
 
 def evaluate(run: Run) -> dict:
@@ -34,11 +35,11 @@ def evaluate(run: Run) -> dict:
     require_steps(run, manifest, config.outer_steps + 1)
     prepared = manifest["prepared"]
     if config.protocol == "rmse" and config.holdout > 0 and not storage.exists(run.user_embeddings(None)):
-        raise ValueError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
+        raise UserError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
     final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.vector_dim)
     if final_items.num_rows != space.size:
-        raise ValueError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
+        raise UserError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
     item_vectors = np.zeros((space.size, config.vector_dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
     popularity = catalog_counts(run, space) if config.protocol == "recall" else None  # read once: the fold-in's column and the baseline

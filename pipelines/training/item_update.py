@@ -36,6 +36,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
+from schemas.errors import UserError
 
 
 def covers_items(manifest: dict) -> bool:
@@ -52,9 +53,9 @@ def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob | None:
     manifest = run.prepared()
     config = config_of(run, manifest)
     if config.item_update not in STATS_UPDATES:
-        raise ValueError(f"{root} runs --item-update {config.item_update}, which releases no statistics")
+        raise UserError(f"{root} runs --item-update {config.item_update}, which releases no statistics")
     if not 1 <= step <= config.outer_steps:
-        raise ValueError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
+        raise UserError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
     if not covers_items(manifest):
         logs.warn(f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the run keeps its starting point)")
         return None
@@ -185,7 +186,7 @@ def released_bias_weights(tables: list[str], space, d: int, bias_scale: float) -
 
 def _check_step(config: TrainConfig, step: int) -> None:
     if not isinstance(step, int) or not 1 <= step <= config.outer_steps:
-        raise ValueError(f"--step must be an outer step of the run, 1..{config.outer_steps}, got {step}")
+        raise UserError(f"--step must be an outer step of the run, 1..{config.outer_steps}, got {step}")
 
 
 def item_update(run: Run, step: int, progress: bool = True) -> dict:
@@ -233,7 +234,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     from trainer import ssp
 
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
-        raise ValueError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
+        raise UserError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
     tables = stats_job.stats_tables(run.stats(step))
@@ -243,7 +244,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     # the release parameters the run's own ledger planned (not the folder's word for them)
     expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier, "bias": float(settings.bias)}
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
-        raise ValueError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
+        raise UserError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
     if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
         for table in tables:
             ssp.check_stats(table, {"d": config.dim, **expected})

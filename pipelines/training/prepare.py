@@ -37,6 +37,7 @@ from privacy.ledger import Ledger
 from privacy.seeds import content_digest_table
 from schemas import storage
 from schemas.tables import item_features
+from schemas.errors import UserError
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
@@ -47,16 +48,16 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
     if storage.exists(run.manifest_path):
         manifest = run.read_manifest()
         if not isinstance(manifest.get("config"), dict):
-            raise ValueError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
+            raise UserError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
             newer = [key for key in differing if key not in manifest["config"]]
             since = f"; {', '.join(newer)} did not exist in the version that started it" if newer else ""
-            raise ValueError(f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out")
+            raise UserError(f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out")
         return manifest
     for name in ("counts", "step-1", "ledger.parquet", "private"):  # a run's outputs without its manifest: not a fresh directory
         if _present(run.path(name)):
-            raise ValueError(f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out")
+            raise UserError(f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out")
     return {"config": wanted, "steps_done": [], "status": "running"}
 
 
@@ -235,16 +236,16 @@ def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, floa
     if declared is not None:
         wanted = tuple(d if g is None else g for g, d in zip(given, declared))
         if wanted != tuple(declared):
-            raise ValueError(f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
+            raise UserError(f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
                              f"that {data.path} declares; leave them out to use the data's scale")
         low, high = declared
     else:
         low, high = given[0] if given[0] is not None else 0.5, given[1] if given[1] is not None else 5.0
     if not low < high:
-        raise ValueError(f"rating range must have min < max, got [{low:g}, {high:g}]")
+        raise UserError(f"rating range must have min < max, got [{low:g}, {high:g}]")
     observed = data.manifest.get("label_range")
     if config.protocol == "rmse" and observed and not low <= observed[0] <= observed[1] <= high:
-        raise ValueError(f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
+        raise UserError(f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
                          + ("the data set declares that scale: fix the data" if declared is not None else "give the data's scale with --rating-min/--rating-max"))
     return float(low), float(high)
 
@@ -280,7 +281,7 @@ def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, 
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
     if config.protocol == "rmse" and data.manifest.get("feedback") == "implicit":  # before any release: it spends nothing
-        raise ValueError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
+        raise UserError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
                          "(--protocol rmse) has no ratings to predict; use --protocol recall")
     ratings = rating_range(config, data)
     engine = prepare_engine(engine, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
@@ -289,7 +290,7 @@ def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, 
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):
-        raise ValueError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
+        raise UserError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
                          "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
     space, model = build_encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release

@@ -39,6 +39,7 @@ from privacy import report
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
+from schemas.errors import UserError
 
 PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
@@ -65,9 +66,9 @@ def privacy_summary(run: Run) -> dict:
     require_steps(run, manifest, config["outer_steps"] + 1)
     for path in (run.path("item_embeddings.parquet"), run.path("encoder")):  # both complete: committed by their _SUCCESS markers
         if not storage.exists(path):
-            raise ValueError(f"{run.root}: {path} is missing; the last item update writes it")
+            raise UserError(f"{run.root}: {path} is missing; the last item update writes it")
     if config["non_private"]:
-        raise ValueError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
+        raise UserError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
     ledger = Ledger.open(run.ledger)
     seed_path = config.get("seed_file") or run.private("seed")
     check_ledger_complete(ledger, seed_path)
@@ -75,10 +76,10 @@ def privacy_summary(run: Run) -> dict:
     check_counts_release(ledger, seeds, run.counts, seeds.digest_table(run.counts))
     budget, spent = ledger.budget, ledger.epsilon_spent()
     if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
-        raise ValueError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
+        raise UserError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
                          f"(epsilon {config['epsilon']:g}, delta {config['delta']:g}); not published")
     if not spent <= budget["epsilon"] * (1 + TOLERANCE):
-        raise ValueError(f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published")
+        raise UserError(f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published")
     account = ledger.check_account()  # the data source's lifetime budget, over every run on these users
     return {
         "run": run.root,
@@ -167,18 +168,18 @@ def publish(run: Run, dest: str) -> dict:
     dest = dest.rstrip("/")
     inside, root = storage.canonical(dest), storage.canonical(run.root)
     if inside == root or inside.startswith(root.rstrip("/") + "/"):
-        raise ValueError(f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere")
+        raise UserError(f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere")
     summary = privacy_summary(run)
     marker_path = storage.join(dest, PUBLISHED)
     if storage.exists(marker_path):
         marker = storage.read_json(marker_path)
         if marker.get("run") == run.root:
             return marker
-        raise ValueError(f"{dest} already holds the publication of run {marker.get('run')}; publish to a new destination")
+        raise UserError(f"{dest} already holds the publication of run {marker.get('run')}; publish to a new destination")
     fs, inner = storage.filesystem(dest)
     local = storage.is_local(fs)
     if local and os.path.exists(inner) and os.listdir(inner):
-        raise ValueError(f"{dest} exists and is not a publication; publish to a new destination")
+        raise UserError(f"{dest} exists and is not a publication; publish to a new destination")
     staging = storage.join(os.path.dirname(inner), f".{os.path.basename(inner)}.tmp-{uuid.uuid4().hex}") if local else dest
     try:
         files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]

@@ -20,6 +20,7 @@ from pipelines.base.lock import run_lock
 from pipelines.releases.counts import COUNTS_TABLE
 from pipelines.training.settings import check_recorded, TrainConfig
 from schemas import storage
+from schemas.errors import UserError
 
 MANIFEST = "manifest.json"
 
@@ -99,7 +100,7 @@ class Run:
         if not wrong and not all(isinstance(s, int) and not isinstance(s, bool) for s in manifest.get("steps_done", [])):
             wrong = ["steps_done"]
         if wrong:
-            raise ValueError(f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run")
+            raise UserError(f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run")
         return manifest
 
     def prepared(self) -> dict:
@@ -107,9 +108,9 @@ class Run:
         settings checked as `ssp train` checks flags (a damaged manifest is refused, naming it)."""
         manifest = self.read_manifest()
         if "prepared" not in manifest:
-            raise ValueError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
+            raise UserError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
         if "config" not in manifest:
-            raise ValueError(f"{self.manifest_path} is damaged: it has no settings (config); restore it or start a new run")
+            raise UserError(f"{self.manifest_path} is damaged: it has no settings (config); restore it or start a new run")
         check_recorded(self.manifest_path, manifest["config"])
         self.require_ledger(manifest["config"].get("seed_file"))
         return manifest
@@ -121,7 +122,7 @@ class Run:
         from privacy.ledger import Ledger
 
         if not storage.exists(self.ledger):
-            raise ValueError(f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
+            raise UserError(f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
                              "so it cannot go on: restore the ledger or start a new run")
         check_ledger_complete(Ledger.open(self.ledger), seed_file or self.private("seed"))
 
@@ -151,7 +152,7 @@ def require_steps(run: Run, manifest: dict, before: int) -> None:
     """Refuse to start work that needs outer steps 1..before-1 complete."""
     missing = [s for s in range(1, before) if s not in manifest["steps_done"]]
     if missing:
-        raise ValueError(f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
+        raise UserError(f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
                          f"run its item update (`ssp item-update --run {run.root} --step {missing[0]}`) first")
 
 
@@ -161,7 +162,7 @@ def config_of(run: Run, manifest: dict) -> TrainConfig:
     recorded.setdefault("biases", False)  # recorded before the model had biases: it has none
     recorded.setdefault("user_prior", 0.0)  # recorded before the user ridge had a fixed part
     if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
-        raise ValueError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
+        raise UserError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
     return TrainConfig(**recorded, out=run.root)
 
 

@@ -22,6 +22,7 @@ from pipelines.releases import release
 from pipelines.releases.counts import DEFAULT_MAX_ITEMS_PER_USER
 from pipelines.releases.stats_core import LOSSES, StatsSettings
 from schemas import storage
+from schemas.errors import UserError
 
 
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
@@ -165,11 +166,11 @@ class TrainConfig:
         if self.biases:
             problems = [flag for flag, wrong in (("--loss square", self.loss != "square"), (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES)) if wrong]
             if problems:
-                raise ValueError(f"--biases needs {', '.join(problems)} (use --no-biases otherwise)")
+                raise UserError(f"--biases needs {', '.join(problems)} (use --no-biases otherwise)")
         if self.outer_steps is None:  # a private run splits its budget over the steps; a non-private one converges
             object.__setattr__(self, "outer_steps", self._default_outer_steps())
         if self.item_update == "item-mean" and self.outer_steps != 1:
-            raise ValueError("--item-update item-mean releases the same statistics at every step (its users never change): one outer step "
+            raise UserError("--item-update item-mean releases the same statistics at every step (its users never change): one outer step "
                              "(--resamples R averages R copies)")
         if self.lambda_u is None or self.user_prior is None:
             # A user ridge proportional to the user's ratings (weighted-lambda ALS) shrinks a light user's
@@ -206,40 +207,40 @@ class TrainConfig:
             # to score low from their own statistics and the gravity term).
             object.__setattr__(self, "train_item_fraction", splits.TRAIN_ITEM_FRACTION if self.encoder == "id" else 1.0)
         if self.stats_threshold and self.encoder == "id":
-            raise ValueError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
+            raise UserError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
         if self.protocol not in splits.PROTOCOLS:
-            raise ValueError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
+            raise UserError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.encoder_init not in ENCODER_INITS:
-            raise ValueError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
+            raise UserError(f"--encoder-init must be one of {ENCODER_INITS}, got {self.encoder_init!r}")
         if self.loss not in LOSSES:
-            raise ValueError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
+            raise UserError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic":
             problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
                                                  ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
                                                  ("--gravity 0", self.gravity != 0),
                                                  ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
             if problems:
-                raise ValueError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
+                raise UserError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
         engines.check_supported(self.engine, {"biases": self.biases, "logistic": self.loss == "logistic", "no-statistics": self.item_update not in STATS_UPDATES,
                                               "rounds": self.federated_server != "honest"})
         for name in ("federated_dropout", "federated_max_dropout"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
+                raise UserError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
         if self.federated_server != "honest":
             from pipelines.engines.federated import SERVERS
 
             if self.federated_server not in SERVERS:
-                raise ValueError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
+                raise UserError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
         if self.item_update not in ITEM_UPDATES:
-            raise ValueError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
+            raise UserError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
         if self.item_update == "item-mean" and not self.biases:
-            raise ValueError("--item-update item-mean is a model of item biases alone: drop --no-biases")
+            raise UserError("--item-update item-mean is a model of item biases alone: drop --no-biases")
         if self.item_update in ("als", "cmf", "item-mean") and self.encoder != "id":
-            raise ValueError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
+            raise UserError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
         if None not in (self.rating_min, self.rating_max) and not self.rating_min < self.rating_max:
-            raise ValueError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
+            raise UserError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
         if isinstance(self.holdout, bool) or not isinstance(self.holdout, (int, float)) or not 0.0 <= self.holdout < 1.0:
-            raise ValueError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
+            raise UserError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
         _check_settings(self)
         self.privacy()  # validates the budget and plan
         release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
@@ -368,17 +369,17 @@ def _check_settings(config: TrainConfig) -> None:
         if value is None and name in _CHOSEN_BY_THE_TRAINER:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE_INTS else 0):
-            raise ValueError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
+            raise UserError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
     for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:
         value = getattr(config, name)
         if value is None and name in _CHOSEN_AT_PREPARE:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{flag(name)} must be a finite number, got {value!r}")
+            raise UserError(f"{flag(name)} must be a finite number, got {value!r}")
         if name in _POSITIVE_FLOATS and value <= 0 or name in _NON_NEGATIVE_FLOATS and value < 0:
-            raise ValueError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
+            raise UserError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
     if config.train_item_fraction > 1:
-        raise ValueError(f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}")
+        raise UserError(f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}")
 
 
 def read_config(path: str) -> dict:
@@ -394,11 +395,11 @@ def read_config(path: str) -> dict:
     try:
         document = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"--config {path} is not {'TOML' if path.endswith('.toml') else 'JSON'} ({exc})") from None
+        raise UserError(f"--config {path} is not {'TOML' if path.endswith('.toml') else 'JSON'} ({exc})") from None
     if isinstance(document, dict) and isinstance(document.get("config"), dict):
         document = document["config"]  # a run's manifest.json
     if not isinstance(document, dict):
-        raise ValueError(f"--config {path}: expected a table of settings")
+        raise UserError(f"--config {path}: expected a table of settings")
     return _typed_settings(f"--config {path}", document)
 
 
@@ -410,13 +411,13 @@ def _typed_settings(where: str, document: dict) -> dict:
     for key, value in document.items():
         name = key.replace("-", "_")
         if name not in kinds:
-            raise ValueError(f"{where}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
+            raise UserError(f"{where}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
         kind = kinds[name] if isinstance(kinds[name], str) else kinds[name].__name__
         wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}[kind.split(" ")[0]]
         if value is None and "None" in kind or isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted):
             settings[name] = float(value) if wanted == (int, float) and value is not None else value
         else:
-            raise ValueError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
+            raise UserError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
     return settings
 
 
@@ -426,7 +427,7 @@ def check_recorded(path: str, recorded: dict) -> None:
     try:
         TrainConfig(**{**settings, "out": "-"})
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise UserError(f"{path}: {exc}") from None
 
 
 def release_units(config: TrainConfig, multiplier: float, averaged: int = 1) -> tuple[float, float]:

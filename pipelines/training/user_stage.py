@@ -18,6 +18,7 @@ from pipelines.engines.engine import Engine, engine_of
 from pipelines.engines.user_update import DEFAULT_LAMBDA_U, UserSolve
 from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
 from trainer.solve import user_bias_ridge
+from schemas.errors import UserError
 
 
 def run_step(engine: Engine, root: str, step: int | None) -> int:
@@ -29,7 +30,7 @@ def run_step(engine: Engine, root: str, step: int | None) -> int:
     config = config_of(layout, manifest)
     steps = config.outer_steps
     if step is not None and not (isinstance(step, int) and 1 <= step <= steps):
-        raise ValueError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
+        raise UserError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
     solve = UserSolve(config.lambda_u, config.vector_dim, config.gravity, config.loss, user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
@@ -58,19 +59,19 @@ def main(args: argparse.Namespace) -> int:
     if args.run is not None:
         given = [flag for flag, value in explicit.items() if value is not None]
         if given:
-            raise ValueError(f"--run takes the inputs and settings from the run's manifest; drop {', '.join(given)}")
+            raise UserError(f"--run takes the inputs and settings from the run's manifest; drop {', '.join(given)}")
         if (args.step is None) == (not args.final):
-            raise ValueError("with --run give exactly one of --step S and --final")
+            raise UserError("with --run give exactly one of --step S and --final")
         Run(args.run).prepared()  # a missing or damaged run is refused before a JVM starts
         with existing_run_lock(args.run), engine_of("spark", app="ssp-user-update", master=args.master) as engine:
             run_step(engine, args.run, None if args.final else args.step)
         print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
         return 0
     if args.step is not None or args.final:
-        raise ValueError("--step and --final belong to --run RUN")
+        raise UserError("--step and --final belong to --run RUN")
     missing = [flag for flag in ("--interactions", "--item-embeddings", "--out") if explicit[flag] is None]
     if missing:
-        raise ValueError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
+        raise UserError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
     lambda_u = DEFAULT_LAMBDA_U if args.lambda_u is None else args.lambda_u
     with engine_of("spark", app="ssp-user-update", master=args.master) as engine:
         engine.user_update(args.interactions, args.item_embeddings, args.out, UserSolve(lambda_u, args.dim))

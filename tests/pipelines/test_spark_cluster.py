@@ -10,6 +10,7 @@ charge."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -49,20 +50,17 @@ def shipment(tmp_path_factory) -> shipping.Shipment:
 
 
 @pytest.fixture(scope="module")
-def runs(small_data, tmp_path_factory, module_budget_account_registry):
+def runs(small_data, spark, tmp_path_factory, module_budget_account_registry):
     """A prepared run (`prepared`), its step-1 user embeddings from a local-mode Spark (`users`: a
     copy of the run then), and that copy's step-1 statistics released in local mode (`local`)."""
-    from pipelines.engines.spark import session
-
     folder = tmp_path_factory.mktemp("cluster-runs")
     config = TrainConfig(data=small_data, out=str(folder / "prepared"), epsilon=8.0, outer_steps=2)
     with run_directory(config):
         prepare(config, progress=False)
     shutil.copytree(folder / "prepared", folder / "local")
-    with session("cluster-reference", "local[2]") as spark:
-        user_stage.run_step(SparkEngine(spark), str(folder / "local"), 1)
-        shutil.copytree(folder / "local", folder / "users")
-        release_stats(Run(str(folder / "local")), 1, SparkEngine(spark))
+    user_stage.run_step(SparkEngine(spark), str(folder / "local"), 1)
+    shutil.copytree(folder / "local", folder / "users")
+    release_stats(Run(str(folder / "local")), 1, SparkEngine(spark))
     return {name: folder / name for name in ("prepared", "users", "local")}
 
 
@@ -105,12 +103,33 @@ def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster,
 
 def user_update_runs_on_the_cluster(cluster, runs, tmp_path):
     """`spark-submit --master M pipelines/user_update.py --run R --step 1` from the repository root,
-    the nodes' Python named by spark.pyspark.python: the local-mode embeddings."""
+    the nodes' Python named by spark.pyspark.python: the local-mode embeddings. The application's
+    settings, as its event log records them, are the submitted ones: the job set none of its
+    local-mode settings over them (8 shuffle partitions, the UI off, its driver memory)."""
     tmp_path.mkdir()
     run = copy_run(runs["prepared"], tmp_path / "run")
-    result = cluster.submit("pipelines/user_update.py", "--run", run, "--step", "1", conf=NODE_CONF)
+    events = tmp_path / "events"
+    events.mkdir()
+    submitted = {"spark.sql.shuffle.partitions": "3", "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
+                 "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}  # one plain JSON-lines file
+    result = cluster.submit("pipelines/user_update.py", "--run", run, "--step", "1", conf={**NODE_CONF, **submitted})
     assert_ran_on_both_workers(cluster, "ssp-user-update", result.stderr)
     assert table_rows(Run(run).user_embeddings(1)) == table_rows(Run(str(runs["local"])).user_embeddings(1))
+    settings = application_settings(events)
+    assert settings["spark.master"] == cluster.master and settings["spark.sql.shuffle.partitions"] == "3"
+    assert "spark.ui.enabled" not in settings and "spark.driver.memory" not in settings and "spark.sql.adaptive.enabled" not in settings
+
+
+def application_settings(events: Path) -> dict[str, str]:
+    """The Spark properties the one application logging into `events` ran with, from its event
+    log's environment update."""
+    for log in sorted(path for path in events.iterdir() if not path.name.startswith(".")):
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerEnvironmentUpdate":
+                properties = event["Spark Properties"]
+                return dict(properties) if isinstance(properties, list) else properties
+    raise AssertionError(f"{events} records no environment")
 
 
 def the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cluster, shipment, runs, tmp_path):
