@@ -39,12 +39,6 @@ def pytest_configure(config):
                          start_new_session=True)
 
 
-def pytest_collection_modifyitems(items):
-    """The standalone-cluster tests first: the longest single tests of the suite, so that a test
-    worker starts them while the others work through the rest, not at the end of the run."""
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def module_budget_account_registry(tmp_path_factory):
     """Each test module's own registry for the runs its module-scoped fixtures make: a data source's
