@@ -44,13 +44,18 @@ class LocalEngine:
             storage.write_table(part, storage.join(out, f"{name}.parquet"))
         return splits.sizes_of(parts), eligible
 
+    def __init__(self):
+        self._checked: tuple[str, tuple[np.ndarray, np.ndarray]] | None = None  # the rows the last check read, for the aggregates after it
+
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
-        """`counts.read_rows`'s refusals."""
-        read_rows(interactions, catalog)
+        """`counts.read_rows`'s refusals; the rows it read are kept for `count_aggregates`."""
+        self._checked = (interactions, read_rows(interactions, catalog))
 
     def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
-        """`counts.exact_aggregates` of every row."""
-        return exact_aggregates(*read_rows(interactions, catalog), catalog, unit, max_items_per_user, key)
+        """`counts.exact_aggregates` of every row (read once: those `check_count_rows` read just before)."""
+        checked, self._checked = self._checked, None
+        rows = checked[1] if checked is not None and checked[0] == interactions else read_rows(interactions, catalog)
+        return exact_aggregates(*rows, catalog, unit, max_items_per_user, key)
 
     def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
         """`mean.weighted_sums` of every row."""
