@@ -20,8 +20,18 @@ import time
 
 from bench import harness, training
 
-MODULES = ("bench.privacy_utility", "bench.time_to_quality", "bench.resampling", "bench.long_tail", "bench.complexity", "bench.theorem", "bench.perf",
-           "bench.scale", "bench.federated", "bench.convex")
+MODULES = (
+    "bench.privacy_utility",
+    "bench.time_to_quality",
+    "bench.resampling",
+    "bench.long_tail",
+    "bench.complexity",
+    "bench.theorem",
+    "bench.perf",
+    "bench.scale",
+    "bench.federated",
+    "bench.convex",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,22 +47,53 @@ def main(argv: list[str] | None = None) -> int:
     ordered = sorted(harness.EXPERIMENTS.items(), key=lambda item: rank.get(item[1].run.__module__, len(rank)))
     harness.EXPERIMENTS.clear()
     harness.EXPERIMENTS.update(ordered)
-    parser = argparse.ArgumentParser(prog="python -m bench", description="Reproduce the paper's experiments into a report.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description="Reproduce the paper's experiments into a report."
+    )
     commands = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-    for name, spec in [*((n, e.help) for n, e in harness.EXPERIMENTS.items()), ("all", "every experiment above, in order")]:
+    for name, spec in [
+        *((n, e.help) for n, e in harness.EXPERIMENTS.items()),
+        ("all", "every experiment above, in order"),
+    ]:
         sub = commands.add_parser(name, help=spec, description=spec)
-        sub.add_argument("--out", required=True, help="output folder: results.json, report.md, PNGs (reruns resume from results.json)")
+        sub.add_argument(
+            "--out",
+            required=True,
+            help="output folder: results.json, report.md, PNGs (reruns resume from results.json)",
+        )
         sub.add_argument("--quick", action="store_true", help="small sizes: seconds to a minute per experiment")
         sub.add_argument("--seeds", type=int, default=3, help="seeds (repeats) per setting (default 3)")
         sub.add_argument("--no-progress", action="store_true", help="no progress bars")
-        sub.add_argument("--data", help="MovieLens folder (any layout) or data set folder of the training experiments (default: the bundled ml-latest-small)")
-        sub.add_argument("--protocol", choices=("rmse", "recall"), default="rmse", help="benchmark protocol of the training experiments (default: rmse)")
-        sub.add_argument("--methods", nargs="+", choices=list(training.METHODS), metavar="METHOD",
-                         help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.training offers)")
-        sub.add_argument("--epsilons", nargs="+", type=float, metavar="EPSILON",
-                         help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); with --methods, runs the experiment in parts")
-        sub.add_argument("--tune-on", metavar="DATA", help="privacy-utility: tune every method on this data set's validation split (e.g. an "
-                         "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; default: tune on --data)")
+        sub.add_argument(
+            "--data",
+            help="MovieLens folder (any layout) or data set folder of the training experiments (default: the bundled ml-latest-small)",
+        )
+        sub.add_argument(
+            "--protocol",
+            choices=("rmse", "recall"),
+            default="rmse",
+            help="benchmark protocol of the training experiments (default: rmse)",
+        )
+        sub.add_argument(
+            "--methods",
+            nargs="+",
+            choices=list(training.METHODS),
+            metavar="METHOD",
+            help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.training offers)",
+        )
+        sub.add_argument(
+            "--epsilons",
+            nargs="+",
+            type=float,
+            metavar="EPSILON",
+            help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); with --methods, runs the experiment in parts",
+        )
+        sub.add_argument(
+            "--tune-on",
+            metavar="DATA",
+            help="privacy-utility: tune every method on this data set's validation split (e.g. an "
+            "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; default: tune on --data)",
+        )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
@@ -61,8 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     names = list(harness.EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     for name in names:
         start = time.perf_counter()
-        harness.run_experiment(name, args.out, quick=args.quick, seeds=args.seeds, progress=not args.no_progress, data=args.data, protocol=args.protocol,
-                               methods=args.methods, epsilons=args.epsilons, tune_on=args.tune_on)
+        harness.run_experiment(
+            name,
+            args.out,
+            quick=args.quick,
+            seeds=args.seeds,
+            progress=not args.no_progress,
+            data=args.data,
+            protocol=args.protocol,
+            methods=args.methods,
+            epsilons=args.epsilons,
+            tune_on=args.tune_on,
+        )
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(f"report: {args.out}/report.md")
     return 0

@@ -37,20 +37,37 @@ SYNTHETIC_EPSILONS = (5.0, 1.0)
 def _run(config: settings.TrainConfig, spark) -> dict:
     print(f"am_ssp_quality: {config.out}", file=sys.stderr, flush=True)
     metrics = stages.run(config, spark=spark, progress=False)
-    return {"test_rmse": metrics["test_rmse"], "mean_predictor_rmse": metrics["test_mean_predictor_rmse"], "epsilon_spent": metrics["epsilon_spent"],
-            "seconds": metrics["seconds"]}
+    return {
+        "test_rmse": metrics["test_rmse"],
+        "mean_predictor_rmse": metrics["test_mean_predictor_rmse"],
+        "epsilon_spent": metrics["epsilon_spent"],
+        "seconds": metrics["seconds"],
+    }
 
 
 def small_data(out: str, seeds: int, base: settings.TrainConfig, spark) -> dict:
     # the non-private top line with its own defaults (d=32 with the item id), as `ssp demo --non-private`
-    results = {"non_private": _run(settings.TrainConfig(out=storage.join(out, "small-nonprivate"), non_private=True), spark)}
+    results = {
+        "non_private": _run(settings.TrainConfig(out=storage.join(out, "small-nonprivate"), non_private=True), spark)
+    }
     for epsilon in SMALL_EPSILONS:
-        runs = [_run(dataclasses.replace(base, out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s), spark) for s in range(seeds)]
+        runs = [
+            _run(
+                dataclasses.replace(
+                    base, out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s
+                ),
+                spark,
+            )
+            for s in range(seeds)
+        ]
         rmse = [r["test_rmse"] for r in runs]
         mean_rmse = [r["mean_predictor_rmse"] for r in runs]
         results[f"eps{epsilon:g}"] = {
-            "test_rmse_mean": statistics.mean(rmse), "test_rmse_std": statistics.stdev(rmse) if len(rmse) > 1 else 0.0,
-            "mean_predictor_rmse_mean": statistics.mean(mean_rmse), "worse_than_mean_predictor_by": statistics.mean(rmse) - statistics.mean(mean_rmse), "runs": runs,
+            "test_rmse_mean": statistics.mean(rmse),
+            "test_rmse_std": statistics.stdev(rmse) if len(rmse) > 1 else 0.0,
+            "mean_predictor_rmse_mean": statistics.mean(mean_rmse),
+            "worse_than_mean_predictor_by": statistics.mean(rmse) - statistics.mean(mean_rmse),
+            "runs": runs,
         }
     return results
 
@@ -61,11 +78,15 @@ def synthetic(out: str, base: settings.TrainConfig, spark) -> dict:
         synth.generate(data, users=100_000, items=5_000, ratings_per_user=30, seed=0)
     base = dataclasses.replace(base, data=data)
     # the same pipeline without noise: the private defaults' d and features, only the noise removed
-    non_private = _run(dataclasses.replace(base, out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark)
+    non_private = _run(
+        dataclasses.replace(base, out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark
+    )
     results = {"non_private": non_private, "mean_predictor_rmse": non_private["mean_predictor_rmse"]}
     gap = non_private["mean_predictor_rmse"] - non_private["test_rmse"]
     for epsilon in SYNTHETIC_EPSILONS:
-        run = _run(dataclasses.replace(base, out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark)
+        run = _run(
+            dataclasses.replace(base, out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark
+        )
         run["gap_closed"] = (run["mean_predictor_rmse"] - run["test_rmse"]) / gap
         results[f"eps{epsilon:g}"] = run
     return results
@@ -74,7 +95,9 @@ def synthetic(out: str, base: settings.TrainConfig, spark) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.am_ssp_quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the runs and results.json")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per epsilon on the small data (default: %(default)s)")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="seeds per epsilon on the small data (default: %(default)s)"
+    )
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--skip-synthetic", action="store_true")
     args = parser.parse_args(argv)
@@ -91,10 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ml-latest-small, test RMSE: non-private {small['non_private']['test_rmse']:.4f}")
         for epsilon in SMALL_EPSILONS:
             r = small[f"eps{epsilon:g}"]
-            print(f"  epsilon {epsilon:>4g}: {r['test_rmse_mean']:.4f} +- {r['test_rmse_std']:.4f}  (DP-mean predictor {r['mean_predictor_rmse_mean']:.4f}; difference {r['worse_than_mean_predictor_by']:+.4f})")
+            print(
+                f"  epsilon {epsilon:>4g}: {r['test_rmse_mean']:.4f} +- {r['test_rmse_std']:.4f}  (DP-mean predictor {r['mean_predictor_rmse_mean']:.4f}; difference {r['worse_than_mean_predictor_by']:+.4f})"
+            )
     if "synthetic" in results:
         syn = results["synthetic"]
-        print(f"synthetic 100k users, test RMSE: mean predictor {syn['mean_predictor_rmse']:.4f}, non-private {syn['non_private']['test_rmse']:.4f}")
+        print(
+            f"synthetic 100k users, test RMSE: mean predictor {syn['mean_predictor_rmse']:.4f}, non-private {syn['non_private']['test_rmse']:.4f}"
+        )
         for epsilon in SYNTHETIC_EPSILONS:
             r = syn[f"eps{epsilon:g}"]
             print(f"  epsilon {epsilon:>4g}: {r['test_rmse']:.4f}  (closes {100 * r['gap_closed']:.0f}% of the gap)")

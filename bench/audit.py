@@ -204,18 +204,29 @@ def write_data(folder: str, size: Size, member: np.ndarray, steps: int, clip_u: 
     users += np.repeat(CANARY_USERS + canaries, k).tolist()
     items += (CANARY_ITEMS + canaries[:, None] * k + np.arange(k)).reshape(-1).tolist()
     labels += [LABELS[1]] * (canaries.size * k)
-    storage.write_table(pa.table({"user_id": users, "item_id": items, "label": labels, "timestamp": [0] * len(users)}, schema=INTERACTIONS),
-                        storage.join(folder, "interactions.parquet"))
+    storage.write_table(
+        pa.table(
+            {"user_id": users, "item_id": items, "label": labels, "timestamp": [0] * len(users)}, schema=INTERACTIONS
+        ),
+        storage.join(folder, "interactions.parquet"),
+    )
     catalog = np.r_[np.arange(1, size.background_items + 1), CANARY_ITEMS + np.arange(size.canaries * k)]
-    storage.write_table(pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]},
-                                 schema=items_schema({"genres": "multivalent"})), storage.join(folder, "items.parquet"))
+    storage.write_table(
+        pa.table(
+            {"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]},
+            schema=items_schema({"genres": "multivalent"}),
+        ),
+        storage.join(folder, "items.parquet"),
+    )
     background = rng.normal(size=(size.canaries, size.dim))
     embeddings = []
     for step in range(1, steps + 1):
         vectors = np.vstack([background, np.tile(canary_embedding(step, size.dim, clip_u), (canaries.size, 1))])
         ids = np.r_[np.arange(1, size.canaries + 1), CANARY_USERS + canaries]
         path = storage.join(folder, f"embeddings-{step}.parquet")
-        storage.write_table(pa.table({"user_id": ids, "embedding": [list(v) for v in vectors]}, schema=USER_EMBEDDINGS), path)
+        storage.write_table(
+            pa.table({"user_id": ids, "embedding": [list(v) for v in vectors]}, schema=USER_EMBEDDINGS), path
+        )
         embeddings.append(path)
     return Tables(storage.join(folder, "interactions.parquet"), storage.join(folder, "items.parquet"), embeddings)
 
@@ -241,12 +252,34 @@ def write_centred(interactions: str, mean: float, out: str) -> str:
     return out
 
 
-def stats_release(spark, rows: str, tables: Tables, counts: str, out: str, settings: Settings, privacy, stats_settings, step: int, ledger: str) -> dict:
+def stats_release(
+    spark,
+    rows: str,
+    tables: Tables,
+    counts: str,
+    out: str,
+    settings: Settings,
+    privacy,
+    stats_settings,
+    step: int,
+    ledger: str,
+) -> dict:
     """Step `step`'s statistics through the Spark stats job, into the run's ledger and seed file."""
     from pipelines.engines import spark_stats as stats
     from pipelines.releases import stats_job
 
-    job = stats_job.StatsJob(rows, tables.embeddings[step - 1], tables.items, counts, out, stats_settings, privacy, step=step, ledger_path=ledger, shards=2)
+    job = stats_job.StatsJob(
+        rows,
+        tables.embeddings[step - 1],
+        tables.items,
+        counts,
+        out,
+        stats_settings,
+        privacy,
+        step=step,
+        ledger_path=ledger,
+        shards=2,
+    )
     return stats.run(job, spark)
 
 
@@ -263,7 +296,9 @@ def read_canary_stats(path: str, size: Size) -> tuple[np.ndarray, np.ndarray]:
     return a.reshape(size.canaries, size.items_per_canary, -1), b.reshape(size.canaries, size.items_per_canary, -1)
 
 
-def canary_contributions(counts: str, mean: float, size: Size, settings: Settings, stats_settings, step: int) -> tuple[np.ndarray, np.ndarray]:
+def canary_contributions(
+    counts: str, mean: float, size: Size, settings: Settings, stats_settings, step: int
+) -> tuple[np.ndarray, np.ndarray]:
     """What each canary adds to its items' packed A and b at `step` when included, from the released
     counts (its weights) and the DP mean (its centred label), by the job's own kernel."""
     from pipelines.releases.stats_core import user_contributions
@@ -311,13 +346,16 @@ def planted(defect: str | None):
 
     with contextlib.ExitStack() as stack:
         if defect == "sensitivity":
+
             def halved(z, std, *args, **kwargs):
                 return add_noise(z, std / 2, *args, **kwargs)
 
             prepare = stats_job.StatsJob.prepare
 
             def prepare_halved(self):
-                self.releases = [dataclasses.replace(spec, noise_multiplier=spec.noise_multiplier / 2) for spec in prepare(self)]
+                self.releases = [
+                    dataclasses.replace(spec, noise_multiplier=spec.noise_multiplier / 2) for spec in prepare(self)
+                ]
                 return self.releases
 
             stack.enter_context(mock.patch.object(counts, "add_noise", halved))
@@ -329,7 +367,9 @@ def planted(defect: str | None):
             def prepare_shared(self):
                 specs = prepare(self)
                 first.extend(specs[:1] if not first else [])
-                self.releases = [dataclasses.replace(spec, seed=first[0].seed, release=first[0].release) for spec in specs]
+                self.releases = [
+                    dataclasses.replace(spec, seed=first[0].seed, release=first[0].release) for spec in specs
+                ]
                 return self.releases
 
             stack.enter_context(mock.patch.object(stats_job.StatsJob, "prepare", prepare_shared))
@@ -338,10 +378,18 @@ def planted(defect: str | None):
         yield
 
 
-def audit(size: Size, settings: Settings, confidence: float, spark, work: str, seed: int | None = None, plant: str | None = None) -> list[Row]:
+def audit(
+    size: Size,
+    settings: Settings,
+    confidence: float,
+    spark,
+    work: str,
+    seed: int | None = None,
+    plant: str | None = None,
+) -> list[Row]:
     """Run the releases on the canaries and score them; returns the table's rows."""
-    from pipelines.releases import release
     from pipelines.engines.local import LocalEngine
+    from pipelines.releases import release
     from pipelines.releases.counts import dp_counts
     from pipelines.releases.mean import dp_mean
     from pipelines.releases.release import PrivacySettings
@@ -358,31 +406,75 @@ def audit(size: Size, settings: Settings, confidence: float, spark, work: str, s
     seed_path = release.default_seed_path(ledger_path)
     if seed is not None:  # a fixed test seed: the whole audit reproduces
         SeedFile.create(seed_path, np.random.default_rng(seed).bytes(32))
-    privacy = PrivacySettings(epsilon=settings.epsilon, delta=settings.delta, outer_steps=settings.steps, gram_share=0.0)
+    privacy = PrivacySettings(
+        epsilon=settings.epsilon, delta=settings.delta, outer_steps=settings.steps, gram_share=0.0
+    )
     stats_settings = StatsSettings(size.dim, settings.clip_u, settings.clip_y, "user", settings.wbar)
     k = size.items_per_canary
     seconds: dict[str, float] = {}
     with planted(plant):
-        logs.log(f"audit: {size.canaries} canaries ({int(member.sum())} included), {k} items each; claimed epsilon {settings.epsilon:g} "
-                 f"at delta {settings.delta:g} over counts, mean and {settings.steps} stats releases" + (f"; planted defect: {plant}" if plant else ""))
+        logs.log(
+            f"audit: {size.canaries} canaries ({int(member.sum())} included), {k} items each; claimed epsilon {settings.epsilon:g} "
+            f"at delta {settings.delta:g} over counts, mean and {settings.steps} stats releases"
+            + (f"; planted defect: {plant}" if plant else "")
+        )
         background = int(rng.integers(2**63))
         tables = write_data(storage.join(work, "data"), size, member, settings.steps, settings.clip_u, background)
         started = time.perf_counter()
-        dp_counts(tables.interactions, tables.items, storage.join(run, "counts"), privacy, "user", k, ledger_path, engine=LocalEngine())
+        dp_counts(
+            tables.interactions,
+            tables.items,
+            storage.join(run, "counts"),
+            privacy,
+            "user",
+            k,
+            ledger_path,
+            engine=LocalEngine(),
+        )
         seconds["counts"] = time.perf_counter() - started
         counts = storage.join(run, "counts", "counts.parquet")
-        dp = dp_mean(tables.interactions, Ledger.open(ledger_path), release.open_seed_file(None, ledger_path), LABELS, "user", engine=LocalEngine())["mean"]
+        dp = dp_mean(
+            tables.interactions,
+            Ledger.open(ledger_path),
+            release.open_seed_file(None, ledger_path),
+            LABELS,
+            "user",
+            engine=LocalEngine(),
+        )["mean"]
         rows = write_centred(tables.interactions, dp, storage.join(work, "data", "stats-rows.parquet"))
         shutil.copytree(run, copy)  # the seed-file copy: the run folder before its first stats release
         for step in range(1, settings.steps + 1):
             started = time.perf_counter()
-            stats_release(spark, rows, tables, counts, storage.join(run, "stats", f"step-{step}"), settings, privacy, stats_settings, step, ledger_path)
+            stats_release(
+                spark,
+                rows,
+                tables,
+                counts,
+                storage.join(run, "stats", f"step-{step}"),
+                settings,
+                privacy,
+                stats_settings,
+                step,
+                ledger_path,
+            )
             seconds[f"step-{step}"] = time.perf_counter() - started
         started = time.perf_counter()
-        other = write_data(storage.join(work, "copy-data"), size, np.zeros(size.canaries, bool), 1, settings.clip_u, background)
+        other = write_data(
+            storage.join(work, "copy-data"), size, np.zeros(size.canaries, bool), 1, settings.clip_u, background
+        )
         other_rows = write_centred(other.interactions, dp, storage.join(work, "copy-data", "stats-rows.parquet"))
-        stats_release(spark, other_rows, other, storage.join(copy, "counts", "counts.parquet"), storage.join(copy, "stats", "step-1"), settings, privacy,
-                      stats_settings, 1, storage.join(copy, "ledger.parquet"))
+        stats_release(
+            spark,
+            other_rows,
+            other,
+            storage.join(copy, "counts", "counts.parquet"),
+            storage.join(copy, "stats", "step-1"),
+            settings,
+            privacy,
+            stats_settings,
+            1,
+            storage.join(copy, "ledger.parquet"),
+        )
         seconds["copy"] = time.perf_counter() - started
 
     ledger = Ledger.open(ledger_path)
@@ -396,7 +488,9 @@ def audit(size: Size, settings: Settings, confidence: float, spark, work: str, s
     count_std = multipliers["counts"] * math.sqrt(k + 1)
     released = storage.read_table(counts).sort_by("item_id")
     at = np.searchsorted(released["item_id"].to_numpy(), CANARY_ITEMS + np.arange(size.canaries * k))
-    scores["counts"] = llr(released["count"].to_numpy()[at].reshape(size.canaries, k), np.ones((size.canaries, k)), count_std)
+    scores["counts"] = llr(
+        released["count"].to_numpy()[at].reshape(size.canaries, k), np.ones((size.canaries, k)), count_std
+    )
     claims["counts"] = claimed([accounting.gaussian_event(multipliers["counts"])])
     std_a = multipliers["stats"] * settings.wbar * settings.clip_u**2
     std_b = multipliers["stats"] * settings.wbar * settings.clip_y * settings.clip_u
@@ -410,62 +504,111 @@ def audit(size: Size, settings: Settings, confidence: float, spark, work: str, s
         claims[f"stats step {step}"] = stats_claim
     if settings.steps >= 2:
         (a1, b1, xa1, xb1), (a2, b2, xa2, xb2) = steps[1], steps[2]
-        scores["stats steps 1-2 (difference)"] = llr(a1 - a2, xa1 - xa2, math.sqrt(2) * std_a) + llr(b1 - b2, xb1 - xb2, math.sqrt(2) * std_b)
+        scores["stats steps 1-2 (difference)"] = llr(a1 - a2, xa1 - xa2, math.sqrt(2) * std_a) + llr(
+            b1 - b2, xb1 - xb2, math.sqrt(2) * std_b
+        )
         claims["stats steps 1-2 (difference)"] = claimed([accounting.gaussian_event(multipliers["stats"], 4)])
     scores["all releases composed"] = sum(scores[name] for name in ("counts", *(f"stats step {s}" for s in steps)))
     claims["all releases composed"] = ledger.epsilon_spent()
     a_copy, b_copy = read_canary_stats(storage.join(copy, "stats", "step-1", "resample-0.parquet"), size)
     a1, b1, xa1, xb1 = steps[1]
-    scores["seed-file copy, stats step 1"] = llr(a1 - a_copy, xa1, math.sqrt(2) * std_a) + llr(b1 - b_copy, xb1, math.sqrt(2) * std_b)
+    scores["seed-file copy, stats step 1"] = llr(a1 - a_copy, xa1, math.sqrt(2) * std_a) + llr(
+        b1 - b_copy, xb1, math.sqrt(2) * std_b
+    )
     claims["seed-file copy, stats step 1"] = stats_claim
 
     failure = (1 - confidence) / (2 * len(scores))  # Bonferroni over the rows and the two tests
-    times = {"counts": seconds["counts"], "all releases composed": sum(v for name, v in seconds.items() if name != "copy"),
-             "seed-file copy, stats step 1": seconds["copy"], "stats steps 1-2 (difference)": seconds.get("step-1", 0) + seconds.get("step-2", 0)}
+    times = {
+        "counts": seconds["counts"],
+        "all releases composed": sum(v for name, v in seconds.items() if name != "copy"),
+        "seed-file copy, stats step 1": seconds["copy"],
+        "stats steps 1-2 (difference)": seconds.get("step-1", 0) + seconds.get("step-2", 0),
+    }
     table = []
     for name, score in scores.items():
         gaussian = gdp_epsilon(gaussian_mu_bound(score, member, failure), delta, accountant)
-        table.append(Row(name, claims[name], one_run_bound(score, member, delta, failure), gaussian,
-                         times.get(name, seconds.get(name.replace("stats step ", "step-"), 0.0))))
+        table.append(
+            Row(
+                name,
+                claims[name],
+                one_run_bound(score, member, delta, failure),
+                gaussian,
+                times.get(name, seconds.get(name.replace("stats step ", "step-"), 0.0)),
+            )
+        )
     return table
 
 
 def describe(rows: list[Row], size: Size, confidence: float, plant: str | None, seconds: float) -> str:
     """The table as Markdown, with the verdict."""
+
     def number(value: float) -> str:
         return "inf" if math.isinf(value) else f"{value:.2f}"
 
-    lines = [f"Privacy audit ({'planted defect: ' + plant if plant else 'the product'}; {size.canaries} canaries; every bound holds together "
-             f"with confidence {confidence:g}; {seconds:.0f} s)", "",
-             "| release | claimed epsilon | empirical lower bound | one-run | Gaussian | bound / claim | confidence | canaries | time (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Privacy audit ({'planted defect: ' + plant if plant else 'the product'}; {size.canaries} canaries; every bound holds together "
+        f"with confidence {confidence:g}; {seconds:.0f} s)",
+        "",
+        "| release | claimed epsilon | empirical lower bound | one-run | Gaussian | bound / claim | confidence | canaries | time (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in rows:
         ratio = row.bound / row.claimed if row.claimed > 0 else math.inf
         flag = " EXCEEDS" if row.exceeded else ""
-        lines.append(f"| {row.release} | {number(row.claimed)} | {number(row.bound)}{flag} | {number(row.one_run)} | {number(row.gaussian)} | "
-                     f"{number(ratio)} | {confidence:g} | {size.canaries} | {row.seconds:.1f} |")
+        lines.append(
+            f"| {row.release} | {number(row.claimed)} | {number(row.bound)}{flag} | {number(row.one_run)} | {number(row.gaussian)} | "
+            f"{number(ratio)} | {confidence:g} | {size.canaries} | {row.seconds:.1f} |"
+        )
     exceeded = [row.release for row in rows if row.exceeded]
-    lines += ["", f"FAIL: the lower bound exceeds the claimed epsilon for {', '.join(exceeded)}" if exceeded
-              else "PASS: every lower bound is at or below its claimed epsilon"]
+    lines += [
+        "",
+        f"FAIL: the lower bound exceeds the claimed epsilon for {', '.join(exceeded)}"
+        if exceeded
+        else "PASS: every lower bound is at or below its claimed epsilon",
+    ]
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ssp audit", description="Empirical privacy audit of the real releases (counts, mean, Spark stats job) with canary users: "
+        prog="ssp audit",
+        description="Empirical privacy audit of the real releases (counts, mean, Spark stats job) with canary users: "
         "a lower bound on epsilon per release and composed, next to the ledger's claim.",
         epilog=f"Exit status: 0 when every lower bound is at or below its claimed epsilon; {EXIT_EXCEEDED} when one exceeds it (a privacy "
-        "defect, or one planted with --plant); 2 on bad input.")
-    parser.add_argument("--quick", action="store_true", help=f"small sizes for CI ({QUICK.canaries} canaries; default {FULL.canaries})")
+        "defect, or one planted with --plant); 2 on bad input.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"small sizes for CI ({QUICK.canaries} canaries; default {FULL.canaries})"
+    )
     parser.add_argument("--canaries", type=int, help="number of canary users (each included by a fair coin)")
-    parser.add_argument("--epsilon", type=float, default=4.0, help="the audited run's target epsilon over all its releases (default: %(default)s)")
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=4.0,
+        help="the audited run's target epsilon over all its releases (default: %(default)s)",
+    )
     parser.add_argument("--delta", type=float, default=1e-5, help="its delta (default: %(default)g)")
-    parser.add_argument("--confidence", type=float, default=0.95, help="confidence of the table's bounds, all together (default: %(default)s)")
-    parser.add_argument("--plant", choices=PLANTS, help="self-test of the audit's power: plant this defect in the product for the duration of "
-                        "the audit (sensitivity: noise halved; shared-noise: the stats releases share one noise; seed-copy: noise keyed by "
-                        "seed and index only, as before per-input keys); the audit must then exit 1")
-    parser.add_argument("--seed", type=int, help="FIXED TEST SEED of the canaries' coins and the run's noise (default: fresh from the OS)")
-    parser.add_argument("--work", help="folder for the audit's data and run (default: a temporary folder, removed afterwards)")
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="confidence of the table's bounds, all together (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--plant",
+        choices=PLANTS,
+        help="self-test of the audit's power: plant this defect in the product for the duration of "
+        "the audit (sensitivity: noise halved; shared-noise: the stats releases share one noise; seed-copy: noise keyed by "
+        "seed and index only, as before per-input keys); the audit must then exit 1",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="FIXED TEST SEED of the canaries' coins and the run's noise (default: fresh from the OS)",
+    )
+    parser.add_argument(
+        "--work", help="folder for the audit's data and run (default: a temporary folder, removed afterwards)"
+    )
     parser.add_argument("--master", help="Spark master URL (default: local[*])")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return parser

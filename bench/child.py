@@ -26,10 +26,18 @@ def run_measured(code: str, payload: dict) -> dict:
     """Run `code` (which reads `payload` from json.loads(sys.argv[1]) and sets a dict `result`) in
     a child; returns `result` plus `peak_rss_mib` and `wall_seconds`. Raises with the child's
     stderr tail if it fails."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
     started = time.perf_counter()
-    child = subprocess.run([sys.executable, "-c", "import json, sys\n" + code + _EPILOGUE, json.dumps(payload)],
-                           capture_output=True, text=True, env=env)
+    child = subprocess.run(
+        [sys.executable, "-c", "import json, sys\n" + code + _EPILOGUE, json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if child.returncode != 0:
         raise RuntimeError(f"child exited with status {child.returncode}: {child.stderr[-3000:]}")
     return {**json.loads(child.stdout.strip().splitlines()[-1]), "wall_seconds": time.perf_counter() - started}
@@ -45,7 +53,7 @@ def _processes() -> dict[int, tuple[int, str]]:
                     stat = handle.read()
             except OSError:
                 continue
-            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
             found[int(entry)] = (int(rest[1]), name)
     return found
 
@@ -70,10 +78,19 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
     local mode) and of Python processes under a JVM (Spark's Python workers: the largest one, and
     the largest sum of those alive at one time), in MiB. A process's peak is its own VmHWM, so
     a peak between two samples still counts."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
     started = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", "import json, sys\n" + code + _EPILOGUE, json.dumps(payload)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import json, sys\n" + code + _EPILOGUE, json.dumps(payload)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     peaks: dict[int, tuple[str, int]] = {}  # pid -> (kind, VmHWM KiB)
     workers_total = 0
     output: dict[str, str] = {}
@@ -88,7 +105,9 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
             for pid, (parent, name) in table.items():
                 if pid in kinds or parent not in kinds:
                     continue
-                kinds[pid] = "jvm" if name == "java" else ("worker" if kinds[parent] in ("jvm", "worker") else "driver-child")
+                kinds[pid] = (
+                    "jvm" if name == "java" else ("worker" if kinds[parent] in ("jvm", "worker") else "driver-child")
+                )
                 changed = True
         alive_workers = 0
         for pid, kind in kinds.items():
@@ -106,5 +125,11 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
         return max([hwm for k, hwm in peaks.values() if k == kind], default=0) / 1024
 
     result = json.loads(output["stdout"].strip().splitlines()[-1])
-    return {**result, "wall_seconds": time.perf_counter() - started, "driver_peak_mib": peak("driver"), "jvm_peak_mib": peak("jvm"),
-            "worker_peak_mib": peak("worker"), "workers_peak_total_mib": workers_total / 1024}
+    return {
+        **result,
+        "wall_seconds": time.perf_counter() - started,
+        "driver_peak_mib": peak("driver"),
+        "jvm_peak_mib": peak("jvm"),
+        "worker_peak_mib": peak("worker"),
+        "workers_peak_total_mib": workers_total / 1024,
+    }

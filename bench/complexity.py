@@ -71,8 +71,13 @@ def cost_ratio(beta: float, rows: float, items: int, d: int, c: float, epochs: f
 def visits_summary() -> dict:
     """beta/m at a few batch sizes, for every alpha, in the paper's setting."""
     rows, items = PAPER["rows"], PAPER["items"]
-    return {alpha: {b: float(beta_items(power_law_frequencies(items, alpha), rows, b).sum() / items) for b in (1, 100, 1000, 10_000, rows)}
-            for alpha in ALPHAS}
+    return {
+        alpha: {
+            b: float(beta_items(power_law_frequencies(items, alpha), rows, b).sum() / items)
+            for b in (1, 100, 1000, 10_000, rows)
+        }
+        for alpha in ALPHAS
+    }
 
 
 def plot_item_visits():
@@ -82,9 +87,18 @@ def plot_item_visits():
     for alpha in ALPHAS:
         freq = power_law_frequencies(items, alpha)
         counts_ax.loglog(np.arange(1, items + 1), freq * rows, label=f"alpha = {alpha:g}")
-        visits_ax.loglog(BATCHES, [beta_items(freq, rows, b).sum() / items for b in BATCHES], label=f"alpha = {alpha:g}")
-    harness.finish(counts_ax, f"Item counts, D = {rows:.0e}, m = {items}", "item rank, 1 = most frequent (rank)", "examples of the item (count)")
-    harness.finish(visits_ax, "Average visits per item per epoch, beta/m", "batch size B (examples)", "beta / m (batches per item)")
+        visits_ax.loglog(
+            BATCHES, [beta_items(freq, rows, b).sum() / items for b in BATCHES], label=f"alpha = {alpha:g}"
+        )
+    harness.finish(
+        counts_ax,
+        f"Item counts, D = {rows:.0e}, m = {items}",
+        "item rank, 1 = most frequent (rank)",
+        "examples of the item (count)",
+    )
+    harness.finish(
+        visits_ax, "Average visits per item per epoch, beta/m", "batch size B (examples)", "beta / m (batches per item)"
+    )
     return fig
 
 
@@ -98,15 +112,34 @@ def plot_cost_ratio():
         for epochs in EPOCHS:
             ax.loglog(BATCHES, cost_ratio(beta, rows, items, LINEAR_D, c, epochs), label=f"e = {epochs} epochs")
         ax.axhline(1.0, color="black", linewidth=1.5, label="equal cost")
-        harness.finish(ax, f"SSP2 / DP-SGD cost, {case} (d = {LINEAR_D}, alpha = {RATIO_ALPHA:g})", "batch size B (examples)", "cost ratio SSP2 / DP-SGD (ratio)")
+        harness.finish(
+            ax,
+            f"SSP2 / DP-SGD cost, {case} (d = {LINEAR_D}, alpha = {RATIO_ALPHA:g})",
+            "batch size B (examples)",
+            "cost ratio SSP2 / DP-SGD (ratio)",
+        )
     return fig
 
 
 def measured_sizes(quick: bool) -> dict:
     """Sizes of the timed comparison; the quick ones take well under a minute with TF's start-up."""
     if quick:
-        return {"rows": 200_000, "items": 2_000, "d": 32, "alpha": RATIO_ALPHA, "batch_sizes": [256, 1024], "item_batch": 256}
-    return {"rows": 1_000_000, "items": 10_000, "d": 32, "alpha": RATIO_ALPHA, "batch_sizes": [256, 1024, 4096], "item_batch": 1024}
+        return {
+            "rows": 200_000,
+            "items": 2_000,
+            "d": 32,
+            "alpha": RATIO_ALPHA,
+            "batch_sizes": [256, 1024],
+            "item_batch": 256,
+        }
+    return {
+        "rows": 1_000_000,
+        "items": 10_000,
+        "d": 32,
+        "alpha": RATIO_ALPHA,
+        "batch_sizes": [256, 1024, 4096],
+        "item_batch": 1024,
+    }
 
 
 def synthetic_rows(rows: int, items: int, d: int, alpha: float, seed: int) -> dict:
@@ -132,7 +165,9 @@ def time_epochs(params: dict) -> dict:
     data = synthetic_rows(params["rows"], m, d, params["alpha"], params["seed"])
     rng = np.random.default_rng(params["seed"])
 
-    grouped_sums(data["item"][:1000], augment(data["u"][:1000], data["y"][:1000]))  # warm-up: first-call costs are not the statistics'
+    grouped_sums(
+        data["item"][:1000], augment(data["u"][:1000], data["y"][:1000])
+    )  # warm-up: first-call costs are not the statistics'
     start = time.perf_counter()
     _, a_upper, b = grouped_sums(data["item"], augment(data["u"], data["y"]))
     a_upper = a_upper + noise * rng.normal(size=a_upper.shape)
@@ -149,7 +184,11 @@ def time_epochs(params: dict) -> dict:
 
     a_all = tf.constant(unpack_upper(a_upper, d) + np.eye(d), tf.float32)  # + ridge, as the trainer adds
     b_all = tf.constant(b, tf.float32)
-    rows_item, rows_u, rows_y = tf.constant(data["item"]), tf.constant(data["u"], tf.float32), tf.constant(data["y"], tf.float32)
+    rows_item, rows_u, rows_y = (
+        tf.constant(data["item"]),
+        tf.constant(data["u"], tf.float32),
+        tf.constant(data["y"], tf.float32),
+    )
 
     @tf.function
     def ssp_step(positions):
@@ -172,7 +211,9 @@ def time_epochs(params: dict) -> dict:
             grad_v = residual[:, None] * u  # d loss_i / d v_i
             # per-example gradient norm^2: kernel |h|^2 |g|^2, bias |g|^2, embedding row |g kernel^T|^2
             h = tf.gather(hidden, index)
-            norm2 = tf.reduce_sum(grad_v**2, 1) * (tf.reduce_sum(h**2, 1) + 1.0) + tf.reduce_sum((grad_v @ tf.transpose(kernel)) ** 2, 1)
+            norm2 = tf.reduce_sum(grad_v**2, 1) * (tf.reduce_sum(h**2, 1) + 1.0) + tf.reduce_sum(
+                (grad_v @ tf.transpose(kernel)) ** 2, 1
+            )
             scale = tf.stop_gradient(tf.minimum(1.0, clip / tf.sqrt(norm2 + 1e-12)))
             loss = tf.reduce_sum(scale * 0.5 * residual**2)
         for var, grad in zip(variables, tape.gradient(loss, variables)):
@@ -204,8 +245,11 @@ def time_epochs(params: dict) -> dict:
         dpsgd_epoch(batch)  # trace
         start = time.perf_counter()
         visits = dpsgd_epoch(batch)
-        out["dpsgd"][str(batch)] = {"epoch_seconds": time.perf_counter() - start, "item_visits": visits,
-                                    "model_beta": float(beta_items(freq, data["item"].size, batch).sum())}
+        out["dpsgd"][str(batch)] = {
+            "epoch_seconds": time.perf_counter() - start,
+            "item_visits": visits,
+            "model_beta": float(beta_items(freq, data["item"].size, batch).sum()),
+        }
     return out
 
 
@@ -214,26 +258,48 @@ def plot_measured(size: dict, cells: list[dict]):
     epochs = np.logspace(0, 3, 13)
     fig, (ax,) = harness.new_figure(width=6.5)
     for batch in size["batch_sizes"]:
-        ratios = [[(c["stats_seconds"] + e * c["ssp2_epoch_seconds"]) / (e * c["dpsgd"][str(batch)]["epoch_seconds"]) for e in epochs] for c in cells]
+        ratios = [
+            [
+                (c["stats_seconds"] + e * c["ssp2_epoch_seconds"]) / (e * c["dpsgd"][str(batch)]["epoch_seconds"])
+                for e in epochs
+            ]
+            for c in cells
+        ]
         harness.mean_std_band(ax, epochs, ratios, f"measured, B = {batch}")
         beta = float(np.mean([c["dpsgd"][str(batch)]["model_beta"] for c in cells]))
         rows = cells[0]["rows"]
-        ax.plot(epochs, [cost_ratio(beta, rows, size["items"], size["d"], size["d"] ** 2, e) for e in epochs], linestyle="--",
-                label=f"model c = d^2, B = {batch}")
+        ax.plot(
+            epochs,
+            [cost_ratio(beta, rows, size["items"], size["d"], size["d"] ** 2, e) for e in epochs],
+            linestyle="--",
+            label=f"model c = d^2, B = {batch}",
+        )
     ax.axhline(1.0, color="black", linewidth=1.5, label="equal cost")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    harness.finish(ax, f"SSP2 / DP-SGD-proxy time, D = {cells[0]['rows']}, m = {size['items']}, d = {size['d']}", "epochs e (epochs)",
-                   "time ratio SSP2 / DP-SGD proxy (ratio)")
+    harness.finish(
+        ax,
+        f"SSP2 / DP-SGD-proxy time, D = {cells[0]['rows']}, m = {size['items']}, d = {size['d']}",
+        "epochs e (epochs)",
+        "time ratio SSP2 / DP-SGD proxy (ratio)",
+    )
     return fig
 
 
-@harness.experiment(NAME, "cost model of SSP2 vs DP-SGD (beta_j, cost ratio for c = d^2 and c = d) and a measured ratio")
+@harness.experiment(
+    NAME, "cost model of SSP2 vs DP-SGD (beta_j, cost ratio for c = d^2 and c = d) and a measured ratio"
+)
 def run(ctx: harness.Context) -> harness.Section:
     size = measured_sizes(ctx.quick)
     cells = ctx.results.run(NAME, [{**size, "seed": seed} for seed in range(ctx.seeds)], time_epochs, ctx.progress)
-    figures = {name: harness.save_figure(fig, ctx.out, f"complexity_{name}.png")
-               for name, fig in (("item_visits", plot_item_visits()), ("cost_ratio", plot_cost_ratio()), ("measured", plot_measured(size, cells)))}
+    figures = {
+        name: harness.save_figure(fig, ctx.out, f"complexity_{name}.png")
+        for name, fig in (
+            ("item_visits", plot_item_visits()),
+            ("cost_ratio", plot_cost_ratio()),
+            ("measured", plot_measured(size, cells)),
+        )
+    }
     return report(size, cells, figures)
 
 
@@ -254,21 +320,38 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
         "DP-SGD costs at least c e beta, SSP2 at most D d^2 + e m (c + d^2), so the ratio is "
         "(D d^2 + e m (c + d^2)) / (c e beta) = m/beta (1 + d^2/c + D d^2/(c e m)), plotted with the O() constant taken as 1. "
         f"As in the paper D = {rows:.0e}, m = {items}; item counts follow a power law with density ~ x^(-alpha), taken at its "
-        "m quantiles (deterministic), i.e. rank-frequency ~ rank^(-1/(alpha-1)).")
-    section.table(["alpha", "beta/m at B=1", "B=100", "B=1000", "B=10^4", "B=D"],
-                  [[f"{a:g}"] + [f"{summary[a][b]:.3g}" for b in (1, 100, 1000, 10_000, rows)] for a in ALPHAS])
-    section.figure(figures["item_visits"], "Item counts (left) and average visits per item per epoch beta/m against batch size (right).")
+        "m quantiles (deterministic), i.e. rank-frequency ~ rank^(-1/(alpha-1))."
+    )
+    section.table(
+        ["alpha", "beta/m at B=1", "B=100", "B=1000", "B=10^4", "B=D"],
+        [[f"{a:g}"] + [f"{summary[a][b]:.3g}" for b in (1, 100, 1000, 10_000, rows)] for a in ALPHAS],
+    )
+    section.figure(
+        figures["item_visits"],
+        "Item counts (left) and average visits per item per epoch beta/m against batch size (right).",
+    )
     freq = power_law_frequencies(items, RATIO_ALPHA)
     ratio_rows = []
     for batch in (100, 1000, 10_000):
         beta = beta_items(freq, rows, batch).sum()
-        ratio_rows.append([batch] + [f"{cost_ratio(beta, rows, items, LINEAR_D, c, e):.3g}" for c in (LINEAR_D**2, LINEAR_D) for e in (1, 100)])
+        ratio_rows.append(
+            [batch]
+            + [
+                f"{cost_ratio(beta, rows, items, LINEAR_D, c, e):.3g}"
+                for c in (LINEAR_D**2, LINEAR_D)
+                for e in (1, 100)
+            ]
+        )
     section.table(["B", "c=d^2, e=1", "c=d^2, e=100", "c=d, e=1", "c=d, e=100"], ratio_rows)
-    section.figure(figures["cost_ratio"], f"Cost ratio SSP2 / DP-SGD against batch size and epochs (alpha = {RATIO_ALPHA:g}, d = {LINEAR_D}); below the black line SSP2 is cheaper.")
+    section.figure(
+        figures["cost_ratio"],
+        f"Cost ratio SSP2 / DP-SGD against batch size and epochs (alpha = {RATIO_ALPHA:g}, d = {LINEAR_D}); below the black line SSP2 is cheaper.",
+    )
     section.text(
         "With c = d^2 the ratio does not depend on d: (D + 2 e m) / (e beta). SSP2 is cheaper wherever beta/m is large (small "
         "batches) and the statistics' one-off cost D d^2 is spread over enough epochs; with c = d the d^2 work per item "
-        "dominates and SSP2 is cheaper only for small batches and many epochs, as the paper says.")
+        "dominates and SSP2 is cheaper only for small batches and many epochs, as the paper says."
+    )
 
     first = cells[0]
     section.text(
@@ -282,28 +365,59 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
         "the batch encoded once, per-example gradient norms in closed form for this encoder (fast clipping), clipped sum, "
         "Gaussian noise on every parameter (the dense noise on the m x d table is a real DP-SGD cost the model does not count). "
         "Both use plain SGD on in-memory data, after one untimed epoch that traces the graphs. This is a proxy written here, "
-        "not TF-Privacy and not trainer/dpsgd.py.")
+        "not TF-Privacy and not trainer/dpsgd.py."
+    )
     table = []
     ssp_steps = math.ceil(size["items"] / size["item_batch"])
     for batch in size["batch_sizes"]:
         key = str(batch)
         per_epoch = [c["ssp2_epoch_seconds"] / c["dpsgd"][key]["epoch_seconds"] for c in cells]
-        with_stats = [(c["stats_seconds"] + 10 * c["ssp2_epoch_seconds"]) / (10 * c["dpsgd"][key]["epoch_seconds"]) for c in cells]
+        with_stats = [
+            (c["stats_seconds"] + 10 * c["ssp2_epoch_seconds"]) / (10 * c["dpsgd"][key]["epoch_seconds"]) for c in cells
+        ]
         beta = float(np.mean([c["dpsgd"][key]["model_beta"] for c in cells]))
         visits = float(np.mean([c["dpsgd"][key]["item_visits"] for c in cells]))
         model = cost_ratio(beta, first["rows"], size["items"], size["d"], size["d"] ** 2, 10)
-        table.append([batch, _mean_std([c["dpsgd"][key]["epoch_seconds"] for c in cells]),
-                      _mean_std([1e3 * c["dpsgd"][key]["epoch_seconds"] / (c["rows"] // batch) for c in cells]), _mean_std([c["ssp2_epoch_seconds"] for c in cells]),
-                      _mean_std(per_epoch), f"{2 * size['items'] / beta:.3g}", _mean_std(with_stats), f"{model:.3g}",
-                      f"{visits / size['items']:.4g}", f"{beta / size['items']:.4g}"])
-    section.table(["B", "DP-SGD proxy epoch (s)", "DP-SGD ms/step", "SSP2 epoch (s)", "SSP2/DP-SGD per epoch", "model per epoch, 2m/beta",
-                   "SSP2/DP-SGD over 10 epochs incl. stats", "model, 10 epochs", "measured visits/m per epoch", "model beta/m"], table)
-    section.text(f"Statistics: {_mean_std([c['stats_seconds'] for c in cells])} s once per run. Model columns use c = d^2 and the data's "
-                 "own beta; 'per epoch' leaves out the statistics (the e -> infinity limit m/beta (1 + d^2/c)). "
-                 f"An SSP2 epoch is {ssp_steps} steps ({_mean_std([1e3 * c['ssp2_epoch_seconds'] / ssp_steps for c in cells])} ms each) "
-                 "and a DP-SGD epoch D/B steps (ms per step in the table): at these sizes a step's fixed cost (a `tf.function` call "
-                 "from Python) is part of what is measured, and the model does not count it. "
-                 "Measured visits count the distinct items of each batch of a shuffled epoch (sampling without replacement, "
-                 "last partial batch dropped); the model's beta assumes sampling with replacement.")
-    section.figure(figures["measured"], "Measured SSP2 / DP-SGD-proxy time ratio against epochs (statistics amortised over e epochs), mean ± std over repeats, with the model's ratio (dashed).")
+        table.append(
+            [
+                batch,
+                _mean_std([c["dpsgd"][key]["epoch_seconds"] for c in cells]),
+                _mean_std([1e3 * c["dpsgd"][key]["epoch_seconds"] / (c["rows"] // batch) for c in cells]),
+                _mean_std([c["ssp2_epoch_seconds"] for c in cells]),
+                _mean_std(per_epoch),
+                f"{2 * size['items'] / beta:.3g}",
+                _mean_std(with_stats),
+                f"{model:.3g}",
+                f"{visits / size['items']:.4g}",
+                f"{beta / size['items']:.4g}",
+            ]
+        )
+    section.table(
+        [
+            "B",
+            "DP-SGD proxy epoch (s)",
+            "DP-SGD ms/step",
+            "SSP2 epoch (s)",
+            "SSP2/DP-SGD per epoch",
+            "model per epoch, 2m/beta",
+            "SSP2/DP-SGD over 10 epochs incl. stats",
+            "model, 10 epochs",
+            "measured visits/m per epoch",
+            "model beta/m",
+        ],
+        table,
+    )
+    section.text(
+        f"Statistics: {_mean_std([c['stats_seconds'] for c in cells])} s once per run. Model columns use c = d^2 and the data's "
+        "own beta; 'per epoch' leaves out the statistics (the e -> infinity limit m/beta (1 + d^2/c)). "
+        f"An SSP2 epoch is {ssp_steps} steps ({_mean_std([1e3 * c['ssp2_epoch_seconds'] / ssp_steps for c in cells])} ms each) "
+        "and a DP-SGD epoch D/B steps (ms per step in the table): at these sizes a step's fixed cost (a `tf.function` call "
+        "from Python) is part of what is measured, and the model does not count it. "
+        "Measured visits count the distinct items of each batch of a shuffled epoch (sampling without replacement, "
+        "last partial batch dropped); the model's beta assumes sampling with replacement."
+    )
+    section.figure(
+        figures["measured"],
+        "Measured SSP2 / DP-SGD-proxy time ratio against epochs (statistics amortised over e epochs), mean ± std over repeats, with the model's ratio (dashed).",
+    )
     return section

@@ -50,8 +50,17 @@ PREPARE_ROUNDS = 2  # the DP counts and the DP mean
 
 
 def cells(quick: bool) -> list[dict]:
-    return [{"users": users, "method": method, "epsilon": EPSILON, "config": {**config, **(scale.QUICK_CONFIG if quick else {})}, "seed": 0}
-            for users in (QUICK_USERS if quick else USERS) for method, config in METHODS.items()]
+    return [
+        {
+            "users": users,
+            "method": method,
+            "epsilon": EPSILON,
+            "config": {**config, **(scale.QUICK_CONFIG if quick else {})},
+            "seed": 0,
+        }
+        for users in (QUICK_USERS if quick else USERS)
+        for method, config in METHODS.items()
+    ]
 
 
 def secagg_overhead(cohort: int) -> int:
@@ -64,8 +73,15 @@ def encoder_parameters(run: Run, step: int) -> int:
     import tensorflow as tf
 
     shapes = tf.train.load_checkpoint(os.path.join(run.checkpoint(step), "ckpt")).get_variable_to_shape_map()
-    return int(sum(np.prod(shape) for name, shape in shapes.items() if name.startswith("model/") and name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")
-                   and "OPTIMIZER_SLOT" not in name))
+    return int(
+        sum(
+            np.prod(shape)
+            for name, shape in shapes.items()
+            if name.startswith("model/")
+            and name.endswith("/.ATTRIBUTES/VARIABLE_VALUE")
+            and "OPTIMIZER_SLOT" not in name
+        )
+    )
 
 
 def traffic(run: Run, config: settings.TrainConfig, method: str, items: int) -> list[dict]:
@@ -78,35 +94,74 @@ def traffic(run: Run, config: settings.TrainConfig, method: str, items: int) -> 
     for s in range(1, config.outer_steps + 1):
         if method == "ssp":
             summary = json.load(open(os.path.join(run.root, f"step-{s}", "stats", "release.json")))["federated"]
-            steps.append({"rounds": 1, "upload": summary["upload_bytes_per_client"], "download": broadcast + 32 * summary["neighbours"]})
+            steps.append(
+                {
+                    "rounds": 1,
+                    "upload": summary["upload_bytes_per_client"],
+                    "download": broadcast + 32 * summary["neighbours"],
+                }
+            )
         else:
             q, dpsgd_steps = config.dpsgd_schedule(units)
             params = encoder_parameters(run, s)
-            steps.append({"rounds": dpsgd_steps, "upload": q * dpsgd_steps * (8 * params + secagg_overhead(round(q * units))),
-                          "download": broadcast + q * dpsgd_steps * 4 * params, "parameters": params, "sampling": q})
+            steps.append(
+                {
+                    "rounds": dpsgd_steps,
+                    "upload": q * dpsgd_steps * (8 * params + secagg_overhead(round(q * units))),
+                    "download": broadcast + q * dpsgd_steps * 4 * params,
+                    "parameters": params,
+                    "sampling": q,
+                }
+            )
     return steps
 
 
 def run_cell(out: str, params: dict) -> dict:
     data = training.movielens_like(out, params["users"])
-    root = os.path.join(out, "runs", params["method"], hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
+    root = os.path.join(
+        out, "runs", params["method"], hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    )
     shutil.rmtree(root, ignore_errors=True)  # a rerun of a cell is a new run on the same folder, with a fresh account
     with training.own_budget_accounts(root) as account:
-        config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
-                                   budget_account=account, **params["config"])
+        config = settings.TrainConfig(
+            data=data,
+            out=root,
+            protocol="rmse",
+            epsilon=params["epsilon"],
+            delta=training.DELTA,
+            model_seed=params["seed"],
+            budget_account=account,
+            **params["config"],
+        )
         spark = training.spark()
         os.makedirs(os.path.dirname(root), exist_ok=True)
         metrics = stages.run(config, spark=spark, progress=False)
     layout = Run(root)
     if config.engine == "federated":  # the evaluator's solves (the run's clients kept theirs)
         for s in range(1, config.outer_steps + 1):
-            user_update.run(spark, layout.centred, layout.item_embeddings(s - 1), layout.user_embeddings(s), config.lambda_u, config.dim, config.gravity)
+            user_update.run(
+                spark,
+                layout.centred,
+                layout.item_embeddings(s - 1),
+                layout.user_embeddings(s),
+                config.lambda_u,
+                config.dim,
+                config.gravity,
+            )
     steps = training.trajectory(layout, config)
     manifest = open_dataset(data).manifest
-    prepare_upload = 8 * manifest["items"] + 16  # a count vector over the catalog and the mean's two sums, as ring elements
-    value = {"rows": manifest["ratings"], "items": manifest["items"], "test": metrics["test_rmse"],
-             "mean_predictor": metrics["test_mean_predictor_rmse"], "trajectory": steps,
-             "traffic": traffic(layout, config, params["method"], manifest["items"]), "prepare_upload": prepare_upload}
+    prepare_upload = (
+        8 * manifest["items"] + 16
+    )  # a count vector over the catalog and the mean's two sums, as ring elements
+    value = {
+        "rows": manifest["ratings"],
+        "items": manifest["items"],
+        "test": metrics["test_rmse"],
+        "mean_predictor": metrics["test_mean_predictor_rmse"],
+        "trajectory": steps,
+        "traffic": traffic(layout, config, params["method"], manifest["items"]),
+        "prepare_upload": prepare_upload,
+    }
     shutil.rmtree(root)
     return value
 
@@ -125,7 +180,10 @@ def summarize(by_method: dict[str, dict]) -> dict:
     out = {"target": target}
     for name, cell in by_method.items():
         rounds, upload, rmse = cumulative(cell)
-        out[name] = {"rounds": time_to_quality.time_to_reach(rounds, rmse, target, True), "upload_mb": time_to_quality.time_to_reach(upload, rmse, target, True)}
+        out[name] = {
+            "rounds": time_to_quality.time_to_reach(rounds, rmse, target, True),
+            "upload_mb": time_to_quality.time_to_reach(upload, rmse, target, True),
+        }
     return out
 
 
@@ -143,51 +201,105 @@ def plot(by_size: dict[int, dict[str, dict]]):
     for ax in axes:
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
-    harness.finish(axes[0], "Test RMSE against communication rounds", "rounds a client takes part in (cumulative)", "test RMSE (stars)")
+    harness.finish(
+        axes[0],
+        "Test RMSE against communication rounds",
+        "rounds a client takes part in (cumulative)",
+        "test RMSE (stars)",
+    )
     harness.finish(axes[1], "Test RMSE against bytes sent", "upload per client (MB, cumulative)", "test RMSE (stars)")
     return fig
 
 
-@harness.experiment(NAME, "federated SSP2 vs federated DP-SGD: rounds and bytes per client to the same test RMSE (realistic generated data)")
+@harness.experiment(
+    NAME,
+    "federated SSP2 vs federated DP-SGD: rounds and bytes per client to the same test RMSE (realistic generated data)",
+)
 def run(ctx: harness.Context) -> harness.Section:
     values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
     by_size: dict[int, dict[str, dict]] = {}
     for params, value in zip(cells(ctx.quick), values):
         by_size.setdefault(params["users"], {})[params["method"]] = value
     section = harness.Section("Federated: SSP2 against DP-SGD, rounds and bytes per client")
-    sizes = "; ".join(f"{users:,} users: {next(iter(m.values()))['rows']:,} ratings, {next(iter(m.values()))['items']:,} items" for users, m in sorted(by_size.items()))
+    sizes = "; ".join(
+        f"{users:,} users: {next(iter(m.values()))['rows']:,} ratings, {next(iter(m.values()))['items']:,} items"
+        for users, m in sorted(by_size.items())
+    )
     section.text(
         f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, delta {training.DELTA:g}), one "
         "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.engines.federated), AM-SSP's "
         "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation round per DP-SGD step "
-        "(see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds.")
+        "(see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds."
+    )
     rows, reach = [], []
     for users, by_method in sorted(by_size.items()):
         for name, cell in sorted(by_method.items()):
             rounds, upload, rmse = cumulative(cell)
             download = sum(step["download"] for step in cell["traffic"]) / 1e6
-            rows.append([f"{users:,}", LABELS[name], str(len(cell["traffic"])), f"{rounds[-1]:,}", f"{upload[-1]:.3g}", f"{download:.3g}",
-                         f"{cell['traffic'][0].get('parameters', '-')}", " / ".join(f"{v:.4f}" for v in rmse), f"{cell['mean_predictor']:.4f}"])
+            rows.append(
+                [
+                    f"{users:,}",
+                    LABELS[name],
+                    str(len(cell["traffic"])),
+                    f"{rounds[-1]:,}",
+                    f"{upload[-1]:.3g}",
+                    f"{download:.3g}",
+                    f"{cell['traffic'][0].get('parameters', '-')}",
+                    " / ".join(f"{v:.4f}" for v in rmse),
+                    f"{cell['mean_predictor']:.4f}",
+                ]
+            )
         if set(by_method) != set(METHODS):
             continue
         summary = summarize(by_method)
         got = {name: summary[name] for name in METHODS}
-        reach.append([f"{users:,}", f"{summary['target']:.4f}",
-                      *["not reached" if got[name]["rounds"] is None else f"{got[name]['rounds']:,.0f}" for name in METHODS],
-                      *["not reached" if got[name]["upload_mb"] is None else f"{got[name]['upload_mb']:.3g}" for name in METHODS]])
-    section.table(["users", "method", "outer steps", "rounds per client", "upload per client (MB)", "download per client (MB)",
-                   "encoder parameters (DP-SGD's gradient)", "test RMSE after prepare, each step", "DP mean's test RMSE"], rows)
-    section.table(["users", "target test RMSE (the worse final)", *[f"{LABELS[n]}: rounds to it" for n in METHODS],
-                   *[f"{LABELS[n]}: upload to it (MB)" for n in METHODS]], reach)
-    section.figure(harness.save_figure(plot(by_size), ctx.out, "federated_rounds_bytes.png"),
-                   "Test RMSE after the prepare stage and each outer step against the rounds a client takes part in and the bytes it sends.")
+        reach.append(
+            [
+                f"{users:,}",
+                f"{summary['target']:.4f}",
+                *["not reached" if got[name]["rounds"] is None else f"{got[name]['rounds']:,.0f}" for name in METHODS],
+                *[
+                    "not reached" if got[name]["upload_mb"] is None else f"{got[name]['upload_mb']:.3g}"
+                    for name in METHODS
+                ],
+            ]
+        )
+    section.table(
+        [
+            "users",
+            "method",
+            "outer steps",
+            "rounds per client",
+            "upload per client (MB)",
+            "download per client (MB)",
+            "encoder parameters (DP-SGD's gradient)",
+            "test RMSE after prepare, each step",
+            "DP mean's test RMSE",
+        ],
+        rows,
+    )
+    section.table(
+        [
+            "users",
+            "target test RMSE (the worse final)",
+            *[f"{LABELS[n]}: rounds to it" for n in METHODS],
+            *[f"{LABELS[n]}: upload to it (MB)" for n in METHODS],
+        ],
+        reach,
+    )
+    section.figure(
+        harness.save_figure(plot(by_size), ctx.out, "federated_rounds_bytes.png"),
+        "Test RMSE after the prepare stage and each outer step against the rounds a client takes part in and the bytes it sends.",
+    )
     for users, by_method in sorted(by_size.items()):
         if set(by_method) != set(METHODS):
             continue
         summary = summarize(by_method)
         ssp, dpsgd = summary["ssp"], summary["dpsgd"]
         if ssp["rounds"] and dpsgd["rounds"]:
-            section.text(f"**{users:,} users.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} rounds against "
-                         f"{dpsgd['rounds']:,.0f} ({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends {ssp['upload_mb']:.3g} MB per client "
-                         f"against {dpsgd['upload_mb']:.3g} MB.")
+            section.text(
+                f"**{users:,} users.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} rounds against "
+                f"{dpsgd['rounds']:,.0f} ({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends {ssp['upload_mb']:.3g} MB per client "
+                f"against {dpsgd['upload_mb']:.3g} MB."
+            )
     return section

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import matplotlib
+
 from schemas.errors import UserError
 
 matplotlib.use("Agg")
@@ -59,7 +60,14 @@ class Results:
         self.cells[self.key(experiment, params)] = {"experiment": experiment, "params": params, "value": value}
         storage.write_json({"cells": self.cells}, self.path)
 
-    def run(self, experiment: str, cells: list[dict], compute: Callable[[dict], dict], progress: bool = True, desc: str | None = None) -> list[dict]:
+    def run(
+        self,
+        experiment: str,
+        cells: list[dict],
+        compute: Callable[[dict], dict],
+        progress: bool = True,
+        desc: str | None = None,
+    ) -> list[dict]:
         """The value of every cell (parameters), computing (with a progress bar, `desc` or the
         experiment's name) only the missing ones."""
         values = []
@@ -140,7 +148,9 @@ def experiment(name: str, help: str):
     return register
 
 
-def run_experiment(name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True, **options) -> Section:
+def run_experiment(
+    name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True, **options
+) -> Section:
     """Run a registered experiment into OUT: its cells, its section, then the whole report.
     `options`: Context's data, protocol, methods, epsilons and tune_on."""
     os.makedirs(out, exist_ok=True)
@@ -153,9 +163,14 @@ def run_experiment(name: str, out: str, quick: bool = False, seeds: int = 3, pro
 def write_report(out: str) -> str:
     """Assemble OUT/report.md from the sections present (registered order first); returns its path."""
     folder = os.path.join(out, SECTIONS)
-    present = sorted(f.removesuffix(".md") for f in os.listdir(folder) if f.endswith(".md")) if os.path.isdir(folder) else []
+    present = (
+        sorted(f.removesuffix(".md") for f in os.listdir(folder) if f.endswith(".md")) if os.path.isdir(folder) else []
+    )
     order = [n for n in EXPERIMENTS if n in present] + [n for n in present if n not in EXPERIMENTS]
-    parts = ["# Reproduction of the paper's experiments\n", "Numbers come from `results.json` next to this file; figures are the PNGs beside it.\n"]
+    parts = [
+        "# Reproduction of the paper's experiments\n",
+        "Numbers come from `results.json` next to this file; figures are the PNGs beside it.\n",
+    ]
     parts += [open(os.path.join(folder, f"{n}.md"), encoding="utf-8").read() for n in order]
     path = os.path.join(out, REPORT)
     _write_text(path, "\n".join(parts))

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from schemas.errors import UserError
 
 try:  # BLAS threads only slow down thousands of tiny solves, badly so on a shared machine
@@ -54,14 +55,38 @@ except ImportError:  # pragma: no cover - an optional helper; without it BLAS ke
 
 # Published figures of MovieLens-1M (ratings.dat, movies.dat) and of the non-private ladder on it.
 MOVIELENS_1M = {
-    "users": 6040, "items": 3883, "rated_items": 3706, "ratings": 1_000_209,
-    "stars": (0.056, 0.108, 0.261, 0.349, 0.226), "mean": 3.58, "sd": 1.117,
-    "user_min": 20, "user_q1": 44, "user_median": 96, "user_q3": 208, "user_p90": 400, "user_max": 2314,
-    "item_q1": 33, "item_median": 124, "item_q3": 350, "item_p90": 730, "item_max": 3428,
-    "items_under_5": 0.078, "top10_share": 0.44, "sd_user_means": 0.43, "sd_item_means": 0.67,
+    "users": 6040,
+    "items": 3883,
+    "rated_items": 3706,
+    "ratings": 1_000_209,
+    "stars": (0.056, 0.108, 0.261, 0.349, 0.226),
+    "mean": 3.58,
+    "sd": 1.117,
+    "user_min": 20,
+    "user_q1": 44,
+    "user_median": 96,
+    "user_q3": 208,
+    "user_p90": 400,
+    "user_max": 2314,
+    "item_q1": 33,
+    "item_median": 124,
+    "item_q3": 350,
+    "item_p90": 730,
+    "item_max": 3428,
+    "items_under_5": 0.078,
+    "top10_share": 0.44,
+    "sd_user_means": 0.43,
+    "sd_item_means": 0.67,
     "genres_per_item": 1.65,
 }
-LADDER_1M = {"global_mean": 1.117, "item_mean": 0.982, "features": 0.987, "mf": 0.851, "popularity": 0.176, "ials": 0.32}
+LADDER_1M = {
+    "global_mean": 1.117,
+    "item_mean": 0.982,
+    "features": 0.987,
+    "mf": 0.851,
+    "popularity": 0.176,
+    "ials": 0.32,
+}
 
 ITEM_PRIORS = (1.0, 3.0, 10.0, 30.0)
 FEATURE_DIM = 16
@@ -147,8 +172,13 @@ def _from_tables(interactions, items_table) -> Ratings:
     user_ids, user = np.unique(interactions["user_id"].to_numpy(), return_inverse=True)
     features, genres_per_item = _feature_matrix(items_table)
     return Ratings(
-        user.astype(np.int64), item.astype(np.int64), interactions["label"].to_numpy().astype(np.float64),
-        int(user_ids.size), int(item_ids.size), features, genres_per_item,
+        user.astype(np.int64),
+        item.astype(np.int64),
+        interactions["label"].to_numpy().astype(np.float64),
+        int(user_ids.size),
+        int(item_ids.size),
+        features,
+        genres_per_item,
     )
 
 
@@ -169,15 +199,28 @@ def summary(r: Ratings) -> dict:
     iq = np.quantile(per_item, [0.25, 0.5, 0.75, 0.9])
     top = np.sort(per_item)[::-1][: max(1, int(round(TOP_ITEMS * per_item.size)))]
     return {
-        "users": r.users, "items": r.items, "rated_items": int(rated.sum()), "ratings": int(r.label.size),
+        "users": r.users,
+        "items": r.items,
+        "rated_items": int(rated.sum()),
+        "ratings": int(r.label.size),
         "stars": tuple(float(np.mean(stars == s)) for s in range(1, 6)),
-        "mean": float(r.label.mean()), "sd": float(r.label.std()),
-        "user_min": int(per_user[per_user > 0].min()), "user_q1": float(uq[0]), "user_median": float(uq[1]),
-        "user_q3": float(uq[2]), "user_p90": float(uq[3]), "user_max": int(per_user.max()),
-        "item_q1": float(iq[0]), "item_median": float(iq[1]), "item_q3": float(iq[2]), "item_p90": float(iq[3]),
-        "item_max": int(per_item.max()), "items_under_5": float(np.mean(per_item < 5)),
+        "mean": float(r.label.mean()),
+        "sd": float(r.label.std()),
+        "user_min": int(per_user[per_user > 0].min()),
+        "user_q1": float(uq[0]),
+        "user_median": float(uq[1]),
+        "user_q3": float(uq[2]),
+        "user_p90": float(uq[3]),
+        "user_max": int(per_user.max()),
+        "item_q1": float(iq[0]),
+        "item_median": float(iq[1]),
+        "item_q3": float(iq[2]),
+        "item_p90": float(iq[3]),
+        "item_max": int(per_item.max()),
+        "items_under_5": float(np.mean(per_item < 5)),
         "top10_share": float(top.sum() / per_item.sum()),
-        "sd_user_means": float(user_means[per_user > 0].std()), "sd_item_means": float(item_means.std()),
+        "sd_user_means": float(user_means[per_user > 0].std()),
+        "sd_item_means": float(item_means.std()),
         "genres_per_item": r.genres_per_item,
     }
 
@@ -395,7 +438,11 @@ def split_ranking(r: Ratings, seed: int) -> RankingSplit:
         local = np.full(r.users, -1)
         local[members] = np.arange(members.size)
         held[name] = (
-            local[users[ok & ~target]], items[ok & ~target], local[users[ok & target]], items[ok & target], members.size
+            local[users[ok & ~target]],
+            items[ok & ~target],
+            local[users[ok & target]],
+            items[ok & target],
+            members.size,
         )
     train = row_role == 0
     return RankingSplit(top.size, dense[pos_user[train]], pos_item[train], train_users.size, held)
@@ -452,6 +499,7 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
             y = _ials_users(x, by_item, split.train_user, alpha, lam)
         recalls = {}
         for name in ("valid", "test"):
+
             def score(h_user, h_item, users, name=name):
                 return _ials_users(y, folds[name], h_item, alpha, lam) @ y.T
 
@@ -501,9 +549,12 @@ def _ladder(r: Ratings, seed: int, steps: tuple[str, ...] | None) -> dict:
 
 
 _LABELS = {
-    "global_mean": ("global mean", "RMSE"), "item_mean": ("per-item mean (shrunk)", "RMSE"),
-    "features": ("genres+year encoder, per-user ridge", "RMSE"), "mf": ("biased ALS MF", "RMSE"),
-    "popularity": ("popularity", "Recall@20"), "ials": ("implicit ALS", "Recall@20"),
+    "global_mean": ("global mean", "RMSE"),
+    "item_mean": ("per-item mean (shrunk)", "RMSE"),
+    "features": ("genres+year encoder, per-user ridge", "RMSE"),
+    "mf": ("biased ALS MF", "RMSE"),
+    "popularity": ("popularity", "Recall@20"),
+    "ials": ("implicit ALS", "Recall@20"),
 }
 
 
@@ -515,8 +566,12 @@ def describe(results: dict, stats: dict | None = None) -> str:
         for key, target in MOVIELENS_1M.items():
             value = stats.get(key)
             if key == "stars":
-                lines.append(f"{'stars 1..5 (%)':<18}" + " ".join(f"{100 * s:.1f}" for s in value) + "   |   "
-                             + " ".join(f"{100 * s:.1f}" for s in target))
+                lines.append(
+                    f"{'stars 1..5 (%)':<18}"
+                    + " ".join(f"{100 * s:.1f}" for s in value)
+                    + "   |   "
+                    + " ".join(f"{100 * s:.1f}" for s in target)
+                )
             else:
                 lines.append(f"{key:<18}{value:>12.4g}{target:>12.4g}")
         lines.append("")
@@ -524,15 +579,19 @@ def describe(results: dict, stats: dict | None = None) -> str:
     for name, result in results.items():
         label, metric = _LABELS[name]
         setting = ", ".join(f"{k}={v:g}" for k, v in result.items() if k not in ("test", "valid", "seconds"))
-        lines.append(f"{label:<38}{metric:<11}{result['test']:>8.4f}{result['valid']:>8.4f}"
-                     f"{LADDER_1M[name]:>8.3f}{result['seconds']:>7.1f}  {setting}")
+        lines.append(
+            f"{label:<38}{metric:<11}{result['test']:>8.4f}{result['valid']:>8.4f}"
+            f"{LADDER_1M[name]:>8.3f}{result['seconds']:>7.1f}  {setting}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ladder", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="data set folder (ssp ingest / ssp synth) or MovieLens folder")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the splits and initialisations (default %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the splits and initialisations (default %(default)s)"
+    )
     parser.add_argument("--steps", help=f"comma-separated subset of: {','.join(LADDER_1M)} (default: all)")
     parser.add_argument("--no-summary", action="store_true", help="skip the summary statistics")
     args = parser.parse_args(argv)

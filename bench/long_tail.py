@@ -39,9 +39,20 @@ def plot(collected: dict, protocol: str):
             if group_eps == eps:
                 harness.mean_std_band(ax, buckets, sliced(group), label, color=training.color(name))
             elif group_eps is None:
-                ax.plot(buckets, bucket_means(sliced(group)), linestyle="--", color=training.color(name), label=f"{label} (mean)")
+                ax.plot(
+                    buckets,
+                    bucket_means(sliced(group)),
+                    linestyle="--",
+                    color=training.color(name),
+                    label=f"{label} (mean)",
+                )
         ax.set_xticks(buckets)
-        harness.finish(ax, f"epsilon = {eps:g}", "item popularity bucket, 0 = rarest fifth (bucket)", f"test {metric.name} ({metric.unit})")
+        harness.finish(
+            ax,
+            f"epsilon = {eps:g}",
+            "item popularity bucket, 0 = rarest fifth (bucket)",
+            f"test {metric.name} ({metric.unit})",
+        )
     return fig
 
 
@@ -61,20 +72,30 @@ def extremes(collected: dict, protocol: str) -> list[str]:
     return lines
 
 
-@harness.experiment(NAME, "test metric per item-popularity bucket (5) per method and epsilon, from the privacy-utility runs")
+@harness.experiment(
+    NAME, "test metric per item-popularity bucket (5) per method and epsilon, from the privacy-utility runs"
+)
 def run(ctx: harness.Context) -> harness.Section:
     collected = privacy_utility.collect(ctx)
     metric = training.METRICS[ctx.protocol]
     figure = harness.save_figure(plot(collected, ctx.protocol), ctx.out, f"long_tail_{ctx.protocol}.png")
     section = harness.Section(f"Quality on the long tail ({ctx.protocol} protocol)")
-    section.text(f"The privacy-utility experiment's test runs (tuned settings, {ctx.seeds} seeds), their test {metric.name} per item-popularity "
-                 "bucket: items sorted by training count, five equal buckets, 0 = the rarest fifth. Same setup as that section.")
+    section.text(
+        f"The privacy-utility experiment's test runs (tuned settings, {ctx.seeds} seeds), their test {metric.name} per item-popularity "
+        "bucket: items sorted by training count, five equal buckets, 0 = the rarest fifth. Same setup as that section."
+    )
     rows = []
     for (name, eps), group in collected["groups"].items():
         values = sliced(group)
-        cells = ["-" if np.all(np.isnan(col)) else "{:.4f} ± {:.4f}".format(*training.mean_std(col[~np.isnan(col)])) for col in values.T]
+        cells = [
+            "-" if np.all(np.isnan(col)) else "{:.4f} ± {:.4f}".format(*training.mean_std(col[~np.isnan(col)]))
+            for col in values.T
+        ]
         rows.append([training.METHODS[name].label, "non-private" if eps is None else f"{eps:g}"] + cells)
     section.table(["method", "epsilon"] + [f"bucket {b}" for b in range(training.BUCKETS)], rows)
-    section.figure(figure, f"Test {metric.name} per popularity bucket, one panel per epsilon (mean ± std over seeds; non-private dashed).")
+    section.figure(
+        figure,
+        f"Test {metric.name} per popularity bucket, one panel per epsilon (mean ± std over seeds; non-private dashed).",
+    )
     section.text("**What it shows:** " + " ".join(extremes(collected, ctx.protocol)))
     return section

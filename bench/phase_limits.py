@@ -44,17 +44,30 @@ def work(run: Run, data: str, steps: int, epochs: int) -> dict[str, dict[str, fl
     stats_rows = sum(count for _, _, count in storage.row_groups(run.stats_rows))
     users = sum(count for _, _, count in storage.row_groups(run.user_embeddings(None)))
     items = sum(count for _, _, count in storage.row_groups(run.stats_items))
-    d = len(next(storage.iter_batches(run.user_embeddings(None), ["embedding"], batch_size=1)).column(0)[0]) + 1  # with the bias coordinate
+    d = (
+        len(next(storage.iter_batches(run.user_embeddings(None), ["embedding"], batch_size=1)).column(0)[0]) + 1
+    )  # with the bias coordinate
     solve = 2 * rows * d * d + users * d**3 / 3
     stats_tables = [run.stats(s) for s in range(1, steps + 1)]
     user_steps = [run.user_embeddings(s) for s in range(1, steps + 1)]
     return {
-        "prepare": {"bytes": _bytes(os.path.join(data, "interactions.parquet"), run.split, run.centred, run.stats_rows, run.counts), "flops": 0.0},
+        "prepare": {
+            "bytes": _bytes(
+                os.path.join(data, "interactions.parquet"), run.split, run.centred, run.stats_rows, run.counts
+            ),
+            "flops": 0.0,
+        },
         "user_update": {"bytes": steps * _bytes(run.centred) + _bytes(*user_steps), "flops": steps * solve},
-        "stats": {"bytes": steps * _bytes(run.stats_rows) + _bytes(*user_steps, *stats_tables), "flops": steps * stats_rows * (d * (d + 1) + 2 * d)},
+        "stats": {
+            "bytes": steps * _bytes(run.stats_rows) + _bytes(*user_steps, *stats_tables),
+            "flops": steps * stats_rows * (d * (d + 1) + 2 * d),
+        },
         "item_update": {"bytes": _bytes(*stats_tables), "flops": steps * epochs * items * 6 * d * d},
         "final_user_update": {"bytes": _bytes(run.centred, run.user_embeddings(None)), "flops": solve},
-        "evaluation": {"bytes": _bytes(run.split, run.user_embeddings(None)) - _bytes(os.path.join(run.split, "train.parquet")), "flops": 0.0},
+        "evaluation": {
+            "bytes": _bytes(run.split, run.user_embeddings(None)) - _bytes(os.path.join(run.split, "train.parquet")),
+            "flops": 0.0,
+        },
     }
 
 
@@ -84,7 +97,10 @@ def limits(cell: dict, rates: dict[str, float]) -> dict[str, float]:
     out = {}
     for phase in PHASES:
         done = cell["work"][phase]
-        out[phase] = max(done["bytes"] / rates["read_bytes_per_s"], done["flops"] / rates["gemm_flops"]) + cell["spark_jobs"].get(phase, 0) * rates["job_seconds"]
+        out[phase] = (
+            max(done["bytes"] / rates["read_bytes_per_s"], done["flops"] / rates["gemm_flops"])
+            + cell["spark_jobs"].get(phase, 0) * rates["job_seconds"]
+        )
     return out
 
 
@@ -94,8 +110,27 @@ def rows(cell: dict, rates: dict[str, float]) -> list[list[str]]:
     table = []
     for phase in PHASES:
         done, wall = cell["work"][phase], cell["seconds"][phase]
-        table.append([phase, f"{wall:.1f}", f"{done['bytes'] / 1e6:,.0f}", f"{done['flops'] / 1e9:,.1f}", str(cell["spark_jobs"].get(phase, 0)),
-                      f"{bound[phase]:.1f}", f"{wall / bound[phase]:.1f}x" if bound[phase] > 0 else "-"])
+        table.append(
+            [
+                phase,
+                f"{wall:.1f}",
+                f"{done['bytes'] / 1e6:,.0f}",
+                f"{done['flops'] / 1e9:,.1f}",
+                str(cell["spark_jobs"].get(phase, 0)),
+                f"{bound[phase]:.1f}",
+                f"{wall / bound[phase]:.1f}x" if bound[phase] > 0 else "-",
+            ]
+        )
     wall, bound_total = sum(cell["seconds"][p] for p in PHASES), sum(bound.values())
-    table.append(["whole run", f"{wall:.1f}", "", "", str(sum(cell["spark_jobs"].values())), f"{bound_total:.1f}", f"{wall / bound_total:.1f}x"])
+    table.append(
+        [
+            "whole run",
+            f"{wall:.1f}",
+            "",
+            "",
+            str(sum(cell["spark_jobs"].values())),
+            f"{bound_total:.1f}",
+            f"{wall / bound_total:.1f}x",
+        ]
+    )
     return table

@@ -50,33 +50,52 @@ def measure(data: str, engine: str, work: str, epsilon: float, driver_memory: st
     config = {"out": run, "data": data, "epsilon": epsilon, "protocol": "rmse"}
     try:
         if driver_memory:
-            os.environ["SSP_SPARK_DRIVER_MEMORY"] = driver_memory  # the child's local Spark heap (pipelines.engines.spark)
+            os.environ["SSP_SPARK_DRIVER_MEMORY"] = (
+                driver_memory  # the child's local Spark heap (pipelines.engines.spark)
+            )
         report = run_tree_measured(_CHILD, {"config": config, "engine": engine})
     finally:
         shutil.rmtree(run, ignore_errors=True)
     manifest = open_dataset(data).manifest
-    return {"engine": engine, "data": data, "spark_driver_memory": (driver_memory or "3g") if engine == "spark" else None,
-            "ratings": manifest["ratings"], "users": manifest["users"], **report}
+    return {
+        "engine": engine,
+        "data": data,
+        "spark_driver_memory": (driver_memory or "3g") if engine == "spark" else None,
+        "ratings": manifest["ratings"],
+        "users": manifest["users"],
+        **report,
+    }
 
 
 def report(cells: list[dict]) -> str:
-    lines = ["| engine | Spark heap | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest Python worker (MiB) | Python workers together (MiB) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| engine | Spark heap | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest Python worker (MiB) | Python workers together (MiB) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for c in sorted(cells, key=lambda c: (c["engine"], c.get("spark_driver_memory") or "", c["ratings"])):
-        lines.append(f"| {c['engine']} | {c.get('spark_driver_memory') or '-'} | {c['ratings']:,} | {c['users']:,} | {c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
-                     f"{c['jvm_peak_mib']:.0f} | {c['worker_peak_mib']:.0f} | {c['workers_peak_total_mib']:.0f} |")
+        lines.append(
+            f"| {c['engine']} | {c.get('spark_driver_memory') or '-'} | {c['ratings']:,} | {c['users']:,} | {c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
+            f"{c['jvm_peak_mib']:.0f} | {c['worker_peak_mib']:.0f} | {c['workers_peak_total_mib']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prepare_memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", nargs="+", required=True, help="data set folders (ssp synth / ssp ingest), smallest first")
-    parser.add_argument("--engine", nargs="+", choices=("spark", "local"), default=["spark"], help="engines to measure (default: spark)")
+    parser.add_argument(
+        "--data", nargs="+", required=True, help="data set folders (ssp synth / ssp ingest), smallest first"
+    )
+    parser.add_argument(
+        "--engine", nargs="+", choices=("spark", "local"), default=["spark"], help="engines to measure (default: spark)"
+    )
     parser.add_argument("--out", required=True, help="folder of results.json and report.md (finished cells are kept)")
     parser.add_argument("--work", help="scratch folder for the run directories (default: a temporary folder)")
     parser.add_argument("--epsilon", type=float, default=5.0, help="the run's epsilon (default %(default)s)")
-    parser.add_argument("--spark-driver-memory", help="heap of the local Spark JVM (driver and executor), e.g. 1g (default: pipelines.engines.spark's, 3g): "
-                        "the JVM's memory is this setting, not the log's size (Spark spills to disk)")
+    parser.add_argument(
+        "--spark-driver-memory",
+        help="heap of the local Spark JVM (driver and executor), e.g. 1g (default: pipelines.engines.spark's, 3g): "
+        "the JVM's memory is this setting, not the log's size (Spark spills to disk)",
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
@@ -85,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         for engine in args.engine:
             for data in args.data:
                 heap = (args.spark_driver_memory or "3g") if engine == "spark" else None
-                if any(c["engine"] == engine and c["data"] == data and c.get("spark_driver_memory") == heap for c in cells):
+                if any(
+                    c["engine"] == engine and c["data"] == data and c.get("spark_driver_memory") == heap for c in cells
+                ):
                     continue
                 print(f"prepare_memory: {engine} on {data} ...", file=sys.stderr, flush=True)
                 try:

@@ -47,9 +47,20 @@ def sizes(quick: bool) -> dict:
     DP popularity 1.4 s (recall); the sampler's larger d, epochs and outer steps take several times
     longer, so the full run takes hours: run it in parts with --methods / --epsilons. Quick: minutes."""
     if quick:
-        return {"epsilons": [1.0, 10.0], "trials": 2, "startup": 2, "base": {"epochs": 10, "dpsgd_epochs": 2.0, "outer_steps": 2},
-                "caps": {"dim": 16, "outer_steps": 2, "epochs": 10, "dpsgd_epochs": 2.0}}
-    return {"epsilons": [1.0, 5.0, 10.0, 20.0], "trials": 12, "startup": training.STARTUP_TRIALS, "base": {}, "caps": {}}
+        return {
+            "epsilons": [1.0, 10.0],
+            "trials": 2,
+            "startup": 2,
+            "base": {"epochs": 10, "dpsgd_epochs": 2.0, "outer_steps": 2},
+            "caps": {"dim": 16, "outer_steps": 2, "epochs": 10, "dpsgd_epochs": 2.0},
+        }
+    return {
+        "epsilons": [1.0, 5.0, 10.0, 20.0],
+        "trials": 12,
+        "startup": training.STARTUP_TRIALS,
+        "base": {},
+        "caps": {},
+    }
 
 
 def size_of(ctx: harness.Context) -> dict:
@@ -68,8 +79,17 @@ def groups(names: list[str], size: dict) -> list[tuple[str, float | None]]:
     return [(name, eps) for name in names for eps in (size["epsilons"] if training.METHODS[name].private else [None])]
 
 
-def study(results: harness.Results, data: str, protocol: str, name: str, epsilon: float | None, size: dict, compute=None, bar=None,
-          seed: int | None = None) -> list[dict] | None:
+def study(
+    results: harness.Results,
+    data: str,
+    protocol: str,
+    name: str,
+    epsilon: float | None,
+    size: dict,
+    compute=None,
+    bar=None,
+    seed: int | None = None,
+) -> list[dict] | None:
     """The trials of the (method, epsilon) study on `data`, in order, as {"params", "value"}: trial
     t's config is the seeded TPE suggestion given trials 0..t-1 (trial 0: the defaults; `seed`:
     the study seed, training.study_seed by default), its value the recorded cell or, when missing,
@@ -79,7 +99,9 @@ def study(results: harness.Results, data: str, protocol: str, name: str, epsilon
     seed = training.study_seed(name, epsilon) if seed is None else seed
     history, trials = [], []
     for t in range(size["trials"] if training.search_space(name, size["caps"]) else 1):  # nothing to tune: one trial
-        draw = training.suggest(name, seed, history, size["caps"], metric.lower_is_better, size.get("startup", training.STARTUP_TRIALS))
+        draw = training.suggest(
+            name, seed, history, size["caps"], metric.lower_is_better, size.get("startup", training.STARTUP_TRIALS)
+        )
         params = training.cell_params(data, protocol, name, epsilon, training.cell_config(name, size["base"], draw), t)
         value = results.get(NAME, params)
         if value is None:
@@ -113,7 +135,9 @@ def best_trial(values: list[dict], protocol: str) -> int:
     return best
 
 
-def tuned_config(results: harness.Results, data: str, protocol: str, name: str, epsilon: float | None, size: dict) -> dict | None:
+def tuned_config(
+    results: harness.Results, data: str, protocol: str, name: str, epsilon: float | None, size: dict
+) -> dict | None:
     """The configuration the study on `data` chose, if all its trials are recorded (nothing is computed)."""
     trials = study(results, data, protocol, name, epsilon, size)
     return None if trials is None else trials[best_trial([t["value"] for t in trials], protocol)]["params"]["config"]
@@ -134,10 +158,23 @@ def gather(ctx: harness.Context, size: dict, names: list[str], data: str, tune_o
     cells are all recorded are returned."""
     pairs = groups(names, size)
     out = {}
-    with tqdm(total=len(pairs) * size["trials"], desc=f"{NAME}: tuning" + ("" if mode_of(data, tune_on) == "direct" else " (transfer)"),
-              unit="trial", file=sys.stderr, disable=not (compute and ctx.progress)) as bar:
+    with tqdm(
+        total=len(pairs) * size["trials"],
+        desc=f"{NAME}: tuning" + ("" if mode_of(data, tune_on) == "direct" else " (transfer)"),
+        unit="trial",
+        file=sys.stderr,
+        disable=not (compute and ctx.progress),
+    ) as bar:
         for pair in pairs:
-            trials = study(ctx.results, tune_on, ctx.protocol, *pair, size, (lambda p: training.run_trial(ctx.out, p)) if compute else None, bar)
+            trials = study(
+                ctx.results,
+                tune_on,
+                ctx.protocol,
+                *pair,
+                size,
+                (lambda p: training.run_trial(ctx.out, p)) if compute else None,
+                bar,
+            )
             if trials is None:
                 continue
             values = [t["value"] for t in trials]
@@ -145,8 +182,13 @@ def gather(ctx: harness.Context, size: dict, names: list[str], data: str, tune_o
             out[pair] = {"trials": values, "best": best, "config": trials[best]["params"]["config"]}
     tests = {pair: test_params(data, ctx.protocol, *pair, group["config"], ctx.seeds) for pair, group in out.items()}
     if compute:
-        flat = ctx.results.run(NAME, [p for pair in out for p in tests[pair]], lambda p: training.run_cell(ctx.out, p), ctx.progress,
-                               f"{NAME}: test runs" + ("" if mode_of(data, tune_on) == "direct" else " (transfer)"))
+        flat = ctx.results.run(
+            NAME,
+            [p for pair in out for p in tests[pair]],
+            lambda p: training.run_cell(ctx.out, p),
+            ctx.progress,
+            f"{NAME}: test runs" + ("" if mode_of(data, tune_on) == "direct" else " (transfer)"),
+        )
         for k, pair in enumerate(out):
             out[pair]["tests"] = flat[k * ctx.seeds : (k + 1) * ctx.seeds]
         return out
@@ -161,8 +203,15 @@ def gather(ctx: harness.Context, size: dict, names: list[str], data: str, tune_o
 
 def recorded_sources(results: harness.Results, protocol: str) -> list[str]:
     """The data sets this experiment's recorded trials tuned on (under the protocol)."""
-    return sorted({c["params"]["data"] for c in results.cells.values()
-                   if c["experiment"] == NAME and c["params"]["protocol"] == protocol and c["params"]["seed"] < training.TEST_SEED})
+    return sorted(
+        {
+            c["params"]["data"]
+            for c in results.cells.values()
+            if c["experiment"] == NAME
+            and c["params"]["protocol"] == protocol
+            and c["params"]["seed"] < training.TEST_SEED
+        }
+    )
 
 
 def collect(ctx: harness.Context) -> dict:
@@ -175,17 +224,30 @@ def collect(ctx: harness.Context) -> dict:
     names = methods_of(ctx)
     main = gather(ctx, size, names, data, tune_on, compute=True)
     others = []
-    for source in [s for s in dict.fromkeys([_abs(data), *recorded_sources(ctx.results, ctx.protocol)]) if s != tune_on]:
+    for source in [
+        s for s in dict.fromkeys([_abs(data), *recorded_sources(ctx.results, ctx.protocol)]) if s != tune_on
+    ]:
         found = gather(ctx, size, names, data, source, compute=False)
         if found:
             others.append({"tune_on": source, "mode": mode_of(data, source), "groups": found})
-    return {"data": data, "tune_on": tune_on, "mode": mode_of(data, tune_on), "protocol": ctx.protocol, "size": size, "methods": names,
-            "seeds": ctx.seeds, "groups": main, "others": others}
+    return {
+        "data": data,
+        "tune_on": tune_on,
+        "mode": mode_of(data, tune_on),
+        "protocol": ctx.protocol,
+        "size": size,
+        "methods": names,
+        "seeds": ctx.seeds,
+        "groups": main,
+        "others": others,
+    }
 
 
 def modes(collected: dict) -> list[dict]:
     """Every mode of the collection, the invoked one first: {"tune_on", "mode", "groups"}."""
-    return [{"tune_on": collected["tune_on"], "mode": collected["mode"], "groups": collected["groups"]}] + collected.get("others", [])
+    return [
+        {"tune_on": collected["tune_on"], "mode": collected["mode"], "groups": collected["groups"]}
+    ] + collected.get("others", [])
 
 
 def table(collected: dict) -> list[dict]:
@@ -197,10 +259,23 @@ def table(collected: dict) -> list[dict]:
         for (name, eps), group in mode["groups"].items():
             mean, std = training.mean_std([v["test"] for v in group["tests"]])
             spent = [v["epsilon_spent"] for v in group["tests"]]
-            rows.append({"mode": mode["mode"], "tuned_on": mode["tune_on"], "protocol": collected["protocol"],
-                         "metric": training.METRICS[collected["protocol"]].name, "method": name, "label": training.METHODS[name].label,
-                         "epsilon": math.inf if eps is None else eps, "mean": mean, "std": std, "n_seeds": len(group["tests"]),
-                         "epsilon_spent": math.inf if None in spent else float(np.mean(spent)), "_mode": m, "_group": group})
+            rows.append(
+                {
+                    "mode": mode["mode"],
+                    "tuned_on": mode["tune_on"],
+                    "protocol": collected["protocol"],
+                    "metric": training.METRICS[collected["protocol"]].name,
+                    "method": name,
+                    "label": training.METHODS[name].label,
+                    "epsilon": math.inf if eps is None else eps,
+                    "mean": mean,
+                    "std": std,
+                    "n_seeds": len(group["tests"]),
+                    "epsilon_spent": math.inf if None in spent else float(np.mean(spent)),
+                    "_mode": m,
+                    "_group": group,
+                }
+            )
     rows.sort(key=lambda r: (order[r["method"]], r["epsilon"], r["_mode"]))
     return rows
 
@@ -215,11 +290,22 @@ def winners(rows: list[dict], protocol: str) -> list[dict]:
     metric = training.METRICS[protocol]
     out = []
     for eps in sorted({r["epsilon"] for r in rows if math.isfinite(r["epsilon"])}):
-        ranked = sorted((r for r in rows if r["epsilon"] == eps), key=lambda r: r["mean"] if metric.lower_is_better else -r["mean"])
+        ranked = sorted(
+            (r for r in rows if r["epsilon"] == eps), key=lambda r: r["mean"] if metric.lower_is_better else -r["mean"]
+        )
         first, second = ranked[0], ranked[1] if len(ranked) > 1 else None
-        out.append({"epsilon": eps, "winner": first["method"], "mean": first["mean"], "std": first["std"],
-                    "runner_up": second and second["method"], "runner_up_mean": second and second["mean"], "runner_up_std": second and second["std"],
-                    "margin": second and abs(first["mean"] - second["mean"])})
+        out.append(
+            {
+                "epsilon": eps,
+                "winner": first["method"],
+                "mean": first["mean"],
+                "std": first["std"],
+                "runner_up": second and second["method"],
+                "runner_up_mean": second and second["mean"],
+                "runner_up_std": second and second["std"],
+                "margin": second and abs(first["mean"] - second["mean"]),
+            }
+        )
     return out
 
 
@@ -231,13 +317,27 @@ def winner_text(win: dict, protocol: str) -> str:
         return head + " (the only private method run)."
     pooled = math.sqrt((win["std"] ** 2 + win["runner_up_std"] ** 2) / 2)
     noise = f"{win['margin'] / pooled:.1f} pooled stds" if pooled > 0 else "stds 0"
-    return (head + f", {'below' if metric.lower_is_better else 'above'} the runner-up {label(win['runner_up'])} "
-            f"({win['runner_up_mean']:.4f} ± {win['runner_up_std']:.4f}) by {win['margin']:.4f} ({noise}).")
+    return (
+        head + f", {'below' if metric.lower_is_better else 'above'} the runner-up {label(win['runner_up'])} "
+        f"({win['runner_up_mean']:.4f} ± {win['runner_up_std']:.4f}) by {win['margin']:.4f} ({noise})."
+    )
 
 
 def write_table(out: str, rows: list[dict]) -> None:
     """OUT/results.csv and OUT/results_table.json (the baselines' results table)."""
-    columns = ["mode", "tuned_on", "protocol", "metric", "method", "label", "epsilon", "mean", "std", "n_seeds", "epsilon_spent"]
+    columns = [
+        "mode",
+        "tuned_on",
+        "protocol",
+        "metric",
+        "method",
+        "label",
+        "epsilon",
+        "mean",
+        "std",
+        "n_seeds",
+        "epsilon_spent",
+    ]
     rows = [public(r) for r in rows]
     tmp = os.path.join(out, f".{TABLE_CSV}.tmp-{os.getpid()}")
     with open(tmp, "w", newline="", encoding="utf-8") as handle:
@@ -250,7 +350,9 @@ def write_table(out: str, rows: list[dict]) -> None:
 
 def mode_label(mode: dict) -> str:
     """How a mode is named in the report: where its studies tuned."""
-    return "direct" if mode["mode"] == "direct" else f"transfer: tuned on {os.path.basename(mode['tune_on'].rstrip('/'))}"
+    return (
+        "direct" if mode["mode"] == "direct" else f"transfer: tuned on {os.path.basename(mode['tune_on'].rstrip('/'))}"
+    )
 
 
 def plot(collected: dict, protocol: str):
@@ -265,27 +367,48 @@ def plot(collected: dict, protocol: str):
             if not groups_:
                 continue
             if training.METHODS[name].private:
-                harness.mean_std_band(ax, [eps for eps, _ in groups_], np.array([[v["test"] for v in g["tests"]] for _, g in groups_]).T,
-                                      training.METHODS[name].label + suffix, color=training.color(name), linestyle=style)
+                harness.mean_std_band(
+                    ax,
+                    [eps for eps, _ in groups_],
+                    np.array([[v["test"] for v in g["tests"]] for _, g in groups_]).T,
+                    training.METHODS[name].label + suffix,
+                    color=training.color(name),
+                    linestyle=style,
+                )
             else:
                 mean, std = training.mean_std([v["test"] for v in groups_[0][1]["tests"]])
-                ax.axhline(mean, linestyle="--" if style == "-" else ":", color=training.color(name),
-                           label=f"{training.METHODS[name].label}{suffix} (mean ± std)")
+                ax.axhline(
+                    mean,
+                    linestyle="--" if style == "-" else ":",
+                    color=training.color(name),
+                    label=f"{training.METHODS[name].label}{suffix} (mean ± std)",
+                )
                 ax.axhspan(mean - std, mean + std, color=training.color(name), alpha=0.15)
     ax.set_xscale("log")
     ax.set_xticks(collected["size"]["epsilons"], [f"{e:g}" for e in collected["size"]["epsilons"]])
-    harness.finish(ax, f"Privacy-utility, {os.path.basename(collected['data'].rstrip('/'))}, {protocol} protocol",
-                   f"privacy budget, user level, delta = {training.DELTA:g} (epsilon)", f"test {metric.name} ({metric.unit})")
+    harness.finish(
+        ax,
+        f"Privacy-utility, {os.path.basename(collected['data'].rstrip('/'))}, {protocol} protocol",
+        f"privacy budget, user level, delta = {training.DELTA:g} (epsilon)",
+        f"test {metric.name} ({metric.unit})",
+    )
     return fig
 
 
-@harness.experiment(NAME, "test metric vs epsilon for every method, each tuned on validation with the same budget of seeded TPE trials "
-                          "(--tune-on: tuned on another data set)")
+@harness.experiment(
+    NAME,
+    "test metric vs epsilon for every method, each tuned on validation with the same budget of seeded TPE trials "
+    "(--tune-on: tuned on another data set)",
+)
 def run(ctx: harness.Context) -> harness.Section:
     collected = collect(ctx)
     rows = table(collected)
     write_table(ctx.out, rows)
-    figure = harness.save_figure(plot(collected, ctx.protocol), ctx.out, f"privacy_utility_{ctx.protocol}.png") if rows else None
+    figure = (
+        harness.save_figure(plot(collected, ctx.protocol), ctx.out, f"privacy_utility_{ctx.protocol}.png")
+        if rows
+        else None
+    )
     return report(ctx, collected, rows, figure)
 
 
@@ -295,35 +418,65 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
     requested = training.select(ctx.methods)
     skipped = [n for n in requested if not training.available(n)]
     elsewhere = [n for n in requested if training.available(n) and not training.runs_under(n, ctx.protocol)]
-    where = (f"on the VALIDATION split of `{collected['tune_on']}` (transfer mode: tuning costs `{collected['data']}` no privacy), "
-             if collected["mode"] == "transfer" else "scored on the validation split; ")
-    lines = [(
-        f"**Setup.** Data `{collected['data']}`, protocol `{ctx.protocol}` (metric {metric.name}), user-level privacy, "
-        f"delta = {training.DELTA:g}, epsilons {', '.join(f'{e:g}' for e in size['epsilons'])}; every run is the real pipeline "
-        "(`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer) with a fresh noise seed. "
-        f"**Tuning budget: {size['trials']} runs per method and epsilon, the same for every method** (trial 0 the method's defaults, then "
-        f"Optuna's multivariate TPE over the search space below, its first {size.get('startup', training.STARTUP_TRIALS)} trials seeded random "
-        f"draws; seeded per method and epsilon{', capped at ' + str(size['caps']) if size['caps'] else ''}), "
-        f"{where}the best configuration is then run with {collected['seeds']} model seeds and scored on the test split of `{collected['data']}`. "
-        f"Every cell sets {size['base'] or 'nothing beyond the method'} (those the method tunes) on top of the TrainConfig defaults."
-    )]
+    where = (
+        f"on the VALIDATION split of `{collected['tune_on']}` (transfer mode: tuning costs `{collected['data']}` no privacy), "
+        if collected["mode"] == "transfer"
+        else "scored on the validation split; "
+    )
+    lines = [
+        (
+            f"**Setup.** Data `{collected['data']}`, protocol `{ctx.protocol}` (metric {metric.name}), user-level privacy, "
+            f"delta = {training.DELTA:g}, epsilons {', '.join(f'{e:g}' for e in size['epsilons'])}; every run is the real pipeline "
+            "(`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer) with a fresh noise seed. "
+            f"**Tuning budget: {size['trials']} runs per method and epsilon, the same for every method** (trial 0 the method's defaults, then "
+            f"Optuna's multivariate TPE over the search space below, its first {size.get('startup', training.STARTUP_TRIALS)} trials seeded random "
+            f"draws; seeded per method and epsilon{', capped at ' + str(size['caps']) if size['caps'] else ''}), "
+            f"{where}the best configuration is then run with {collected['seeds']} model seeds and scored on the test split of `{collected['data']}`. "
+            f"Every cell sets {size['base'] or 'nothing beyond the method'} (those the method tunes) on top of the TrainConfig defaults."
+        )
+    ]
     if len(modes(collected)) > 1:
-        lines.append("**Modes.** " + "; ".join(f"{mode_label(m)}: studies on `{m['tune_on']}`, {len(m['groups'])} (method, epsilon) groups"
-                                               for m in modes(collected)) + ". Both are in the table below (column mode) and in the figure (transfer dotted).")
+        lines.append(
+            "**Modes.** "
+            + "; ".join(
+                f"{mode_label(m)}: studies on `{m['tune_on']}`, {len(m['groups'])} (method, epsilon) groups"
+                for m in modes(collected)
+            )
+            + ". Both are in the table below (column mode) and in the figure (transfer dotted)."
+        )
     if any(training.METHODS[n].kind == "popularity" for n in collected["methods"]):
-        lines.append("**DP popularity** ranks every candidate by the run's DP item count (the counts release of `train.prepare`, nothing "
-                     "else), scored with the same Recall@20 code as the other methods; its epsilon spent is that release's share only.")
+        lines.append(
+            "**DP popularity** ranks every candidate by the run's DP item count (the counts release of `train.prepare`, nothing "
+            "else), scored with the same Recall@20 code as the other methods; its epsilon spent is that release's share only."
+        )
     if any(training.METHODS[n].kind == "ials" for n in collected["methods"]):
-        lines.append("**Implicit ALS** is the non-private reference of the ranking protocol: Hu, Koren and Volinsky's implicit ALS (d = 32) "
-                     "on the same split, trained on the top 10% items by exact count, its (alpha, lambda) grid chosen on the validation "
-                     "users (one trial: nothing left to tune), held-out users folded in by its own user solve.")
+        lines.append(
+            "**Implicit ALS** is the non-private reference of the ranking protocol: Hu, Koren and Volinsky's implicit ALS (d = 32) "
+            "on the same split, trained on the top 10% items by exact count, its (alpha, lambda) grid chosen on the validation "
+            "users (one trial: nothing left to tune), held-out users folded in by its own user solve."
+        )
     if skipped:
-        lines.append("**Not run** (pipelines.training has no such item update yet): "
-                     + ", ".join(f"{training.METHODS[n].label} (`{training.METHODS[n].overrides['item_update']}`)" for n in skipped) + ".")
+        lines.append(
+            "**Not run** (pipelines.training has no such item update yet): "
+            + ", ".join(
+                f"{training.METHODS[n].label} (`{training.METHODS[n].overrides['item_update']}`)" for n in skipped
+            )
+            + "."
+        )
     if elsewhere:
-        lines.append(f"**Not run under protocol `{ctx.protocol}`**: "
-                     + ", ".join(f"{training.METHODS[n].label} (protocol {', '.join(training.METHODS[n].protocols)} only)" for n in elsewhere) + ".")
-    fixed = [f"{training.METHODS[n].label}: {', '.join(training.untunable(n))}" for n in collected["methods"] if training.untunable(n)]
+        lines.append(
+            f"**Not run under protocol `{ctx.protocol}`**: "
+            + ", ".join(
+                f"{training.METHODS[n].label} (protocol {', '.join(training.METHODS[n].protocols)} only)"
+                for n in elsewhere
+            )
+            + "."
+        )
+    fixed = [
+        f"{training.METHODS[n].label}: {', '.join(training.untunable(n))}"
+        for n in collected["methods"]
+        if training.untunable(n)
+    ]
     if fixed:
         lines.append("**Left at their defaults** (no TrainConfig field of that name yet): " + "; ".join(fixed) + ".")
     failed = []
@@ -331,10 +484,15 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
         for (name, eps), group in mode["groups"].items():
             n = sum(1 for v in group["trials"] if v.get("failed"))
             if n:
-                failed.append(f"{training.METHODS[name].label} at {'non-private' if eps is None else f'epsilon {eps:g}'} ({mode_label(mode)}): {n}")
+                failed.append(
+                    f"{training.METHODS[name].label} at {'non-private' if eps is None else f'epsilon {eps:g}'} ({mode_label(mode)}): {n}"
+                )
     if failed:
-        lines.append("**Failed trials** (the run raised, e.g. diverged to non-finite predictions; told to the sampler as failed, never chosen): "
-                     + "; ".join(failed) + ".")
+        lines.append(
+            "**Failed trials** (the run raised, e.g. diverged to non-finite predictions; told to the sampler as failed, never chosen): "
+            + "; ".join(failed)
+            + "."
+        )
     return lines
 
 
@@ -344,30 +502,79 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
     for paragraph in describe_setup(ctx, collected):
         section.text(paragraph)
     if not rows:
-        section.text("**Nothing to run:** no selected method is offered by pipelines.training and runs under this protocol.")
+        section.text(
+            "**Nothing to run:** no selected method is offered by pipelines.training and runs under this protocol."
+        )
         return section
-    section.table(["method", "fixed settings", "search space"],
-                  [[training.METHODS[n].label, training.METHODS[n].overrides, training.describe_space(training.search_space(n, collected["size"]["caps"]))]
-                   for n in collected["methods"]])
-    section.figure(figure, f"Test {metric.name} against epsilon (mean ± std over {ctx.seeds} seeds; non-private top lines dashed"
-                           + ("; transfer mode dotted" if any(m["mode"] == "transfer" for m in modes(collected)) else "") + ").")
-    section.table(["method", "mode", "epsilon", f"test {metric.name} mean", "std", "seeds", "epsilon spent", "chosen config (beyond the method's)",
-                   "valid of the choice"],
-                  [[r["label"], mode_label({"mode": r["mode"], "tune_on": r["tuned_on"]}), f"{r['epsilon']:g}", r["mean"], r["std"], r["n_seeds"],
-                    f"{r['epsilon_spent']:.4g}", {k: _short(v) for k, v in r["_group"]["config"].items() if k not in training.METHODS[r["method"]].overrides},
-                    r["_group"]["trials"][r["_group"]["best"]]["valid"]]
-                   for r in rows])
+    section.table(
+        ["method", "fixed settings", "search space"],
+        [
+            [
+                training.METHODS[n].label,
+                training.METHODS[n].overrides,
+                training.describe_space(training.search_space(n, collected["size"]["caps"])),
+            ]
+            for n in collected["methods"]
+        ],
+    )
+    section.figure(
+        figure,
+        f"Test {metric.name} against epsilon (mean ± std over {ctx.seeds} seeds; non-private top lines dashed"
+        + ("; transfer mode dotted" if any(m["mode"] == "transfer" for m in modes(collected)) else "")
+        + ").",
+    )
+    section.table(
+        [
+            "method",
+            "mode",
+            "epsilon",
+            f"test {metric.name} mean",
+            "std",
+            "seeds",
+            "epsilon spent",
+            "chosen config (beyond the method's)",
+            "valid of the choice",
+        ],
+        [
+            [
+                r["label"],
+                mode_label({"mode": r["mode"], "tune_on": r["tuned_on"]}),
+                f"{r['epsilon']:g}",
+                r["mean"],
+                r["std"],
+                r["n_seeds"],
+                f"{r['epsilon_spent']:.4g}",
+                {
+                    k: _short(v)
+                    for k, v in r["_group"]["config"].items()
+                    if k not in training.METHODS[r["method"]].overrides
+                },
+                r["_group"]["trials"][r["_group"]["best"]]["valid"],
+            ]
+            for r in rows
+        ],
+    )
     for m, mode in enumerate(modes(collected)):
         wins = winners([r for r in rows if r["_mode"] == m], ctx.protocol)
         if wins:
-            section.text(f"**Who wins{'' if len(modes(collected)) == 1 else ' (' + mode_label(mode) + ')'}.** "
-                         + " ".join(winner_text(w, ctx.protocol) for w in wins))
+            section.text(
+                f"**Who wins{'' if len(modes(collected)) == 1 else ' (' + mode_label(mode) + ')'}.** "
+                + " ".join(winner_text(w, ctx.protocol) for w in wins)
+            )
     cells = [v for mo in modes(collected) for g in mo["groups"].values() for v in g["trials"] + g["tests"]]
-    trial_seconds = [v["seconds"] for mo in modes(collected) for g in mo["groups"].values() for v in g["trials"] if v["seconds"] is not None]
+    trial_seconds = [
+        v["seconds"]
+        for mo in modes(collected)
+        for g in mo["groups"].values()
+        for v in g["trials"]
+        if v["seconds"] is not None
+    ]
     per_trial = f"; a tuning trial took {np.mean(trial_seconds):.0f} s on average" if trial_seconds else ""
-    section.text(f"The table is also in `{TABLE_CSV}` and `{TABLE_JSON}`. The {len(cells)} runs took "
-                 f"{sum(v['seconds'] or 0.0 for v in cells) / 60:.1f} minutes of training wall time in all{per_trial} "
-                 "(run directories are deleted once measured).")
+    section.text(
+        f"The table is also in `{TABLE_CSV}` and `{TABLE_JSON}`. The {len(cells)} runs took "
+        f"{sum(v['seconds'] or 0.0 for v in cells) / 60:.1f} minutes of training wall time in all{per_trial} "
+        "(run directories are deleted once measured)."
+    )
     return section
 
 

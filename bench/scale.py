@@ -37,7 +37,9 @@ from pipelines.training.run_dir import Run
 NAME = "scale"
 EPSILON = 5.0
 USERS = (10_000, 100_000, 1_000_000)
-SSP_ONLY_USERS = (10_000_000,)  # AM-SSP alone (prepare and its outer step): AM-DPSGD and the ladder would take hours here
+SSP_ONLY_USERS = (
+    10_000_000,
+)  # AM-SSP alone (prepare and its outer step): AM-DPSGD and the ladder would take hours here
 QUICK_USERS = (300, 1_000)
 RATINGS_PER_USER = 20  # mean ratings per user at every size
 RACE = ("ssp", "dpsgd")  # timed against each other (time to the same RMSE)
@@ -49,8 +51,20 @@ TUNED = {
     "ssp": {},
     "item-mean": {},
     "none": {},
-    "dpsgd": {"dim": 16, "lambda_u": 0.570, "outer_steps": 2, "clip_u": 1.38, "clip_y": 1.47, "wbar": 1.41, "count_share": 0.0500,
-              "max_items_per_user": 21, "dpsgd_learning_rate": 0.00318, "dpsgd_epochs": 1, "dpsgd_clip": 0.366, "dpsgd_batch_size": 256},
+    "dpsgd": {
+        "dim": 16,
+        "lambda_u": 0.570,
+        "outer_steps": 2,
+        "clip_u": 1.38,
+        "clip_y": 1.47,
+        "wbar": 1.41,
+        "count_share": 0.0500,
+        "max_items_per_user": 21,
+        "dpsgd_learning_rate": 0.00318,
+        "dpsgd_epochs": 1,
+        "dpsgd_clip": 0.366,
+        "dpsgd_batch_size": 256,
+    },
 }
 QUICK_CONFIG = {"epochs": 2}  # --quick: a smoke run of the machinery, not a measurement
 PHASES = phase_limits.PHASES
@@ -67,14 +81,30 @@ def data_set(out: str, users: int) -> str:
 
 
 def cells(quick: bool) -> list[dict]:
-    sizes = [(users, METHODS) for users in QUICK_USERS] if quick else [(users, METHODS) for users in USERS] + [(users, ("ssp",)) for users in SSP_ONLY_USERS]
-    return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": method, "epsilon": EPSILON,
-             "config": {**training.METHODS[method].overrides, **TUNED[method], **(QUICK_CONFIG if quick else {})}, "seed": 0}
-            for users, methods in sizes for method in methods]
+    sizes = (
+        [(users, METHODS) for users in QUICK_USERS]
+        if quick
+        else [(users, METHODS) for users in USERS] + [(users, ("ssp",)) for users in SSP_ONLY_USERS]
+    )
+    return [
+        {
+            "users": users,
+            "ratings_per_user": RATINGS_PER_USER,
+            "method": method,
+            "epsilon": EPSILON,
+            "config": {**training.METHODS[method].overrides, **TUNED[method], **(QUICK_CONFIG if quick else {})},
+            "seed": 0,
+        }
+        for users, methods in sizes
+        for method in methods
+    ]
 
 
 def ladder_cells(quick: bool) -> list[dict]:
-    return [{"users": users, "ratings_per_user": RATINGS_PER_USER, "method": "ladder", "seed": 0} for users in (QUICK_USERS if quick else USERS)]
+    return [
+        {"users": users, "ratings_per_user": RATINGS_PER_USER, "method": "ladder", "seed": 0}
+        for users in (QUICK_USERS if quick else USERS)
+    ]
 
 
 def run_ladder_cell(out: str, params: dict) -> dict:
@@ -84,7 +114,10 @@ def run_ladder_cell(out: str, params: dict) -> dict:
 
     ratings = ladder.load(data_set(out, params["users"]))
     part = ladder.split_ratings(ratings, params["seed"])
-    return {"item_mean": ladder.item_mean(ratings, part)["test"], "mf": ladder.mf(ratings, part, params["seed"])["test"]}
+    return {
+        "item_mean": ladder.item_mean(ratings, part)["test"],
+        "mf": ladder.mf(ratings, part, params["seed"])["test"],
+    }
 
 
 def phase_seconds(manifest: dict, parallelism: int) -> tuple[dict, dict]:
@@ -105,8 +138,15 @@ def run_cell(out: str, params: dict) -> dict:
     data = data_set(out, params["users"])
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
     shutil.rmtree(root, ignore_errors=True)
-    config = settings.TrainConfig(data=data, out=root, protocol="rmse", epsilon=params["epsilon"], delta=training.DELTA, model_seed=params["seed"],
-                               **params["config"])
+    config = settings.TrainConfig(
+        data=data,
+        out=root,
+        protocol="rmse",
+        epsilon=params["epsilon"],
+        delta=training.DELTA,
+        model_seed=params["seed"],
+        **params["config"],
+    )
     spark = training.spark()
     os.makedirs(os.path.dirname(root), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log:
@@ -121,8 +161,17 @@ def run_cell(out: str, params: dict) -> dict:
     done = phase_limits.work(Run(root), data, config.outer_steps, config.epochs) if params["method"] == "ssp" else None
     manifest = open_dataset(data).manifest
     shutil.rmtree(root)
-    return {"rows": manifest["ratings"], "items": manifest["items"], "test": metrics["test_rmse"], "seconds": walls, "kernel_seconds": kernels,
-            "spark_jobs": jobs, "work": done, "outer_steps": config.outer_steps, "trajectory": steps}
+    return {
+        "rows": manifest["ratings"],
+        "items": manifest["items"],
+        "test": metrics["test_rmse"],
+        "seconds": walls,
+        "kernel_seconds": kernels,
+        "spark_jobs": jobs,
+        "work": done,
+        "outer_steps": config.outer_steps,
+        "trajectory": steps,
+    }
 
 
 def outside_share(cell: dict) -> float:
@@ -139,8 +188,12 @@ def summarize(by_size: dict[int, dict[str, dict]]) -> dict[int, dict]:
             continue
         methods = {name: methods[name] for name in RACE}
         target = max(cell["test"] for cell in methods.values())
-        times = {name: time_to_quality.time_to_reach([p["seconds"] for p in cell["trajectory"]], [p["test"] for p in cell["trajectory"]], target, True)
-                 for name, cell in methods.items()}
+        times = {
+            name: time_to_quality.time_to_reach(
+                [p["seconds"] for p in cell["trajectory"]], [p["test"] for p in cell["trajectory"]], target, True
+            )
+            for name, cell in methods.items()
+        }
         ratio = times["dpsgd"] / times["ssp"] if times["dpsgd"] and times["ssp"] else None
         out[users] = {"target": target, "times": times, "ratio": ratio}
     return out
@@ -151,16 +204,36 @@ def plot_times(by_size: dict[int, dict[str, dict]]):
     for name in RACE:
         sizes = sorted(users for users, methods in by_size.items() if name in methods)
         totals = [sum(by_size[users][name]["seconds"].values()) for users in sizes]
-        ax.plot(sizes, totals, marker="o", color=training.color(name), label=f"{training.METHODS[name].label}: whole run")
+        ax.plot(
+            sizes, totals, marker="o", color=training.color(name), label=f"{training.METHODS[name].label}: whole run"
+        )
         trained = [sum(by_size[users][name]["seconds"][p] for p in KERNELS) for users in sizes]
-        ax.plot(sizes, trained, marker="s", linestyle="--", color=training.color(name), label=f"{training.METHODS[name].label}: outer steps")
+        ax.plot(
+            sizes,
+            trained,
+            marker="s",
+            linestyle="--",
+            color=training.color(name),
+            label=f"{training.METHODS[name].label}: outer steps",
+        )
     sizes = sorted(by_size)
     if sizes:
         first = sum(next(iter(by_size[sizes[0]].values()))["seconds"].values())
-        ax.plot(sizes, [first * users / sizes[0] for users in sizes], color="grey", linestyle=":", label="proportional to rows (slope 1)")
+        ax.plot(
+            sizes,
+            [first * users / sizes[0] for users in sizes],
+            color="grey",
+            linestyle=":",
+            label="proportional to rows (slope 1)",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    harness.finish(ax, f"Wall time against users (epsilon {EPSILON:g}, {RATINGS_PER_USER} ratings per user)", "users (count)", "wall time (s)")
+    harness.finish(
+        ax,
+        f"Wall time against users (epsilon {EPSILON:g}, {RATINGS_PER_USER} ratings per user)",
+        "users (count)",
+        "wall time (s)",
+    )
     return fig
 
 
@@ -170,21 +243,35 @@ def plot_curves(by_size: dict[int, dict[str, dict]]):
     for ax, users in zip(axes, sizes):
         for name, cell in sorted(by_size[users].items()):
             points = cell["trajectory"]
-            ax.plot([p["seconds"] for p in points], [p["test"] for p in points], marker="o", color=training.color(name),
-                    label=f"{training.METHODS[name].label}, steps 0..{len(points) - 1}")
+            ax.plot(
+                [p["seconds"] for p in points],
+                [p["test"] for p in points],
+                marker="o",
+                color=training.color(name),
+                label=f"{training.METHODS[name].label}, steps 0..{len(points) - 1}",
+            )
         ax.set_xscale("log")
         harness.finish(ax, f"{users:,} users", "wall time since the run started (s)", "test RMSE (stars)")
     return fig
 
 
-@harness.experiment(NAME, "AM-SSP vs AM-DPSGD at 10^4..10^6 users (AM-SSP alone at 10^7): wall time per phase, kernels' share, RMSE against time, time to the same RMSE")
+@harness.experiment(
+    NAME,
+    "AM-SSP vs AM-DPSGD at 10^4..10^6 users (AM-SSP alone at 10^7): wall time per phase, kernels' share, RMSE against time, time to the same RMSE",
+)
 def run(ctx: harness.Context) -> harness.Section:
     values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
     by_size: dict[int, dict[str, dict]] = {}
     for params, value in zip(cells(ctx.quick), values):
         by_size.setdefault(params["users"], {})[params["method"]] = value
-    ladders = dict(zip([p["users"] for p in ladder_cells(ctx.quick)],
-                       ctx.results.run(NAME, ladder_cells(ctx.quick), lambda p: run_ladder_cell(ctx.out, p), ctx.progress, f"{NAME}: ladder")))
+    ladders = dict(
+        zip(
+            [p["users"] for p in ladder_cells(ctx.quick)],
+            ctx.results.run(
+                NAME, ladder_cells(ctx.quick), lambda p: run_ladder_cell(ctx.out, p), ctx.progress, f"{NAME}: ladder"
+            ),
+        )
+    )
     summary = summarize(by_size)
     section = harness.Section("Scale: AM-SSP against AM-DPSGD from 10^4 to 10^6 users, and AM-SSP alone at 10^7")
     section.text(
@@ -195,55 +282,131 @@ def run(ctx: harness.Context) -> harness.Section:
         "budget of trials at epsilon 5 on the 100,000-user set of this bench (bench/results/dpsgd-tune-100k). At "
         f"{', '.join(f'{u:,}' for u in SSP_ONLY_USERS)} users AM-SSP runs alone: AM-DPSGD and the ladder's ALS would take hours on this machine. Every run is `pipelines.training.stages.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
         "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the rest of an outer step "
-        "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up.")
+        "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up."
+    )
     quality = quality_rows(by_size, ladders)
-    section.table(["users", "ladder: per-item mean (non-private)", "ladder: biased MF (non-private)", *[training.METHODS[m].label for m in QUALITY]],
-                  quality)
+    section.table(
+        [
+            "users",
+            "ladder: per-item mean (non-private)",
+            "ladder: biased MF (non-private)",
+            *[training.METHODS[m].label for m in QUALITY],
+        ],
+        quality,
+    )
     section.text(quality_verdict(by_size, ladders))
     rows = []
     for users in sorted(by_size):
         for name, cell in sorted(by_size[users].items()):
             walls = cell["seconds"]
-            rows.append([f"{users:,}", f"{cell['rows']:,}", f"{cell['items']:,}", training.METHODS[name].label,
-                         *[f"{walls[p]:.0f}" for p in PHASES], f"{sum(walls.values()):.0f}", f"{outside_share(cell):.0%}", f"{cell['test']:.4f}"])
-    section.table(["users", "ratings", "items", "method", *[f"{p} (s)" for p in PHASES], "total (s)", "outer steps outside kernels", "final test RMSE"], rows)
-    section.figure(harness.save_figure(plot_times(by_size), ctx.out, "scale_time_vs_users.png"),
-                   "Wall time of a whole run and of its outer steps against the number of users (log-log).")
-    section.figure(harness.save_figure(plot_curves(by_size), ctx.out, "scale_rmse_vs_time.png"),
-                   "Test RMSE after each outer step against the wall time since the run started, per size.")
+            rows.append(
+                [
+                    f"{users:,}",
+                    f"{cell['rows']:,}",
+                    f"{cell['items']:,}",
+                    training.METHODS[name].label,
+                    *[f"{walls[p]:.0f}" for p in PHASES],
+                    f"{sum(walls.values()):.0f}",
+                    f"{outside_share(cell):.0%}",
+                    f"{cell['test']:.4f}",
+                ]
+            )
+    section.table(
+        [
+            "users",
+            "ratings",
+            "items",
+            "method",
+            *[f"{p} (s)" for p in PHASES],
+            "total (s)",
+            "outer steps outside kernels",
+            "final test RMSE",
+        ],
+        rows,
+    )
+    section.figure(
+        harness.save_figure(plot_times(by_size), ctx.out, "scale_time_vs_users.png"),
+        "Wall time of a whole run and of its outer steps against the number of users (log-log).",
+    )
+    section.figure(
+        harness.save_figure(plot_curves(by_size), ctx.out, "scale_rmse_vs_time.png"),
+        "Test RMSE after each outer step against the wall time since the run started, per size.",
+    )
     ratios = []
     for users, result in sorted(summary.items()):
         times = result["times"]
-        ratios.append([f"{users:,}", f"{result['target']:.4f}", "not reached" if times["ssp"] is None else f"{times['ssp']:.0f}",
-                       "not reached" if times["dpsgd"] is None else f"{times['dpsgd']:.0f}", "-" if result["ratio"] is None else f"{result['ratio']:.1f}x"])
-    section.table(["users", "target test RMSE (the worse final)", "AM-SSP time to it (s)", "AM-DPSGD time to it (s)", "ratio (AM-DPSGD / AM-SSP)"], ratios)
+        ratios.append(
+            [
+                f"{users:,}",
+                f"{result['target']:.4f}",
+                "not reached" if times["ssp"] is None else f"{times['ssp']:.0f}",
+                "not reached" if times["dpsgd"] is None else f"{times['dpsgd']:.0f}",
+                "-" if result["ratio"] is None else f"{result['ratio']:.1f}x",
+            ]
+        )
+    section.table(
+        [
+            "users",
+            "target test RMSE (the worse final)",
+            "AM-SSP time to it (s)",
+            "AM-DPSGD time to it (s)",
+            "ratio (AM-DPSGD / AM-SSP)",
+        ],
+        ratios,
+    )
     kernels = []
     for users in sorted(by_size):
         for name, cell in sorted(by_size[users].items()):
             wall = {p: cell["seconds"][p] for p in KERNELS}
-            kernels.append([f"{users:,}", training.METHODS[name].label,
-                            *[f"{cell['kernel_seconds'][p]:.1f} of {wall[p]:.0f}" for p in KERNELS]])
+            kernels.append(
+                [
+                    f"{users:,}",
+                    training.METHODS[name].label,
+                    *[f"{cell['kernel_seconds'][p]:.1f} of {wall[p]:.0f}" for p in KERNELS],
+                ]
+            )
     section.table(["users", "method", *[f"{p}: kernel of wall (s)" for p in KERNELS]], kernels)
     measured = [users for users in sorted(by_size) if (by_size[users].get("ssp") or {}).get("work")]
     if measured:
-        rates = phase_limits.machine(training.spark(), os.path.join(data_set(ctx.out, measured[-1]), "interactions.parquet"))
+        rates = phase_limits.machine(
+            training.spark(), os.path.join(data_set(ctx.out, measured[-1]), "interactions.parquet")
+        )
         section.text(
             f"**Each phase beside its limit (AM-SSP).** This machine, measured with the report: GEMM {rates['gemm_flops'] / 1e9:.1f} GFLOP/s "
             f"(float64, both cores), Parquet read into Arrow {rates['read_bytes_per_s'] / 1e6:.0f} MB/s, a small Spark job through Python workers "
             f"{rates['job_seconds']:.2f} s. A phase's limit is the larger of its bytes at that read rate and its flops at that GEMM rate, plus its "
-            "Spark jobs at that fixed cost (bench.phase_limits: what each phase reads, writes and computes).")
+            "Spark jobs at that fixed cost (bench.phase_limits: what each phase reads, writes and computes)."
+        )
         for users in measured:
-            section.table([f"{users:,} users: phase", "wall (s)", "bytes read and written (MB)", "GFLOP", "Spark jobs", "limit (s)", "wall / limit"],
-                          phase_limits.rows(by_size[users]["ssp"], rates))
-    growth = [f"{training.METHODS[name].label} rows^{slope:.2f}" for name in RACE if (slope := rows_growth(by_size, name)) is not None]
+            section.table(
+                [
+                    f"{users:,} users: phase",
+                    "wall (s)",
+                    "bytes read and written (MB)",
+                    "GFLOP",
+                    "Spark jobs",
+                    "limit (s)",
+                    "wall / limit",
+                ],
+                phase_limits.rows(by_size[users]["ssp"], rates),
+            )
+    growth = [
+        f"{training.METHODS[name].label} rows^{slope:.2f}"
+        for name in RACE
+        if (slope := rows_growth(by_size, name)) is not None
+    ]
     if growth:
-        section.text(f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "
-                     "(1: proportional to the rows).")
+        section.text(
+            f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "
+            "(1: proportional to the rows)."
+        )
     largest = max(summary, default=None)
     if largest is not None and summary[largest]["ratio"] is not None:
         verdict = "meets" if summary[largest]["ratio"] >= GOAL else "misses"
-        section.text(f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} {summary[largest]['ratio']:.1f}x sooner "
-                     f"than AM-DPSGD: this {verdict} the {GOAL:g}x goal.")
+        section.text(
+            f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} {summary[largest]['ratio']:.1f}x sooner "
+            f"than AM-DPSGD: this {verdict} the {GOAL:g}x goal."
+        )
     return section
 
 
@@ -252,11 +415,19 @@ QUALITY = ("item-mean", "none", "ssp", "dpsgd")  # the private columns of the qu
 
 def quality_rows(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict]) -> list[list[str]]:
     """Per size: the ladder's lines and each private method's final test RMSE."""
+
     def cell(value):
         return "-" if value is None else f"{value:.4f}"
 
-    return [[f"{users:,}", cell(ladders.get(users, {}).get("item_mean")), cell(ladders.get(users, {}).get("mf")),
-             *[cell(by_size[users][m]["test"] if m in by_size[users] else None) for m in QUALITY]] for users in sorted(by_size)]
+    return [
+        [
+            f"{users:,}",
+            cell(ladders.get(users, {}).get("item_mean")),
+            cell(ladders.get(users, {}).get("mf")),
+            *[cell(by_size[users][m]["test"] if m in by_size[users] else None) for m in QUALITY],
+        ]
+        for users in sorted(by_size)
+    ]
 
 
 def quality_verdict(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict]) -> str:
@@ -270,8 +441,10 @@ def quality_verdict(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict
     text = f"**Quality.** AM-SSP's test RMSE {trend} as the users grow: {first:.4f} at {sizes[0]:,} users, {last:.4f} at {sizes[-1]:,}."
     ladder = ladders.get(sizes[-1])
     if ladder:
-        text += (f" At {sizes[-1]:,} users it is {last - ladder['item_mean']:+.4f} from the non-private per-item mean and "
-                 f"{last - ladder['mf']:+.4f} from biased MF.")
+        text += (
+            f" At {sizes[-1]:,} users it is {last - ladder['item_mean']:+.4f} from the non-private per-item mean and "
+            f"{last - ladder['mf']:+.4f} from biased MF."
+        )
     return text
 
 

@@ -83,8 +83,11 @@ def blas_threads(threads: int):
     from threadpoolctl import threadpool_info, threadpool_limits
 
     with threadpool_limits(limits=threads, user_api="blas"):
-        yield [f"{p.get('internal_api')} {p.get('version')} ({p.get('num_threads')} thread(s), {p.get('architecture')})"
-               for p in threadpool_info() if p.get("user_api") == "blas"]
+        yield [
+            f"{p.get('internal_api')} {p.get('version')} ({p.get('num_threads')} thread(s), {p.get('architecture')})"
+            for p in threadpool_info()
+            if p.get("user_api") == "blas"
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,15 +122,28 @@ def make_inputs(interactions: str, items: str, work: str, dim: int, seed: int) -
     rng = np.random.default_rng(seed)
     embeddings = rng.standard_normal((users.size, dim)) / math.sqrt(dim)
     offsets = pa.array(np.arange(users.size + 1, dtype=np.int32) * dim)
-    table = pa.Table.from_arrays([pa.array(users), pa.ListArray.from_arrays(offsets, pa.array(embeddings.ravel()))], schema=USER_EMBEDDINGS)
+    table = pa.Table.from_arrays(
+        [pa.array(users), pa.ListArray.from_arrays(offsets, pa.array(embeddings.ravel()))], schema=USER_EMBEDDINGS
+    )
     paths = {
-        "interactions": interactions, "items": items, "user_embeddings": os.path.join(work, "user_embeddings.parquet"),
-        "counts": os.path.join(work, "counts.parquet"), "ledger": os.path.join(work, "ledger.parquet"),
+        "interactions": interactions,
+        "items": items,
+        "user_embeddings": os.path.join(work, "user_embeddings.parquet"),
+        "counts": os.path.join(work, "counts.parquet"),
+        "ledger": os.path.join(work, "ledger.parquet"),
         "seed_file": None,  # the run's own: <ledger folder>/private/seed, created by the counts release
     }
     storage.write_table(table, paths["user_embeddings"])
     log(f"wrote {users.size:,} user embeddings (d={dim}); releasing DP counts")
-    dp_counts(interactions, items, work, PrivacySettings(noise_multiplier=1.0), ledger_path=paths["ledger"], seed_file=paths["seed_file"], engine=LocalEngine())
+    dp_counts(
+        interactions,
+        items,
+        work,
+        PrivacySettings(noise_multiplier=1.0),
+        ledger_path=paths["ledger"],
+        seed_file=paths["seed_file"],
+        engine=LocalEngine(),
+    )
     return paths
 
 
@@ -136,9 +152,9 @@ def load_rows(paths: dict, dim: int) -> dict:
     a Spark task is given (the driver's per-user normalisers, the embeddings table by id)."""
     from pipelines.releases.stats_core import RowLookups
     from privacy.weights import user_normalisers
+    from schemas import storage
     from schemas.arrays import list_column_to_matrix
     from schemas.ids import IdIndex
-    from schemas import storage
 
     inter = storage.read_table(paths["interactions"], columns=["user_id", "item_id", "label"])
     emb = storage.read_table(paths["user_embeddings"])
@@ -146,7 +162,9 @@ def load_rows(paths: dict, dim: int) -> dict:
     user_ids, item_ids = inter["user_id"].to_numpy(), inter["item_id"].to_numpy()
     known_users = emb["user_id"].to_numpy()
     user_order = np.argsort(known_users)
-    table = list_column_to_matrix(emb["embedding"], dim, "user embedding")[user_order]  # by id, as spark_stats.embedding_vectors
+    table = list_column_to_matrix(emb["embedding"], dim, "user embedding")[
+        user_order
+    ]  # by id, as spark_stats.embedding_vectors
     owners = IdIndex(known_users[user_order])
     count_items = counts["item_id"].to_numpy()
     count_order = np.argsort(count_items)
@@ -154,9 +172,13 @@ def load_rows(paths: dict, dim: int) -> dict:
     row_counts = catalog_counts[np.searchsorted(catalog, item_ids)]
     normalised_users, normalisers = user_normalisers(user_ids, row_counts)
     return {
-        "user_ids": user_ids, "item_ids": item_ids, "labels": inter["label"].to_numpy(),
-        "embeddings": table[owners.positions(user_ids, "user")], "counts": row_counts,
-        "user_table": table, "owners": owners,
+        "user_ids": user_ids,
+        "item_ids": item_ids,
+        "labels": inter["label"].to_numpy(),
+        "embeddings": table[owners.positions(user_ids, "user")],
+        "counts": row_counts,
+        "user_table": table,
+        "owners": owners,
         "lookups": RowLookups(IdIndex(catalog), catalog_counts, IdIndex(normalised_users), normalisers),
     }
 
@@ -182,8 +204,16 @@ def partition_kernel(rows: dict, settings):
     order = item_user_order(rows["user_ids"], rows["item_ids"])
     users, rated, labels = rows["user_ids"][order], rows["item_ids"][order], rows["labels"][order]
     counts, normalisers = rows["lookups"].of(users, rated)
-    return item_sums(users, rated, labels, clipped_users(rows["user_table"], settings), rows["owners"].positions(users, "user embedding"),
-                     counts, settings, normalisers)
+    return item_sums(
+        users,
+        rated,
+        labels,
+        clipped_users(rows["user_table"], settings),
+        rows["owners"].positions(users, "user embedding"),
+        counts,
+        settings,
+        normalisers,
+    )
 
 
 def measure_kernel(rows: dict, settings, repeats: int) -> dict:
@@ -193,10 +223,15 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
 
     n, d = rows["embeddings"].shape
     flops = 2.0 * n * d * d
-    contrib = lambda: user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)  # noqa: E731
+    contrib = lambda: user_contributions(
+        rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
+    )  # noqa: E731
     t_contrib, _ = best_of(contrib, repeats)
     weights = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
-    t_prepare, _ = best_of(lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], weights, settings.clip_u, settings.clip_y), repeats)
+    t_prepare, _ = best_of(
+        lambda: accumulator.prepare_rows(rows["embeddings"], rows["labels"], weights, settings.clip_u, settings.clip_y),
+        repeats,
+    )
     items, kernel_rows = contrib()
     result = {"rows": n, "dim": d, "flops": flops, "user_contributions_s": t_contrib, "prepare_rows_s": t_prepare}
 
@@ -206,17 +241,28 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
     s_items, s_rows = items[order], np.ascontiguousarray(kernel_rows[order])
     log("kernel (b): rows pre-sorted by item")
     t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_rows), repeats)
-    log("kernel (c): one Spark task's path (sort by item and user, users clipped once, weights, sums: stats_core.item_sums)")
+    log(
+        "kernel (c): one Spark task's path (sort by item and user, users clipped once, weights, sums: stats_core.item_sums)"
+    )
     t_c, times_c = best_of(lambda: partition_kernel(rows, settings), repeats)
     sizes = np.bincount(np.unique(items, return_inverse=True)[1])
-    result.update({
-        "unsorted_s": t_a, "unsorted_times": times_a, "unsorted_gflops": flops / t_a / 1e9,
-        "sorted_s": t_b, "sorted_times": times_b, "sorted_gflops": flops / t_b / 1e9,
-        "partition_s": t_c, "partition_times": times_c, "partition_gflops": flops / t_c / 1e9,
-        "items_with_rows": int(sizes.size), "largest_item_rows": int(sizes.max()),
-        "rows_in_gemm_groups": int(sizes[sizes >= grouped_gram.GEMM_ROWS].sum()),
-        "gemm_groups": int((sizes >= grouped_gram.GEMM_ROWS).sum()),
-    })
+    result.update(
+        {
+            "unsorted_s": t_a,
+            "unsorted_times": times_a,
+            "unsorted_gflops": flops / t_a / 1e9,
+            "sorted_s": t_b,
+            "sorted_times": times_b,
+            "sorted_gflops": flops / t_b / 1e9,
+            "partition_s": t_c,
+            "partition_times": times_c,
+            "partition_gflops": flops / t_c / 1e9,
+            "items_with_rows": int(sizes.size),
+            "largest_item_rows": int(sizes.max()),
+            "rows_in_gemm_groups": int(sizes[sizes >= grouped_gram.GEMM_ROWS].sum()),
+            "gemm_groups": int((sizes >= grouped_gram.GEMM_ROWS).sum()),
+        }
+    )
     return result
 
 
@@ -238,7 +284,13 @@ def measure_noise(items: str, settings, repeats: int) -> dict:
 
     log(f"noise: {catalog.size:,} items x {t + d} values")
     best, times = best_of(noise_all, repeats)
-    return {"items": int(catalog.size), "values_per_item": t + d, "group_items": ITEMS_PER_ROW_GROUP, "seconds": best, "times": times}
+    return {
+        "items": int(catalog.size),
+        "values_per_item": t + d,
+        "group_items": ITEMS_PER_ROW_GROUP,
+        "seconds": best,
+        "times": times,
+    }
 
 
 def remeasure_noise(noise: dict, items: str, settings, repeats: int) -> dict:
@@ -257,9 +309,16 @@ def _event_log_conf(folder: str) -> bool:
     if "PYSPARK_SUBMIT_ARGS" in os.environ:
         return False
     os.makedirs(folder, exist_ok=True)
-    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{folder}", "spark.eventLog.rolling.enabled": "false",
-            "spark.eventLog.compress": "false", "spark.ui.showConsoleProgress": "false"}
-    os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {key}={value}" for key, value in conf.items()) + " pyspark-shell"
+    conf = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{folder}",
+        "spark.eventLog.rolling.enabled": "false",
+        "spark.eventLog.compress": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    os.environ["PYSPARK_SUBMIT_ARGS"] = (
+        " ".join(f"--conf {key}={value}" for key, value in conf.items()) + " pyspark-shell"
+    )
     return True
 
 
@@ -280,11 +339,23 @@ def _stage_breakdown(folder: str, since_ms: float, until_ms: float) -> dict:
                     stages[info["Stage ID"]] = info
                 elif kind == "SparkListenerTaskEnd":
                     metrics = event.get("Task Metrics") or {}
-                    agg = tasks.setdefault(event["Stage ID"], {"run_ms": 0, "gc_ms": 0, "shuffle_write_bytes": 0, "shuffle_read_bytes": 0, "spill_disk_bytes": 0, "spill_memory_bytes": 0})
+                    agg = tasks.setdefault(
+                        event["Stage ID"],
+                        {
+                            "run_ms": 0,
+                            "gc_ms": 0,
+                            "shuffle_write_bytes": 0,
+                            "shuffle_read_bytes": 0,
+                            "spill_disk_bytes": 0,
+                            "spill_memory_bytes": 0,
+                        },
+                    )
                     agg["run_ms"] += metrics.get("Executor Run Time", 0)
                     agg["gc_ms"] += metrics.get("JVM GC Time", 0)
                     agg["cpu_ms"] = agg.get("cpu_ms", 0) + metrics.get("Executor CPU Time", 0) / 1e6
-                    agg["shuffle_write_bytes"] += (metrics.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
+                    agg["shuffle_write_bytes"] += (metrics.get("Shuffle Write Metrics") or {}).get(
+                        "Shuffle Bytes Written", 0
+                    )
                     read = metrics.get("Shuffle Read Metrics") or {}
                     agg["shuffle_read_bytes"] += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
                     agg["spill_disk_bytes"] += metrics.get("Disk Bytes Spilled", 0)
@@ -310,21 +381,26 @@ def _stage_breakdown(folder: str, since_ms: float, until_ms: float) -> dict:
                     name = json.loads(rdd.get("Scope") or "{}").get("name")
                     if name and name not in operators:
                         operators.append(name)
-            entry["stages"].append({
-                "stage": stage_id, "name": info["Stage Name"], "operators": operators, "tasks": info["Number of Tasks"],
-                "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3,
-                **{k: v for k, v in tasks.get(stage_id, {}).items()},
-                "sql_metrics": {k: v for k, v in accumulables.items() if not k.startswith("internal.")},
-            })
+            entry["stages"].append(
+                {
+                    "stage": stage_id,
+                    "name": info["Stage Name"],
+                    "operators": operators,
+                    "tasks": info["Number of Tasks"],
+                    "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3,
+                    **{k: v for k, v in tasks.get(stage_id, {}).items()},
+                    "sql_metrics": {k: v for k, v in accumulables.items() if not k.startswith("internal.")},
+                }
+            )
         out_jobs.append(entry)
     return {"jobs": out_jobs}
 
 
 def measure_spark(paths: dict, work: str, settings, master: str, shards: int, runs: int) -> dict:
     from pipelines.engines import spark_stats as stats
+    from pipelines.engines.spark import session
     from pipelines.releases import stats_job
     from pipelines.releases.release import PrivacySettings
-    from pipelines.engines.spark import session
 
     event_dir = os.path.join(work, "spark-events")
     events = _event_log_conf(event_dir)
@@ -336,8 +412,16 @@ def measure_spark(paths: dict, work: str, settings, master: str, shards: int, ru
         result["spark_version"] = spark.version
         for attempt in range(runs):
             job = stats_job.StatsJob(
-                paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], os.path.join(work, f"stats-{attempt}"),
-                settings, PrivacySettings(noise_multiplier=1.0), ledger_path=paths["ledger"], seed_file=paths["seed_file"], shards=shards,
+                paths["interactions"],
+                paths["user_embeddings"],
+                paths["items"],
+                paths["counts"],
+                os.path.join(work, f"stats-{attempt}"),
+                settings,
+                PrivacySettings(noise_multiplier=1.0),
+                ledger_path=paths["ledger"],
+                seed_file=paths["seed_file"],
+                shards=shards,
             )
             prepare, timing = job.prepare, {}
 
@@ -353,10 +437,18 @@ def measure_spark(paths: dict, work: str, settings, master: str, shards: int, ru
             since = time.time() * 1e3
             begun = time.perf_counter()
             summary = stats.run(job, spark)
-            run = {"end_to_end_s": time.perf_counter() - begun, **timing, "items": summary["items"], "since_ms": since, "until_ms": time.time() * 1e3}
+            run = {
+                "end_to_end_s": time.perf_counter() - begun,
+                **timing,
+                "items": summary["items"],
+                "since_ms": since,
+                "until_ms": time.time() * 1e3,
+            }
             log(f"run {attempt + 1}: {run['end_to_end_s']:.1f} s (prepare {run['prepare_s']:.1f} s)")
             result["runs"].append(run)
-            shutil.rmtree(os.path.join(work, f"stats-{attempt}"), ignore_errors=True)  # 8 bytes x items x d^2/2 per run: keep the page cache as it was
+            shutil.rmtree(
+                os.path.join(work, f"stats-{attempt}"), ignore_errors=True
+            )  # 8 bytes x items x d^2/2 per run: keep the page cache as it was
     warm = result["runs"][1:] or result["runs"]
     result["reported"] = result["runs"].index(min(warm, key=lambda r: r["end_to_end_s"]))
     if events:
@@ -384,10 +476,17 @@ def profile_calls(fn, top: int = 12) -> dict:
     begun = time.perf_counter()
     profiler.runcall(fn)
     total = time.perf_counter() - begun
-    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, own time, cumulative, callers)}
+    stats = pstats.Stats(
+        profiler
+    ).stats  # {(file, line, name): (calls, primitive calls, own time, cumulative, callers)}
     rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
-    return {"total_s": total, "functions": [{"function": f"{os.path.basename(file)}:{line}({name})" if line else name, "calls": calls, "own_s": own}
-                                            for (file, line, name), (calls, _, own, _, _) in rows]}
+    return {
+        "total_s": total,
+        "functions": [
+            {"function": f"{os.path.basename(file)}:{line}({name})" if line else name, "calls": calls, "own_s": own}
+            for (file, line, name), (calls, _, own, _, _) in rows
+        ],
+    }
 
 
 def profile_kernel(rows: dict, settings) -> dict:
@@ -395,9 +494,13 @@ def profile_kernel(rows: dict, settings) -> dict:
     from pipelines.releases.stats_core import user_contributions
     from privacy import accumulator
 
-    items, kernel_rows = user_contributions(rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings)
-    return {"kernel (a), file order": profile_calls(lambda: accumulator.grouped_sums(items, kernel_rows)),
-            "kernel (c), a Spark task's path": profile_calls(lambda: partition_kernel(rows, settings))}
+    items, kernel_rows = user_contributions(
+        rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
+    )
+    return {
+        "kernel (a), file order": profile_calls(lambda: accumulator.grouped_sums(items, kernel_rows)),
+        "kernel (c), a Spark task's path": profile_calls(lambda: partition_kernel(rows, settings)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,11 +518,23 @@ def report(figures: dict) -> list[str]:
         f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of {len(g['times'])})",
         f"2. kernel grouped_sums, 2 n d^2 = {k['flops'] / 1e9:.1f} GFLOP:",
     ]
-    for key, what in (("unsorted", "(a) file order (by user)"), ("sorted", "(b) pre-sorted by item"), ("partition", "(c) a Spark task's path")):
+    for key, what in (
+        ("unsorted", "(a) file order (by user)"),
+        ("sorted", "(b) pre-sorted by item"),
+        ("partition", "(c) a Spark task's path"),
+    ):
         frac = k[f"{key}_gflops"] / g["gflops"]
-        check = f"{'meets' if frac >= KERNEL_TARGET else 'MISSES'} the >= {KERNEL_TARGET:.0%} target" if key != "partition" else "incl. sort, clipping and weights"
-        lines.append(f"   {what:34s} {k[f'{key}_s']:7.2f} s  {k[f'{key}_gflops']:6.2f} GFLOP/s = {frac:6.1%} of GEMM ({check})")
-    lines.append(f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone {k['prepare_rows_s']:.2f} s")
+        check = (
+            f"{'meets' if frac >= KERNEL_TARGET else 'MISSES'} the >= {KERNEL_TARGET:.0%} target"
+            if key != "partition"
+            else "incl. sort, clipping and weights"
+        )
+        lines.append(
+            f"   {what:34s} {k[f'{key}_s']:7.2f} s  {k[f'{key}_gflops']:6.2f} GFLOP/s = {frac:6.1%} of GEMM ({check})"
+        )
+    lines.append(
+        f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone {k['prepare_rows_s']:.2f} s"
+    )
     s = figures.get("spark")
     if s:
         run = reported_run(s)
@@ -434,9 +549,11 @@ def report(figures: dict) -> list[str]:
         jobs = s.get("breakdown", {}).get("jobs", [])
         small = [job for job in jobs if job["wall_s"] < 0.2]
         if jobs:
-            lines.append(f"   Spark jobs {sum(job['wall_s'] for job in jobs):.1f} s; driver outside jobs and prepare() "
-                         f"{run['end_to_end_s'] - run['prepare_s'] - sum(job['wall_s'] for job in jobs):.1f} s; "
-                         f"{len(small)} small job(s) {sum(job['wall_s'] for job in small):.1f} s")
+            lines.append(
+                f"   Spark jobs {sum(job['wall_s'] for job in jobs):.1f} s; driver outside jobs and prepare() "
+                f"{run['end_to_end_s'] - run['prepare_s'] - sum(job['wall_s'] for job in jobs):.1f} s; "
+                f"{len(small)} small job(s) {sum(job['wall_s'] for job in small):.1f} s"
+            )
         for job in jobs:
             if job in small:
                 continue
@@ -444,32 +561,63 @@ def report(figures: dict) -> list[str]:
             for st in job["stages"]:
                 m = st["sql_metrics"]
                 extra = [f"JVM CPU {st.get('cpu_ms', 0) / 1e3:.1f} s", f"GC {st.get('gc_ms', 0) / 1e3:.1f} s"]
-                extra += [f"{label} {m[name] / 1e3:.1f} s" for name, label in (("sort time", "sort"), ("time to run Python workers", "Python tasks")) if m.get(name)]
-                extra += [f"{label} {m[name] / 2**20:.0f} MiB" for name, label in (("data sent to Python workers", "to Python"),
-                                                                                 ("data returned from Python workers", "from Python"),
-                                                                                 ("spill size", "sort spill")) if m.get(name)]
-                extra += [f"shuffle read {st['shuffle_read_bytes'] / 2**20:.0f} MiB"] if st.get("shuffle_read_bytes") else []
-                extra += [f"shuffle write {st['shuffle_write_bytes'] / 2**20:.0f} MiB"] if st.get("shuffle_write_bytes") else []
+                extra += [
+                    f"{label} {m[name] / 1e3:.1f} s"
+                    for name, label in (("sort time", "sort"), ("time to run Python workers", "Python tasks"))
+                    if m.get(name)
+                ]
+                extra += [
+                    f"{label} {m[name] / 2**20:.0f} MiB"
+                    for name, label in (
+                        ("data sent to Python workers", "to Python"),
+                        ("data returned from Python workers", "from Python"),
+                        ("spill size", "sort spill"),
+                    )
+                    if m.get(name)
+                ]
+                extra += (
+                    [f"shuffle read {st['shuffle_read_bytes'] / 2**20:.0f} MiB"] if st.get("shuffle_read_bytes") else []
+                )
+                extra += (
+                    [f"shuffle write {st['shuffle_write_bytes'] / 2**20:.0f} MiB"]
+                    if st.get("shuffle_write_bytes")
+                    else []
+                )
                 extra += [f"disk spill {st['spill_disk_bytes'] / 2**20:.0f} MiB"] if st.get("spill_disk_bytes") else []
-                lines.append(f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time {st.get('run_ms', 0) / 1e3:5.1f} s: "
-                             f"{' > '.join(op.strip() for op in st['operators']) or st['name'][:60]}")
+                lines.append(
+                    f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time {st.get('run_ms', 0) / 1e3:5.1f} s: "
+                    f"{' > '.join(op.strip() for op in st['operators']) or st['name'][:60]}"
+                )
                 lines.append(f"        {', '.join(extra)}")
     n = figures.get("noise")
     if n:
         spark_s = reported_run(figures["spark"])["end_to_end_s"] if figures.get("spark") else None
-        share = (f" = {n['seconds'] / spark_s:.1%} of the Spark end-to-end ({'meets' if n['seconds'] / spark_s <= NOISE_TARGET else 'MISSES'} "
-                 f"the <= {NOISE_TARGET:.0%} target)" if spark_s else "")
-        lines.append(f"4. noise of every catalog item ({n['items']:,} items x {n['values_per_item']:,} values; finalize with no sums, groups of "
-                     f"{n['group_items']:,}; one core): {n['seconds']:.2f} s (best of {', '.join('%.2f' % x for x in n['times'])} s){share}")
+        share = (
+            f" = {n['seconds'] / spark_s:.1%} of the Spark end-to-end ({'meets' if n['seconds'] / spark_s <= NOISE_TARGET else 'MISSES'} "
+            f"the <= {NOISE_TARGET:.0%} target)"
+            if spark_s
+            else ""
+        )
+        lines.append(
+            f"4. noise of every catalog item ({n['items']:,} items x {n['values_per_item']:,} values; finalize with no sums, groups of "
+            f"{n['group_items']:,}; one core): {n['seconds']:.2f} s (best of {', '.join('%.2f' % x for x in n['times'])} s){share}"
+        )
     for what, profile in figures.get("profile", {}).items():
         lines.append(f"profile of {what}: {profile['total_s']:.2f} s; functions by own time:")
-        lines += [f"   {f['own_s']:6.3f} s {f['own_s'] / profile['total_s']:5.0%} {f['calls']:7,} call(s)  {f['function']}" for f in profile["functions"]]
+        lines += [
+            f"   {f['own_s']:6.3f} s {f['own_s'] / profile['total_s']:5.0%} {f['calls']:7,} call(s)  {f['function']}"
+            for f in profile["functions"]
+        ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.stats_throughput", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.stats_throughput",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--rows", type=int, help="ratings (users = ceil(rows / ratings per user); default 2,000,000)")
     size.add_argument("--users", type=int, help="users (default: from --rows)")
@@ -478,27 +626,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=64, help="embedding dimension d (default %(default)s)")
     parser.add_argument("--alpha", type=float, default=1.0, help="popularity exponent (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of data and embeddings (default %(default)s)")
-    parser.add_argument("--data", help="data set folder to reuse, or to generate into and keep (default: a temporary one)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats after a warm-up, best taken (default %(default)s)")
+    parser.add_argument(
+        "--data", help="data set folder to reuse, or to generate into and keep (default: a temporary one)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats after a warm-up, best taken (default %(default)s)"
+    )
     parser.add_argument("--gemm-n", type=int, default=3000, help="GEMM matrix size (default %(default)s)")
-    parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads for GEMM and kernel (default %(default)s: as each Spark worker)")
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="BLAS threads for GEMM and kernel (default %(default)s: as each Spark worker)",
+    )
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--shards", type=int, default=4, help="stats job shards (default %(default)s)")
-    parser.add_argument("--spark-runs", type=int, default=3, help="Spark runs in one session; the fastest after the first is reported (default %(default)s)")
+    parser.add_argument(
+        "--spark-runs",
+        type=int,
+        default=3,
+        help="Spark runs in one session; the fastest after the first is reported (default %(default)s)",
+    )
     parser.add_argument("--skip-spark", action="store_true", help="measure GEMM and kernel only")
-    parser.add_argument("--profile", action="store_true", help="also break down the kernel's and the Spark job's Python time")
+    parser.add_argument(
+        "--profile", action="store_true", help="also break down the kernel's and the Spark job's Python time"
+    )
     parser.add_argument("--out-json", help="write every figure to this JSON file")
     args = parser.parse_args(argv)
     if args.users is None:
         args.users = math.ceil((args.rows or 2_000_000) / args.ratings_per_user)
-    if min(args.users, args.items, args.dim, args.repeats, args.gemm_n, args.blas_threads, args.spark_runs, args.shards) < 1:
+    if (
+        min(
+            args.users, args.items, args.dim, args.repeats, args.gemm_n, args.blas_threads, args.spark_runs, args.shards
+        )
+        < 1
+    ):
         parser.error("sizes, --repeats, --blas-threads, --spark-runs and --shards must be positive")
 
     from pipelines.releases.stats_core import StatsSettings
 
     settings = StatsSettings(args.dim, clip_u=1.0, clip_y=5.0)
-    figures = {"users": args.users, "items": args.items, "alpha": args.alpha, "ratings_per_user": args.ratings_per_user,
-               "blas_threads": args.blas_threads, "repeats": args.repeats, "load_average_start": os.getloadavg(), "settings": settings.to_json(), "targets": {"kernel_fraction": KERNEL_TARGET, "spark_over_kernel": SPARK_TARGET, "noise_share": NOISE_TARGET}}
+    figures = {
+        "users": args.users,
+        "items": args.items,
+        "alpha": args.alpha,
+        "ratings_per_user": args.ratings_per_user,
+        "blas_threads": args.blas_threads,
+        "repeats": args.repeats,
+        "load_average_start": os.getloadavg(),
+        "settings": settings.to_json(),
+        "targets": {"kernel_fraction": KERNEL_TARGET, "spark_over_kernel": SPARK_TARGET, "noise_share": NOISE_TARGET},
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="stats-bench-") as work:
             data = args.data or os.path.join(work, "data")

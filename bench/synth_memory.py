@@ -31,11 +31,19 @@ def _folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def measure(out: str, users: int, items: int, ratings_per_user: int, alpha: float, seed: int, rank: int, progress: bool) -> dict:
+def measure(
+    out: str, users: int, items: int, ratings_per_user: int, alpha: float, seed: int, rank: int, progress: bool
+) -> dict:
     """Generate into `out` in a child process; its wall time, peak RSS and output size."""
     kwargs = {
-        "out": out, "users": users, "items": items, "ratings_per_user": ratings_per_user,
-        "alpha": alpha, "seed": seed, "rank": rank, "progress": progress,
+        "out": out,
+        "users": users,
+        "items": items,
+        "ratings_per_user": ratings_per_user,
+        "alpha": alpha,
+        "seed": seed,
+        "rank": rank,
+        "progress": progress,
     }
     report = run_measured(_CHILD, kwargs)
     return {**report, "wall_s": report["wall_seconds"], "bytes_written": _folder_bytes(out)}
@@ -43,7 +51,9 @@ def measure(out: str, users: int, items: int, ratings_per_user: int, alpha: floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.synth_memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--users", type=int, default=333_334, help="users (default %(default)s: 10^7 ratings with K=30)")
+    parser.add_argument(
+        "--users", type=int, default=333_334, help="users (default %(default)s: 10^7 ratings with K=30)"
+    )
     parser.add_argument("--items", type=int, default=20_000, help="catalog items (default %(default)s)")
     parser.add_argument("--ratings-per-user", type=int, default=30, help="ratings per user K (default %(default)s)")
     parser.add_argument("--alpha", type=float, default=1.0, help="popularity exponent (default %(default)s)")
@@ -57,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="synth-bench-") as scratch:
         out = args.out or os.path.join(scratch, "data")
         try:
-            result = measure(out, args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.progress)
+            result = measure(
+                out, args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.progress
+            )
         except RuntimeError as exc:
             print(f"synth_memory: {exc}", file=sys.stderr)
             return 2

@@ -67,11 +67,15 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
     from schemas.ids import IdIndex
     from trainer import evaluate
 
-    counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet")).sort_by("item_id")  # catalog positions: by id
+    counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet")).sort_by(
+        "item_id"
+    )  # catalog positions: by id
     catalog_ids, counts = counts_table["item_id"].to_numpy(), counts_table["count"].to_numpy().astype(np.float64)
     catalog = IdIndex(catalog_ids)
     m = catalog_ids.size
-    top_ids = top_items(catalog_ids, counts) if items is None else catalog_ids[np.lexsort((catalog_ids, -counts))[:items]]  # ties: the smaller id
+    top_ids = (
+        top_items(catalog_ids, counts) if items is None else catalog_ids[np.lexsort((catalog_ids, -counts))[:items]]
+    )  # ties: the smaller id
     top = np.sort(catalog.positions(top_ids, "item"))
     k = top.size
     split = os.path.join(run, "private", "split")
@@ -93,28 +97,50 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
         best = best[values[best] > floor]
         embedding = np.zeros((m, best.size))
         embedding[top] = vectors[:, best] * np.sqrt(np.maximum(values[best], 0.0))
-        report = evaluate.recall_report((*history, np.ones(history[0].size)), targets, evaluate.with_popularity(embedding, counts), 0.1, buckets,
-                                        gravity=1.0, confidence=True)
+        report = evaluate.recall_report(
+            (*history, np.ones(history[0].size)),
+            targets,
+            evaluate.with_popularity(embedding, counts),
+            0.1,
+            buckets,
+            gravity=1.0,
+            confidence=True,
+        )
         return report["recall_at_20"]
 
     return {
-        "run": run, "epsilon": epsilon, "delta": delta, "items": k, "rank": rank, "noise_multiplier": z,
+        "run": run,
+        "epsilon": epsilon,
+        "delta": delta,
+        "items": k,
+        "rank": rank,
+        "noise_multiplier": z,
         "top_eigenvalues": [round(float(v), 2) for v in clean[: rank + 1]],
         "noise_spectral_norm": noise_norm,
         "taste_eigenvalues_above_noise": int(np.sum(clean[1:] > noise_norm)),
         "epsilon_where_the_largest_reaches_the_noise": epsilon_of([gaussian_event(z * clean[1] / noise_norm)], delta),
-        "test_recall_at_20": {"gram, no noise": recall(gram), "gram, DP": recall(gram + noise),
-                              "gram, DP, directions above 2 z sqrt(K)": recall(gram + noise, bound),
-                              "DP popularity": evaluate.popularity_recall_report(history, targets, counts, buckets)["recall_at_20"]},
+        "test_recall_at_20": {
+            "gram, no noise": recall(gram),
+            "gram, DP": recall(gram + noise),
+            "gram, DP, directions above 2 z sqrt(K)": recall(gram + noise, bound),
+            "DP popularity": evaluate.popularity_recall_report(history, targets, counts, buckets)["recall_at_20"],
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.taste_signal", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="an `ssp train --protocol recall` run folder")
-    parser.add_argument("--epsilon", type=float, default=1.0, help="the budget given to the release of G (default 1: all of a run's)")
+    parser.add_argument(
+        "--epsilon", type=float, default=1.0, help="the budget given to the release of G (default 1: all of a run's)"
+    )
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--items", type=int, default=None, help="the K most popular items by DP count (default: the 10%% of the catalog the id models train on)")
+    parser.add_argument(
+        "--items",
+        type=int,
+        default=None,
+        help="the K most popular items by DP count (default: the 10%% of the catalog the id models train on)",
+    )
     parser.add_argument("--rank", type=int, default=16, help="eigenvectors in the fold-in's embedding (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="the noise's seed")
     args = parser.parse_args(argv)

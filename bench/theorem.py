@@ -77,7 +77,10 @@ def make_problem(m: int, p: int, d: int, rows: int, seed: int) -> dict:
 def loss(problem: dict, theta: np.ndarray) -> float:
     """L(theta) = 1/2 sum_i (x_{j_i}^T theta u_i - y_i)^2, from the exact statistics."""
     v = problem["x"] @ theta
-    return float(0.5 * np.einsum("jd,jde,je->", v, problem["a"], v) - np.einsum("jd,jd->", problem["b"], v)) + problem["const"]
+    return (
+        float(0.5 * np.einsum("jd,jde,je->", v, problem["a"], v) - np.einsum("jd,jd->", problem["b"], v))
+        + problem["const"]
+    )
 
 
 def _clip_rows(v: np.ndarray, radius: float) -> np.ndarray:
@@ -134,7 +137,11 @@ def optimum(problem: dict) -> float:
 
 def noise_multiplier(events: int, epsilon: float, delta: float) -> float:
     """The multiplier of `events` Gaussian releases that together spend (epsilon, delta) under RDP."""
-    return float(dp_accounting.calibrate_dp_mechanism(lambda: make_accountant("rdp"), lambda z: gaussian_event(z, events), epsilon, delta))
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant("rdp"), lambda z: gaussian_event(z, events), epsilon, delta
+        )
+    )
 
 
 def schedule(method: str, size: dict, p: int) -> dict:
@@ -147,8 +154,13 @@ def schedule(method: str, size: dict, p: int) -> dict:
     sigma = noise_multiplier(events, epsilon, delta)
     scale = 2.0 if method == "ssp1" else 1.0
     diameter = 2 * RADIUS * math.sqrt(m)
-    return {"steps": steps, "events": events, "sigma": sigma, "G": scale * math.sqrt(rows**2 + sigma**2 * dim * d),
-            "bound": scale * math.sqrt(2) * diameter * rho * math.sqrt(dim * d)}
+    return {
+        "steps": steps,
+        "events": events,
+        "sigma": sigma,
+        "G": scale * math.sqrt(rows**2 + sigma**2 * dim * d),
+        "bound": scale * math.sqrt(2) * diameter * rho * math.sqrt(dim * d),
+    }
 
 
 def run_method(method: str, domain: str, problem: dict, plan: dict, seed: list[int]) -> np.ndarray:
@@ -184,9 +196,13 @@ def cell(params: dict) -> dict:
     for k, (name, (method, domain)) in enumerate(RUNS.items()):
         plan = schedule(method, size, params["p"])
         theta = run_method(method, domain, problem, plan, seed=[params["seed"], k])
-        out[name] = {"excess_per_example": (loss(problem, theta) - best) / params["rows"], "steps": plan["steps"], "noise_multiplier": plan["sigma"],
-                     "epsilon": epsilon_of([gaussian_event(plan["sigma"], plan["events"])], size["delta"]),
-                     "bound_per_example": plan["bound"] / params["rows"]}
+        out[name] = {
+            "excess_per_example": (loss(problem, theta) - best) / params["rows"],
+            "steps": plan["steps"],
+            "noise_multiplier": plan["sigma"],
+            "epsilon": epsilon_of([gaussian_event(plan["sigma"], plan["events"])], size["delta"]),
+            "bound_per_example": plan["bound"] / params["rows"],
+        }
     return out
 
 
@@ -206,11 +222,17 @@ def plot(size: dict, excess: dict):
     """Excess risk against p/m, mean +- std over seeds, log-log."""
     fig, (ax,) = harness.new_figure()
     for name in RUNS:
-        harness.mean_std_band(ax, size["ratios"], excess[name].T, LABELS[name], linestyle="--" if name == "gd_free" else "-")
+        harness.mean_std_band(
+            ax, size["ratios"], excess[name].T, LABELS[name], linestyle="--" if name == "gd_free" else "-"
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    harness.finish(ax, f"Excess empirical risk at epsilon={size['epsilon']:g}, m={size['m']}, d={size['d']}",
-                   "public features over items, p/m (ratio)", "excess empirical risk per example (squared-loss units)")
+    harness.finish(
+        ax,
+        f"Excess empirical risk at epsilon={size['epsilon']:g}, m={size['m']}, d={size['d']}",
+        "public features over items, p/m (ratio)",
+        "excess empirical risk per example (squared-loss units)",
+    )
     return fig
 
 
@@ -241,20 +263,44 @@ def report(size: dict, values: list[dict], excess: dict, seeds: int, figure: str
         "bound is proved for (T balancing the bound's terms, eta_t = |Theta| / (G sqrt t)) and is scored by the last "
         "iterate's excess empirical risk L(theta_T) - min_Theta L (exact minimum), per example. The paper's Theta is "
         "unbounded along the null space of X when p > m; the bounded domain intersects it with the Frobenius ball of radius "
-        "sqrt(m) (diameter 2 sqrt(m), every allowed V kept). The dashed curve runs noisy GD on the paper's Theta as written.")
+        "sqrt(m) (diameter 2 sqrt(m), every allowed V kept). The dashed curve runs noisy GD on the paper's Theta as written."
+    )
     section.text(
         "**Expected shape (the theorem):** SSP1's bound, 2 sqrt(2) |Theta| Gamma rho sqrt(m d), does not depend on p; noisy "
         "GD's, sqrt(2) |Theta| Gamma rho sqrt(p d), grows like sqrt(p), so their ratio is sqrt(p/m)/2 and SSP1 should win "
-        "for p above about 4m. The bounds are upper bounds (log factors dropped); only the shape is compared.")
+        "for p above about 4m. The bounds are upper bounds (log factors dropped); only the shape is compared."
+    )
     rows = []
     for k, ratio in enumerate(ratios):
         cell = values[k * seeds]
         gap = excess["gd"][k].mean() / excess["ssp1"][k].mean()
-        rows.append([ratio, ratio * size["m"], _mean_std(excess["ssp1"][k]), _mean_std(excess["gd"][k]), _mean_std(excess["gd_free"][k]),
-                     f"{gap:.2f}", f"{math.sqrt(ratio) / 2:.2f}", f"{cell['ssp1']['steps']} / {cell['gd']['steps']}",
-                     f"{cell['ssp1']['noise_multiplier']:.1f} / {cell['gd']['noise_multiplier']:.1f}"])
-    section.table(["p/m", "p", "SSP1 excess", "noisy GD excess", "noisy GD, null space free", "GD / SSP1 measured", "GD / SSP1 bounds",
-                   "steps SSP1 / GD", "noise multiplier SSP1 / GD"], rows)
+        rows.append(
+            [
+                ratio,
+                ratio * size["m"],
+                _mean_std(excess["ssp1"][k]),
+                _mean_std(excess["gd"][k]),
+                _mean_std(excess["gd_free"][k]),
+                f"{gap:.2f}",
+                f"{math.sqrt(ratio) / 2:.2f}",
+                f"{cell['ssp1']['steps']} / {cell['gd']['steps']}",
+                f"{cell['ssp1']['noise_multiplier']:.1f} / {cell['gd']['noise_multiplier']:.1f}",
+            ]
+        )
+    section.table(
+        [
+            "p/m",
+            "p",
+            "SSP1 excess",
+            "noisy GD excess",
+            "noisy GD, null space free",
+            "GD / SSP1 measured",
+            "GD / SSP1 bounds",
+            "steps SSP1 / GD",
+            "noise multiplier SSP1 / GD",
+        ],
+        rows,
+    )
     section.figure(figure, "Excess empirical risk per example against p/m (mean ± std over seeds; log-log).")
     wins = [r for k, r in enumerate(ratios) if excess["gd"][k].mean() > excess["ssp1"][k].mean()]
     ssp1_means = [e.mean() for e in excess["ssp1"]]
@@ -267,5 +313,6 @@ def report(size: dict, values: list[dict], excess: dict, seeds: int, figure: str
         f"{wins}. On the paper's Theta as written (dashed) noisy GD's noise outside the row space of X cannot change the loss, "
         "so p reaches it only through the analysed schedule (T and G depend on p: T = "
         f"{values[-1]['gd_free']['steps']} at p = {ratios[-1]}m); on the bounded domain the null-space noise also fills the "
-        "ball, and the projection then shrinks V.")
+        "ball, and the projection then shrinks V."
+    )
     return section

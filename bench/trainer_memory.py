@@ -52,13 +52,22 @@ def write_inputs(folder: str, items: int, dim: int, seed: int = 0) -> tuple[str,
     rng = np.random.default_rng(seed)
     ids = np.arange(1, items + 1, dtype=np.int64)
     genres = [[f"g{g}" for g in rng.choice(20, rng.integers(1, 4), replace=False)] for _ in range(items)]
-    catalog = pa.table({"item_id": ids, "title": pa.nulls(items, pa.string()), "genres": genres, "year": rng.integers(1950, 2024, items)},
-                       schema=items_schema({"genres": "multivalent", "year": "univalent"}))
+    catalog = pa.table(
+        {
+            "item_id": ids,
+            "title": pa.nulls(items, pa.string()),
+            "genres": genres,
+            "year": rng.integers(1950, 2024, items),
+        },
+        schema=items_schema({"genres": "multivalent", "year": "univalent"}),
+    )
     storage.write_table(catalog, os.path.join(folder, "items.parquet"))
     meta = {"d": dim, "noise_multiplier": 1.0, "clip_u": 1.0, "clip_y": 1.0, "wbar": 1.0, "release": 0, "resample": 0}
     rows, cols = np.triu_indices(dim)
     path = os.path.join(folder, "stats.parquet")
-    with storage.TableWriter(path, STATS.with_metadata({k.encode(): str(v).encode() for k, v in meta.items()})) as writer:
+    with storage.TableWriter(
+        path, STATS.with_metadata({k.encode(): str(v).encode() for k, v in meta.items()})
+    ) as writer:
         for start in range(0, items, 20_000):
             n = min(20_000, items - start)
             factors = rng.normal(size=(n, dim, 4))
@@ -72,7 +81,13 @@ def measure(folder: str, items: int, dim: int) -> dict:
     """Peak RSS and time of one training epoch in a child interpreter."""
     catalog, stats = write_inputs(folder, items, dim)
     report = run_measured(_CHILD, {"items": catalog, "stats": stats, "dim": dim})
-    return {"items": items, "dim": dim, "peak_rss_mib": report["peak_rss_mib"], "train_seconds": report["seconds"], "wall_seconds": report["wall_seconds"]}
+    return {
+        "items": items,
+        "dim": dim,
+        "peak_rss_mib": report["peak_rss_mib"],
+        "train_seconds": report["seconds"],
+        "wall_seconds": report["wall_seconds"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(folder, ignore_errors=True)
     small, large = results
     for r in results:
-        print(f"{r['items']:>9,} items, d={r['dim']}: peak RSS {r['peak_rss_mib']:.0f} MiB, one epoch {r['train_seconds']:.1f} s")
+        print(
+            f"{r['items']:>9,} items, d={r['dim']}: peak RSS {r['peak_rss_mib']:.0f} MiB, one epoch {r['train_seconds']:.1f} s"
+        )
     ratio = large["peak_rss_mib"] / small["peak_rss_mib"]
     ok = large["peak_rss_mib"] < args.limit_mib
-    print(f"peak grows {ratio:.2f}x for {large['items'] / small['items']:.0f}x the items; {'within' if ok else 'OVER'} the {args.limit_mib:.0f} MiB target")
+    print(
+        f"peak grows {ratio:.2f}x for {large['items'] / small['items']:.0f}x the items; {'within' if ok else 'OVER'} the {args.limit_mib:.0f} MiB target"
+    )
     return 0 if ok else 1
 
 

@@ -54,8 +54,8 @@ from pipelines.training.run_dir import Run
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
-from schemas.tables import validate_item_embeddings
 from schemas.errors import UserError
+from schemas.tables import validate_item_embeddings
 
 DELTA = 1e-5
 BUCKETS = 5  # popularity buckets of the sliced metrics, least to most popular
@@ -152,38 +152,90 @@ class Method:
 # The search spaces (the paper: d up to 64). Scales are searched on a log scale over ranges wide
 # enough to hold every method's good region: ridges and penalties are stated in the release's units
 # (pipelines.training), so one range serves the private and the non-private runs.
-_USER = {"dim": Choice((8, 16, 32, 64)), "lambda_u": Range(1e-3, 1.0, log=True), "outer_steps": Range(1, 4, integer=True)}
-_NON_PRIVATE_STEPS = {"outer_steps": Range(1, 12, integer=True)}  # no budget to split: up to convergence (settings.NON_PRIVATE_OUTER_STEPS)
+_USER = {
+    "dim": Choice((8, 16, 32, 64)),
+    "lambda_u": Range(1e-3, 1.0, log=True),
+    "outer_steps": Range(1, 4, integer=True),
+}
+_NON_PRIVATE_STEPS = {
+    "outer_steps": Range(1, 12, integer=True)
+}  # no budget to split: up to convergence (settings.NON_PRIVATE_OUTER_STEPS)
 _RIDGE = {"ridge": Range(1e-3, 3.0, log=True)}
 _NOISE_RIDGE = {"noise_ridge": Range(0.01, 3.0, log=True)}
 _SGD = {"learning_rate": Range(1e-3, 0.1, log=True), "epochs": Range(5, 200, log=True, integer=True)}
-_RESIDUAL = {"residual_penalty": Range(0.1, 30.0, log=True)}  # AM-SSP's per-item residual (the features encoder with the id residual)
+_RESIDUAL = {
+    "residual_penalty": Range(0.1, 30.0, log=True)
+}  # AM-SSP's per-item residual (the features encoder with the id residual)
 _ANCHOR = {"anchor": Range(0.3, 100.0, log=True)}  # AM-SSP's hold on the shared encoder's start
-_COUNTS = {"count_share": Range(0.02, 0.3, log=True), "max_items_per_user": Range(20, 400, log=True, integer=True)}  # the DP counts release
+_COUNTS = {
+    "count_share": Range(0.02, 0.3, log=True),
+    "max_items_per_user": Range(20, 400, log=True, integer=True),
+}  # the DP counts release
 _CLIPS = {"clip_u": Range(0.05, 2.0, log=True), "clip_y": Range(0.5, 3.0)}
 # wbar is a pure scale of AM-SSP's statistics, noise and penalties (all in units of wbar Gamma_u^2),
 # so it is tuned only where it is not: DP-ALS/DP-CMF (their count-grown ridge) and AM-DPSGD (weights)
 _WBAR = {"wbar": Range(0.3, 3.0, log=True)}
-_DPSGD = {"dpsgd_learning_rate": Range(1e-3, 0.3, log=True), "dpsgd_epochs": Range(1, 20, log=True, integer=True),
-          "dpsgd_clip": Range(0.1, 10.0, log=True), "dpsgd_batch_size": Choice((32, 64, 128, 256, 512))}
+_DPSGD = {
+    "dpsgd_learning_rate": Range(1e-3, 0.3, log=True),
+    "dpsgd_epochs": Range(1, 20, log=True, integer=True),
+    "dpsgd_clip": Range(0.1, 10.0, log=True),
+    "dpsgd_batch_size": Choice((32, 64, 128, 256, 512)),
+}
 _CMF = {"feature_weight": Range(0.03, 30.0, log=True), "feature_ridge": Range(0.03, 30.0, log=True)}
 
 METHODS: dict[str, Method] = {
-    "nonprivate-ssp": Method("non-private (features)", {"non_private": True, "item_update": "ssp", "encoder": "features"},
-                             {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE, **_RESIDUAL, **_SGD}),
-    "nonprivate-als": Method("non-private ALS (id)", {"non_private": True, "item_update": "als", "encoder": "id"}, {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE}),
+    "nonprivate-ssp": Method(
+        "non-private (features)",
+        {"non_private": True, "item_update": "ssp", "encoder": "features"},
+        {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE, **_RESIDUAL, **_SGD},
+    ),
+    "nonprivate-als": Method(
+        "non-private ALS (id)",
+        {"non_private": True, "item_update": "als", "encoder": "id"},
+        {**_USER, **_NON_PRIVATE_STEPS, **_RIDGE},
+    ),
     "none": Method("starting point (public features)", {"item_update": "none", "encoder": "features"}, dict(_USER)),
-    "dp-popularity": Method("DP popularity", {"item_update": "none", "encoder": "id"}, dict(_COUNTS), protocols=("recall",), kind="popularity"),
-    "ials": Method("implicit ALS (non-private, id)", {"non_private": True, "item_update": "none", "encoder": "id"}, {}, protocols=("recall",),
-                   kind="ials"),
-    "als": Method("DP-ALS", {"item_update": "als", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS}),
-    "cmf": Method("DP-CMF", {"item_update": "cmf", "encoder": "id"}, {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS, **_CMF}),
-    "dpsgd": Method("AM-DPSGD", {"item_update": "dpsgd", "encoder": "features"},  # DP-SGD has its own step size, epochs and clip; no ridge
-                    {**_USER, **_CLIPS, **_WBAR, **_COUNTS, **_DPSGD}),
-    "ssp": Method("AM-SSP", {"item_update": "ssp", "encoder": "features"},
-                  {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD}),
+    "dp-popularity": Method(
+        "DP popularity",
+        {"item_update": "none", "encoder": "id"},
+        dict(_COUNTS),
+        protocols=("recall",),
+        kind="popularity",
+    ),
+    "ials": Method(
+        "implicit ALS (non-private, id)",
+        {"non_private": True, "item_update": "none", "encoder": "id"},
+        {},
+        protocols=("recall",),
+        kind="ials",
+    ),
+    "als": Method(
+        "DP-ALS",
+        {"item_update": "als", "encoder": "id"},
+        {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS},
+    ),
+    "cmf": Method(
+        "DP-CMF",
+        {"item_update": "cmf", "encoder": "id"},
+        {**_USER, **_RIDGE, **_NOISE_RIDGE, **_CLIPS, **_WBAR, **_COUNTS, **_CMF},
+    ),
+    "dpsgd": Method(
+        "AM-DPSGD",
+        {"item_update": "dpsgd", "encoder": "features"},  # DP-SGD has its own step size, epochs and clip; no ridge
+        {**_USER, **_CLIPS, **_WBAR, **_COUNTS, **_DPSGD},
+    ),
+    "ssp": Method(
+        "AM-SSP",
+        {"item_update": "ssp", "encoder": "features"},
+        {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD},
+    ),
     # the baseline every model must beat on ratings (last: the methods' colours keep their order)
-    "item-mean": Method("DP per-item mean", {"item_update": "item-mean", "encoder": "id"}, {"clip_y": _CLIPS["clip_y"], **_COUNTS}, protocols=("rmse",)),
+    "item-mean": Method(
+        "DP per-item mean",
+        {"item_update": "item-mean", "encoder": "id"},
+        {"clip_y": _CLIPS["clip_y"], **_COUNTS},
+        protocols=("rmse",),
+    ),
 }
 _FIELDS = {item.name for item in fields(settings.TrainConfig)}
 
@@ -218,7 +270,9 @@ def select(names: list[str] | None) -> list[str]:
 
 def search_space(name: str, caps: dict) -> dict:
     """The method's tunable fields (those TrainConfig has), each within `caps` (field -> largest value)."""
-    return {key: dim.capped(caps[key]) if key in caps else dim for key, dim in METHODS[name].space.items() if key in _FIELDS}
+    return {
+        key: dim.capped(caps[key]) if key in caps else dim for key, dim in METHODS[name].space.items() if key in _FIELDS
+    }
 
 
 def describe_space(space: dict) -> str:
@@ -227,7 +281,9 @@ def describe_space(space: dict) -> str:
 
 def study_seed(name: str, epsilon: float | None) -> int:
     """The seed of the (method, epsilon) tuning study."""
-    sequence = np.random.SeedSequence([SEARCH_SEED, zlib.crc32(name.encode()), 0 if epsilon is None else round(epsilon * 1000)])
+    sequence = np.random.SeedSequence(
+        [SEARCH_SEED, zlib.crc32(name.encode()), 0 if epsilon is None else round(epsilon * 1000)]
+    )
     return int(sequence.generate_state(1)[0])
 
 
@@ -237,12 +293,25 @@ def tuned_values(name: str, config: dict, caps: dict, epsilon: float | None = No
     what the sampler is told of a finished trial."""
     run = {"protocol": protocol, **({} if epsilon is None else {"epsilon": epsilon})}
     effective = settings.TrainConfig(**run, **{key: value for key, value in config.items() if key in _FIELDS})
-    values = {key: getattr(effective, key) for key, dim in search_space(name, caps).items() if dim.contains(getattr(effective, key))}
-    return {key: int(value) if getattr(METHODS[name].space[key], "integer", False) else value for key, value in values.items()}
+    values = {
+        key: getattr(effective, key)
+        for key, dim in search_space(name, caps).items()
+        if dim.contains(getattr(effective, key))
+    }
+    return {
+        key: int(value) if getattr(METHODS[name].space[key], "integer", False) else value
+        for key, value in values.items()
+    }
 
 
-def suggest(name: str, seed: int, history: list[tuple[dict, float | None]], caps: dict, lower_is_better: bool,
-            startup: int = STARTUP_TRIALS) -> dict:
+def suggest(
+    name: str,
+    seed: int,
+    history: list[tuple[dict, float | None]],
+    caps: dict,
+    lower_is_better: bool,
+    startup: int = STARTUP_TRIALS,
+) -> dict:
     """The draw (tuned field -> value) of trial len(history) of a study: {} (the method's defaults)
     for trial 0; then Optuna's (multivariate) TPE given the finished trials `history`, pairs of
     (tuned values, validation metric or None for a failed trial), seeded by (seed, trial number);
@@ -264,9 +333,14 @@ def suggest(name: str, seed: int, history: list[tuple[dict, float | None]], caps
         for params, value in history:
             params = {key: value for key, value in params.items() if key in distributions}
             finished = value is not None and math.isfinite(value)
-            study.add_trial(optuna.trial.create_trial(
-                params=params, distributions={key: distributions[key] for key in params},
-                value=float(value) if finished else None, state=optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.FAIL))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=params,
+                    distributions={key: distributions[key] for key in params},
+                    value=float(value) if finished else None,
+                    state=optuna.trial.TrialState.COMPLETE if finished else optuna.trial.TrialState.FAIL,
+                )
+            )
         trial = study.ask(distributions)
     return {key: _plain(trial.params[key]) for key in distributions}
 
@@ -279,7 +353,10 @@ def cell_config(name: str, base: dict, draw: dict) -> dict:
     """Every TrainConfig field a cell sets: the method's, the experiment's base (those of its fields
     the method tunes), the draw (in that order of precedence, lowest first); plain JSON numbers."""
     base = {key: value for key, value in base.items() if key in METHODS[name].space}
-    return {key: value.item() if isinstance(value, np.generic) else value for key, value in {**METHODS[name].overrides, **base, **draw}.items()}
+    return {
+        key: value.item() if isinstance(value, np.generic) else value
+        for key, value in {**METHODS[name].overrides, **base, **draw}.items()
+    }
 
 
 def data_of(data: str | None) -> str:
@@ -345,12 +422,27 @@ def spark():
 
 
 def cell_params(data: str, protocol: str, name: str, epsilon: float | None, config: dict, seed: int) -> dict:
-    return {"data": os.path.abspath(data), "protocol": protocol, "method": name, "epsilon": epsilon, "config": config, "seed": seed}
+    return {
+        "data": os.path.abspath(data),
+        "protocol": protocol,
+        "method": name,
+        "epsilon": epsilon,
+        "config": config,
+        "seed": seed,
+    }
 
 
 def train_config(params: dict, data_set: str, out: str) -> settings.TrainConfig:
     epsilon = {} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
-    return settings.TrainConfig(data=data_set, protocol=params["protocol"], out=out, delta=DELTA, model_seed=params["seed"], **epsilon, **params["config"])
+    return settings.TrainConfig(
+        data=data_set,
+        protocol=params["protocol"],
+        out=out,
+        delta=DELTA,
+        model_seed=params["seed"],
+        **epsilon,
+        **params["config"],
+    )
 
 
 def run_root(out: str, params: dict) -> str:
@@ -374,8 +466,12 @@ def run_cell(out: str, params: dict) -> dict:
     metric = METRICS[params["protocol"]].key
     spent = metrics["epsilon_spent"]
     value = {
-        "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"], "test_sliced": metrics[f"test_{metric}_sliced"],
-        "epsilon_spent": spent if math.isfinite(spent) else None, "seconds": metrics["seconds"], "trajectory": steps,
+        "valid": metrics[f"valid_{metric}"],
+        "test": metrics[f"test_{metric}"],
+        "test_sliced": metrics[f"test_{metric}_sliced"],
+        "epsilon_spent": spent if math.isfinite(spent) else None,
+        "seconds": metrics["seconds"],
+        "trajectory": steps,
     }
     shutil.rmtree(root)
     return value
@@ -392,15 +488,24 @@ def run_trial(out: str, params: dict) -> dict:
         if params["seed"] == 0:
             raise
         shutil.rmtree(run_root(out, params), ignore_errors=True)
-        return {"valid": None, "test": None, "test_sliced": [None] * BUCKETS, "epsilon_spent": None, "seconds": None, "trajectory": [],
-                "failed": f"{type(error).__name__}: {str(error)[:300]}"}
+        return {
+            "valid": None,
+            "test": None,
+            "test_sliced": [None] * BUCKETS,
+            "epsilon_spent": None,
+            "seconds": None,
+            "trajectory": [],
+            "failed": f"{type(error).__name__}: {str(error)[:300]}",
+        }
 
 
 def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     """`prepare.prepare` of a ranking-only cell's config (the split and the counts release; nothing
     else is released there): the run and its `prepared` record."""
     if params["protocol"] != "recall":
-        raise UserError(f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}")
+        raise UserError(
+            f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}"
+        )
     root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -436,14 +541,25 @@ def ials_cell(out: str, params: dict) -> dict:
         h_user, t_user = history["user_id"].to_numpy(), targets["user_id"].to_numpy()
         members = np.intersect1d(h_user, t_user)  # users with a history and targets, as trainer.evaluate
         h_rows, t_rows = np.isin(h_user, members), np.isin(t_user, members)
-        held[part] = (np.searchsorted(members, h_user[h_rows]), np.searchsorted(catalog, history["item_id"].to_numpy()[h_rows]),
-                      np.searchsorted(members, t_user[t_rows]), np.searchsorted(catalog, targets["item_id"].to_numpy()[t_rows]), members.size)
+        held[part] = (
+            np.searchsorted(members, h_user[h_rows]),
+            np.searchsorted(catalog, history["item_id"].to_numpy()[h_rows]),
+            np.searchsorted(members, t_user[t_rows]),
+            np.searchsorted(catalog, targets["item_id"].to_numpy()[t_rows]),
+            members.size,
+        )
     split = ladder.RankingSplit(catalog.size, user_index[keep], item_index[keep], users.size, held)
     result = ladder.ials(split, seed=params["seed"])
     shutil.rmtree(run.root)
     seconds = time.time() - prepared["started_at"]
-    return {"valid": result["valid"], "test": result["test"], "test_sliced": [None] * BUCKETS, "epsilon_spent": None, "seconds": seconds,
-            "trajectory": [{"step": 0, "seconds": seconds, "valid": result["valid"], "test": result["test"]}]}
+    return {
+        "valid": result["valid"],
+        "test": result["test"],
+        "test_sliced": [None] * BUCKETS,
+        "epsilon_spent": None,
+        "seconds": seconds,
+        "trajectory": [{"step": 0, "seconds": seconds, "valid": result["valid"], "test": result["test"]}],
+    }
 
 
 def popularity_cell(out: str, params: dict) -> dict:
@@ -453,19 +569,37 @@ def popularity_cell(out: str, params: dict) -> dict:
     Recall@20. The epsilon spent is the counts release's (the ledger's)."""
     run, prepared = _prepared_split(out, params)
     catalog = storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy()
-    train_items = storage.read_table(storage.join(run.split, "train.parquet"), columns=["item_id"])["item_id"].to_numpy()
+    train_items = storage.read_table(storage.join(run.split, "train.parquet"), columns=["item_id"])[
+        "item_id"
+    ].to_numpy()
     counts = storage.read_table(run.counts, columns=["item_id", "count"])
-    metrics = popularity_recall(run.split, catalog, train_items, counts["item_id"].to_numpy(), counts["count"].to_numpy())
+    metrics = popularity_recall(
+        run.split, catalog, train_items, counts["item_id"].to_numpy(), counts["count"].to_numpy()
+    )
     spent = Ledger.open(run.ledger).epsilon_spent()
     seconds = time.time() - prepared["started_at"]
-    value = {"valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"], "test_sliced": metrics["test"]["sliced"],
-             "epsilon_spent": spent if math.isfinite(spent) else None, "seconds": seconds,
-             "trajectory": [{"step": 0, "seconds": seconds, "valid": metrics["valid"]["recall_at_20"], "test": metrics["test"]["recall_at_20"]}]}
+    value = {
+        "valid": metrics["valid"]["recall_at_20"],
+        "test": metrics["test"]["recall_at_20"],
+        "test_sliced": metrics["test"]["sliced"],
+        "epsilon_spent": spent if math.isfinite(spent) else None,
+        "seconds": seconds,
+        "trajectory": [
+            {
+                "step": 0,
+                "seconds": seconds,
+                "valid": metrics["valid"]["recall_at_20"],
+                "test": metrics["test"]["recall_at_20"],
+            }
+        ],
+    }
     shutil.rmtree(run.root)
     return value
 
 
-def popularity_recall(split_dir: str, catalog: np.ndarray, train_items: np.ndarray, count_items: np.ndarray, counts: np.ndarray) -> dict:
+def popularity_recall(
+    split_dir: str, catalog: np.ndarray, train_items: np.ndarray, count_items: np.ndarray, counts: np.ndarray
+) -> dict:
     """Valid and test Recall@20 (overall and per popularity bucket) of ranking every catalog item by
     its DP count (trainer.evaluate.popularity_recall_report: the same metric code as every method)."""
     from trainer import evaluate
@@ -479,9 +613,12 @@ def popularity_recall(split_dir: str, catalog: np.ndarray, train_items: np.ndarr
     for part in ("valid", "test"):
         history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"), columns=["user_id", "item_id"])
         targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"), columns=["user_id", "item_id"])
-        out[part] = evaluate.popularity_recall_report((history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy())),
-                                                      (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())),
-                                                      in_catalog_order, buckets)
+        out[part] = evaluate.popularity_recall_report(
+            (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy())),
+            (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())),
+            in_catalog_order,
+            buckets,
+        )
     return out
 
 
@@ -501,11 +638,31 @@ def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
     for s, mark in enumerate(marks):
         table = validate_item_embeddings(storage.read_table(run.item_embeddings(s)), dim=config.vector_dim)
         vectors = np.zeros((space.size, config.vector_dim))
-        vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(table["embedding"], config.vector_dim, "item embedding")
+        vectors[space.index_of(table["item_id"].to_numpy())] = list_column_to_matrix(
+            table["embedding"], config.vector_dim, "item embedding"
+        )
         users = run.user_embeddings(s + 1 if s < config.outer_steps else None)
-        metrics = evaluation._evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), vectors, users, prepared["mean"], config.unit_of_privacy(),
-                                   prepare.prepared_rating_range(prepared), counts, confidence_alpha=prepared.get("confidence_alpha"))
-        out.append({"step": s, "seconds": mark - prepared["started_at"], "valid": metrics[f"valid_{metric}"], "test": metrics[f"test_{metric}"]})
+        metrics = evaluation._evaluate(
+            config,
+            space,
+            run.split,
+            storage.join(run.split, "train.parquet"),
+            vectors,
+            users,
+            prepared["mean"],
+            config.unit_of_privacy(),
+            prepare.prepared_rating_range(prepared),
+            counts,
+            confidence_alpha=prepared.get("confidence_alpha"),
+        )
+        out.append(
+            {
+                "step": s,
+                "seconds": mark - prepared["started_at"],
+                "valid": metrics[f"valid_{metric}"],
+                "test": metrics[f"test_{metric}"],
+            }
+        )
     return out
 
 

@@ -16,6 +16,7 @@ from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import stats_job
 from pipelines.training.item_update import stats_job_of_run
 
+
 def _unknown_to_beam(beam_args: list[str]) -> list[str]:
     """Flags that no Beam pipeline option (nor this job) knows: likely typos, ignored by Beam."""
     options = PipelineOptions(beam_args)
@@ -35,10 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     args, beam_args = parser.parse_known_args(argv)
     unknown = _unknown_to_beam(beam_args)
     if unknown:  # refused before anything is spent: a mistyped stats flag must not make a release
-        parser.error(f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}")
+        parser.error(
+            f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}"
+        )
+
     def compute() -> dict | None:
         job = stats_job.StatsJob.from_args(args, stats_job_of_run)
-        return None if job is None else BeamEngine(PipelineOptions(beam_args)).release_stats(job)  # None: a run's step with nothing to release
+        return (
+            None if job is None else BeamEngine(PipelineOptions(beam_args)).release_stats(job)
+        )  # None: a run's step with nothing to release
 
     return stats_job.run_and_report(compute)
 

@@ -22,7 +22,9 @@ from pipelines.training.item_update import stats_job_of_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stats.py", description="The AM-SSP stats job on Spark: noised A_j, b_j for every catalog item.")
+    parser = argparse.ArgumentParser(
+        prog="stats.py", description="The AM-SSP stats job on Spark: noised A_j, b_j for every catalog item."
+    )
     stats_job.add_arguments(parser)
     parser.add_argument("--master", help="Spark master (default: the one spark-submit gives, else local[*])")
     args = parser.parse_args(argv)

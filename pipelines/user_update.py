@@ -21,7 +21,10 @@ from pipelines.training import user_stage  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="user_update.py", description="The user update of a training run, or of explicit tables, on Spark (as `ssp user-update`).")
+    parser = argparse.ArgumentParser(
+        prog="user_update.py",
+        description="The user update of a training run, or of explicit tables, on Spark (as `ssp user-update`).",
+    )
     user_stage.add_arguments(parser)
     command.add_verbosity(parser)
     args = parser.parse_args(argv)

@@ -75,7 +75,7 @@ class AccountCapError(UserError):
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 class BudgetAccount:
@@ -85,8 +85,15 @@ class BudgetAccount:
         self.path, self.document = path, document
 
     @classmethod
-    def open_or_create(cls, path: str, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld", window_days: float | None = None,
-                       source: str | None = None) -> BudgetAccount:
+    def open_or_create(
+        cls,
+        path: str,
+        cap: float | None = None,
+        delta: float = 1e-5,
+        accountant: str = "pld",
+        window_days: float | None = None,
+        source: str | None = None,
+    ) -> BudgetAccount:
         """The account at `path`, created with this cap, delta, accountant and window if new. An
         existing account keeps its own settings; a different cap or window given for it is refused
         (changing the policy of a data source is an explicit edit, not a side effect of a run)."""
@@ -94,7 +101,9 @@ class BudgetAccount:
             account = cls.open(path)
             for key, value in (("cap", cap), ("window_days", window_days)):
                 if value is not None and account.document.get(key) != value:
-                    raise UserError(f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy")
+                    raise UserError(
+                        f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy"
+                    )
             return account
         if cap is not None and not (cap > 0):
             raise UserError(f"the account's lifetime epsilon cap must be > 0, got {cap}")
@@ -102,14 +111,31 @@ class BudgetAccount:
             raise UserError(f"the account's window must be a positive number of days, got {window_days}")
         accounting.check_budget(1.0, delta)
         accounting.make_accountant(accountant)
-        account = cls(path, {"cap": cap, "delta": delta, "accountant": accountant, "window_days": window_days, "charges": [],
-                             "id": secrets.token_hex(16), "source": source})
+        account = cls(
+            path,
+            {
+                "cap": cap,
+                "delta": delta,
+                "accountant": accountant,
+                "window_days": window_days,
+                "charges": [],
+                "id": secrets.token_hex(16),
+                "source": source,
+            },
+        )
         account._save()
         return account
 
     @classmethod
-    def for_source(cls, source: str, path: str | None = None, cap: float | None = None, delta: float = 1e-5, accountant: str = "pld",
-                   window_days: float | None = None) -> BudgetAccount:
+    def for_source(
+        cls,
+        source: str,
+        path: str | None = None,
+        cap: float | None = None,
+        delta: float = 1e-5,
+        accountant: str = "pld",
+        window_days: float | None = None,
+    ) -> BudgetAccount:
         """The one account of the data source `source` (a content digest), through the registry
         (module docstring): created at `path` (default: in the registry folder) if the source has
         none; refused if it has one elsewhere, or if the one it has is missing or replaced."""
@@ -117,20 +143,30 @@ class BudgetAccount:
         if storage.exists(entry_path):
             entry = storage.read_json(entry_path)
             if path is not None and storage.canonical(path) != entry["account"]:
-                raise UserError(f"this data source already has its budget account {entry['account']}; one data source keeps one account "
-                                 f"(registry {entry_path}): give that one, or no --budget-account")
+                raise UserError(
+                    f"this data source already has its budget account {entry['account']}; one data source keeps one account "
+                    f"(registry {entry_path}): give that one, or no --budget-account"
+                )
             if not storage.exists(entry["account"]):
-                raise AccountMissingError(f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: deleted, "
-                                          "renamed or moved. Its releases still count; restore it (nothing was released)")
+                raise AccountMissingError(
+                    f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: deleted, "
+                    "renamed or moved. Its releases still count; restore it (nothing was released)"
+                )
             account = cls.open_or_create(entry["account"], cap, delta, accountant, window_days)
             if account.document.get("id") != entry["id"]:
-                raise AccountMissingError(f"{entry['account']} is not the budget account the registry {entry_path} names (id {entry['id']}): "
-                                          "it was replaced. The releases of the original still count; restore it (nothing was released)")
+                raise AccountMissingError(
+                    f"{entry['account']} is not the budget account the registry {entry_path} names (id {entry['id']}): "
+                    "it was replaced. The releases of the original still count; restore it (nothing was released)"
+                )
             return account
-        target = storage.canonical(path) if path is not None else storage.join(accounts_home(), f"{source}.account.json")
+        target = (
+            storage.canonical(path) if path is not None else storage.join(accounts_home(), f"{source}.account.json")
+        )
         if storage.exists(target):
-            raise UserError(f"{target} is a budget account the registry {accounts_home()} does not list for this data source; "
-                             "an account serves the data source it was made for: give another path")
+            raise UserError(
+                f"{target} is a budget account the registry {accounts_home()} does not list for this data source; "
+                "an account serves the data source it was made for: give another path"
+            )
         account = cls.open_or_create(target, cap, delta, accountant, window_days, source=source)
         storage.write_json({"source": source, "account": target, "id": account.document["id"]}, entry_path)
         return account
@@ -171,13 +207,20 @@ class BudgetAccount:
         since = (now or _now()) - datetime.timedelta(days=window)
         return [c for c in self.document["charges"] if datetime.datetime.fromisoformat(c["recorded_at"]) >= since]
 
-    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), now: datetime.datetime | None = None, extra_accountant: str | None = None) -> float:
+    def epsilon(
+        self,
+        extra: list[dp_accounting.DpEvent] = (),
+        now: datetime.datetime | None = None,
+        extra_accountant: str | None = None,
+    ) -> float:
         """The lifetime epsilon at the account's delta: every counted charge (and `extra`, accounted
         by `extra_accountant`) composed, per accountant, the groups' epsilons added (module docstring)."""
         own = self.document["accountant"]
         groups: dict[str, list] = {}
         for charge in self.counted(now):
-            groups.setdefault(charge.get("accountant", own), []).append(accounting.event_from_json(json.loads(charge["event"])))
+            groups.setdefault(charge.get("accountant", own), []).append(
+                accounting.event_from_json(json.loads(charge["event"]))
+            )
         if extra:
             groups.setdefault(extra_accountant or own, []).extend(extra)
         share = self.delta / max(len(groups), 1)
@@ -190,7 +233,9 @@ class BudgetAccount:
     def find(self, ledger: str, release: int) -> dict | None:
         return next((c for c in self.document["charges"] if c["ledger"] == ledger and c["release"] == release), None)
 
-    def charge(self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent, accountant: str | None = None) -> None:
+    def charge(
+        self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent, accountant: str | None = None
+    ) -> None:
         """Charge release `release` of `ledger` (composed by `accountant`, default the account's)
         to the account, or refuse it past the cap or without noise on a capped account (nothing
         is charged). Charging the same release with the same event again does nothing."""
@@ -199,23 +244,36 @@ class BudgetAccount:
         existing = self.find(ledger, release)
         if existing is not None:
             if existing["event"] != event_json:
-                raise UserError(f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced")
+                raise UserError(
+                    f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced"
+                )
             return
         accountant = accountant or self.document["accountant"]
         import dp_accounting  # where used (privacy.accounting)
 
         if self.cap is not None and isinstance(event, dp_accounting.NonPrivateDpEvent):
-            raise AccountCapError(f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget account {self.path} "
-                                  f"(cap {self.cap:g}) cannot take; nothing was released")
+            raise AccountCapError(
+                f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget account {self.path} "
+                f"(cap {self.cap:g}) cannot take; nothing was released"
+            )
         if self.cap is not None:
             lifetime = self.epsilon([event], extra_accountant=accountant)
             if lifetime > self.cap * (1 + _TOLERANCE):
                 raise AccountCapError(
                     f"release {name!r} would bring the data source's lifetime epsilon to {lifetime:.4g} at delta {self.delta:g}, over the cap "
                     f"{self.cap:g} of its budget account {self.path} (already spent {self.epsilon():.4g} over {len(self.counted())} releases); "
-                    "nothing was released")
-        self.document["charges"].append({"ledger": ledger, "release": release, "name": name, "event": event_json, "accountant": accountant,
-                                         "recorded_at": _now().isoformat(timespec="seconds")})
+                    "nothing was released"
+                )
+        self.document["charges"].append(
+            {
+                "ledger": ledger,
+                "release": release,
+                "name": name,
+                "event": event_json,
+                "accountant": accountant,
+                "recorded_at": _now().isoformat(timespec="seconds"),
+            }
+        )
         self._save()
 
     def start_round(self, ledger: str, release: int) -> None:
@@ -225,10 +283,14 @@ class BudgetAccount:
         self.reload()
         charge = self.find(ledger, release)
         if charge is None:
-            raise UserError(f"{self.path}: release {release} of ledger {ledger} is not charged; a round starts after its release")
+            raise UserError(
+                f"{self.path}: release {release} of ledger {ledger} is not charged; a round starts after its release"
+            )
         if charge.get("round") == "started":
-            raise UserError(f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
-                             "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a new run")
+            raise UserError(
+                f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
+                "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a new run"
+            )
         charge["round"] = "started"
         self._save()
 
@@ -246,6 +308,10 @@ class BudgetAccount:
         counted = self.counted()
         runs = len({c["ledger"] for c in counted})
         cap = "no cap" if self.cap is None else f"cap {self.cap:g}"
-        window = "lifetime" if self.document.get("window_days") is None else f"last {self.document['window_days']:g} days"
-        return (f"budget account {self.path}: epsilon {self.epsilon():.4g} at delta {self.delta:g} ({window}, {cap}) "
-                f"over {len(counted)} releases of {runs} run(s)")
+        window = (
+            "lifetime" if self.document.get("window_days") is None else f"last {self.document['window_days']:g} days"
+        )
+        return (
+            f"budget account {self.path}: epsilon {self.epsilon():.4g} at delta {self.delta:g} ({window}, {cap}) "
+            f"over {len(counted)} releases of {runs} run(s)"
+        )

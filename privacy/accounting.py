@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import attr
+
 from schemas.errors import UserError
 
 if TYPE_CHECKING:
@@ -91,7 +92,10 @@ def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent
 
     for event in events:
         unfold(event, 1)
-    return [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for _, (event, count) in sorted(counts.items())]
+    return [
+        event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
+        for _, (event, count) in sorted(counts.items())
+    ]
 
 
 def check_budget(epsilon: float, delta: float) -> None:
@@ -131,7 +135,9 @@ def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, i
     """(sampling probability, steps) of `epochs` passes over `units` in expected batches of
     `batch_size`, as TF-Privacy counts them."""
     if units < 1 or not 1 <= batch_size <= units or epochs <= 0:
-        raise UserError(f"need 1 <= batch size <= units and epochs > 0, got units={units}, batch size={batch_size}, epochs={epochs}")
+        raise UserError(
+            f"need 1 <= batch size <= units and epochs > 0, got units={units}, batch size={batch_size}, epochs={epochs}"
+        )
     return batch_size / units, int(math.ceil(epochs * units / batch_size))
 
 
@@ -209,7 +215,9 @@ class Group:
     events: int
 
 
-def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0, gram_share: float = 0.0) -> list[Group]:
+def stats_plan(
+    outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0, gram_share: float = 0.0
+) -> list[Group]:
     """The AM-SSP plan: the count release, optionally the DP mean rating (a sum and a count: two
     events) and one users' Gram matrix per outer step (the implicit-feedback "gravity"), then
     S x R stats tables of two events (A and b) each."""
@@ -219,7 +227,9 @@ def stats_plan(outer_steps: int, resamples: int = 1, count_share: float = 0.1, m
     if not 0 < count_share < 1:
         raise UserError(f"count share must be in (0, 1), got {count_share}")
     if not 0 <= mean_share or not 0 <= gram_share or not mean_share + gram_share < 1 - count_share:
-        raise UserError(f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}")
+        raise UserError(
+            f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}"
+        )
     plan = [Group("counts", count_share, 1)]
     if mean_share > 0:
         plan.append(Group("mean", mean_share, 2))
@@ -240,7 +250,9 @@ def plan_events(multipliers: dict[str, float], plan: list[Group]) -> list[dp_acc
     return [gaussian_event(multipliers[group.name], group.events) for group in plan]
 
 
-def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str = DEFAULT_ACCOUNTANT) -> dict[str, float]:
+def calibrate(
+    epsilon: float, delta: float, plan: list[Group], accountant: str = DEFAULT_ACCOUNTANT
+) -> dict[str, float]:
     """Per-group noise multipliers that spend (epsilon, delta) over the whole plan.
 
     The search runs dp-accounting's `calibrate_dp_mechanism` on the composed event of the full
@@ -263,12 +275,27 @@ def calibrate(epsilon: float, delta: float, plan: list[Group], accountant: str =
     make_accountant(accountant)
     guess = calibrate(epsilon, delta, plan, "rdp")
     total = guess[plan[0].name] / multipliers_for(1.0, plan)[plan[0].name]
-    return multipliers_for(_calibrate(lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)), epsilon, delta,
-                                      accountant, total), plan)
+    return multipliers_for(
+        _calibrate(
+            lambda z: dp_accounting.ComposedDpEvent(plan_events(multipliers_for(z, plan), plan)),
+            epsilon,
+            delta,
+            accountant,
+            total,
+        ),
+        plan,
+    )
 
 
-def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps: int, sampling_probability: float, steps: int,
-                    accountant: str = DEFAULT_ACCOUNTANT) -> dict[str, float]:
+def calibrate_dpsgd(
+    epsilon: float,
+    delta: float,
+    plan: list[Group],
+    outer_steps: int,
+    sampling_probability: float,
+    steps: int,
+    accountant: str = DEFAULT_ACCOUNTANT,
+) -> dict[str, float]:
     """The plan with its stats releases replaced by DP-SGD training (AM-DPSGD): per outer step,
     `steps` Poisson-sampled Gaussian steps. The other groups (counts, mean, gram) keep the
     multipliers they get in the AM-SSP plan of the same budget (so every method pays the same for
@@ -282,8 +309,13 @@ def calibrate_dpsgd(epsilon: float, delta: float, plan: list[Group], outer_steps
     if epsilon == math.inf:
         return {**multipliers, "dpsgd": 0.0}
     dpsgd_event(1.0, sampling_probability, steps)  # validates q and steps
-    multipliers["dpsgd"] = _calibrate(lambda z: dp_accounting.ComposedDpEvent(fixed + [dpsgd_event(z, sampling_probability, steps)] * outer_steps),
-                                      epsilon, delta, accountant, 1.0)  # a Poisson-sampled event needs z > 0: a bracket above 0
+    multipliers["dpsgd"] = _calibrate(
+        lambda z: dp_accounting.ComposedDpEvent(fixed + [dpsgd_event(z, sampling_probability, steps)] * outer_steps),
+        epsilon,
+        delta,
+        accountant,
+        1.0,
+    )  # a Poisson-sampled event needs z > 0: a bracket above 0
     return multipliers
 
 

@@ -34,6 +34,7 @@ from privacy import noise
 from privacy.clipping import check_bound, clip_labels, row_scales
 from schemas.errors import UserError
 
+
 def packed_size(d: int) -> int:
     """Entries in the packed upper triangle of a d x d matrix."""
     return d * (d + 1) // 2
@@ -140,12 +141,20 @@ def grouped_sums(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     keys = np.asarray(keys)
     z = np.asarray(rows, dtype=np.float64)
     if z.ndim != 2 or z.shape[1] < 2 or keys.shape != (z.shape[0],):
-        raise ValueError(f"keys {keys.shape} and kernel rows {z.shape} do not line up (rows are [x, s]: n x (d+1), d >= 1)")
+        raise ValueError(
+            f"keys {keys.shape} and kernel rows {z.shape} do not line up (rows are [x, s]: n x (d+1), d >= 1)"
+        )
     return weighted_grouped_sums(keys, z, d=z.shape[1] - 1)
 
 
-def weighted_grouped_sums(keys: np.ndarray, vectors: np.ndarray, source: np.ndarray | None = None, weights: np.ndarray | None = None,
-                          labels: np.ndarray | None = None, d: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def weighted_grouped_sums(
+    keys: np.ndarray,
+    vectors: np.ndarray,
+    source: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+    d: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per key, sum w_i x_i x_i^T (packed) and sum w_i l_i x_i over the rows i with that key, where
     x_i = vectors[source[i], :d] (a row of a shared table: every row of a user may point to the
     user's one clipped vector; default: source[i] = i), w_i = weights[i] (default 1) and l_i = labels[i] (default: the
@@ -193,8 +202,14 @@ def reduce_by_key(keys: np.ndarray, a_upper: np.ndarray, b: np.ndarray) -> tuple
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else np.zeros(0, np.int64)
-    membership = scipy.sparse.csr_matrix((np.ones(keys.size), order, np.r_[starts, keys.size]), shape=(starts.size, keys.size))
-    return keys[starts], membership @ np.asarray(a_upper, dtype=np.float64), membership @ np.asarray(b, dtype=np.float64)
+    membership = scipy.sparse.csr_matrix(
+        (np.ones(keys.size), order, np.r_[starts, keys.size]), shape=(starts.size, keys.size)
+    )
+    return (
+        keys[starts],
+        membership @ np.asarray(a_upper, dtype=np.float64),
+        membership @ np.asarray(b, dtype=np.float64),
+    )
 
 
 def create(d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -233,7 +248,9 @@ class NoiseSpec:
         return self.noise_multiplier * self.wbar
 
 
-def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec, at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def finalize(
+    item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: NoiseSpec, at: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The released statistics of the given items (new arrays): their merged sums plus the
     release's keyed Gaussian noise, which every item gets, both on the noise's grid
     (`privacy.noise.add_noise`: the sums rounded to a power-of-two grid, the noise drawn on it).
@@ -246,10 +263,16 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
     b = np.asarray(b, dtype=np.float64)
     item_ids = np.asarray(item_ids)
     rows = np.arange(item_ids.size) if at is None else np.asarray(at)
-    if not (item_ids.ndim == 1 and a_upper.ndim == b.ndim == 2 and a_upper.shape[0] == b.shape[0] == rows.size
-            and (rows.size == 0 or (rows.min() >= 0 and rows.max() < item_ids.size and np.all(rows[1:] > rows[:-1])))):
-        raise ValueError(f"finalize needs one row of sums per item, or per distinct position `at`: {item_ids.shape} ids, "
-                         f"{a_upper.shape[0]} A rows, {b.shape[0]} b rows, {rows.size} positions")
+    if not (
+        item_ids.ndim == 1
+        and a_upper.ndim == b.ndim == 2
+        and a_upper.shape[0] == b.shape[0] == rows.size
+        and (rows.size == 0 or (rows.min() >= 0 and rows.max() < item_ids.size and np.all(rows[1:] > rows[:-1])))
+    ):
+        raise ValueError(
+            f"finalize needs one row of sums per item, or per distinct position `at`: {item_ids.shape} ids, "
+            f"{a_upper.shape[0]} A rows, {b.shape[0]} b rows, {rows.size} positions"
+        )
     full = rows.size == item_ids.size  # increasing positions, as many as items: every item, in order
     positions = None if full else rows
     if spec.sigma == 0:  # no noise (clip norms may then be infinite): the sums as they are
@@ -258,5 +281,7 @@ def finalize(item_ids: np.ndarray, a_upper: np.ndarray, b: np.ndarray, spec: Noi
         noise.add_noise(noised_b, 0.0, b, positions)
         return noised_a, noised_b
     std_a, std_b = spec.sigma * spec.clip_u**2, spec.sigma * spec.clip_y * spec.clip_u
-    noised_a, noised_b = noise.released_blocks(spec.seed, spec.release, item_ids, (a_upper, b), (std_a, std_b), positions)
+    noised_a, noised_b = noise.released_blocks(
+        spec.seed, spec.release, item_ids, (a_upper, b), (std_a, std_b), positions
+    )
     return noised_a, noised_b

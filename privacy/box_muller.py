@@ -50,8 +50,10 @@ def _sin_cos_turns(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sin_a = _horner(a2, _SIN) * a
     cos_a = _horner(a2, _COS)
     odd = (quadrant & 1).astype(bool)  # cos and sin of q pi/2 + a: (c, s), (-s, c), (-c, -s), (s, -c)
-    return (np.where(odd, sin_a, cos_a) * np.array([1.0, -1.0, -1.0, 1.0])[quadrant],
-            np.where(odd, cos_a, sin_a) * np.array([1.0, 1.0, -1.0, -1.0])[quadrant])
+    return (
+        np.where(odd, sin_a, cos_a) * np.array([1.0, -1.0, -1.0, 1.0])[quadrant],
+        np.where(odd, cos_a, sin_a) * np.array([1.0, 1.0, -1.0, -1.0])[quadrant],
+    )
 
 
 def _log_series(m: np.ndarray) -> np.ndarray:
@@ -66,8 +68,9 @@ def _log_series(m: np.ndarray) -> np.ndarray:
 # Angle table: cos and sin of 2 pi (j + 1/2) / 2^_TURN_BITS. A draw's angle is its entry's plus a
 # remainder |d| <= pi / 2^_TURN_BITS: sin d = d - d^3/6 and cos d = 1 - d^2/2 leave out under 2^-56.
 _TURN_BITS = 14
-_TURN_COS, _TURN_SIN = _sin_cos_turns((np.arange(1 << _TURN_BITS, dtype=np.uint64) << np.uint64(64 - _TURN_BITS))
-                                      + np.uint64(1 << (63 - _TURN_BITS)))
+_TURN_COS, _TURN_SIN = _sin_cos_turns(
+    (np.arange(1 << _TURN_BITS, dtype=np.uint64) << np.uint64(64 - _TURN_BITS)) + np.uint64(1 << (63 - _TURN_BITS))
+)
 # Log table: mantissas m in [1/2, 1) fall in bins i = floor(m 2^(_LOG_BITS+1)) in [2^_LOG_BITS, 2^(_LOG_BITS+1)),
 # each with its centre c_i (the top bin: 1, so that ln u near 0 keeps its relative precision), 1 / c_i
 # and -2 ln c_i. Then -2 ln m = -2 ln c_i - 2 log1p(r), r = (m - c_i) / c_i, |r| <= 2^-(_LOG_BITS+1), and
@@ -78,7 +81,9 @@ _LOG_CENTRE[: 1 << _LOG_BITS] = 1.0  # unused bins (m < 1/2)
 _LOG_CENTRE[-1] = 1.0
 _LOG_INVERSE = 1.0 / _LOG_CENTRE
 _MINUS_TWO_LOG_CENTRE = -2.0 * _log_series(_LOG_CENTRE)
-_MINUS_TWO_LN2 = -2.0 * math.log(2.0)  # e (-2 ln 2) in one rounding: within 2^-54 |e| of exact, far below an ulp of -2 ln u
+_MINUS_TWO_LN2 = -2.0 * math.log(
+    2.0
+)  # e (-2 ln 2) in one rounding: within 2^-54 |e| of exact, far below an ulp of -2 ln u
 
 
 _BINS_PER_UNIT = float(2 << _LOG_BITS)  # a mantissa m in [1/2, 1) is in log bin floor(m 2^(_LOG_BITS+1))
@@ -107,7 +112,9 @@ def _pairs(words: np.ndarray, out: np.ndarray) -> None:
         e = np.int64(bits >> np.uint64(52)) - 1022
         b = int(m * _BINS_PER_UNIT)
         r = (m - _LOG_CENTRE[b]) * _LOG_INVERSE[b]
-        square = ((((r * 0.5 - 2.0 / 3.0) * r + 1.0) * r - 2.0) * r + _MINUS_TWO_LOG_CENTRE[b]) + float(e) * _MINUS_TWO_LN2
+        square = ((((r * 0.5 - 2.0 / 3.0) * r + 1.0) * r - 2.0) * r + _MINUS_TWO_LOG_CENTRE[b]) + float(
+            e
+        ) * _MINUS_TWO_LN2
         radius = math.sqrt(max(square, 0.0))  # positive already (u < 1): a guard against a NaN radius
         # t = 2 pi (j + 1/2) / 2^_TURN_BITS + d: cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d)
         j = np.int64(angle_word >> _ANGLE_SHIFT)
@@ -120,7 +127,9 @@ def _pairs(words: np.ndarray, out: np.ndarray) -> None:
         out[2 * k + 1] = (sin_j - (sin_j * h - cos_j * sin_d)) * radius
 
 
-def _on_grid(z: np.ndarray, factor: float, grid: float, values: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+def _on_grid(
+    z: np.ndarray, factor: float, grid: float, values: np.ndarray, positions: np.ndarray, out: np.ndarray
+) -> None:
     """out <- grid (rint(z factor) + rint(values / grid) at rows `positions`): privacy.noise.add_noise's
     release (step 4) with the same operations in the same order, one pass over a chunk of items while
     its noise is in the cache. z, out (n, w); values (len(positions), w); positions increasing rows of out."""
@@ -140,5 +149,7 @@ def _on_grid(z: np.ndarray, factor: float, grid: float, values: np.ndarray, posi
 box_muller = numba.njit(nogil=True)(_pairs)
 on_grid = numba.njit(nogil=True)(_on_grid)
 for _kernel in (box_muller, on_grid):
-    with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+    with contextlib.suppress(
+        RuntimeError
+    ):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
         _kernel.enable_caching()

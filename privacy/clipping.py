@@ -8,6 +8,7 @@ u_i and y_i passes through these functions first.
 from __future__ import annotations
 
 import numpy as np
+
 from schemas.errors import UserError
 
 

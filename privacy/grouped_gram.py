@@ -47,17 +47,32 @@ _dsyrk = types.ExternalFunction("ssp_privacy_dsyrk", types.void(*[types.voidptr]
 @intrinsic
 def _prefetch(typingctx, array, index):
     """Ask the CPU to fetch array[index]'s cache line (llvm.prefetch: read, keep in all caches)."""
+
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         byte = ir.IntType(8).as_pointer()
-        fetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte] + [ir.IntType(32)] * 3))
-        builder.call(fetch, [builder.bitcast(builder.gep(data, [args[1]]), byte)] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+        fetch = builder.module.declare_intrinsic(
+            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [byte] + [ir.IntType(32)] * 3)
+        )
+        builder.call(
+            fetch,
+            [builder.bitcast(builder.gep(data, [args[1]]), byte)] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)],
+        )
         return context.get_dummy_value()
+
     return types.void(array, index), codegen
 
 
-def _grouped_gram(starts: np.ndarray, source: np.ndarray, weights: np.ndarray, labels: np.ndarray, vectors: np.ndarray,
-                  a: np.ndarray, b: np.ndarray, block: np.ndarray) -> None:
+def _grouped_gram(
+    starts: np.ndarray,
+    source: np.ndarray,
+    weights: np.ndarray,
+    labels: np.ndarray,
+    vectors: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    block: np.ndarray,
+) -> None:
     """a (groups, d(d+1)/2) and b (groups, d) <- each group's sums (module docstring); `weights` or
     `labels` empty: none given. `vectors` C-contiguous; `block` (at least the largest group's rows
     from GEMM_ROWS on, d + 1) the gathered rows' buffer."""
@@ -84,7 +99,18 @@ def _grouped_gram(starts: np.ndarray, source: np.ndarray, weights: np.ndarray, l
                 block[r, d] = root * (labels[k + r] if labelled else row[d])
             rows[0] = end - k
             # row-major block (rows x (d+1)) is BLAS's column-major (d+1) x rows: gram = block^T block
-            _dsyrk(lower.ctypes, no_trans.ctypes, size.ctypes, rows.ctypes, one.ctypes, block.ctypes, size.ctypes, zero.ctypes, gram.ctypes, size.ctypes)
+            _dsyrk(
+                lower.ctypes,
+                no_trans.ctypes,
+                size.ctypes,
+                rows.ctypes,
+                one.ctypes,
+                block.ctypes,
+                size.ctypes,
+                zero.ctypes,
+                gram.ctypes,
+                size.ctypes,
+            )
         else:
             gram[:] = 0.0
             for r in range(k, end):
@@ -121,11 +147,15 @@ def _counting_order(keys: np.ndarray, low: int, starts: np.ndarray, order: np.nd
 
 grouped_gram_kernel = numba.njit(nogil=True)(_grouped_gram)
 counting_order_kernel = numba.njit(nogil=True)(_counting_order)
-with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+with contextlib.suppress(
+    RuntimeError
+):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
     grouped_gram_kernel.enable_caching()
     counting_order_kernel.enable_caching()
 
-MAX_BINS_PER_KEY = 2  # the counting sort's table at most this many entries per key (and at least 2^16), else a radix argsort
+MAX_BINS_PER_KEY = (
+    2  # the counting sort's table at most this many entries per key (and at least 2^16), else a radix argsort
+)
 
 
 def grouped_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -135,7 +165,9 @@ def grouped_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     sort and no sorted copy of the keys. None when the keys are not integers or span more than
     MAX_BINS_PER_KEY entries per key (a sparse id space: the caller sorts)."""
     keys = np.asarray(keys)
-    if keys.dtype.kind not in "iu" or keys.dtype.itemsize > 8 - (keys.dtype.kind == "u") * 4 or keys.size == 0:  # uint64: its difference leaves int64
+    if (
+        keys.dtype.kind not in "iu" or keys.dtype.itemsize > 8 - (keys.dtype.kind == "u") * 4 or keys.size == 0
+    ):  # uint64: its difference leaves int64
         return None
     low, high = int(keys.min()), int(keys.max())
     span = high - low + 1
@@ -148,8 +180,14 @@ def grouped_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return order, low + present.astype(keys.dtype), np.r_[starts[present], keys.size]
 
 
-def grouped_gram(starts: np.ndarray, source: np.ndarray, vectors: np.ndarray, d: int, weights: np.ndarray | None = None,
-                 labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def grouped_gram(
+    starts: np.ndarray,
+    source: np.ndarray,
+    vectors: np.ndarray,
+    d: int,
+    weights: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(a (groups, d(d+1)/2), b (groups, d)) of the groups whose rows start at `starts` (increasing,
     the last entry the number of rows): module docstring. `vectors` has d + 1 columns when `labels`
     is None (the last one the label), else at least d."""
@@ -168,9 +206,18 @@ def grouped_gram(starts: np.ndarray, source: np.ndarray, vectors: np.ndarray, d:
     groups = starts.size - 1
     a, b = np.empty((groups, d * (d + 1) // 2)), np.empty((groups, d))
     widest = int(np.diff(starts).max(initial=0))
-    block = np.empty((widest if widest >= GEMM_ROWS else 0, d + 1))  # numpy's allocation: huge pages where the kernel offers them
+    block = np.empty(
+        (widest if widest >= GEMM_ROWS else 0, d + 1)
+    )  # numpy's allocation: huge pages where the kernel offers them
     empty = np.zeros(0)
-    grouped_gram_kernel(starts, source,
-                        empty if weights is None else np.ascontiguousarray(weights, dtype=np.float64),
-                        empty if labels is None else np.ascontiguousarray(labels, dtype=np.float64), vectors, a, b, block)
+    grouped_gram_kernel(
+        starts,
+        source,
+        empty if weights is None else np.ascontiguousarray(weights, dtype=np.float64),
+        empty if labels is None else np.ascontiguousarray(labels, dtype=np.float64),
+        vectors,
+        a,
+        b,
+        block,
+    )
     return a, b

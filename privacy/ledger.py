@@ -35,8 +35,8 @@ import pyarrow as pa
 from privacy import accounting
 from privacy.account import AccountMissingError, BudgetAccount
 from schemas import storage
-from schemas.tables import LEDGER, validate_ledger
 from schemas.errors import UserError
+from schemas.tables import LEDGER, validate_ledger
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -59,8 +59,17 @@ class Ledger:
         self.path, self.budget, self.rows = path, budget, rows
 
     @classmethod
-    def create(cls, path: str, epsilon: float, delta: float, accountant: str = accounting.DEFAULT_ACCOUNTANT, unit: str = "user", multipliers: dict | None = None,
-               account: str | None = None, account_id: str | None = None) -> Ledger:
+    def create(
+        cls,
+        path: str,
+        epsilon: float,
+        delta: float,
+        accountant: str = accounting.DEFAULT_ACCOUNTANT,
+        unit: str = "user",
+        multipliers: dict | None = None,
+        account: str | None = None,
+        account_id: str | None = None,
+    ) -> Ledger:
         """A new, empty ledger with a budget (and the path of its data source's budget account, if
         any). epsilon = inf is a non-private run (no cap)."""
         if epsilon != math.inf:
@@ -70,8 +79,14 @@ class Ledger:
         accounting.make_accountant(accountant)
         if unit not in ("user", "example"):
             raise UserError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
-        budget = {"epsilon": epsilon, "delta": delta, "accountant": accountant, "unit": unit, "multipliers": multipliers or {},
-                  "id": secrets.token_hex(16)}  # the ledger's identity, which its seed file is bound to (a copy keeps it, a new ledger never has it)
+        budget = {
+            "epsilon": epsilon,
+            "delta": delta,
+            "accountant": accountant,
+            "unit": unit,
+            "multipliers": multipliers or {},
+            "id": secrets.token_hex(16),
+        }  # the ledger's identity, which its seed file is bound to (a copy keeps it, a new ledger never has it)
         if account is not None:
             budget["account"] = account
             budget["account_id"] = account_id or BudgetAccount.open(account).identity
@@ -104,22 +119,30 @@ class Ledger:
             expected.pop("account", None)
         expected.pop("account_id", None)
         if any(ledger.budget.get(key) != value for key, value in expected.items()):
-            raise UserError(f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget")
+            raise UserError(
+                f"{path}: the run's ledger has budget {ledger.budget}, not {expected}; a run keeps one budget"
+            )
         return ledger
 
     def reload(self) -> None:
         """Take in what other processes recorded since this ledger was read. A ledger that lost
         rows it had, or vanished, is refused: its releases happened and still count."""
         if not storage.exists(self.path):
-            raise UserError(f"{self.path}: the privacy ledger was deleted while in use ({len(self.rows)} releases recorded); "
-                             "its releases still count, so nothing more is released until it is restored")
+            raise UserError(
+                f"{self.path}: the privacy ledger was deleted while in use ({len(self.rows)} releases recorded); "
+                "its releases still count, so nothing more is released until it is restored"
+            )
         current = Ledger.open(self.path)
         if current.budget != self.budget:
-            raise UserError(f"{self.path}: the ledger's budget was replaced while in use ({current.budget}, not {self.budget})")
+            raise UserError(
+                f"{self.path}: the ledger's budget was replaced while in use ({current.budget}, not {self.budget})"
+            )
         known = {(row["release"], row["data_fingerprint"]) for row in current.rows}
         lost = [row["release"] for row in self.rows if (row["release"], row["data_fingerprint"]) not in known]
         if lost:
-            raise UserError(f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released")
+            raise UserError(
+                f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released"
+            )
         self.rows = current.rows
 
     @property
@@ -134,12 +157,16 @@ class Ledger:
         if not path:
             return None
         if not storage.exists(path):
-            raise AccountMissingError(f"{self.path}: the run's budget account {path} is missing (deleted, renamed or moved); its releases still "
-                                      "count, so nothing more is released or published until it is restored")
+            raise AccountMissingError(
+                f"{self.path}: the run's budget account {path} is missing (deleted, renamed or moved); its releases still "
+                "count, so nothing more is released or published until it is restored"
+            )
         account = BudgetAccount.open(path)
         if self.budget.get("account_id") not in (None, account.identity):
-            raise AccountMissingError(f"{self.path}: {path} is not the budget account this run charges (id {self.budget['account_id']}): it was "
-                                      "replaced; the original's releases still count, so nothing more is released or published until it is restored")
+            raise AccountMissingError(
+                f"{self.path}: {path} is not the budget account this run charges (id {self.budget['account_id']}): it was "
+                "replaced; the original's releases still count, so nothing more is released or published until it is restored"
+            )
         return account
 
     def check_account(self) -> dict | None:
@@ -151,16 +178,28 @@ class Ledger:
             return None
         missing = account.missing(self.identity, [row["release"] for row in self.rows])
         if missing:
-            raise UserError(f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced")
+            raise UserError(
+                f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced"
+            )
         lifetime = account.epsilon()
         if account.cap is not None and lifetime > account.cap * (1 + _TOLERANCE):
-            raise UserError(f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}")
-        return {"path": account.path, "epsilon": lifetime, "delta": account.delta, "cap": account.cap,
-                "window_days": account.document.get("window_days"), "releases": len(account.counted())}
+            raise UserError(
+                f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}"
+            )
+        return {
+            "path": account.path,
+            "epsilon": lifetime,
+            "delta": account.delta,
+            "cap": account.cap,
+            "window_days": account.document.get("window_days"),
+            "releases": len(account.counted()),
+        }
 
     def save(self) -> None:
         budget = {**self.budget, "epsilon": str(self.budget["epsilon"])}  # JSON has no inf
-        table = pa.Table.from_pylist(self.rows, schema=LEDGER).replace_schema_metadata({b"budget": json.dumps(budget).encode()})
+        table = pa.Table.from_pylist(self.rows, schema=LEDGER).replace_schema_metadata(
+            {b"budget": json.dumps(budget).encode()}
+        )
         storage.write_table_file(validate_ledger(table), self.path)
 
     def events(self) -> list[dp_accounting.DpEvent]:
@@ -212,8 +251,10 @@ class Ledger:
         if account is not None:  # charged first: a crash before the row below over-counts, never under-counts
             missing = account.missing(self.identity, [row["release"] for row in self.rows])
             if missing:
-                raise AccountMissingError(f"{self.path}: releases {missing} of this run are not charged to its budget account {account.path}: the "
-                                          "account was replaced or rolled back; they still count, so nothing more is released")
+                raise AccountMissingError(
+                    f"{self.path}: releases {missing} of this run are not charged to its budget account {account.path}: the "
+                    "account was replaced or rolled back; they still count, so nothing more is released"
+                )
             account.charge(self.identity, len(self.rows), name, event, self.budget["accountant"])
         noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
         self.rows.append(
@@ -225,7 +266,7 @@ class Ledger:
                 "epsilon_spent": epsilon,
                 "delta": self.budget["delta"],
                 "data_fingerprint": fingerprint,
-                "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             }
         )
         self.save()
@@ -240,7 +281,9 @@ class Ledger:
             f"  {'#':>3}  {'release':<24} {'noise mult.':>11} {'epsilon after':>14}",
         ]
         for row in self.rows:
-            lines.append(f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} {row['epsilon_spent']:>14.4g}")
+            lines.append(
+                f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} {row['epsilon_spent']:>14.4g}"
+            )
         lines.append(f"  epsilon spent: {self.epsilon_spent():.4g} of {b['epsilon']:g}")
         account = self.account()
         if account is not None:

@@ -85,11 +85,14 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from schemas.errors import UserError
 
 SEED_BYTES = 32
 NOISE_VERSION = 4  # part of every release's fingerprint: a release made with other noise is never resumed with this one
-KEY_INFO = b"ssp-recsys noise v4: AES-256 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
+KEY_INFO = (
+    b"ssp-recsys noise v4: AES-256 key of release "  # HKDF info, followed by the release index (8 bytes, big-endian)
+)
 GRID_BITS = 32  # the grid of a noise standard deviation s: 2^(floor(log2 s) - GRID_BITS)
 MAX_VALUES = 1 << 36  # values per item and draw at most: 2^35 AES blocks of 16 bytes
 _CHUNK_BYTES = 1 << 19  # keystream drawn and turned into values at a time (whole items; in the CPU's cache)
@@ -108,7 +111,9 @@ def release_key(seed: bytes, release: int) -> bytes:
 
 @lru_cache(maxsize=64)
 def _release_key(seed: bytes, release: int) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=KEY_INFO + release.to_bytes(8, "big")).derive(seed)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=KEY_INFO + release.to_bytes(8, "big")).derive(
+        seed
+    )
 
 
 def _item_ids(item_ids) -> np.ndarray:
@@ -155,7 +160,9 @@ def _box_muller(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Standard normal values from 64-bit words (1-d, even length): value 2k = R cos t, 2k+1 = R sin t
     of words 2k, 2k+1 (module docstring, step 3), from IEEE-exact operations and privacy.box_muller's
     tables, compiled there."""
-    from privacy.box_muller import box_muller  # numba: imported, and compiled or loaded from its cache, on the first draw
+    from privacy.box_muller import (
+        box_muller,
+    )  # numba: imported, and compiled or loaded from its cache, on the first draw
 
     words = np.ascontiguousarray(words, dtype=np.uint64)
     out = np.empty(words.shape, dtype=np.float64) if out is None else out
@@ -206,12 +213,20 @@ def _normal_chunks(seed: bytes, release: int, ids: np.ndarray, words: int):
     values = np.empty((min(step, ids.size), words), dtype=np.float64)
     for first, chunk in _keystream_chunks(release_key(seed, release), ids, words, step):
         count = chunk.shape[0]
-        _box_muller(chunk.reshape(-1), values[:count].reshape(-1))  # items' pairs one after another (words is even: a contiguous view)
+        _box_muller(
+            chunk.reshape(-1), values[:count].reshape(-1)
+        )  # items' pairs one after another (words is even: a contiguous view)
         yield first, values[:count]
 
 
-def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tuple[np.ndarray, ...], stds: tuple[float, ...],
-                    rows: np.ndarray | None = None) -> list[np.ndarray]:
+def released_blocks(
+    seed: bytes,
+    release: int,
+    item_ids: np.ndarray,
+    blocks: tuple[np.ndarray, ...],
+    stds: tuple[float, ...],
+    rows: np.ndarray | None = None,
+) -> list[np.ndarray]:
     """The release of several blocks noised from one draw: block k is
     add_noise(standard_normal_blocks(...)[k], stds[k], blocks[k], rows), the same bits, with the
     blocks' widths as the draw's sizes; but each chunk of items is scaled, rounded to the grid and
@@ -222,13 +237,18 @@ def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tup
     blocks = tuple(np.asarray(block, dtype=np.float64) for block in blocks)
     sizes = tuple(block.shape[1] for block in blocks)
     if any(float(std) == 0 for std in stds):  # no noise: add_noise's own path
-        return [add_noise(z, std, block, rows) for z, std, block in zip(standard_normal_blocks(seed, release, ids, sizes), stds, blocks)]
+        return [
+            add_noise(z, std, block, rows)
+            for z, std, block in zip(standard_normal_blocks(seed, release, ids, sizes), stds, blocks)
+        ]
     from privacy.box_muller import on_grid
 
     grids = [granularity(std) for std in stds]
     positions = np.arange(ids.size) if rows is None else np.asarray(rows, dtype=np.int64)
     if any(block.shape[0] != positions.size for block in blocks):
-        raise ValueError(f"each block needs one row of values per item with values: {positions.size}, got {[block.shape[0] for block in blocks]}")
+        raise ValueError(
+            f"each block needs one row of values per item with values: {positions.size}, got {[block.shape[0] for block in blocks]}"
+        )
     words = _draw_words(sizes)
     out = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
     for first, values in _normal_chunks(seed, release, ids, words):
@@ -236,8 +256,14 @@ def released_blocks(seed: bytes, release: int, item_ids: np.ndarray, blocks: tup
         low, high = np.searchsorted(positions, (first, first + count))
         column = 0
         for block, std, grid, target in zip(blocks, stds, grids, out):
-            on_grid(values[:, column : column + block.shape[1]], float(std) / grid, grid, block[low:high], positions[low:high] - first,
-                    target[first : first + count])
+            on_grid(
+                values[:, column : column + block.shape[1]],
+                float(std) / grid,
+                grid,
+                block[low:high],
+                positions[low:high] - first,
+                target[first : first + count],
+            )
             column += block.shape[1]
     return out
 
@@ -248,7 +274,9 @@ def granularity(std: float) -> float:
     std = float(std)
     if not (math.isfinite(std) and std > 0):
         raise UserError(f"a noise standard deviation must be finite and > 0, got {std}")
-    mantissa, exponent = math.frexp(std)  # std = mantissa 2^exponent, mantissa in [1/2, 1): floor(log2 std) = exponent - 1
+    mantissa, exponent = math.frexp(
+        std
+    )  # std = mantissa 2^exponent, mantissa in [1/2, 1): floor(log2 std) = exponent - 1
     grid = math.ldexp(1.0, exponent - 1 - GRID_BITS)
     if grid < np.finfo(np.float64).tiny:
         raise UserError(f"noise standard deviation {std} is too small for its grid")

@@ -54,7 +54,9 @@ def effective_clips(clip_u: float) -> tuple[float, float]:
     return clip_u / 2.0, 2.0
 
 
-def kernel_rows(u: np.ndarray, labels: np.ndarray, weights: np.ndarray, expansion_rows: np.ndarray, clip_u: float) -> tuple[np.ndarray, np.ndarray]:
+def kernel_rows(
+    u: np.ndarray, labels: np.ndarray, weights: np.ndarray, expansion_rows: np.ndarray, clip_u: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(rows whose grouped sums' A is H_j, rows whose grouped sums' b is g_j) for rows with user
     embeddings u (clipped here to clip_u), labels y in {0, 1}, weights w and the expansion point
     v0 of each row's item (`expansion_rows`, n x d)."""
@@ -94,7 +96,9 @@ def logistic_weights(positives: np.ndarray, items: int, wbar: float) -> tuple[np
     return w_p * scale, w_n * scale
 
 
-def all_items_sums(u: np.ndarray, negative_weights: np.ndarray, v0: np.ndarray, clip_u: float) -> tuple[np.ndarray, np.ndarray]:
+def all_items_sums(
+    u: np.ndarray, negative_weights: np.ndarray, v0: np.ndarray, clip_u: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(packed H_j, g_j) of every user (rows of u, clipped here) as a negative (label 0) of every item
     of v0 (its expansion points, items x d), weighted by `negative_weights`: a dense n x items block
     of scores, O(n items d^2)."""

@@ -22,34 +22,59 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
     if name == "counts":
         k = settings.get("max_items_per_user")
         verb = "interacted with" if _implicit(settings) else "rated"
-        return (f"how many users {verb} each catalog item (each user's at most K items counted once), and the number of users",
-                f"sqrt(K + 1) = {math.sqrt(k + 1):.4g} (K = {k})" if k else "sqrt(K + 1)")
+        return (
+            f"how many users {verb} each catalog item (each user's at most K items counted once), and the number of users",
+            f"sqrt(K + 1) = {math.sqrt(k + 1):.4g} (K = {k})" if k else "sqrt(K + 1)",
+        )
     if name == "mean":
-        return ("the mean rating: a weighted sum and count of the ratings, each user's weights summing to at most a fixed cap",
-                "set by the cap and the public rating range (pipelines/releases/mean.py)")
+        return (
+            "the mean rating: a weighted sum and count of the ratings, each user's weights summing to at most a fixed cap",
+            "set by the cap and the public rating range (pipelines/releases/mean.py)",
+        )
     if name.endswith("/gram"):  # one unweighted row per user, [Clip(u)] or with biases [Clip(u), k Gamma_u]
         k = settings.get("bias_coordinate", 2.0) if settings.get("biases") else 0.0
-        return ("the users' Gram matrix of item embeddings (implicit feedback)",
-                f"(1 + k^2) Gamma_u^2 = {biased_row_clip(clip_u, k) ** 2:.4g}" if clip_u else "(1 + k^2) Gamma_u^2")
+        return (
+            "the users' Gram matrix of item embeddings (implicit feedback)",
+            f"(1 + k^2) Gamma_u^2 = {biased_row_clip(clip_u, k) ** 2:.4g}" if clip_u else "(1 + k^2) Gamma_u^2",
+        )
     if name.endswith("/dpsgd"):
-        return ("the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
-                f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}")
+        return (
+            "the item update by DP-SGD: every step's sum of per-user gradients (Poisson-sampled users)",
+            f"the per-user gradient clip norm C = {settings.get('dpsgd_clip', 'C')}",
+        )
     if "/stats/" in name and settings.get("item_update") == "item-mean":  # rows [c], c = k Gamma_u
         k = settings.get("bias_coordinate", 2.0)
-        return ("each covered catalog item's weighted count and label sum (the per-item mean; items without rows too)",
-                f"A: wbar (k Gamma_u)^2 = {wbar * biased_row_clip(clip_u, k, has_embedding=False) ** 2:.4g}; "
-                f"b: wbar Gamma_y k Gamma_u = {wbar * clip_y * biased_row_clip(clip_u, k, has_embedding=False):.4g}"
-                if wbar and clip_u and clip_y else "A: wbar (k Gamma_u)^2; b: wbar Gamma_y k Gamma_u")
-    if "/stats/" in name and settings.get("biases"):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
+        return (
+            "each covered catalog item's weighted count and label sum (the per-item mean; items without rows too)",
+            f"A: wbar (k Gamma_u)^2 = {wbar * biased_row_clip(clip_u, k, has_embedding=False) ** 2:.4g}; "
+            f"b: wbar Gamma_y k Gamma_u = {wbar * clip_y * biased_row_clip(clip_u, k, has_embedding=False):.4g}"
+            if wbar and clip_u and clip_y
+            else "A: wbar (k Gamma_u)^2; b: wbar Gamma_y k Gamma_u",
+        )
+    if "/stats/" in name and settings.get(
+        "biases"
+    ):  # rows [Clip(u), c] with c = k Gamma_u: |x|^2 <= (1 + k^2) Gamma_u^2
         k = settings.get("bias_coordinate", 2.0)
-        sensitivity = (f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * biased_row_clip(clip_u, k) ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
-                       f"{wbar * clip_y * biased_row_clip(clip_u, k):.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
-                       if wbar and clip_u and clip_y else "A: wbar (1 + k^2) Gamma_u^2; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u (the bias coordinate c = k Gamma_u appended)")
-        return f"A_j and b_j, the item's bias coordinate included, of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)", sensitivity
+        sensitivity = (
+            f"A: wbar (1 + k^2) Gamma_u^2 = {wbar * biased_row_clip(clip_u, k) ** 2:.4g}; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u = "
+            f"{wbar * clip_y * biased_row_clip(clip_u, k):.4g} (the bias coordinate c = k Gamma_u, k = {k:g}, appended to each clipped user vector)"
+            if wbar and clip_u and clip_y
+            else "A: wbar (1 + k^2) Gamma_u^2; b: wbar Gamma_y sqrt(1 + k^2) Gamma_u (the bias coordinate c = k Gamma_u appended)"
+        )
+        return (
+            f"A_j and b_j, the item's bias coordinate included, of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)",
+            sensitivity,
+        )
     if "/stats/" in name:
-        sensitivity = (f"A: wbar Gamma_u^2 = {wbar * clip_u ** 2:.4g}; b: wbar Gamma_y Gamma_u = {wbar * clip_y * clip_u:.4g}"
-                       if wbar and clip_u and clip_y else "A: wbar Gamma_u^2; b: wbar Gamma_y Gamma_u")
-        return f"A_j and b_j of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)", sensitivity
+        sensitivity = (
+            f"A: wbar Gamma_u^2 = {wbar * clip_u**2:.4g}; b: wbar Gamma_y Gamma_u = {wbar * clip_y * clip_u:.4g}"
+            if wbar and clip_u and clip_y
+            else "A: wbar Gamma_u^2; b: wbar Gamma_y Gamma_u"
+        )
+        return (
+            f"A_j and b_j of every covered catalog item at outer step {name.split('/')[0].removeprefix('step-')} (items without rows too)",
+            sensitivity,
+        )
     return "a release of the run", "see the ledger's event"
 
 
@@ -97,17 +122,22 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
     budget = ledger.budget
     unit = budget["unit"]
     spent = ledger.epsilon_spent()
-    rows, row, verb = ("interactions", "interaction", "interacted with") if _implicit(settings) else ("ratings", "rating", "rated")
+    rows, row, verb = (
+        ("interactions", "interaction", "interacted with") if _implicit(settings) else ("ratings", "rating", "rated")
+    )
     lines = [
         f"# Privacy report: run `{run}`",
         "",
         "## Guarantee",
         "",
         f"- **Unit of privacy: {unit}.** "
-        + (f"Neighbouring data sets differ by all the {rows} of one user, added or removed. Whatever one user's whole history is, "
-           "the run's outputs are almost as likely without it: within a factor e^epsilon, plus delta. (User level implies example level "
-           "with the same epsilon and delta.)" if unit == "user" else
-           f"Neighbouring data sets differ by one {row}. This does not bound what a user with many {rows} reveals."),
+        + (
+            f"Neighbouring data sets differ by all the {rows} of one user, added or removed. Whatever one user's whole history is, "
+            "the run's outputs are almost as likely without it: within a factor e^epsilon, plus delta. (User level implies example level "
+            "with the same epsilon and delta.)"
+            if unit == "user"
+            else f"Neighbouring data sets differ by one {row}. This does not bound what a user with many {rows} reveals."
+        ),
         f"- **epsilon {budget['epsilon']:g}, delta {budget['delta']:g}**, composed over every release below with dp-accounting's "
         f"{budget['accountant'].upper()} accountant. Spent: epsilon {spent:.4g} of {budget['epsilon']:g}.",
         "- The noise of every release was calibrated before the first one, so that together they spend the target; a release that "
@@ -120,8 +150,12 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
     ]
     for row in ledger.rows:
         covers, sensitivity = _covers(row["name"], settings)
-        mechanism = f"Gaussian, noise multiplier {row['noise_multiplier']:.4g}" if row["noise_multiplier"] > 0 else "no noise"
-        lines.append(f"| {row['release']} | `{row['name']}` | {covers} | {mechanism} | {sensitivity} | {row['epsilon_spent']:.4g} |")
+        mechanism = (
+            f"Gaussian, noise multiplier {row['noise_multiplier']:.4g}" if row["noise_multiplier"] > 0 else "no noise"
+        )
+        lines.append(
+            f"| {row['release']} | `{row['name']}` | {covers} | {mechanism} | {sensitivity} | {row['epsilon_spent']:.4g} |"
+        )
     lines += [
         "",
         "The noise standard deviation of a release is its noise multiplier times its sensitivity. Each user's rows enter with weights "
@@ -136,7 +170,8 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         "## What is public, what is private",
         "",
         "- **Public:** the item catalog and the feature families the data set declares public"
-        + (f" ({_families(public_features)})" if public_features else "") + "; "
+        + (f" ({_families(public_features)})" if public_features else "")
+        + "; "
         f"the run's settings (below). Which items a user {verb} is private even though the items' features are public.",
         "- **Released (differentially private):** the ledger, the DP counts, the statistics of every step, the item encoder and the "
         "item embeddings: all computed from the releases above and the public features only.",
@@ -171,11 +206,15 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
     account = ledger.account()
     lines += ["", "## Lifetime budget of the data source", ""]
     if account is None:
-        lines.append("- This run charges no budget account: its epsilon is not composed with other runs on the same users.")
+        lines.append(
+            "- This run charges no budget account: its epsilon is not composed with other runs on the same users."
+        )
     else:
         cap = "no cap" if account.cap is None else f"cap {account.cap:g}"
-        lines.append(f"- Budget account `{account.path.rsplit('/', 1)[-1]}` (id {account.identity}): epsilon {account.epsilon():.4g} at delta "
-                     f"{account.delta:g} ({cap}) over {len(account.counted())} releases of every run on these users it lists.")
+        lines.append(
+            f"- Budget account `{account.path.rsplit('/', 1)[-1]}` (id {account.identity}): epsilon {account.epsilon():.4g} at delta "
+            f"{account.delta:g} ({cap}) over {len(account.counted())} releases of every run on these users it lists."
+        )
     lines += ["", "## Settings", "", "| setting | value |", "| --- | --- |"]
     lines += [f"| `{key}` | {value} |" for key, value in sorted(settings.items())]
     return "\n".join(lines) + "\n"

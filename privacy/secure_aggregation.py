@@ -69,6 +69,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from schemas.errors import UserError
 
 FIELD_PRIME = (1 << 521) - 1  # a Mersenne prime above every 32-byte secret
@@ -192,7 +193,9 @@ def setup_shares(client: int, keys: ClientKeys, graph: dict[int, list[int]], t: 
     return {holder: (position + 1, of_key[holder], of_mask[holder]) for position, holder in enumerate(holders)}
 
 
-def masked_input(client: int, x: np.ndarray, keys: ClientKeys, graph: dict[int, list[int]], public_keys: dict[int, bytes]) -> np.ndarray:
+def masked_input(
+    client: int, x: np.ndarray, keys: ClientKeys, graph: dict[int, list[int]], public_keys: dict[int, bytes]
+) -> np.ndarray:
     """y_i = x_i + PRG(b_i) + sum_{j > i} PRG(s_ij) - sum_{j < i} PRG(s_ij), on the ring."""
     y = np.asarray(x, dtype=np.uint64) + prg(keys.self_mask_seed, x.size)
     for j in graph[client]:
@@ -201,7 +204,9 @@ def masked_input(client: int, x: np.ndarray, keys: ClientKeys, graph: dict[int, 
     return y
 
 
-def revealed_shares(holder: int, held: dict[int, tuple[int, int, int]], survivors: set[int]) -> dict[int, tuple[str, int, int]]:
+def revealed_shares(
+    holder: int, held: dict[int, tuple[int, int, int]], survivors: set[int]
+) -> dict[int, tuple[str, int, int]]:
     """What a surviving holder reveals in the unmasking round: for each client it holds shares of,
     (kind, x, share): the self-mask seed's share for a survivor, the key's share for a dropped client."""
     return {i: ("mask", x, b) if i in survivors else ("key", x, sk) for i, (x, sk, b) in held.items()}
@@ -218,7 +223,9 @@ def sign_survivors(keys: ClientKeys, survivors: frozenset[int], round_id: bytes)
     return keys.signing_key.sign(survivors_message(survivors, round_id))
 
 
-def valid_signers(survivors: frozenset[int], round_id: bytes, signatures: dict[int, bytes], verify_keys: dict[int, bytes]) -> int:
+def valid_signers(
+    survivors: frozenset[int], round_id: bytes, signatures: dict[int, bytes], verify_keys: dict[int, bytes]
+) -> int:
     """How many members of `survivors` signed exactly that set for this round."""
     message, valid = survivors_message(survivors, round_id), 0
     for signer, signature in signatures.items():
@@ -243,8 +250,15 @@ def quorum(clients: int, min_clients: int) -> int:
     return max(min_clients, clients // 2 + 1)
 
 
-def mask_correction(client: int, kind: str, secret: bytes, size: int, graph: dict[int, list[int]], public_keys: dict[int, bytes],
-                    survivors: set[int]) -> np.ndarray:
+def mask_correction(
+    client: int,
+    kind: str,
+    secret: bytes,
+    size: int,
+    graph: dict[int, list[int]],
+    public_keys: dict[int, bytes],
+    survivors: set[int],
+) -> np.ndarray:
     """What the server subtracts for one client once its secret is rebuilt: a survivor's self-mask,
     or the masks a dropped client shared with its surviving neighbours (as they added them)."""
     if kind == "mask":

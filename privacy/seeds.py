@@ -58,7 +58,6 @@ from privacy.noise import SEED_BYTES
 from schemas import storage
 from schemas.errors import UserError
 
-
 ROUND_STARTED, ROUND_UNREVEALED = "started", "refused unrevealed"  # SeedFile.rounds: the states of a federated round
 
 
@@ -66,7 +65,9 @@ class SeedReuseError(UserError):
     """A seed presented for a release it was not bound to."""
 
 
-RELEASE_SEED_INFO = b"ssp-recsys release seed v3\0"  # HKDF info, then the release index (8 bytes, big-endian) and its fingerprint
+RELEASE_SEED_INFO = (
+    b"ssp-recsys release seed v3\0"  # HKDF info, then the release index (8 bytes, big-endian) and its fingerprint
+)
 DIGEST_KEY_INFO = b"ssp-recsys table digest v1"  # HKDF info of the key of the fingerprints' table digests
 
 
@@ -82,12 +83,25 @@ def new_seed() -> bytes:
 class SeedFile:
     """A seed and the release fingerprints it is bound to, stored as JSON at `path`."""
 
-    def __init__(self, path: str, seed: bytes, releases: dict[int, str], ledgers: dict[str, list[int]] | None = None, run: str | None = None,
-                 outputs: dict[int, str] | None = None, rounds: dict[int, str] | None = None, account_charges: int = 0):
+    def __init__(
+        self,
+        path: str,
+        seed: bytes,
+        releases: dict[int, str],
+        ledgers: dict[str, list[int]] | None = None,
+        run: str | None = None,
+        outputs: dict[int, str] | None = None,
+        rounds: dict[int, str] | None = None,
+        account_charges: int = 0,
+    ):
         self.path, self.seed, self.releases = path, seed, releases
         self.ledgers, self.run, self.outputs = ledgers or {}, run, outputs or {}
-        self.rounds = rounds or {}  # release index -> ROUND_STARTED or ROUND_UNREVEALED (federated rounds, `start_round`)
-        self.account_charges = account_charges  # the most charges this run saw in its budget account (`witness_account`)
+        self.rounds = (
+            rounds or {}
+        )  # release index -> ROUND_STARTED or ROUND_UNREVEALED (federated rounds, `start_round`)
+        self.account_charges = (
+            account_charges  # the most charges this run saw in its budget account (`witness_account`)
+        )
 
     @classmethod
     def create(cls, path: str, seed: bytes | None = None) -> SeedFile:
@@ -105,7 +119,9 @@ class SeedFile:
             document = storage.read_json(path)
             seed = bytes.fromhex(document["seed"])
             releases = {int(index): str(fp) for index, fp in document.get("releases", {}).items()}
-            ledgers = {str(ledger): sorted(int(i) for i in indices) for ledger, indices in document.get("ledgers", {}).items()}
+            ledgers = {
+                str(ledger): sorted(int(i) for i in indices) for ledger, indices in document.get("ledgers", {}).items()
+            }
             run = document.get("run")
             outputs = {int(index): str(digest) for index, digest in document.get("outputs", {}).items()}
             rounds = {int(index): str(state) for index, state in document.get("rounds", {}).items()}
@@ -122,8 +138,15 @@ class SeedFile:
         """Take in what other holders of the file bound since it was read (the seed must not change)."""
         current = SeedFile.load(self.path)
         if current.seed != self.seed:
-            raise SeedReuseError(f"{self.path} was replaced by another seed while in use; refusing to release with either")
-        self.releases, self.ledgers, self.run, self.outputs = current.releases, current.ledgers, current.run, current.outputs
+            raise SeedReuseError(
+                f"{self.path} was replaced by another seed while in use; refusing to release with either"
+            )
+        self.releases, self.ledgers, self.run, self.outputs = (
+            current.releases,
+            current.ledgers,
+            current.run,
+            current.outputs,
+        )
         self.rounds, self.account_charges = current.rounds, current.account_charges
 
     @classmethod
@@ -142,7 +165,9 @@ class SeedFile:
         different inputs never get the same noise, whatever happens to the seed file."""
         fingerprint = self.releases.get(int(release))
         if fingerprint is None:
-            raise UserError(f"{self.path}: release {release} is not bound to this seed; its noise is keyed by its fingerprint")
+            raise UserError(
+                f"{self.path}: release {release} is not bound to this seed; its noise is keyed by its fingerprint"
+            )
         return _hkdf(self.seed, RELEASE_SEED_INFO + int(release).to_bytes(8, "big") + bytes.fromhex(fingerprint))
 
     def digest_table(self, path: str) -> str:
@@ -157,8 +182,11 @@ class SeedFile:
         return _hkdf(self.seed, DIGEST_KEY_INFO)
 
     def _save(self) -> None:
-        document = {"seed": self.seed.hex(), "releases": {str(i): fp for i, fp in sorted(self.releases.items())},
-                    "ledgers": {ledger: sorted(indices) for ledger, indices in sorted(self.ledgers.items())}}
+        document = {
+            "seed": self.seed.hex(),
+            "releases": {str(i): fp for i, fp in sorted(self.releases.items())},
+            "ledgers": {ledger: sorted(indices) for ledger, indices in sorted(self.ledgers.items())},
+        }
         if self.run is not None:
             document["run"] = self.run
         if self.outputs:
@@ -176,8 +204,10 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if charges < self.account_charges:
-            raise UserError(f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
-                             "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore it (nothing was released)")
+            raise UserError(
+                f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
+                "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore it (nothing was released)"
+            )
         if charges != self.account_charges and storage.exists(self.path):
             self.account_charges = charges
             self._save()
@@ -216,8 +246,10 @@ class SeedFile:
         """Refuse (without writing) a ledger other than the one this seed is bound to: a seed
         serves one run's ledger, so a seed file copied into another run is refused."""
         if ledger is not None and self.ledgers and ledger not in self.ledgers:
-            raise SeedReuseError(f"the seed in {self.path} is bound to another privacy ledger (id {next(iter(self.ledgers))}), not {ledger}; "
-                                 "a seed serves one run: use a new run (no --seed-file)")
+            raise SeedReuseError(
+                f"the seed in {self.path} is bound to another privacy ledger (id {next(iter(self.ledgers))}), not {ledger}; "
+                "a seed serves one run: use a new run (no --seed-file)"
+            )
 
     def record_output(self, release: int, digest: str) -> None:
         """Note the digest of what release `release` wrote, so a later job can check that a table
@@ -225,7 +257,9 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if release not in self.releases:
-            raise UserError(f"{self.path}: release {release} is not bound to this seed; record its output after the release")
+            raise UserError(
+                f"{self.path}: release {release} is not bound to this seed; record its output after the release"
+            )
         self.outputs[release] = digest
         self._save()
 
@@ -237,11 +271,15 @@ class SeedFile:
         if storage.exists(self.path):
             self.reload()
         if release not in self.releases:
-            raise UserError(f"{self.path}: release {release} is not bound to this seed; start its round after the release")
+            raise UserError(
+                f"{self.path}: release {release} is not bound to this seed; start its round after the release"
+            )
         if self.rounds.get(release) == ROUND_STARTED:
-            raise UserError(f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
-                             "unmasked its sum, and a new round would draw new noise for the same statistics, a release the ledger has not "
-                             "planned; start a new run")
+            raise UserError(
+                f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
+                "unmasked its sum, and a new round would draw new noise for the same statistics, a release the ledger has not "
+                "planned; start a new run"
+            )
         self.rounds[release] = ROUND_STARTED
         self._save()
 
@@ -270,10 +308,14 @@ class SeedFile:
         if self.run == fingerprint:
             return
         if self.run is not None:
-            raise SeedReuseError(f"the seed in {self.path} belongs to a run with other data or settings; reusing it would add the same "
-                                 "noise to different statistics. Use a new run (no --seed-file) or the original data and flags.")
+            raise SeedReuseError(
+                f"the seed in {self.path} belongs to a run with other data or settings; reusing it would add the same "
+                "noise to different statistics. Use a new run (no --seed-file) or the original data and flags."
+            )
         if self.releases:
-            raise SeedReuseError(f"the seed in {self.path} was already used for releases outside a training run; use a new seed (no --seed-file)")
+            raise SeedReuseError(
+                f"the seed in {self.path} was already used for releases outside a training run; use a new seed (no --seed-file)"
+            )
 
     def bind_run(self, fingerprint: str) -> None:
         """Bind the seed to one training run's settings and data; refuse it for any other."""
@@ -317,10 +359,15 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         with np.errstate(over="ignore"):
             hashed = mix64(sums + lengths.astype(np.uint64) * salt64)
         if column.null_count:  # a null list differs from an empty one
-            hashed = np.where(column.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(salt), hashed)
+            hashed = np.where(
+                column.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(salt), hashed
+            )
         return hashed
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        values = [hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8 for v in column.to_pylist()]
+        values = [
+            hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8
+            for v in column.to_pylist()
+        ]
         bits = np.frombuffer(b"".join(values), dtype=np.uint64) if values else np.zeros(0, np.uint64)
     else:
         array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
@@ -428,7 +475,10 @@ def _value_blocks(column: pa.Array, list_key) -> list[np.ndarray]:
         return [head, summed]
     block = np.zeros((rows, 2), dtype=np.uint64)
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        values = [hashlib.blake2b(v.encode(), digest_size=_BLOCK).digest() if v is not None else b"\xff" * _BLOCK for v in column.to_pylist()]
+        values = [
+            hashlib.blake2b(v.encode(), digest_size=_BLOCK).digest() if v is not None else b"\xff" * _BLOCK
+            for v in column.to_pylist()
+        ]
         return [np.frombuffer(b"".join(values), dtype=np.uint64).reshape(-1, 2) if values else block]
     array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
     data = (array.fill_null(0) if array.null_count else array).to_numpy(zero_copy_only=False)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from schemas.ids import IdIndex
 from schemas.errors import UserError
+from schemas.ids import IdIndex
 
 DEFAULT_EXPONENT = -0.25
 
@@ -37,13 +37,22 @@ def _confidence(confidence: np.ndarray | None, size: int) -> np.ndarray:
     if confidence is None:
         return np.ones(size)
     confidence = np.asarray(confidence, dtype=np.float64)
-    if confidence.shape != (size,) or not np.all(np.isfinite(confidence)) or (confidence.size and confidence.min() <= 0):
+    if (
+        confidence.shape != (size,)
+        or not np.all(np.isfinite(confidence))
+        or (confidence.size and confidence.min() <= 0)
+    ):
         raise UserError("row confidences must be finite numbers > 0, one per row")
     return confidence
 
 
-def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: float = DEFAULT_EXPONENT,
-                     known_users: np.ndarray | None = None, confidence: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def user_normalisers(
+    user_ids: np.ndarray,
+    row_counts: np.ndarray,
+    exponent: float = DEFAULT_EXPONENT,
+    known_users: np.ndarray | None = None,
+    confidence: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(sorted user ids, each user's normaliser sum (c_i n_j^e)^2 over all of the user's rows).
 
     `known_users` (sorted, holding every user of the rows) replaces the sort of the rows' user
@@ -55,13 +64,21 @@ def user_normalisers(user_ids: np.ndarray, row_counts: np.ndarray, exponent: flo
         raise UserError(f"user_ids and row_counts must have one shape, got {user_ids.shape} and {counts.shape}")
     rows = np.arange(counts.size)
     if known_users is not None:
-        return normalisers_at(IdIndex(known_users).positions(user_ids, "user"), rows, counts, known_users, exponent, confidence)
+        return normalisers_at(
+            IdIndex(known_users).positions(user_ids, "user"), rows, counts, known_users, exponent, confidence
+        )
     users, group = np.unique(user_ids, return_inverse=True)
     return users, normalisers_at(group, rows, counts, users, exponent, confidence)[1]
 
 
-def normalisers_at(positions: np.ndarray, item_at: np.ndarray, item_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT,
-                   confidence: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def normalisers_at(
+    positions: np.ndarray,
+    item_at: np.ndarray,
+    item_counts: np.ndarray,
+    known_users: np.ndarray,
+    exponent: float = DEFAULT_EXPONENT,
+    confidence: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """`user_normalisers` of rows given by positions: their users' in `known_users` (sorted) and
     their items' in `item_counts` (DP counts), for a caller that has looked both up already. The
     power n^e is taken once per item rather than once per row (the same bits: the same operation
@@ -69,29 +86,50 @@ def normalisers_at(positions: np.ndarray, item_at: np.ndarray, item_counts: np.n
     counts = np.asarray(item_counts, dtype=np.float64)
     _check(1.0, exponent, counts)
     scales = counts**exponent
-    terms = np.square(scales)[item_at] if confidence is None else np.square(_confidence(confidence, np.shape(item_at)[0]) * scales[item_at])
+    terms = (
+        np.square(scales)[item_at]
+        if confidence is None
+        else np.square(_confidence(confidence, np.shape(item_at)[0]) * scales[item_at])
+    )
     present = np.bincount(positions, minlength=known_users.size) > 0
     return known_users[present], np.bincount(positions, weights=terms, minlength=known_users.size)[present]
 
 
-def user_level_weights(user_ids: np.ndarray, row_counts: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,
-                       confidence: np.ndarray | None = None) -> np.ndarray:
+def user_level_weights(
+    user_ids: np.ndarray,
+    row_counts: np.ndarray,
+    wbar: float,
+    exponent: float = DEFAULT_EXPONENT,
+    confidence: np.ndarray | None = None,
+) -> np.ndarray:
     """Weights for rows given each row's user id and the DP count of its item (and its confidence).
 
     Rows may come in any order; the per-user normaliser is computed over all rows of each user
     present in the arrays (so a caller must pass all of a user's rows together).
     """
     users, norms = user_normalisers(user_ids, row_counts, exponent, confidence=confidence)
-    return weights_from_normalisers(row_counts, norms[np.searchsorted(users, np.asarray(user_ids))], wbar, exponent, confidence)
+    return weights_from_normalisers(
+        row_counts, norms[np.searchsorted(users, np.asarray(user_ids))], wbar, exponent, confidence
+    )
 
 
-def weights_from_normalisers(row_counts: np.ndarray, normalisers: np.ndarray, wbar: float, exponent: float = DEFAULT_EXPONENT,
-                             confidence: np.ndarray | None = None) -> np.ndarray:
+def weights_from_normalisers(
+    row_counts: np.ndarray,
+    normalisers: np.ndarray,
+    wbar: float,
+    exponent: float = DEFAULT_EXPONENT,
+    confidence: np.ndarray | None = None,
+) -> np.ndarray:
     """`w_i = wbar * c_i n_j^e / sqrt(normaliser of the row's user)`, the normaliser being the sum of
     (c n^e)^2 over all of that user's rows (`user_normalisers`, with the same confidences)."""
     counts = np.asarray(row_counts, dtype=np.float64)
     _check(float(wbar), exponent, counts)
-    return float(wbar) * _confidence(confidence, counts.size) * counts**exponent / np.sqrt(np.asarray(normalisers, dtype=np.float64))
+    return (
+        float(wbar)
+        * _confidence(confidence, counts.size)
+        * counts**exponent
+        / np.sqrt(np.asarray(normalisers, dtype=np.float64))
+    )
 
 
 def example_level_weights(n_rows: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from schemas.errors import UserError
 
 
@@ -18,7 +19,9 @@ def list_column_to_matrix(column: pa.Array | pa.ChunkedArray, width: int, what: 
     lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
     if column.null_count or (lengths.size and np.any(lengths != width)):
         bad = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False) | (lengths != width))[0])
-        raise UserError(f"{what} of row {bad} has {0 if column[bad].as_py() is None else lengths[bad]} entries, expected {width}")
+        raise UserError(
+            f"{what} of row {bad} has {0 if column[bad].as_py() is None else lengths[bad]} entries, expected {width}"
+        )
     return column.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, width)
 
 

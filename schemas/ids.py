@@ -10,6 +10,7 @@ Sparse ids (hashes) fall back to the binary search. Both give the same positions
 from __future__ import annotations
 
 import numpy as np
+
 from schemas.errors import UserError
 
 DENSE_SPAN_FACTOR = 8  # a position table at most this many times the number of ids (plus DENSE_SLACK)

@@ -29,6 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+
 from schemas.errors import UserError
 
 # gcsfs probes for hierarchical-namespace buckets on every access unless told not to; against the
@@ -82,9 +83,13 @@ def reach_gcs(path: str) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except socket.gaierror as exc:
-        raise UserError(f"{path}: cannot reach {host} (DNS: {exc.strerror or exc}); check the network or STORAGE_EMULATOR_HOST") from None
+        raise UserError(
+            f"{path}: cannot reach {host} (DNS: {exc.strerror or exc}); check the network or STORAGE_EMULATOR_HOST"
+        ) from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)") from None
+        raise UserError(
+            f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)"
+        ) from None
     _REACHED.add(host)
 
 
@@ -152,7 +157,9 @@ class StagedWrite:
         """A Parquet writer for part `index` (the caller closes it); options go to pq.ParquetWriter."""
         fs = self.fs
         fs.makedirs(self.directory, exist_ok=True)
-        return pq.ParquetWriter(posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs), **parquet_options)
+        return pq.ParquetWriter(
+            posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs), **parquet_options
+        )
 
     def write_part(self, index: int, table: pa.Table, **parquet_options) -> str:
         """Write one whole part; returns its name for `commit`."""
@@ -186,7 +193,11 @@ class StagedWrite:
             _clear_stale(self.final)
         else:
             fs.invalidate_cache()
-            previous = [f for f in fs.ls(self.final, detail=False) if posixpath.basename(f) not in names] if fs.exists(self.final) else []
+            previous = (
+                [f for f in fs.ls(self.final, detail=False) if posixpath.basename(f) not in names]
+                if fs.exists(self.final)
+                else []
+            )
             fs.pipe(posixpath.join(self.final, SUCCESS), marker)
             stale = [f for f in previous if posixpath.basename(f) != SUCCESS]
             if stale:
@@ -225,9 +236,21 @@ class TableWriter:
     MAX_FILES_HELD_OPEN files goes without it).
     """
 
-    def __init__(self, path: str, schema: pa.Schema, rows_per_file: int = DEFAULT_ROWS_PER_FILE, together: str | None = None,
-                 in_order: dict[bytes, bytes] | None = None):
-        self.path, self.schema, self.rows_per_file, self.together, self.in_order = path.rstrip("/"), schema, rows_per_file, together, in_order
+    def __init__(
+        self,
+        path: str,
+        schema: pa.Schema,
+        rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+        together: str | None = None,
+        in_order: dict[bytes, bytes] | None = None,
+    ):
+        self.path, self.schema, self.rows_per_file, self.together, self.in_order = (
+            path.rstrip("/"),
+            schema,
+            rows_per_file,
+            together,
+            in_order,
+        )
         self._staged = StagedWrite(self.path)
         self._files: list[str] = []
         self._writers: list[pq.ParquetWriter] = []
@@ -242,7 +265,9 @@ class TableWriter:
         return self._writers[-1] if self._writers else None
 
     def _open_next_file(self) -> None:
-        if len(self._writers) >= MAX_FILES_HELD_OPEN:  # a bound on the writers (and their upload buffers) held open: no declaration then
+        if (
+            len(self._writers) >= MAX_FILES_HELD_OPEN
+        ):  # a bound on the writers (and their upload buffers) held open: no declaration then
             self._ordered = False
         if self._writer is not None and not (self.together and self.in_order and self._ordered):
             self._writer.close()
@@ -408,7 +433,11 @@ def _swap_into_place(staging: str, final: str) -> None:
 
 def _folder_marker(local: str) -> tuple[list[str], bytes]:
     """The relative names of the files under the local folder `local`, and its `_SUCCESS` marker."""
-    names = sorted(posixpath.relpath(os.path.join(top, name), local).replace(os.sep, "/") for top, _, files in os.walk(local) for name in files)
+    names = sorted(
+        posixpath.relpath(os.path.join(top, name), local).replace(os.sep, "/")
+        for top, _, files in os.walk(local)
+        for name in files
+    )
     return names, json.dumps({"files": names}).encode()
 
 
@@ -506,8 +535,10 @@ def _table_files(path: str) -> tuple[fsspec.AbstractFileSystem, list[str]]:
         files = sorted(name for name in present if name.endswith(".parquet"))
     missing = [name for name in files if name not in present]
     if missing:
-        raise MissingTableError(f"table {path} is damaged: its {SUCCESS} marker lists {missing[0]}, which is missing"
-                                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise MissingTableError(
+            f"table {path} is damaged: its {SUCCESS} marker lists {missing[0]}, which is missing"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     return fs, [posixpath.join(inner, name) for name in files]
 
 
@@ -518,7 +549,9 @@ def _read_marker(fs: fsspec.AbstractFileSystem, marker: str, path: str) -> dict:
         if not isinstance(document, dict) or not isinstance(document.get("files", []), list):
             raise UserError("not a JSON object with a list of files")
     except (ValueError, UnicodeDecodeError) as exc:
-        raise MissingTableError(f"{path} is damaged: its {SUCCESS} marker is not the list of its files ({exc})") from None
+        raise MissingTableError(
+            f"{path} is damaged: its {SUCCESS} marker is not the list of its files ({exc})"
+        ) from None
     return document
 
 
@@ -582,7 +615,9 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
     arrow_fs = _arrow_fs(fs)
     for f in files:
         with _reading(f), arrow_fs.open_input_file(f) as handle:
-            yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, columns=columns)
+            yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(
+                batch_size=batch_size, columns=columns
+            )
 
 
 def row_groups(path: str) -> list[tuple[str, int, int]]:
@@ -594,7 +629,9 @@ def row_groups(path: str) -> list[tuple[str, int, int]]:
     for inner in files:
         with _reading(inner), arrow_fs.open_input_file(inner) as handle:
             metadata = pq.ParquetFile(handle).metadata
-        units += [(_url(fs, inner), group, metadata.row_group(group).num_rows) for group in range(metadata.num_row_groups)]
+        units += [
+            (_url(fs, inner), group, metadata.row_group(group).num_rows) for group in range(metadata.num_row_groups)
+        ]
     return units
 
 
@@ -615,11 +652,15 @@ def value_range(file: str, column: str) -> tuple[int, int] | None:
     return (min(lows), max(highs)) if lows else None
 
 
-def iter_row_group(file: str, group: int, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
+def iter_row_group(
+    file: str, group: int, columns: list[str] | None = None, batch_size: int = 65_536
+) -> Iterator[pa.RecordBatch]:
     """Stream one row group of a data file (from `row_groups`) in record batches."""
     fs, inner = filesystem(file)
     with _reading(file), _arrow_fs(fs).open_input_file(inner) as handle:
-        yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(batch_size=batch_size, row_groups=[group], columns=columns)
+        yield from pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20).iter_batches(
+            batch_size=batch_size, row_groups=[group], columns=columns
+        )
 
 
 def _json_ready(value):

@@ -36,7 +36,9 @@ INTERACTIONS = pa.schema(
 # int64 or string value, null when unknown) are listed in the schema metadata under b"features".
 ITEMS_BASE = pa.schema([pa.field("item_id", pa.int64(), nullable=False), pa.field("title", pa.string())])
 MULTIVALENT, UNIVALENT, NUMERIC = "multivalent", "univalent", "numeric"
-CATALOG = pa.schema([ITEMS_BASE.field("item_id")])  # the keys of an items table: what jobs that only need the catalog read
+CATALOG = pa.schema(
+    [ITEMS_BASE.field("item_id")]
+)  # the keys of an items table: what jobs that only need the catalog read
 
 USER_EMBEDDINGS = pa.schema(
     [pa.field("user_id", pa.int64(), nullable=False), pa.field("embedding", FLOAT_LIST, nullable=False)]
@@ -84,10 +86,16 @@ def items_schema(features: dict[str, str], univalent_types: dict[str, pa.DataTyp
             fields.append(pa.field(name, STRING_LIST))
         elif kind == UNIVALENT:
             fields.append(pa.field(name, univalent_types.get(name, pa.int64())))
-        elif kind == NUMERIC:  # a number per item (null: unknown), bucketed by the catalog's quantiles (trainer.features)
+        elif (
+            kind == NUMERIC
+        ):  # a number per item (null: unknown), bucketed by the catalog's quantiles (trainer.features)
             fields.append(pa.field(name, pa.float64()))
         else:
-            raise SchemaError("items", f"feature family kind must be '{MULTIVALENT}', '{UNIVALENT}' or '{NUMERIC}', got {kind!r}", name)
+            raise SchemaError(
+                "items",
+                f"feature family kind must be '{MULTIVALENT}', '{UNIVALENT}' or '{NUMERIC}', got {kind!r}",
+                name,
+            )
     return pa.schema(fields, metadata={b"features": json.dumps(features).encode()})
 
 
@@ -119,14 +127,23 @@ def validate_items(table: pa.Table) -> pa.Table:
             raise SchemaError("items", "declared feature family is missing", name)
         if kind == UNIVALENT:
             kept = table.schema.field(name).type
-            univalent_types[name] = pa.string() if pa.types.is_string(kept) or pa.types.is_large_string(kept) else pa.int64()
+            univalent_types[name] = (
+                pa.string() if pa.types.is_string(kept) or pa.types.is_large_string(kept) else pa.int64()
+            )
     table = _conform(table, items_schema(features, univalent_types), "items")
     _require_unique(table, "item_id", "items")
     for name, kind in features.items():
         if kind == NUMERIC:  # null is unknown; a value is a finite number
-            bad = np.flatnonzero(pc.fill_null(pc.invert(pc.is_finite(table[name])), False).to_numpy(zero_copy_only=False))
+            bad = np.flatnonzero(
+                pc.fill_null(pc.invert(pc.is_finite(table[name])), False).to_numpy(zero_copy_only=False)
+            )
             if bad.size:
-                raise SchemaError("items", f"holds a non-finite number ({table[name][int(bad[0])].as_py()}); leave an unknown value empty", name, int(bad[0]))
+                raise SchemaError(
+                    "items",
+                    f"holds a non-finite number ({table[name][int(bad[0])].as_py()}); leave an unknown value empty",
+                    name,
+                    int(bad[0]),
+                )
     return table
 
 
@@ -154,7 +171,9 @@ def validate_counts(table: pa.Table) -> pa.Table:
     _require_finite(table, "count", "counts")
     low = pc.less(table["count"], 1.0)
     if pc.any(low).as_py():
-        raise SchemaError("counts", f"count {table['count'][_first(low)].as_py()} is below the floor of 1", "count", _first(low))
+        raise SchemaError(
+            "counts", f"count {table['count'][_first(low)].as_py()} is below the floor of 1", "count", _first(low)
+        )
     return table
 
 
@@ -179,7 +198,9 @@ def stats_metadata(schema: pa.Schema) -> dict[str, float]:
     if missing:
         raise SchemaError("stats", f"metadata lacks {', '.join(missing)}")
     values = {key: float(raw[key.encode()]) for key in STATS_METADATA_KEYS}
-    values["bias"] = float(raw.get(b"bias", b"0"))  # 1: the last coordinate is the bias coordinate (absent before biases: 0)
+    values["bias"] = float(
+        raw.get(b"bias", b"0")
+    )  # 1: the last coordinate is the bias coordinate (absent before biases: 0)
     if values["d"] < 1 or values["d"] != int(values["d"]):
         raise SchemaError("stats", f"metadata d must be a positive integer, got {values['d']}")
     return values
@@ -191,7 +212,9 @@ def validate_ledger(table: pa.Table) -> pa.Table:
     releases = table["release"].to_numpy()
     wrong = np.flatnonzero(releases != np.arange(len(releases)))
     if wrong.size:
-        raise SchemaError("ledger", f"release numbers must run 0, 1, 2, ...; found {releases[wrong[0]]}", "release", int(wrong[0]))
+        raise SchemaError(
+            "ledger", f"release numbers must run 0, 1, 2, ...; found {releases[wrong[0]]}", "release", int(wrong[0])
+        )
     for row, event in enumerate(table["event"].to_pylist()):
         try:
             json.loads(event)
@@ -235,7 +258,9 @@ def _conform(table: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
             raise SchemaError(name, "is null", field.name, _first(pc.is_null(column)))
         columns.append(column)
     metadata = table.schema.metadata or schema.metadata
-    return pa.Table.from_arrays(columns, schema=schema.with_metadata(metadata) if metadata else schema.remove_metadata())
+    return pa.Table.from_arrays(
+        columns, schema=schema.with_metadata(metadata) if metadata else schema.remove_metadata()
+    )
 
 
 def _first(mask) -> int:
@@ -250,7 +275,9 @@ def _require_finite(table: pa.Table, column: str, name: str) -> None:
         flat = values.to_numpy()
         bad = np.flatnonzero(~np.isfinite(flat))
         if bad.size:
-            offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(table[column]).to_numpy(zero_copy_only=False))])
+            offsets = np.concatenate(
+                [[0], np.cumsum(pc.list_value_length(table[column]).to_numpy(zero_copy_only=False))]
+            )
             row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
             raise SchemaError(name, f"holds a non-finite value ({flat[bad[0]]})", column, row)
         return

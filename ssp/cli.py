@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import warnings
+
 from schemas.errors import UserError
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
@@ -30,7 +31,8 @@ from pipelines.data import ingest, splits, synth
 from pipelines.engines import shipping
 from pipelines.engines.engine import add_engine_argument, engine_of
 from pipelines.releases import counts, release, stats_job
-from pipelines.training import commands as train_commands, publish, user_stage
+from pipelines.training import commands as train_commands
+from pipelines.training import publish, user_stage
 from pipelines.training.evaluation import describe
 from pipelines.training.item_update import stats_job_of_run
 from pipelines.training.settings import TrainConfig
@@ -39,7 +41,16 @@ from privacy.ledger import Ledger
 from schemas import storage
 from trainer import recommend
 
-FOLDER_OUTPUTS = {"demo": "out", "train": "out", "ingest": "out", "synth": "out", "split": "out", "counts": "out", "stats": "out", "publish": "to"}
+FOLDER_OUTPUTS = {
+    "demo": "out",
+    "train": "out",
+    "ingest": "out",
+    "synth": "out",
+    "split": "out",
+    "counts": "out",
+    "stats": "out",
+    "publish": "to",
+}
 
 
 def _run_split(args: argparse.Namespace) -> int:
@@ -121,26 +132,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation")
-    demo.add_argument("--data", default=ingest.BUNDLED, help="MovieLens or data set folder (default: the bundled ml-latest-small)")
-    demo.add_argument("--out", default="runs/demo", help="run directory: the ledger, the model and metrics.json land there (default: %(default)s)")
-    demo.add_argument("--epsilon", type=float, default=10.0, help="user-level epsilon of the whole run (default: %(default)s; delta 1e-5)")
-    demo.add_argument("--non-private", action="store_true", help="the same pipeline without noise or clipping, for comparison")
+    demo = commands.add_parser(
+        "demo",
+        help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation",
+    )
+    demo.add_argument(
+        "--data", default=ingest.BUNDLED, help="MovieLens or data set folder (default: the bundled ml-latest-small)"
+    )
+    demo.add_argument(
+        "--out",
+        default="runs/demo",
+        help="run directory: the ledger, the model and metrics.json land there (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--epsilon",
+        type=float,
+        default=10.0,
+        help="user-level epsilon of the whole run (default: %(default)s; delta 1e-5)",
+    )
+    demo.add_argument(
+        "--non-private", action="store_true", help="the same pipeline without noise or clipping, for comparison"
+    )
     demo.set_defaults(handler=_run_demo)
 
-    train_cmd = commands.add_parser("train", help="the end-to-end training run (alternating minimization, DP statistics, SSP trainer, evaluation)")
+    train_cmd = commands.add_parser(
+        "train", help="the end-to-end training run (alternating minimization, DP statistics, SSP trainer, evaluation)"
+    )
     train_commands.add_arguments(train_cmd)
     train_cmd.set_defaults(handler=train_commands.main)
 
-    ingest_cmd = commands.add_parser("ingest", help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the canonical tables")
+    ingest_cmd = commands.add_parser(
+        "ingest",
+        help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the canonical tables",
+    )
     ingest.add_arguments(ingest_cmd)
     ingest_cmd.set_defaults(handler=ingest.run)
 
-    synth_cmd = commands.add_parser("synth", help="generate a synthetic data set (power-law items, planted low-rank ratings)")
+    synth_cmd = commands.add_parser(
+        "synth", help="generate a synthetic data set (power-law items, planted low-rank ratings)"
+    )
     synth.add_arguments(synth_cmd)
     synth_cmd.set_defaults(handler=synth.run)
 
-    split_cmd = commands.add_parser("split", help="split a data set by a benchmark protocol (rmse: 80/10/10 ratings; recall: held-out users)")
+    split_cmd = commands.add_parser(
+        "split", help="split a data set by a benchmark protocol (rmse: 80/10/10 ratings; recall: held-out users)"
+    )
     splits.add_arguments(split_cmd)
     add_engine_argument(split_cmd)
     split_cmd.set_defaults(handler=_run_split, data=ingest.BUNDLED)
@@ -150,48 +186,82 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_argument(counts_cmd)
     counts_cmd.set_defaults(handler=_run_counts)
 
-    stats_cmd = commands.add_parser("stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)")
+    stats_cmd = commands.add_parser(
+        "stats", help="release the noised A_j, b_j of every item (Spark, or Beam with --engine beam)"
+    )
     stats_job.add_arguments(stats_cmd)
     add_engine_argument(stats_cmd)
-    stats_cmd.add_argument("--master", help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine)")
+    stats_cmd.add_argument(
+        "--master",
+        help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine)",
+    )
     stats_cmd.set_defaults(handler=_run_stats)
 
     user_cmd = commands.add_parser("user-update", help="solve every user's embedding against item embeddings (Spark)")
     user_stage.add_arguments(user_cmd)
     user_cmd.set_defaults(handler=user_stage.main)
 
-    item_cmd = commands.add_parser("item-update", help="a run's item update of outer step s (TensorFlow), from its released statistics")
+    item_cmd = commands.add_parser(
+        "item-update", help="a run's item update of outer step s (TensorFlow), from its released statistics"
+    )
     train_commands.add_stage_arguments(item_cmd, step=True)
     item_cmd.set_defaults(handler=train_commands.item_update_main)
 
-    evaluate_cmd = commands.add_parser("evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json")
+    evaluate_cmd = commands.add_parser(
+        "evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json"
+    )
     train_commands.add_stage_arguments(evaluate_cmd, step=False)
     evaluate_cmd.set_defaults(handler=train_commands.evaluate_main)
 
-    publish_cmd = commands.add_parser("publish", help="copy a finished run's encoder, item embeddings and privacy summary to a destination, "
-                                      "if its ledger is within budget")
+    publish_cmd = commands.add_parser(
+        "publish",
+        help="copy a finished run's encoder, item embeddings and privacy summary to a destination, "
+        "if its ledger is within budget",
+    )
     publish.add_arguments(publish_cmd)
     publish_cmd.set_defaults(handler=publish.main)
 
-    commands.add_parser("bench", add_help=False, help="reproduce the paper's experiments into a report (`ssp bench --help`; same as `python -m bench`)")
-    commands.add_parser("audit", add_help=False, help="empirical privacy audit of the real releases with canary users (`ssp audit --help`; bench.audit)")
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help="reproduce the paper's experiments into a report (`ssp bench --help`; same as `python -m bench`)",
+    )
+    commands.add_parser(
+        "audit",
+        add_help=False,
+        help="empirical privacy audit of the real releases with canary users (`ssp audit --help`; bench.audit)",
+    )
 
-    recommend_cmd = commands.add_parser("recommend", help="top-k items for users from a published model and their own history, "
-                                        "solved on this machine (Parquet in, Parquet or CSV out)")
+    recommend_cmd = commands.add_parser(
+        "recommend",
+        help="top-k items for users from a published model and their own history, "
+        "solved on this machine (Parquet in, Parquet or CSV out)",
+    )
     recommend.add_arguments(recommend_cmd)
     recommend_cmd.set_defaults(handler=recommend.run)
 
-    package_cmd = commands.add_parser("spark-package", help="build what a Spark cluster's executors need (the project zip, a slim Python "
-                                      "environment) and print the spark-submit line that ships them")
+    package_cmd = commands.add_parser(
+        "spark-package",
+        help="build what a Spark cluster's executors need (the project zip, a slim Python "
+        "environment) and print the spark-submit line that ships them",
+    )
     shipping.add_arguments(package_cmd)
     package_cmd.set_defaults(handler=shipping.run)
 
     privacy_cmd = commands.add_parser("privacy", help="print a run's privacy ledger and the epsilon spent")
     privacy_cmd.add_argument("run", help="run folder (holding ledger.parquet) or a ledger file")
-    privacy_cmd.add_argument("--format", choices=("text", "md"), default="text",
-                             help="text: the ledger as a table (default); md: the run's privacy report for a reviewer (its privacy.md)")
-    privacy_cmd.add_argument("--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon")
-    privacy_cmd.add_argument("--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this")
+    privacy_cmd.add_argument(
+        "--format",
+        choices=("text", "md"),
+        default="text",
+        help="text: the ledger as a table (default); md: the run's privacy report for a reviewer (its privacy.md)",
+    )
+    privacy_cmd.add_argument(
+        "--max-epsilon", type=float, help="fail (exit status 2) if the ledger has spent more than this epsilon"
+    )
+    privacy_cmd.add_argument(
+        "--max-delta", type=float, help="fail (exit status 2) if the run's delta is larger than this"
+    )
     privacy_cmd.set_defaults(handler=_run_privacy)
     for name, subcommand in commands.choices.items():
         if name not in ("bench", "audit"):  # they parse their own flags
@@ -228,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
             storage.require_folder_target(getattr(args, flag), f"--{flag}")
         return args.handler(args)
 
-    return command.run(args.command, checked_and_run, output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None))
+    return command.run(
+        args.command,
+        checked_and_run,
+        output=next((getattr(args, name) for name in ("out", "to", "run") if getattr(args, name, None)), None),
+    )
 
 
 def entry() -> None:

@@ -35,8 +35,12 @@ def pytest_configure(config):
     targets = [os.path.abspath(arg.split("::")[0]) for arg in config.args] or [os.path.join(ROOT, "tests")]
     dags = os.path.join(ROOT, "tests", "infra")
     if any(dags.startswith(target) or target.startswith(dags) for target in targets):
-        subprocess.Popen(["bash", os.path.join(ROOT, "infra", "airflow", "setup.sh")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(
+            ["bash", os.path.join(ROOT, "infra", "airflow", "setup.sh")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,9 +72,22 @@ def gcs_bucket():
     """A bucket on a gcp-storage-emulator process; yields its gs:// URL."""
     port, bucket = _free_port(), "ssp-test"
     server = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
-         "--in-memory", "--default-bucket", bucket, "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "gcp_storage_emulator",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+            "--default-bucket",
+            bucket,
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
     while True:
@@ -113,30 +130,65 @@ def sample_tables():
     from schemas import tables as t
 
     items = pa.Table.from_pydict(
-        {"item_id": [1, 2, 3], "title": ["A (1995)", "B", "Ç (2001)"], "genres": [["Comedy"], [], ["Drama", "War"]], "year": [1995, None, 2001]},
+        {
+            "item_id": [1, 2, 3],
+            "title": ["A (1995)", "B", "Ç (2001)"],
+            "genres": [["Comedy"], [], ["Drama", "War"]],
+            "year": [1995, None, 2001],
+        },
         schema=t.items_schema({"genres": t.MULTIVALENT, "year": t.UNIVALENT}),
     )
-    stats_meta = {b"d": b"2", b"noise_multiplier": b"0.5", b"clip_u": b"1.0", b"clip_y": b"2.0", b"wbar": b"1.0", b"release": b"3", b"resample": b"0"}
+    stats_meta = {
+        b"d": b"2",
+        b"noise_multiplier": b"0.5",
+        b"clip_u": b"1.0",
+        b"clip_y": b"2.0",
+        b"wbar": b"1.0",
+        b"release": b"3",
+        b"resample": b"0",
+    }
     return {
         "interactions": (
-            pa.Table.from_pydict({"user_id": [1, 1, 2], "item_id": [1, 3, 3], "label": [4.0, 2.5, 5.0], "timestamp": [10, 11, None]}, schema=t.INTERACTIONS),
+            pa.Table.from_pydict(
+                {"user_id": [1, 1, 2], "item_id": [1, 3, 3], "label": [4.0, 2.5, 5.0], "timestamp": [10, 11, None]},
+                schema=t.INTERACTIONS,
+            ),
             t.validate_interactions,
         ),
         "items": (items, t.validate_items),
-        "user_embeddings": (pa.Table.from_pydict({"user_id": [1, 2], "embedding": [[0.1, 0.2], [0.3, -0.4]]}, schema=t.USER_EMBEDDINGS), t.validate_user_embeddings),
-        "item_embeddings": (pa.Table.from_pydict({"item_id": [1, 2, 3], "embedding": [[1.0], [2.0], [3.0]]}, schema=t.ITEM_EMBEDDINGS), t.validate_item_embeddings),
-        "counts": (pa.Table.from_pydict({"item_id": [1, 2, 3], "count": [1.0, 7.5, 2.0]}, schema=t.COUNTS), t.validate_counts),
+        "user_embeddings": (
+            pa.Table.from_pydict({"user_id": [1, 2], "embedding": [[0.1, 0.2], [0.3, -0.4]]}, schema=t.USER_EMBEDDINGS),
+            t.validate_user_embeddings,
+        ),
+        "item_embeddings": (
+            pa.Table.from_pydict({"item_id": [1, 2, 3], "embedding": [[1.0], [2.0], [3.0]]}, schema=t.ITEM_EMBEDDINGS),
+            t.validate_item_embeddings,
+        ),
+        "counts": (
+            pa.Table.from_pydict({"item_id": [1, 2, 3], "count": [1.0, 7.5, 2.0]}, schema=t.COUNTS),
+            t.validate_counts,
+        ),
         "stats": (
-            pa.Table.from_pydict({"item_id": [1, 2], "a_upper": [[1.0, 0.5, 2.0], [0.0, 0.0, 0.0]], "b": [[1.0, -1.0], [0.0, 0.0]]}, schema=t.STATS.with_metadata(stats_meta)),
+            pa.Table.from_pydict(
+                {"item_id": [1, 2], "a_upper": [[1.0, 0.5, 2.0], [0.0, 0.0, 0.0]], "b": [[1.0, -1.0], [0.0, 0.0]]},
+                schema=t.STATS.with_metadata(stats_meta),
+            ),
             t.validate_stats,
         ),
         "ledger": (
             pa.Table.from_pydict(
                 {
-                    "release": [0, 1], "name": ["counts", "step-1/A"],
-                    "event": [json.dumps({"type": "gaussian", "noise_multiplier": 4.0}), json.dumps({"type": "gaussian", "noise_multiplier": 2.0})],
-                    "noise_multiplier": [4.0, 2.0], "epsilon_spent": [0.5, 1.2], "delta": [1e-5, 1e-5],
-                    "data_fingerprint": ["ab12", "ab12"], "recorded_at": ["2026-01-01T00:00:00Z"] * 2,
+                    "release": [0, 1],
+                    "name": ["counts", "step-1/A"],
+                    "event": [
+                        json.dumps({"type": "gaussian", "noise_multiplier": 4.0}),
+                        json.dumps({"type": "gaussian", "noise_multiplier": 2.0}),
+                    ],
+                    "noise_multiplier": [4.0, 2.0],
+                    "epsilon_spent": [0.5, 1.2],
+                    "delta": [1e-5, 1e-5],
+                    "data_fingerprint": ["ab12", "ab12"],
+                    "recorded_at": ["2026-01-01T00:00:00Z"] * 2,
                 },
                 schema=t.LEDGER,
             ),

@@ -38,8 +38,17 @@ def spark_env(**extra: str) -> dict[str, str]:
     """The environment of the daemons and of spark-submit: this pyspark as SPARK_HOME, everything on
     the loopback address, no PYTHONPATH of this process (the project must reach the executors by
     what the job ships)."""
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOCAL_HOSTNAME="127.0.0.1", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    env.update(
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOCAL_HOSTNAME="127.0.0.1",
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
     env.update(extra)
     return env
 
@@ -61,11 +70,17 @@ class Cluster:
     def executors_of(self, app_name: str) -> list[tuple[str, dict]]:
         """(worker id, executor) of every executor that ran for the applications named `app_name`,
         as the master's workers report them."""
-        apps = {app["id"] for app in self.state()["completedapps"] + self.state()["activeapps"] if app["name"] == app_name}
+        apps = {
+            app["id"] for app in self.state()["completedapps"] + self.state()["activeapps"] if app["name"] == app_name
+        }
         found = []
         for worker in self.state()["workers"]:
             report = get_json(f"{worker['webuiaddress'].replace(socket.gethostname(), '127.0.0.1')}/json/")
-            found += [(worker["id"], executor) for executor in report["executors"] + report["finishedexecutors"] if executor["appid"] in apps]
+            found += [
+                (worker["id"], executor)
+                for executor in report["executors"] + report["finishedexecutors"]
+                if executor["appid"] in apps
+            ]
         return found
 
     def command(self, *args, conf: dict[str, str] | None = None) -> list[str]:
@@ -74,10 +89,24 @@ class Cluster:
         confs = [part for key, value in conf.items() for part in ("--conf", f"{key}={value}")]
         return [str(BIN / "spark-submit"), "--master", self.master, *confs, *map(str, args)]
 
-    def submit(self, *args, cwd: Path = ROOT, conf: dict[str, str] | None = None, timeout: float = 240, check: bool = True,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def submit(
+        self,
+        *args,
+        cwd: Path = ROOT,
+        conf: dict[str, str] | None = None,
+        timeout: float = 240,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run `command(ARGS)` from `cwd` and wait for it."""
-        result = subprocess.run(self.command(*args, conf=conf), cwd=cwd, env=env or spark_env(), capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            self.command(*args, conf=conf),
+            cwd=cwd,
+            env=env or spark_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
             assert result.returncode == 0, result.stderr[-4000:]
         return result
@@ -95,18 +124,44 @@ def standalone_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: s
 
     def start(name: str, *args: str) -> None:
         log = open(folder / f"{name}.log", "w")
-        daemons.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        daemons.append(
+            subprocess.Popen(
+                [spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
         log.close()
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(web))
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(web),
+        )
         cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", folder)
         _wait(lambda: cluster.state()["status"] == "ALIVE", "the master", daemons)
         for k in range(workers):
             work = folder / f"worker-{k}"
             work.mkdir(exist_ok=True)
-            start(f"worker-{k}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                  "--webui-port", str(free_port()), "--work-dir", str(work), cluster.master)
+            start(
+                f"worker-{k}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(work),
+                cluster.master,
+            )
         _wait(lambda: cluster.state()["aliveworkers"] == workers, f"{workers} workers", daemons)
         yield cluster
     finally:

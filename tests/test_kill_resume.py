@@ -64,7 +64,20 @@ EPSILON, DELTA = 5.0, 1e-5
 # The fastest full run that still makes several releases (counts, mean, one statistics release per
 # outer step) and has an outer step to resume after: about 40 s on an idle 2-core machine, most of
 # it Spark's start and first job; the whole test takes about 4 T.
-TRAIN_FLAGS = ["--epsilon", str(EPSILON), "--delta", str(DELTA), "--outer-steps", "2", "--epochs", "1", "--dim", "4", "--shards", "1"]
+TRAIN_FLAGS = [
+    "--epsilon",
+    str(EPSILON),
+    "--delta",
+    str(DELTA),
+    "--outer-steps",
+    "2",
+    "--epochs",
+    "1",
+    "--dim",
+    "4",
+    "--shards",
+    "1",
+]
 KILLS = 3
 SEED = int(os.environ.get("SSP_KILL_SEED", "20261127"))
 RUN_TIMEOUT = 300  # seconds for a whole run, far above T: only a hung run hits it
@@ -80,9 +93,13 @@ def _start_train(data: Path, run: Path, log: Path, stage: tuple[str, ...] = ()) 
     """`ssp train` (with `stage`: `--stage prepare`) as its own process group (Spark's JVM is its
     child), its output in `log`."""
     with open(log, "wb") as out:
-        return subprocess.Popen([SSP, "train", "--data", str(data), "--out", str(run), *TRAIN_FLAGS, *stage],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a killed run's log keeps its last lines
+        return subprocess.Popen(
+            [SSP, "train", "--data", str(data), "--out", str(run), *TRAIN_FLAGS, *stage],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # a killed run's log keeps its last lines
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -130,7 +147,9 @@ def _staging(name: str) -> bool:
 def _check_table_folder(folder: Path) -> list[str]:
     marker = folder / "_SUCCESS"
     if not marker.is_file():
-        return [f"{folder}: a table folder without a _SUCCESS marker (half a table is visible); it holds {sorted(os.listdir(folder))}"]
+        return [
+            f"{folder}: a table folder without a _SUCCESS marker (half a table is visible); it holds {sorted(os.listdir(folder))}"
+        ]
     try:
         document = json.loads(marker.read_bytes())
         files, rows = document["files"], document["rows"]
@@ -185,12 +204,17 @@ def _ledger_problems(run: Path) -> list[str]:
     """The ledger checked by `ssp privacy` with the run's limits, and against the releases whose outputs are visible."""
     ledger_path = run / "ledger.parquet"
     released = {"counts": _committed(run / "counts" / "counts.parquet")}
-    released.update({f"{step.name}/stats/r0": _committed(step / "stats" / "resample-0.parquet") for step in run.glob("step-*")})
+    released.update(
+        {f"{step.name}/stats/r0": _committed(step / "stats" / "resample-0.parquet") for step in run.glob("step-*")}
+    )
     if not ledger_path.exists():
         made = [name for name, visible in released.items() if visible]
         return [f"no ledger, but the outputs of releases {made} are visible"] if made else []
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):  # `ssp privacy`, through its entry point in this process
+    with (
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):  # `ssp privacy`, through its entry point in this process
         status = cli.main(["privacy", str(run), "--max-epsilon", str(EPSILON), "--max-delta", str(DELTA)])
     if status != 0:
         return [f"`ssp privacy` exited {status}:\n{stdout.getvalue()}{stderr.getvalue()}"]
@@ -200,7 +224,9 @@ def _ledger_problems(run: Path) -> list[str]:
     if not spent <= EPSILON * (1 + TOLERANCE):
         problems.append(f"epsilon spent {spent!r} exceeds the target {EPSILON}")
     if [row["release"] for row in ledger.rows] != list(range(len(names))) or len(set(names)) != len(names):
-        problems.append(f"ledger rows are not one release each: {[(row['release'], row['name']) for row in ledger.rows]}")
+        problems.append(
+            f"ledger rows are not one release each: {[(row['release'], row['name']) for row in ledger.rows]}"
+        )
     unrecorded = [name for name, visible in released.items() if visible and name not in names]
     if unrecorded:
         problems.append(f"outputs of releases {unrecorded} are visible but the ledger lists only {names}")
@@ -212,15 +238,19 @@ def _reference(root: Path, stage: tuple[str, ...] = ()) -> tuple[Path, float, fl
     run folder appeared, its ledger)."""
     data = root / "data"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert cli.main(["synth", "--users", "200", "--items", "50", "--ratings-per-user", "10", "--out", str(data), "-q"]) == 0
+        assert (
+            cli.main(["synth", "--users", "200", "--items", "50", "--ratings-per-user", "10", "--out", str(data), "-q"])
+            == 0
+        )
     log = root / "train.log"
     status, seconds, appeared = _run_to_end(data, root / "runs" / "run", log, stage)
     assert status == 0, f"the uninterrupted run failed ({status}):\n{_tail(log)}"
     return data, seconds, appeared or 0.0, Ledger.open(str(root / "runs" / "run" / "ledger.parquet"))
 
 
-def _kill_resume_and_check(data: Path, delays: list[float], seconds: float, expected: Ledger, folder: Path,
-                           stage: tuple[str, ...] = ()) -> tuple[Path, Ledger, str]:
+def _kill_resume_and_check(
+    data: Path, delays: list[float], seconds: float, expected: Ledger, folder: Path, stage: tuple[str, ...] = ()
+) -> tuple[Path, Ledger, str]:
     """Start the run once per delay and SIGKILL it after that delay, checking the run folder after
     every kill, then once more to the end: the checks of the module docstring, and the last start's
     ledger against the uninterrupted run's (which took `seconds`). Returns (run folder, its ledger,
@@ -243,7 +273,11 @@ def _kill_resume_and_check(data: Path, delays: list[float], seconds: float, expe
         finally:
             _kill_group(proc)
         problems = _visible_damage(run) + _ledger_problems(run)
-        assert not problems, f"after the kill at {delay:.2f} s of attempt {attempt} ({context()}):\n" + "\n".join(problems) + f"\n--- its output:\n{_tail(log)}"
+        assert not problems, (
+            f"after the kill at {delay:.2f} s of attempt {attempt} ({context()}):\n"
+            + "\n".join(problems)
+            + f"\n--- its output:\n{_tail(log)}"
+        )
 
     log = folder / "final.log"
     status, _, _ = _run_to_end(data, run, log, stage)
@@ -254,13 +288,17 @@ def _kill_resume_and_check(data: Path, delays: list[float], seconds: float, expe
     ledger = Ledger.open(str(run / "ledger.parquet"))
     got = [(row["release"], row["name"], row["event"]) for row in ledger.rows]
     want = [(row["release"], row["name"], row["event"]) for row in expected.rows]
-    assert got == want, f"the resumed run's releases differ from an uninterrupted run's ({context()}):\n{got}\nexpected\n{want}"
+    assert got == want, (
+        f"the resumed run's releases differ from an uninterrupted run's ({context()}):\n{got}\nexpected\n{want}"
+    )
     assert ledger.epsilon_spent() == pytest.approx(expected.epsilon_spent(), rel=1e-9), context()
     assert ledger.epsilon_spent() <= EPSILON * (1 + TOLERANCE), context()
     # the data source's budget account (beside the runs) is charged once per release, kills or not
     account = BudgetAccount.open(str(ledger.budget["account"]))
     charged = [(c["release"], c["name"]) for c in account.document["charges"] if c["ledger"] == ledger.identity]
-    assert sorted(charged) == [(row["release"], row["name"]) for row in ledger.rows], f"budget account {account.path} ({context()})"
+    assert sorted(charged) == [(row["release"], row["name"]) for row in ledger.rows], (
+        f"budget account {account.path} ({context()})"
+    )
     return run, ledger, context()
 
 
@@ -299,6 +337,8 @@ def test_killed_prepare_stage_resumes_consistent_and_spends_its_budget_once(prep
     part = (seconds - appeared) / KILLS
     delays = [appeared + part * (k + rng.random()) for k in range(KILLS)]
     run, ledger, context = _kill_resume_and_check(data, delays, seconds, expected, tmp_path, PREPARE)
-    assert Run(str(run)).prepared()["prepared"], f"the resumed prepare stage did not record the run as prepared ({context})"
+    assert Run(str(run)).prepared()["prepared"], (
+        f"the resumed prepare stage did not record the run as prepared ({context})"
+    )
     assert [row["name"] for row in ledger.rows] == ["counts", "mean"], context  # the stage's releases, each once
     print(context)  # shown with -rP: which moments were tried

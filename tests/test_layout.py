@@ -32,7 +32,10 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module for alias in node.names]
+            names = [
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                for alias in node.names
+            ]
         else:
             continue
         for name in names:
@@ -65,8 +68,12 @@ def test_every_module_belongs_to_a_floor():
 
 
 def test_no_import_points_up():
-    upward = sorted(f"{module} -> {target}" for module, targets in _graph().items() for target in targets
-                    if not module.startswith(target + ".") and floor(target) > floor(module))
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if not module.startswith(target + ".") and floor(target) > floor(module)
+    )
     assert not upward, "imports from a lower floor to a higher one:\n" + "\n".join(upward)
 
 
@@ -76,10 +83,12 @@ def test_no_import_circle():
     def visit(module: str, path: list[str]) -> None:
         state[module] = "open"
         for target in sorted(graph[module]):
-            if module.startswith(target + "."):  # a module imports its own package's __init__: not an arrow between modules
+            if module.startswith(
+                target + "."
+            ):  # a module imports its own package's __init__: not an arrow between modules
                 continue
             if state.get(target) == "open":
-                circles.append(" -> ".join(path[path.index(target):] + [target]))
+                circles.append(" -> ".join(path[path.index(target) :] + [target]))
             elif target not in state:
                 visit(target, path + [target])
         state[module] = "done"
@@ -90,13 +99,16 @@ def test_no_import_circle():
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 
-@pytest.mark.parametrize("module, target, allowed", [
-    ("pipelines.data.splits", "pipelines.releases.counts", False),
-    ("pipelines.training.stages", "pipelines.engines.spark", True),
-    ("pipelines.engines.spark", "ssp.cli", False),
-    ("bench.audit", "pipelines.training.stages", True),
-    ("pipelines.stats", "pipelines.training.item_update", True),
-    ("trainer.ssp", "pipelines.base.logs", False),
-])
+@pytest.mark.parametrize(
+    "module, target, allowed",
+    [
+        ("pipelines.data.splits", "pipelines.releases.counts", False),
+        ("pipelines.training.stages", "pipelines.engines.spark", True),
+        ("pipelines.engines.spark", "ssp.cli", False),
+        ("bench.audit", "pipelines.training.stages", True),
+        ("pipelines.stats", "pipelines.training.item_update", True),
+        ("trainer.ssp", "pipelines.base.logs", False),
+    ],
+)
 def test_the_floors_order_as_documented(module, target, allowed):
     assert (floor(target) <= floor(module)) == allowed

@@ -34,7 +34,11 @@ from privacy.seeds import SeedFile
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 FAST = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "1", "--dim", "4"]
-PREPARED = [*FAST, "--stats-threshold", "1"]  # the shared run's settings (a threshold: its stats rows are a strict subset)
+PREPARED = [
+    *FAST,
+    "--stats-threshold",
+    "1",
+]  # the shared run's settings (a threshold: its stats rows are a strict subset)
 
 
 def ssp(*args, check=True):
@@ -97,24 +101,71 @@ def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, 
     names = {row["release"]: row["data_fingerprint"] for row in Ledger.open(os.path.join(first, "ledger.parquet")).rows}
     assert bound.releases == names and sorted(names) == [0, 1]  # the counts' binding survived the mean release
     # other settings (epsilon 8 instead of 5: counts with the same noise and two multipliers would give the exact counts)
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "other", *PREPARED[2:], "--epsilon", "8", "--seed-file", seed,
-            pattern="belongs to a run with other data or settings")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "other",
+        *PREPARED[2:],
+        "--epsilon",
+        "8",
+        "--seed-file",
+        seed,
+        pattern="belongs to a run with other data or settings",
+    )
     assert not (tmp_path / "other").exists()
     # other data: the same data set less one user's rows
-    refused("train", "--stage", "prepare", "--data", smaller[0], "--out", tmp_path / "other", *PREPARED, "--seed-file", seed,
-            pattern="belongs to a run with other data or settings")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        smaller[0],
+        "--out",
+        tmp_path / "other",
+        *PREPARED,
+        "--seed-file",
+        seed,
+        pattern="belongs to a run with other data or settings",
+    )
     assert not (tmp_path / "other").exists()
     assert SeedFile.load(seed).releases == bound.releases
     # the same data and settings: the seed file serves the first run's ledger, another run's is refused before anything is written
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "again", *PREPARED, "--seed-file", seed,
-            pattern="is bound to another privacy ledger")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "again",
+        *PREPARED,
+        "--seed-file",
+        seed,
+        pattern="is bound to another privacy ledger",
+    )
     assert not (tmp_path / "again").exists()
     assert SeedFile.load(seed).releases == bound.releases
     # the same seed in a seed file of its own (a fixed seed: the tests' option) reproduces the releases exactly
-    ssp("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "again", *PREPARED,
-        "--seed-file", SeedFile.create(str(tmp_path / "fixed-seed"), bound.seed).path)
-    assert open(os.path.join(first, "counts", "counts.parquet", "part-00000.parquet"), "rb").read() == \
-        open(tmp_path / "again" / "counts" / "counts.parquet" / "part-00000.parquet", "rb").read()
+    ssp(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "again",
+        *PREPARED,
+        "--seed-file",
+        SeedFile.create(str(tmp_path / "fixed-seed"), bound.seed).path,
+    )
+    assert (
+        open(os.path.join(first, "counts", "counts.parquet", "part-00000.parquet"), "rb").read()
+        == open(tmp_path / "again" / "counts" / "counts.parquet" / "part-00000.parquet", "rb").read()
+    )
 
 
 def copy_of_prepared(prepared, tmp_path) -> str:
@@ -134,8 +185,17 @@ def test_a_missing_ledger_is_refused(data, prepared, tmp_path):
     # a ledger put back empty (or from an earlier point) is refused too: the seed file witnessed releases 0 and 1
     Ledger.create(os.path.join(run, "ledger.parquet"), 5.0, 1e-5)
     refused("privacy", run, pattern="bound to another privacy ledger, which recorded releases [0, 1]")
-    refused("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED,
-            pattern="bound to another privacy ledger, which recorded releases [0, 1]")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        run,
+        *PREPARED,
+        pattern="bound to another privacy ledger, which recorded releases [0, 1]",
+    )
 
 
 @pytest.mark.slow
@@ -146,22 +206,36 @@ def test_a_missing_ledger_is_refused_by_a_whole_training_run(data, prepared, tmp
     refused("train", "--data", data, "--out", run, *PREPARED, pattern="its ledger")
     assert not os.path.exists(os.path.join(run, "ledger.parquet"))
     Ledger.create(os.path.join(run, "ledger.parquet"), 5.0, 1e-5)
-    refused("train", "--data", data, "--out", run, *PREPARED, pattern="bound to another privacy ledger, which recorded releases [0, 1]")
+    refused(
+        "train",
+        "--data",
+        data,
+        "--out",
+        run,
+        *PREPARED,
+        pattern="bound to another privacy ledger, which recorded releases [0, 1]",
+    )
 
 
-def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(data, smaller, prepared, tmp_path):
+def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_release(
+    data, smaller, prepared, tmp_path
+):
     """Neighbouring data sets, end to end through prepare: the training rows (which the counts and
     the mean are computed from) of D minus one user are exactly those of D minus that user's rows.
     The rows the stats job reads are chosen by the released DP counts alone: given D's release,
     D minus one user gives D's stats rows minus that user's."""
     from pipelines.engines.local import LocalEngine
     from pipelines.releases.counts import dp_units
-    from pipelines.training import prepare as prepare_stage, run_dir
+    from pipelines.training import prepare as prepare_stage
+    from pipelines.training import run_dir
     from pipelines.training.run_dir import Run
     from schemas import storage
 
     smaller, user = smaller  # `data` less every row of `user`
-    full_run, less_run = prepared, tmp_path / "less"  # the full data's run is the shared one (PREPARED: --stats-threshold 1)
+    full_run, less_run = (
+        prepared,
+        tmp_path / "less",
+    )  # the full data's run is the shared one (PREPARED: --stats-threshold 1)
     ssp("train", "--stage", "prepare", "--data", smaller, "--out", less_run, *PREPARED)
 
     def rows(path):
@@ -175,21 +249,50 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     released = Run(full_run)
     manifest = json.load(open(released.manifest_path))
     config = run_dir.config_of(released, manifest)
-    covered = prepare_stage.stats_catalog(config, storage.read_table(released.counts), None, prepare_stage.ledger_multiplier(released.ledger),
-                                          dp_units(released.counts))
-    assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(covered.tolist())
+    covered = prepare_stage.stats_catalog(
+        config,
+        storage.read_table(released.counts),
+        None,
+        prepare_stage.ledger_multiplier(released.ledger),
+        dp_units(released.counts),
+    )
+    assert 0 < covered.size < 60 and set(storage.read_table(released.stats_items)["item_id"].to_pylist()) == set(
+        covered.tolist()
+    )
     again = tmp_path / "less-with-full-release.parquet"
-    LocalEngine().write_centred(str(less_run / "private" / "split" / "train.parquet"), [(str(again), covered)], manifest["prepared"]["mean"], "rmse")
+    LocalEngine().write_centred(
+        str(less_run / "private" / "split" / "train.parquet"),
+        [(str(again), covered)],
+        manifest["prepared"]["mean"],
+        "rmse",
+    )
     stats_rows = rows(released.stats_rows)
     assert any(r[0] == user for r in stats_rows) and {r[1] for r in stats_rows} <= set(covered.tolist())
     assert rows(again) == {r for r in stats_rows if r[0] != user}
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("--batch-size", "0"), ("--epochs", "0"), ("--ridge", "-1"), ("--lambda-u", "-1"), ("--shards", "0"), ("--model-seed", "-5"),
-    ("--learning-rate", "nan"), ("--dim", "0"), ("--dpsgd-epochs", "inf"), ("--stats-threshold", "-1"), ("--stats-threshold", "nan"),
-    ("--encoder-init", "pca"), ("--anchor", "-1"), ("--user-prior", "-1"), ("--user-prior", "nan"), ("--clip-y", "0"), ("--bias-coordinate", "0"),
-])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--batch-size", "0"),
+        ("--epochs", "0"),
+        ("--ridge", "-1"),
+        ("--lambda-u", "-1"),
+        ("--shards", "0"),
+        ("--model-seed", "-5"),
+        ("--learning-rate", "nan"),
+        ("--dim", "0"),
+        ("--dpsgd-epochs", "inf"),
+        ("--stats-threshold", "-1"),
+        ("--stats-threshold", "nan"),
+        ("--encoder-init", "pca"),
+        ("--anchor", "-1"),
+        ("--user-prior", "-1"),
+        ("--user-prior", "nan"),
+        ("--clip-y", "0"),
+        ("--bias-coordinate", "0"),
+    ],
+)
 def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, flag, value):
     refused("train", "--data", data, "--out", tmp_path / "run", *FAST, flag, value, pattern=flag)
     assert not (tmp_path / "run").exists()
@@ -203,12 +306,29 @@ def test_a_stats_threshold_that_cannot_apply_is_refused_or_named(data, tmp_path)
     from pipelines.training.run_dir import Run
     from schemas import storage
 
-    refused("train", "--data", data, "--out", tmp_path / "id", *FAST, "--encoder", "id", "--item-update", "als", "--stats-threshold", 1,
-            pattern="--stats-threshold needs the features encoder")
+    refused(
+        "train",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "id",
+        *FAST,
+        "--encoder",
+        "id",
+        "--item-update",
+        "als",
+        "--stats-threshold",
+        1,
+        pattern="--stats-threshold needs the features encoder",
+    )
     assert not (tmp_path / "id").exists()
-    result = ssp("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "high", *FAST, "--stats-threshold", 1e9)
+    result = ssp(
+        "train", "--stage", "prepare", "--data", data, "--out", tmp_path / "high", *FAST, "--stats-threshold", 1e9
+    )
     named = [line for line in result.stderr.splitlines() if "the statistics would cover nothing" in line]
-    assert len(named) == 1 and "keeps its starting point" in named[0] and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(named) == 1 and "keeps its starting point" in named[0] and "Traceback" not in result.stderr, (
+        result.stderr[-3000:]
+    )
     run = Run(str(tmp_path / "high"))
     assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean"]
     assert json.load(open(run.manifest_path))["prepared"]["stats_cover"] == 0
@@ -219,37 +339,78 @@ def featureless_catalog(tmp_path):
     """A small MovieLens folder ingested with one feature family, then with none; the latter data set."""
     folder = tmp_path / "movies"
     folder.mkdir()
-    (folder / "ratings.csv").write_text("userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},{1 + (u * i) % 5},0\n" for u in range(1, 30) for i in range(1, 9)))
-    (folder / "movies.csv").write_text("movieId,title,genres\n" + "".join(f"{i},Movie {i} (2000),Drama\n" for i in range(1, 9)))
+    (folder / "ratings.csv").write_text(
+        "userId,movieId,rating,timestamp\n"
+        + "".join(f"{u},{i},{1 + (u * i) % 5},0\n" for u in range(1, 30) for i in range(1, 9))
+    )
+    (folder / "movies.csv").write_text(
+        "movieId,title,genres\n" + "".join(f"{i},Movie {i} (2000),Drama\n" for i in range(1, 9))
+    )
     ssp("ingest", "--source", folder, "--out", tmp_path / "data", "--public-features", "year")
     import pyarrow.parquet as pq
 
-    assert pq.read_schema(next((tmp_path / "data" / "items.parquet").glob("*.parquet"))).metadata  # ingested with one family
+    assert pq.read_schema(
+        next((tmp_path / "data" / "items.parquet").glob("*.parquet"))
+    ).metadata  # ingested with one family
     # a data set whose only declared family is dropped: build it by ingesting with an empty declaration
-    ssp("ingest", "--source", folder, "--out", tmp_path / "bare", "--public-features", "")  # an empty declaration is a catalog without features
+    ssp(
+        "ingest", "--source", folder, "--out", tmp_path / "bare", "--public-features", ""
+    )  # an empty declaration is a catalog without features
     return tmp_path / "bare"
 
 
 def test_a_catalog_without_public_features_is_refused_before_any_release(tmp_path):
     """By the prepare stage, which makes the first release (a whole run: the twin below)."""
-    refused("train", "--stage", "prepare", "--data", featureless_catalog(tmp_path), "--out", tmp_path / "run", *FAST,
-            pattern="declares no public feature family")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        featureless_catalog(tmp_path),
+        "--out",
+        tmp_path / "run",
+        *FAST,
+        pattern="declares no public feature family",
+    )
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
 def test_a_catalog_without_public_features_stops_a_whole_training_run(tmp_path):
     """The same refusal through `ssp train` itself (Spark started before its prepare stage)."""
-    refused("train", "--data", featureless_catalog(tmp_path), "--out", tmp_path / "run", *FAST, pattern="declares no public feature family")
+    refused(
+        "train",
+        "--data",
+        featureless_catalog(tmp_path),
+        "--out",
+        tmp_path / "run",
+        *FAST,
+        pattern="declares no public feature family",
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_path, budget_account_registry):
     account = str(tmp_path / "accounts" / "users.json")
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "tiny", *FAST, "--budget-account", account, "--account-cap", "0.3",
-            pattern="over the cap 0.3")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "tiny",
+        *FAST,
+        "--budget-account",
+        account,
+        "--account-cap",
+        "0.3",
+        pattern="over the cap 0.3",
+    )
     assert not (tmp_path / "tiny").exists() and BudgetAccount.open(account).document["charges"] == []
-    os.remove(account)  # an account with another policy for these users: an operator's decision, made outside the product
+    os.remove(
+        account
+    )  # an account with another policy for these users: an operator's decision, made outside the product
     for entry in budget_account_registry.glob("*.json"):
         entry.unlink()
     # a cap that two prepared runs fit under and three do not (prepare releases the counts and the mean)
@@ -258,19 +419,39 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
     plan = TrainConfig(data=data, epsilon=5.0, outer_steps=1, epochs=1, dim=4).privacy()
     multipliers, kind = plan.multipliers(), plan.accountant
     per_run = [accounting.gaussian_event(multipliers["counts"]), accounting.gaussian_event(multipliers["mean"], 2)]
-    cap = round((accounting.epsilon_of(per_run * 2, 1e-5, kind) + accounting.epsilon_of(per_run * 3, 1e-5, kind)) / 2, 3)
+    cap = round(
+        (accounting.epsilon_of(per_run * 2, 1e-5, kind) + accounting.epsilon_of(per_run * 3, 1e-5, kind)) / 2, 3
+    )
     for run in ("a", "b"):
         prepare(data, tmp_path / run, "--budget-account", account, "--account-cap", cap)
     events = [event for run in ("a", "b") for event in Ledger.open(str(tmp_path / run / "ledger.parquet")).events()]
     held = BudgetAccount.open(account)
-    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION) if held.document["accountant"] == "pld" else rdp_privacy_accountant.RdpAccountant()
+    reference = (
+        pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION)
+        if held.document["accountant"] == "pld"
+        else rdp_privacy_accountant.RdpAccountant()
+    )
     for event in events:
         reference.compose(event)
-    assert held.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-5)  # PLD: the grid's order of composition
+    assert held.epsilon() == pytest.approx(
+        reference.get_epsilon(1e-5), rel=1e-5
+    )  # PLD: the grid's order of composition
     shown = ssp("privacy", tmp_path / "a").stdout
     assert f"budget account {account}: epsilon {held.epsilon():.4g}" in shown
     # a third run would take the users past the cap: refused at its first release, nothing spent
-    refused("train", "--stage", "prepare", "--data", data, "--out", tmp_path / "c", *FAST, "--budget-account", account, pattern=f"over the cap {cap:g}")
+    refused(
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "c",
+        *FAST,
+        "--budget-account",
+        account,
+        pattern=f"over the cap {cap:g}",
+    )
     assert not (tmp_path / "c").exists() and len(BudgetAccount.open(account).document["charges"]) == len(events)
     assert math.isfinite(held.epsilon()) and held.epsilon() <= cap * (1 + 1e-9)
     assert json.load(open(account))["cap"] == cap
@@ -291,25 +472,66 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
     rows = [(1, 10, 4.0), (1, 20, 3.0), (2, 20, 5.0), (2, 30, 1.0), (3, 10, 2.0), (3, 30, 4.0)]
     embeddings = {1: [0.6, 0.2], 2: [-0.3, 0.5], 3: [0.1, -0.7]}
     paths = write_inputs(tmp_path / "in", rows, embeddings, {j: 1.0 for j in catalog}, catalog)
-    neighbour = write_inputs(tmp_path / "neighbour", [row for row in rows if row[0] != 3], embeddings, {j: 1.0 for j in catalog}, catalog)
+    neighbour = write_inputs(
+        tmp_path / "neighbour", [row for row in rows if row[0] != 3], embeddings, {j: 1.0 for j in catalog}, catalog
+    )
     budget = ["--noise-multiplier", "1", "--outer-steps", "1", "--mean-share", "0", "--gram-share", "0"]
     run = tmp_path / "run"
-    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", run / "counts", "--ledger", run / "ledger.parquet", *budget,
-        "--engine", "local")
+    ssp(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        run / "counts",
+        "--ledger",
+        run / "ledger.parquet",
+        *budget,
+        "--engine",
+        "local",
+    )
     shutil.copytree(run, tmp_path / "copy")  # a backup, `cp -r run run-try2`, a snapshot: before release 1
 
     def stats(folder, inputs, out="stats"):
-        ssp("stats", "--interactions", inputs["interactions"], "--user-embeddings", inputs["user_embeddings"], "--items", inputs["items"],
-            "--counts", folder / "counts" / "counts.parquet", "--out", folder / out, "--ledger", folder / "ledger.parquet",
-            "--dim", 2, "--clip-u", 1, "--clip-y", 5, *budget, "--engine", "beam")
+        ssp(
+            "stats",
+            "--interactions",
+            inputs["interactions"],
+            "--user-embeddings",
+            inputs["user_embeddings"],
+            "--items",
+            inputs["items"],
+            "--counts",
+            folder / "counts" / "counts.parquet",
+            "--out",
+            folder / out,
+            "--ledger",
+            folder / "ledger.parquet",
+            "--dim",
+            2,
+            "--clip-u",
+            1,
+            "--clip-y",
+            5,
+            *budget,
+            "--engine",
+            "beam",
+        )
         table = storage.read_table(str(folder / out / "resample-0.parquet")).sort_by("item_id")
         return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
 
     a, b = stats(run, paths)
     a_copy, b_copy = stats(tmp_path / "copy", neighbour)  # user 3 removed: it rated items 10 and 30
     untouched = [catalog.index(20), catalog.index(40)]
-    assert Ledger.open(str(run / "ledger.parquet")).rows[1]["release"] == Ledger.open(str(tmp_path / "copy" / "ledger.parquet")).rows[1]["release"] == 1
-    assert np.all(np.abs(a[untouched] - a_copy[untouched]) > 1e-6) and np.all(np.abs(b[untouched] - b_copy[untouched]) > 1e-6)  # independent draws
+    assert (
+        Ledger.open(str(run / "ledger.parquet")).rows[1]["release"]
+        == Ledger.open(str(tmp_path / "copy" / "ledger.parquet")).rows[1]["release"]
+        == 1
+    )
+    assert np.all(np.abs(a[untouched] - a_copy[untouched]) > 1e-6) and np.all(
+        np.abs(b[untouched] - b_copy[untouched]) > 1e-6
+    )  # independent draws
     a_again, b_again = stats(run, paths, out="stats-again")  # the same inputs in the original: the same release, free
     assert np.array_equal(a_again, a) and np.array_equal(b_again, b)
     assert len(Ledger.open(str(run / "ledger.parquet")).rows) == 2
@@ -320,11 +542,40 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
 
     paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0}, [10])
     account = tmp_path / "accounts" / "shop.json"
-    ssp("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "first", "--epsilon", "1",
-        "--budget-account", account, "--account-cap", "10", "--engine", "local")
+    ssp(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "first",
+        "--epsilon",
+        "1",
+        "--budget-account",
+        account,
+        "--account-cap",
+        "10",
+        "--engine",
+        "local",
+    )
     charges = json.load(open(account))["charges"]
-    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "exact", "--noise-multiplier", "0",
-            "--budget-account", account, "--engine", "local", pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account")
+    refused(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "exact",
+        "--noise-multiplier",
+        "0",
+        "--budget-account",
+        account,
+        "--engine",
+        "local",
+        pattern="--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account",
+    )
     assert not (tmp_path / "exact").exists() and json.load(open(account))["charges"] == charges
 
 
@@ -334,29 +585,88 @@ def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, bud
     second one for the same data, is refused before any release, exit 2, nothing written."""
     from tests.pipelines.stats_inputs import write_inputs
 
-    paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0), (2, 20, 1.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0, 20: 1.0}, [10, 20])
+    paths = write_inputs(
+        tmp_path / "in",
+        [(1, 10, 4.0), (2, 10, 3.0), (2, 20, 1.0)],
+        {1: [0.5, 0.5], 2: [0.1, 0.2]},
+        {10: 2.0, 20: 1.0},
+        [10, 20],
+    )
     shutil.copytree(tmp_path / "in", tmp_path / "copy")
     os.symlink(tmp_path / "in", tmp_path / "link")
 
     def counts(folder, out, *flags, check=True):
-        return ssp("counts", "--interactions", os.path.join(folder, "interactions.parquet"), "--items", os.path.join(folder, "items.parquet"),
-                   "--out", out, "--epsilon", "1", "--engine", "local", *flags, check=check)
+        return ssp(
+            "counts",
+            "--interactions",
+            os.path.join(folder, "interactions.parquet"),
+            "--items",
+            os.path.join(folder, "items.parquet"),
+            "--out",
+            out,
+            "--epsilon",
+            "1",
+            "--engine",
+            "local",
+            *flags,
+            check=check,
+        )
 
     counts(tmp_path / "in", tmp_path / "a")
     counts(tmp_path / "copy", tmp_path / "b")
     counts(tmp_path / "link", tmp_path / "c")
     (entry,) = [p for p in budget_account_registry.glob("*.json") if not p.name.endswith(".account.json")]
     account = json.load(open(entry))["account"]
-    assert len(BudgetAccount.open(account).document["charges"]) == 3  # one account for the three paths to the same users
-    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1", "--engine", "local",
-            "--budget-account", tmp_path / "fresh.json", pattern="this data source already has its budget account")
+    assert (
+        len(BudgetAccount.open(account).document["charges"]) == 3
+    )  # one account for the three paths to the same users
+    refused(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "d",
+        "--epsilon",
+        "1",
+        "--engine",
+        "local",
+        "--budget-account",
+        tmp_path / "fresh.json",
+        pattern="this data source already has its budget account",
+    )
     shutil.move(account, account + ".renamed")  # renamed (or deleted)
-    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
-            "--engine", "local", pattern="is missing: deleted, renamed or moved")
+    refused(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "d",
+        "--epsilon",
+        "1",
+        "--engine",
+        "local",
+        pattern="is missing: deleted, renamed or moved",
+    )
     BudgetAccount.open_or_create(str(tmp_path / "other.json"))
     os.symlink(tmp_path / "other.json", account)  # replaced by (a link to) another, empty account
-    refused("counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", tmp_path / "d", "--epsilon", "1",
-            "--engine", "local", pattern="it was replaced")
+    refused(
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "d",
+        "--epsilon",
+        "1",
+        "--engine",
+        "local",
+        pattern="it was replaced",
+    )
     assert not (tmp_path / "d").exists()
     os.remove(account)
     shutil.move(account + ".renamed", account)  # restored: the data source's runs go on

@@ -20,13 +20,21 @@ import numpy as np
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from trainer.features import FeatureSpace
 from trainer.ssp import check_stats, diagonals
-from schemas.errors import UserError
 
 
-def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
-                 psd_projection: bool = True, batch_size: int = 2048, gravity: np.ndarray | None = None):
+def item_systems(
+    stats_path: str,
+    space: FeatureSpace,
+    dim: int,
+    ridge: float,
+    ridge_scale: np.ndarray | None = None,
+    psd_projection: bool = True,
+    batch_size: int = 2048,
+    gravity: np.ndarray | None = None,
+):
     """The per-item ridge systems of a stats table, streamed: (catalog positions, PSD(A_j) +
     lambda_j I (+ gravity), b_j) per batch of items. DP-ALS solves them as they are; DP-CMF
     (trainer.cmf) adds its public feature terms first."""
@@ -40,13 +48,24 @@ def item_systems(stats_path: str, space: FeatureSpace, dim: int, ridge: float, r
         yield positions, gram, list_column_to_matrix(batch.column("b"), dim, "b")
 
 
-def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
-                psd_projection: bool = True, expected: dict | None = None, batch_size: int = 2048, gravity: np.ndarray | None = None) -> np.ndarray:
+def solve_items(
+    stats_path: str,
+    space: FeatureSpace,
+    dim: int,
+    ridge: float,
+    ridge_scale: np.ndarray | None = None,
+    psd_projection: bool = True,
+    expected: dict | None = None,
+    batch_size: int = 2048,
+    gravity: np.ndarray | None = None,
+) -> np.ndarray:
     """Item embeddings (catalog order) solved from one stats table; items without a row stay 0."""
     if not np.isfinite(ridge) or ridge <= 0:
         raise UserError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
     check_stats(stats_path, {"d": dim, **(expected or {})})
     vectors = np.zeros((space.size, dim))
-    for positions, gram, b in item_systems(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity):
+    for positions, gram, b in item_systems(
+        stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity
+    ):
         vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
     return vectors

@@ -56,10 +56,10 @@ import scipy.sparse as sp
 from privacy.accumulator import packed_size, project_psd, unpack_upper
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
-from trainer.als import item_systems
-from trainer.features import feature_matrix, FeatureSpace
-from trainer.ssp import check_stats, diagonals
 from schemas.errors import UserError
+from trainer.als import item_systems
+from trainer.features import FeatureSpace, feature_matrix
+from trainer.ssp import check_stats, diagonals
 
 
 def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, feature_ridge: float) -> np.ndarray:
@@ -73,10 +73,21 @@ def solve_features(x: sp.spmatrix, vectors: np.ndarray, feature_weight: float, f
     return np.linalg.solve(gram, rhs.T).T
 
 
-def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ridge_scale: np.ndarray | None = None,
-                psd_projection: bool = True, expected: dict | None = None, feature_weight: float = 1.0,
-                feature_ridge: float = 1.0, inner_iterations: int = 3, feature_vectors: np.ndarray | None = None,
-                gravity: np.ndarray | None = None, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+def solve_items(
+    stats_path: str,
+    space: FeatureSpace,
+    dim: int,
+    ridge: float,
+    ridge_scale: np.ndarray | None = None,
+    psd_projection: bool = True,
+    expected: dict | None = None,
+    feature_weight: float = 1.0,
+    feature_ridge: float = 1.0,
+    inner_iterations: int = 3,
+    feature_vectors: np.ndarray | None = None,
+    gravity: np.ndarray | None = None,
+    batch_size: int = 2048,
+) -> tuple[np.ndarray, np.ndarray]:
     """(item vectors (n x d, catalog order), feature vectors (F x d, `features.feature_labels` order)) after
     `inner_iterations` rounds of item solve then feature solve.
 
@@ -87,12 +98,18 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
     if not np.isfinite(ridge) or ridge <= 0:
         raise UserError(f"the item ridge must be > 0 for a closed-form solve, got {ridge}")
     _check_weights(feature_weight, feature_ridge)
-    if isinstance(inner_iterations, bool) or not isinstance(inner_iterations, (int, np.integer)) or inner_iterations < 1:
+    if (
+        isinstance(inner_iterations, bool)
+        or not isinstance(inner_iterations, (int, np.integer))
+        or inner_iterations < 1
+    ):
         raise UserError(f"inner_iterations must be a positive integer, got {inner_iterations!r}")
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     if ridge_scale is not None and np.shape(ridge_scale) != (space.size,):
-        raise UserError(f"ridge_scale must have one entry per catalog item ({space.size}), got shape {np.shape(ridge_scale)}")
+        raise UserError(
+            f"ridge_scale must have one entry per catalog item ({space.size}), got shape {np.shape(ridge_scale)}"
+        )
     if gravity is not None and np.shape(gravity) != (dim, dim):
         raise UserError(f"gravity must be a {dim} x {dim} matrix, got shape {np.shape(gravity)}")
     check_stats(stats_path, {"d": dim, **(expected or {})})
@@ -107,14 +124,26 @@ def solve_items(stats_path: str, space: FeatureSpace, dim: int, ridge: float, ri
         inner_iterations = 1  # no feature term: the item solve does not depend on P, one pass is exact
     vectors = np.zeros((space.size, dim))
     for _ in range(inner_iterations):
-        vectors = _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, feature_weight, x, features)
+        vectors = _item_pass(
+            stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, feature_weight, x, features
+        )
         features = solve_features(x, vectors, feature_weight, feature_ridge)
     return vectors, features
 
 
-def objective(stats_path: str, space: FeatureSpace, vectors: np.ndarray, feature_vectors: np.ndarray, ridge: float,
-              ridge_scale: np.ndarray | None = None, psd_projection: bool = True, feature_weight: float = 1.0,
-              feature_ridge: float = 1.0, gravity: np.ndarray | None = None, batch_size: int = 2048) -> float:
+def objective(
+    stats_path: str,
+    space: FeatureSpace,
+    vectors: np.ndarray,
+    feature_vectors: np.ndarray,
+    ridge: float,
+    ridge_scale: np.ndarray | None = None,
+    psd_projection: bool = True,
+    feature_weight: float = 1.0,
+    feature_ridge: float = 1.0,
+    gravity: np.ndarray | None = None,
+    batch_size: int = 2048,
+) -> float:
     """L(V, P) of the module docstring (up to the constant of the users' rows), streamed over the stats."""
     dim = vectors.shape[1]
     total = 0.0
@@ -132,7 +161,11 @@ def objective(stats_path: str, space: FeatureSpace, vectors: np.ndarray, feature
         total += 0.5 * np.einsum("bi,ij,bj->", vectors, gravity, vectors)
     x = feature_matrix(space)
     # ||X - V P^T||^2 = ||X||^2 - 2 <X^T V, P> + <V^T V, P^T P>, without forming the dense n x F matrix.
-    residual = x.multiply(x).sum() - 2.0 * np.sum(np.asarray(x.T @ vectors) * feature_vectors) + np.sum((vectors.T @ vectors) * (feature_vectors.T @ feature_vectors))
+    residual = (
+        x.multiply(x).sum()
+        - 2.0 * np.sum(np.asarray(x.T @ vectors) * feature_vectors)
+        + np.sum((vectors.T @ vectors) * (feature_vectors.T @ feature_vectors))
+    )
     return float(total + 0.5 * feature_weight * residual + 0.5 * feature_ridge * np.sum(feature_vectors**2))
 
 
@@ -143,7 +176,9 @@ def _check_weights(feature_weight: float, feature_ridge: float) -> None:
         raise UserError(f"the feature ridge must be > 0 for a closed-form solve, got {feature_ridge}")
 
 
-def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, mu, x, features) -> np.ndarray:
+def _item_pass(
+    stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, mu, x, features
+) -> np.ndarray:
     """One item solve over the whole catalog, P fixed: the stats table streamed in batches, then the
     items without a stats row from the feature term alone."""
     vectors = np.zeros((space.size, dim))
@@ -153,7 +188,9 @@ def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch
         shared = mu * (features.T @ features)  # mu P^T P, the same for every item
         pulled = mu * np.asarray(x @ features)  # (n, d): row j is mu P^T x_j
     # DP-ALS's own systems (trainer.als), so that mu = 0 reproduces DP-ALS bit for bit
-    for positions, gram, b in item_systems(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity):
+    for positions, gram, b in item_systems(
+        stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity
+    ):
         if use_features:
             gram = gram + shared
             b = b + pulled[positions]
@@ -162,7 +199,7 @@ def _item_pass(stats_path, space, dim, ridge, ridge_scale, psd_projection, batch
     if use_features:
         missing = np.flatnonzero(~seen)
         for start in range(0, missing.size, batch_size):
-            positions = missing[start:start + batch_size]
+            positions = missing[start : start + batch_size]
             scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
             gram = diagonals(ridge * scale, dim) + (gravity if gravity is not None else 0.0) + shared
             vectors[positions] = np.linalg.solve(gram, pulled[positions][..., None])[..., 0]

@@ -20,13 +20,19 @@ from schemas import storage
 
 CURVES = "curves.json"
 # the SSP objective is the squared error less its constant part (sum of w y^2 / 2, never released): below zero by design
-LOSS_DESCRIPTION = ("The SSP objective 1/2 v'A v - b'v (+ penalties) over the released statistics: the weighted squared error "
-                    "less its constant part, sum w y^2 / 2, which is not released. Negative values are expected; lower is better.")
+LOSS_DESCRIPTION = (
+    "The SSP objective 1/2 v'A v - b'v (+ penalties) over the released statistics: the weighted squared error "
+    "less its constant part, sum w y^2 / 2, which is not released. Negative values are expected; lower is better."
+)
 
 
 def write_step(step_folder: str, events_folder: str, losses: list[float], epsilon_spent: float, seconds: float) -> dict:
     """Record outer step's curve at `step_folder/curves.json` and its events in `events_folder`."""
-    curve = {"item_update_loss": [float(loss) for loss in losses], "epsilon_spent": float(epsilon_spent), "seconds": float(seconds)}
+    curve = {
+        "item_update_loss": [float(loss) for loss in losses],
+        "epsilon_spent": float(epsilon_spent),
+        "seconds": float(seconds),
+    }
     with storage.write_folder(events_folder) as local:
         with tf.summary.create_file_writer(local).as_default():
             for epoch, loss in enumerate(losses, start=1):

@@ -49,8 +49,8 @@ from tqdm import tqdm
 
 from privacy.accounting import dpsgd_event, dpsgd_schedule
 from privacy.clipping import check_bound, clip_labels, clip_rows
-from trainer.encoder import ItemEncoder
 from schemas.errors import UserError
+from trainer.encoder import ItemEncoder
 
 UNITS = ("user", "example")
 OPTIMIZERS = ("adam", "sgd")
@@ -70,7 +70,9 @@ class DPSGDConfig:
     optimizer: str = "adam"
     seed: int | None = None  # None: sampling and noise from OS entropy; fixed seeds are for tests
     fast_clipping: bool = True
-    loss: str = "square"  # or "logistic": implicit feedback, labels 1 (positives) and 0 (sampled negatives, `logistic_rows`)
+    loss: str = (
+        "square"  # or "logistic": implicit feedback, labels 1 (positives) and 0 (sampled negatives, `logistic_rows`)
+    )
 
     def __post_init__(self):
         if self.unit not in UNITS:
@@ -91,7 +93,9 @@ class DPSGDConfig:
             raise UserError(f"loss must be square or logistic, got {self.loss!r}")
 
 
-def logistic_rows(user_ids: np.ndarray, positions: np.ndarray, items: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def logistic_rows(
+    user_ids: np.ndarray, positions: np.ndarray, items: int, rng: np.random.Generator
+) -> tuple[np.ndarray, ...]:
     """Implicit feedback's logistic rows for DP-SGD: each user's positives (label 1, weight w_p) and
     as many negatives (label 0) drawn uniformly without replacement from the catalog items it did not
     rate, each weighted w_n * items / drawn so that they estimate SSP-convex's every-item negative
@@ -105,10 +109,20 @@ def logistic_rows(user_ids: np.ndarray, positions: np.ndarray, items: int, rng: 
     w_p, w_n = logistic_weights(sizes, items, 1.0)
     out = [[user_ids[order]], [positions[order]], [np.ones(user_ids.size)], [np.repeat(w_p, sizes)]]
     for user, start, size, weight in zip(users, first, sizes, w_n):
-        rated = np.unique(positions[order][start:start + size])
+        rated = np.unique(positions[order][start : start + size])
         unrated = np.setdiff1d(np.arange(items), rated, assume_unique=True)
-        drawn = rng.choice(unrated, size=min(size, unrated.size), replace=False) if unrated.size else np.zeros(0, np.int64)
-        for part, values in zip(out, (np.full(drawn.size, user), drawn, np.zeros(drawn.size), np.full(drawn.size, weight * items / max(drawn.size, 1)))):
+        drawn = (
+            rng.choice(unrated, size=min(size, unrated.size), replace=False) if unrated.size else np.zeros(0, np.int64)
+        )
+        for part, values in zip(
+            out,
+            (
+                np.full(drawn.size, user),
+                drawn,
+                np.zeros(drawn.size),
+                np.full(drawn.size, weight * items / max(drawn.size, 1)),
+            ),
+        ):
             part.append(values)
     return tuple(np.concatenate(part) for part in out)
 
@@ -124,8 +138,17 @@ def schedule(units: int, config: DPSGDConfig) -> tuple[float, int]:
     return dpsgd_schedule(units, config.batch_size, config.epochs)
 
 
-def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDConfig, noise_multiplier: float,
-          clip_u: float, clip_y: float, progress: bool = True, units: int | None = None) -> dict:
+def train(
+    model: ItemEncoder,
+    rows: tuple,
+    user_vectors: tuple,
+    config: DPSGDConfig,
+    noise_multiplier: float,
+    clip_u: float,
+    clip_y: float,
+    progress: bool = True,
+    units: int | None = None,
+) -> dict:
     """Fit `model` in place with DP-SGD; returns the run's schedule, timing and privacy event.
 
     rows: (user_ids int64[n], catalog positions int64[n], labels float[n], weights float[n]);
@@ -149,8 +172,14 @@ def train(model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDCon
         sampled = np.flatnonzero(sample_rng.random(slots) < q)
         step(*data.batch(sampled[sampled < data.count]))
     event = dpsgd_event(noise_multiplier, q, steps)
-    return {"steps": steps, "sampling_probability": q, "noise_multiplier": float(noise_multiplier), "units": count,
-            "seconds": time.perf_counter() - start, "event": event}
+    return {
+        "steps": steps,
+        "sampling_probability": q,
+        "noise_multiplier": float(noise_multiplier),
+        "units": count,
+        "seconds": time.perf_counter() - start,
+        "event": event,
+    }
 
 
 def _randomness(seed: int | None) -> tuple[np.random.Generator, np.random.Generator, tf.random.Generator]:
@@ -164,12 +193,22 @@ def _randomness(seed: int | None) -> tuple[np.random.Generator, np.random.Genera
 class _Units:
     """The rows grouped by privacy unit (clipped, capped, float32), cut into padded batches."""
 
-    def __init__(self, model: ItemEncoder, rows: tuple, user_vectors: tuple, config: DPSGDConfig, clip_u: float, clip_y: float,
-                 rng: np.random.Generator):
+    def __init__(
+        self,
+        model: ItemEncoder,
+        rows: tuple,
+        user_vectors: tuple,
+        config: DPSGDConfig,
+        clip_u: float,
+        clip_y: float,
+        rng: np.random.Generator,
+    ):
         user_ids, positions, labels, weights = (np.asarray(a) for a in rows)
         n = user_ids.size
         if not n or any(a.shape != (n,) for a in (positions, labels, weights)):
-            raise UserError("rows must be four non-empty 1-D arrays of one length (user ids, positions, labels, weights)")
+            raise UserError(
+                "rows must be four non-empty 1-D arrays of one length (user ids, positions, labels, weights)"
+            )
         if positions.min() < 0 or positions.max() >= model.space.size:
             raise UserError(f"item positions must be in [0, {model.space.size}) (the encoder's catalog)")
         if not np.all(np.isfinite(labels)) or not np.all(np.isfinite(weights)) or weights.min() < 0:
@@ -208,8 +247,12 @@ class _Units:
         column = np.arange(width)
         valid = column < self.sizes[units][:, None]
         index = np.where(valid, self.starts[units][:, None] + column, 0)
-        return (tf.constant(np.where(valid, self.positions[index], 0)), tf.constant(np.where(valid, self.labels[index], 0)),
-                tf.constant(np.where(valid, self.weights[index], 0)), tf.constant(self.vectors[units]))
+        return (
+            tf.constant(np.where(valid, self.positions[index], 0)),
+            tf.constant(np.where(valid, self.labels[index], 0)),
+            tf.constant(np.where(valid, self.weights[index], 0)),
+            tf.constant(self.vectors[units]),
+        )
 
 
 class _TableLookup(tf.keras.layers.Layer):
@@ -240,14 +283,21 @@ def _norm_model(model: ItemEncoder) -> tuple[tf.keras.Model, list]:
         inputs += [ids, share]
         parts.append(tf.reduce_sum(_TableLookup(table, name=f"{name}_lookup")(ids) * share[..., None], axis=2))
         sizes = tf.cast(ragged.row_lengths(), tf.float32)
-        bags.append((tf.cast(ragged.to_tensor(), tf.int32), tf.ones_like(ragged, tf.float32).to_tensor() / tf.maximum(sizes, 1.0)[:, None]))
+        bags.append(
+            (
+                tf.cast(ragged.to_tensor(), tf.int32),
+                tf.ones_like(ragged, tf.float32).to_tensor() / tf.maximum(sizes, 1.0)[:, None],
+            )
+        )
     hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
     v = model._dense(hidden) if model._dense is not None else hidden
     if model.has_residual:  # the per-item residual: a bag of one (the item's own row) added to the output
         ids = tf.keras.Input((None, None), dtype=tf.int32, name="item_residual_ids")
         share = tf.keras.Input((None, None), name="item_residual_bag_weights")
         inputs += [ids, share]
-        v = v + tf.reduce_sum(_TableLookup(model._residual, name="item_residual_lookup")(ids) * share[..., None], axis=2)
+        v = v + tf.reduce_sum(
+            _TableLookup(model._residual, name="item_residual_lookup")(ids) * share[..., None], axis=2
+        )
         rows = tf.range(1, model.space.size + 1, dtype=tf.int32)[:, None]
         bags.append((rows, tf.ones_like(rows, tf.float32)))
     user = tf.keras.Input((model.dim,), name="user")
@@ -264,12 +314,16 @@ def _unit_losses(pred, labels, weights, loss: str = "square"):
     return 0.5 * tf.reduce_sum(weights * tf.square(pred - labels), axis=1)
 
 
-def _make_step(model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float, units: int, noise: tf.random.Generator):
+def _make_step(
+    model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float, units: int, noise: tf.random.Generator
+):
     """One DP-SGD step on a padded batch (a tf.function)."""
     model(tf.zeros([1], tf.int64))  # build every variable
     variables = model.trainable_variables
     clip = config.l2_norm_clip
-    optimizer = (tf.keras.optimizers.Adam if config.optimizer == "adam" else tf.keras.optimizers.SGD)(config.learning_rate)
+    optimizer = (tf.keras.optimizers.Adam if config.optimizer == "adam" else tf.keras.optimizers.SGD)(
+        config.learning_rate
+    )
     optimizer.build(variables)
     fast = clip != math.inf and config.fast_clipping
     classic = clip != math.inf and not config.fast_clipping
@@ -288,18 +342,28 @@ def _make_step(model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float,
         if fast:
             block = [t for ids, share in bags for t in (tf.gather(ids, positions), tf.gather(share, positions))]
             norms = clip_grads.compute_gradient_norms(
-                norm_model, registry, block + [users], tf.stack([labels, weights], axis=-1),
-                per_example_loss_fn=lambda y, pred, _: _unit_losses(pred, y[..., 0], y[..., 1], config.loss), trainable_vars=variables)
+                norm_model,
+                registry,
+                block + [users],
+                tf.stack([labels, weights], axis=-1),
+                per_example_loss_fn=lambda y, pred, _: _unit_losses(pred, y[..., 0], y[..., 1], config.loss),
+                trainable_vars=variables,
+            )
             scale = clip_grads.compute_clip_weights(clip, norms)
         with tf.GradientTape(persistent=classic) as tape:
             losses = per_unit_losses(positions, labels, weights, users) * scale
             total = tf.reduce_sum(losses)
         if classic:
-            grads = clip_and_aggregate_gradients(tape, losses, variables, tf.UnconnectedGradients.ZERO, l2_norm_clip=clip, aggregate_method="sum")
+            grads = clip_and_aggregate_gradients(
+                tape, losses, variables, tf.UnconnectedGradients.ZERO, l2_norm_clip=clip, aggregate_method="sum"
+            )
         else:
             grads = tape.gradient(total, variables)
         if noise_multiplier > 0:
-            grads = [tf.convert_to_tensor(g) + noise.normal(w.shape, stddev=noise_multiplier * clip) for g, w in zip(grads, variables)]
+            grads = [
+                tf.convert_to_tensor(g) + noise.normal(w.shape, stddev=noise_multiplier * clip)
+                for g, w in zip(grads, variables)
+            ]
         grads = [_scaled(g, 1.0 / config.batch_size) for g in grads]
         if config.ridge:
             grads = [tf.convert_to_tensor(g) + (config.ridge / units) * w for g, w in zip(grads, variables)]
@@ -312,8 +376,16 @@ def _make_step(model: ItemEncoder, config: DPSGDConfig, noise_multiplier: float,
         width = int(positions.shape[1])
         if width not in traced:
             block = tf.TensorSpec([None, width], tf.float32)
-            traced[width] = tf.function(step, autograph=False, input_signature=[tf.TensorSpec([None, width], tf.int64), block, block,
-                                                               tf.TensorSpec([None, model.dim], tf.float32)])
+            traced[width] = tf.function(
+                step,
+                autograph=False,
+                input_signature=[
+                    tf.TensorSpec([None, width], tf.int64),
+                    block,
+                    block,
+                    tf.TensorSpec([None, model.dim], tf.float32),
+                ],
+            )
         traced[width](positions, labels, weights, users)
 
     return run

@@ -35,8 +35,8 @@ import scipy.sparse.linalg
 import tensorflow as tf
 
 from schemas import storage
-from trainer.features import feature_families, feature_matrix, FeatureSpace, ITEM_ID_FAMILY
 from schemas.errors import UserError
+from trainer.features import ITEM_ID_FAMILY, FeatureSpace, feature_families, feature_matrix
 
 ENCODERS = ("features", "id")
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
@@ -45,7 +45,9 @@ CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
 class ItemEncoder(tf.keras.Model):
     """Catalog positions (int) -> embeddings (float32, d)."""
 
-    def __init__(self, space: FeatureSpace, dim: int, kind: str = "features", family_dim: int | None = None, seed: int = 0):
+    def __init__(
+        self, space: FeatureSpace, dim: int, kind: str = "features", family_dim: int | None = None, seed: int = 0
+    ):
         super().__init__(name=f"{kind}_encoder")
         if kind not in ENCODERS:
             raise UserError(f"encoder must be one of {ENCODERS}, got {kind!r}")
@@ -62,12 +64,28 @@ class ItemEncoder(tf.keras.Model):
         init = tf.keras.initializers.RandomNormal(stddev=1.0 / np.sqrt(family_dim), seed=seed)
         self._families = []
         for family in families:
-            ragged = tf.RaggedTensor.from_row_splits(tf.constant(family.values, tf.int64), tf.constant(family.row_splits, tf.int64), validate=False)
-            table = self.add_weight(name=f"{family.name}_embeddings", shape=(family.size, family_dim if kind == "features" else dim), initializer=init)
+            ragged = tf.RaggedTensor.from_row_splits(
+                tf.constant(family.values, tf.int64), tf.constant(family.row_splits, tf.int64), validate=False
+            )
+            table = self.add_weight(
+                name=f"{family.name}_embeddings",
+                shape=(family.size, family_dim if kind == "features" else dim),
+                initializer=init,
+            )
             self._families.append((family.name, ragged, table))
-        self._dense = tf.keras.layers.Dense(dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)) if kind == "features" else None
+        self._dense = (
+            tf.keras.layers.Dense(
+                dim, name="projection", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed)
+            )
+            if kind == "features"
+            else None
+        )
         # the per-item residual of the features encoder (row 0: no item), from zero
-        self._residual = self.add_weight(name="item_residual", shape=(space.size + 1, dim), initializer="zeros") if kind == "features" and ids else None
+        self._residual = (
+            self.add_weight(name="item_residual", shape=(space.size + 1, dim), initializer="zeros")
+            if kind == "features" and ids
+            else None
+        )
 
     def get_config(self) -> dict:
         return {"dim": self.dim, "kind": self.kind, "families": [name for name, _, _ in self._families]}
@@ -84,7 +102,10 @@ class ItemEncoder(tf.keras.Model):
     def encode_values(self, values: list):
         """The shared encoder on value ids: one ragged [n, None] int64 tensor per family, in the
         encoder's family order (id 0: the family's out-of-vocabulary row; an empty row: no value)."""
-        parts = [tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner="mean") for ids, (_, _, table) in zip(values, self._families)]
+        parts = [
+            tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner="mean")
+            for ids, (_, _, table) in zip(values, self._families)
+        ]
         hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
         return hidden if self._dense is None else self._dense(hidden)
 
@@ -133,20 +154,29 @@ class ItemEncoder(tf.keras.Model):
             raise UserError("only the features encoder has public features to initialise from")
         weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise UserError(f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}")
+            raise UserError(
+                f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}"
+            )
         self(tf.zeros([1], tf.int64))  # builds the dense layer
         kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
         family_dim = kernel.shape[0] // len(self._families)
         if family_dim < self.dim:
-            raise UserError(f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}")
+            raise UserError(
+                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}"
+            )
         x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
         values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
         rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
         # the encoder as it stands is linear in x: its map W (rows: feature values, then the bias)
-        blocks = [table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim] for k, (_, _, table) in enumerate(self._families)]
+        blocks = [
+            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
+            for k, (_, _, table) in enumerate(self._families)
+        ]
         linear = np.vstack(blocks + [bias[None, :]])
         if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
-            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(_output_rms(x, linear[:, rank:]), 1e-300)
+            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
+                _output_rms(x, linear[:, rank:]), 1e-300
+            )
         linear[:, :rank] = vectors[:, :rank]
         # family tables = the map's rows (row 0, the unknown value: zero), kernel = stacked identities
         identity, offset = np.zeros_like(kernel), 0
@@ -172,7 +202,10 @@ class ItemEncoder(tf.keras.Model):
         """Embeddings of every catalog item, in catalog order (float64); with `shared`, what the
         shared encoder alone says of them (no residuals)."""
         embed = self.shared if shared else self
-        out = [embed(tf.range(start, min(start + batch_size, self.space.size))).numpy() for start in range(0, self.space.size, batch_size)]
+        out = [
+            embed(tf.range(start, min(start + batch_size, self.space.size))).numpy()
+            for start in range(0, self.space.size, batch_size)
+        ]
         return np.concatenate(out).astype(np.float64) if out else np.zeros((0, self.dim))
 
 
@@ -204,7 +237,9 @@ def restore_checkpoint(encoder: ItemEncoder, folder: str) -> None:
     variable is restored while the checkpoint is at hand rather than on a later first call)."""
     encoder(tf.zeros([1], tf.int64))
     with storage.read_folder(folder) as local:
-        tf.train.Checkpoint(model=encoder).read(os.path.join(local, CHECKPOINT_PREFIX)).assert_existing_objects_matched()
+        tf.train.Checkpoint(model=encoder).read(
+            os.path.join(local, CHECKPOINT_PREFIX)
+        ).assert_existing_objects_matched()
 
 
 def as_written(outputs, bias_scale: float | None = None):
@@ -232,14 +267,23 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
     module = tf.Module()
     module.encoder = encoder
     module.lookup = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(encoder.space.item_ids, tf.int64), tf.range(encoder.space.size, dtype=tf.int64)), default_value=-1
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(encoder.space.item_ids, tf.int64), tf.range(encoder.space.size, dtype=tf.int64)
+        ),
+        default_value=-1,
     )
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="item_ids")])
     def embed(item_ids):
         positions = module.lookup.lookup(item_ids)
-        known = tf.debugging.Assert(tf.reduce_all(positions >= 0), ["item ids not in the catalog of this encoder (embed_features embeds a new item):",
-                                                                    tf.boolean_mask(item_ids, positions < 0)], summarize=20)
+        known = tf.debugging.Assert(
+            tf.reduce_all(positions >= 0),
+            [
+                "item ids not in the catalog of this encoder (embed_features embeds a new item):",
+                tf.boolean_mask(item_ids, positions < 0),
+            ],
+            summarize=20,
+        )
         with tf.control_dependencies([known]):  # named before any lookup fails on them
             return {"embedding": as_written(module.encoder(tf.identity(positions)), bias_scale)}
 
@@ -251,7 +295,10 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
 
         @tf.function(input_signature=[tf.TensorSpec([None, None], tf.string, name=family.name) for family in families])
         def embed_features(*values):
-            ids = [_value_ids(family, table, strings) for family, table, strings in zip(families, module.vocabularies, values)]
+            ids = [
+                _value_ids(family, table, strings)
+                for family, table, strings in zip(families, module.vocabularies, values)
+            ]
             return {"embedding": as_written(module.encoder.encode_values(ids), bias_scale)}
 
         module.embed_features = embed_features
@@ -267,7 +314,9 @@ def _value_ids(family, table: tf.lookup.StaticHashTable, strings: tf.Tensor) -> 
     if family.boundaries is None:
         return tf.ragged.map_flat_values(table.lookup, given)
     edges = tf.constant(family.boundaries, tf.float64)
-    numbers = tf.ragged.map_flat_values(tf.strings.to_number, given, out_type=tf.float64)  # float64: the catalog's edges exactly
+    numbers = tf.ragged.map_flat_values(
+        tf.strings.to_number, given, out_type=tf.float64
+    )  # float64: the catalog's edges exactly
     return tf.ragged.map_flat_values(lambda x: tf.searchsorted(edges, x, side="right", out_type=tf.int64) + 1, numbers)
 
 
@@ -275,4 +324,6 @@ def _vocabulary_table(vocabulary: list[str]) -> tf.lookup.StaticHashTable:
     """Value string -> value id (1, 2, ... in vocabulary order; 0 for a value not in it)."""
     keys = vocabulary or [""]  # an empty family: every value is out of vocabulary ("" is padding, never looked up)
     ids = np.arange(1, len(vocabulary) + 1, dtype=np.int64) if vocabulary else np.zeros(1, np.int64)
-    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.constant(ids, tf.int64)), default_value=0)
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.constant(ids, tf.int64)), default_value=0
+    )

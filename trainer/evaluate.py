@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from trainer import metrics
 from trainer.solve import logistic_solve, ridge_solve
-from schemas.errors import UserError
 
 BUCKETS = 5
 
@@ -44,7 +44,9 @@ def rmse_report(predictions: np.ndarray, labels: np.ndarray, item_buckets: np.nd
     return {"rmse": metrics.rmse(predictions, labels), "sliced": sliced}
 
 
-def predict_ratings(user_ids, positions, user_table: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range) -> np.ndarray:
+def predict_ratings(
+    user_ids, positions, user_table: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range
+) -> np.ndarray:
     """u_k . v_j + mean for each (user, catalog position), the mean alone for unknown users."""
     known_users, user_vectors = user_table
     index, known = IdIndex(known_users).lookup(user_ids)
@@ -78,9 +80,19 @@ def popularity_position(width: int, biases: bool) -> int:
     return width - 2 if biases else width
 
 
-def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray,
-                  lambda_u: float, item_buckets: np.ndarray, k: int = 20, buckets: int = BUCKETS, gravity: float = 0.0,
-                  loss: str = "square", bias_ridge: float | None = None, confidence: bool = False) -> dict:
+def recall_report(
+    history: tuple[np.ndarray, np.ndarray, np.ndarray],
+    targets: tuple[np.ndarray, np.ndarray],
+    item_vectors: np.ndarray,
+    lambda_u: float,
+    item_buckets: np.ndarray,
+    k: int = 20,
+    buckets: int = BUCKETS,
+    gravity: float = 0.0,
+    loss: str = "square",
+    bias_ridge: float | None = None,
+    confidence: bool = False,
+) -> dict:
     """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
     of the targets; item_vectors in catalog order. Users are folded in as the model was trained:
     a ridge solve (with `gravity`, and `bias_ridge` for a model with biases: ridge_solve's), or for
@@ -91,9 +103,16 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
     if loss == "logistic":
         users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
     else:
-        users, solved = ridge_solve(h_users, item_vectors[h_positions], h_labels, lambda_u, scale_by_rows=True,
-                                    gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None, bias_ridge=bias_ridge,
-                                    confidence=confidence)
+        users, solved = ridge_solve(
+            h_users,
+            item_vectors[h_positions],
+            h_labels,
+            lambda_u,
+            scale_by_rows=True,
+            gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None,
+            bias_ridge=bias_ridge,
+            confidence=confidence,
+        )
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise UserError("no held-out user has both a history and targets")
@@ -112,11 +131,20 @@ def recall_report(history: tuple[np.ndarray, np.ndarray, np.ndarray], targets: t
             per_bucket[b].append(hits / np.minimum(k, in_bucket.sum(axis=1)[has]))
     recall = np.concatenate(per_user)
     sliced = [float(np.mean(np.concatenate(parts))) if sum(p.size for p in parts) else None for parts in per_bucket]
-    return {"recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)), "sliced": sliced, "users": int(evaluated.size)}
+    return {
+        "recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)),
+        "sliced": sliced,
+        "users": int(evaluated.size),
+    }
 
 
-def popularity_recall_report(history: tuple[np.ndarray, np.ndarray], targets: tuple[np.ndarray, np.ndarray], counts: np.ndarray,
-                             item_buckets: np.ndarray, k: int = 20) -> dict:
+def popularity_recall_report(
+    history: tuple[np.ndarray, np.ndarray],
+    targets: tuple[np.ndarray, np.ndarray],
+    counts: np.ndarray,
+    item_buckets: np.ndarray,
+    k: int = 20,
+) -> dict:
     """`recall_report` of DP popularity: every catalog item ranked by its DP count (`counts`, catalog
     order, floored at 1 by the release), the history's items left out. It is recall_report itself with
     each item's count as its one-dimensional embedding: a user's fold-in is then one positive number,
@@ -126,7 +154,9 @@ def popularity_recall_report(history: tuple[np.ndarray, np.ndarray], targets: tu
     if not np.all(vectors > 0):
         raise UserError("every catalog item needs a positive DP count (the counts release floors them at 1)")
     (users, positions), (t_users, t_positions) = history, targets
-    return recall_report((users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets, k=k)
+    return recall_report(
+        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets, k=k
+    )
 
 
 def user_item_mask(chunk_users: np.ndarray, users: np.ndarray, positions: np.ndarray, m: int) -> np.ndarray:

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from schemas.ids import IdIndex
-from schemas.tables import item_features, NUMERIC, validate_items
 from schemas.errors import UserError
+from schemas.ids import IdIndex
+from schemas.tables import NUMERIC, item_features, validate_items
 
 ITEM_ID_FAMILY = "item_id"
 NUMERIC_BUCKETS = 10  # deciles, the usual quantile bucketing of a numeric feature
@@ -58,18 +58,33 @@ class FeatureSpace:
         chosen = list(declared) if families is None else families
         unknown = [name for name in chosen if name not in declared]
         if unknown:
-            raise UserError(f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})")
+            raise UserError(
+                f"feature families {unknown} are not declared public in the items table (declared: {list(declared)})"
+            )
         out = []
         for name in chosen:
             if declared[name] == NUMERIC:
                 out.append(_numeric_family(name, items[name]))
                 continue
             lengths, flat = _column_values(items[name])
-            vocabulary, ids = np.unique(flat, return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
-            out.append(Family(name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64)))
+            vocabulary, ids = (
+                np.unique(flat, return_inverse=True) if flat.size else (np.array([], str), np.zeros(0, np.int64))
+            )
+            out.append(
+                Family(
+                    name, vocabulary.tolist(), ids.astype(np.int64) + 1, np.r_[0, np.cumsum(lengths)].astype(np.int64)
+                )
+            )
         item_ids = items["item_id"].to_numpy()
         if use_item_id:
-            out.append(Family(ITEM_ID_FAMILY, [str(i) for i in item_ids], np.arange(1, item_ids.size + 1, dtype=np.int64), np.arange(item_ids.size + 1, dtype=np.int64)))
+            out.append(
+                Family(
+                    ITEM_ID_FAMILY,
+                    [str(i) for i in item_ids],
+                    np.arange(1, item_ids.size + 1, dtype=np.int64),
+                    np.arange(item_ids.size + 1, dtype=np.int64),
+                )
+            )
         if not out:
             raise UserError("the encoder needs at least one feature family (or the item id)")
         return cls(item_ids, out)
@@ -119,7 +134,9 @@ def _column_values(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.n
         lengths, flat = pc.list_value_length(column).fill_null(0), column.flatten()
     else:
         lengths, flat = column.is_valid(), column.drop_null()
-    return lengths.to_numpy(zero_copy_only=False).astype(np.int64), pc.cast(flat, pa.string()).to_numpy(zero_copy_only=False).astype(str)
+    return lengths.to_numpy(zero_copy_only=False).astype(np.int64), pc.cast(flat, pa.string()).to_numpy(
+        zero_copy_only=False
+    ).astype(str)
 
 
 def value_strings(items: pa.Table, name: str) -> list[list[str]]:

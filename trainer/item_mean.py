@@ -26,10 +26,10 @@ import numpy as np
 from privacy.clipping import biased_row_clip
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from schemas.tables import stats_metadata
 from trainer.features import FeatureSpace
 from trainer.ssp import check_stats
-from schemas.errors import UserError
 
 
 def rating_prior(rating_range: tuple[float, float]) -> tuple[float, float]:
@@ -39,26 +39,40 @@ def rating_prior(rating_range: tuple[float, float]) -> tuple[float, float]:
     return (high - low) / 2, (high - low) / 4
 
 
-def item_means(stats_path: str, space: FeatureSpace, bias_scale: float, noise_std_b: float, rating_range: tuple[float, float],
-               expected: dict | None = None) -> np.ndarray:
+def item_means(
+    stats_path: str,
+    space: FeatureSpace,
+    bias_scale: float,
+    noise_std_b: float,
+    rating_range: tuple[float, float],
+    expected: dict | None = None,
+) -> np.ndarray:
     """Each catalog item's offset from the DP mean divided by `bias_scale` (catalog order, one column:
     the id encoder's bias output); items without a row stay 0. `noise_std_b`: the standard deviation
     of the noise on b_j (noise multiplier x wbar x clip_y x clip of the rows, over sqrt(R) for a
     mean of R resamples); 0 without noise."""
     check_stats(stats_path, {"d": 1, **(expected or {})})
     if not stats_metadata(storage.read_schema(stats_path))["bias"]:
-        raise UserError(f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum")
+        raise UserError(
+            f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum"
+        )
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high) or not (bias_scale > 0 and noise_std_b >= 0):
-        raise UserError(f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}")
+        raise UserError(
+            f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}"
+        )
     spread, prior = rating_prior(rating_range)
     variance = (noise_std_b / bias_scale) ** 2  # V: the noise on S_j = b_j / c
     means = np.zeros((space.size, 1))
     for batch in storage.iter_batches(stats_path, batch_size=8192):
         positions = space.index_of(batch.column("item_id").to_numpy())
-        weight = np.maximum(list_column_to_matrix(batch.column("a_upper"), 1, "a_upper")[:, 0] / bias_scale**2, 0.0)  # W_j, noised
+        weight = np.maximum(
+            list_column_to_matrix(batch.column("a_upper"), 1, "a_upper")[:, 0] / bias_scale**2, 0.0
+        )  # W_j, noised
         total = list_column_to_matrix(batch.column("b"), 1, "b")[:, 0] / bias_scale  # S_j, noised
-        shrink = weight**2 + weight * (spread / prior) ** 2 + variance / prior**2  # W (W + sigma^2/tau^2 + V/(tau^2 W)), kept finite at W = 0
+        shrink = (
+            weight**2 + weight * (spread / prior) ** 2 + variance / prior**2
+        )  # W (W + sigma^2/tau^2 + V/(tau^2 W)), kept finite at W = 0
         means[positions, 0] = np.where(shrink > 0, weight * total / np.where(shrink > 0, shrink, 1.0), 0.0) / bias_scale
     return means
 

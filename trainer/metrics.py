@@ -12,6 +12,7 @@ argpartition).
 from __future__ import annotations
 
 import numpy as np
+
 from schemas.errors import UserError
 
 _ROW_BLOCK = 1024  # users ranked at a time, to bound the temporaries of large score matrices
@@ -22,7 +23,9 @@ def rmse(predictions, labels) -> float:
     predictions = np.asarray(predictions, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
     if predictions.ndim != 1 or predictions.shape != labels.shape:
-        raise UserError(f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and {labels.shape}")
+        raise UserError(
+            f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and {labels.shape}"
+        )
     if predictions.size == 0:
         raise UserError("rmse of no predictions is undefined")
     if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(labels))):

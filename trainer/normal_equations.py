@@ -21,8 +21,17 @@ import numba
 import numpy as np
 
 
-def _normal_equations(starts: np.ndarray, vectors: np.ndarray, labels: np.ndarray, root: np.ndarray, free: np.ndarray, offset: int,
-                      ridge: np.ndarray, gram: np.ndarray, rhs: np.ndarray) -> None:
+def _normal_equations(
+    starts: np.ndarray,
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    root: np.ndarray,
+    free: np.ndarray,
+    offset: int,
+    ridge: np.ndarray,
+    gram: np.ndarray,
+    rhs: np.ndarray,
+) -> None:
     """gram (keys, d, d) and rhs (keys, d) <- each key's sums over its rows starts[g]:starts[g + 1]
     (module docstring; `offset` -1: none), ridge[g] (keys, d) added to the diagonal."""
     d = free.size
@@ -47,12 +56,21 @@ def _normal_equations(starts: np.ndarray, vectors: np.ndarray, labels: np.ndarra
 
 
 normal_equations_kernel = numba.njit(nogil=True)(_normal_equations)
-with contextlib.suppress(RuntimeError):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+with contextlib.suppress(
+    RuntimeError
+):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
     normal_equations_kernel.enable_caching()
 
 
-def normal_equations(starts: np.ndarray, vectors: np.ndarray, labels: np.ndarray, ridge: np.ndarray, free: np.ndarray | None = None,
-                     offset: int | None = None, root: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def normal_equations(
+    starts: np.ndarray,
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    ridge: np.ndarray,
+    free: np.ndarray | None = None,
+    offset: int | None = None,
+    root: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(gram (keys, d, d), rhs (keys, d)) of the keys whose rows start at `starts` (increasing, the
     last entry the number of rows), solving for the coordinates `free` of `vectors` (default: all)
     against `labels` less the coordinate `offset` (default: none), each row weighted by `root`
@@ -63,6 +81,15 @@ def normal_equations(starts: np.ndarray, vectors: np.ndarray, labels: np.ndarray
     root = np.ones(n) if root is None else np.ascontiguousarray(root, dtype=np.float64)
     keys, d = starts.size - 1, free.size
     gram, rhs = np.empty((keys, d, d)), np.empty((keys, d))
-    normal_equations_kernel(np.asarray(starts, dtype=np.int64), vectors, np.ascontiguousarray(labels, dtype=np.float64), root, free,
-                            -1 if offset is None else offset % vectors.shape[1], np.ascontiguousarray(ridge, dtype=np.float64), gram, rhs)
+    normal_equations_kernel(
+        np.asarray(starts, dtype=np.int64),
+        vectors,
+        np.ascontiguousarray(labels, dtype=np.float64),
+        root,
+        free,
+        -1 if offset is None else offset % vectors.shape[1],
+        np.ascontiguousarray(ridge, dtype=np.float64),
+        gram,
+        rhs,
+    )
     return gram, rhs

@@ -36,17 +36,23 @@ import pyarrow.parquet as pq
 
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer import metrics
 from trainer.evaluate import popularity_position, user_item_mask, with_popularity
 from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
-from schemas.errors import UserError
 
 MODEL_SETTINGS = "model.json"
 LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
-RECOMMENDATIONS = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
-                             pa.field("item_id", pa.int64(), nullable=False), pa.field("score", pa.float64(), nullable=False)])
+RECOMMENDATIONS = pa.schema(
+    [
+        pa.field("user_id", pa.int64(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("item_id", pa.int64(), nullable=False),
+        pa.field("score", pa.float64(), nullable=False),
+    ]
+)
 
 
 def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
@@ -56,17 +62,23 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
     flags = {"user_id": "--user-col", "item_id": "--item-col"}
     for name, column in columns.items():
         if column not in table.column_names:
-            raise UserError(f"{source} has no {column!r} column (columns: {', '.join(table.column_names)}); name its "
-                             f"{name.removesuffix('_id')} id column with {flags[name]}")
+            raise UserError(
+                f"{source} has no {column!r} column (columns: {', '.join(table.column_names)}); name its "
+                f"{name.removesuffix('_id')} id column with {flags[name]}"
+            )
         values = table[column]
         if values.null_count:
-            raise UserError(f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)")
+            raise UserError(
+                f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)"
+            )
         if pa.types.is_floating(values.type) and pc.all(pc.equal(pc.floor(values), values)).as_py() is not False:
             values = pc.cast(values, pa.int64())
         if not pa.types.is_integer(values.type):
             example = values[0].as_py() if len(values) else None
-            raise UserError(f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
-                             "ids the model was trained on")
+            raise UserError(
+                f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
+                "ids the model was trained on"
+            )
         table = table.set_column(table.column_names.index(column), name, pc.cast(values, pa.int64()))
     return table
 
@@ -99,7 +111,9 @@ class PublishedModel:
     def load(cls, path: str) -> PublishedModel:
         """Open the publication at `path` (local or gs://), refusing one that is not complete."""
         if not storage.exists(storage.join(path, "_PUBLISHED")):
-            raise UserError(f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`")
+            raise UserError(
+                f"{path} is not a complete publication (no _PUBLISHED marker); give the --to folder of `ssp publish`"
+            )
         return cls.read(path)
 
     @classmethod
@@ -108,20 +122,32 @@ class PublishedModel:
         SavedModel from them before its marker)."""
         settings_path = storage.join(path, MODEL_SETTINGS)
         if not storage.exists(settings_path):
-            raise UserError(f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder")
+            raise UserError(
+                f"{path} has no {MODEL_SETTINGS} (published by an older version); publish the run again to a new folder"
+            )
         settings = storage.read_json(settings_path)
-        table = validate_item_embeddings(storage.read_table(storage.join(path, "item_embeddings.parquet")), dim=settings["dim"])
+        table = validate_item_embeddings(
+            storage.read_table(storage.join(path, "item_embeddings.parquet")), dim=settings["dim"]
+        )
         order = np.argsort(table["item_id"].to_numpy(), kind="stable")
         item_ids = table["item_id"].to_numpy()[order]
         vectors = list_column_to_matrix(table["embedding"], settings["dim"], "item embedding")[order]
         popularity = None
-        if storage.exists(storage.join(path, "counts.parquet")):  # the DP counts release (shipped since cold start uses it)
+        if storage.exists(
+            storage.join(path, "counts.parquet")
+        ):  # the DP counts release (shipped since cold start uses it)
             counts = storage.read_table(storage.join(path, "counts.parquet"), columns=["item_id", "count"])
             popularity = np.ones(item_ids.size)
-            popularity[IdIndex(item_ids).positions(counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding")] = counts["count"].to_numpy()
+            popularity[
+                IdIndex(item_ids).positions(
+                    counts["item_id"].to_numpy(), f"item of {path}/counts.parquet with an embedding"
+                )
+            ] = counts["count"].to_numpy()
         if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
             if popularity is None:
-                raise UserError(f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again")
+                raise UserError(
+                    f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again"
+                )
             vectors = with_popularity(vectors, popularity, settings.get("biases", False))
         return cls(path, item_ids, vectors, settings, popularity)
 
@@ -134,31 +160,48 @@ class PublishedModel:
 
         families = self.settings.get("feature_families")
         if not families:
-            raise UserError(f"{self.path}: this model's encoder has no public features (--encoder id), so it cannot embed new items")
+            raise UserError(
+                f"{self.path}: this model's encoder has no public features (--encoder id), so it cannot embed new items"
+            )
         missing = [name for name in families if name not in items.column_names]
         if missing:
-            raise UserError(f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})")
+            raise UserError(
+                f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})"
+            )
         inputs = {}
         for name in families:
             rows = value_strings(items, name)
             width = max((len(values) for values in rows), default=0)
-            inputs[name] = tf.constant([values + [""] * (width - len(values)) for values in rows], tf.string, shape=(len(rows), width))
+            inputs[name] = tf.constant(
+                [values + [""] * (width - len(values)) for values in rows], tf.string, shape=(len(rows), width)
+            )
         with storage.read_folder(storage.join(self.path, "encoder")) as local:
             embed = tf.saved_model.load(local).signatures["embed_features"]
             embedded = embed(**inputs)["embedding"].numpy().astype(np.float64)
         # a new item has no DP count: nothing in the popularity column
         missing = self.vectors.shape[1] - embedded.shape[1]
-        return np.insert(embedded, [popularity_position(embedded.shape[1], self.settings.get("biases", False))] * missing, 0.0, axis=1)
+        return np.insert(
+            embedded,
+            [popularity_position(embedded.shape[1], self.settings.get("biases", False))] * missing,
+            0.0,
+            axis=1,
+        )
 
-    def fold_in(self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def fold_in(
+        self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(sorted user ids, user embeddings) solved from history rows (catalog positions), as the
         run's evaluation folds in held-out users."""
         s = self.settings
         if s["protocol"] == "rmse":
             if labels is None:
-                raise UserError("this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)")
+                raise UserError(
+                    "this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)"
+                )
             targets = labels - s["dp_mean"]
-        elif labels is not None and s.get("confidence_alpha") is not None:  # implicit feedback: each item's count, its confidence
+        elif (
+            labels is not None and s.get("confidence_alpha") is not None
+        ):  # implicit feedback: each item's count, its confidence
             targets = confidence(labels, s["confidence_alpha"])
         else:
             targets = np.ones(positions.size)
@@ -166,12 +209,26 @@ class PublishedModel:
         if s.get("loss") == "logistic":  # SSP-convex: every catalog item a negative, as its evaluation folds users in
             return logistic_solve(users, v[positions], v, s["lambda_u"])
         gravity = s["gravity"] * (v.T @ v) if s.get("gravity", 0) > 0 else None
-        return ridge_solve(users, v[positions], targets, s["lambda_u"], scale_by_rows=True, gravity=gravity,
-                           bias_ridge=user_bias_ridge(s["protocol"], s.get("biases", False), s.get("lambda_bias")),
-                           prior=s.get("user_prior") or 0.0, confidence=s["protocol"] == "recall")
+        return ridge_solve(
+            users,
+            v[positions],
+            targets,
+            s["lambda_u"],
+            scale_by_rows=True,
+            gravity=gravity,
+            bias_ridge=user_bias_ridge(s["protocol"], s.get("biases", False), s.get("lambda_bias")),
+            prior=s.get("user_prior") or 0.0,
+            confidence=s["protocol"] == "recall",
+        )
 
-    def recommend(self, history: pa.Table, k: int = 20, exclude_seen: bool = True, new_items: pa.Table | None = None,
-                  source: str = "the history") -> pa.Table:
+    def recommend(
+        self,
+        history: pa.Table,
+        k: int = 20,
+        exclude_seen: bool = True,
+        new_items: pa.Table | None = None,
+        source: str = "the history",
+    ) -> pa.Table:
         """The top-k items (RECOMMENDATIONS: user_id, rank from 1, item_id, score) of every user in
         `history` (columns user_id, item_id and, for a regression model or explicit feedback, label;
         `source` names it in errors).
@@ -192,8 +249,10 @@ class PublishedModel:
         known = np.isin(items, self.item_ids)
         if not known.all():
             unknown = np.unique(items[~known])
-            LOGGER.info(f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
-                        + ("" if LOGGER.isEnabledFor(logging.DEBUG) else " (-v lists them)"))
+            LOGGER.info(
+                f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
+                + ("" if LOGGER.isEnabledFor(logging.DEBUG) else " (-v lists them)")
+            )
             LOGGER.debug(f"items outside the catalog: {', '.join(map(str, unknown))}")
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
@@ -214,21 +273,46 @@ class PublishedModel:
             found = np.isin(chunk, solved_users)
             u[found] = solved[np.searchsorted(solved_users, chunk[found])]
             scores = u @ vectors.T
-            shown = np.clip(scores + self.settings["dp_mean"], *self.settings["rating_range"]) if self.settings["protocol"] == "rmse" else scores
-            if self.popularity is not None:  # a user with nothing to fold in: the DP popularity ranking (new items have no count)
+            shown = (
+                np.clip(scores + self.settings["dp_mean"], *self.settings["rating_range"])
+                if self.settings["protocol"] == "rmse"
+                else scores
+            )
+            if (
+                self.popularity is not None
+            ):  # a user with nothing to fold in: the DP popularity ranking (new items have no count)
                 scores[~found] = shown[~found] = np.r_[self.popularity, np.zeros(catalog_ids.size - self.item_ids.size)]
             # every item of the history, liked or not
-            seen = user_item_mask(chunk, users[known], np.searchsorted(self.item_ids, items[known]), scores.shape[1]) if exclude_seen else np.zeros(scores.shape, bool)
+            seen = (
+                user_item_mask(chunk, users[known], np.searchsorted(self.item_ids, items[known]), scores.shape[1])
+                if exclude_seen
+                else np.zeros(scores.shape, bool)
+            )
             rows, cols = np.nonzero(metrics.top_k_mask(scores, seen, k) & ~seen)
             order = np.lexsort((cols, -scores[rows, cols], rows))  # each user's best first, ties by catalog position
             rows, cols = rows[order], cols[order]
             rank = np.arange(rows.size) - np.searchsorted(rows, rows) + 1
-            out.append(pa.table({"user_id": chunk[rows], "rank": rank.astype(np.int32), "item_id": catalog_ids[cols], "score": shown[rows, cols]},
-                                schema=RECOMMENDATIONS))
+            out.append(
+                pa.table(
+                    {
+                        "user_id": chunk[rows],
+                        "rank": rank.astype(np.int32),
+                        "item_id": catalog_ids[cols],
+                        "score": shown[rows, cols],
+                    },
+                    schema=RECOMMENDATIONS,
+                )
+            )
         cold = np.setdiff1d(every_user, solved_users).size
         if cold:
-            LOGGER.info(f"{cold} user(s) with no catalog item to fold in: " + ("the DP popularity ranking (score: the DP count)" if self.popularity is not None
-                                                                          else "every score 0 (this publication ships no DP counts; publish the run again)"))
+            LOGGER.info(
+                f"{cold} user(s) with no catalog item to fold in: "
+                + (
+                    "the DP popularity ranking (score: the DP count)"
+                    if self.popularity is not None
+                    else "every score 0 (this publication ships no DP counts; publish the run again)"
+                )
+            )
         return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
 
     def _labels(self, history: pa.Table, source: str) -> np.ndarray | None:
@@ -249,21 +333,43 @@ class PublishedModel:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a publication folder written by `ssp publish` (local or gs://): its item embeddings, "
-                        "encoder and model.json are all that is read")
-    parser.add_argument("--history", required=True, help="the users' own interactions, Parquet or CSV (local or gs://) with columns user_id, item_id "
-                        "and, for a model trained on ratings, label; they stay on this machine (nothing is sent to the trainer)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="a publication folder written by `ssp publish` (local or gs://): its item embeddings, "
+        "encoder and model.json are all that is read",
+    )
+    parser.add_argument(
+        "--history",
+        required=True,
+        help="the users' own interactions, Parquet or CSV (local or gs://) with columns user_id, item_id "
+        "and, for a model trained on ratings, label; they stay on this machine (nothing is sent to the trainer)",
+    )
     parser.add_argument("--k", type=int, default=20, help="how many items to recommend per user (default: %(default)s)")
-    parser.add_argument("--include-seen", action="store_true", help="also recommend the items already in a user's history (by default they are "
-                        "left out, as the evaluation does)")
+    parser.add_argument(
+        "--include-seen",
+        action="store_true",
+        help="also recommend the items already in a user's history (by default they are "
+        "left out, as the evaluation does)",
+    )
     parser.add_argument("--user-col", default="user_id", help="the history's user id column (default: %(default)s)")
-    parser.add_argument("--item-col", default="item_id", help="the item id column of the history and of --new-items (default: %(default)s)")
-    parser.add_argument("--new-items", help="Parquet or CSV of catalog items added after training (the item id and the model's public feature "
-                        "columns; a bag's values separated by |): embedded from their features alone and ranked with the rest")
-    parser.add_argument("--out", help="write the recommendations (user_id, rank, item_id, score) to this file, CSV or Parquet as its name ends "
-                        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on the model's "
-                        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the history "
-                        "(who gets the DP popularity ranking) the item's DP count")
+    parser.add_argument(
+        "--item-col",
+        default="item_id",
+        help="the item id column of the history and of --new-items (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--new-items",
+        help="Parquet or CSV of catalog items added after training (the item id and the model's public feature "
+        "columns; a bag's values separated by |): embedded from their features alone and ranked with the rest",
+    )
+    parser.add_argument(
+        "--out",
+        help="write the recommendations (user_id, rank, item_id, score) to this file, CSV or Parquet as its name ends "
+        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on the model's "
+        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the history "
+        "(who gets the DP popularity ranking) the item's DP count",
+    )
 
 
 def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:

@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from schemas import storage
-from trainer.solve import free_coordinates, user_bias_ridge
 from schemas.errors import UserError
+from trainer.solve import free_coordinates, user_bias_ridge
 
 SERVING_FOLDER = "recommender"
 
@@ -46,19 +46,29 @@ class Recommender(tf.Module):
     def __init__(self, item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity: np.ndarray | None):
         super().__init__()
         if settings.get("loss") == "logistic":
-            raise UserError("a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)")
+            raise UserError(
+                "a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)"
+            )
         vectors = np.asarray(vectors, np.float64)
         bias_ridge = user_bias_ridge(settings["protocol"], settings.get("biases", False), settings.get("lambda_bias"))
         free = free_coordinates(vectors.shape[1], bias_ridge)
-        gravity = settings["gravity"] * (vectors.T @ vectors) if settings.get("gravity", 0) > 0 else np.zeros((vectors.shape[1],) * 2)
+        gravity = (
+            settings["gravity"] * (vectors.T @ vectors)
+            if settings.get("gravity", 0) > 0
+            else np.zeros((vectors.shape[1],) * 2)
+        )
         self.ratings = settings["protocol"] == "rmse"
         self.biased = bias_ridge is not None
         self.fixed_bias = bias_ridge is not None and np.isinf(bias_ridge)
         ridge_kind = np.zeros(free.size)
         if self.biased and not self.fixed_bias:
             ridge_kind[-1] = 1.0  # the user's bias: its own fixed ridge
-        self.lookup = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-            tf.constant(item_ids, tf.int64), tf.range(item_ids.size, dtype=tf.int64)), default_value=-1)
+        self.lookup = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(item_ids, tf.int64), tf.range(item_ids.size, dtype=tf.int64)
+            ),
+            default_value=-1,
+        )
         constant = lambda array: tf.Variable(np.asarray(array, np.float64), trainable=False)  # noqa: E731 (variables: no 2 GB graph limit)
         self.item_ids = tf.Variable(np.asarray(item_ids, np.int64), trainable=False)
         self.vectors = constant(vectors)
@@ -81,7 +91,9 @@ class Recommender(tf.Module):
         known = positions >= 0
         mask = tf.cast(known, tf.float64)
         rows = tf.gather(self.free_vectors, tf.maximum(positions, 0)) * mask[..., None]
-        targets = (labels - self.dp_mean if self.ratings else tf.ones_like(labels)) - tf.gather(self.item_bias, tf.maximum(positions, 0))
+        targets = (labels - self.dp_mean if self.ratings else tf.ones_like(labels)) - tf.gather(
+            self.item_bias, tf.maximum(positions, 0)
+        )
         count = tf.reduce_sum(mask, axis=1)
         strength = self.prior + self.lam * count
         ridge = (1.0 - self.ridge_kind) * strength[:, None] + self.ridge_kind * self.bias_ridge
@@ -99,37 +111,57 @@ class Recommender(tf.Module):
         positions = self.lookup.lookup(item_ids)
         if self.ratings:
             given = tf.boolean_mask(labels, positions >= 0)
-            check = tf.debugging.Assert(tf.reduce_all((given >= self.low) & (given <= self.high)),
-                                        [f"labels outside the rating scale {self.low:g}..{self.high:g} of this model:",
-                                         tf.boolean_mask(given, (given < self.low) | (given > self.high))], summarize=10)
+            check = tf.debugging.Assert(
+                tf.reduce_all((given >= self.low) & (given <= self.high)),
+                [
+                    f"labels outside the rating scale {self.low:g}..{self.high:g} of this model:",
+                    tf.boolean_mask(given, (given < self.low) | (given > self.high)),
+                ],
+                summarize=10,
+            )
             with tf.control_dependencies([check]):
                 labels = tf.identity(labels)
         users, found = self.fold_in(positions, labels)
         scores = tf.matmul(users, self.vectors, transpose_b=True)
         shown = tf.clip_by_value(scores + self.dp_mean, self.low, self.high) if self.ratings else scores
-        cold = tf.logical_not(found)[:, None]  # nothing to fold in: the DP popularity ranking (0 everywhere without the counts)
+        cold = tf.logical_not(found)[
+            :, None
+        ]  # nothing to fold in: the DP popularity ranking (0 everywhere without the counts)
         scores = tf.where(cold, self.popularity[None, :], scores)
         shown = tf.where(cold, self.popularity[None, :], shown)
         n_items = tf.shape(self.vectors)[0]
         batch = tf.shape(positions)[0]
         where = tf.where(positions >= 0)  # (user, slot) of every catalog item in the history
-        seen = tf.scatter_nd(tf.stack([where[:, 0], tf.gather_nd(positions, where)], axis=1), tf.ones(tf.shape(where)[0], tf.int32),
-                             tf.cast(tf.stack([batch, n_items]), tf.int64)) > 0
+        seen = (
+            tf.scatter_nd(
+                tf.stack([where[:, 0], tf.gather_nd(positions, where)], axis=1),
+                tf.ones(tf.shape(where)[0], tf.int32),
+                tf.cast(tf.stack([batch, n_items]), tf.int64),
+            )
+            > 0
+        )
         scores = tf.where(seen, tf.constant(-np.inf, tf.float64), scores)
         best, at = tf.math.top_k(scores, tf.minimum(k, n_items))  # ties: the lower catalog position first
         valid = best > -np.inf
-        return {"item_ids": tf.where(valid, tf.gather(self.item_ids, at), tf.constant(-1, tf.int64)),
-                "scores": tf.where(valid, tf.gather(shown, at, batch_dims=1), tf.constant(np.nan, tf.float64))}
+        return {
+            "item_ids": tf.where(valid, tf.gather(self.item_ids, at), tf.constant(-1, tf.int64)),
+            "scores": tf.where(valid, tf.gather(shown, at, batch_dims=1), tf.constant(np.nan, tf.float64)),
+        }
 
     def similar(self, item_ids: tf.Tensor, k: tf.Tensor) -> dict:
         positions = self.lookup.lookup(item_ids)
-        check = tf.debugging.Assert(tf.reduce_all(positions >= 0), ["item ids not in the catalog of this model:", tf.boolean_mask(item_ids, positions < 0)],
-                                    summarize=20)
+        check = tf.debugging.Assert(
+            tf.reduce_all(positions >= 0),
+            ["item ids not in the catalog of this model:", tf.boolean_mask(item_ids, positions < 0)],
+            summarize=20,
+        )
         with tf.control_dependencies([check]):
             positions = tf.identity(positions)
         cosine = tf.matmul(tf.gather(self.unit_embeddings, positions), self.unit_embeddings, transpose_b=True)
         n_items = tf.shape(self.unit_embeddings)[0]
-        cosine = tf.where(tf.one_hot(positions, n_items, on_value=True, off_value=False), tf.constant(-np.inf, tf.float64), cosine)
+        cosine = tf.where(
+            tf.one_hot(positions, n_items, on_value=True, off_value=False), tf.constant(-np.inf, tf.float64), cosine
+        )
         best, at = tf.math.top_k(cosine, tf.minimum(k, n_items - 1))
         return {"item_ids": tf.gather(self.item_ids, at), "scores": best}
 
@@ -140,10 +172,12 @@ def export(item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity
     history = tf.TensorSpec([None, None], tf.int64, name="item_ids")
     k = tf.TensorSpec([], tf.int32, name="k")
     if module.ratings:
+
         @tf.function(input_signature=[history, tf.TensorSpec([None, None], tf.float32, name="labels"), k])
         def recommend(item_ids, labels, k):
             return module.top_k(item_ids, tf.cast(labels, tf.float64), k)
     else:
+
         @tf.function(input_signature=[history, k])
         def recommend(item_ids, k):
             return module.top_k(item_ids, tf.zeros(tf.shape(item_ids), tf.float64), k)
@@ -154,4 +188,8 @@ def export(item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity
 
     module.recommend, module.similar_items = recommend, similar_items
     with storage.write_folder(path) as local:
-        tf.saved_model.save(module, local, signatures={"recommend": recommend, "similar_items": similar_items, "serving_default": recommend})
+        tf.saved_model.save(
+            module,
+            local,
+            signatures={"recommend": recommend, "similar_items": similar_items, "serving_default": recommend},
+        )

@@ -45,9 +45,17 @@ def free_coordinates(width: int, bias_ridge: float | None) -> np.ndarray:
     return free[:-2] if np.isinf(bias_ridge) else np.delete(free, -2)
 
 
-def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: float, scale_by_rows: bool = False,
-                gravity: np.ndarray | None = None, bias_ridge: float | None = None, prior: float = 0.0,
-                confidence: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def ridge_solve(
+    keys: np.ndarray,
+    vectors: np.ndarray,
+    labels: np.ndarray,
+    lam: float,
+    scale_by_rows: bool = False,
+    gravity: np.ndarray | None = None,
+    bias_ridge: float | None = None,
+    prior: float = 0.0,
+    confidence: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions (keys x d)) of the per-key ridge problems.
 
     With `scale_by_rows` the regulariser of a key is lambda times its number of rows (the
@@ -92,7 +100,9 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     ridge = np.repeat(strength[:, None], d, axis=1)
     if bias_ridge is not None and np.isfinite(bias_ridge):
         ridge[:, -1] = bias_ridge
-    gram, rhs = normal_equations(np.r_[starts, keys.size], vectors, labels, ridge, free, None if bias_ridge is None else -2, root)
+    gram, rhs = normal_equations(
+        np.r_[starts, keys.size], vectors, labels, ridge, free, None if bias_ridge is None else -2, root
+    )
     if gravity is not None:
         gravity = np.asarray(gravity, dtype=np.float64)
         gram = gram + gravity[np.ix_(free, free)]
@@ -105,8 +115,14 @@ def ridge_solve(keys: np.ndarray, vectors: np.ndarray, labels: np.ndarray, lam: 
     return unique, np.hstack([u, np.ones((unique.size, 1)), b_u[:, None]])
 
 
-def logistic_solve(keys: np.ndarray, vectors: np.ndarray, all_vectors: np.ndarray, lam: float, iterations: int = 25,
-                   tolerance: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+def logistic_solve(
+    keys: np.ndarray,
+    vectors: np.ndarray,
+    all_vectors: np.ndarray,
+    lam: float,
+    iterations: int = 25,
+    tolerance: float = 1e-10,
+) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, solutions) of each key's implicit-feedback logistic problem: its rows'
     items (`vectors`) are positives of label 1 and every item of `all_vectors` a negative of label 0,
     weighted as SSP-convex weighs them (privacy.quadratic.logistic_weights, wbar 1), with ridge

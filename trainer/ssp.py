@@ -87,10 +87,10 @@ from privacy import quadratic
 from privacy.accumulator import packed_size, project_psd, unpack_upper, upper_indices
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
-from schemas.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,9 @@ class SSPConfig:
     psd_projection: bool = True
     shuffle_batches: int = 8  # batches held in the shuffle buffer
     seed: int = 0
-    solve_residuals: bool = False  # after the epochs, each covered item's residual set to its exact minimiser (`solve_residuals`)
+    solve_residuals: bool = (
+        False  # after the epochs, each covered item's residual set to its exact minimiser (`solve_residuals`)
+    )
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "shuffle_batches"):
@@ -117,13 +119,17 @@ class SSPConfig:
         for name in ("learning_rate", "ridge", "weight_decay"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0 or (name == "learning_rate" and value == 0):
-                raise UserError(f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}")
+                raise UserError(
+                    f"{name} must be a finite number {'> 0' if name == 'learning_rate' else '>= 0'}, got {value}"
+                )
 
 
 EPOCH_STEPS = 8  # the regime the defaults were tuned in: 6,040 users cover about 3,500 items, 7 batches of 512
 MIN_BATCH = 512
 SHUFFLE_BUFFER_BYTES = 256 << 20  # the packed A_j the shuffle buffer holds, at most (float64)
-CACHED_TABLE_BYTES = 256 << 20  # a stats table at most this large (decoded, in the trainer's float32) is read once per training, not once per epoch
+CACHED_TABLE_BYTES = (
+    256 << 20
+)  # a stats table at most this large (decoded, in the trainer's float32) is read once per training, not once per epoch
 
 
 def auto_batch_size(items: int, d: int, shuffle_batches: int) -> int:
@@ -148,7 +154,9 @@ def check_stats(path: str, expected: dict) -> dict:
         if key not in meta:
             raise UserError(f"{path}: stats metadata has no {key!r}")
         if not math.isclose(meta[key], float(value), rel_tol=1e-9, abs_tol=0.0):
-            raise UserError(f"{path}: stats were released with {key}={meta[key]:g}, but this run expects {key}={float(value):g}")
+            raise UserError(
+                f"{path}: stats were released with {key}={meta[key]:g}, but this run expects {key}={float(value):g}"
+            )
     return meta
 
 
@@ -161,7 +169,9 @@ def project_table(path: str, out: str, batch_size: int = 2048) -> str:
 
     def projected(batch: pa.RecordBatch) -> pa.RecordBatch:
         a = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
-        return pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(project_psd(a, d)), batch.column("b")], schema=schema)
+        return pa.RecordBatch.from_arrays(
+            [batch.column("item_id"), matrix_to_list_column(project_psd(a, d)), batch.column("b")], schema=schema
+        )
 
     workers = os.cpu_count() or 1
     with storage.TableWriter(out, schema) as writer, ThreadPoolExecutor(workers) as pool:
@@ -175,27 +185,47 @@ def project_table(path: str, out: str, batch_size: int = 2048) -> str:
     return out
 
 
-def expand_table(path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], psd_projection: bool, batch_size: int = 2048) -> str:
+def expand_table(
+    path: str, out: str, expansion: tuple[np.ndarray, np.ndarray], psd_projection: bool, batch_size: int = 2048
+) -> str:
     """Stream a logistic release (noised H_j, g_j) into `out` as SSP2's A_j = H_j, b_j = H_j v0_j - g_j
     around the expansion points (sorted item ids, their vectors; privacy.quadratic.expansion), H_j
     projected onto the PSD cone first when asked (post-processing of the release); returns `out`."""
     schema = storage.read_schema(path)
     if (schema.metadata or {}).get(b"loss") != b"logistic":
-        raise UserError(f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded")
+        raise UserError(
+            f"{path} is not a logistic release (its metadata names no loss 'logistic'); it cannot be expanded"
+        )
     d = int(stats_metadata(schema)["d"])
     index, vectors = IdIndex(expansion[0]), expansion[1]
     with storage.TableWriter(out, STATS.with_metadata(schema.metadata)) as writer:
         for batch in storage.iter_batches(path, batch_size=batch_size):
             h = list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")
             at = index.positions(batch.column("item_id").to_numpy(), f"item of {path} with an expansion point")
-            a_upper, b = quadratic.expansion(project_psd(h, d) if psd_projection else h, list_column_to_matrix(batch.column("b"), d, "b"), vectors[at])
-            writer.write(pa.RecordBatch.from_arrays([batch.column("item_id"), matrix_to_list_column(a_upper), matrix_to_list_column(b)],
-                                                    schema=STATS.with_metadata(schema.metadata)))
+            a_upper, b = quadratic.expansion(
+                project_psd(h, d) if psd_projection else h,
+                list_column_to_matrix(batch.column("b"), d, "b"),
+                vectors[at],
+            )
+            writer.write(
+                pa.RecordBatch.from_arrays(
+                    [batch.column("item_id"), matrix_to_list_column(a_upper), matrix_to_list_column(b)],
+                    schema=STATS.with_metadata(schema.metadata),
+                )
+            )
     return out
 
 
-def shuffled_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
-                    cache: dict | None = None, dtype=np.float64, convert=None) -> Iterator[tuple[np.ndarray, tuple]]:
+def shuffled_chunks(
+    path: str,
+    encoder: ItemEncoder,
+    config: SSPConfig,
+    rng: np.random.Generator,
+    ridge_scale: np.ndarray | None = None,
+    cache: dict | None = None,
+    dtype=np.float64,
+    convert=None,
+) -> Iterator[tuple[np.ndarray, tuple]]:
     """The table's items in buffers of `shuffle_batches` record batches, each with its shuffle:
     (order, (catalog positions (n,), packed A_j (n, d(d+1)/2), b_j (n, d), ridge scales (n, d))), the
     buffer's rows in the table's order and `order` a permutation of them. `ridge_scale` is one number
@@ -211,22 +241,33 @@ def shuffled_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.
         if convert is not None:
             buffers = map(convert, buffers)
         items = sum(rows for _, _, rows in storage.row_groups(path)) if cache is not None else 0
-        if cache is not None and items * (8 + (packed_size(d) + 2 * d) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES:
+        if (
+            cache is not None
+            and items * (8 + (packed_size(d) + 2 * d) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES
+        ):
             buffers = cache[path] = list(buffers)
     for buffer in buffers:
         yield rng.permutation(len(buffer[0])), buffer
 
 
-def item_chunks(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator,
-                ridge_scale: np.ndarray | None = None, cache: dict | None = None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+def item_chunks(
+    path: str,
+    encoder: ItemEncoder,
+    config: SSPConfig,
+    rng: np.random.Generator,
+    ridge_scale: np.ndarray | None = None,
+    cache: dict | None = None,
+    dtype=np.float64,
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """`shuffled_chunks`' buffers with their rows in their shuffled order: (catalog positions (n,),
     packed A_j, b_j, ridge scales (n, d)), a chunk per buffer."""
     for order, (positions, a, b, scale) in shuffled_chunks(path, encoder, config, rng, ridge_scale, cache, dtype):
         yield positions[order], a[order], b[order], scale[order]
 
 
-def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
-                     ridge_scale: np.ndarray | None, dtype=np.float64) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+def _decoded_buffers(
+    path: str, encoder: ItemEncoder, config: SSPConfig, ridge_scale: np.ndarray | None, dtype=np.float64
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """`shuffled_chunks`' buffers before their conversion: (positions, packed A_j, b_j, ridge scales (n, d)) in the table's order, values as `dtype`."""
     d = encoder.dim
     buffer: list[pa.RecordBatch] = []
@@ -236,7 +277,10 @@ def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
         positions = encoder.space.index_of(table["item_id"].to_numpy())
         scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
         scale = np.broadcast_to(scale[:, None] if scale.ndim == 1 else scale, (positions.size, d))
-        a, b = list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper"), list_column_to_matrix(table["b"], d, "b")
+        a, b = (
+            list_column_to_matrix(table["a_upper"], packed_size(d), "a_upper"),
+            list_column_to_matrix(table["b"], d, "b"),
+        )
         return positions, a.astype(dtype, copy=False), b.astype(dtype, copy=False), scale.astype(dtype)
 
     for batch in storage.iter_batches(path, batch_size=config.batch_size):
@@ -248,8 +292,14 @@ def _decoded_buffers(path: str, encoder: ItemEncoder, config: SSPConfig,
         yield decode(buffer)
 
 
-def item_batches(path: str, encoder: ItemEncoder, config: SSPConfig, rng: np.random.Generator, ridge_scale: np.ndarray | None = None,
-                 gravity: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def item_batches(
+    path: str,
+    encoder: ItemEncoder,
+    config: SSPConfig,
+    rng: np.random.Generator,
+    ridge_scale: np.ndarray | None = None,
+    gravity: np.ndarray | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(catalog positions, A_j + ridge diag(scale_j) (+ gravity) (B, d, d), b_j (B, d)) minibatches
     of `item_chunks`."""
     d = encoder.dim
@@ -279,7 +329,12 @@ def packed_product(packed, scale, ridge: float, gravity):
     a = tf.reshape(tf.gather(tf.transpose(packed), unpacking.ravel()), [d, d, -1])
 
     def product(v):
-        return tf.transpose(tf.reduce_sum(a * tf.transpose(v)[None, :, :], axis=1)) + ridge * scale * v + tf.matmul(v, gravity, transpose_b=True)
+        return (
+            tf.transpose(tf.reduce_sum(a * tf.transpose(v)[None, :, :], axis=1))
+            + ridge * scale * v
+            + tf.matmul(v, gravity, transpose_b=True)
+        )
+
     return product
 
 
@@ -306,9 +361,17 @@ def ssp_loss(encoder: ItemEncoder, positions, product, b, residual_penalty=None,
     return tf.reduce_mean(loss)
 
 
-def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expected: dict | None = None, progress: bool = True,
-          ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None, residual_penalty: np.ndarray | None = None,
-          anchor: float | np.ndarray = 0.0) -> list[float]:
+def train(
+    encoder: ItemEncoder,
+    stats_paths: list[str],
+    config: SSPConfig,
+    expected: dict | None = None,
+    progress: bool = True,
+    ridge_scale: np.ndarray | None = None,
+    gravity: np.ndarray | None = None,
+    residual_penalty: np.ndarray | None = None,
+    anchor: float | np.ndarray = 0.0,
+) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
     Returns the mean loss of every epoch. `expected` lists release parameters the tables must
@@ -335,7 +398,11 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     if config.batch_size is None:
         config = dataclasses.replace(config, batch_size=auto_batch_size(items, encoder.dim, config.shuffle_batches))
     steps = config.epochs * max(1, math.ceil(items / config.batch_size))
-    rate = tf.keras.optimizers.schedules.CosineDecay(config.learning_rate, steps) if config.cosine_decay else config.learning_rate
+    rate = (
+        tf.keras.optimizers.schedules.CosineDecay(config.learning_rate, steps)
+        if config.cosine_decay
+        else config.learning_rate
+    )
     optimizer = tf.keras.optimizers.Adam(rate)
     encoder(tf.zeros([1], tf.int64))  # a layer not yet called creates its weights now
     optimizer.build(encoder.trainable_variables)  # and Adam its slots, before the step is traced
@@ -352,9 +419,20 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
 
     def step(positions, product, b):
         with tf.GradientTape() as tape:
-            loss = ssp_loss(encoder, positions, product, b, tf.gather(penalty_of, positions) if use_residual else None,
-                            anchor_of if use_anchor else None, tf.gather(start_of, positions) if use_anchor else None)
-            penalty = config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense]) if dense and config.weight_decay else 0.0
+            loss = ssp_loss(
+                encoder,
+                positions,
+                product,
+                b,
+                tf.gather(penalty_of, positions) if use_residual else None,
+                anchor_of if use_anchor else None,
+                tf.gather(start_of, positions) if use_anchor else None,
+            )
+            penalty = (
+                config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense])
+                if dense and config.weight_decay
+                else 0.0
+            )
             total = loss + penalty
         grads = tape.gradient(total, encoder.trainable_variables)
         optimizer.apply_gradients(zip(grads, encoder.trainable_variables))
@@ -364,8 +442,15 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
     # Python than the batch's arithmetic. Each batch gathers its rows of the chunk's tensors by the
     # epoch's shuffle, so a cached chunk is converted to tensors once, not shuffled and converted
     # every epoch.
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, packed_size(d)], tf.float32),
-                                  tf.TensorSpec([None, d], tf.float32), tf.TensorSpec([None, d], tf.float32)])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None, packed_size(d)], tf.float32),
+            tf.TensorSpec([None, d], tf.float32),
+            tf.TensorSpec([None, d], tf.float32),
+        ]
+    )
     def run_chunk(order, positions, packed, b, scale):
         n = tf.shape(order)[0]
         total = tf.constant(0.0, tf.float64)
@@ -379,7 +464,12 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
 
     def tensors(buffer):
         positions, packed, b, scale = buffer
-        return tf.constant(positions), tf.constant(packed, tf.float32), tf.constant(b, tf.float32), tf.constant(scale, tf.float32)
+        return (
+            tf.constant(positions),
+            tf.constant(packed, tf.float32),
+            tf.constant(b, tf.float32),
+            tf.constant(scale, tf.float32),
+        )
 
     rng = np.random.default_rng(config.seed)
     losses = []
@@ -393,13 +483,23 @@ def train(encoder: ItemEncoder, stats_paths: list[str], config: SSPConfig, expec
             count += order.size
         losses.append(total / max(count, 1))
         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
-    if config.solve_residuals and use_residual and (config.psd_projection or stats_metadata(storage.read_schema(tables[0]))["noise_multiplier"] == 0):
+    if (
+        config.solve_residuals
+        and use_residual
+        and (config.psd_projection or stats_metadata(storage.read_schema(tables[0]))["noise_multiplier"] == 0)
+    ):
         solve_residuals(encoder, tables, config, residual_penalty, ridge_scale, gravity)
     return losses
 
 
-def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, residual_penalty: np.ndarray,
-                    ridge_scale: np.ndarray | None = None, gravity: np.ndarray | None = None) -> None:
+def solve_residuals(
+    encoder: ItemEncoder,
+    tables: list[str],
+    config: SSPConfig,
+    residual_penalty: np.ndarray,
+    ridge_scale: np.ndarray | None = None,
+    gravity: np.ndarray | None = None,
+) -> None:
     """Set every covered item's residual to its exact minimiser of the SSP loss, the shared encoder
     as trained: with A = A_j + lambda s_j I (+ gravity) and f_j the shared output,
         r_j = (A + mu_j I)^-1 (b_j - A f_j)
@@ -415,7 +515,9 @@ def solve_residuals(encoder: ItemEncoder, tables: list[str], config: SSPConfig, 
     for positions, a, b in item_batches(path, encoder, in_order, np.random.default_rng(0), ridge_scale, gravity):
         shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
         gram = a + diagonals(residual_penalty[positions], d)
-        encoder.set_residuals(positions, np.linalg.solve(gram, (b - np.einsum("bij,bj->bi", a, shared))[..., None])[..., 0])
+        encoder.set_residuals(
+            positions, np.linalg.solve(gram, (b - np.einsum("bij,bj->bi", a, shared))[..., None])[..., 0]
+        )
 
 
 def _aligned_batches(paths: list[str], batch_size: int):
@@ -447,18 +549,29 @@ def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
     metas = [stats_metadata(storage.read_schema(path)) for path in paths]
     for key in ("d", "noise_multiplier", "clip_u", "clip_y", "wbar"):
         if len({meta[key] for meta in metas}) != 1:
-            raise UserError(f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged")
+            raise UserError(
+                f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged"
+            )
     d = int(metas[0]["d"])
-    schema = STATS.with_metadata({**storage.read_schema(paths[0]).metadata, b"averaged_resamples": str(len(paths)).encode(),
-                                  b"averaged_releases": ",".join(str(int(meta["release"])) for meta in metas).encode()})
+    schema = STATS.with_metadata(
+        {
+            **storage.read_schema(paths[0]).metadata,
+            b"averaged_resamples": str(len(paths)).encode(),
+            b"averaged_releases": ",".join(str(int(meta["release"])) for meta in metas).encode(),
+        }
+    )
     with storage.TableWriter(out, schema) as writer:
         for batches in _aligned_batches(paths, batch_size):
             items = batches[0].column("item_id")
             if any(not batch.column("item_id").equals(items) for batch in batches[1:]):
                 raise UserError(f"the stats tables {paths} list their items in different orders")
-            a = sum(list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper") for batch in batches) / len(batches)
+            a = sum(
+                list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper") for batch in batches
+            ) / len(batches)
             b = sum(list_column_to_matrix(batch.column("b"), d, "b") for batch in batches) / len(batches)
-            writer.write(pa.RecordBatch.from_arrays([items, matrix_to_list_column(a), matrix_to_list_column(b)], schema=schema))
+            writer.write(
+                pa.RecordBatch.from_arrays([items, matrix_to_list_column(a), matrix_to_list_column(b)], schema=schema)
+            )
     return out
 
 
@@ -470,4 +583,8 @@ def item_embeddings_table(encoder: ItemEncoder, vectors: np.ndarray | None = Non
     """The encoder's embedding of every catalog item (or `vectors`, what a run makes of them, in
     catalog order), as an ITEM_EMBEDDINGS table."""
     vectors = encoder.embed_all() if vectors is None else vectors
-    return validate_item_embeddings(pa.Table.from_arrays([pa.array(encoder.space.item_ids, pa.int64()), matrix_to_list_column(vectors)], schema=ITEM_EMBEDDINGS))
+    return validate_item_embeddings(
+        pa.Table.from_arrays(
+            [pa.array(encoder.space.item_ids, pa.int64()), matrix_to_list_column(vectors)], schema=ITEM_EMBEDDINGS
+        )
+    )

@@ -66,7 +66,9 @@ def project_version() -> str:
 
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not pyproject.is_file():
-        raise RuntimeError("set SSP_VERSION to the project version the artifacts were built from (infra/build.sh prints it)")
+        raise RuntimeError(
+            "set SSP_VERSION to the project version the artifacts were built from (infra/build.sh prints it)"
+        )
     return tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
@@ -122,12 +124,20 @@ TRAINING = {
     "outer-steps": OUTER_STEPS,
     "shards": 16,
 }
-BUDGET = {"epsilon": "{{ params.epsilon }}", "delta": "{{ params.delta }}", "budget-account": "{{ params.account }}",
-          "account-cap": "{{ params.account_cap }}"}
+BUDGET = {
+    "epsilon": "{{ params.epsilon }}",
+    "delta": "{{ params.delta }}",
+    "budget-account": "{{ params.account }}",
+    "account-cap": "{{ params.account_cap }}",
+}
 
-REGISTRY = {"SSP_BUDGET_ACCOUNTS": "{{ params.bucket }}/budget-accounts"}  # the durable account registry (privacy.account)
+REGISTRY = {
+    "SSP_BUDGET_ACCOUNTS": "{{ params.bucket }}/budget-accounts"
+}  # the durable account registry (privacy.account)
 
-GPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"})
+GPU = k8s.V1ResourceRequirements(
+    requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"}
+)
 CPU = k8s.V1ResourceRequirements(requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "16Gi"})
 
 
@@ -180,10 +190,20 @@ def prepare_env() -> dict[str, str]:
     Spark, the pod's local Spark session does it in bounded memory (it spills to disk)."""
     if ENGINE != "beam":
         return {}
-    options = {"runner": "DataflowRunner", "project": PROJECT, "region": REGION, "job_name": "ssp-prepare-{{ ds_nodash }}", **dataflow_options()}
+    options = {
+        "runner": "DataflowRunner",
+        "project": PROJECT,
+        "region": REGION,
+        "job_name": "ssp-prepare-{{ ds_nodash }}",
+        **dataflow_options(),
+    }
     flags = []
     for key, value in options.items():
-        flags += [f"--{key}={item}" for item in value] if isinstance(value, list) else [f"--{key}" if value is True else f"--{key}={value}"]
+        flags += (
+            [f"--{key}={item}" for item in value]
+            if isinstance(value, list)
+            else [f"--{key}" if value is True else f"--{key}={value}"]
+        )
     return {"SSP_BEAM_PIPELINE_OPTIONS": " ".join(flags)}
 
 
@@ -198,7 +218,12 @@ def stats_task(step: int):
         py_interpreter=LAUNCHER_PYTHON,
         default_pipeline_options=dataflow_options(),
         pipeline_options=stats_flags(step),
-        dataflow_config={"job_name": f"ssp-stats-{step}", "project_id": PROJECT, "location": REGION, "wait_until_finished": True},
+        dataflow_config={
+            "job_name": f"ssp-stats-{step}",
+            "project_id": PROJECT,
+            "location": REGION,
+            "wait_until_finished": True,
+        },
     )
 
 
@@ -212,19 +237,43 @@ with DAG(
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
     params={
         "bucket": Param("gs://ssp-recsys-data", type="string", description="storage root of runs and published models"),
-        "raw": Param("gs://ssp-recsys-data/raw", type="string",
-                     description="raw tables, one folder per run date holding interactions.parquet and items.parquet (columns: INGEST)"),
-        "epsilon": Param(1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"),
+        "raw": Param(
+            "gs://ssp-recsys-data/raw",
+            type="string",
+            description="raw tables, one folder per run date holding interactions.parquet and items.parquet (columns: INGEST)",
+        ),
+        "epsilon": Param(
+            1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"
+        ),
         "delta": Param(1e-6, type="number", exclusiveMinimum=0, exclusiveMaximum=1, description="delta of one run"),
-        "account": Param("gs://ssp-recsys-data/budget-accounts/movielens.json", type="string",
-                         description="the data source's budget account: every run's releases are charged there"),
-        "account_cap": Param(20.0, type="number", exclusiveMinimum=0,
-                             description="lifetime epsilon cap of the data source's users (set when the account is created)"),
+        "account": Param(
+            "gs://ssp-recsys-data/budget-accounts/movielens.json",
+            type="string",
+            description="the data source's budget account: every run's releases are charged there",
+        ),
+        "account_cap": Param(
+            20.0,
+            type="number",
+            exclusiveMinimum=0,
+            description="lifetime epsilon cap of the data source's users (set when the account is created)",
+        ),
     },
     tags=["ssp", "privacy"],
 ) as dag:
     ingest = ssp("ingest", "ingest", *flags(INGEST), "--rating-scale", *RATING_SCALE, "--out", DATA)
-    prepare = ssp("prepare", "train", "--stage", "prepare", "--data", DATA, "--out", RUN, *flags(BUDGET), *flags(TRAINING), env=prepare_env())
+    prepare = ssp(
+        "prepare",
+        "train",
+        "--stage",
+        "prepare",
+        "--data",
+        DATA,
+        "--out",
+        RUN,
+        *flags(BUDGET),
+        *flags(TRAINING),
+        env=prepare_env(),
+    )
     steps = []
     for s in range(1, OUTER_STEPS + 1):
         steps += [
@@ -234,6 +283,8 @@ with DAG(
         ]
     final_users = spark_job("final_user_update", "user_update.py", ["--run", RUN, "--final"])
     evaluate = ssp("evaluate", "evaluate", "--run", RUN)
-    check_privacy = ssp("check_privacy", "privacy", RUN, "--max-epsilon", "{{ params.epsilon }}", "--max-delta", "{{ params.delta }}")
+    check_privacy = ssp(
+        "check_privacy", "privacy", RUN, "--max-epsilon", "{{ params.epsilon }}", "--max-delta", "{{ params.delta }}"
+    )
     publish = ssp("publish", "publish", "--run", RUN, "--to", DEST)
     chain(ingest, prepare, *steps, final_users, evaluate, check_privacy, publish)

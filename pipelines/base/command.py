@@ -28,17 +28,35 @@ from pipelines.base.lock import RunLockedError
 from schemas import storage
 from schemas.errors import UserError
 
-USER_ERRORS = (UserError, storage.MissingTableError, RunLockedError, pa.ArrowInvalid)  # the project's refusals; a table Arrow cannot parse
+USER_ERRORS = (
+    UserError,
+    storage.MissingTableError,
+    RunLockedError,
+    pa.ArrowInvalid,
+)  # the project's refusals; a table Arrow cannot parse
 BUG_STATUS = 3  # a bug's exit status: distinct from a refusal's 2, Ctrl-C's 130 and SIGTERM's 143
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
     """-v / -q: how much progress output (pipelines.base.logs) the command writes to stderr."""
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
-                       help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's settings")
-    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
-                       help="print only warnings and errors, no progress lines or bars (results still go to stdout)")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=0,
+        help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's settings",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        help="print only warnings and errors, no progress lines or bars (results still go to stdout)",
+    )
 
 
 class _LineStart:
@@ -74,9 +92,16 @@ def _terminate_with_one_line(command: str):
     as a kill would. That is safe at any moment (writes are atomic, a release is recorded before it
     is computed, locks die with their holder, a killed run resumes: tests/test_kill_resume.py), where
     an exception raised from the handler can be swallowed by whatever it interrupts."""
+
     def terminate(signum, frame):  # the process's own stderr: a library may have redirected sys.stderr for a moment
-        print(_final(f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)", close_bars=False),
-              file=sys.__stderr__, flush=True)
+        print(
+            _final(
+                f"ssp {command}: terminated; nothing partial was published (run the same command again to resume)",
+                close_bars=False,
+            ),
+            file=sys.__stderr__,
+            flush=True,
+        )
         sys.stdout.flush()
         os._exit(143)
 
@@ -99,13 +124,20 @@ def run(command: str, action: Callable[[], int], output: str | None = None) -> i
     """Run `action()` as `ssp <command>`; its exit status. A user's error is one line on stderr and
     status 2 (`output`: the folder the command writes, named when the disk refuses it); a bug one
     line saying so and where its traceback is, status 3."""
-    previous = signal.signal(signal.SIGTERM, _terminate_with_one_line(command)) if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGTERM, _terminate_with_one_line(command))
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     stderr = sys.stderr
     sys.stderr = stderr if isinstance(stderr, _LineStart) else _LineStart(stderr)
     try:
         return action()
     except KeyboardInterrupt:
-        print(_final(f"ssp {command}: interrupted; nothing partial was published (run the same command again to resume)"), file=sys.stderr)
+        print(
+            _final(f"ssp {command}: interrupted; nothing partial was published (run the same command again to resume)"),
+            file=sys.stderr,
+        )
         return 130
     except Exception as exc:
         message = errors.one_line(exc, USER_ERRORS, output=output)

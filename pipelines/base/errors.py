@@ -15,16 +15,35 @@ import re
 import tempfile
 
 # Python exceptions raised inside Spark's Python workers arrive as text: judged by their class name.
-REFUSAL_NAMES = ("UserError", "SchemaError", "IngestError", "DamagedTableError")  # the project's refusals a task raises (schemas.errors.UserError)
+REFUSAL_NAMES = (
+    "UserError",
+    "SchemaError",
+    "IngestError",
+    "DamagedTableError",
+)  # the project's refusals a task raises (schemas.errors.UserError)
 USER_ERROR_NAMES = (
-    *REFUSAL_NAMES, "MissingTableError", "FileNotFoundError",
-    "PermissionError", "IsADirectoryError", "NotADirectoryError", "FileExistsError", "OSError", "IOError", "ArrowInvalid",
+    *REFUSAL_NAMES,
+    "MissingTableError",
+    "FileNotFoundError",
+    "PermissionError",
+    "IsADirectoryError",
+    "NotADirectoryError",
+    "FileExistsError",
+    "OSError",
+    "IOError",
+    "ArrowInvalid",
 )
 # Java failures of the job's input or output: Spark's error classes, and I/O exceptions by package.
 SPARK_USER_ERROR_CLASSES = ("FAILED_READ_FILE", "PATH_NOT_FOUND", "TASK_WRITE_FAILED", "UNABLE_TO_INFER_SCHEMA")
 JAVA_USER_ERROR_PACKAGES = ("java.io.", "java.nio.file.", "org.apache.hadoop.fs.", "org.apache.parquet.io.")
 # TensorFlow reports its own file I/O failures (checkpoints, SavedModels) as op errors carrying these.
-DISK_REASONS = ("No space left on device", "Read-only file system", "File too large", "Permission denied", "Disk quota exceeded")
+DISK_REASONS = (
+    "No space left on device",
+    "Read-only file system",
+    "File too large",
+    "Permission denied",
+    "Disk quota exceeded",
+)
 _LAST_PYTHON_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): (.+)$")
 
 
@@ -39,7 +58,9 @@ def one_line(exc: BaseException, user_errors: tuple[type, ...], output: str | No
     if package in ("py4j", "pyspark"):
         return _spark_cause(exc, output)
     if package == "tensorflow" and any(reason in str(exc) for reason in DISK_REASONS):
-        return _flat(re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]", "", str(exc)))  # TensorFlow's file I/O: "path; reason"
+        return _flat(
+            re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]", "", str(exc))
+        )  # TensorFlow's file I/O: "path; reason"
     return None
 
 
@@ -95,7 +116,7 @@ def _worker_error(texts: list[str]) -> tuple[str, str] | None:
     """(class name, message) of a Python worker's exception: its traceback's last line."""
     for text in texts:
         if "Traceback (most recent call last)" in text:
-            tail = text[text.rindex("Traceback (most recent call last)"):]
+            tail = text[text.rindex("Traceback (most recent call last)") :]
             for line in reversed(tail.splitlines()):
                 match = _LAST_PYTHON_LINE.match(line.strip())
                 if match:

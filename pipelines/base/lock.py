@@ -67,7 +67,9 @@ def _file_lock(run_dir: str, inner: str):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunLockedError(f"{run_dir} is in use by another run (its lock {path} is held); wait for it to finish, or use another --out") from None
+            raise RunLockedError(
+                f"{run_dir} is in use by another run (its lock {path} is held); wait for it to finish, or use another --out"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -83,7 +85,7 @@ class _Lease:
     def __init__(self, url: str, run_dir: str, lease_seconds: float):
         from google.cloud import storage as gcs
 
-        bucket, _, name = url[len("gs://"):].partition("/")
+        bucket, _, name = url[len("gs://") :].partition("/")
         self.blob = gcs.Client(project=None).bucket(bucket).blob(name)  # default credentials; objects need no project
         self.url, self.run_dir, self.lease_seconds = url, run_dir, lease_seconds
         self.holder = f"{socket.gethostname()} pid {os.getpid()}"
@@ -92,7 +94,9 @@ class _Lease:
         self.renewed_at = 0.0
         self.lost: str | None = None
         self.closing = False
-        self.interrupts = threading.current_thread() is threading.main_thread()  # only the main thread can be interrupted
+        self.interrupts = (
+            threading.current_thread() is threading.main_thread()
+        )  # only the main thread can be interrupted
         self.mutex = threading.Lock()
         self.stopped = threading.Event()
         self.renewer = threading.Thread(target=self._renew_until_stopped, name=f"run lock {url}", daemon=True)
@@ -109,13 +113,17 @@ class _Lease:
         except (exceptions.NotFound, exceptions.PreconditionFailed):  # deleted or replaced since it was listed
             return None
         except ValueError:
-            raise RunLockedError(f"{self.url} is not a run lock (not JSON); remove it if no run is using {self.run_dir}") from None
+            raise RunLockedError(
+                f"{self.url} is not a run lock (not JSON); remove it if no run is using {self.run_dir}"
+            ) from None
         return blob.generation, document
 
     def _write(self, if_generation_match: int) -> None:
         now = time.time()
         document = {"holder": self.holder, "token": self.token, "expires_at": now + self.lease_seconds}
-        self.blob.upload_from_string(json.dumps(document), content_type="application/json", if_generation_match=if_generation_match)
+        self.blob.upload_from_string(
+            json.dumps(document), content_type="application/json", if_generation_match=if_generation_match
+        )
         self.generation, self.renewed_at = self.blob.generation, time.monotonic()
 
     def acquire(self) -> None:
@@ -125,9 +133,11 @@ class _Lease:
             current = self._read()
             if current is not None and current[1].get("expires_at", 0) > time.time():
                 document = current[1]
-                raise RunLockedError(f"{self.run_dir} is in use by another run ({document.get('holder')} holds {self.url} until "
-                                     f"{time.strftime('%H:%M:%S', time.localtime(document['expires_at']))}, renewing it while it runs); "
-                                     "wait for it to finish, or use another --out")
+                raise RunLockedError(
+                    f"{self.run_dir} is in use by another run ({document.get('holder')} holds {self.url} until "
+                    f"{time.strftime('%H:%M:%S', time.localtime(document['expires_at']))}, renewing it while it runs); "
+                    "wait for it to finish, or use another --out"
+                )
             try:
                 self._write(if_generation_match=0 if current is None else current[0])
             except exceptions.PreconditionFailed:
@@ -143,7 +153,11 @@ class _Lease:
             try:
                 current = self._read()
                 if current is None or current[1].get("token") != self.token:
-                    self._lose(f"{self.url} was taken over by {current[1].get('holder')}" if current else f"{self.url} was replaced or deleted")
+                    self._lose(
+                        f"{self.url} was taken over by {current[1].get('holder')}"
+                        if current
+                        else f"{self.url} was replaced or deleted"
+                    )
                     return
                 self._write(if_generation_match=self.generation)
             except exceptions.PreconditionFailed:
@@ -158,7 +172,9 @@ class _Lease:
         with self.mutex:
             self.lost = reason
             if self.interrupts and not self.closing and callable(signal.getsignal(signal.SIGINT)):
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a real signal: it also ends a sleep or a wait
+                signal.pthread_kill(
+                    threading.main_thread().ident, signal.SIGINT
+                )  # a real signal: it also ends a sleep or a wait
 
     def close(self) -> None:
         """Stop renewing (after this, a loss no longer interrupts the main thread)."""
@@ -189,7 +205,9 @@ def _lease(url: str, run_dir: str, lease_seconds: float):
     except KeyboardInterrupt:
         lease.close()
         if lease.lost:
-            raise RunLockedError(f"{run_dir}: this run lost its lock ({lease.lost}); another run may be using the directory") from None
+            raise RunLockedError(
+                f"{run_dir}: this run lost its lock ({lease.lost}); another run may be using the directory"
+            ) from None
         raise
     except BaseException:
         lease.close()
@@ -197,7 +215,9 @@ def _lease(url: str, run_dir: str, lease_seconds: float):
     finally:
         lease.release()
     if lease.lost:  # found out while closing: the block's work is done, but another run may have written meanwhile
-        raise RunLockedError(f"{run_dir}: this run lost its lock ({lease.lost}); another run may have used the directory meanwhile")
+        raise RunLockedError(
+            f"{run_dir}: this run lost its lock ({lease.lost}); another run may have used the directory meanwhile"
+        )
 
 
 RELEASE_LOCK_WAIT = 120.0  # seconds a release waits for another one on the same ledger
@@ -220,7 +240,9 @@ def release_lock(path: str, wait_seconds: float = RELEASE_LOCK_WAIT):
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise RunLockedError(f"{path} is being written by another release for over {wait_seconds:g} s; try again later") from None
+                        raise RunLockedError(
+                            f"{path} is being written by another release for over {wait_seconds:g} s; try again later"
+                        ) from None
                     time.sleep(0.05)
             yield
         return

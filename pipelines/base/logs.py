@@ -50,7 +50,9 @@ def configure(verbosity: int) -> None:
     and its answer (thousands of lines a run), stays off even with -v."""
     LOGGER.setLevel(logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO)
     logging.getLogger("gcsfs").setLevel(logging.DEBUG if verbosity > 0 else logging.CRITICAL)
-    logging.getLogger("py4j").setLevel(logging.INFO if verbosity > 0 else logging.CRITICAL)  # its gateway's teardown traces after Ctrl-C
+    logging.getLogger("py4j").setLevel(
+        logging.INFO if verbosity > 0 else logging.CRITICAL
+    )  # its gateway's teardown traces after Ctrl-C
 
 
 def log(message: str) -> None:

@@ -49,12 +49,18 @@ from apache_beam.transforms.window import GlobalWindows
 
 from pipelines.base import logs
 from pipelines.releases import stats_job
-from pipelines.releases.stats_core import release_metadata, STATS_PARQUET, stats_table, StatsSettings, user_contributions
+from pipelines.releases.stats_core import (
+    STATS_PARQUET,
+    StatsSettings,
+    release_metadata,
+    stats_table,
+    user_contributions,
+)
 from privacy import accumulator
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
-from schemas.ids import IdIndex
 from schemas.errors import UserError
+from schemas.ids import IdIndex
 
 INPUTS = ("interactions", "user_embeddings", "counts", "items")
 KERNEL_ROWS = 262_144  # complete users' rows gathered before one grouped-sums call (as in Spark)
@@ -174,7 +180,14 @@ class UserPartials(beam.DoFn):
         self._counts = counts
         items = np.concatenate([chunk[0] for chunk in chunks])
         labels = np.concatenate([chunk[1] for chunk in chunks])
-        self._buffer.append((np.full(items.size, user, np.int64), items, labels, np.broadcast_to(embeddings[0], (items.size, self.settings.user_dim))))
+        self._buffer.append(
+            (
+                np.full(items.size, user, np.int64),
+                items,
+                labels,
+                np.broadcast_to(embeddings[0], (items.size, self.settings.user_dim)),
+            )
+        )
         self._rows += items.size
 
     def finish_bundle(self):
@@ -191,10 +204,14 @@ class UserPartials(beam.DoFn):
         where, known = index.lookup(items)
         if not known.all():
             raise UserError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
-        keys, a, b = accumulator.grouped_sums(*user_contributions(users, items, labels, embeddings, values[where], self.settings))
+        keys, a, b = accumulator.grouped_sums(
+            *user_contributions(users, items, labels, embeddings, values[where], self.settings)
+        )
         if self._running is not None:
             previous = self._running
-            keys, a, b = accumulator.reduce_by_key(np.r_[previous[0], keys], np.vstack([previous[1], a]), np.vstack([previous[2], b]))
+            keys, a, b = accumulator.reduce_by_key(
+                np.r_[previous[0], keys], np.vstack([previous[1], a]), np.vstack([previous[2], b])
+            )
         self._running = (keys, a, b)
 
     def _emit(self):
@@ -270,12 +287,20 @@ class ItemStats(beam.PTransform):
             raise UserError(f"ItemStats needs the inputs {INPUTS}; missing {missing}")
         settings, specs = self.settings, self.specs
         rows = inputs["interactions"] | "RowsByUser" >> beam.FlatMap(rows_by_user)
-        embeddings = inputs["user_embeddings"] | "EmbeddingsByUser" >> beam.FlatMap(embeddings_by_user, settings.user_dim)
-        counts = inputs["counts"] | "GatherCounts" >> beam.combiners.ToList() | "CountsLookup" >> beam.Map(counts_lookup)
+        embeddings = inputs["user_embeddings"] | "EmbeddingsByUser" >> beam.FlatMap(
+            embeddings_by_user, settings.user_dim
+        )
+        counts = (
+            inputs["counts"] | "GatherCounts" >> beam.combiners.ToList() | "CountsLookup" >> beam.Map(counts_lookup)
+        )
         users = {"rows": rows, "embedding": embeddings} | "JoinByUser" >> beam.CoGroupByKey()
         partials = users | "UserPartials" >> beam.ParDo(UserPartials(settings), counts=beam.pvalue.AsSingleton(counts))
         declared = inputs["items"] | "DeclareCatalog" >> beam.FlatMap(catalog_declarations)
-        sums = (partials, declared) | "WithCatalog" >> beam.Flatten() | "SumPerItem" >> beam.CombinePerKey(ItemSums(settings.dim))
+        sums = (
+            (partials, declared)
+            | "WithCatalog" >> beam.Flatten()
+            | "SumPerItem" >> beam.CombinePerKey(ItemSums(settings.dim))
+        )
         return sums | "Noise" >> beam.Map(noise_item, specs)
 
 
@@ -293,7 +318,9 @@ class WriteShard(beam.DoFn):
         for resample, (spec, target) in enumerate(zip(self.specs, self.staged)):
             a = np.stack([row[1][resample][0] for row in rows])
             b = np.stack([row[1][resample][1] for row in rows])
-            name = target.write_part(shard, stats_table(items, a, b, release_metadata(self.settings, spec, resample)), **STATS_PARQUET)
+            name = target.write_part(
+                shard, stats_table(items, a, b, release_metadata(self.settings, spec, resample)), **STATS_PARQUET
+            )
             written.append({"resample": resample, "name": name, "rows": int(items.size)})
         if self.manifests is not None:
             storage.write_json({"shard": int(shard), "parts": written}, manifest_path(self.manifests, shard))
@@ -307,11 +334,24 @@ class WriteStatsParts(beam.PTransform):
     shard also writes them as `shard-NNNNN.json` there (what `run` reads back on the driver).
     """
 
-    def __init__(self, settings: StatsSettings, specs, staged: Sequence[storage.StagedWrite], shards: int, manifests: str | None = None):
+    def __init__(
+        self,
+        settings: StatsSettings,
+        specs,
+        staged: Sequence[storage.StagedWrite],
+        shards: int,
+        manifests: str | None = None,
+    ):
         super().__init__()
         if len(staged) != len(specs):
             raise UserError(f"{len(specs)} resample(s) but {len(staged)} staged table(s)")
-        self.settings, self.specs, self.staged, self.shards, self.manifests = settings, list(specs), list(staged), shards, manifests
+        self.settings, self.specs, self.staged, self.shards, self.manifests = (
+            settings,
+            list(specs),
+            list(staged),
+            shards,
+            manifests,
+        )
 
     def expand(self, noised):
         shards = self.shards
@@ -355,7 +395,8 @@ def build(pipeline: beam.Pipeline, job: stats_job.StatsJob, manifests: str | Non
         "interactions": pipeline | "ReadInteractions" >> ReadTable(job.interactions, ["user_id", "item_id", "label"]),
         "user_embeddings": pipeline | "ReadUserEmbeddings" >> ReadTable(job.user_embeddings, ["user_id", "embedding"]),
         "counts": pipeline | "CreateCounts" >> beam.Create(table_chunks(counts)),
-        "items": pipeline | "CreateCatalog" >> beam.Create(table_chunks(pa.table({"item_id": pa.array(job.catalog, pa.int64())}))),
+        "items": pipeline
+        | "CreateCatalog" >> beam.Create(table_chunks(pa.table({"item_id": pa.array(job.catalog, pa.int64())}))),
     }
     noised = inputs | "ItemStats" >> ItemStats(settings, job.releases)
     return noised | "WriteStats" >> WriteStatsParts(settings, job.releases, job.staged_writes(), job.shards, manifests)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+
 from schemas.errors import UserError
 
 
@@ -29,18 +30,30 @@ class Engine(Protocol):
     """What a run asks of an engine (each method documented where the local engine implements it)."""
 
     name: str
-    solves_users_in_release: bool  # the users' embeddings are solved inside the statistics release (no user update before it)
+    solves_users_in_release: (
+        bool  # the users' embeddings are solved inside the statistics release (no user update before it)
+    )
 
     def split(self, interactions: str, rule, out: str) -> tuple[dict, int]: ...
 
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None: ...
 
-    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]: ...
+    def count_aggregates(
+        self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int
+    ) -> tuple[np.ndarray, int]: ...
 
-    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]: ...
+    def mean_sums(
+        self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
+    ) -> tuple[float, float]: ...
 
-    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
-                      confidence_alpha: float | None = None) -> None: ...
+    def write_centred(
+        self,
+        train: str,
+        outputs: list[tuple[str, np.ndarray | None]],
+        mean: float,
+        protocol: str,
+        confidence_alpha: float | None = None,
+    ) -> None: ...
 
     def release_stats(self, job) -> dict: ...
 
@@ -64,15 +77,29 @@ FEATURES = {  # what a run may need of its engine, as the flag that needs it say
     "no-statistics": "--item-update dpsgd or none (no statistics release)",
 }
 ENGINES: dict[str, EngineInfo] = {
-    "spark": EngineInfo("on a Spark session's executors: local[*], or the cluster's under spark-submit or --master",
-                        {"rounds": "only the federated engine runs federated rounds"}),
-    "beam": EngineInfo("as Beam pipelines on any runner ($SSP_BEAM_PIPELINE_OPTIONS; the DirectRunner by default)",
-                       {"logistic": "its statistics pipeline sums no logistic expansion", "rounds": "only the federated engine runs federated rounds"}),
-    "local": EngineInfo("in this process, no JVM (small tables)", {"rounds": "only the federated engine runs federated rounds"}),
-    "federated": EngineInfo("each user's device a client of a simulated secure-aggregation round (Beam); statistics releases only",
-                            {"logistic": "its clients compute no logistic expansion", "biases": "its clients solve no bias",
-                             "no-statistics": "it releases statistics from the clients, so it needs an --item-update that uses them"},
-                            accountant="rdp-integer"),
+    "spark": EngineInfo(
+        "on a Spark session's executors: local[*], or the cluster's under spark-submit or --master",
+        {"rounds": "only the federated engine runs federated rounds"},
+    ),
+    "beam": EngineInfo(
+        "as Beam pipelines on any runner ($SSP_BEAM_PIPELINE_OPTIONS; the DirectRunner by default)",
+        {
+            "logistic": "its statistics pipeline sums no logistic expansion",
+            "rounds": "only the federated engine runs federated rounds",
+        },
+    ),
+    "local": EngineInfo(
+        "in this process, no JVM (small tables)", {"rounds": "only the federated engine runs federated rounds"}
+    ),
+    "federated": EngineInfo(
+        "each user's device a client of a simulated secure-aggregation round (Beam); statistics releases only",
+        {
+            "logistic": "its clients compute no logistic expansion",
+            "biases": "its clients solve no bias",
+            "no-statistics": "it releases statistics from the clients, so it needs an --item-update that uses them",
+        },
+        accountant="rdp-integer",
+    ),
 }
 
 
@@ -89,18 +116,35 @@ def check_supported(name: str, needs: dict[str, bool]) -> None:
         if needed and not supports(name, feature):
             others = [other for other in ENGINES if supports(other, feature)]
             wanted = FEATURES.get(feature, feature)
-            raise UserError(f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine {' or '.join(others)}")
+            raise UserError(
+                f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine {' or '.join(others)}"
+            )
 
 
-def add_engine_argument(parser: argparse.ArgumentParser, default: str = "spark", names: tuple[str, ...] = ("local", "spark", "beam")) -> None:
-    parser.add_argument("--engine", choices=names, default=default,
-                        help="where the rows are worked on: " + "; ".join(f"{name}, {ENGINES[name].summary}" for name in names)
-                        + " (default: %(default)s); the same output on each")
+def add_engine_argument(
+    parser: argparse.ArgumentParser, default: str = "spark", names: tuple[str, ...] = ("local", "spark", "beam")
+) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=names,
+        default=default,
+        help="where the rows are worked on: "
+        + "; ".join(f"{name}, {ENGINES[name].summary}" for name in names)
+        + " (default: %(default)s); the same output on each",
+    )
 
 
 @contextmanager
-def engine_of(name: str, *, app: str = "ssp", master: str | None = None, spark=None, scratch: str | None = None, beam_options=None,
-              rounds=None) -> Iterator[Engine]:
+def engine_of(
+    name: str,
+    *,
+    app: str = "ssp",
+    master: str | None = None,
+    spark=None,
+    scratch: str | None = None,
+    beam_options=None,
+    rounds=None,
+) -> Iterator[Engine]:
     """The engine `name` for the duration of the block.
 
     spark: a Spark session opened on first use (`master`, else local[*] or the one spark-submit

@@ -65,14 +65,15 @@ from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
 from pipelines.releases.counts import dp_units
 from pipelines.releases.stats_core import release_metadata, stats_table, user_contributions
-from privacy import accounting, secure_aggregation as secagg, skellam
-from privacy.accumulator import grouped_sums, NoiseSpec, packed_size
+from privacy import accounting, skellam
+from privacy import secure_aggregation as secagg
+from privacy.accumulator import NoiseSpec, grouped_sums, packed_size
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
 from trainer.solve import ridge_solve
-from schemas.errors import UserError
 
 ACCOUNTANT = "rdp-integer"
 QUANTISATION_BITS = 16  # the fixed-point step is at most 2^-16 of the noise's std over n clients
@@ -110,35 +111,55 @@ class Plan:
 
     def to_json(self) -> dict:
         """Every parameter, for the release's fingerprint (a keyed hash: never published as is)."""
-        return {"clients": self.clients, "min_clients": self.min_clients, "scale": self.scale, "skellam_multiplier": self.skellam_multiplier,
-                "share_variance": list(self.share_variance), "neighbours": self.neighbours, "upload_bytes_per_client": self.upload_bytes()}
+        return {
+            "clients": self.clients,
+            "min_clients": self.min_clients,
+            "scale": self.scale,
+            "skellam_multiplier": self.skellam_multiplier,
+            "share_variance": list(self.share_variance),
+            "neighbours": self.neighbours,
+            "upload_bytes_per_client": self.upload_bytes(),
+        }
 
     def public_json(self) -> dict:
         """What release.json publishes: nothing that gives the exact number of clients (the shares'
         variance is planned over n_min, so it is left out with the counts)."""
-        return {"scale": self.scale, "skellam_multiplier": self.skellam_multiplier, "neighbours": self.neighbours,
-                "upload_bytes_per_client": self.upload_bytes()}
+        return {
+            "scale": self.scale,
+            "skellam_multiplier": self.skellam_multiplier,
+            "neighbours": self.neighbours,
+            "upload_bytes_per_client": self.upload_bytes(),
+        }
 
 
 def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dropout: float, items: int) -> Plan:
     """The fixed-point scale s (a power of two), z_s and the shares' variances for `clients` clients."""
     settings = job.settings
     if settings.loss != "square":
-        raise UserError(f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)")
+        raise UserError(
+            f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)"
+        )
     if not (math.isfinite(settings.clip_u) and math.isfinite(settings.clip_y)):
         raise UserError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
     if not 0 <= max_dropout < 1:
         raise UserError(f"the tolerated dropout must be in [0, 1), got {max_dropout}")
     d, p = settings.dim, packed_size(settings.dim)
-    sensitivity = (settings.wbar * settings.clip_u**2, settings.wbar * settings.clip_y * settings.clip_u)  # A, b: one user, L2
+    sensitivity = (
+        settings.wbar * settings.clip_u**2,
+        settings.wbar * settings.clip_y * settings.clip_u,
+    )  # A, b: one user, L2
     largest = max(sensitivity)
     min_clients = secagg.quorum(clients, math.ceil((1 - max_dropout) * clients))
-    ring_bound = 2.0**62 / (clients * largest + 40 * max(multiplier, 1.0) * largest)  # every client's most, plus 40 std of noise
+    ring_bound = 2.0**62 / (
+        clients * largest + 40 * max(multiplier, 1.0) * largest
+    )  # every client's most, plus 40 std of noise
     wanted = 2.0**QUANTISATION_BITS * clients / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
     scale = 2.0 ** math.floor(math.log2(min(wanted, ring_bound)))
     if multiplier == 0:
         return Plan(clients, min_clients, items, d, scale, 0.0, (0.0, 0.0), secagg.neighbour_count(clients))
-    parts = [(math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity)]  # (L1, L2) of the integer vectors
+    parts = [
+        (math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity)
+    ]  # (L1, L2) of the integer vectors
     z_s = skellam.skellam_multiplier(multiplier, parts)
     variances = tuple((z_s * l2) ** 2 / min_clients for _, l2 in parts)
     return Plan(clients, min_clients, items, d, scale, z_s, variances, secagg.neighbour_count(clients))
@@ -146,7 +167,12 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
 
 def client_secret(round_secret: bytes, client: int) -> secagg.ClientKeys:
     """A simulated device's own secret (see privacy.secure_aggregation)."""
-    secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"ssp federated client " + int(client).to_bytes(8, "big", signed=True)).derive(round_secret)
+    secret = HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=b"ssp federated client " + int(client).to_bytes(8, "big", signed=True),
+    ).derive(round_secret)
     return secagg.ClientKeys(secret)
 
 
@@ -167,7 +193,12 @@ def public_round_seed(round_secret: bytes) -> bytes:
 
 def dropped_clients(clients: np.ndarray, round_seed: bytes, dropout: float) -> frozenset:
     """The clients that drop out after setup in the simulation: each with probability `dropout`, by a keyed hash."""
-    return frozenset(int(c) for c in clients if int.from_bytes(secagg.derive(round_seed, int(c).to_bytes(8, "big", signed=True))[:4], "big") < dropout * 2**32)
+    return frozenset(
+        int(c)
+        for c in clients
+        if int.from_bytes(secagg.derive(round_seed, int(c).to_bytes(8, "big", signed=True))[:4], "big")
+        < dropout * 2**32
+    )
 
 
 @dataclass(frozen=True)
@@ -180,31 +211,65 @@ class Broadcast:
     counts: np.ndarray
 
 
-def client_contribution(user: int, solve_rows: tuple[np.ndarray, np.ndarray], stats_rows: tuple[np.ndarray, np.ndarray], broadcast: Broadcast,
-                        settings, lambda_u: float, plan: Plan) -> np.ndarray:
+def client_contribution(
+    user: int,
+    solve_rows: tuple[np.ndarray, np.ndarray],
+    stats_rows: tuple[np.ndarray, np.ndarray],
+    broadcast: Broadcast,
+    settings,
+    lambda_u: float,
+    plan: Plan,
+) -> np.ndarray:
     """The client's real vector: its embedding solved from its own rows, then its clipped, weighted
     A_j, b_j terms at its items' catalog positions (zero elsewhere), shape (items * width)."""
     index, vectors = broadcast.embeddings
     items, labels = solve_rows
-    _, u = ridge_solve(np.full(items.size, user), vectors[index.positions(items, "item with an embedding")], labels, lambda_u, scale_by_rows=True,
-                       gravity=broadcast.gram, confidence=settings.confidence)
+    _, u = ridge_solve(
+        np.full(items.size, user),
+        vectors[index.positions(items, "item with an embedding")],
+        labels,
+        lambda_u,
+        scale_by_rows=True,
+        gravity=broadcast.gram,
+        confidence=settings.confidence,
+    )
     out = np.zeros((plan.items, plan.width))
     rated, rated_labels = stats_rows
-    if np.unique(rated).size != rated.size:  # its weights bound the client's contribution only with each pair once, as the central job requires
-        raise UserError(f"client {user} has repeated (user, item) pairs in its statistics rows; each pair must appear once")
+    if (
+        np.unique(rated).size != rated.size
+    ):  # its weights bound the client's contribution only with each pair once, as the central job requires
+        raise UserError(
+            f"client {user} has repeated (user, item) pairs in its statistics rows; each pair must appear once"
+        )
     if rated.size:
         at = broadcast.catalog.positions(rated, "stats catalog item")
-        keys, rows = user_contributions(np.full(rated.size, user), at, rated_labels, np.repeat(u, rated.size, axis=0), broadcast.counts[at], settings)
+        keys, rows = user_contributions(
+            np.full(rated.size, user),
+            at,
+            rated_labels,
+            np.repeat(u, rated.size, axis=0),
+            broadcast.counts[at],
+            settings,
+        )
         positions, a_upper, b = grouped_sums(keys, rows)
         out[positions, : packed_size(plan.dim)] = a_upper
-        out[positions, packed_size(plan.dim):] = b
+        out[positions, packed_size(plan.dim) :] = b
     return out.reshape(-1)
 
 
 class ClientRound(beam.DoFn):
     """A client's masked input, or nothing when it drops out after setup (simulated)."""
 
-    def __init__(self, broadcast: Broadcast, settings, lambda_u: float, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset):
+    def __init__(
+        self,
+        broadcast: Broadcast,
+        settings,
+        lambda_u: float,
+        plan: Plan,
+        round_secret: bytes,
+        graph: dict,
+        dropped: frozenset,
+    ):
         self.broadcast, self.settings, self.lambda_u, self.plan = broadcast, settings, lambda_u, plan
         self.round_secret, self.graph, self.dropped = round_secret, graph, dropped
 
@@ -215,9 +280,13 @@ class ClientRound(beam.DoFn):
         solve = _concatenated(grouped["solve"])
         if not solve[0].size:
             raise UserError(f"client {user} has statistics rows but no rows to solve its embedding on")
-        x = client_contribution(user, solve, _concatenated(grouped["stats"]), self.broadcast, self.settings, self.lambda_u, self.plan)
+        x = client_contribution(
+            user, solve, _concatenated(grouped["stats"]), self.broadcast, self.settings, self.lambda_u, self.plan
+        )
         keys = client_secret(self.round_secret, user)
-        encoded = secagg.encode(x * (1 - 1e-9), self.plan.scale)  # the margin absorbs the float rounding of the clipped norms
+        encoded = secagg.encode(
+            x * (1 - 1e-9), self.plan.scale
+        )  # the margin absorbs the float rounding of the clipped norms
         noised = encoded + client_noise(keys, self.plan).view(np.uint64)
         yield user, secagg.masked_input(user, noised, keys, self.graph, public_keys)
 
@@ -340,8 +409,12 @@ class FederatedJob:
     dropout: float = 0.0  # share of clients that drop out after setup (simulated, drawn from the round seed)
     max_dropout: float = 0.1  # the noise is planned for (1 - max_dropout) n clients
     round_secret: bytes | None = None  # the simulated devices' secrets' root (None: fresh, never stored)
-    scratch: str | None = None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
-    server: str | Callable[[int, frozenset], frozenset] = "honest"  # the survivor set the server shows each holder: one of SERVERS (simulated), or a callable
+    scratch: str | None = (
+        None  # a private folder the workers and this process share (None: a local temporary one, for the DirectRunner)
+    )
+    server: str | Callable[[int, frozenset], frozenset] = (
+        "honest"  # the survivor set the server shows each holder: one of SERVERS (simulated), or a callable
+    )
 
 
 def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
@@ -352,25 +425,37 @@ def broadcast_of(job: FederatedJob) -> tuple[np.ndarray, Broadcast]:
     count_of = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]
     embeddings = validate_item_embeddings(storage.read_table(job.item_embeddings), dim=central.settings.dim)
     vectors = list_column_to_matrix(embeddings["embedding"], central.settings.dim, "item embedding")
-    return catalog, Broadcast((IdIndex(embeddings["item_id"].to_numpy()), vectors), job.gravity * vectors.T @ vectors if job.gravity > 0 else None,
-                              IdIndex(catalog), count_of)
+    return catalog, Broadcast(
+        (IdIndex(embeddings["item_id"].to_numpy()), vectors),
+        job.gravity * vectors.T @ vectors if job.gravity > 0 else None,
+        IdIndex(catalog),
+        count_of,
+    )
 
 
 def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> dict:
     """Run the round; publish the stats table and release.json; returns the step summary."""
     central = job.stats
     if central.settings.bias:
-        raise UserError(f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases")
+        raise UserError(
+            f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases"
+        )
     if not 0 <= job.dropout < 1:
         raise UserError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
     catalog, broadcast = broadcast_of(job)
-    clients = np.unique(np.concatenate([batch.column("user_id").to_numpy() for batch in storage.iter_batches(job.solve_rows, columns=["user_id"])]))
+    clients = np.unique(
+        np.concatenate(
+            [batch.column("user_id").to_numpy() for batch in storage.iter_batches(job.solve_rows, columns=["user_id"])]
+        )
+    )
     if clients.size < 3:
         raise UserError(f"secure aggregation needs at least 3 clients, {job.solve_rows} has {clients.size}")
     ledger = central.privacy.open_ledger(central.ledger_path, central.settings.unit)
     if ledger.budget["accountant"] != ACCOUNTANT and central.privacy.noise_multiplier != 0:
-        raise UserError(f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
-                         f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is {ACCOUNTANT!r}")
+        raise UserError(
+            f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
+            f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is {ACCOUNTANT!r}"
+        )
     multiplier = ledger.budget["multipliers"]["stats"]
     plan = plan_round(central, multiplier, int(clients.size), job.max_dropout, int(catalog.size))
     round_secret = job.round_secret or os.urandom(32)
@@ -378,46 +463,91 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     graph = secagg.neighbours(clients, round_seed, plan.neighbours)
     dropped = dropped_clients(clients, round_seed, job.dropout)
     seeds = release.open_seed_file(central.seed_file, central.ledger_path)
-    inputs = {name: seeds.digest_table(path) for name, path in (("interactions", central.interactions), ("solve_rows", job.solve_rows),
-                                                          ("item_embeddings", job.item_embeddings), ("counts", central.counts), ("items", central.items))}
-    release.check_counts_release(ledger, seeds, central.counts, inputs["counts"])  # the weights' counts must be this run's release, as centrally
+    inputs = {
+        name: seeds.digest_table(path)
+        for name, path in (
+            ("interactions", central.interactions),
+            ("solve_rows", job.solve_rows),
+            ("item_embeddings", job.item_embeddings),
+            ("counts", central.counts),
+            ("items", central.items),
+        )
+    }
+    release.check_counts_release(
+        ledger, seeds, central.counts, inputs["counts"]
+    )  # the weights' counts must be this run's release, as centrally
     description = {"settings": central.settings.to_json(), "federated": plan.to_json(), "inputs": inputs}
-    index = release.make_release(ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description)
-    logs.log(f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
-             f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}")
+    index = release.make_release(
+        ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description
+    )
+    logs.log(
+        f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
+        f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}"
+    )
     account = ledger.account()
-    with release_lock(ledger.path), release_lock(account.path) if account else contextlib.nullcontext():  # beside the release's binding
+    with (
+        release_lock(ledger.path),
+        release_lock(account.path) if account else contextlib.nullcontext(),
+    ):  # beside the release's binding
         seeds.start_round(index)  # refused if a round of it ran, whatever became of the output folder
         if account is not None:
             account.start_round(ledger.identity, index)  # and in any copy of the run folder: the account is outside it
     result = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
-    if result.survivors < plan.min_clients and not result.revealed:  # the server learned nothing: recorded so, the round may run again
+    if (
+        result.survivors < plan.min_clients and not result.revealed
+    ):  # the server learned nothing: recorded so, the round may run again
         with release_lock(ledger.path), release_lock(account.path) if account else contextlib.nullcontext():
             seeds.round_unrevealed(index)
             if account is not None:
                 account.round_unrevealed(ledger.identity, index)
-        raise RoundRefusedError(f"federated step {central.step}: {result.survivors} of {plan.clients} clients answered, fewer than the "
-                                f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, "
-                                "nothing published (the clients revealed nothing: run the command again)")
+        raise RoundRefusedError(
+            f"federated step {central.step}: {result.survivors} of {plan.clients} clients answered, fewer than the "
+            f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, "
+            "nothing published (the clients revealed nothing: run the command again)"
+        )
     if result.refusals:
-        raise RoundRefusedError(f"federated step {central.step}: {result.refusals} client(s) revealed nothing, the survivor sets the server showed "
-                                "them failed the consistency check; round refused, nothing published")
+        raise RoundRefusedError(
+            f"federated step {central.step}: {result.refusals} client(s) revealed nothing, the survivor sets the server showed "
+            "them failed the consistency check; round refused, nothing published"
+        )
     if result.unrecovered:
-        raise RoundRefusedError(f"federated step {central.step}: too few neighbours revealed the secrets of {len(result.unrecovered)} client(s) "
-                                f"(e.g. {result.unrecovered[0]}) to unmask the sum; round refused, nothing published")
+        raise RoundRefusedError(
+            f"federated step {central.step}: too few neighbours revealed the secrets of {len(result.unrecovered)} client(s) "
+            f"(e.g. {result.unrecovered[0]}) to unmask the sum; round refused, nothing published"
+        )
     total = secagg.decode(result.masked - result.corrections, plan.scale).reshape(plan.items, plan.width)
     p = packed_size(plan.dim)
-    spec = NoiseSpec(multiplier, central.settings.wbar, central.settings.clip_u, central.settings.clip_y, seeds.release_seed(index), index)
+    spec = NoiseSpec(
+        multiplier,
+        central.settings.wbar,
+        central.settings.clip_u,
+        central.settings.clip_y,
+        seeds.release_seed(index),
+        index,
+    )
     storage.remove(storage.join(central.out, stats_job.RELEASE_SUMMARY))
-    storage.write_table(stats_table(catalog, total[:, :p], total[:, p:], release_metadata(central.settings, spec, 0)), stats_job.resample_path(central.out, 0))
-    summary = {"step": central.step, "resamples": 1, "releases": [index], "noise_multiplier": multiplier, "settings": central.settings.to_json(),
-               "items": int(catalog.size), "epsilon_spent": ledger.epsilon_spent(), "ledger": central.ledger_path,
-               "federated": {**plan.public_json(), "max_dropout": job.max_dropout, "dp_units": dp_units(central.counts)}}  # no exact client count
+    storage.write_table(
+        stats_table(catalog, total[:, :p], total[:, p:], release_metadata(central.settings, spec, 0)),
+        stats_job.resample_path(central.out, 0),
+    )
+    summary = {
+        "step": central.step,
+        "resamples": 1,
+        "releases": [index],
+        "noise_multiplier": multiplier,
+        "settings": central.settings.to_json(),
+        "items": int(catalog.size),
+        "epsilon_spent": ledger.epsilon_spent(),
+        "ledger": central.ledger_path,
+        "federated": {**plan.public_json(), "max_dropout": job.max_dropout, "dp_units": dp_units(central.counts)},
+    }  # no exact client count
     storage.write_json(summary, storage.join(central.out, stats_job.RELEASE_SUMMARY))
     return summary
 
 
-def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options) -> RoundResult:
+def round_sums(
+    job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options
+) -> RoundResult:
     """The Beam pipeline of the round. Every survivor signs the survivor set `job.server` shows it,
     and reveals its shares only if that set passes the consistency check (secagg.consistent)."""
     size, t = plan.items * plan.width, secagg.threshold(plan.neighbours)
@@ -437,42 +567,112 @@ def round_sums(job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret
             return values
 
         with beam.Pipeline(options=options or PipelineOptions([])) as pipeline:
-            solve = pipeline | "ReadSolveRows" >> ReadTable(job.solve_rows, ["user_id", "item_id", "label"]) | "SolveByUser" >> beam.FlatMap(rows_by_user)
-            stats = pipeline | "ReadStatsRows" >> ReadTable(job.stats.interactions, ["user_id", "item_id", "label"]) | "StatsByUser" >> beam.FlatMap(rows_by_user)
+            solve = (
+                pipeline
+                | "ReadSolveRows" >> ReadTable(job.solve_rows, ["user_id", "item_id", "label"])
+                | "SolveByUser" >> beam.FlatMap(rows_by_user)
+            )
+            stats = (
+                pipeline
+                | "ReadStatsRows" >> ReadTable(job.stats.interactions, ["user_id", "item_id", "label"])
+                | "StatsByUser" >> beam.FlatMap(rows_by_user)
+            )
             clients = {"solve": solve, "stats": stats} | "Clients" >> beam.CoGroupByKey()
             keys = clients | "Keys" >> beam.Map(lambda element: (element[0], client_secret(round_secret, element[0])))
             public_keys = keys | "PublicKeys" >> beam.MapTuple(lambda user, k: (user, k.public_key))
             verify_keys = keys | "VerifyKeys" >> beam.MapTuple(lambda user, k: (user, k.verify_key))
-            held = (keys
-                    | "SetupShares" >> beam.FlatMapTuple(lambda user, k: [(holder, (user, share)) for holder, share in secagg.setup_shares(user, k, graph, t).items()])
-                    | "ByHolder" >> beam.GroupByKey())
-            masked = clients | "MaskedInput" >> beam.ParDo(ClientRound(broadcast, settings, job.lambda_u, plan, round_secret, graph, dropped),
-                                                           beam.pvalue.AsDict(public_keys))
-            survivors = masked | "Survivors" >> beam.Keys() | "SurvivorSet" >> beam.combiners.ToList() | "AsSet" >> beam.Map(frozenset)
-            _ = (masked | "Vectors" >> beam.Values() | "Sum" >> beam.CombineGlobally(RingSum())
-                 | "SaveSum" >> beam.Map(lambda v: save("sum", v if v is not None else np.zeros(size, np.uint64))))
-            _ = survivors | "SaveSurvivors" >> beam.Map(lambda alive: save("survivors", np.asarray(sorted(alive), np.int64)))
-            signatures = (masked | "Signers" >> beam.Keys()  # each survivor signs the set it was shown; the server forwards them all
-                          | "SignSurvivors" >> beam.Map(lambda user, alive: (user, secagg.sign_survivors(client_secret(round_secret, user),
-                                                                                                         server(user, alive), round_id)),
-                                                        beam.pvalue.AsSingleton(survivors)))
-            shares, refusals = (held | "Reveal" >> beam.ParDo(Reveal(server, round_id, plan.min_clients), beam.pvalue.AsSingleton(survivors),
-                                                              beam.pvalue.AsDict(signatures), beam.pvalue.AsDict(verify_keys))
-                                .with_outputs(Reveal.REFUSED, main="shares"))
-            _ = shares | "CountShares" >> beam.combiners.Count.Globally() | "SaveRevealed" >> beam.Map(lambda n: save("revealed", np.int64(n)))
-            _ = refusals | "CountRefusals" >> beam.combiners.Count.Globally() | "SaveRefusals" >> beam.Map(lambda n: save("refusals", np.int64(n)))
-            rebuilt = (shares
-                       | "ByClient" >> beam.GroupByKey()
-                       | "Rebuild" >> beam.Map(_rebuild, size, graph, beam.pvalue.AsDict(public_keys), beam.pvalue.AsSingleton(survivors), t))
-            _ = (rebuilt | "Corrections" >> beam.Values() | "Rebuilt" >> beam.Filter(lambda v: v is not None)
-                 | "SumCorrections" >> beam.CombineGlobally(RingSum())
-                 | "SaveCorrections" >> beam.Map(lambda v: save("corrections", v if v is not None else np.zeros(size, np.uint64))))
-            _ = (rebuilt | "Unmasked" >> beam.Filter(lambda r: r[1] is not None) | "UnmaskedIds" >> beam.Keys()
-                 | "AllUnmasked" >> beam.combiners.ToList() | "SaveUnmasked" >> beam.Map(lambda ids: save("unmasked", np.asarray(sorted(ids), np.int64))))
+            held = (
+                keys
+                | "SetupShares"
+                >> beam.FlatMapTuple(
+                    lambda user, k: [
+                        (holder, (user, share)) for holder, share in secagg.setup_shares(user, k, graph, t).items()
+                    ]
+                )
+                | "ByHolder" >> beam.GroupByKey()
+            )
+            masked = clients | "MaskedInput" >> beam.ParDo(
+                ClientRound(broadcast, settings, job.lambda_u, plan, round_secret, graph, dropped),
+                beam.pvalue.AsDict(public_keys),
+            )
+            survivors = (
+                masked
+                | "Survivors" >> beam.Keys()
+                | "SurvivorSet" >> beam.combiners.ToList()
+                | "AsSet" >> beam.Map(frozenset)
+            )
+            _ = (
+                masked
+                | "Vectors" >> beam.Values()
+                | "Sum" >> beam.CombineGlobally(RingSum())
+                | "SaveSum" >> beam.Map(lambda v: save("sum", v if v is not None else np.zeros(size, np.uint64)))
+            )
+            _ = survivors | "SaveSurvivors" >> beam.Map(
+                lambda alive: save("survivors", np.asarray(sorted(alive), np.int64))
+            )
+            signatures = (
+                masked
+                | "Signers" >> beam.Keys()  # each survivor signs the set it was shown; the server forwards them all
+                | "SignSurvivors"
+                >> beam.Map(
+                    lambda user, alive: (
+                        user,
+                        secagg.sign_survivors(client_secret(round_secret, user), server(user, alive), round_id),
+                    ),
+                    beam.pvalue.AsSingleton(survivors),
+                )
+            )
+            shares, refusals = held | "Reveal" >> beam.ParDo(
+                Reveal(server, round_id, plan.min_clients),
+                beam.pvalue.AsSingleton(survivors),
+                beam.pvalue.AsDict(signatures),
+                beam.pvalue.AsDict(verify_keys),
+            ).with_outputs(Reveal.REFUSED, main="shares")
+            _ = (
+                shares
+                | "CountShares" >> beam.combiners.Count.Globally()
+                | "SaveRevealed" >> beam.Map(lambda n: save("revealed", np.int64(n)))
+            )
+            _ = (
+                refusals
+                | "CountRefusals" >> beam.combiners.Count.Globally()
+                | "SaveRefusals" >> beam.Map(lambda n: save("refusals", np.int64(n)))
+            )
+            rebuilt = (
+                shares
+                | "ByClient" >> beam.GroupByKey()
+                | "Rebuild"
+                >> beam.Map(
+                    _rebuild, size, graph, beam.pvalue.AsDict(public_keys), beam.pvalue.AsSingleton(survivors), t
+                )
+            )
+            _ = (
+                rebuilt
+                | "Corrections" >> beam.Values()
+                | "Rebuilt" >> beam.Filter(lambda v: v is not None)
+                | "SumCorrections" >> beam.CombineGlobally(RingSum())
+                | "SaveCorrections"
+                >> beam.Map(lambda v: save("corrections", v if v is not None else np.zeros(size, np.uint64)))
+            )
+            _ = (
+                rebuilt
+                | "Unmasked" >> beam.Filter(lambda r: r[1] is not None)
+                | "UnmaskedIds" >> beam.Keys()
+                | "AllUnmasked" >> beam.combiners.ToList()
+                | "SaveUnmasked" >> beam.Map(lambda ids: save("unmasked", np.asarray(sorted(ids), np.int64)))
+            )
         alive = load("survivors", np.int64)
-        missing = np.setdiff1d(np.asarray(sorted(graph), np.int64), load("unmasked", np.int64))  # survivors and dropped alike need a correction
-        return RoundResult(load("sum", np.uint64), load("corrections", np.uint64), int(alive.size), missing.tolist(), int(load("revealed", np.int64)[0]),
-                           int(load("refusals", np.int64)[0]))
+        missing = np.setdiff1d(
+            np.asarray(sorted(graph), np.int64), load("unmasked", np.int64)
+        )  # survivors and dropped alike need a correction
+        return RoundResult(
+            load("sum", np.uint64),
+            load("corrections", np.uint64),
+            int(alive.size),
+            missing.tolist(),
+            int(load("revealed", np.int64)[0]),
+            int(load("refusals", np.int64)[0]),
+        )
 
 
 class FederatedEngine(BeamEngine):
@@ -484,11 +684,18 @@ class FederatedEngine(BeamEngine):
     name = "federated"
     solves_users_in_release = True
 
-    def __init__(self, rounds: Callable[[stats_job.StatsJob], FederatedJob] | None, options: PipelineOptions | None = None, scratch: str | None = None):
+    def __init__(
+        self,
+        rounds: Callable[[stats_job.StatsJob], FederatedJob] | None,
+        options: PipelineOptions | None = None,
+        scratch: str | None = None,
+    ):
         super().__init__(options, scratch=scratch)
         self.rounds = rounds
 
     def release_stats(self, job: stats_job.StatsJob) -> dict:
         if self.rounds is None:
-            raise UserError("the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables")
+            raise UserError(
+                "the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables"
+            )
         return run(self.rounds(job), self.options)

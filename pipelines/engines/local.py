@@ -23,8 +23,8 @@ from pipelines.releases.counts import exact_aggregates, read_rows
 from pipelines.releases.mean import centred, kept, weighted_sums
 from pipelines.releases.stats_core import shard_of
 from schemas import storage
-from schemas.tables import INTERACTIONS
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS
 
 
 class LocalEngine:
@@ -45,28 +45,42 @@ class LocalEngine:
         return splits.sizes_of(parts), eligible
 
     def __init__(self):
-        self._checked: tuple[str, tuple[np.ndarray, np.ndarray]] | None = None  # the rows the last check read, for the aggregates after it
+        self._checked: tuple[str, tuple[np.ndarray, np.ndarray]] | None = (
+            None  # the rows the last check read, for the aggregates after it
+        )
 
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
         """`counts.read_rows`'s refusals; the rows it read are kept for `count_aggregates`."""
         self._checked = (interactions, read_rows(interactions, catalog))
 
-    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    def count_aggregates(
+        self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int
+    ) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates` of every row (read once: those `check_count_rows` read just before)."""
         checked, self._checked = self._checked, None
         rows = checked[1] if checked is not None and checked[0] == interactions else read_rows(interactions, catalog)
         return exact_aggregates(*rows, catalog, unit, max_items_per_user, key)
 
-    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+    def mean_sums(
+        self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
+    ) -> tuple[float, float]:
         """`mean.weighted_sums` of every row."""
         return weighted_sums(interactions, rating_range, unit, user_cap)
 
-    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
-                      confidence_alpha: float | None = None) -> None:
+    def write_centred(
+        self,
+        train: str,
+        outputs: list[tuple[str, np.ndarray | None]],
+        mean: float,
+        protocol: str,
+        confidence_alpha: float | None = None,
+    ) -> None:
         """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
         the items it keeps)."""
         with ExitStack() as stack:
-            writers = [(stack.enter_context(storage.TableWriter(out, INTERACTIONS)), keep_items) for out, keep_items in outputs]
+            writers = [
+                (stack.enter_context(storage.TableWriter(out, INTERACTIONS)), keep_items) for out, keep_items in outputs
+            ]
             for batch in storage.iter_batches(train):
                 every = centred(pa.Table.from_batches([batch]), mean, protocol, None, confidence_alpha)
                 for writer, keep_items in writers:
@@ -81,18 +95,33 @@ class LocalEngine:
         shards = spark_stats.shard_count(job)
         embeddings, expansion = spark_stats.job_inputs(job)
         columns = ["user_id", "item_id", "label"]
-        batches = [batch for file, group, _ in job.units for batch in storage.iter_row_group(file, group, columns, spark_stats.READ_BATCH_ROWS)]
+        batches = [
+            batch
+            for file, group, _ in job.units
+            for batch in storage.iter_row_group(file, group, columns, spark_stats.READ_BATCH_ROWS)
+        ]
         rows = pa.Table.from_batches(batches, pa.schema([INTERACTIONS.field(name) for name in columns]))
         users, rated, labels = (rows[name].to_numpy() for name in columns)
         shard = shard_of(rated, shards)
         written = []
         for k in range(shards):
             mine = shard == k
-            for record in spark_stats.item_shard(job.settings, specs, staged, embeddings, lookups, shards, k, (users[mine], rated[mine], labels[mine]),
-                                                 expansion):
+            for record in spark_stats.item_shard(
+                job.settings,
+                specs,
+                staged,
+                embeddings,
+                lookups,
+                shards,
+                k,
+                (users[mine], rated[mine], labels[mine]),
+                expansion,
+            ):
                 written += pa.Table.from_batches([record]).to_pylist()
         return spark_stats.commit_written(job, specs, written)
 
-    def user_update(self, interactions: str, item_embeddings: str, out: str, solve: user_update.UserSolve) -> user_update.Solved:
+    def user_update(
+        self, interactions: str, item_embeddings: str, out: str, solve: user_update.UserSolve
+    ) -> user_update.Solved:
         """The user update (pipelines.engines.user_update), with the Spark tasks' bits."""
         return user_update.run_local(interactions, item_embeddings, out, solve)

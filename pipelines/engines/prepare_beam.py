@@ -39,8 +39,8 @@ from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from privacy.seeds import mix64
 from schemas import storage
-from schemas.tables import INTERACTIONS
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS
 
 SHARD_ROWS = 2_000_000  # rows per shard of users (a worker sorts one shard at a time)
 OPTIONS_ENV = "SSP_BEAM_PIPELINE_OPTIONS"  # the Beam pipeline options of `ssp train`'s prepare stage, as flags
@@ -58,7 +58,11 @@ def _by_shard(batch: pa.RecordBatch, shards: int) -> Iterator[tuple[int, pa.Reco
 def _sorted(batches: Iterable[pa.RecordBatch], order: tuple[str, ...] = ("user_id",)) -> list[pa.RecordBatch]:
     """A shard's rows sorted by `order` (user first), as batches (the input `chunks.complete_users` expects)."""
     table = pa.Table.from_batches(list(batches))
-    return table.sort_by([(name, "ascending") for name in order]).to_batches(max_chunksize=65_536) if table.num_rows else []
+    return (
+        table.sort_by([(name, "ascending") for name in order]).to_batches(max_chunksize=65_536)
+        if table.num_rows
+        else []
+    )
 
 
 def _columns(batches: list[pa.RecordBatch], *names: str) -> list[np.ndarray]:
@@ -96,7 +100,9 @@ class BeamEngine:
     name = "beam"
     solves_users_in_release = False
 
-    def __init__(self, options: PipelineOptions | None = None, scratch: str | None = None, shard_rows: int = SHARD_ROWS):
+    def __init__(
+        self, options: PipelineOptions | None = None, scratch: str | None = None, shard_rows: int = SHARD_ROWS
+    ):
         self.options, self.scratch, self.shard_rows = options, scratch, shard_rows
 
     def _collect(self, build: Callable[[beam.Pipeline], beam.PCollection]) -> list:
@@ -105,20 +111,28 @@ class BeamEngine:
             path = storage.join(self.scratch or local, f".collected-{uuid.uuid4().hex}.json")
             try:
                 with beam.Pipeline(options=self.options or PipelineOptions([])) as pipeline:
-                    _ = build(pipeline) | "Gather" >> beam.combiners.ToList() | "Write" >> beam.Map(lambda values: storage.write_json({"values": values}, path))
+                    _ = (
+                        build(pipeline)
+                        | "Gather" >> beam.combiners.ToList()
+                        | "Write" >> beam.Map(lambda values: storage.write_json({"values": values}, path))
+                    )
                 return storage.read_json(path)["values"]
             finally:
                 storage.remove(path)
 
-    def _shards(self, pipeline: beam.Pipeline, interactions: str, columns: list[str], order: tuple[str, ...] = ("user_id",)) -> beam.PCollection:
+    def _shards(
+        self, pipeline: beam.Pipeline, interactions: str, columns: list[str], order: tuple[str, ...] = ("user_id",)
+    ) -> beam.PCollection:
         """(shard, rows of that shard's users sorted by `order`, as batches), about `shard_rows` rows each."""
         rows = sum(count for _, _, count in storage.row_groups(interactions))
         shards = max(1, math.ceil(rows / self.shard_rows))
-        return (pipeline
-                | "Read" >> ReadTable(interactions, columns)
-                | "ToShards" >> beam.FlatMap(_by_shard, shards)
-                | "GroupShards" >> beam.GroupByKey()
-                | "SortShards" >> beam.MapTuple(lambda shard, batches: (shard, _sorted(batches, order))))
+        return (
+            pipeline
+            | "Read" >> ReadTable(interactions, columns)
+            | "ToShards" >> beam.FlatMap(_by_shard, shards)
+            | "GroupShards" >> beam.GroupByKey()
+            | "SortShards" >> beam.MapTuple(lambda shard, batches: (shard, _sorted(batches, order)))
+        )
 
     def release_stats(self, job) -> dict:
         """The statistics release of `job` (pipelines.engines.beam_stats)."""
@@ -143,11 +157,21 @@ class BeamEngine:
         try:
             if users_together(interactions):
                 files = list(enumerate(storage.table_files(interactions)))
-                written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle()
-                                        | "Solve" >> beam.FlatMapTuple(lambda index, file: solved(index, user_update.file_rows(file))))
+                written = self._collect(
+                    lambda p: (
+                        p
+                        | "Files" >> beam.Create(files)
+                        | "Spread" >> beam.Reshuffle()
+                        | "Solve" >> beam.FlatMapTuple(lambda index, file: solved(index, user_update.file_rows(file)))
+                    )
+                )
             else:
-                written = self._collect(lambda p: self._shards(p, interactions, ["user_id", "item_id", "label"], ("user_id", "item_id"))
-                                        | "Solve" >> beam.FlatMapTuple(solved))
+                written = self._collect(
+                    lambda p: (
+                        self._shards(p, interactions, ["user_id", "item_id", "label"], ("user_id", "item_id"))
+                        | "Solve" >> beam.FlatMapTuple(solved)
+                    )
+                )
         except BaseException:
             staged.abort([])
             raise
@@ -162,64 +186,114 @@ class BeamEngine:
     def _split(self, interactions: str, rule: splits.SplitRule, staged: dict) -> tuple[dict, int]:
         train_items = None
         if rule.needs_train_items:  # a first pass: the items of every training user's positives
-            found = self._collect(lambda p: self._shards(p, interactions, INTERACTION_COLUMNS)
-                                  | "TrainItems" >> beam.FlatMapTuple(lambda _, batches: splits.train_items_of(batches, rule))
-                                  | "Ids" >> beam.FlatMap(lambda batch: batch.column("item_id").to_pylist())
-                                  | "Distinct" >> beam.Distinct())
+            found = self._collect(
+                lambda p: (
+                    self._shards(p, interactions, INTERACTION_COLUMNS)
+                    | "TrainItems" >> beam.FlatMapTuple(lambda _, batches: splits.train_items_of(batches, rule))
+                    | "Ids" >> beam.FlatMap(lambda batch: batch.column("item_id").to_pylist())
+                    | "Distinct" >> beam.Distinct()
+                )
+            )
             train_items = np.sort(np.array(found, dtype=np.int64))
 
         def write(shard: int, batches: list[pa.RecordBatch]) -> Iterator[dict]:
             for written in splits.split_partition(batches, rule, staged, shard, train_items):
                 yield from written.to_pylist()
 
-        records = self._collect(lambda p: self._shards(p, interactions, INTERACTION_COLUMNS) | "Split" >> beam.FlatMapTuple(write))
-        return splits.commit_split(rule, staged, pa.Table.from_pylist(records, schema=splits.SPLIT_WRITTEN), interactions)
+        records = self._collect(
+            lambda p: self._shards(p, interactions, INTERACTION_COLUMNS) | "Split" >> beam.FlatMapTuple(write)
+        )
+        return splits.commit_split(
+            rule, staged, pa.Table.from_pylist(records, schema=splits.SPLIT_WRITTEN), interactions
+        )
 
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
         """`counts.read_rows`'s refusals, with its messages (`counts.row_problem` on every batch)."""
-        found = self._collect(lambda p: p | "Read" >> ReadTable(interactions) | "Check" >> beam.FlatMap(lambda batch: [problem] if (problem := row_problem(batch, catalog)) else []))
+        found = self._collect(
+            lambda p: (
+                p
+                | "Read" >> ReadTable(interactions)
+                | "Check" >> beam.FlatMap(lambda batch: [problem] if (problem := row_problem(batch, catalog)) else [])
+            )
+        )
         if found:
             raise UserError(f"{interactions}: {sorted(found)[0]}")
 
-    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    def count_aggregates(
+        self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int
+    ) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates`, per shard of users, summed: the same numbers."""
+
         def aggregate(_, batches):
             return exact_aggregates(*_columns(batches, "user_id", "item_id"), catalog, unit, max_items_per_user, key)
 
-        found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "item_id"])
-                              | "Aggregate" >> beam.MapTuple(aggregate)
-                              | "Sum" >> beam.CombineGlobally(_sum_aggregates)
-                              | "Json" >> beam.Map(lambda total: [np.asarray(total[0]).tolist(), int(total[1])] if total else None))
+        found = self._collect(
+            lambda p: (
+                self._shards(p, interactions, ["user_id", "item_id"])
+                | "Aggregate" >> beam.MapTuple(aggregate)
+                | "Sum" >> beam.CombineGlobally(_sum_aggregates)
+                | "Json" >> beam.Map(lambda total: [np.asarray(total[0]).tolist(), int(total[1])] if total else None)
+            )
+        )
         if not found or found[0] is None:
             return np.zeros(catalog.size), 0
         exact, units = found[0]
         return np.asarray(exact, dtype=np.float64), int(units)
 
-    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+    def mean_sums(
+        self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
+    ) -> tuple[float, float]:
         """`mean.weighted_sums`: per shard of users, summed (equal to float64 rounding)."""
+
         def sums(_, batches):
             return weighted_sums_of(*_columns(batches, "user_id", "label"), rating_range, unit, user_cap)
 
-        found = self._collect(lambda p: self._shards(p, interactions, ["user_id", "label"])
-                              | "Sums" >> beam.MapTuple(sums)
-                              | "Total" >> beam.CombineGlobally(_sum_aggregates)
-                              | "Json" >> beam.Map(lambda total: [float(v) for v in total]))
+        found = self._collect(
+            lambda p: (
+                self._shards(p, interactions, ["user_id", "label"])
+                | "Sums" >> beam.MapTuple(sums)
+                | "Total" >> beam.CombineGlobally(_sum_aggregates)
+                | "Json" >> beam.Map(lambda total: [float(v) for v in total])
+            )
+        )
         return (float(found[0][0]), float(found[0][1])) if found and found[0] else (0.0, 0.0)
 
-    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
-                      confidence_alpha: float | None = None) -> None:
+    def write_centred(
+        self,
+        train: str,
+        outputs: list[tuple[str, np.ndarray | None]],
+        mean: float,
+        protocol: str,
+        confidence_alpha: float | None = None,
+    ) -> None:
         """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
         the items it keeps), one part per input file."""
         staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
         def write(index: int, file: str) -> Iterator[list]:
-            written = write_centred_parts(storage.iter_batches(file, columns=INTERACTION_COLUMNS), staged, index, mean, protocol, confidence_alpha,
-                                          together)
+            written = write_centred_parts(
+                storage.iter_batches(file, columns=INTERACTION_COLUMNS),
+                staged,
+                index,
+                mean,
+                protocol,
+                confidence_alpha,
+                together,
+            )
             yield from ([k, *part] for k, part in enumerate(written) if part is not None)
 
         files = list(enumerate(storage.table_files(train)))
-        together = users_together(train)  # each file whole users in order (the split's parts): so is each part written from one
-        written = self._collect(lambda p: p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write))
+        together = users_together(
+            train
+        )  # each file whole users in order (the split's parts): so is each part written from one
+        written = self._collect(
+            lambda p: (
+                p | "Files" >> beam.Create(files) | "Spread" >> beam.Reshuffle() | "Centre" >> beam.FlatMapTuple(write)
+            )
+        )
         for k, (table, _) in enumerate(staged):
             mine = [(name, count) for output, name, count in written if output == k]
-            table.commit([name for name, _ in mine] or [table.write_part(0, INTERACTIONS.empty_table())], sum(count for _, count in mine))  # no task wrote part 0
+            table.commit(
+                [name for name, _ in mine] or [table.write_part(0, INTERACTIONS.empty_table())],
+                sum(count for _, count in mine),
+            )  # no task wrote part 0

@@ -26,9 +26,9 @@ from pipelines.engines.spark import forward_storage_settings, per_file, readable
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from schemas import storage
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import INTERACTIONS
-from schemas.errors import UserError
 
 WRITTEN_DDL = "name string, rows long"
 SPLIT_DDL = "table string, name string, rows long, users long, eligible long"
@@ -94,22 +94,45 @@ class SparkEngine:
             by_user = self._by_user(files)
             train_items = None
             if rule.needs_train_items:  # a first pass: the items of every training user's positives
-                found = by_user.mapInArrow(lambda batches: splits.train_items_of(batches, rule), "item_id long").distinct().collect()
+                found = (
+                    by_user.mapInArrow(lambda batches: splits.train_items_of(batches, rule), "item_id long")
+                    .distinct()
+                    .collect()
+                )
                 train_items = np.sort(np.array([row["item_id"] for row in found], dtype=np.int64))
-            written = by_user.mapInArrow(lambda batches: splits.split_partition(batches, rule, staged, TaskContext.get().partitionId(), train_items),
-                                         SPLIT_DDL).collect()
-        return splits.commit_split(rule, staged, pa.Table.from_pylist([row.asDict() for row in written], schema=splits.SPLIT_WRITTEN), interactions)
+            written = by_user.mapInArrow(
+                lambda batches: splits.split_partition(
+                    batches, rule, staged, TaskContext.get().partitionId(), train_items
+                ),
+                SPLIT_DDL,
+            ).collect()
+        return splits.commit_split(
+            rule,
+            staged,
+            pa.Table.from_pylist([row.asDict() for row in written], schema=splits.SPLIT_WRITTEN),
+            interactions,
+        )
 
-    def _split_per_file(self, interactions: str, files: list[str], rule: splits.SplitRule, staged: dict) -> tuple[dict, int]:
+    def _split_per_file(
+        self, interactions: str, files: list[str], rule: splits.SplitRule, staged: dict
+    ) -> tuple[dict, int]:
         """`split` with a task per file of whole users (`files_of_whole_users`): no shuffle by user."""
+
         def rows_of(file: str) -> Iterator[pa.RecordBatch]:
             return sorted_by_user(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), file)
 
         train_items = None
         if rule.needs_train_items:
-            found = per_file(self.spark, files, lambda index, file: splits.train_items_of(rows_of(file), rule), "item_id long")
+            found = per_file(
+                self.spark, files, lambda index, file: splits.train_items_of(rows_of(file), rule), "item_id long"
+            )
             train_items = np.unique(found["item_id"].to_numpy())
-        written = per_file(self.spark, files, lambda index, file: splits.split_partition(rows_of(file), rule, staged, index, train_items), SPLIT_DDL)
+        written = per_file(
+            self.spark,
+            files,
+            lambda index, file: splits.split_partition(rows_of(file), rule, staged, index, train_items),
+            SPLIT_DDL,
+        )
         return splits.commit_split(rule, staged, written.cast(splits.SPLIT_WRITTEN), interactions)
 
     def check_count_rows(self, interactions: str, catalog: np.ndarray) -> None:
@@ -131,11 +154,18 @@ class SparkEngine:
                             yield pa.record_batch({"problem": [problem]})
                             return
 
-        found = work.repartition(min(len(units), max(2, self.spark.sparkContext.defaultParallelism))).mapInArrow(check, "problem string").limit(1).collect()
+        found = (
+            work.repartition(min(len(units), max(2, self.spark.sparkContext.defaultParallelism)))
+            .mapInArrow(check, "problem string")
+            .limit(1)
+            .collect()
+        )
         if found:
             raise UserError(f"{interactions}: {found[0]['problem']}")
 
-    def count_aggregates(self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    def count_aggregates(
+        self, interactions: str, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int
+    ) -> tuple[np.ndarray, int]:
         """`counts.exact_aggregates` (rows checked by `check_count_rows`) applied to chunks of complete
         users (user level: one shuffle by user, or a task per file of a table whose files hold whole
         users in order, the split's train; example level: the table's own partitions); each task
@@ -148,29 +178,46 @@ class SparkEngine:
 
         def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             totals, units = np.zeros(size, dtype=np.int64), 0
-            for chunk in (complete_users(batches) if unit == "user" else (pa.Table.from_batches([batch]) for batch in batches)):
-                exact, found = exact_aggregates(chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, unit, max_items_per_user, key)
+            for chunk in (
+                complete_users(batches) if unit == "user" else (pa.Table.from_batches([batch]) for batch in batches)
+            ):
+                exact, found = exact_aggregates(
+                    chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, unit, max_items_per_user, key
+                )
                 totals += exact.astype(np.int64)
                 units += found
             positions = np.flatnonzero(totals)
             yield pa.record_batch({"position": np.r_[positions, size], "count": np.r_[totals[positions], units]})
 
         with readable_tables(self.spark, interactions) as (files,):
-            rows = self._by_user(files, ("user_id", "item_id")) if unit == "user" else self.spark.read.parquet(*files).select("user_id", "item_id")
+            rows = (
+                self._by_user(files, ("user_id", "item_id"))
+                if unit == "user"
+                else self.spark.read.parquet(*files).select("user_id", "item_id")
+            )
             found = rows.mapInArrow(aggregate, "position long, count long").toArrow()
         totals = np.bincount(found["position"].to_numpy(), weights=found["count"].to_numpy(), minlength=size + 1)
         return totals[:size], int(totals[size])
 
-    def _count_aggregates_per_file(self, interactions: str, catalog: np.ndarray, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+    def _count_aggregates_per_file(
+        self, interactions: str, catalog: np.ndarray, max_items_per_user: int, key: int
+    ) -> tuple[np.ndarray, int]:
         """`count_aggregates` at user level, a task per file of whole users in order (no shuffle)."""
+
         def of_chunk(chunk: pa.Table) -> np.ndarray:
-            exact, found = exact_aggregates(chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, "user", max_items_per_user, key)
+            exact, found = exact_aggregates(
+                chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), catalog, "user", max_items_per_user, key
+            )
             return np.r_[exact, found]
 
-        totals = self._sums_per_file(interactions, ["user_id", "item_id"], of_chunk, catalog.size + 1, "the counts would sample the user twice")
+        totals = self._sums_per_file(
+            interactions, ["user_id", "item_id"], of_chunk, catalog.size + 1, "the counts would sample the user twice"
+        )
         return totals[: catalog.size], int(totals[catalog.size])
 
-    def mean_sums(self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+    def mean_sums(
+        self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
+    ) -> tuple[float, float]:
         """`mean.weighted_sums`: per-user sums on the executors, two numbers to the driver."""
         from pyspark.sql import functions as F
 
@@ -178,22 +225,33 @@ class SparkEngine:
             return self._mean_sums_per_file(interactions, rating_range, user_cap)
         low, high = rating_range
         with readable_tables(self.spark, interactions) as (files,):
-            rows = self.spark.read.parquet(*files).select("user_id", F.least(F.greatest(F.col("label"), F.lit(low)), F.lit(high)).alias("label"))
+            rows = self.spark.read.parquet(*files).select(
+                "user_id", F.least(F.greatest(F.col("label"), F.lit(low)), F.lit(high)).alias("label")
+            )
             middle = F.col("label") - F.lit((low + high) / 2)
             if unit == "user":
                 per_user = rows.groupBy("user_id").agg(F.sum(middle).alias("total"), F.count(F.lit(1)).alias("n"))
                 weight = F.least(F.lit(1.0), F.lit(user_cap) / F.col("n"))
-                sums = per_user.agg(F.sum(weight * F.col("total")).alias("sum"), F.sum(weight * F.col("n")).alias("count")).first()
+                sums = per_user.agg(
+                    F.sum(weight * F.col("total")).alias("sum"), F.sum(weight * F.col("n")).alias("count")
+                ).first()
             else:
                 sums = rows.agg(F.sum(middle).alias("sum"), F.count(F.lit(1)).cast("double").alias("count")).first()
         return float(sums["sum"] or 0.0), float(sums["count"] or 0.0)
 
-    def _mean_sums_per_file(self, interactions: str, rating_range: tuple[float, float], user_cap: float) -> tuple[float, float]:
+    def _mean_sums_per_file(
+        self, interactions: str, rating_range: tuple[float, float], user_cap: float
+    ) -> tuple[float, float]:
         """`mean_sums` at user level, a task per file of whole users in order (no shuffle)."""
-        def of_chunk(chunk: pa.Table) -> np.ndarray:
-            return np.array(weighted_sums_of(chunk["user_id"].to_numpy(), chunk["label"].to_numpy(), rating_range, "user", user_cap))
 
-        total, count = self._sums_per_file(interactions, ["user_id", "label"], of_chunk, 2, "the mean would cap the user twice")
+        def of_chunk(chunk: pa.Table) -> np.ndarray:
+            return np.array(
+                weighted_sums_of(chunk["user_id"].to_numpy(), chunk["label"].to_numpy(), rating_range, "user", user_cap)
+            )
+
+        total, count = self._sums_per_file(
+            interactions, ["user_id", "label"], of_chunk, 2, "the mean would cap the user twice"
+        )
         return float(total), float(count)
 
     def _sums_per_file(self, interactions: str, columns: list[str], of_chunk, width: int, broken: str) -> np.ndarray:
@@ -201,6 +259,7 @@ class SparkEngine:
         whose files declare whole users in order, a task per file (no shuffle by user). Each task
         also returns its users, and a user found in two files is refused: `broken` says what its
         two partial histories would break."""
+
         def task(index: int, file: str) -> Iterator[pa.RecordBatch]:
             total, users = np.zeros(width), []
             for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=columns), file)):
@@ -209,17 +268,27 @@ class SparkEngine:
                 users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
             ids = np.concatenate(users) if users else np.zeros(0, np.int64)
             yield pa.record_batch({"at": np.arange(width), "value": total, "user": pa.nulls(width, pa.int64())})
-            yield pa.record_batch({"at": pa.nulls(ids.size, pa.int64()), "value": pa.nulls(ids.size, pa.float64()), "user": ids})
+            yield pa.record_batch(
+                {"at": pa.nulls(ids.size, pa.int64()), "value": pa.nulls(ids.size, pa.float64()), "user": ids}
+            )
 
         found = per_file(self.spark, storage.table_files(interactions), task, "at long, value double, user long")
         users = found.filter(found["user"].is_valid())["user"].to_numpy()
         if np.unique(users).size != users.size:
-            raise UserError(f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}")
+            raise UserError(
+                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}"
+            )
         sums = found.filter(found["at"].is_valid())
         return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
 
-    def write_centred(self, train: str, outputs: list[tuple[str, np.ndarray | None]], mean: float, protocol: str,
-                      confidence_alpha: float | None = None) -> None:
+    def write_centred(
+        self,
+        train: str,
+        outputs: list[tuple[str, np.ndarray | None]],
+        mean: float,
+        protocol: str,
+        confidence_alpha: float | None = None,
+    ) -> None:
         """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
         the items it keeps), a part per input partition; from a table whose files hold whole users
         in order (the split's), a part per file, which then holds whole users in order too."""
@@ -235,12 +304,23 @@ class SparkEngine:
 
         ddl = "output long, " + WRITTEN_DDL
         if users_together(train):
-            written = per_file(self.spark, storage.table_files(train),
-                               lambda index, file: write(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), index, True), ddl).to_pylist()
+            written = per_file(
+                self.spark,
+                storage.table_files(train),
+                lambda index, file: write(storage.iter_batches(file, columns=list(INTERACTION_COLUMNS)), index, True),
+                ddl,
+            ).to_pylist()
         else:
             with readable_tables(self.spark, train) as (files,):
-                written = self.spark.read.parquet(*files).select(*INTERACTION_COLUMNS).mapInArrow(
-                    lambda batches: write(batches, TaskContext.get().partitionId()), ddl).collect()
+                written = (
+                    self.spark.read.parquet(*files)
+                    .select(*INTERACTION_COLUMNS)
+                    .mapInArrow(lambda batches: write(batches, TaskContext.get().partitionId()), ddl)
+                    .collect()
+                )
         for k, (table, _) in enumerate(staged):
             mine = [row for row in written if row["output"] == k]
-            table.commit([row["name"] for row in mine] or [table.write_part(0, INTERACTIONS.empty_table())], sum(row["rows"] for row in mine))  # no task wrote part 0
+            table.commit(
+                [row["name"] for row in mine] or [table.write_part(0, INTERACTIONS.empty_table())],
+                sum(row["rows"] for row in mine),
+            )  # no task wrote part 0

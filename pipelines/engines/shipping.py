@@ -47,10 +47,20 @@ ENV_NAME = "env"  # the folder Spark unpacks the archive into, in each executor'
 # python/lib/pyspark.zip first where their Spark has one, as Spark's distributions and pip's pyspark 4.3 do).
 EXECUTOR_DISTRIBUTIONS = ("numpy", "pyarrow", "scipy", "attrs", "cryptography", "numba", "fsspec", "gcsfs", "pyspark")
 # What the check imports: the jobs' task modules, the kernels they import inside tasks, gs:// storage, Spark's worker.
-EXECUTOR_MODULES = ("pipelines.engines.spark_stats", "pipelines.engines.user_update", "privacy.box_muller",
-                    "privacy.grouped_gram", "trainer.normal_equations", "gcsfs", "pyspark.worker")
+EXECUTOR_MODULES = (
+    "pipelines.engines.spark_stats",
+    "pipelines.engines.user_update",
+    "privacy.box_muller",
+    "privacy.grouped_gram",
+    "trainer.normal_equations",
+    "gcsfs",
+    "pyspark.worker",
+)
 PYSPARK_PAYLOAD = ("jars", "bin", "sbin", "python", "examples", "data", "licenses")  # Spark's own: the nodes have it
-LEFT_OUT_FOLDERS = ("__pycache__", "tests")  # bytecode as RECORD lists it (_place_bytecode adds this installation's) and test suites
+LEFT_OUT_FOLDERS = (
+    "__pycache__",
+    "tests",
+)  # bytecode as RECORD lists it (_place_bytecode adds this installation's) and test suites
 COMPRESSION_LEVEL = 1  # gzip level 6 makes the archive 12% smaller (155 MiB) and takes 3 times as long
 SITE_PACKAGES = PurePosixPath("lib", f"python{PYTHON_VERSION}", "site-packages")
 
@@ -83,8 +93,12 @@ def check_interpreter(path: str) -> None:
     if not os.path.exists(path):
         return
     try:
-        found = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
-                               text=True, timeout=60).stdout.strip()
+        found = subprocess.run(
+            [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
     except OSError as exc:
         raise UserError(f"--python {path}: cannot run it ({exc.strerror})") from None
     if found != PYTHON_VERSION:
@@ -190,10 +204,13 @@ def _place_bytecode(source: Path, target: Path) -> int:
 def check_env(folder: Path, project: Path) -> None:
     """Import EXECUTOR_MODULES with the environment's Python, from it and the project zip only (-I: no PYTHONPATH,
     no user site-packages; the venv: none of the base interpreter's), writing no bytecode into it (-B)."""
-    code = f"import importlib, sys\nsys.path.insert(0, {str(project)!r})\nfor name in {EXECUTOR_MODULES!r}:\n" \
-           "    importlib.import_module(name)"
-    result = subprocess.run([str(folder / "bin" / "python"), "-I", "-B", "-c", code], capture_output=True, text=True,
-                            timeout=300)
+    code = (
+        f"import importlib, sys\nsys.path.insert(0, {str(project)!r})\nfor name in {EXECUTOR_MODULES!r}:\n"
+        "    importlib.import_module(name)"
+    )
+    result = subprocess.run(
+        [str(folder / "bin" / "python"), "-I", "-B", "-c", code], capture_output=True, text=True, timeout=300
+    )
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
         raise UserError(f"the executor environment cannot import the jobs' task modules: {last}")
@@ -222,37 +239,58 @@ def build(out: str | Path = "dist", node_python: str | None = None) -> Shipment:
     return Shipment(project, env, node_python, tuple(names), size)
 
 
-def spark_submit_line(shipment: Shipment, master: str = "spark://HOST:PORT", script: str = "stats.py",
-                      args: tuple[str, ...] = ("--run", "RUN", "--step", "S")) -> list[str]:
+def spark_submit_line(
+    shipment: Shipment,
+    master: str = "spark://HOST:PORT",
+    script: str = "stats.py",
+    args: tuple[str, ...] = ("--run", "RUN", "--step", "S"),
+) -> list[str]:
     """The spark-submit command that runs `script` on the cluster with what `shipment` ships: the executors run the
     shipped environment's Python; the driver (client mode) this Python."""
-    return ["spark-submit", "--master", master, "--py-files", str(shipment.project),
-            "--archives", f"{shipment.env}#{ENV_NAME}", "--conf", f"spark.pyspark.python=./{ENV_NAME}/bin/python",
-            "--conf", f"spark.pyspark.driver.python={sys.executable}", script, *args]
+    return [
+        "spark-submit",
+        "--master",
+        master,
+        "--py-files",
+        str(shipment.project),
+        "--archives",
+        f"{shipment.env}#{ENV_NAME}",
+        "--conf",
+        f"spark.pyspark.python=./{ENV_NAME}/bin/python",
+        "--conf",
+        f"spark.pyspark.driver.python={sys.executable}",
+        script,
+        *args,
+    ]
 
 
 def report(shipment: Shipment) -> str:
     """What was written, with sizes, and the spark-submit line."""
     mb = 1 << 20
     checked = "" if os.path.exists(shipment.node_python) else f" (not on this machine: checked with {default_python()})"
-    return "\n".join((
-        f"{shipment.project}: {shipment.project.stat().st_size / mb:.1f} MiB, the project's packages (--py-files)",
-        f"{shipment.env}: {shipment.env.stat().st_size / mb:.1f} MiB ({shipment.env_bytes / mb:.0f} MiB unpacked), the "
-        f"executors' Python (--archives): {len(shipment.distributions)} distributions, "
-        + ", ".join(shipment.distributions),
-        f"its bin/python is a symlink to {shipment.node_python}, as venv-pack makes it: every node needs that "
-        f"interpreter{checked}",
-        "run a job with (client mode: the driver is this machine's Python):",
-        shlex.join(spark_submit_line(shipment)),
-    ))
+    return "\n".join(
+        (
+            f"{shipment.project}: {shipment.project.stat().st_size / mb:.1f} MiB, the project's packages (--py-files)",
+            f"{shipment.env}: {shipment.env.stat().st_size / mb:.1f} MiB ({shipment.env_bytes / mb:.0f} MiB unpacked), the "
+            f"executors' Python (--archives): {len(shipment.distributions)} distributions, "
+            + ", ".join(shipment.distributions),
+            f"its bin/python is a symlink to {shipment.node_python}, as venv-pack makes it: every node needs that "
+            f"interpreter{checked}",
+            "run a job with (client mode: the driver is this machine's Python):",
+            shlex.join(spark_submit_line(shipment)),
+        )
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`ssp spark-package`'s flags."""
     parser.add_argument("--out", default="dist", help="folder to write them to (default: %(default)s)")
-    parser.add_argument("--python", default=default_python(),
-                        help=f"absolute path of the nodes' Python {PYTHON_VERSION}, which the environment's bin/python "
-                             "links to (default: this machine's base interpreter, %(default)s)")
+    parser.add_argument(
+        "--python",
+        default=default_python(),
+        help=f"absolute path of the nodes' Python {PYTHON_VERSION}, which the environment's bin/python "
+        "links to (default: this machine's base interpreter, %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,8 +35,15 @@ from schemas.errors import UserError
 
 ROOT = str(Path(__file__).resolve().parents[2])
 ARROW_BATCH_ROWS = 100_000
-LOG_CONFIG = str(Path(__file__).resolve().parent / "log4j2.properties")  # failed tasks are reported once, by the driver's error
-STORAGE_ENV_PREFIXES = ("STORAGE_EMULATOR_HOST", "FSSPEC_", "GCSFS_", "GOOGLE_")  # how gcsfs finds its endpoint and credentials
+LOG_CONFIG = str(
+    Path(__file__).resolve().parent / "log4j2.properties"
+)  # failed tasks are reported once, by the driver's error
+STORAGE_ENV_PREFIXES = (
+    "STORAGE_EMULATOR_HOST",
+    "FSSPEC_",
+    "GCSFS_",
+    "GOOGLE_",
+)  # how gcsfs finds its endpoint and credentials
 
 
 @contextmanager
@@ -99,7 +106,9 @@ class _Py4jRootRecords(logging.Filter):
         return f"{os.sep}py4j{os.sep}" not in record.pathname or logging.getLogger("py4j").isEnabledFor(logging.DEBUG)
 
 
-JVM_NOTICES = (b"WARNING: Using incubator modules",)  # Spark 4's launcher always adds jdk.incubator.vector; the JDK says so on every start
+JVM_NOTICES = (
+    b"WARNING: Using incubator modules",
+)  # Spark 4's launcher always adds jdk.incubator.vector; the JDK says so on every start
 
 
 @contextmanager
@@ -151,15 +160,19 @@ def session_settings(conf, master: str | None) -> dict[str, str]:
     job's own settings stay as they are."""
     settings = {"spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
     if master or not conf.contains("spark.master"):
-        settings.update({
-            "spark.master": master or "local[*]",
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
-            "spark.driver.memory": os.environ.get("SSP_SPARK_DRIVER_MEMORY", "3g"),  # local mode: the executor's heap too
-            "spark.sql.shuffle.partitions": "8",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.adaptive.enabled": "false",  # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
-        })
+        settings.update(
+            {
+                "spark.master": master or "local[*]",
+                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
+                "spark.driver.memory": os.environ.get(
+                    "SSP_SPARK_DRIVER_MEMORY", "3g"
+                ),  # local mode: the executor's heap too
+                "spark.sql.shuffle.partitions": "8",
+                "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.adaptive.enabled": "false",  # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
+            }
+        )
     return settings
 
 
@@ -254,8 +267,10 @@ def readable_tables(spark, *paths: str) -> Iterator[list[list[str]]]:
             elif is_local(spark):
                 files.append(storage.download_table(path, os.path.join(staging, str(index))))
             else:
-                raise UserError(f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
-                                 "(Dataproc images carry it) or run the job with a local master")
+                raise UserError(
+                    f"{path}: this Spark cluster has no {scheme}:// filesystem; install the Cloud Storage connector "
+                    "(Dataproc images carry it) or run the job with a local master"
+                )
         yield files
 
 
@@ -272,7 +287,12 @@ def per_file(spark, files: list[str], task, ddl: str) -> pa.Table:
             for index, file in zip(batch.column("index").to_pylist(), batch.column("file").to_pylist()):
                 yield from task(index, file)
 
-    return spark.createDataFrame(list(enumerate(files)), "index int, file string").repartition(len(files)).mapInArrow(run, ddl).toArrow()
+    return (
+        spark.createDataFrame(list(enumerate(files)), "index int, file string")
+        .repartition(len(files))
+        .mapInArrow(run, ddl)
+        .toArrow()
+    )
 
 
 @contextmanager

@@ -23,15 +23,24 @@ are complete, to every catalog item, keyed by the release index the ledger gave.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines.engines.spark import forward_storage_settings
 from pipelines.releases import stats_job
-from pipelines.releases.stats_core import clipped_users, item_sums, item_user_order, release_metadata, RowLookups, shard_of, STATS_PARQUET, stats_table
+from pipelines.releases.stats_core import (
+    STATS_PARQUET,
+    RowLookups,
+    clipped_users,
+    item_sums,
+    item_user_order,
+    release_metadata,
+    shard_of,
+    stats_table,
+)
 from privacy import accumulator, quadratic
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -39,13 +48,17 @@ from schemas.ids import IdIndex
 from schemas.tables import STATS
 
 WRITTEN_DDL = "resample int, name string, rows long, seconds double"
-BLOCK_SCHEMA = pa.schema([("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())])  # rows of one item shard, shuffled as one record
+BLOCK_SCHEMA = pa.schema(
+    [("key", pa.int32()), ("shard", pa.int32()), ("block", pa.binary())]
+)  # rows of one item shard, shuffled as one record
 BLOCK_SCHEMA_DDL = "key int, shard int, block binary"
 CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigger item is one group)
 ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
 READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
 READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
-ROWS_PER_PARTITION = 2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
+ROWS_PER_PARTITION = (
+    2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
+)
 
 
 _last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
@@ -62,7 +75,10 @@ def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id"
         order = np.argsort(ids)
         if len(_last_vectors) >= 2:
             _last_vectors.clear()
-        _last_vectors[digest] = (IdIndex(ids[order]), list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order])
+        _last_vectors[digest] = (
+            IdIndex(ids[order]),
+            list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order],
+        )
     return _last_vectors[digest]
 
 
@@ -76,19 +92,28 @@ def clipped_vectors(digest: str, vectors: np.ndarray, settings) -> tuple[np.ndar
     return _last_clipped[key]
 
 
-
-def read_and_pack(units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
+def read_and_pack(
+    units: list[tuple[str, int, int]], picked: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray
+) -> Iterator[pa.RecordBatch]:
     """Map side: the row groups `units[i]` for the ids i in `picked` -> their rows, as blocks per
     item shard. The task given id 0 also declares every shard (an empty block each), so that a
     shard with no rows reaches its task too."""
     for batch in picked:
         for unit in batch.column("id").to_pylist():
             if unit == 0:
-                yield pa.RecordBatch.from_arrays([pa.array(keys, pa.int32()), pa.array(np.arange(shards), pa.int32()), pa.array([b""] * shards, pa.binary())],
-                                                 schema=BLOCK_SCHEMA)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(keys, pa.int32()),
+                        pa.array(np.arange(shards), pa.int32()),
+                        pa.array([b""] * shards, pa.binary()),
+                    ],
+                    schema=BLOCK_SCHEMA,
+                )
             if unit < len(units):
                 file, group, _ = units[unit]
-                yield from pack_rows(storage.iter_row_group(file, group, ["user_id", "item_id", "label"], READ_BATCH_ROWS), shards, keys)
+                yield from pack_rows(
+                    storage.iter_row_group(file, group, ["user_id", "item_id", "label"], READ_BATCH_ROWS), shards, keys
+                )
 
 
 def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) -> Iterator[pa.RecordBatch]:
@@ -102,13 +127,26 @@ def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) 
         order = accumulator.stable_argsort(shard)
         cuts = np.searchsorted(shard[order], np.arange(shards + 1))
         present = np.flatnonzero(np.diff(cuts))
-        blocks = [encode_rows(users[rows], rated[rows], labels[rows]) for rows in (order[cuts[k] : cuts[k + 1]] for k in present)]
-        yield pa.RecordBatch.from_arrays([pa.array(keys[present], pa.int32()), pa.array(present, pa.int32()), pa.array(blocks, pa.binary())],
-                                         schema=BLOCK_SCHEMA)
+        blocks = [
+            encode_rows(users[rows], rated[rows], labels[rows])
+            for rows in (order[cuts[k] : cuts[k + 1]] for k in present)
+        ]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys[present], pa.int32()), pa.array(present, pa.int32()), pa.array(blocks, pa.binary())],
+            schema=BLOCK_SCHEMA,
+        )
 
 
-def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int,
-                batches: Iterator[pa.RecordBatch], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
+def item_shards(
+    settings,
+    specs,
+    staged,
+    embeddings: tuple[str, str],
+    lookups: RowLookups,
+    shards: int,
+    batches: Iterator[pa.RecordBatch],
+    expansion: tuple[str, str] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """Reduce side: the blocks of one or more item shards (each with its declaration, so that a
     shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
     received: dict[int, list[bytes]] = {}
@@ -116,11 +154,22 @@ def item_shards(settings, specs, staged, embeddings: tuple[str, str], lookups: R
         for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist()):
             received.setdefault(shard, []).append(block)
     for shard in sorted(received):
-        yield from item_shard(settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]), expansion)
+        yield from item_shard(
+            settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]), expansion
+        )
 
 
-def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: RowLookups, shards: int, shard: int,
-               rows: tuple[np.ndarray, np.ndarray, np.ndarray], expansion: tuple[str, str] | None = None) -> Iterator[pa.RecordBatch]:
+def item_shard(
+    settings,
+    specs,
+    staged,
+    embeddings: tuple[str, str],
+    lookups: RowLookups,
+    shards: int,
+    shard: int,
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+    expansion: tuple[str, str] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """One shard of complete items: every catalog item with shard_of == shard, and all their rows
     (users, items, labels) -> noised statistics, written as part `shard` of each table.
 
@@ -145,26 +194,50 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
     clipped = clipped_vectors(embeddings[1], vectors, settings) if rated.size and not expansion else None
     negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
-    writers = [target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET) for target, metadata in zip(staged, tables)]
+    writers = [
+        target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET)
+        for target, metadata in zip(staged, tables)
+    ]
     kernel = 0.0  # seconds in the statistics kernel (weights, clipping, grouped sums)
     try:
-        with ThreadPoolExecutor(max_workers=1) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
+        with ThreadPoolExecutor(
+            max_workers=1
+        ) as output:  # writes (they release the GIL and may wait on the disk) beside the next group's work
             pending: list = []
             for group, part in _groups(items, rated):
                 if negatives is not None:
                     started = time.perf_counter()
-                    keys, sums_a, sums_b = _logistic_sums(settings, lookups, negatives, group, users[part], rated[part], owners, vectors)
+                    keys, sums_a, sums_b = _logistic_sums(
+                        settings, lookups, negatives, group, users[part], rated[part], owners, vectors
+                    )
                     kernel += time.perf_counter() - started
                 elif part.stop > part.start:
                     started = time.perf_counter()
-                    keys, sums_a, sums_b = item_sums(users[part], rated[part], labels[part], clipped, owners.positions(users[part], "user embedding"),
-                                                     counts[part], settings, None if normalisers is None else normalisers[part])
+                    keys, sums_a, sums_b = item_sums(
+                        users[part],
+                        rated[part],
+                        labels[part],
+                        clipped,
+                        owners.positions(users[part], "user embedding"),
+                        counts[part],
+                        settings,
+                        None if normalisers is None else normalisers[part],
+                    )
                     kernel += time.perf_counter() - started
                 else:  # no rows: noise only
-                    keys, sums_a, sums_b = group[:0], np.zeros((0, accumulator.packed_size(settings.dim))), np.zeros((0, settings.dim))
+                    keys, sums_a, sums_b = (
+                        group[:0],
+                        np.zeros((0, accumulator.packed_size(settings.dim))),
+                        np.zeros((0, settings.dim)),
+                    )
                 at = np.searchsorted(group, keys)
                 for writer, spec, metadata in zip(writers, specs, tables):
-                    pending.append(output.submit(writer.write_table, stats_table(group, *accumulator.finalize(group, sums_a, sums_b, spec, at), metadata)))
+                    pending.append(
+                        output.submit(
+                            writer.write_table,
+                            stats_table(group, *accumulator.finalize(group, sums_a, sums_b, spec, at), metadata),
+                        )
+                    )
                 while len(pending) > len(writers):  # at most one group waiting to be written
                     pending.pop(0).result()
             for write in pending:
@@ -173,29 +246,56 @@ def item_shard(settings, specs, staged, embeddings: tuple[str, str], lookups: Ro
         for writer in writers:
             writer.close()
     for resample, target in enumerate(staged):
-        yield pa.RecordBatch.from_pydict({"resample": [resample], "name": [target.part_name(shard)], "rows": [int(items.size)],
-                                          "seconds": [kernel if resample == 0 else 0.0]},
-                                         schema=pa.schema([("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
+        yield pa.RecordBatch.from_pydict(
+            {
+                "resample": [resample],
+                "name": [target.part_name(shard)],
+                "rows": [int(items.size)],
+                "seconds": [kernel if resample == 0 else 0.0],
+            },
+            schema=pa.schema(
+                [("resample", pa.int32()), ("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]
+            ),
+        )
 
 
 def _negatives(settings, lookups: RowLookups, owners: IdIndex, vectors: np.ndarray, path: str, digest: str):
     """What every group of a logistic release needs: the expansion points (by item), and each user
     with rows (every one a negative of every item) with its embedding and weights."""
-    w_p, w_n = quadratic.logistic_weights(lookups.normalisers, lookups.catalog.ids.size, settings.wbar)  # exponent 0: the normaliser is the count
-    return embedding_vectors(path, digest, settings.dim, "item_id"), vectors[owners.positions(lookups.users.ids, "user embedding")], w_p, w_n
+    w_p, w_n = quadratic.logistic_weights(
+        lookups.normalisers, lookups.catalog.ids.size, settings.wbar
+    )  # exponent 0: the normaliser is the count
+    return (
+        embedding_vectors(path, digest, settings.dim, "item_id"),
+        vectors[owners.positions(lookups.users.ids, "user embedding")],
+        w_p,
+        w_n,
+    )
 
 
-def _logistic_sums(settings, lookups: RowLookups, negatives, group: np.ndarray, users: np.ndarray, rated: np.ndarray, owners: IdIndex,
-                   vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _logistic_sums(
+    settings,
+    lookups: RowLookups,
+    negatives,
+    group: np.ndarray,
+    users: np.ndarray,
+    rated: np.ndarray,
+    owners: IdIndex,
+    vectors: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(every item of the group, packed H_j, g_j) of the logistic loss: the rows as positives
     (label 1, weight w_p of their user) plus every user as a negative of every item (weight w_n)."""
     (expansion_index, points), all_u, w_p, w_n = negatives
     v0 = points[expansion_index.positions(group, "item with an expansion point")]
     h, g = quadratic.all_items_sums(all_u, w_n, v0, settings.clip_u)
     if rated.size:
-        curvature_rows, slope_rows = quadratic.kernel_rows(vectors[owners.positions(users, "user embedding")], np.ones(rated.size),
-                                                           w_p[lookups.users.positions(users, "user")],
-                                                           points[expansion_index.positions(rated, "item with an expansion point")], settings.clip_u)
+        curvature_rows, slope_rows = quadratic.kernel_rows(
+            vectors[owners.positions(users, "user embedding")],
+            np.ones(rated.size),
+            w_p[lookups.users.positions(users, "user")],
+            points[expansion_index.positions(rated, "item with an expansion point")],
+            settings.clip_u,
+        )
         keys, h_rows, _ = accumulator.grouped_sums(rated, curvature_rows)
         _, _, g_rows = accumulator.grouped_sums(rated, slope_rows)
         at = np.searchsorted(group, keys)
@@ -204,7 +304,9 @@ def _logistic_sums(settings, lookups: RowLookups, negatives, group: np.ndarray, 
     return group, h, g
 
 
-def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS) -> Iterator[tuple[np.ndarray, slice]]:
+def _groups(
+    items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW_GROUP, max_rows: int = CHUNK_ROWS
+) -> Iterator[tuple[np.ndarray, slice]]:
     """(items, their rows) of consecutive groups of the shard's sorted items, each at most
     `max_items` items and `max_rows` rows (or a single item with more rows); `rated` (the rows'
     items, sorted) holds only items of `items`."""
@@ -220,7 +322,13 @@ def _groups(items: np.ndarray, rated: np.ndarray, max_items: int = ITEMS_PER_ROW
 
 def encode_rows(users: np.ndarray, items: np.ndarray, labels: np.ndarray) -> bytes:
     """Rows as one block: n user ids, n item ids (int64), n labels (float64)."""
-    return np.concatenate([users.astype(np.int64, copy=False), items.astype(np.int64, copy=False), labels.astype(np.float64, copy=False).view(np.int64)]).tobytes()
+    return np.concatenate(
+        [
+            users.astype(np.int64, copy=False),
+            items.astype(np.int64, copy=False),
+            labels.astype(np.float64, copy=False).view(np.int64),
+        ]
+    ).tobytes()
 
 
 def decode_rows(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -235,6 +343,7 @@ def decode_rows(blocks: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def spark_int_hash(values: np.ndarray) -> np.ndarray:
     """Spark SQL's `hash` of int (32-bit) values: Murmur3 x86_32 of each value with seed 42, as a
     signed int (org.apache.spark.unsafe.hash.Murmur3_x86_32.hashInt), vectorised."""
+
     def rotl(x, r):
         return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
@@ -268,7 +377,11 @@ def row_lookups(job: stats_job.StatsJob) -> RowLookups:
     """What every reduce task looks its rows up in: the catalog's DP counts and, at user level (or
     for the logistic loss), the users' weight normalisers that `job.prepare()` found."""
     settings = job.settings
-    users, normalisers = job.normalisers if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers else (None, None)
+    users, normalisers = (
+        job.normalisers
+        if (settings.unit == "user" or settings.loss == "logistic") and job.normalisers
+        else (None, None)
+    )
     return RowLookups(IdIndex(job.catalog), job.catalog_counts, None if users is None else IdIndex(users), normalisers)
 
 
@@ -287,7 +400,9 @@ def commit_written(job: stats_job.StatsJob, specs, written: list[dict]) -> dict:
 
 def job_inputs(job: stats_job.StatsJob) -> tuple[tuple[str, str], tuple[str, str] | None]:
     """(the user embeddings, the expansion points or None), each as (path, content digest)."""
-    return (job.user_embeddings, job.digests["user_embeddings"]), ((job.expansion, job.digests["expansion"]) if job.expansion else None)
+    return (job.user_embeddings, job.digests["user_embeddings"]), (
+        (job.expansion, job.digests["expansion"]) if job.expansion else None
+    )
 
 
 def run(job: stats_job.StatsJob, spark) -> dict:
@@ -302,16 +417,24 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     lookups = spark.sparkContext.broadcast(row_lookups(job))
     needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
     shards = shard_count(job)
-    tasks = min(shards, max(needed, spark.sparkContext.defaultParallelism))  # no more waves of reduce tasks than memory needs
+    tasks = min(
+        shards, max(needed, spark.sparkContext.defaultParallelism)
+    )  # no more waves of reduce tasks than memory needs
     keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
     embeddings, expansion = job_inputs(job)
     forward_storage_settings(spark)
     units = job.units  # the row groups prepare() read the footers of
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
-    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL)
-    written = blocks.repartition(tasks, "key").mapInArrow(
-        lambda batches: item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion),
-        WRITTEN_DDL
-    ).collect()
+    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(
+        lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL
+    )
+    written = (
+        blocks.repartition(tasks, "key")
+        .mapInArrow(
+            lambda batches: item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion),
+            WRITTEN_DDL,
+        )
+        .collect()
+    )
     lookups.unpersist()
     return commit_written(job, specs, [row.asDict() for row in written])

@@ -30,10 +30,10 @@ from pipelines.engines.spark import per_file, readable_tables, task_errors_raise
 from pipelines.releases.stats_core import LOSSES
 from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import USER_EMBEDDINGS, validate_item_embeddings
 from trainer.solve import logistic_solve, ridge_solve
-from schemas.errors import UserError
 
 DEFAULT_LAMBDA_U = 0.1  # `ssp train --lambda-u` has the same default
 
@@ -41,9 +41,20 @@ WRITTEN_DDL = "name string, rows long, seconds double"
 SOLVE_ROWS = 262_144  # complete users' rows per batched solve
 
 
-def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], lam: float, staged: storage.StagedWrite, part: int,
-                     sources: tuple[str, str], gravity=None, logistic: bool = False, bias_ridge: float | None = None,
-                     constant: bool = False, prior: float = 0.0, confidence: bool = False) -> Iterator[pa.RecordBatch]:
+def _solve_partition(
+    batches: Iterator[pa.RecordBatch],
+    vectors: tuple[IdIndex, np.ndarray],
+    lam: float,
+    staged: storage.StagedWrite,
+    part: int,
+    sources: tuple[str, str],
+    gravity=None,
+    logistic: bool = False,
+    bias_ridge: float | None = None,
+    constant: bool = False,
+    prior: float = 0.0,
+    confidence: bool = False,
+) -> Iterator[pa.RecordBatch]:
     """Users of one partition (rows sorted by user) -> one part of the user embeddings table. Each
     row's item embedding is looked up here (`vectors`: the broadcast table), so the shuffle moves
     ids and labels only; a row without an embedding or with a label that is not finite is refused."""
@@ -55,7 +66,9 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         users, items, labels = (table[name].to_numpy() for name in ("user_id", "item_id", "label"))
         bad = ~np.isfinite(labels)
         if bad.any():
-            raise UserError(f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})")
+            raise UserError(
+                f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})"
+            )
         at, found = index.lookup(items)
         if not found.all():
             raise UserError(f"{item_embeddings}: no embedding for item {items[~found][0]} of the interactions")
@@ -66,8 +79,17 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         elif logistic:  # implicit feedback's logistic loss: the rows are positives, every catalog item a negative
             solved, u = logistic_solve(users, matrix[at], matrix, lam)
         else:
-            solved, u = ridge_solve(users, matrix[at], labels, lam, scale_by_rows=True, gravity=gravity, bias_ridge=bias_ridge, prior=prior,
-                                    confidence=confidence)
+            solved, u = ridge_solve(
+                users,
+                matrix[at],
+                labels,
+                lam,
+                scale_by_rows=True,
+                gravity=gravity,
+                bias_ridge=bias_ridge,
+                prior=prior,
+                confidence=confidence,
+            )
         seconds += time.perf_counter() - started
         out = pa.Table.from_arrays([pa.array(solved, pa.int64()), matrix_to_list_column(u)], schema=USER_EMBEDDINGS)
         if writer is None:
@@ -76,8 +98,10 @@ def _solve_partition(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, 
         rows += out.num_rows
     if writer is not None:
         writer.close()
-        yield pa.RecordBatch.from_pydict({"name": [staged.part_name(part)], "rows": [rows], "seconds": [seconds]},
-                                         schema=pa.schema([("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]))
+        yield pa.RecordBatch.from_pydict(
+            {"name": [staged.part_name(part)], "rows": [rows], "seconds": [seconds]},
+            schema=pa.schema([("name", pa.string()), ("rows", pa.int64()), ("seconds", pa.float64())]),
+        )
 
 
 class Solved(NamedTuple):
@@ -116,11 +140,30 @@ def item_vectors(item_embeddings: str, solve: UserSolve) -> tuple[tuple[IdIndex,
     return (IdIndex(items["item_id"].to_numpy()), v), gram, d
 
 
-def solve_part(batches: Iterator[pa.RecordBatch], vectors: tuple[IdIndex, np.ndarray], gram, solve: UserSolve, staged: storage.StagedWrite,
-               part: int, sources: tuple[str, str]) -> Iterator[pa.RecordBatch]:
+def solve_part(
+    batches: Iterator[pa.RecordBatch],
+    vectors: tuple[IdIndex, np.ndarray],
+    gram,
+    solve: UserSolve,
+    staged: storage.StagedWrite,
+    part: int,
+    sources: tuple[str, str],
+) -> Iterator[pa.RecordBatch]:
     """One engine task: the users of `batches` (sorted by user) -> part `part` of the table."""
-    return _solve_partition(batches, vectors, solve.lambda_u, staged, part, sources, gram, solve.loss == "logistic", solve.bias_ridge,
-                            solve.constant, solve.prior, solve.confidence)
+    return _solve_partition(
+        batches,
+        vectors,
+        solve.lambda_u,
+        staged,
+        part,
+        sources,
+        gram,
+        solve.loss == "logistic",
+        solve.bias_ridge,
+        solve.constant,
+        solve.prior,
+        solve.confidence,
+    )
 
 
 def file_rows(file: str) -> Iterator[pa.RecordBatch]:
@@ -132,12 +175,26 @@ def commit(staged: storage.StagedWrite, written: list[dict], out: str, d: int, l
     """Commit the parts the tasks wrote; the update's summary."""
     users = sum(row["rows"] for row in written)
     staged.commit([row["name"] for row in written], users)
-    log(f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})")  # not how many: the exact number of users stays private
+    log(
+        f"user update: user embeddings solved into {out} (d={d}, lambda_u={lambda_u:g})"
+    )  # not how many: the exact number of users stays private
     return Solved(users, sum(row["seconds"] for row in written))
 
 
-def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: float, dim: int | None = None, gravity: float = 0.0,
-        loss: str = "square", bias_ridge: float | None = None, constant: bool = False, prior: float = 0.0, confidence: bool = False) -> Solved:
+def run(
+    spark,
+    interactions: str,
+    item_embeddings: str,
+    out: str,
+    lambda_u: float,
+    dim: int | None = None,
+    gravity: float = 0.0,
+    loss: str = "square",
+    bias_ridge: float | None = None,
+    constant: bool = False,
+    prior: float = 0.0,
+    confidence: bool = False,
+) -> Solved:
     """Solve every user of `interactions` against `item_embeddings` on Spark; write `out`.
 
     `gravity` alpha > 0 (implicit feedback) adds alpha V^T V over every catalog item to each user's
@@ -152,7 +209,13 @@ def run(spark, interactions: str, item_embeddings: str, out: str, lambda_u: floa
     `confidence` (the ranking protocol): the labels are the rows' confidences, each row a positive
     weighing its confidence (trainer.solve.ridge_solve).
     """
-    return run_spark(spark, interactions, item_embeddings, out, UserSolve(lambda_u, dim, gravity, loss, bias_ridge, constant, prior, confidence))
+    return run_spark(
+        spark,
+        interactions,
+        item_embeddings,
+        out,
+        UserSolve(lambda_u, dim, gravity, loss, bias_ridge, constant, prior, confidence),
+    )
 
 
 def run_spark(spark, interactions: str, item_embeddings: str, out: str, solve: UserSolve) -> Solved:
@@ -174,13 +237,27 @@ def run_spark(spark, interactions: str, item_embeddings: str, out: str, solve: U
 
     try:
         with task_errors_raised_here():
-            if users_together(interactions):  # each file whole users in order (a run's centred rows): a task per file, no shuffle
-                written = per_file(spark, storage.table_files(interactions), lambda index, file: task(file_rows(file), index), WRITTEN_DDL).to_pylist()
+            if users_together(
+                interactions
+            ):  # each file whole users in order (a run's centred rows): a task per file, no shuffle
+                written = per_file(
+                    spark,
+                    storage.table_files(interactions),
+                    lambda index, file: task(file_rows(file), index),
+                    WRITTEN_DDL,
+                ).to_pylist()
             else:
                 with readable_tables(spark, interactions) as (rated_files,):
                     rated = spark.read.parquet(*rated_files).select("user_id", "item_id", "label")
-                    by_user = rated.repartition(max(2, spark.sparkContext.defaultParallelism), "user_id").sortWithinPartitions("user_id", "item_id")
-                    written = [row.asDict() for row in by_user.mapInArrow(lambda batches: task(batches, TaskContext.get().partitionId()), WRITTEN_DDL).collect()]
+                    by_user = rated.repartition(
+                        max(2, spark.sparkContext.defaultParallelism), "user_id"
+                    ).sortWithinPartitions("user_id", "item_id")
+                    written = [
+                        row.asDict()
+                        for row in by_user.mapInArrow(
+                            lambda batches: task(batches, TaskContext.get().partitionId()), WRITTEN_DDL
+                        ).collect()
+                    ]
     except BaseException:
         staged.abort([])
         raise
@@ -197,9 +274,14 @@ def run_local(interactions: str, item_embeddings: str, out: str, solve: UserSolv
     sources = (interactions, item_embeddings)
     try:
         if users_together(interactions):
-            parts = [solve_part(file_rows(file), vectors, gram, solve, staged, index, sources) for index, file in enumerate(storage.table_files(interactions))]
+            parts = [
+                solve_part(file_rows(file), vectors, gram, solve, staged, index, sources)
+                for index, file in enumerate(storage.table_files(interactions))
+            ]
         else:
-            rows = storage.read_table(interactions, columns=["user_id", "item_id", "label"]).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+            rows = storage.read_table(interactions, columns=["user_id", "item_id", "label"]).sort_by(
+                [("user_id", "ascending"), ("item_id", "ascending")]
+            )
             parts = [solve_part(iter(rows.to_batches()), vectors, gram, solve, staged, 0, sources)]
         written = [row for part in parts for batch in part for row in pa.Table.from_batches([batch]).to_pylist()]
     except BaseException:

@@ -35,9 +35,9 @@ from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import mix64
 from schemas import storage
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import COUNTS, validate_catalog, validate_counts, validate_interactions
-from schemas.errors import UserError
 
 COUNTS_TABLE = "counts.parquet"
 DEFAULT_MAX_ITEMS_PER_USER = 100
@@ -53,14 +53,18 @@ def dp_units(counts_path: str) -> int:
     """The DP number of units (users) released with the counts table at `counts_path`."""
     metadata = storage.read_schema(counts_path).metadata or {}
     if UNITS_KEY not in metadata:
-        raise UserError(f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again")
+        raise UserError(
+            f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again"
+        )
     return int(metadata[UNITS_KEY])
 
 
 def sampling_hash(user_ids: np.ndarray, item_ids: np.ndarray, key: int) -> np.ndarray:
     """The keyed hash (uint64) that ranks a user's items for the sample of K."""
     with np.errstate(over="ignore"):
-        return mix64(mix64(np.asarray(user_ids).astype(np.uint64) ^ np.uint64(key)) + np.asarray(item_ids).astype(np.uint64))
+        return mix64(
+            mix64(np.asarray(user_ids).astype(np.uint64) ^ np.uint64(key)) + np.asarray(item_ids).astype(np.uint64)
+        )
 
 
 def sampled_rows(user_ids: np.ndarray, item_ids: np.ndarray, max_items: int, key: int) -> np.ndarray:
@@ -83,7 +87,9 @@ def sampling_key(seed: bytes) -> int:
 def read_rows(interactions: str, catalog: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(user ids, item ids) of every interaction, validated, in this process; refuses an item missing
     from the catalog."""
-    batches = [validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)]  # the engines: row_problem
+    batches = [
+        validate_interactions(pa.Table.from_batches([b])) for b in storage.iter_batches(interactions)
+    ]  # the engines: row_problem
     users = np.concatenate([t["user_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
     rated = np.concatenate([t["item_id"].to_numpy() for t in batches]) if batches else np.zeros(0, np.int64)
     _refuse_unknown(interactions, rated, catalog)
@@ -103,7 +109,9 @@ def row_problem(batch: pa.RecordBatch, catalog: np.ndarray | IdIndex) -> str | N
     return None if known.all() else f"interactions refer to items missing from the catalog (e.g. {ids[~known].min()})"
 
 
-def exact_aggregates(users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int) -> tuple[np.ndarray, int]:
+def exact_aggregates(
+    users: np.ndarray, rated: np.ndarray, catalog: np.ndarray, unit: str, max_items_per_user: int, key: int
+) -> tuple[np.ndarray, int]:
     """(exact count of every catalog item, exact number of units): user level, each distinct
     (user, item) once and each user's keyed sample of at most K items (a repeated rating must not
     add twice, or a user's count vector could move by K in one coordinate instead of sqrt(K) in L2
@@ -138,12 +146,22 @@ def _sampled(user_ids: np.ndarray, item_ids: np.ndarray, group: np.ndarray, max_
 def _refuse_unknown(interactions: str, rated: np.ndarray, catalog: np.ndarray) -> None:
     unknown = rated[~np.isin(rated, catalog)]
     if unknown.size:
-        raise UserError(f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})")
+        raise UserError(
+            f"{interactions}: {unknown.size} interaction(s) refer to items missing from the catalog (e.g. {unknown[0]})"
+        )
 
 
 def dp_counts(
-    interactions: str, items: str, out: str, privacy: release.PrivacySettings, unit: str = "user",
-    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER, ledger_path: str | None = None, seed_file: str | None = None, *, engine,
+    interactions: str,
+    items: str,
+    out: str,
+    privacy: release.PrivacySettings,
+    unit: str = "user",
+    max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER,
+    ledger_path: str | None = None,
+    seed_file: str | None = None,
+    *,
+    engine,
 ) -> dict:
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
     The exact counts are aggregated on `engine` (pipelines.engines.engine)."""
@@ -159,7 +177,9 @@ def dp_counts(
     key = sampling_key(seeds.seed)
     exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
     multiplier = ledger.budget["multipliers"]["counts"]
-    sensitivity = math.sqrt((max_items_per_user if unit == "user" else 1) + 1)  # the item counts and the number of units
+    sensitivity = math.sqrt(
+        (max_items_per_user if unit == "user" else 1) + 1
+    )  # the item counts and the number of units
     description = {
         "unit": unit,
         "max_items_per_user": max_items_per_user if unit == "user" else None,
@@ -168,34 +188,73 @@ def dp_counts(
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
     logs.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
-    noised = add_noise(standard_normal(seeds.release_seed(index), index, catalog, 1)[:, 0], multiplier * sensitivity, exact)  # on the noise's grid
+    noised = add_noise(
+        standard_normal(seeds.release_seed(index), index, catalog, 1)[:, 0], multiplier * sensitivity, exact
+    )  # on the noise's grid
     counts = np.maximum(noised, 1.0)
-    noised_units = add_noise(standard_normal(units_noise_seed(seeds.release_seed(index)), index, np.zeros(1, np.int64), 1)[:, 0], multiplier * sensitivity,
-                             np.array([float(units)]))[0]
+    noised_units = add_noise(
+        standard_normal(units_noise_seed(seeds.release_seed(index)), index, np.zeros(1, np.int64), 1)[:, 0],
+        multiplier * sensitivity,
+        np.array([float(units)]),
+    )[0]
     released_units = max(1, int(np.rint(noised_units)))
-    metadata = {b"noise_multiplier": repr(multiplier).encode(), b"release": str(index).encode(), b"unit": unit.encode(),
-                b"max_items_per_user": str(max_items_per_user).encode(), UNITS_KEY: str(released_units).encode()}
+    metadata = {
+        b"noise_multiplier": repr(multiplier).encode(),
+        b"release": str(index).encode(),
+        b"unit": unit.encode(),
+        b"max_items_per_user": str(max_items_per_user).encode(),
+        UNITS_KEY: str(released_units).encode(),
+    }
     table = pa.Table.from_arrays([pa.array(catalog), pa.array(counts)], schema=COUNTS.with_metadata(metadata))
     storage.write_table(validate_counts(table), storage.join(out, COUNTS_TABLE))
-    seeds.record_output(index, seeds.digest_table(storage.join(out, COUNTS_TABLE)))  # later jobs check they are handed this release
-    summary = {"release": index, "noise_multiplier": multiplier, "noise_std": multiplier * sensitivity, "items": int(catalog.size),
-               "dp_units": released_units, "epsilon_spent": ledger.epsilon_spent(), "ledger": ledger_path}
+    seeds.record_output(
+        index, seeds.digest_table(storage.join(out, COUNTS_TABLE))
+    )  # later jobs check they are handed this release
+    summary = {
+        "release": index,
+        "noise_multiplier": multiplier,
+        "noise_std": multiplier * sensitivity,
+        "items": int(catalog.size),
+        "dp_units": released_units,
+        "epsilon_spent": ledger.epsilon_spent(),
+        "ledger": ledger_path,
+    }
     return summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interactions", required=True, help="interactions table (private)")
     parser.add_argument("--items", required=True, help="items table (the public catalog: every item gets a count)")
-    parser.add_argument("--out", required=True, help="output folder: counts.parquet (and ledger.parquet unless --ledger)")
-    parser.add_argument("--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)")
-    parser.add_argument("--max-items-per-user", type=int, default=DEFAULT_MAX_ITEMS_PER_USER, help="K: items a user contributes at most (user level; default: %(default)s)")
+    parser.add_argument(
+        "--out", required=True, help="output folder: counts.parquet (and ledger.parquet unless --ledger)"
+    )
+    parser.add_argument(
+        "--unit", choices=("user", "example"), default="user", help="unit of privacy (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-items-per-user",
+        type=int,
+        default=DEFAULT_MAX_ITEMS_PER_USER,
+        help="K: items a user contributes at most (user level; default: %(default)s)",
+    )
     release.add_privacy_arguments(parser)
 
 
 def run(args: argparse.Namespace, engine) -> int:
     """`ssp counts`: the release on `engine` (pipelines.engines.engine)."""
-    summary = dp_counts(args.interactions, args.items, args.out, release.privacy_settings(args), args.unit,
-                        args.max_items_per_user, args.ledger, args.seed_file, engine=engine)
-    print(f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
-          f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
+    summary = dp_counts(
+        args.interactions,
+        args.items,
+        args.out,
+        release.privacy_settings(args),
+        args.unit,
+        args.max_items_per_user,
+        args.ledger,
+        args.seed_file,
+        engine=engine,
+    )
+    print(
+        f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
+        f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})"
+    )
     return 0

@@ -42,10 +42,19 @@ def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, settings: Sta
         gram += x.T @ x
     multiplier = ledger.budget["multipliers"].get("gram", 0.0)
     rho = settings.noise_clips()[0] if bias else settings.clip_u  # the rows' norm bound
-    description = {"clip_u": settings.clip_u, "dim": dim, "bias": float(settings.bias), "inputs": {"user_embeddings": seeds.digest_table(user_embeddings)}}
+    description = {
+        "clip_u": settings.clip_u,
+        "dim": dim,
+        "bias": float(settings.bias),
+        "inputs": {"user_embeddings": seeds.digest_table(user_embeddings)},
+    }
     index = release.make_release(ledger, seeds, f"step-{step}/gram", accounting.gaussian_event(multiplier), description)
     packed = pack_upper(gram)
     if multiplier > 0:
-        packed = add_noise(standard_normal(seeds.release_seed(index), index, np.array([0]), packed.size)[0], multiplier * rho**2, packed)  # on the noise's grid
+        packed = add_noise(
+            standard_normal(seeds.release_seed(index), index, np.array([0]), packed.size)[0],
+            multiplier * rho**2,
+            packed,
+        )  # on the noise's grid
     logs.log(f"gram step {step}: release {index}, noise multiplier {multiplier:.4g}")
     return unpack_upper(project_psd(packed[None, :], dim)[0], dim)

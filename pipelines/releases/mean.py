@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+
 import numpy as np
 import pyarrow as pa
 
@@ -27,13 +28,15 @@ from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile
 from schemas import storage
-from schemas.tables import INTERACTIONS
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS
 
 DEFAULT_USER_CAP = 50.0
 
 
-def weighted_sums_of(users: np.ndarray, labels: np.ndarray, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+def weighted_sums_of(
+    users: np.ndarray, labels: np.ndarray, rating_range: tuple[float, float], unit: str, user_cap: float
+) -> tuple[float, float]:
     """(weighted sum of the labels about the middle of the range, weighted count) of complete users' rows."""
     low, high = rating_range
     labels = np.clip(labels, low, high) - (low + high) / 2  # in [-half, half]: half the sensitivity of raw labels
@@ -45,7 +48,9 @@ def weighted_sums_of(users: np.ndarray, labels: np.ndarray, rating_range: tuple[
     return float(weights @ labels), float(weights.sum())
 
 
-def weighted_sums(interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float) -> tuple[float, float]:
+def weighted_sums(
+    interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
+) -> tuple[float, float]:
     """`weighted_sums_of` every row of `interactions`, in this process."""
     table = storage.read_table(interactions, columns=["user_id", "label"])
     return weighted_sums_of(table["user_id"].to_numpy(), table["label"].to_numpy(), rating_range, unit, user_cap)
@@ -56,7 +61,9 @@ def kept(table: pa.Table, keep_items: np.ndarray | None) -> pa.Table:
     return table if keep_items is None else table.filter(pa.array(np.isin(table["item_id"].to_numpy(), keep_items)))
 
 
-def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None, confidence_alpha: float | None = None) -> pa.Table:
+def centred(
+    table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray | None, confidence_alpha: float | None = None
+) -> pa.Table:
     """Training rows with labels centred by the DP mean (regression) or, ranking, each positive's
     confidence: 1, or for implicit feedback (`confidence_alpha` given) trainer.solve.confidence of
     how many times the pair came (the split's label); restricted to `keep_items` when given. Row-local."""
@@ -64,15 +71,25 @@ def centred(table: pa.Table, mean: float, protocol: str, keep_items: np.ndarray 
 
     table = kept(table, keep_items)
     if protocol == "recall":
-        labels = np.ones(table.num_rows) if confidence_alpha is None else confidence(table["label"].to_numpy(), confidence_alpha)
+        labels = (
+            np.ones(table.num_rows)
+            if confidence_alpha is None
+            else confidence(table["label"].to_numpy(), confidence_alpha)
+        )
     else:
         labels = table["label"].to_numpy() - mean
     return table.set_column(2, INTERACTIONS.field("label"), pa.array(labels, pa.float64()))
 
 
 def dp_mean(
-    interactions: str, ledger: Ledger, seeds: SeedFile, rating_range: tuple[float, float], unit: str = "user", user_cap: float = DEFAULT_USER_CAP,
-    *, engine,
+    interactions: str,
+    ledger: Ledger,
+    seeds: SeedFile,
+    rating_range: tuple[float, float],
+    unit: str = "user",
+    user_cap: float = DEFAULT_USER_CAP,
+    *,
+    engine,
 ) -> dict:
     """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. The weighted
     sums are computed on `engine` (pipelines.engines.engine)."""
@@ -86,18 +103,35 @@ def dp_mean(
     scale = user_cap if unit == "user" else 1.0
     multiplier = ledger.budget["multipliers"].get("mean", 0.0)
     event = accounting.gaussian_event(multiplier, 2)
-    description = {"unit": unit, "user_cap": user_cap, "rating_range": [low, high], "inputs": {"interactions": seeds.digest_table(interactions)}}
+    description = {
+        "unit": unit,
+        "user_cap": user_cap,
+        "rating_range": [low, high],
+        "inputs": {"interactions": seeds.digest_table(interactions)},
+    }
     index = release.make_release(ledger, seeds, "mean", event, description)
     z = standard_normal(seeds.release_seed(index), index, np.array([0]), 2)[0]
     weighted_sum = float(add_noise(z[:1], multiplier * scale * half, total)[0])  # on the noise's grid
     weighted_count = float(add_noise(z[1:], multiplier * scale, count)[0])
     mean = float(np.clip(middle + weighted_sum / max(weighted_count, 1.0), low, high))
     logs.log(f"mean: release {index}, DP mean label {mean:.4f} (noise multiplier {multiplier:.4g})")
-    return {"mean": mean, "release": index, "noise_multiplier": multiplier, "user_cap": user_cap if unit == "user" else None}
+    return {
+        "mean": mean,
+        "release": index,
+        "noise_multiplier": multiplier,
+        "user_cap": user_cap if unit == "user" else None,
+    }
 
 
-def write_centred_parts(batches: Iterable[pa.RecordBatch], outputs: list[tuple[storage.StagedWrite, np.ndarray | None]], part: int, mean: float,
-                        protocol: str, confidence_alpha: float | None = None, users_together: bool = False) -> list[tuple[str, int] | None]:
+def write_centred_parts(
+    batches: Iterable[pa.RecordBatch],
+    outputs: list[tuple[storage.StagedWrite, np.ndarray | None]],
+    part: int,
+    mean: float,
+    protocol: str,
+    confidence_alpha: float | None = None,
+    users_together: bool = False,
+) -> list[tuple[str, int] | None]:
     """`centred` rows of a stream of interaction batches, once, written as part `part` of each
     output (a staged table and the items it keeps: `centred`'s `keep_items`) (an engine's task);
     per output, (the part's file name, its rows), or None when no row is left. `users_together`:
@@ -115,4 +149,7 @@ def write_centred_parts(batches: Iterable[pa.RecordBatch], outputs: list[tuple[s
     for writer in writers:
         if writer is not None:
             writer.close()
-    return [None if writer is None else (staged.part_name(part), count) for writer, (staged, _), count in zip(writers, outputs, counts)]
+    return [
+        None if writer is None else (staged.part_name(part), count)
+        for writer, (staged, _), count in zip(writers, outputs, counts)
+    ]

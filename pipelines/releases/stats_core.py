@@ -25,9 +25,9 @@ from privacy.clipping import biased_row_clip, check_bound, clip_labels, row_scal
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas.arrays import matrix_to_list_column
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import STATS
-from schemas.errors import UserError
 
 UNITS = ("user", "example")
 LOSSES = ("square", *quadratic.LOSSES)
@@ -45,7 +45,9 @@ class StatsSettings:
     unit: str = "user"
     wbar: float = 1.0
     weight_exponent: float = DEFAULT_EXPONENT
-    loss: str = "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
+    loss: str = (
+        "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
+    )
     bias: float = 0.0  # > 0: user vectors are [u, 1, b_u], released as [Clip(u), c] with labels y - b_u, c = bias x clip_u (see `user_contributions`)
     confidence: bool = False  # the labels are each row's confidence (the ranking protocol): its weight within the user's budget, label 1
 
@@ -64,13 +66,17 @@ class StatsSettings:
         if self.loss not in LOSSES:
             raise UserError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic" and self.weight_exponent != 0:
-            raise UserError("--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0")
+            raise UserError(
+                "--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0"
+            )
         if not (math.isfinite(self.bias) and self.bias >= 0):
             raise UserError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")
         if self.bias and self.loss != "square":
             raise UserError("biases need the square loss")
         if self.confidence and self.loss != "square":
-            raise UserError("row confidences need the square loss (the logistic loss weighs each user's positives itself)")
+            raise UserError(
+                "row confidences need the square loss (the logistic loss weighs each user's positives itself)"
+            )
 
     @property
     def user_dim(self) -> int:
@@ -103,7 +109,12 @@ class StatsSettings:
 
 
 def user_contributions(
-    user_ids: np.ndarray, item_ids: np.ndarray, labels: np.ndarray, embeddings: np.ndarray, counts: np.ndarray, settings: StatsSettings,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    labels: np.ndarray,
+    embeddings: np.ndarray,
+    counts: np.ndarray,
+    settings: StatsSettings,
     normalisers: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(item_ids, kernel rows [sqrt(w) Clip(u), sqrt(w) Clip(y)]) for rows (privacy.accumulator.prepare_rows).
@@ -124,7 +135,9 @@ def user_contributions(
     if settings.bias:
         embeddings, user_biases = biased_user_rows(embeddings, settings)
         labels = labels - user_biases
-    return np.asarray(item_ids), accumulator.prepare_rows(embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y)
+    return np.asarray(item_ids), accumulator.prepare_rows(
+        embeddings, labels, weights, settings.noise_clips()[0], settings.clip_y
+    )
 
 
 def item_user_order(users: np.ndarray, rated: np.ndarray) -> np.ndarray:
@@ -136,8 +149,14 @@ def item_user_order(users: np.ndarray, rated: np.ndarray) -> np.ndarray:
 
 
 def item_sums(
-    user_ids: np.ndarray, item_ids: np.ndarray, labels: np.ndarray, users: tuple[np.ndarray, np.ndarray | None], user_rows: np.ndarray,
-    counts: np.ndarray, settings: StatsSettings, normalisers: np.ndarray | None = None,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    labels: np.ndarray,
+    users: tuple[np.ndarray, np.ndarray | None],
+    user_rows: np.ndarray,
+    counts: np.ndarray,
+    settings: StatsSettings,
+    normalisers: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sorted items, a_upper, b): the sums of `user_contributions`' rows per item, read from one
     clipped vector per user (`clipped_users`: `users`, row i's user at position user_rows[i]) instead
@@ -146,7 +165,9 @@ def item_sums(
     vectors, offsets = users
     if offsets is not None:
         labels = labels - offsets[user_rows]
-    return accumulator.weighted_grouped_sums(item_ids, vectors, user_rows, weights, clip_labels(labels, settings.clip_y))
+    return accumulator.weighted_grouped_sums(
+        item_ids, vectors, user_rows, weights, clip_labels(labels, settings.clip_y)
+    )
 
 
 def clipped_users(embeddings: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray | None]:
@@ -159,8 +180,13 @@ def clipped_users(embeddings: np.ndarray, settings: StatsSettings) -> tuple[np.n
     return vectors * row_scales(vectors, settings.noise_clips()[0])[:, None], offsets
 
 
-def row_weights(user_ids: np.ndarray, labels: np.ndarray, counts: np.ndarray, settings: StatsSettings,
-                normalisers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def row_weights(
+    user_ids: np.ndarray,
+    labels: np.ndarray,
+    counts: np.ndarray,
+    settings: StatsSettings,
+    normalisers: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(each row's weight, its label) as `user_contributions` describes: with confidences the label
     becomes the weight's factor and the label 1."""
     confidence = None
@@ -182,7 +208,9 @@ def biased_user_rows(vectors: np.ndarray, settings: StatsSettings) -> tuple[np.n
     `noise_clips()[0]`."""
     vectors = np.asarray(vectors, dtype=np.float64)
     u = vectors[:, :-2]
-    return np.hstack([u * row_scales(u, settings.clip_u)[:, None], np.full((u.shape[0], 1), settings.bias_scale)]), vectors[:, -1]
+    return np.hstack(
+        [u * row_scales(u, settings.clip_u)[:, None], np.full((u.shape[0], 1), settings.bias_scale)]
+    ), vectors[:, -1]
 
 
 @dataclass(frozen=True)

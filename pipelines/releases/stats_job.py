@@ -38,9 +38,15 @@ from privacy.accumulator import NoiseSpec
 from privacy.seeds import SeedFile
 from privacy.weights import normalisers_at
 from schemas import SchemaError, storage
-from schemas.ids import IdIndex
-from schemas.tables import validate_catalog, validate_counts, validate_interactions, validate_item_embeddings, validate_user_embeddings
 from schemas.errors import UserError
+from schemas.ids import IdIndex
+from schemas.tables import (
+    validate_catalog,
+    validate_counts,
+    validate_interactions,
+    validate_item_embeddings,
+    validate_user_embeddings,
+)
 
 RELEASE_SUMMARY = "release.json"
 
@@ -88,12 +94,16 @@ class StatsJob:
     ledger_path: str | None = None
     seed_file: str | None = None
     shards: int = 4
-    expansion: str | None = None  # --loss logistic: the item embeddings the quadratic approximation is taken around (public)
+    expansion: str | None = (
+        None  # --loss logistic: the item embeddings the quadratic approximation is taken around (public)
+    )
     releases: list[NoiseSpec] = field(default_factory=list)
     catalog: np.ndarray | None = None  # sorted catalog item ids, by prepare()
     catalog_counts: np.ndarray | None = None  # their DP counts
     rows: int = 0
-    units: list[tuple[str, int, int]] = field(default_factory=list)  # the interactions' (file, row group, rows), by prepare(): engines' work units
+    units: list[tuple[str, int, int]] = field(
+        default_factory=list
+    )  # the interactions' (file, row group, rows), by prepare(): engines' work units
     normalisers: tuple[np.ndarray, np.ndarray] | None = None  # (user ids, sum of n^(2e) over each user's rows)
     digests: dict[str, str] = field(default_factory=dict)  # content digests of the inputs, by prepare()
 
@@ -102,9 +112,13 @@ class StatsJob:
             raise UserError(f"--step must be a positive integer, got {self.step}")
         if not isinstance(self.shards, int) or self.shards < 1:
             raise UserError(f"--shards must be a positive integer, got {self.shards}")
-        release.check_bounds(self.settings, noised=self.privacy.noise_multiplier != 0)  # infinite clip norms only without noise
+        release.check_bounds(
+            self.settings, noised=self.privacy.noise_multiplier != 0
+        )  # infinite clip norms only without noise
         if (self.settings.loss == "logistic") != (self.expansion is not None):
-            raise UserError("the logistic loss's statistics need the item embeddings to expand around (and only they do)")
+            raise UserError(
+                "the logistic loss's statistics need the item embeddings to expand around (and only they do)"
+            )
         self.ledger_path = self.ledger_path or storage.join(self.out, "ledger.parquet")
 
     @classmethod
@@ -113,43 +127,81 @@ class StatsJob:
         its tables, settings and budget plan from its manifest as `ssp train` runs it, given by the
         entry points: pipelines.training.item_update.stats_job_of_run; None when the run's step has
         nothing to release), or one given table by table."""
+
         def flag(name: str) -> str:
             return "--" + name.replace("_", "-")
 
         if getattr(args, "run", None):
             given = [flag(name) for name in (*JOB_FLAGS, *BUDGET_FLAGS) if getattr(args, name, None) is not None]
             if given:
-                raise UserError(f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}")
+                raise UserError(
+                    f"with --run the run's manifest gives the tables, settings and budget: drop {', '.join(given)}"
+                )
             if args.step is None:
                 raise UserError("with --run give --step S, the outer step whose statistics to release")
             if job_of_run is None:
-                raise UserError("--run RUN is taken by `ssp stats`, pipelines/stats.py and python -m pipelines.beam_stats")
+                raise UserError(
+                    "--run RUN is taken by `ssp stats`, pipelines/stats.py and python -m pipelines.beam_stats"
+                )
             return job_of_run(args.run, args.step)
         missing = [flag(name) for name in JOB_FLAGS if getattr(args, name) is None]
         if missing:
-            raise UserError(f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`")
-        settings = StatsSettings(args.dim, args.clip_u, args.clip_y, args.unit, args.wbar if args.unit == "user" else 1.0, args.weight_exponent, bias=args.bias,
-                                 confidence=args.confidence)
-        return cls(args.interactions, args.user_embeddings, args.items, args.counts, args.out, settings,
-                   release.privacy_settings(args), 1 if args.step is None else args.step, args.ledger, args.seed_file, args.shards)
+            raise UserError(
+                f"give {', '.join(missing)}, or --run RUN --step S for a run prepared by `ssp train --stage prepare`"
+            )
+        settings = StatsSettings(
+            args.dim,
+            args.clip_u,
+            args.clip_y,
+            args.unit,
+            args.wbar if args.unit == "user" else 1.0,
+            args.weight_exponent,
+            bias=args.bias,
+            confidence=args.confidence,
+        )
+        return cls(
+            args.interactions,
+            args.user_embeddings,
+            args.items,
+            args.counts,
+            args.out,
+            settings,
+            release.privacy_settings(args),
+            1 if args.step is None else args.step,
+            args.ledger,
+            args.seed_file,
+            args.shards,
+        )
 
     def release_name(self, resample: int) -> str:
         return f"step-{self.step}/stats/r{resample}"
 
     def _check_inputs(self, seeds: SeedFile) -> dict[str, str]:
         """Validate all inputs (one streamed pass over the interactions); return their digests."""
-        items = _validated(self.items, validate_catalog, storage.read_table(self.items, columns=["item_id"]))["item_id"].to_numpy()  # unique int64 ids
+        items = _validated(self.items, validate_catalog, storage.read_table(self.items, columns=["item_id"]))[
+            "item_id"
+        ].to_numpy()  # unique int64 ids
         self.catalog = np.sort(items)
         counts = _validated(self.counts, validate_counts, storage.read_table(self.counts))
         missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
         if missing.size:
-            raise UserError(f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog")
-        embeddings = _validated(self.user_embeddings, validate_user_embeddings, storage.read_table(self.user_embeddings), dim=self.settings.user_dim)
+            raise UserError(
+                f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog"
+            )
+        embeddings = _validated(
+            self.user_embeddings,
+            validate_user_embeddings,
+            storage.read_table(self.user_embeddings),
+            dim=self.settings.user_dim,
+        )
         known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         self.units = storage.row_groups(self.interactions)
         total = sum(rows for _, _, rows in self.units)  # from the files' footers
-        user_at, item_at = np.empty(total, np.int64), np.empty(total, np.int64)  # every row's user and item positions (sorted lookups), filled by the reading thread
+        user_at, item_at = (
+            np.empty(total, np.int64),
+            np.empty(total, np.int64),
+        )  # every row's user and item positions (sorted lookups), filled by the reading thread
         confidences = []  # per batch: the labels when they are confidences
         filled = 0
 
@@ -160,11 +212,18 @@ class StatsJob:
                 users, rated = table["user_id"].to_numpy(), table["item_id"].to_numpy()
                 item_positions, in_catalog = catalog_index.lookup(rated)
                 if not in_catalog.all():
-                    raise UserError(f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})")
+                    raise UserError(
+                        f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})"
+                    )
                 user_positions, known = user_index.lookup(users)
                 if not known.all():
-                    raise UserError(f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})")
-                user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = user_positions, item_positions
+                    raise UserError(
+                        f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})"
+                    )
+                user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = (
+                    user_positions,
+                    item_positions,
+                )
                 filled += rated.size
                 if self.settings.confidence:
                     confidences.append(table["label"].to_numpy())
@@ -177,19 +236,33 @@ class StatsJob:
             embeddings_digest, counts_digest = others
         if filled != total:
             raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
-        keys = user_at * self.catalog.size + item_at  # a pair's key (kept apart from its parts: an integer division costs more than the sort)
+        keys = (
+            user_at * self.catalog.size + item_at
+        )  # a pair's key (kept apart from its parts: an integer division costs more than the sort)
         self.rows = int(keys.size)
-        keys.sort(kind="stable")  # in place; adaptive: a run's rows come sorted by user and item (16M: 0.1 s against quicksort's 1.4 s)
+        keys.sort(
+            kind="stable"
+        )  # in place; adaptive: a run's rows come sorted by user and item (16M: 0.1 s against quicksort's 1.4 s)
         same = keys[1:] == keys[:-1]
         if same.any():
             user, item = divmod(int(keys[1:][same][0]), self.catalog.size)
-            raise UserError(f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user]} item {self.catalog[item]}; "
-                             "each pair must appear once (its weight bounds the user's contribution)")
+            raise UserError(
+                f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user]} item {self.catalog[item]}; "
+                "each pair must appear once (its weight bounds the user's contribution)"
+            )
         count_of = counts.sort_by("item_id")
-        self.catalog_counts = count_of["count"].to_numpy()[np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)]
-        if (self.settings.unit == "user" or self.settings.loss == "logistic") and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
-            confidence = np.concatenate(confidences) if self.settings.confidence else None  # in the rows' order, as user_at and item_at
-            self.normalisers = normalisers_at(user_at, item_at, self.catalog_counts, known_users, self.settings.weight_exponent, confidence)
+        self.catalog_counts = count_of["count"].to_numpy()[
+            np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)
+        ]
+        if (
+            self.settings.unit == "user" or self.settings.loss == "logistic"
+        ) and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
+            confidence = (
+                np.concatenate(confidences) if self.settings.confidence else None
+            )  # in the rows' order, as user_at and item_at
+            self.normalisers = normalisers_at(
+                user_at, item_at, self.catalog_counts, known_users, self.settings.weight_exponent, confidence
+            )
         digests = {
             "interactions": interactions_digest,
             "user_embeddings": embeddings_digest,
@@ -197,18 +270,26 @@ class StatsJob:
             "items": seeds.digest_batches(pa.table({"item_id": self.catalog}).to_batches()),
         }
         if self.expansion is not None:
-            expansion = _validated(self.expansion, validate_item_embeddings, storage.read_table(self.expansion), dim=self.settings.dim)
+            expansion = _validated(
+                self.expansion, validate_item_embeddings, storage.read_table(self.expansion), dim=self.settings.dim
+            )
             missing = np.setdiff1d(self.catalog, expansion["item_id"].to_numpy())
             if missing.size:
-                raise UserError(f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})")
+                raise UserError(
+                    f"{self.expansion}: no expansion point for {missing.size} catalog item(s) (e.g. {missing[0]})"
+                )
             digests["expansion"] = seeds.digest_table(self.expansion)
         return digests
 
     def prepare(self) -> list[NoiseSpec]:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""
-        seeds = release.open_seed_file(self.seed_file, self.ledger_path)  # its digests key the fingerprints (written only when bound)
+        seeds = release.open_seed_file(
+            self.seed_file, self.ledger_path
+        )  # its digests key the fingerprints (written only when bound)
         self.digests = digests = self._check_inputs(seeds)
-        ledger = self.privacy.open_ledger(self.ledger_path, self.settings.unit, self.interactions)  # a new ledger charges its data source's account
+        ledger = self.privacy.open_ledger(
+            self.ledger_path, self.settings.unit, self.interactions
+        )  # a new ledger charges its data source's account
         release.check_counts_release(ledger, seeds, self.counts, digests["counts"])
         multiplier = ledger.budget["multipliers"]["stats"]
         event = accounting.gaussian_event(multiplier, 2)  # A and b
@@ -217,10 +298,14 @@ class StatsJob:
         clip_u, clip_y = self.settings.noise_clips()
         for resample in range(self.privacy.resamples):
             index = release.make_release(ledger, seeds, self.release_name(resample), event, description)
-            self.releases.append(NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.release_seed(index), index))
+            self.releases.append(
+                NoiseSpec(multiplier, self.settings.wbar, clip_u, clip_y, seeds.release_seed(index), index)
+            )
         self._ledger = ledger
-        logs.log(f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
-                    f"epsilon spent {ledger.epsilon_recorded():.4g} of {ledger.budget['epsilon']:g}")
+        logs.log(
+            f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
+            f"epsilon spent {ledger.epsilon_recorded():.4g} of {ledger.budget['epsilon']:g}"
+        )
         return self.releases
 
     def staged_writes(self) -> list[storage.StagedWrite]:
@@ -235,7 +320,9 @@ class StatsJob:
         if any(count != self.catalog.size for count in rows):
             for staged, names in zip(self.staged_writes(), written):
                 staged.abort(names)
-            raise RuntimeError(f"stats for {rows} items written, expected every catalog item ({self.catalog.size}) in each table")
+            raise RuntimeError(
+                f"stats for {rows} items written, expected every catalog item ({self.catalog.size}) in each table"
+            )
         for staged, names, count in zip(self.staged_writes(), written, rows):
             staged.commit(names, count)
         summary = {
@@ -252,34 +339,94 @@ class StatsJob:
         return summary
 
 
-JOB_FLAGS = ("interactions", "user_embeddings", "items", "counts", "out", "dim", "clip_u", "clip_y")  # without --run: required
-BUDGET_FLAGS = ("epsilon", "noise_multiplier", "ledger", "seed_file", "budget_account", "account_cap", "account_window_days")  # with --run: the run's
+JOB_FLAGS = (
+    "interactions",
+    "user_embeddings",
+    "items",
+    "counts",
+    "out",
+    "dim",
+    "clip_u",
+    "clip_y",
+)  # without --run: required
+BUDGET_FLAGS = (
+    "epsilon",
+    "noise_multiplier",
+    "ledger",
+    "seed_file",
+    "budget_account",
+    "account_cap",
+    "account_window_days",
+)  # with --run: the run's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The stats job's flags (both engines): --run RUN --step S, or the tables and settings by hand."""
-    parser.add_argument("--run", help="a run prepared by `ssp train --stage prepare`: its tables, settings and budget plan come from its "
-                        "manifest, as `ssp train` would run this job (give only --step; the flags below are for a job outside a run)")
+    parser.add_argument(
+        "--run",
+        help="a run prepared by `ssp train --stage prepare`: its tables, settings and budget plan come from its "
+        "manifest, as `ssp train` would run this job (give only --step; the flags below are for a job outside a run)",
+    )
     parser.add_argument("--interactions", help="interactions table (private; required without --run)")
-    parser.add_argument("--user-embeddings", help="user embeddings table (private): user_id, embedding of length --dim (d + 1 with --bias; required without --run)")
-    parser.add_argument("--items", help="items table: the public catalog; every item gets a noised row (required without --run)")
-    parser.add_argument("--counts", help="DP item counts table (a release of `ssp counts`), for the weights (required without --run)")
+    parser.add_argument(
+        "--user-embeddings",
+        help="user embeddings table (private): user_id, embedding of length --dim (d + 1 with --bias; required without --run)",
+    )
+    parser.add_argument(
+        "--items", help="items table: the public catalog; every item gets a noised row (required without --run)"
+    )
+    parser.add_argument(
+        "--counts", help="DP item counts table (a release of `ssp counts`), for the weights (required without --run)"
+    )
     parser.add_argument("--out", help="output folder: resample-<k>.parquet and release.json (required without --run)")
-    parser.add_argument("--dim", type=int, help="dimension d of the released statistics (required without --run; with --bias, d - 1 embedding coordinates and the bias)")
-    parser.add_argument("--clip-u", type=float, help="Gamma_u: user embeddings are clipped to this L2 norm (required without --run)")
-    parser.add_argument("--clip-y", type=float, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y] (required without --run)")
-    parser.add_argument("--unit", choices=("user", "example"), default="user",
-                        help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and fixed, "
-                        "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding depends on "
-                        "all of the user's ratings, so one rating moves the user's row in every item's statistics")
-    parser.add_argument("--wbar", type=float, default=1.0, help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)")
-    parser.add_argument("--weight-exponent", type=float, default=-0.25, help="weights grow as DP count^exponent (0: uniform; default: %(default)s)")
-    parser.add_argument("--bias", type=float, default=0.0, metavar="C",
-                        help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, so each item's "
-                             "bias is fitted with its embedding (default: 0, no biases)")
-    parser.add_argument("--confidence", action="store_true", help="the labels are each row's confidence (the ranking protocol: implicit "
-                        "feedback's repeats): a row weighs its confidence within its user's weight budget, with label 1 (default: labels are labels)")
-    parser.add_argument("--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)")
+    parser.add_argument(
+        "--dim",
+        type=int,
+        help="dimension d of the released statistics (required without --run; with --bias, d - 1 embedding coordinates and the bias)",
+    )
+    parser.add_argument(
+        "--clip-u", type=float, help="Gamma_u: user embeddings are clipped to this L2 norm (required without --run)"
+    )
+    parser.add_argument(
+        "--clip-y", type=float, help="Gamma_y: labels are clipped to [-Gamma_y, Gamma_y] (required without --run)"
+    )
+    parser.add_argument(
+        "--unit",
+        choices=("user", "example"),
+        default="user",
+        help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and fixed, "
+        "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding depends on "
+        "all of the user's ratings, so one rating moves the user's row in every item's statistics",
+    )
+    parser.add_argument(
+        "--wbar",
+        type=float,
+        default=1.0,
+        help="user level: bound on each user's sum of squared weights, squared root (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--weight-exponent",
+        type=float,
+        default=-0.25,
+        help="weights grow as DP count^exponent (0: uniform; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bias",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, so each item's "
+        "bias is fitted with its embedding (default: 0, no biases)",
+    )
+    parser.add_argument(
+        "--confidence",
+        action="store_true",
+        help="the labels are each row's confidence (the ranking protocol: implicit "
+        "feedback's repeats): a row weighs its confidence within its user's weight budget, with label 1 (default: labels are labels)",
+    )
+    parser.add_argument(
+        "--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)"
+    )
     parser.add_argument("--shards", type=int, default=4, help="part files per stats table (default: %(default)s)")
     release.add_privacy_arguments(parser)
 
@@ -298,6 +445,7 @@ def run_and_report(compute) -> int:
 
 
 def describe(summary: dict) -> str:
-    return (f"stats step {summary['step']}: {summary['resamples']} table(s) of {summary['items']:,} items, releases {summary['releases']}, "
-            f"noise multiplier {summary['noise_multiplier']:.4g}; epsilon spent {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})")
-
+    return (
+        f"stats step {summary['step']}: {summary['resamples']} table(s) of {summary['items']:,} items, releases {summary['releases']}, "
+        f"noise multiplier {summary['noise_multiplier']:.4g}; epsilon spent {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})"
+    )

@@ -12,14 +12,14 @@ import time
 import numpy as np
 
 from pipelines.training.prepare import prepared_rating_range
-from pipelines.training.run_dir import config_of, require_steps, Run
+from pipelines.training.run_dir import Run, config_of, require_steps
 from pipelines.training.settings import TrainConfig
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
 from trainer.solve import confidence, user_bias_ridge
-from schemas.errors import UserError
 
 
 def evaluate(run: Run) -> dict:
@@ -36,27 +36,67 @@ def evaluate(run: Run) -> dict:
     prepared = manifest["prepared"]
     if config.protocol == "rmse" and config.holdout > 0 and not storage.exists(run.user_embeddings(None)):
         raise UserError(f"{run.root}: no final user embeddings; run `ssp user-update --run {run.root} --final` first")
-    space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])  # the catalog only
-    final_items = validate_item_embeddings(storage.read_table(run.path("item_embeddings.parquet")), dim=config.vector_dim)
+    space = FeatureSpace(
+        storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), []
+    )  # the catalog only
+    final_items = validate_item_embeddings(
+        storage.read_table(run.path("item_embeddings.parquet")), dim=config.vector_dim
+    )
     if final_items.num_rows != space.size:
-        raise UserError(f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items")
+        raise UserError(
+            f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items"
+        )
     item_vectors = np.zeros((space.size, config.vector_dim))
-    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(final_items["embedding"], config.vector_dim, "item embedding")
-    popularity = catalog_counts(run, space) if config.protocol == "recall" else None  # read once: the fold-in's column and the baseline
-    metrics = _evaluate(config, space, run.split, storage.join(run.split, "train.parquet"), item_vectors, run.user_embeddings(None), prepared["mean"], config.unit_of_privacy(),
-                        prepared_rating_range(prepared), popularity if config.popularity_column else None, popularity, prepared.get("confidence_alpha"))
+    item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(
+        final_items["embedding"], config.vector_dim, "item embedding"
+    )
+    popularity = (
+        catalog_counts(run, space) if config.protocol == "recall" else None
+    )  # read once: the fold-in's column and the baseline
+    metrics = _evaluate(
+        config,
+        space,
+        run.split,
+        storage.join(run.split, "train.parquet"),
+        item_vectors,
+        run.user_embeddings(None),
+        prepared["mean"],
+        config.unit_of_privacy(),
+        prepared_rating_range(prepared),
+        popularity if config.popularity_column else None,
+        popularity,
+        prepared.get("confidence_alpha"),
+    )
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
     marks = [prepared["at"]] + [done_at.get(str(s)) for s in range(1, config.outer_steps + 1)]
     metrics.update(
-        epsilon_spent=ledger.epsilon_spent(), delta=config.delta, epsilon_budget=ledger.budget["epsilon"],
+        epsilon_spent=ledger.epsilon_spent(),
+        delta=config.delta,
+        epsilon_budget=ledger.budget["epsilon"],
         # the run's own time: prepare to the last step, and this evaluation (not the hours a rerun may come later)
-        releases=len(ledger.rows), seconds=(marks[-1] or began) - prepared["started_at"] + time.time() - began,
-        step_seconds={s: marks[s] - marks[s - 1] for s in range(1, len(marks)) if marks[s] is not None and marks[s - 1] is not None},
-        outputs={"run": run.root, "ledger": run.ledger, "encoder": run.path("encoder"), "item_embeddings": run.path("item_embeddings.parquet")},
+        releases=len(ledger.rows),
+        seconds=(marks[-1] or began) - prepared["started_at"] + time.time() - began,
+        step_seconds={
+            s: marks[s] - marks[s - 1]
+            for s in range(1, len(marks))
+            if marks[s] is not None and marks[s - 1] is not None
+        },
+        outputs={
+            "run": run.root,
+            "ledger": run.ledger,
+            "encoder": run.path("encoder"),
+            "item_embeddings": run.path("item_embeddings.parquet"),
+        },
     )
-    final = {name: value for name, value in metrics.items() if name.startswith(("test_", "valid_")) and isinstance(value, float)}
-    metrics["curves"] = curves.gather([run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final)
+    final = {
+        name: value
+        for name, value in metrics.items()
+        if name.startswith(("test_", "valid_")) and isinstance(value, float)
+    }
+    metrics["curves"] = curves.gather(
+        [run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final
+    )
     storage.write_json(metrics, run.path("metrics.json"))
     if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
         from pipelines.training.publish import privacy_report
@@ -82,9 +122,20 @@ def catalog_counts(run: Run, space) -> np.ndarray:
     return counts
 
 
-def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_vectors: np.ndarray, final_users: str, mean: float, unit: str,
-              ratings: tuple[float, float], counts: np.ndarray | None = None, popularity: np.ndarray | None = None,
-              confidence_alpha: float | None = None) -> dict:
+def _evaluate(
+    config: TrainConfig,
+    space,
+    split_dir: str,
+    train_rows: str,
+    item_vectors: np.ndarray,
+    final_users: str,
+    mean: float,
+    unit: str,
+    ratings: tuple[float, float],
+    counts: np.ndarray | None = None,
+    popularity: np.ndarray | None = None,
+    confidence_alpha: float | None = None,
+) -> dict:
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
     predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
     `counts` (catalog order) as a popularity column when given, and with `popularity` (the DP
@@ -96,21 +147,32 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
     buckets = evaluate.popularity_buckets(space.item_ids, train["item_id"].to_numpy())
     metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit, "holdout": config.holdout}
     if config.holdout == 0:  # production mode: every row trained, so there is nothing to evaluate on
-        metrics["no_heldout_data"] = "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
+        metrics["no_heldout_data"] = (
+            "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
+        )
         return metrics
     if config.protocol == "rmse":
         users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim)
-        order = np.argsort(users["user_id"].to_numpy(), kind="stable")  # the matrix reordered in numpy: Arrow's sort of a list column took 0.7 s at 10^6 users
-        user_table = (users["user_id"].to_numpy()[order], list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding")[order])
+        order = np.argsort(
+            users["user_id"].to_numpy(), kind="stable"
+        )  # the matrix reordered in numpy: Arrow's sort of a list column took 0.7 s at 10^6 users
+        user_table = (
+            users["user_id"].to_numpy()[order],
+            list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding")[order],
+        )
         for part in ("valid", "test"):
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
             positions = space.index_of(rows["item_id"].to_numpy())
             labels = rows["label"].to_numpy()
-            predictions = evaluate.predict_ratings(rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, ratings)
+            predictions = evaluate.predict_ratings(
+                rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, ratings
+            )
             report = evaluate.rmse_report(predictions, labels, buckets[positions])
             metrics[f"{part}_rmse"] = report["rmse"]
             metrics[f"{part}_rmse_sliced"] = report["sliced"]
-            baseline = evaluate.rmse_report(np.full(labels.size, mean), labels, buckets[positions])  # the DP mean, on the same slices
+            baseline = evaluate.rmse_report(
+                np.full(labels.size, mean), labels, buckets[positions]
+            )  # the DP mean, on the same slices
             metrics[f"{part}_mean_predictor_rmse"] = baseline["rmse"]
             metrics[f"{part}_mean_predictor_rmse_sliced"] = baseline["sliced"]
         metrics["dp_mean"] = mean
@@ -122,9 +184,22 @@ def _evaluate(config: TrainConfig, space, split_dir: str, train_rows: str, item_
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
             held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
             aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
-            weights = np.ones(history.num_rows) if confidence_alpha is None else confidence(history["label"].to_numpy(), confidence_alpha)
-            report = evaluate.recall_report((*held_out, weights), aimed, vectors, config.lambda_u, buckets, gravity=config.fold_in_gravity, loss=config.loss,
-                                            bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias), confidence=config.loss == "square")
+            weights = (
+                np.ones(history.num_rows)
+                if confidence_alpha is None
+                else confidence(history["label"].to_numpy(), confidence_alpha)
+            )
+            report = evaluate.recall_report(
+                (*held_out, weights),
+                aimed,
+                vectors,
+                config.lambda_u,
+                buckets,
+                gravity=config.fold_in_gravity,
+                loss=config.loss,
+                bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
+                confidence=config.loss == "square",
+            )
             metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
             if popularity is not None:  # the baseline, free: the run's own counts release
@@ -141,7 +216,9 @@ def describe(metrics: dict) -> str:
     if "no_heldout_data" in metrics:
         lines.append(f"no test metrics: {metrics['no_heldout_data']}")
     elif metrics["protocol"] == "rmse":
-        lines.append(f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})")
+        lines.append(
+            f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})"
+        )
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_rmse_sliced"])
         lines.append(f"test RMSE by item popularity (least to most popular fifth): {sliced}")
         if "test_mean_predictor_rmse_sliced" in metrics:
@@ -155,10 +232,20 @@ def describe(metrics: dict) -> str:
             baseline = metrics["test_popularity_recall_at_20"]
             sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_popularity_recall_at_20_sliced"])
             below = "; the model is BELOW it" if metrics["test_recall_at_20"] < baseline else ""
-            lines.append(f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: {sliced}")
+            lines.append(
+                f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: {sliced}"
+            )
     eps = metrics["epsilon_spent"]
-    guarantee = "no privacy (non-private run)" if metrics["non_private"] else f"({eps:.4g}, {metrics['delta']:g})-DP at the {metrics['unit']} level"
-    lines.append(f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} releases (ledger: {metrics['outputs']['ledger']})")
-    lines.append(f"outputs: encoder {metrics['outputs']['encoder']}, item embeddings {metrics['outputs']['item_embeddings']}, metrics {metrics['outputs']['run']}/metrics.json")
+    guarantee = (
+        "no privacy (non-private run)"
+        if metrics["non_private"]
+        else f"({eps:.4g}, {metrics['delta']:g})-DP at the {metrics['unit']} level"
+    )
+    lines.append(
+        f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} releases (ledger: {metrics['outputs']['ledger']})"
+    )
+    lines.append(
+        f"outputs: encoder {metrics['outputs']['encoder']}, item embeddings {metrics['outputs']['item_embeddings']}, metrics {metrics['outputs']['run']}/metrics.json"
+    )
     lines.append(f"private (never publish): {metrics['outputs']['run']}/private/; done in {metrics['seconds']:.0f} s")
     return "\n".join(lines)

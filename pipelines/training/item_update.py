@@ -28,15 +28,15 @@ from pipelines.releases import release, stats_core, stats_job
 from pipelines.releases.gram import dp_gram
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
 from pipelines.training.prepare import ledger_multiplier
-from pipelines.training.run_dir import config_of, require_steps, Run
-from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
+from pipelines.training.run_dir import Run, config_of, require_steps
+from pipelines.training.settings import STATS_UPDATES, TrainConfig, release_units
 from privacy import accounting
 from privacy.accumulator import packed_size
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
-from schemas.tables import validate_item_embeddings, validate_user_embeddings
 from schemas.errors import UserError
+from schemas.tables import validate_item_embeddings, validate_user_embeddings
 
 
 def covers_items(manifest: dict) -> bool:
@@ -57,16 +57,29 @@ def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob | None:
     if not 1 <= step <= config.outer_steps:
         raise UserError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
     if not covers_items(manifest):
-        logs.warn(f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the run keeps its starting point)")
+        logs.warn(
+            f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the run keeps its starting point)"
+        )
         return None
     return stats_job_for(run, config, step, manifest["prepared"]["stats_items"])
 
 
 def stats_job_for(run: Run, config: TrainConfig, step: int, stats_items: str) -> stats_job.StatsJob:
     """The stats release of outer step `step` (the job `pipelines/stats.py` or the Beam pipeline runs)."""
-    return stats_job.StatsJob(run.stats_rows, run.user_embeddings(step), stats_items, run.counts, run.stats(step), config.settings(), config.privacy(),
-                              step=step, ledger_path=run.ledger, seed_file=config.seed_file, shards=config.shards,
-                              expansion=run.item_embeddings(step - 1) if config.loss == "logistic" else None)
+    return stats_job.StatsJob(
+        run.stats_rows,
+        run.user_embeddings(step),
+        stats_items,
+        run.counts,
+        run.stats(step),
+        config.settings(),
+        config.privacy(),
+        step=step,
+        ledger_path=run.ledger,
+        seed_file=config.seed_file,
+        shards=config.shards,
+        expansion=run.item_embeddings(step - 1) if config.loss == "logistic" else None,
+    )
 
 
 def release_stats(run: Run, step: int, engine: Engine) -> dict:
@@ -77,16 +90,30 @@ def release_stats(run: Run, step: int, engine: Engine) -> dict:
 
 
 @contextmanager
-def run_engine(run: Run, config: TrainConfig, spark=None, master: str | None = None, app: str = "ssp-train") -> Iterator[Engine]:
+def run_engine(
+    run: Run, config: TrainConfig, spark=None, master: str | None = None, app: str = "ssp-train"
+) -> Iterator[Engine]:
     """The run's engine (--engine) for the duration of the block: a Spark engine's session (given,
     or opened on first use), a Beam engine's scratch folder in the run, the federated rounds of its steps."""
+
     def rounds(job: stats_job.StatsJob):
         from pipelines.engines import federated
 
-        return federated.FederatedJob(job, run.centred, run.item_embeddings(job.step - 1), config.lambda_u, config.gravity, config.federated_dropout,
-                                      config.federated_max_dropout, scratch=run.private("federated"), server=config.federated_server)
+        return federated.FederatedJob(
+            job,
+            run.centred,
+            run.item_embeddings(job.step - 1),
+            config.lambda_u,
+            config.gravity,
+            config.federated_dropout,
+            config.federated_max_dropout,
+            scratch=run.private("federated"),
+            server=config.federated_server,
+        )
 
-    with engine_of(config.engine, app=app, master=master, spark=spark, scratch=run.private("beam"), rounds=rounds) as engine:
+    with engine_of(
+        config.engine, app=app, master=master, spark=spark, scratch=run.private("beam"), rounds=rounds
+    ) as engine:
         yield engine
 
 
@@ -96,14 +123,25 @@ def _ridge_scale(config: TrainConfig, space, multiplier: float, counts: pa.Table
     `release_units`), so that pure noise shrinks to 0."""
     settings = config.settings()
     _, noise_scale = release_units(config, multiplier, averaged)
-    ridge_scale = np.full(space.size, config.noise_ridge * noise_scale / config.ridge) if config.ridge > 0 else np.ones(space.size)
+    ridge_scale = (
+        np.full(space.size, config.noise_ridge * noise_scale / config.ridge)
+        if config.ridge > 0
+        else np.ones(space.size)
+    )
     exponent = settings.weight_exponent if settings.unit == "user" else 0.0
     ridge_scale[space.index_of(counts["item_id"].to_numpy())] += counts["count"].to_numpy() ** (1 + exponent)
     return ridge_scale
 
 
-def _ssp_penalties(config: TrainConfig, space, multiplier: float, rating_range: tuple[float, float],
-                   has_residual: bool, bias_weights: np.ndarray | None, resamples: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ssp_penalties(
+    config: TrainConfig,
+    space,
+    multiplier: float,
+    rating_range: tuple[float, float],
+    has_residual: bool,
+    bias_weights: np.ndarray | None,
+    resamples: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The SSP item update's per-item ridge scale, residual penalty and anchor, in the units the
     release defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
     item: its share of an item's problem fades as the item's data grows, so popular items are not
@@ -117,18 +155,24 @@ def _ssp_penalties(config: TrainConfig, space, multiplier: float, rating_range: 
     anchored), or with an id encoder on the whole coordinate."""
     unit, noise = release_units(config, multiplier)
     d = config.encoder_dim
-    ridge_scale = np.full((space.size, d), unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0))
+    ridge_scale = np.full(
+        (space.size, d), unit + (config.noise_ridge * noise / config.ridge if config.ridge > 0 else 0.0)
+    )
     residual = np.full((space.size, d), config.residual_penalty * (unit + noise))
     anchor = np.full(d, config.anchor * (unit + noise))
     if config.biases:
         penalty = bias_penalty(config, multiplier, rating_range, bias_weights, resamples)
-        ridge_scale[:, -1] = penalty / config.ridge if not has_residual and config.ridge > 0 else unit  # --ridge 0: no ridge at all
+        ridge_scale[:, -1] = (
+            penalty / config.ridge if not has_residual and config.ridge > 0 else unit
+        )  # --ridge 0: no ridge at all
         residual[:, -1] = penalty
         anchor[-1] = 0.0
     return ridge_scale, residual, anchor
 
 
-def bias_penalty(config: TrainConfig, multiplier: float, rating_range: tuple[float, float], weights: np.ndarray, resamples: int = 1) -> np.ndarray:
+def bias_penalty(
+    config: TrainConfig, multiplier: float, rating_range: tuple[float, float], weights: np.ndarray, resamples: int = 1
+) -> np.ndarray:
     """Each item's bias prior precision in the units of A_j's bias coordinate (c^2 per unit weight):
     noise over prior variance, the posterior of the DP per-item mean (trainer.item_mean), with the
     prior from the public rating scale (trainer.item_mean.rating_prior: tau = range / 4).
@@ -180,7 +224,11 @@ def released_bias_weights(tables: list[str], space, d: int, bias_scale: float) -
     for table in tables:
         for batch in storage.iter_batches(table, batch_size=8192):
             positions = space.index_of(batch.column("item_id").to_numpy())
-            weights[positions] += list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")[:, -1] / bias_scale**2 / len(tables)
+            weights[positions] += (
+                list_column_to_matrix(batch.column("a_upper"), packed_size(d), "a_upper")[:, -1]
+                / bias_scale**2
+                / len(tables)
+            )
     return weights
 
 
@@ -210,7 +258,9 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
     if config.item_update == "dpsgd":
         _dpsgd_update(run, config, manifest, step, space, model, progress)
-    elif config.item_update != "none" and covers_items(manifest):  # none, or no item covered: the encoder stays as it started
+    elif config.item_update != "none" and covers_items(
+        manifest
+    ):  # none, or no item covered: the encoder stays as it started
         losses = _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model, config)
     embeddings = item_embeddings_table(model, config)
@@ -234,24 +284,50 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     from trainer import ssp
 
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
-        raise UserError(f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first")
+        raise UserError(
+            f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first"
+        )
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
     tables = stats_job.stats_tables(run.stats(step))
     multiplier = ledger_multiplier(run.ledger)
-    ssp_config = ssp.SSPConfig(config.epochs, config.batch_size, config.learning_rate, config.ridge, psd_projection=config.psd_projection and not config.non_private,
-                               seed=config.model_seed, solve_residuals=config.biases and config.protocol == "rmse")
+    ssp_config = ssp.SSPConfig(
+        config.epochs,
+        config.batch_size,
+        config.learning_rate,
+        config.ridge,
+        psd_projection=config.psd_projection and not config.non_private,
+        seed=config.model_seed,
+        solve_residuals=config.biases and config.protocol == "rmse",
+    )
     # the release parameters the run's own ledger planned (not the folder's word for them)
-    expected = {"clip_u": settings.clip_u, "clip_y": settings.clip_y, "wbar": settings.wbar, "noise_multiplier": multiplier, "bias": float(settings.bias)}
+    expected = {
+        "clip_u": settings.clip_u,
+        "clip_y": settings.clip_y,
+        "wbar": settings.wbar,
+        "noise_multiplier": multiplier,
+        "bias": float(settings.bias),
+    }
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
-        raise UserError(f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}")
+        raise UserError(
+            f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}"
+        )
     if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
         for table in tables:
             ssp.check_stats(table, {"d": config.dim, **expected})
-        start = validate_item_embeddings(storage.read_table(run.item_embeddings(step - 1)), dim=config.dim).sort_by("item_id")
+        start = validate_item_embeddings(storage.read_table(run.item_embeddings(step - 1)), dim=config.dim).sort_by(
+            "item_id"
+        )
         points = (start["item_id"].to_numpy(), list_column_to_matrix(start["embedding"], config.dim, "item embedding"))
-        tables = [ssp.expand_table(table, storage.join(run.stats(step), "expanded-" + table.rsplit("/", 1)[-1]), points, ssp_config.psd_projection)
-                  for table in tables]
+        tables = [
+            ssp.expand_table(
+                table,
+                storage.join(run.stats(step), "expanded-" + table.rsplit("/", 1)[-1]),
+                points,
+                ssp_config.psd_projection,
+            )
+            for table in tables
+        ]
         ssp_config = dataclasses.replace(ssp_config, psd_projection=False)  # done before the expansion
     gravity = None
     if config.gravity > 0:  # implicit feedback: penalise every item's scores through the users' DP Gram matrix
@@ -267,38 +343,81 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
         from pipelines.training.prepare import prepared_rating_range
         from trainer import item_mean
 
-        model.set_item_vectors(item_mean.item_means(tables[0], space, settings.bias_scale, item_mean.noise_std_b(tables[0]),
-                                                    prepared_rating_range(run.prepared()["prepared"]), expected))
+        model.set_item_vectors(
+            item_mean.item_means(
+                tables[0],
+                space,
+                settings.bias_scale,
+                item_mean.noise_std_b(tables[0]),
+                prepared_rating_range(run.prepared()["prepared"]),
+                expected,
+            )
+        )
         return []
     if config.item_update == "als":
         from trainer import als
 
-        model.set_item_vectors(als.solve_items(tables[0], space, config.encoder_dim, config.ridge, ridge_scale, ssp_config.psd_projection, expected, gravity=gravity))
+        model.set_item_vectors(
+            als.solve_items(
+                tables[0],
+                space,
+                config.encoder_dim,
+                config.ridge,
+                ridge_scale,
+                ssp_config.psd_projection,
+                expected,
+                gravity=gravity,
+            )
+        )
         return []
     elif config.item_update == "cmf":
         from trainer import cmf
 
         # The feature vectors are a function of the previous item vectors (the feature solve), so
         # nothing but the encoder carries over between steps; step 1 starts from DP-ALS (P = 0).
-        features = cmf.solve_features(cmf.feature_matrix(space), model.embed_all(), config.feature_weight, config.feature_ridge) if step > 1 else None
+        features = (
+            cmf.solve_features(
+                cmf.feature_matrix(space), model.embed_all(), config.feature_weight, config.feature_ridge
+            )
+            if step > 1
+            else None
+        )
         table = tables[0]
         if ssp_config.psd_projection:  # once, not once per inner iteration
             table = ssp.project_table(table, storage.join(run.stats(step), "psd-" + table.rsplit("/", 1)[-1]))
-        vectors, _ = cmf.solve_items(table, space, config.encoder_dim, config.ridge, ridge_scale, False, expected, config.feature_weight, config.feature_ridge,
-                                     config.cmf_iterations, features, gravity)
+        vectors, _ = cmf.solve_items(
+            table,
+            space,
+            config.encoder_dim,
+            config.ridge,
+            ridge_scale,
+            False,
+            expected,
+            config.feature_weight,
+            config.feature_ridge,
+            config.cmf_iterations,
+            features,
+            gravity,
+        )
         model.set_item_vectors(vectors)
         return []
     from pipelines.training.prepare import prepared_rating_range
 
-    label_range = prepared_rating_range(run.prepared()["prepared"]) if config.protocol == "rmse" else (0.0, 1.0)  # ranking labels: 1, and 0 by gravity
+    label_range = (
+        prepared_rating_range(run.prepared()["prepared"]) if config.protocol == "rmse" else (0.0, 1.0)
+    )  # ranking labels: 1, and 0 by gravity
     weights = None
     if config.biases:
         for table in tables:  # the tables' parameters before their entries are read
             ssp.check_stats(table, {"d": config.encoder_dim, **expected})
         weights = released_bias_weights(tables, space, config.encoder_dim, settings.bias_scale)
-    ssp_ridge, residual_penalty, anchor = _ssp_penalties(config, space, multiplier, label_range, model.has_residual, weights, len(tables))
+    ssp_ridge, residual_penalty, anchor = _ssp_penalties(
+        config, space, multiplier, label_range, model.has_residual, weights, len(tables)
+    )
     with _kernel(run, step):
-        return ssp.train(model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor)
+        return ssp.train(
+            model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor
+        )
 
 
 @contextmanager
@@ -324,38 +443,85 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
     units = manifest["prepared"]["units"]  # the DP number of users (released with the counts), never the exact one
     settings = config.settings()
     rows = storage.read_table(run.centred)
-    users, positions, labels = rows["user_id"].to_numpy(), space.index_of(rows["item_id"].to_numpy()), rows["label"].to_numpy()
+    users, positions, labels = (
+        rows["user_id"].to_numpy(),
+        space.index_of(rows["item_id"].to_numpy()),
+        rows["label"].to_numpy(),
+    )
     seeds = release.open_seed_file(config.seed_file, run.ledger)
-    if config.loss == "logistic":  # positives and sampled negatives (secret randomness), weighted as SSP-convex weighs its every-item negatives
-        negatives = np.random.default_rng(int.from_bytes(hashlib.sha256(seeds.seed + b"negatives" + step.to_bytes(8, "big")).digest()[:8], "big"))
+    if (
+        config.loss == "logistic"
+    ):  # positives and sampled negatives (secret randomness), weighted as SSP-convex weighs its every-item negatives
+        negatives = np.random.default_rng(
+            int.from_bytes(hashlib.sha256(seeds.seed + b"negatives" + step.to_bytes(8, "big")).digest()[:8], "big")
+        )
         users, positions, labels, weights = dpsgd.logistic_rows(users, positions, space.size, negatives)
     else:
         confidence = None
-        if settings.confidence:  # the ranking rows' labels are confidences: the weights (within each user's budget); every row a positive
+        if (
+            settings.confidence
+        ):  # the ranking rows' labels are confidences: the weights (within each user's budget); every row a positive
             confidence, labels = labels, np.ones(labels.size)
         if settings.unit == "user":
             counts = storage.read_table(run.counts).sort_by("item_id")
-            row_counts = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())]
+            row_counts = counts["count"].to_numpy()[
+                np.searchsorted(counts["item_id"].to_numpy(), rows["item_id"].to_numpy())
+            ]
             weights = user_level_weights(users, row_counts, settings.wbar, settings.weight_exponent, confidence)
         else:
             weights = np.ones(rows.num_rows) if confidence is None else confidence
-    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.vector_dim).sort_by("user_id")
-    user_vectors = (embeddings["user_id"].to_numpy(), list_column_to_matrix(embeddings["embedding"], config.vector_dim, "user embedding"))
+    embeddings = validate_user_embeddings(storage.read_table(run.user_embeddings(step)), dim=config.vector_dim).sort_by(
+        "user_id"
+    )
+    user_vectors = (
+        embeddings["user_id"].to_numpy(),
+        list_column_to_matrix(embeddings["embedding"], config.vector_dim, "user embedding"),
+    )
     clip_u = settings.clip_u
-    if config.biases:  # fit [Clip(u), c] . [v, b] to the label less b_u, as the statistics do (stats_core.biased_user_rows)
+    if (
+        config.biases
+    ):  # fit [Clip(u), c] . [v, b] to the label less b_u, as the statistics do (stats_core.biased_user_rows)
         vectors, user_biases = stats_core.biased_user_rows(user_vectors[1], settings)
-        labels = labels - user_biases[np.minimum(np.searchsorted(user_vectors[0], users), user_biases.size - 1)]  # a user without one: dpsgd names it
-        user_vectors, clip_u = (user_vectors[0], vectors), settings.noise_clips()[0]  # the rows' norm bound: clipping them again changes nothing
+        labels = (
+            labels - user_biases[np.minimum(np.searchsorted(user_vectors[0], users), user_biases.size - 1)]
+        )  # a user without one: dpsgd names it
+        user_vectors, clip_u = (
+            (user_vectors[0], vectors),
+            settings.noise_clips()[0],
+        )  # the rows' norm bound: clipping them again changes nothing
     ledger = Ledger.open(run.ledger)
-    multiplier = float(manifest["prepared"]["dpsgd_multiplier"])  # planned by prepare over `units`; the ledger caps what it spends
+    multiplier = float(
+        manifest["prepared"]["dpsgd_multiplier"]
+    )  # planned by prepare over `units`; the ledger caps what it spends
     q, steps = config.dpsgd_schedule(units)
     event = accounting.dpsgd_event(multiplier, q, steps)
-    inputs = {"rows": seeds.digest_table(run.centred), "user_embeddings": seeds.digest_table(run.user_embeddings(step)), "counts": seeds.digest_table(run.counts)}
+    inputs = {
+        "rows": seeds.digest_table(run.centred),
+        "user_embeddings": seeds.digest_table(run.user_embeddings(step)),
+        "counts": seeds.digest_table(run.counts),
+    }
     release.check_counts_release(ledger, seeds, run.counts, inputs["counts"])
-    index = release.make_release(ledger, seeds, f"step-{step}/dpsgd", event, {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs})
-    seed = int.from_bytes(hashlib.sha256(seeds.release_seed(index) + b"dpsgd").digest()[:8], "big")  # keyed by the release, as every noise draw
+    index = release.make_release(
+        ledger,
+        seeds,
+        f"step-{step}/dpsgd",
+        event,
+        {"settings": asdict(config.dpsgd_config(units)), "units": units, "inputs": inputs},
+    )
+    seed = int.from_bytes(
+        hashlib.sha256(seeds.release_seed(index) + b"dpsgd").digest()[:8], "big"
+    )  # keyed by the release, as every noise draw
     with _kernel(run, step):
-        result = dpsgd.train(model, (users, positions, labels, weights), user_vectors, config.dpsgd_config(units, seed), multiplier,
-                             clip_u, settings.clip_y, logs.bars(progress), units=units)
+        result = dpsgd.train(
+            model,
+            (users, positions, labels, weights),
+            user_vectors,
+            config.dpsgd_config(units, seed),
+            multiplier,
+            clip_u,
+            settings.clip_y,
+            logs.bars(progress),
+            units=units,
+        )
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):
         raise RuntimeError(f"DP-SGD ran {result['event']}, not the recorded release {event}")

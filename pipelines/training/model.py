@@ -33,7 +33,9 @@ def normalise_embeddings(model, config: TrainConfig) -> float:
     the factor applied."""
     vectors = model.embed_all()[:, : config.embedding_dim]
     rms = float(np.sqrt(np.mean(np.sum(vectors**2, axis=1)))) if vectors.size else 0.0
-    if not rms > 0 or abs(rms - 1.0) < 1e-6:  # nothing to scale, or already at unit scale (a rescale would only add rounding)
+    if (
+        not rms > 0 or abs(rms - 1.0) < 1e-6
+    ):  # nothing to scale, or already at unit scale (a rescale would only add rounding)
         return 1.0
     factors = np.ones(config.encoder_dim)
     factors[: config.embedding_dim] = 1.0 / rms

@@ -13,26 +13,36 @@ import math
 
 from pipelines.releases import release
 from pipelines.releases.mean import DEFAULT_USER_CAP
-from pipelines.training.settings import release_units, TrainConfig
+from pipelines.training.settings import TrainConfig, release_units
 from privacy import accounting
 from privacy.clipping import biased_row_clip
 
 LOW_RATIO_THRESHOLD, HIGH_RATIO_THRESHOLD = 1.0, 6.0  # prepare.stats_threshold_of's rule, in units of N/S
 
 
-def _rows(config: TrainConfig, privacy: release.PrivacySettings, multipliers: dict) -> list[tuple[str, str, int, str, str, str]]:
+def _rows(
+    config: TrainConfig, privacy: release.PrivacySettings, multipliers: dict
+) -> list[tuple[str, str, int, str, str, str]]:
     """(release group, budget share, events, noise multiplier, L2 sensitivity, noise std) of each planned group."""
     settings = config.settings()
     rho, clip_y = settings.noise_clips()
     k = config.bias_coordinate if config.biases else 0.0
     out = []
-    for group in accounting.stats_plan(privacy.outer_steps, privacy.resamples, privacy.count_share, privacy.mean_share, privacy.gram_share):
+    for group in accounting.stats_plan(
+        privacy.outer_steps, privacy.resamples, privacy.count_share, privacy.mean_share, privacy.gram_share
+    ):
         name = "dpsgd" if group.name == "stats" and config.item_update == "dpsgd" else group.name
         z = multipliers.get(name)
         if name == "counts":
-            sensitivity, what = math.sqrt(config.max_items_per_user + 1), f"sqrt(K + 1), K = {config.max_items_per_user} items per user"
+            sensitivity, what = (
+                math.sqrt(config.max_items_per_user + 1),
+                f"sqrt(K + 1), K = {config.max_items_per_user} items per user",
+            )
         elif name == "mean":
-            sensitivity, what = DEFAULT_USER_CAP, f"{DEFAULT_USER_CAP:g} (the count; the sum: times half the rating range)"
+            sensitivity, what = (
+                DEFAULT_USER_CAP,
+                f"{DEFAULT_USER_CAP:g} (the count; the sum: times half the rating range)",
+            )
         elif name == "gram":
             sensitivity = biased_row_clip(config.clip_u, k) ** 2
             what = f"(1 + k^2) Gamma_u^2 = {sensitivity:.4g}"
@@ -40,7 +50,11 @@ def _rows(config: TrainConfig, privacy: release.PrivacySettings, multipliers: di
             sensitivity, what = config.dpsgd_clip, f"the gradient clip C = {config.dpsgd_clip:g}"
         else:
             unit = settings.wbar * rho**2
-            a, b = (("wbar (1 + k^2) Gamma_u^2", "wbar Gamma_y sqrt(1 + k^2) Gamma_u") if k else ("wbar Gamma_u^2", "wbar Gamma_y Gamma_u"))
+            a, b = (
+                ("wbar (1 + k^2) Gamma_u^2", "wbar Gamma_y sqrt(1 + k^2) Gamma_u")
+                if k
+                else ("wbar Gamma_u^2", "wbar Gamma_y Gamma_u")
+            )
             if config.loss == "logistic":
                 a, b = "S (privacy.quadratic's bound)", "its gradient bound"
             sensitivity, what = unit, f"A: {a} = {unit:.4g}; b: {b} = {settings.wbar * clip_y * rho:.4g}"
@@ -57,27 +71,38 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
         return "plan: a non-private run (--non-private) releases nothing and has no guarantee: no noise, no clipping, nothing to plan"
     privacy = config.privacy()
     multipliers = privacy.multipliers()
-    lines = [f"plan (nothing read but the catalog's size, nothing spent): user-level epsilon {config.epsilon:g}, delta {config.delta:g}, "
-             f"{privacy.accountant.upper()} accountant, {config.outer_steps} outer step(s) x {config.resamples} resample(s)",
-             "",
-             "| release | budget share | events | noise multiplier | L2 sensitivity (one user) | noise std per event |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"plan (nothing read but the catalog's size, nothing spent): user-level epsilon {config.epsilon:g}, delta {config.delta:g}, "
+        f"{privacy.accountant.upper()} accountant, {config.outer_steps} outer step(s) x {config.resamples} resample(s)",
+        "",
+        "| release | budget share | events | noise multiplier | L2 sensitivity (one user) | noise std per event |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     lines += [f"| {' | '.join(str(cell) for cell in row)} |" for row in _rows(config, privacy, multipliers)]
-    lines += ["", f"Symbols: K the most items counted per user; Gamma_u = {config.clip_u:g} the user embeddings' clip, Gamma_y = {config.clip_y:g} "
-              f"the labels' clip, wbar = {config.wbar:g} the bound on a user's weights" + (f", k = {config.bias_coordinate:g} the item-bias "
-              "coordinate's share of the clip" if config.biases else "") + "; a release's noise std is its multiplier times its sensitivity."]
+    lines += [
+        "",
+        f"Symbols: K the most items counted per user; Gamma_u = {config.clip_u:g} the user embeddings' clip, Gamma_y = {config.clip_y:g} "
+        f"the labels' clip, wbar = {config.wbar:g} the bound on a user's weights"
+        + (f", k = {config.bias_coordinate:g} the item-bias coordinate's share of the clip" if config.biases else "")
+        + "; a release's noise std is its multiplier times its sensitivity.",
+    ]
     if config.item_update in ("ssp", "item-mean", "als", "cmf") and "stats" in multipliers:
         unit, noise = release_units(config, multipliers["stats"])
         per_item = noise / unit
-        lines += ["",
-                  f"Each item's A_j gets noise of spectral norm about N = 2 sqrt(d) z S = {noise:.4g} (S = {unit:.4g}, the most one user adds; "
-                  f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = {per_item:.4g} users."]
+        lines += [
+            "",
+            f"Each item's A_j gets noise of spectral norm about N = 2 sqrt(d) z S = {noise:.4g} (S = {unit:.4g}, the most one user adds; "
+            f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = {per_item:.4g} users.",
+        ]
         if config.item_update == "ssp" and config.encoder == "features":
-            rule = (f"--stats-threshold {config.stats_threshold:g}: items from a DP count of {config.stats_threshold * per_item:.4g}"
-                    if config.stats_threshold is not None else
-                    f"by default items from {LOW_RATIO_THRESHOLD:g} N/S = {LOW_RATIO_THRESHOLD * per_item:.4g}, or from "
-                    f"{HIGH_RATIO_THRESHOLD:g} N/S = {HIGH_RATIO_THRESHOLD * per_item:.4g} when the noise-to-signal ratio sqrt(m) (N/S) / "
-                    f"sqrt(C n) exceeds 0.03 (C, n: the DP counts' total and users, known after the counts release"
-                    + (f"; m = {catalog_items} catalog items" if catalog_items else "") + ")")
+            rule = (
+                f"--stats-threshold {config.stats_threshold:g}: items from a DP count of {config.stats_threshold * per_item:.4g}"
+                if config.stats_threshold is not None
+                else f"by default items from {LOW_RATIO_THRESHOLD:g} N/S = {LOW_RATIO_THRESHOLD * per_item:.4g}, or from "
+                f"{HIGH_RATIO_THRESHOLD:g} N/S = {HIGH_RATIO_THRESHOLD * per_item:.4g} when the noise-to-signal ratio sqrt(m) (N/S) / "
+                f"sqrt(C n) exceeds 0.03 (C, n: the DP counts' total and users, known after the counts release"
+                + (f"; m = {catalog_items} catalog items" if catalog_items else "")
+                + ")"
+            )
             lines.append(f"The statistics cover {rule}; the others keep their public-feature embedding.")
     return "\n".join(lines)

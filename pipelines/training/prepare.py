@@ -32,12 +32,12 @@ from pipelines.releases.counts import dp_counts, dp_units
 from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
-from pipelines.training.settings import release_units, STATS_UPDATES, TrainConfig
+from pipelines.training.settings import STATS_UPDATES, TrainConfig, release_units
 from privacy.ledger import Ledger
 from privacy.seeds import content_digest_table
 from schemas import storage
-from schemas.tables import item_features
 from schemas.errors import UserError
+from schemas.tables import item_features
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
@@ -48,16 +48,27 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
     if storage.exists(run.manifest_path):
         manifest = run.read_manifest()
         if not isinstance(manifest.get("config"), dict):
-            raise UserError(f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out")
+            raise UserError(
+                f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out"
+            )
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
             newer = [key for key in differing if key not in manifest["config"]]
             since = f"; {', '.join(newer)} did not exist in the version that started it" if newer else ""
-            raise UserError(f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out")
+            raise UserError(
+                f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out"
+            )
         return manifest
-    for name in ("counts", "step-1", "ledger.parquet", "private"):  # a run's outputs without its manifest: not a fresh directory
+    for name in (
+        "counts",
+        "step-1",
+        "ledger.parquet",
+        "private",
+    ):  # a run's outputs without its manifest: not a fresh directory
         if _present(run.path(name)):
-            raise UserError(f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out")
+            raise UserError(
+                f"--out {run.root} holds {name} but no run manifest; its releases may count: use a new --out"
+            )
     return {"config": wanted, "steps_done": [], "status": "running"}
 
 
@@ -86,8 +97,17 @@ def _data_fingerprint(path: str) -> dict:
 
 def _run_identity(config: TrainConfig) -> dict:
     """The settings and data a run's seed is bound to (everything but where things are stored)."""
-    where = ("out", "seed_file", "data", "budget_account", "engine")  # where things are stored or run: the data are identified by content, and every engine makes the same releases
-    return {"config": {key: value for key, value in asdict(config).items() if key not in where}, "data": _data_fingerprint(config.data)}
+    where = (
+        "out",
+        "seed_file",
+        "data",
+        "budget_account",
+        "engine",
+    )  # where things are stored or run: the data are identified by content, and every engine makes the same releases
+    return {
+        "config": {key: value for key, value in asdict(config).items() if key not in where},
+        "data": _data_fingerprint(config.data),
+    }
 
 
 LOCAL_PREPARE_ROWS = 2_000_000  # a log smaller than this is prepared in this process (a few hundred MB at most)
@@ -155,7 +175,9 @@ def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, n
     return 6.0 if ratio > (0.15 if config.biases else 0.03) else 1.0
 
 
-def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float, dp_users: int) -> np.ndarray:
+def stats_catalog(
+    config: TrainConfig, counts: pa.Table, keep_items: np.ndarray | None, multiplier: float, dp_users: int
+) -> np.ndarray:
     """The item ids the statistics cover, from the DP counts only: those of `keep_items` (the
     ranking protocol's top share; None: every item) whose DP count is at least k * N / S (k:
     `stats_threshold_of`; N/S of `release_units`: the count at which an item's data would match
@@ -169,9 +191,11 @@ def stats_catalog(config: TrainConfig, counts: pa.Table, keep_items: np.ndarray 
     if threshold > 0:
         chosen &= dp_counts >= threshold * noise / unit
         if not chosen.any():
-            logs.warn(f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold {threshold:g} times N/S "
-                      "at this epsilon): the statistics would cover nothing, so this run keeps its starting point (the public-feature "
-                      "encoder) and spends nothing on statistics; lower --stats-threshold (0: every item) or raise --epsilon to train it")
+            logs.warn(
+                f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold {threshold:g} times N/S "
+                "at this epsilon): the statistics would cover nothing, so this run keeps its starting point (the public-feature "
+                "encoder) and spends nothing on statistics; lower --stats-threshold (0: every item) or raise --epsilon to train it"
+            )
             return ids[chosen]
     logs.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
     return ids[chosen]
@@ -236,8 +260,10 @@ def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, floa
     if declared is not None:
         wanted = tuple(d if g is None else g for g, d in zip(given, declared))
         if wanted != tuple(declared):
-            raise UserError(f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
-                             f"that {data.path} declares; leave them out to use the data's scale")
+            raise UserError(
+                f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
+                f"that {data.path} declares; leave them out to use the data's scale"
+            )
         low, high = declared
     else:
         low, high = given[0] if given[0] is not None else 0.5, given[1] if given[1] is not None else 5.0
@@ -245,8 +271,14 @@ def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, floa
         raise UserError(f"rating range must have min < max, got [{low:g}, {high:g}]")
     observed = data.manifest.get("label_range")
     if config.protocol == "rmse" and observed and not low <= observed[0] <= observed[1] <= high:
-        raise UserError(f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
-                         + ("the data set declares that scale: fix the data" if declared is not None else "give the data's scale with --rating-min/--rating-max"))
+        raise UserError(
+            f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
+            + (
+                "the data set declares that scale: fix the data"
+                if declared is not None
+                else "give the data's scale with --rating-min/--rating-max"
+            )
+        )
     return float(low), float(high)
 
 
@@ -255,7 +287,9 @@ def prepared_rating_range(prepared: dict) -> tuple[float, float]:
     return tuple(prepared.get("rating_range", (0.5, 5.0)))
 
 
-def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, local_rows: int = LOCAL_PREPARE_ROWS) -> dict:
+def prepare(
+    config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, local_rows: int = LOCAL_PREPARE_ROWS
+) -> dict:
     """Stage 1: record the run's settings, then split, DP counts, DP mean, centred labels and the
     initial item embeddings (public features only); returns the manifest. Done once: a prepared run
     is left as it is (a different configuration is refused). The rows are split, counted, summed
@@ -273,34 +307,69 @@ def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, 
     if config.seed_file is not None:
         given = SeedFile.load(config.seed_file)
         given.check_run(given.run_fingerprint(identity))
-        given.check_ledger(Ledger.open(run.ledger).identity if storage.exists(run.ledger) else "this run's new ledger")  # a seed serves one ledger
-    if storage.exists(run.manifest_path) and storage.exists(run.counts):  # an interrupted prepare that released the counts
+        given.check_ledger(
+            Ledger.open(run.ledger).identity if storage.exists(run.ledger) else "this run's new ledger"
+        )  # a seed serves one ledger
+    if storage.exists(run.manifest_path) and storage.exists(
+        run.counts
+    ):  # an interrupted prepare that released the counts
         run.require_ledger(config.seed_file)
     run.write_manifest(manifest)
     started = time.time()
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)
-    if config.protocol == "rmse" and data.manifest.get("feedback") == "implicit":  # before any release: it spends nothing
-        raise UserError(f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
-                         "(--protocol rmse) has no ratings to predict; use --protocol recall")
+    if (
+        config.protocol == "rmse" and data.manifest.get("feedback") == "implicit"
+    ):  # before any release: it spends nothing
+        raise UserError(
+            f"{data.path} holds implicit feedback (interactions without ratings, every label 1): a regression run "
+            "(--protocol rmse) has no ratings to predict; use --protocol recall"
+        )
     ratings = rating_range(config, data)
     engine = prepare_engine(engine, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
-        splits.make_split(data, config.protocol, run.split, config.split_seed, config.holdout, config.positive_threshold, ratings, engine=engine)
+        splits.make_split(
+            data,
+            config.protocol,
+            run.split,
+            config.split_seed,
+            config.holdout,
+            config.positive_threshold,
+            ratings,
+            engine=engine,
+        )
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):
-        raise UserError(f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
-                         "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id")
-    space, model = build_encoder(config, items)  # built before any release: an encoder that cannot be built spends nothing
+        raise UserError(
+            f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
+            "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id"
+        )
+    space, model = build_encoder(
+        config, items
+    )  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
-    if ingest.is_dataset(config.data):  # the data source's identity is the content digest the run's identity took of the same table: not read again
+    if ingest.is_dataset(
+        config.data
+    ):  # the data source's identity is the content digest the run's identity took of the same table: not read again
         privacy = replace(privacy, source=identity["data"]["interactions"])
-    privacy.open_ledger(run.ledger, unit, data.interactions)  # creates the run's budget (charging its data source's account), or checks it on resume
+    privacy.open_ledger(
+        run.ledger, unit, data.interactions
+    )  # creates the run's budget (charging its data source's account), or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
-    dp_counts(train_rows, data.items, run.counts_dir, privacy, unit, config.max_items_per_user, run.ledger, seeds.path, engine=engine)
+    dp_counts(
+        train_rows,
+        data.items,
+        run.counts_dir,
+        privacy,
+        unit,
+        config.max_items_per_user,
+        run.ledger,
+        seeds.path,
+        engine=engine,
+    )
     counts = storage.read_table(run.counts)
     units = dpsgd_multiplier = None
     if config.item_update == "dpsgd":  # plan the DP-SGD sampling over the DP number of users (released with the counts)
@@ -311,7 +380,9 @@ def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, 
         mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, engine=engine)["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
-        keep_items = splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction)
+        keep_items = splits.top_items(
+            counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction
+        )
     alpha = confidence_alpha_of(config, data.manifest)
     outputs = [(run.centred, keep_items)]  # the user update's rows
     if config.item_update in STATS_UPDATES:
@@ -320,22 +391,38 @@ def prepare(config: TrainConfig, progress: bool = True, engine: Engine = LOCAL, 
         outputs.append((run.stats_rows, covered))  # the stats job's rows
     engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
 
-    if config.encoder == "features" and config.encoder_init == "principal":  # from public features and the DP counts only
+    if (
+        config.encoder == "features" and config.encoder_init == "principal"
+    ):  # from public features and the DP counts only
         weights = np.ones(space.size)
         weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
         rank = min(model.init_principal(weights), config.dim)  # with biases the bias output is zeroed below
-        logs.log(f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
-                    + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else ""))
+        logs.log(
+            f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
+            + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else "")
+        )
     from trainer import encoder as encoders  # TensorFlow: imported once the checks above have passed
 
     zero_item_biases(model, config)
     normalise_embeddings(model, config)
     storage.write_table(item_embeddings_table(model, config), run.item_embeddings(0))
     encoders.write_checkpoint(model, run.checkpoint(0))
-    manifest["prepared"] = {"data": data.path, "items": data.items, "stats_items": run.stats_items, "mean": mean, "rating_range": list(ratings), "units": units,
-                           "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,
-                           "dpsgd_multiplier": dpsgd_multiplier, "confidence_alpha": alpha, "started_at": started, "at": time.time()}
+    manifest["prepared"] = {
+        "data": data.path,
+        "items": data.items,
+        "stats_items": run.stats_items,
+        "mean": mean,
+        "rating_range": list(ratings),
+        "units": units,
+        "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,
+        "dpsgd_multiplier": dpsgd_multiplier,
+        "confidence_alpha": alpha,
+        "started_at": started,
+        "at": time.time(),
+    }
     run.write_manifest(manifest)
     logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")
-    logs.log(f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings")
+    logs.log(
+        f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings"
+    )
     return manifest

@@ -34,7 +34,7 @@ from dataclasses import asdict
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
 from pipelines.releases.stats_job import RELEASE_SUMMARY
-from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
+from pipelines.training.run_dir import Run, config_of, existing_run_lock, require_steps
 from privacy import report
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -43,8 +43,26 @@ from schemas.errors import UserError
 
 PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
-PUBLIC_SETTINGS = ("protocol", "unit", "epsilon", "delta", "outer_steps", "resamples", "clip_u", "clip_y", "wbar", "weight_exponent",
-                   "max_items_per_user", "count_share", "mean_share", "gram_share", "dim", "encoder", "item_update", "item_id_feature")
+PUBLIC_SETTINGS = (
+    "protocol",
+    "unit",
+    "epsilon",
+    "delta",
+    "outer_steps",
+    "resamples",
+    "clip_u",
+    "clip_y",
+    "wbar",
+    "weight_exponent",
+    "max_items_per_user",
+    "count_share",
+    "mean_share",
+    "gram_share",
+    "dim",
+    "encoder",
+    "item_update",
+    "item_id_feature",
+)
 
 
 def public_settings(run: Run, manifest: dict, extra: tuple[str, ...] = ()) -> dict:
@@ -64,22 +82,33 @@ def privacy_summary(run: Run) -> dict:
     manifest = run.prepared()
     config = manifest["config"]
     require_steps(run, manifest, config["outer_steps"] + 1)
-    for path in (run.path("item_embeddings.parquet"), run.path("encoder")):  # both complete: committed by their _SUCCESS markers
+    for path in (
+        run.path("item_embeddings.parquet"),
+        run.path("encoder"),
+    ):  # both complete: committed by their _SUCCESS markers
         if not storage.exists(path):
             raise UserError(f"{run.root}: {path} is missing; the last item update writes it")
     if config["non_private"]:
-        raise UserError(f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published")
+        raise UserError(
+            f"{run.root} is a non-private run (no noise, no clipping): it has no privacy guarantee and is not published"
+        )
     ledger = Ledger.open(run.ledger)
     seed_path = config.get("seed_file") or run.private("seed")
     check_ledger_complete(ledger, seed_path)
-    seeds = SeedFile.load(seed_path)  # counts.parquet is shipped (the ranking fold-in's column, every model's cold start): the recorded release
+    seeds = SeedFile.load(
+        seed_path
+    )  # counts.parquet is shipped (the ranking fold-in's column, every model's cold start): the recorded release
     check_counts_release(ledger, seeds, run.counts, seeds.digest_table(run.counts))
     budget, spent = ledger.budget, ledger.epsilon_spent()
     if (budget["epsilon"], budget["delta"]) != (config["epsilon"], config["delta"]):
-        raise UserError(f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
-                         f"(epsilon {config['epsilon']:g}, delta {config['delta']:g}); not published")
+        raise UserError(
+            f"{run.ledger}: budget epsilon {budget['epsilon']:g}, delta {budget['delta']:g} is not the run's "
+            f"(epsilon {config['epsilon']:g}, delta {config['delta']:g}); not published"
+        )
     if not spent <= budget["epsilon"] * (1 + TOLERANCE):
-        raise UserError(f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published")
+        raise UserError(
+            f"{run.ledger}: epsilon spent {spent:.6g} exceeds the run's budget {budget['epsilon']:g}; not published"
+        )
     account = ledger.check_account()  # the data source's lifetime budget, over every run on these users
     return {
         "run": run.root,
@@ -89,7 +118,13 @@ def privacy_summary(run: Run) -> dict:
         "delta": budget["delta"],
         "accountant": budget["accountant"],
         "budget_account": account,
-        "releases": [{key: row[key] for key in ("release", "name", "noise_multiplier", "epsilon_spent", "data_fingerprint", "recorded_at")} for row in ledger.rows],
+        "releases": [
+            {
+                key: row[key]
+                for key in ("release", "name", "noise_multiplier", "epsilon_spent", "data_fingerprint", "recorded_at")
+            }
+            for row in ledger.rows
+        ],
         "settings": public_settings(run, manifest),
         "public_features": open_dataset(manifest["prepared"]["data"]).manifest.get("public_features"),
     }
@@ -126,18 +161,25 @@ def model_settings(run: Run) -> dict:
         "protocol": config["protocol"],
         "dim": settings.vector_dim,  # the item embeddings' length
         "biases": biased,  # items [v, b_j, 1], users [u, 1, b_u] (trainer.encoder.as_written)
-        "lambda_bias": settings.lambda_bias if biased and settings.protocol == "rmse" else None,  # ranking holds every user's bias at 0
+        "lambda_bias": settings.lambda_bias
+        if biased and settings.protocol == "rmse"
+        else None,  # ranking holds every user's bias at 0
         "loss": config.get("loss", "square"),
         "lambda_u": settings.lambda_u,
         "user_prior": settings.user_prior,  # the user ridge's fixed part (trainer.solve.ridge_solve's prior)
         "gravity": settings.fold_in_gravity,  # the fold-in's (a served user is ranked as evaluation ranked)
         "dp_mean": None if recall else prepared["mean"],
         "rating_range": list(prepared_rating_range(prepared)),
-        "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold") if recall else None,
+        "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold")
+        if recall
+        else None,
         "encoder": config["encoder"],
         "feature_families": features if config["encoder"] == "features" else {},
-        "popularity_column": recall and config.get("popularity_column", False),  # counts.parquet beside it (an older run's fold-in had none)
-        "confidence_alpha": prepared.get("confidence_alpha"),  # implicit feedback: a history's counts weigh as in training (trainer.solve.confidence)
+        "popularity_column": recall
+        and config.get("popularity_column", False),  # counts.parquet beside it (an older run's fold-in had none)
+        "confidence_alpha": prepared.get(
+            "confidence_alpha"
+        ),  # implicit feedback: a history's counts weigh as in training (trainer.solve.confidence)
     }
 
 
@@ -168,38 +210,60 @@ def publish(run: Run, dest: str) -> dict:
     dest = dest.rstrip("/")
     inside, root = storage.canonical(dest), storage.canonical(run.root)
     if inside == root or inside.startswith(root.rstrip("/") + "/"):
-        raise UserError(f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere")
+        raise UserError(
+            f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere"
+        )
     summary = privacy_summary(run)
     marker_path = storage.join(dest, PUBLISHED)
     if storage.exists(marker_path):
         marker = storage.read_json(marker_path)
         if marker.get("run") == run.root:
             return marker
-        raise UserError(f"{dest} already holds the publication of run {marker.get('run')}; publish to a new destination")
+        raise UserError(
+            f"{dest} already holds the publication of run {marker.get('run')}; publish to a new destination"
+        )
     fs, inner = storage.filesystem(dest)
     local = storage.is_local(fs)
     if local and os.path.exists(inner) and os.listdir(inner):
         raise UserError(f"{dest} exists and is not a publication; publish to a new destination")
-    staging = storage.join(os.path.dirname(inner), f".{os.path.basename(inner)}.tmp-{uuid.uuid4().hex}") if local else dest
+    staging = (
+        storage.join(os.path.dirname(inner), f".{os.path.basename(inner)}.tmp-{uuid.uuid4().hex}") if local else dest
+    )
     try:
         files = ["encoder/" + name for name in _copy_tree(run.path("encoder"), storage.join(staging, "encoder"))]
         _copy_table(run.path("item_embeddings.parquet"), storage.join(staging, "item_embeddings.parquet"))
         storage.write_json(summary, storage.join(staging, "privacy.json"))
         settings = model_settings(run)
         storage.write_json(settings, storage.join(staging, "model.json"))
-        _copy_table(run.counts, storage.join(staging, "counts.parquet"))  # the DP counts release: a ranking fold-in's column, a new user's ranking
+        _copy_table(
+            run.counts, storage.join(staging, "counts.parquet")
+        )  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         contents = ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
-        if settings["loss"] != "logistic":  # the user side for TF Serving (a logistic fold-in is Newton's method: ssp recommend only)
+        if (
+            settings["loss"] != "logistic"
+        ):  # the user side for TF Serving (a logistic fold-in is Newton's method: ssp recommend only)
             from trainer import serving
             from trainer.recommend import PublishedModel
 
             model = PublishedModel.read(staging)
-            serving.export(model.item_ids, model.vectors, model.settings, model.popularity, storage.join(staging, serving.SERVING_FOLDER))
+            serving.export(
+                model.item_ids,
+                model.vectors,
+                model.settings,
+                model.popularity,
+                storage.join(staging, serving.SERVING_FOLDER),
+            )
             contents.append(serving.SERVING_FOLDER + "/")
-        marker = {"run": run.root, "published_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "epsilon_spent": summary["epsilon_spent"], "delta": summary["delta"], "unit": summary["unit"],
-                  "contents": sorted(contents), "encoder_files": files}
+        marker = {
+            "run": run.root,
+            "published_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "epsilon_spent": summary["epsilon_spent"],
+            "delta": summary["delta"],
+            "unit": summary["unit"],
+            "contents": sorted(contents),
+            "encoder_files": files,
+        }
         storage.write_json(marker, storage.join(staging, PUBLISHED))
         if local:
             if os.path.exists(inner):
@@ -220,6 +284,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     with existing_run_lock(args.run):
         marker = publish(Run(args.run), args.to)
-    print(f"published {args.run} to {args.to}: {', '.join(marker['contents'])} "
-          f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})")
+    print(
+        f"published {args.run} to {args.to}: {', '.join(marker['contents'])} "
+        f"({marker['unit']}-level epsilon {marker['epsilon_spent']:.4g}, delta {marker['delta']:g})"
+    )
     return 0

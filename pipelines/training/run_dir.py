@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from pipelines.base.lock import run_lock
 from pipelines.releases.counts import COUNTS_TABLE
-from pipelines.training.settings import check_recorded, TrainConfig
+from pipelines.training.settings import TrainConfig, check_recorded
 from schemas import storage
 from schemas.errors import UserError
 
@@ -77,7 +77,11 @@ class Run:
 
     def user_embeddings(self, s: int | None) -> str:
         """Private user embeddings of step s, or the final ones (s None) used for evaluation."""
-        return self.private("user_embeddings.parquet") if s is None else self.private(f"step-{s}", "user_embeddings.parquet")
+        return (
+            self.private("user_embeddings.parquet")
+            if s is None
+            else self.private(f"step-{s}", "user_embeddings.parquet")
+        )
 
     def item_embeddings(self, s: int) -> str:
         """The item embeddings after step s (step 0: the initial encoder, public features only)."""
@@ -93,14 +97,24 @@ class Run:
     def read_manifest(self) -> dict:
         """The manifest; a clear error when RUN holds no run (prepare has not run)."""
         if not storage.exists(self.manifest_path):
-            raise storage.MissingTableError(f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} ...`")
+            raise storage.MissingTableError(
+                f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} ...`"
+            )
         manifest = storage.read_json(self.manifest_path)
         shapes = {"config": dict, "prepared": dict, "steps_done": list}
-        wrong = [key for key, kind in shapes.items() if key in manifest and not isinstance(manifest[key], kind)] if isinstance(manifest, dict) else ["the document"]
-        if not wrong and not all(isinstance(s, int) and not isinstance(s, bool) for s in manifest.get("steps_done", [])):
+        wrong = (
+            [key for key, kind in shapes.items() if key in manifest and not isinstance(manifest[key], kind)]
+            if isinstance(manifest, dict)
+            else ["the document"]
+        )
+        if not wrong and not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in manifest.get("steps_done", [])
+        ):
             wrong = ["steps_done"]
         if wrong:
-            raise UserError(f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run")
+            raise UserError(
+                f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run"
+            )
         return manifest
 
     def prepared(self) -> dict:
@@ -108,9 +122,13 @@ class Run:
         settings checked as `ssp train` checks flags (a damaged manifest is refused, naming it)."""
         manifest = self.read_manifest()
         if "prepared" not in manifest:
-            raise UserError(f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first")
+            raise UserError(
+                f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first"
+            )
         if "config" not in manifest:
-            raise UserError(f"{self.manifest_path} is damaged: it has no settings (config); restore it or start a new run")
+            raise UserError(
+                f"{self.manifest_path} is damaged: it has no settings (config); restore it or start a new run"
+            )
         check_recorded(self.manifest_path, manifest["config"])
         self.require_ledger(manifest["config"].get("seed_file"))
         return manifest
@@ -122,8 +140,10 @@ class Run:
         from privacy.ledger import Ledger
 
         if not storage.exists(self.ledger):
-            raise UserError(f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
-                             "so it cannot go on: restore the ledger or start a new run")
+            raise UserError(
+                f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
+                "so it cannot go on: restore the ledger or start a new run"
+            )
         check_ledger_complete(Ledger.open(self.ledger), seed_file or self.private("seed"))
 
     def write_manifest(self, manifest: dict) -> None:
@@ -152,8 +172,10 @@ def require_steps(run: Run, manifest: dict, before: int) -> None:
     """Refuse to start work that needs outer steps 1..before-1 complete."""
     missing = [s for s in range(1, before) if s not in manifest["steps_done"]]
     if missing:
-        raise UserError(f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
-                         f"run its item update (`ssp item-update --run {run.root} --step {missing[0]}`) first")
+        raise UserError(
+            f"{run.root}: outer step {missing[0]} is not done (steps done: {manifest['steps_done'] or 'none'}); "
+            f"run its item update (`ssp item-update --run {run.root} --step {missing[0]}`) first"
+        )
 
 
 def config_of(run: Run, manifest: dict) -> TrainConfig:
@@ -162,7 +184,9 @@ def config_of(run: Run, manifest: dict) -> TrainConfig:
     recorded.setdefault("biases", False)  # recorded before the model had biases: it has none
     recorded.setdefault("user_prior", 0.0)  # recorded before the user ridge had a fixed part
     if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
-        raise UserError(f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run")
+        raise UserError(
+            f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run"
+        )
     return TrainConfig(**recorded, out=run.root)
 
 

@@ -15,15 +15,14 @@ import json
 import math
 from dataclasses import dataclass, fields
 
-
 from pipelines.data import ingest, splits
-from pipelines.engines import engine as engines, user_update
+from pipelines.engines import engine as engines
+from pipelines.engines import user_update
 from pipelines.releases import release
 from pipelines.releases.counts import DEFAULT_MAX_ITEMS_PER_USER
 from pipelines.releases.stats_core import LOSSES, StatsSettings
 from schemas import storage
 from schemas.errors import UserError
-
 
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
 # statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); item-mean: the DP
@@ -66,13 +65,19 @@ class TrainConfig:
     federated_max_dropout: float = 0.1  # --engine federated: the noise is planned for this share of clients missing
     federated_server: str = "honest"  # --engine federated: the simulated server (pipelines.engines.federated.SERVERS; "partition" for drills)
     item_update: str = "ssp"
-    loss: str = "square"  # "logistic": implicit feedback's logistic loss, by SSP-convex (privacy.quadratic); --protocol recall
+    loss: str = (
+        "square"  # "logistic": implicit feedback's logistic loss, by SSP-convex (privacy.quadratic); --protocol recall
+    )
     encoder: str = "features"
     encoder_init: str = "principal"  # the features encoder's start: the DP-count-weighted principal directions of the public features, or random
     item_id_feature: bool | None = None  # None: on (the per-item residual of the features encoder)
-    popularity_column: bool = True  # --protocol recall: the fold-in also gets the DP counts as a column (trainer.evaluate.with_popularity)
+    popularity_column: bool = (
+        True  # --protocol recall: the fold-in also gets the DP counts as a column (trainer.evaluate.with_popularity)
+    )
     dim: int | None = None  # None: 32 for non-private runs, 8 for private ones
-    outer_steps: int | None = None  # None: `_default_outer_steps` (1 for AM-SSP with biases and the per-item mean, NON_PRIVATE_OUTER_STEPS without noise, else 2)
+    outer_steps: int | None = (
+        None  # None: `_default_outer_steps` (1 for AM-SSP with biases and the per-item mean, NON_PRIVATE_OUTER_STEPS without noise, else 2)
+    )
     resamples: int = 1
     clip_u: float = 0.3  # against item embeddings of unit RMS norm: most users are clipped, i.e. normalised
     clip_y: float | None = None  # centred labels; None: 1.5 for ratings, 1 for ranking (its labels are 1)
@@ -81,11 +86,17 @@ class TrainConfig:
     max_items_per_user: int = DEFAULT_MAX_ITEMS_PER_USER
     count_share: float = release.DEFAULT_COUNT_SHARE
     mean_share: float = release.DEFAULT_MEAN_SHARE
-    lambda_u: float | None = None  # the user ridge per rating: lambda_u n for a user with n ratings; None: 0.01 with biases, else 0.1
-    user_prior: float | None = None  # the user ridge's fixed part (a prior precision, in the unit-RMS item vectors' units); None: 20 with biases, else 0
+    lambda_u: float | None = (
+        None  # the user ridge per rating: lambda_u n for a user with n ratings; None: 0.01 with biases, else 0.1
+    )
+    user_prior: float | None = (
+        None  # the user ridge's fixed part (a prior precision, in the unit-RMS item vectors' units); None: 20 with biases, else 0
+    )
     biases: bool | None = None  # None: on where the model supports them (see __post_init__)
     lambda_bias: float = 5.0  # the user bias's ridge: a pseudo-count of zero residuals (trainer.solve.ridge_solve)
-    bias_coordinate: float | None = None  # c / clip_u, the constant appended to each clipped user vector (pipelines.releases.stats_core); None: by epsilon
+    bias_coordinate: float | None = (
+        None  # c / clip_u, the constant appended to each clipped user vector (pipelines.releases.stats_core); None: by epsilon
+    )
     epochs: int = 30
     batch_size: int | None = None  # None: trainer.ssp.auto_batch_size of the covered catalog
     learning_rate: float = 0.01
@@ -93,8 +104,12 @@ class TrainConfig:
     noise_ridge: float = 0.25
     gravity: float | None = None  # None: 0.1 for the ranking protocol (implicit feedback), 0 otherwise
     fold_in_gravity: float | None = None  # the gravity of a held-out or served user's fold-in; None: see __post_init__
-    train_item_fraction: float | None = None  # ranking protocol: share of the catalog (top by DP count) the statistics cover; None: see __post_init__
-    stats_threshold: float | None = None  # the statistics cover the items whose DP count is >= this times N/S; None: see stats_threshold_of
+    train_item_fraction: float | None = (
+        None  # ranking protocol: share of the catalog (top by DP count) the statistics cover; None: see __post_init__
+    )
+    stats_threshold: float | None = (
+        None  # the statistics cover the items whose DP count is >= this times N/S; None: see stats_threshold_of
+    )
     gram_share: float = release.DEFAULT_GRAM_SHARE
     psd_projection: bool = True
     feature_weight: float = 1.0  # DP-CMF: weight mu of the public feature rows
@@ -105,7 +120,9 @@ class TrainConfig:
     dpsgd_learning_rate: float = 0.01
     dpsgd_clip: float = 1.0  # per-user gradient clip norm C
     dpsgd_max_rows_per_user: int = 256
-    positive_threshold: float | None = None  # --protocol recall: labels above it are positives; None: the top 30% of the rating scale (splits.positive_threshold_for)
+    positive_threshold: float | None = (
+        None  # --protocol recall: labels above it are positives; None: the top 30% of the rating scale (splits.positive_threshold_for)
+    )
     confidence_alpha: float = 1.0  # implicit feedback: a (user, item) that came n times weighs trainer.solve.confidence(n, alpha); 0: once is once
     rating_min: float | None = None  # None: the data set's declared rating scale (see rating_range)
     rating_max: float | None = None
@@ -113,9 +130,13 @@ class TrainConfig:
     holdout: float = splits.DEFAULT_HOLDOUT  # 0: production mode, every row trains and nothing is held out
     model_seed: int = 0
     shards: int = 4
-    anchor: float = 10.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
+    anchor: float = (
+        10.0  # the shared encoder held near where each item update began, in units of S + N (see _ssp_penalties)
+    )
     residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
-    budget_account: str | None = None  # None: the data source's account in the registry (privacy.account), found by content
+    budget_account: str | None = (
+        None  # None: the data source's account in the registry (privacy.account), found by content
+    )
     account_cap: float | None = None
     account_window_days: float | None = None
 
@@ -131,7 +152,9 @@ class TrainConfig:
         if self.dim is None:
             ranking = 32 if self.epsilon >= 10 else 16
             ratings = 16 if self.epsilon >= 5 else 8
-            object.__setattr__(self, "dim", 32 if self.non_private else ranking if self.protocol == "recall" else ratings)
+            object.__setattr__(
+                self, "dim", 32 if self.non_private else ranking if self.protocol == "recall" else ratings
+            )
         if self.clip_y is None:
             # A ratings label clip is a bias as well as a bound: centred 1..5 stars reach -2.6, and at
             # clip 1 every item's mean (and bias) was pulled a third of the way to 0. `ssp synth --like
@@ -147,7 +170,9 @@ class TrainConfig:
             # (d 8); at 100,000 users x 20 ratings, epsilon 5, k 4 beat 2 under label clip 1 (0.9613 /
             # 0.9657). So the bias's share, 80% up to epsilon 5, falls to 67% at 10 and 50% at 20 (k =
             # sqrt(20 / epsilon)); without noise k changes nothing (non-private: 0.8588 at k 0.25 and 1).
-            rule = min(2.0, math.sqrt(20.0 / self.epsilon)) if 0 < self.epsilon < math.inf else 2.0  # a bad epsilon is refused below, by name
+            rule = (
+                min(2.0, math.sqrt(20.0 / self.epsilon)) if 0 < self.epsilon < math.inf else 2.0
+            )  # a bad epsilon is refused below, by name
             object.__setattr__(self, "bias_coordinate", rule)
         if self.weight_exponent is None:
             # Ranking: every Recall@20 hit is on a popular item (the top fifth; the other fifths score 0
@@ -161,17 +186,33 @@ class TrainConfig:
             # 6,040 users, test (valid) Recall@20 without / with, k 2 or 1 by default / k 0.5: epsilon 5
             # 0.1285 (0.1385) / 0.1248 (0.1377) / 0.1274 (0.1389); epsilon 20 0.1534 (0.1590) / 0.1369
             # (0.1481) / 0.1522 (0.1627), one seed.
-            object.__setattr__(self, "biases", self.protocol == "rmse" and self.loss == "square" and self.item_update in BIASED_UPDATES
-                               and self.engine in ENGINES and engines.supports(self.engine, "biases"))
+            object.__setattr__(
+                self,
+                "biases",
+                self.protocol == "rmse"
+                and self.loss == "square"
+                and self.item_update in BIASED_UPDATES
+                and self.engine in ENGINES
+                and engines.supports(self.engine, "biases"),
+            )
         if self.biases:
-            problems = [flag for flag, wrong in (("--loss square", self.loss != "square"), (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES)) if wrong]
+            problems = [
+                flag
+                for flag, wrong in (
+                    ("--loss square", self.loss != "square"),
+                    (f"--item-update {' or '.join(BIASED_UPDATES)}", self.item_update not in BIASED_UPDATES),
+                )
+                if wrong
+            ]
             if problems:
                 raise UserError(f"--biases needs {', '.join(problems)} (use --no-biases otherwise)")
         if self.outer_steps is None:  # a private run splits its budget over the steps; a non-private one converges
             object.__setattr__(self, "outer_steps", self._default_outer_steps())
         if self.item_update == "item-mean" and self.outer_steps != 1:
-            raise UserError("--item-update item-mean releases the same statistics at every step (its users never change): one outer step "
-                             "(--resamples R averages R copies)")
+            raise UserError(
+                "--item-update item-mean releases the same statistics at every step (its users never change): one outer step "
+                "(--resamples R averages R copies)"
+            )
         if self.lambda_u is None or self.user_prior is None:
             # A user ridge proportional to the user's ratings (weighted-lambda ALS) shrinks a light user's
             # embedding as little as a heavy one's: at 100,000 users x 20 ratings the embedding then hurt
@@ -184,7 +225,9 @@ class TrainConfig:
                 object.__setattr__(self, "lambda_u", 0.01 if rated else user_update.DEFAULT_LAMBDA_U)
             if self.user_prior is None:
                 object.__setattr__(self, "user_prior", 20.0 if rated else 0.0)
-        if self.item_id_feature is None:  # the per-item residual, held at the features by its penalty until the data outweighs the noise
+        if (
+            self.item_id_feature is None
+        ):  # the per-item residual, held at the features by its penalty until the data outweighs the noise
             object.__setattr__(self, "item_id_feature", True)
         if self.gravity is None:  # the logistic loss has its negatives in its statistics
             object.__setattr__(self, "gravity", 0.1 if self.protocol == "recall" and self.loss == "square" else 0.0)
@@ -207,7 +250,9 @@ class TrainConfig:
             # to score low from their own statistics and the gravity term).
             object.__setattr__(self, "train_item_fraction", splits.TRAIN_ITEM_FRACTION if self.encoder == "id" else 1.0)
         if self.stats_threshold and self.encoder == "id":
-            raise UserError("--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics")
+            raise UserError(
+                "--stats-threshold needs the features encoder: an id encoder has no embedding for an item outside the statistics"
+            )
         if self.protocol not in splits.PROTOCOLS:
             raise UserError(f"--protocol must be one of {splits.PROTOCOLS}, got {self.protocol!r}")
         if self.encoder_init not in ENCODER_INITS:
@@ -215,14 +260,27 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise UserError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic":
-            problems = [flag for flag, wrong in (("--protocol recall", self.protocol != "recall"),
-                                                 ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
-                                                 ("--gravity 0", self.gravity != 0),
-                                                 ("--weight-exponent 0", self.weight_exponent != 0)) if wrong]
+            problems = [
+                flag
+                for flag, wrong in (
+                    ("--protocol recall", self.protocol != "recall"),
+                    ("--item-update ssp, dpsgd or none", self.item_update not in ("ssp", "dpsgd", "none")),
+                    ("--gravity 0", self.gravity != 0),
+                    ("--weight-exponent 0", self.weight_exponent != 0),
+                )
+                if wrong
+            ]
             if problems:
                 raise UserError(f"--loss logistic (SSP-convex on implicit feedback) needs {', '.join(problems)}")
-        engines.check_supported(self.engine, {"biases": self.biases, "logistic": self.loss == "logistic", "no-statistics": self.item_update not in STATS_UPDATES,
-                                              "rounds": self.federated_server != "honest"})
+        engines.check_supported(
+            self.engine,
+            {
+                "biases": self.biases,
+                "logistic": self.loss == "logistic",
+                "no-statistics": self.item_update not in STATS_UPDATES,
+                "rounds": self.federated_server != "honest",
+            },
+        )
         for name in ("federated_dropout", "federated_max_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(self, name)}")
@@ -230,20 +288,32 @@ class TrainConfig:
             from pipelines.engines.federated import SERVERS
 
             if self.federated_server not in SERVERS:
-                raise UserError(f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}")
+                raise UserError(
+                    f"--federated-server must be one of {SERVERS}, with --engine federated; got {self.federated_server!r}"
+                )
         if self.item_update not in ITEM_UPDATES:
             raise UserError(f"--item-update must be one of {ITEM_UPDATES}, got {self.item_update!r}")
         if self.item_update == "item-mean" and not self.biases:
             raise UserError("--item-update item-mean is a model of item biases alone: drop --no-biases")
         if self.item_update in ("als", "cmf", "item-mean") and self.encoder != "id":
-            raise UserError(f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id")
+            raise UserError(
+                f"--item-update {self.item_update} solves one free vector per item: use it with --encoder id"
+            )
         if None not in (self.rating_min, self.rating_max) and not self.rating_min < self.rating_max:
             raise UserError(f"rating range must have min < max, got [{self.rating_min}, {self.rating_max}]")
-        if isinstance(self.holdout, bool) or not isinstance(self.holdout, (int, float)) or not 0.0 <= self.holdout < 1.0:
-            raise UserError(f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}")
+        if (
+            isinstance(self.holdout, bool)
+            or not isinstance(self.holdout, (int, float))
+            or not 0.0 <= self.holdout < 1.0
+        ):
+            raise UserError(
+                f"--holdout must be a number in [0, 1) (the share held out for evaluation; 0 trains on every row), got {self.holdout!r}"
+            )
         _check_settings(self)
         self.privacy()  # validates the budget and plan
-        release.check_bounds(self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip)  # before anything is written or spent
+        release.check_bounds(
+            self.settings(), not self.non_private, self.max_items_per_user, self.dpsgd_clip
+        )  # before anything is written or spent
 
     def privacy(self, units: int | None = None) -> release.PrivacySettings:
         """The run's budget plan. An AM-DPSGD run plans its DP-SGD steps over `units`, the DP number
@@ -254,15 +324,29 @@ class TrainConfig:
         dpsgd = None
         if self.item_update == "dpsgd":
             dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
-        common = dict(delta=self.delta, outer_steps=self.outer_steps, resamples=self.resamples, count_share=self.count_share,
-                      mean_share=mean_share, gram_share=gram_share, dpsgd=dpsgd)
-        accountant = engines.ENGINES[self.engine].accountant  # federated: its Skellam noise is accounted on integer RDP orders
+        common = dict(
+            delta=self.delta,
+            outer_steps=self.outer_steps,
+            resamples=self.resamples,
+            count_share=self.count_share,
+            mean_share=mean_share,
+            gram_share=gram_share,
+            dpsgd=dpsgd,
+        )
+        accountant = engines.ENGINES[
+            self.engine
+        ].accountant  # federated: its Skellam noise is accounted on integer RDP orders
         if accountant is not None:
             common["accountant"] = accountant
         if self.non_private:  # no release leaves the trusted zone: nothing to charge to the data source
             return release.PrivacySettings(noise_multiplier=0.0, **common)
-        return release.PrivacySettings(epsilon=self.epsilon, account=self.budget_account, account_cap=self.account_cap,
-                                       account_window_days=self.account_window_days, **common)
+        return release.PrivacySettings(
+            epsilon=self.epsilon,
+            account=self.budget_account,
+            account_cap=self.account_cap,
+            account_window_days=self.account_window_days,
+            **common,
+        )
 
     @property
     def embedding_dim(self) -> int:
@@ -298,12 +382,32 @@ class TrainConfig:
         return 1 if self.item_update == "ssp" and self.biases else release.DEFAULT_OUTER_STEPS
 
     def settings(self) -> StatsSettings:
-        confidence = self.protocol == "recall" and self.loss == "square"  # the ranking rows' labels are their confidences (pipelines.releases.mean.centred)
+        confidence = (
+            self.protocol == "recall" and self.loss == "square"
+        )  # the ranking rows' labels are their confidences (pipelines.releases.mean.centred)
         if self.non_private:  # no noise, no clipping limits, plain sums (the logistic loss keeps its per-user weights)
-            return StatsSettings(self.encoder_dim, math.inf, math.inf, "example", 1.0, self.weight_exponent, self.loss, bias=self.bias_of_release,
-                                 confidence=confidence)
-        return StatsSettings(self.encoder_dim, self.clip_u, self.clip_y, "user", self.wbar, self.weight_exponent, self.loss, bias=self.bias_of_release,
-                             confidence=confidence)
+            return StatsSettings(
+                self.encoder_dim,
+                math.inf,
+                math.inf,
+                "example",
+                1.0,
+                self.weight_exponent,
+                self.loss,
+                bias=self.bias_of_release,
+                confidence=confidence,
+            )
+        return StatsSettings(
+            self.encoder_dim,
+            self.clip_u,
+            self.clip_y,
+            "user",
+            self.wbar,
+            self.weight_exponent,
+            self.loss,
+            bias=self.bias_of_release,
+            confidence=confidence,
+        )
 
     @property
     def bias_of_release(self) -> float:
@@ -323,9 +427,16 @@ class TrainConfig:
         non-private run."""
         from trainer.dpsgd import DPSGDConfig
 
-        return DPSGDConfig(epochs=self.dpsgd_epochs, batch_size=min(self.dpsgd_batch_size, units), learning_rate=self.dpsgd_learning_rate,
-                           l2_norm_clip=math.inf if self.non_private else self.dpsgd_clip, max_rows_per_user=self.dpsgd_max_rows_per_user,
-                           unit=self.unit_of_privacy(), seed=seed, loss=self.loss)
+        return DPSGDConfig(
+            epochs=self.dpsgd_epochs,
+            batch_size=min(self.dpsgd_batch_size, units),
+            learning_rate=self.dpsgd_learning_rate,
+            l2_norm_clip=math.inf if self.non_private else self.dpsgd_clip,
+            max_rows_per_user=self.dpsgd_max_rows_per_user,
+            unit=self.unit_of_privacy(),
+            seed=seed,
+            loss=self.loss,
+        )
 
     def dpsgd_schedule(self, units: int) -> tuple[float, int]:
         """(sampling probability, steps) of one outer step's DP-SGD training over `units` units."""
@@ -336,21 +447,57 @@ class TrainConfig:
 
 # Every numeric setting's valid range, checked before anything is written or spent: a setting found
 # wrong after the first release would strand a run whose budget is partly spent.
-_POSITIVE_INTS = ("dim", "outer_steps", "resamples", "max_items_per_user", "epochs", "batch_size", "cmf_iterations", "dpsgd_batch_size",
-                  "dpsgd_max_rows_per_user", "shards")
+_POSITIVE_INTS = (
+    "dim",
+    "outer_steps",
+    "resamples",
+    "max_items_per_user",
+    "epochs",
+    "batch_size",
+    "cmf_iterations",
+    "dpsgd_batch_size",
+    "dpsgd_max_rows_per_user",
+    "shards",
+)
 
 
 _NON_NEGATIVE_INTS = ("split_seed", "model_seed")
 
 
-_POSITIVE_FLOATS = ("learning_rate", "lambda_u", "lambda_bias", "bias_coordinate", "feature_ridge", "dpsgd_epochs", "dpsgd_learning_rate", "train_item_fraction")
+_POSITIVE_FLOATS = (
+    "learning_rate",
+    "lambda_u",
+    "lambda_bias",
+    "bias_coordinate",
+    "feature_ridge",
+    "dpsgd_epochs",
+    "dpsgd_learning_rate",
+    "train_item_fraction",
+)
 
 
-_NON_NEGATIVE_FLOATS = ("user_prior", "ridge", "noise_ridge", "residual_penalty", "anchor", "gravity", "fold_in_gravity", "feature_weight", "gram_share", "mean_share",
-                        "stats_threshold", "confidence_alpha")
+_NON_NEGATIVE_FLOATS = (
+    "user_prior",
+    "ridge",
+    "noise_ridge",
+    "residual_penalty",
+    "anchor",
+    "gravity",
+    "fold_in_gravity",
+    "feature_weight",
+    "gram_share",
+    "mean_share",
+    "stats_threshold",
+    "confidence_alpha",
+)
 
 
-_CHOSEN_AT_PREPARE = ("positive_threshold", "stats_threshold", "rating_min", "rating_max")  # None: the default rule, applied to the DP counts once they are released
+_CHOSEN_AT_PREPARE = (
+    "positive_threshold",
+    "stats_threshold",
+    "rating_min",
+    "rating_max",
+)  # None: the default rule, applied to the DP counts once they are released
 
 
 _CHOSEN_BY_THE_TRAINER = ("batch_size",)  # None: the trainer's rule, applied to the catalog the statistics cover
@@ -361,6 +508,7 @@ _FINITE_FLOATS = ("weight_exponent", "rating_min", "rating_max", "positive_thres
 
 def _check_settings(config: TrainConfig) -> None:
     """Refuse any setting outside its range (NaN included), naming the flag."""
+
     def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
 
@@ -369,7 +517,9 @@ def _check_settings(config: TrainConfig) -> None:
         if value is None and name in _CHOSEN_BY_THE_TRAINER:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE_INTS else 0):
-            raise UserError(f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}")
+            raise UserError(
+                f"{flag(name)} must be {'a positive' if name in _POSITIVE_INTS else 'a non-negative'} integer, got {value!r}"
+            )
     for name in _POSITIVE_FLOATS + _NON_NEGATIVE_FLOATS + _FINITE_FLOATS:
         value = getattr(config, name)
         if value is None and name in _CHOSEN_AT_PREPARE:
@@ -379,7 +529,9 @@ def _check_settings(config: TrainConfig) -> None:
         if name in _POSITIVE_FLOATS and value <= 0 or name in _NON_NEGATIVE_FLOATS and value < 0:
             raise UserError(f"{flag(name)} must be {'> 0' if name in _POSITIVE_FLOATS else '>= 0'}, got {value!r}")
     if config.train_item_fraction > 1:
-        raise UserError(f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}")
+        raise UserError(
+            f"--train-item-fraction is a share of the catalog: it must be <= 1, got {config.train_item_fraction!r}"
+        )
 
 
 def read_config(path: str) -> dict:
@@ -414,7 +566,12 @@ def _typed_settings(where: str, document: dict) -> dict:
             raise UserError(f"{where}: unknown setting {key!r} (the settings are `ssp train`'s flags)")
         kind = kinds[name] if isinstance(kinds[name], str) else kinds[name].__name__
         wanted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}[kind.split(" ")[0]]
-        if value is None and "None" in kind or isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted):
+        if (
+            value is None
+            and "None" in kind
+            or isinstance(value, wanted)
+            and not (isinstance(value, bool) and bool not in wanted)
+        ):
             settings[name] = float(value) if wanted == (int, float) and value is not None else value
         else:
             raise UserError(f"{where}: {key} must be {kind.replace(' | None', '')}, got {value!r}")
@@ -423,7 +580,9 @@ def _typed_settings(where: str, document: dict) -> dict:
 
 def check_recorded(path: str, recorded: dict) -> None:
     """A run manifest's recorded settings: known, of their types and in their ranges, as flags are."""
-    settings = _typed_settings(path, {key: value for key, value in recorded.items() if key != "unit"})  # unit: recorded by older versions
+    settings = _typed_settings(
+        path, {key: value for key, value in recorded.items() if key != "unit"}
+    )  # unit: recorded by older versions
     try:
         TrainConfig(**{**settings, "out": "-"})
     except ValueError as exc:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-
 from pipelines.engines.spark import jobs_started
 from pipelines.training import user_stage
 from pipelines.training.evaluation import evaluate
@@ -64,7 +63,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool
             if count_jobs:
                 layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 
-        with run_engine(layout, config, spark) as engine:  # a Spark session is opened when a stage first needs it (a refused run starts no JVM)
+        with run_engine(
+            layout, config, spark
+        ) as engine:  # a Spark session is opened when a stage first needs it (a refused run starts no JVM)
             with timed("prepare"):  # on a resumed run: the check of its recorded settings
                 prepare(config, progress, engine)
             for s in range(1, config.outer_steps + 1):
@@ -73,7 +74,9 @@ def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool
                 if not engine.solves_users_in_release:  # federated clients solve their embeddings in the stats round
                     with timed(f"step-{s}/user_update"):
                         user_stage.run_step(engine, layout.root, s)
-                if config.item_update not in ("dpsgd", "none") and covers_items(layout.read_manifest()):  # AM-DPSGD releases no statistics, the starting point none
+                if config.item_update not in ("dpsgd", "none") and covers_items(
+                    layout.read_manifest()
+                ):  # AM-DPSGD releases no statistics, the starting point none
                     with timed(f"step-{s}/stats"):
                         summary = release_stats(layout, s, engine)
                     if "kernel_task_seconds" in summary:  # the Spark and local jobs' (Beam's runners time their own)

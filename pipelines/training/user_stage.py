@@ -16,9 +16,9 @@ import argparse
 
 from pipelines.engines.engine import Engine, engine_of
 from pipelines.engines.user_update import DEFAULT_LAMBDA_U, UserSolve
-from pipelines.training.run_dir import config_of, existing_run_lock, require_steps, Run
-from trainer.solve import user_bias_ridge
+from pipelines.training.run_dir import Run, config_of, existing_run_lock, require_steps
 from schemas.errors import UserError
+from trainer.solve import user_bias_ridge
 
 
 def run_step(engine: Engine, root: str, step: int | None) -> int:
@@ -33,29 +33,58 @@ def run_step(engine: Engine, root: str, step: int | None) -> int:
         raise UserError(f"--step must be an outer step of the run, 1..{steps}, got {step}")
     require_steps(layout, manifest, steps + 1 if step is None else step)
     source = layout.item_embeddings(steps if step is None else step - 1)
-    solve = UserSolve(config.lambda_u, config.vector_dim, config.gravity, config.loss, user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
-                      constant=config.item_update == "item-mean", prior=config.user_prior, confidence=config.settings().confidence)
+    solve = UserSolve(
+        config.lambda_u,
+        config.vector_dim,
+        config.gravity,
+        config.loss,
+        user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
+        constant=config.item_update == "item-mean",
+        prior=config.user_prior,
+        confidence=config.settings().confidence,
+    )
     solved = engine.user_update(layout.centred, source, layout.user_embeddings(step), solve)
-    layout.record_seconds("final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds")
+    layout.record_seconds(
+        "final_user_update" if step is None else f"step-{step}/user_update", solved.solve_seconds, "kernel_seconds"
+    )
     return solved.users
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     stage = parser.add_argument_group("a stage of a training run (inputs and settings from RUN/manifest.json)")
     stage.add_argument("--run", help="run directory prepared by `ssp train --stage prepare`")
-    stage.add_argument("--step", type=int, help="with --run: outer step s (its users against step s-1's item embeddings)")
-    stage.add_argument("--final", action="store_true", help="with --run: the final user update (against the last step's item embeddings), for evaluation")
+    stage.add_argument(
+        "--step", type=int, help="with --run: outer step s (its users against step s-1's item embeddings)"
+    )
+    stage.add_argument(
+        "--final",
+        action="store_true",
+        help="with --run: the final user update (against the last step's item embeddings), for evaluation",
+    )
     tables = parser.add_argument_group("explicit tables")
     tables.add_argument("--interactions", help="interactions table (private)")
     tables.add_argument("--item-embeddings", help="item embeddings table (a release or public initialisation)")
     tables.add_argument("--out", help="user embeddings table to write (private)")
-    tables.add_argument("--lambda-u", type=float, help=f"ridge of the user solve, lambda_u n I for a user with n ratings (trusted side: no privacy effect; default: {DEFAULT_LAMBDA_U})")
+    tables.add_argument(
+        "--lambda-u",
+        type=float,
+        help=f"ridge of the user solve, lambda_u n I for a user with n ratings (trusted side: no privacy effect; default: {DEFAULT_LAMBDA_U})",
+    )
     tables.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
-    parser.add_argument("--master", help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, unless spark-submit sets one)")
+    parser.add_argument(
+        "--master",
+        help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, unless spark-submit sets one)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    explicit = {"--interactions": args.interactions, "--item-embeddings": args.item_embeddings, "--out": args.out, "--lambda-u": args.lambda_u, "--dim": args.dim}
+    explicit = {
+        "--interactions": args.interactions,
+        "--item-embeddings": args.item_embeddings,
+        "--out": args.out,
+        "--lambda-u": args.lambda_u,
+        "--dim": args.dim,
+    }
     if args.run is not None:
         given = [flag for flag, value in explicit.items() if value is not None]
         if given:

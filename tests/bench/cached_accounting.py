@@ -28,7 +28,11 @@ def calibrate(epsilon, delta, plan, accountant=accounting.DEFAULT_ACCOUNTANT):
 
 
 def epsilon_of(events, delta, accountant=accounting.DEFAULT_ACCOUNTANT):
-    key = (json.dumps([accounting.event_to_json(event) for event in accounting.canonical(events)], sort_keys=True), delta, accountant)
+    key = (
+        json.dumps([accounting.event_to_json(event) for event in accounting.canonical(events)], sort_keys=True),
+        delta,
+        accountant,
+    )
     if key not in _SPENT:
         _SPENT[key] = _epsilon_of(events, delta, accountant)
     return _SPENT[key]

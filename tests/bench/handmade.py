@@ -11,12 +11,25 @@ SIZE = {"epsilons": [1.0, 10.0], "trials": 2, "base": {"epochs": 2}, "caps": {}}
 def value(test: float, spent: float | None = 1.0, sliced=None, times=(1.0, 2.0), steps=None) -> dict:
     """A cell value as training.run_cell records it (valid = test; trajectory `steps` at `times`)."""
     steps = steps or [test] * len(times)
-    return {"valid": test, "test": test, "test_sliced": sliced or [test] * training.BUCKETS, "epsilon_spent": spent, "seconds": times[-1],
-            "trajectory": [{"step": s, "seconds": t, "valid": v, "test": v} for s, (t, v) in enumerate(zip(times, steps))]}
+    return {
+        "valid": test,
+        "test": test,
+        "test_sliced": sliced or [test] * training.BUCKETS,
+        "epsilon_spent": spent,
+        "seconds": times[-1],
+        "trajectory": [{"step": s, "seconds": t, "valid": v, "test": v} for s, (t, v) in enumerate(zip(times, steps))],
+    }
 
 
-def fill_privacy_utility(out: str, protocol: str, tests: dict, size: dict = SIZE, valids: dict | None = None, data: str = DATA,
-                         test_data: str | None = None) -> dict:
+def fill_privacy_utility(
+    out: str,
+    protocol: str,
+    tests: dict,
+    size: dict = SIZE,
+    valids: dict | None = None,
+    data: str = DATA,
+    test_data: str | None = None,
+) -> dict:
     """Record the privacy-utility cells of `tests` {(method, epsilon): [test metric or cell value per
     seed]}: the study's trials on `data` (through privacy_utility.study, as the experiment runs
     them), scored `valids` {(method, epsilon): [valid per trial]} (default: the last trial best),
@@ -26,10 +39,19 @@ def fill_privacy_utility(out: str, protocol: str, tests: dict, size: dict = SIZE
     metric = training.METRICS[protocol]
     chosen = {}
     for (name, eps), per_seed in tests.items():
-        scores = (valids or {}).get((name, eps)) or [1.0 - 0.1 * k if metric.lower_is_better else 0.1 * k for k in range(size["trials"])]
-        trials = privacy_utility.study(results, data, protocol, name, eps, size, lambda p: value(scores[p["seed"]], spent=eps))
-        chosen[(name, eps)] = trials[privacy_utility.best_trial([t["value"] for t in trials], protocol)]["params"]["config"]
-        for params, cell in zip(privacy_utility.test_params(test_data or data, protocol, name, eps, chosen[(name, eps)], len(per_seed)), per_seed):
+        scores = (valids or {}).get((name, eps)) or [
+            1.0 - 0.1 * k if metric.lower_is_better else 0.1 * k for k in range(size["trials"])
+        ]
+        trials = privacy_utility.study(
+            results, data, protocol, name, eps, size, lambda p: value(scores[p["seed"]], spent=eps)
+        )
+        chosen[(name, eps)] = trials[privacy_utility.best_trial([t["value"] for t in trials], protocol)]["params"][
+            "config"
+        ]
+        for params, cell in zip(
+            privacy_utility.test_params(test_data or data, protocol, name, eps, chosen[(name, eps)], len(per_seed)),
+            per_seed,
+        ):
             results.put(privacy_utility.NAME, params, cell if isinstance(cell, dict) else value(cell, spent=eps))
     return chosen
 

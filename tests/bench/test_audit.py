@@ -13,8 +13,8 @@ import sys
 import cached_accounting
 import numpy as np
 import pytest
-from bench import audit
 
+from bench import audit
 from pipelines.base import logs
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
@@ -93,7 +93,14 @@ def test_ssp_audit_quick_passes_on_the_product(in_process, capsys):
     code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q")
     assert code == 0, stdout
     rows = _table(stdout)
-    assert set(rows) == {"counts", "stats step 1", "stats step 2", "stats steps 1-2 (difference)", "all releases composed", "seed-file copy, stats step 1"}
+    assert set(rows) == {
+        "counts",
+        "stats step 1",
+        "stats step 2",
+        "stats steps 1-2 (difference)",
+        "all releases composed",
+        "seed-file copy, stats step 1",
+    }
     assert all(bound <= claimed for claimed, bound in rows.values())
     assert rows["all releases composed"][0] == pytest.approx(4.0, rel=1e-6)
     assert rows["all releases composed"][1] > 0  # the audit sees the releases at all
@@ -108,8 +115,13 @@ def test_ssp_audit_finds_a_planted_seed_copy(in_process, capsys):
     assert "FAIL" in stdout
 
 
-@pytest.mark.parametrize("plant, found", [("sensitivity", {"stats step 1", "stats step 2", "all releases composed"}),
-                                          ("shared-noise", {"stats steps 1-2 (difference)", "seed-file copy, stats step 1"})])
+@pytest.mark.parametrize(
+    "plant, found",
+    [
+        ("sensitivity", {"stats step 1", "stats step 2", "all releases composed"}),
+        ("shared-noise", {"stats steps 1-2 (difference)", "seed-file copy, stats step 1"}),
+    ],
+)
 def test_planted_defects_exceed_the_claim(in_process, tmp_path, plant, found):
     """The rows that must see each defect do (shared noise leaves every release alone a correct
     Gaussian release: only pairs of releases see it)."""

@@ -31,7 +31,9 @@ def test_power_law_frequencies_by_hand():
     # m = 2, alpha = 2: upper quantiles 1/4 and 3/4 -> counts 4 and 4/3 -> frequencies 3/4, 1/4
     np.testing.assert_allclose(complexity.power_law_frequencies(2, 2.0), [0.75, 0.25])
     # alpha = 3: counts (1/4)^(-1/2) = 2 and (3/4)^(-1/2) = 2/sqrt(3)
-    np.testing.assert_allclose(complexity.power_law_frequencies(2, 3.0), np.array([2, 2 / np.sqrt(3)]) / (2 + 2 / np.sqrt(3)))
+    np.testing.assert_allclose(
+        complexity.power_law_frequencies(2, 3.0), np.array([2, 2 / np.sqrt(3)]) / (2 + 2 / np.sqrt(3))
+    )
     with pytest.raises(ValueError):
         complexity.power_law_frequencies(2, 1.0)
 

@@ -37,7 +37,7 @@ def test_an_interrupted_run_keeps_its_finished_cells(tmp_path):
     def compute(params):
         calls.append(params["x"])
         if params["x"] == 1:  # the first cell is on disk before the second starts
-            assert json.loads(path.read_text())["cells"]["toy|{\"x\": 0}"]["value"] == {"x": 0}
+            assert json.loads(path.read_text())["cells"]['toy|{"x": 0}']["value"] == {"x": 0}
         if params["x"] == 2 and len(calls) == 3:
             raise KeyboardInterrupt
         return {"x": params["x"]}
@@ -52,7 +52,9 @@ def test_an_interrupted_run_keeps_its_finished_cells(tmp_path):
 def _toy_experiment(name, counter):
     def run(ctx):
         counter.append(name)
-        value = ctx.results.run(name, [{"seed": s} for s in range(ctx.seeds)], lambda p: {"y": p["seed"] + 1.0}, ctx.progress)
+        value = ctx.results.run(
+            name, [{"seed": s} for s in range(ctx.seeds)], lambda p: {"y": p["seed"] + 1.0}, ctx.progress
+        )
         fig, (ax,) = harness.new_figure()
         harness.mean_std_band(ax, [0, 1], [[v["y"], 2 * v["y"]] for v in value], "toy")
         harness.finish(ax, f"{name} title", "x axis (s)", "y axis (m)")
@@ -67,7 +69,11 @@ def _toy_experiment(name, counter):
 
 def test_report_holds_every_section_and_figure_in_registered_order(tmp_path, monkeypatch):
     counter = []
-    monkeypatch.setattr(harness, "EXPERIMENTS", {"first": _toy_experiment("first", counter), "second": _toy_experiment("second", counter)})
+    monkeypatch.setattr(
+        harness,
+        "EXPERIMENTS",
+        {"first": _toy_experiment("first", counter), "second": _toy_experiment("second", counter)},
+    )
     out = str(tmp_path)
     harness.run_experiment("second", out, seeds=2, progress=False)
     harness.run_experiment("first", out, seeds=2, progress=False)
@@ -93,7 +99,10 @@ def test_finish_sets_title_labels_and_legend():
     plt.close(fig)
 
 
-@pytest.mark.parametrize("xlabel, ylabel, label", [("time", "distance (m)", "line"), ("time (s)", "distance", "line"), ("time (s)", "distance (m)", None)])
+@pytest.mark.parametrize(
+    "xlabel, ylabel, label",
+    [("time", "distance (m)", "line"), ("time (s)", "distance", "line"), ("time (s)", "distance (m)", None)],
+)
 def test_finish_refuses_unitless_labels_and_missing_legend(xlabel, ylabel, label):
     fig, (ax,) = harness.new_figure()
     ax.plot([0, 1], [0, 1], label=label)

@@ -12,7 +12,9 @@ from pipelines.data import synth
 
 def _ratings(user, item, label, users, items, features=None) -> ladder.Ratings:
     features = np.ones((items, 1)) if features is None else features
-    return ladder.Ratings(np.asarray(user), np.asarray(item), np.asarray(label, float), users, items, features, float("nan"))
+    return ladder.Ratings(
+        np.asarray(user), np.asarray(item), np.asarray(label, float), users, items, features, float("nan")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +148,12 @@ def test_scaled_down_movielens_like_ladder(small_ladder, step):
 
 def test_ladder_order_on_the_scaled_down_set(small_ladder):
     rmse = {k: small_ladder[k]["test"] for k in ("global_mean", "item_mean", "features", "mf")}
-    assert rmse["mf"] < min(rmse["item_mean"], rmse["features"]) <= max(rmse["item_mean"], rmse["features"]) < rmse["global_mean"]
+    assert (
+        rmse["mf"]
+        < min(rmse["item_mean"], rmse["features"])
+        <= max(rmse["item_mean"], rmse["features"])
+        < rmse["global_mean"]
+    )
     assert small_ladder["ials"]["test"] > small_ladder["popularity"]["test"] + 0.05
 
 

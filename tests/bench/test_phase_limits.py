@@ -16,8 +16,14 @@ def _cell():
 
 
 def test_a_phase_limit_is_its_larger_bound_plus_its_jobs():
-    assert phase_limits.limits(_cell(), RATES) == {"prepare": 4.0, "user_update": 4.0, "stats": 0.0, "item_update": 0.5, "final_user_update": 0.0,
-                                                   "evaluation": 0.0}
+    assert phase_limits.limits(_cell(), RATES) == {
+        "prepare": 4.0,
+        "user_update": 4.0,
+        "stats": 0.0,
+        "item_update": 0.5,
+        "final_user_update": 0.0,
+        "evaluation": 0.0,
+    }
 
 
 def test_the_rows_give_wall_over_limit_and_the_whole_run():

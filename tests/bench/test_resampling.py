@@ -5,14 +5,25 @@ from handmade import DATA, forbid_training, value
 
 from bench import harness, resampling
 
-SIZE = {"epsilons": [1.0, 10.0], "resamples": [1, 4, 16], "config": {"outer_steps": 1, "epochs": 16, "item_id_feature": False}}
+SIZE = {
+    "epsilons": [1.0, 10.0],
+    "resamples": [1, 4, 16],
+    "config": {"outer_steps": 1, "epochs": 16, "item_id_feature": False},
+}
 
 
 def test_cells_vary_only_the_resamples_and_the_seed():
     cells = resampling.cell_list(DATA, "rmse", SIZE, 2)
     assert len(cells) == 2 * 3 * 2
     assert {c["method"] for c in cells} == {"ssp"} and {c["config"]["epochs"] for c in cells} == {16}
-    assert [(c["epsilon"], c["config"]["resamples"]) for c in cells[:6]] == [(1.0, 1), (1.0, 1), (1.0, 4), (1.0, 4), (1.0, 16), (1.0, 16)]
+    assert [(c["epsilon"], c["config"]["resamples"]) for c in cells[:6]] == [
+        (1.0, 1),
+        (1.0, 1),
+        (1.0, 4),
+        (1.0, 4),
+        (1.0, 16),
+        (1.0, 16),
+    ]
     assert all(c["config"]["item_id_feature"] is False and c["config"]["encoder"] == "features" for c in cells)
 
 
@@ -35,7 +46,10 @@ def test_report_and_plot_from_handmade_cells(tmp_path, monkeypatch):
     assert grid.shape == (2, 2, 3) and grid[0, 1, 2] == 1.17 and grid[1, 0, 0] == 0.9
     fig = resampling.plot(SIZE, grid, "rmse")
     (ax,) = fig.axes
-    assert ax.get_xlabel() == "noise resamples R over 16 epochs (releases)" and ax.get_ylabel() == "test RMSE (rating stars)"
+    assert (
+        ax.get_xlabel() == "noise resamples R over 16 epochs (releases)"
+        and ax.get_ylabel() == "test RMSE (rating stars)"
+    )
     assert len(ax.get_legend().get_texts()) == 2
     plt.close(fig)
 

@@ -10,25 +10,64 @@ from bench import harness, scale
 
 def test_phases_sum_outer_steps_and_kernels_divide_spark_task_seconds_by_parallelism():
     manifest = {
-        "seconds": {"prepare": 10.0, "step-1/user_update": 4.0, "step-2/user_update": 6.0, "step-1/stats": 8.0, "step-2/stats": 2.0,
-                    "step-1/item_update": 3.0, "step-2/item_update": 5.0, "final_user_update": 7.0, "evaluation": 1.0},
-        "kernel_seconds": {"step-1/user_update": 2.0, "step-2/user_update": 4.0, "step-1/stats": 6.0, "step-2/stats": 2.0,
-                           "step-1/item_update": 1.5, "step-2/item_update": 2.5, "final_user_update": 99.0},
+        "seconds": {
+            "prepare": 10.0,
+            "step-1/user_update": 4.0,
+            "step-2/user_update": 6.0,
+            "step-1/stats": 8.0,
+            "step-2/stats": 2.0,
+            "step-1/item_update": 3.0,
+            "step-2/item_update": 5.0,
+            "final_user_update": 7.0,
+            "evaluation": 1.0,
+        },
+        "kernel_seconds": {
+            "step-1/user_update": 2.0,
+            "step-2/user_update": 4.0,
+            "step-1/stats": 6.0,
+            "step-2/stats": 2.0,
+            "step-1/item_update": 1.5,
+            "step-2/item_update": 2.5,
+            "final_user_update": 99.0,
+        },
     }
     walls, kernels = scale.phase_seconds(manifest, parallelism=2)
-    assert walls == {"prepare": 10.0, "user_update": 10.0, "stats": 10.0, "item_update": 8.0, "final_user_update": 7.0, "evaluation": 1.0}
-    assert kernels == {"user_update": 3.0, "stats": 4.0, "item_update": 4.0}  # (2 + 4) / 2, (6 + 2) / 2, 1.5 + 2.5; the final update's is not an outer step's
+    assert walls == {
+        "prepare": 10.0,
+        "user_update": 10.0,
+        "stats": 10.0,
+        "item_update": 8.0,
+        "final_user_update": 7.0,
+        "evaluation": 1.0,
+    }
+    assert kernels == {
+        "user_update": 3.0,
+        "stats": 4.0,
+        "item_update": 4.0,
+    }  # (2 + 4) / 2, (6 + 2) / 2, 1.5 + 2.5; the final update's is not an outer step's
     cell = {"seconds": walls, "kernel_seconds": kernels}
     assert scale.outside_share(cell) == pytest.approx(1 - 11.0 / 28.0)
 
 
 def _cell(rows, test, times, tests, walls, kernels=None):
-    return {"rows": rows, "items": 100, "test": test, "outer_steps": len(times) - 1, "trajectory": [{"step": s, "seconds": t, "test": v} for s, (t, v) in enumerate(zip(times, tests))],
-            "seconds": {**dict.fromkeys(scale.PHASES, 1.0), **walls}, "kernel_seconds": kernels or dict.fromkeys(scale.KERNELS, 0.5)}
+    return {
+        "rows": rows,
+        "items": 100,
+        "test": test,
+        "outer_steps": len(times) - 1,
+        "trajectory": [{"step": s, "seconds": t, "test": v} for s, (t, v) in enumerate(zip(times, tests))],
+        "seconds": {**dict.fromkeys(scale.PHASES, 1.0), **walls},
+        "kernel_seconds": kernels or dict.fromkeys(scale.KERNELS, 0.5),
+    }
 
 
 def test_time_to_the_worse_final_rmse_and_the_ratio():
-    by_size = {1000: {"ssp": _cell(2e4, 0.90, [5, 10, 20], [1.0, 0.92, 0.90], {}), "dpsgd": _cell(2e4, 0.95, [5, 100, 300], [1.0, 0.97, 0.95], {})}}
+    by_size = {
+        1000: {
+            "ssp": _cell(2e4, 0.90, [5, 10, 20], [1.0, 0.92, 0.90], {}),
+            "dpsgd": _cell(2e4, 0.95, [5, 100, 300], [1.0, 0.97, 0.95], {}),
+        }
+    }
     summary = scale.summarize(by_size)
     # target 0.95 (AM-DPSGD's final); AM-SSP reaches it at its first step (10 s), AM-DPSGD at its last (300 s)
     assert summary[1000] == {"target": 0.95, "times": {"ssp": 10.0, "dpsgd": 300.0}, "ratio": 30.0}
@@ -37,9 +76,11 @@ def test_time_to_the_worse_final_rmse_and_the_ratio():
 
 def test_growth_is_the_log_log_slope_of_the_outer_steps_time_against_rows():
     steps = {p: 1.0 for p in scale.KERNELS}
-    by_size = {10: {"ssp": _cell(1e3, 1, [0, 1], [1, 1], {p: 1.0 for p in scale.KERNELS})},
-               100: {"ssp": _cell(1e4, 1, [0, 1], [1, 1], {p: 10.0 for p in scale.KERNELS})},
-               1000: {"ssp": _cell(1e5, 1, [0, 1], [1, 1], {p: 100.0 for p in scale.KERNELS})}}
+    by_size = {
+        10: {"ssp": _cell(1e3, 1, [0, 1], [1, 1], {p: 1.0 for p in scale.KERNELS})},
+        100: {"ssp": _cell(1e4, 1, [0, 1], [1, 1], {p: 10.0 for p in scale.KERNELS})},
+        1000: {"ssp": _cell(1e5, 1, [0, 1], [1, 1], {p: 100.0 for p in scale.KERNELS})},
+    }
     assert scale.rows_growth(by_size, "ssp") == pytest.approx(1.0)
     by_size[1000]["ssp"]["seconds"].update({p: 1000.0 for p in steps})
     assert scale.rows_growth(by_size, "ssp") > 1.2
@@ -57,18 +98,37 @@ def test_the_largest_size_runs_am_ssp_alone():
     by_size = {}
     for params in scale.cells(quick=False):
         by_size.setdefault(params["users"], []).append(params["method"])
-    assert by_size == {10_000: list(scale.METHODS), 100_000: list(scale.METHODS), 1_000_000: list(scale.METHODS), 10_000_000: ["ssp"]}
+    assert by_size == {
+        10_000: list(scale.METHODS),
+        100_000: list(scale.METHODS),
+        1_000_000: list(scale.METHODS),
+        10_000_000: ["ssp"],
+    }
     assert [params["users"] for params in scale.ladder_cells(quick=False)] == [10_000, 100_000, 1_000_000]
 
 
 def test_the_report_from_stored_cells(tmp_path):
     results = harness.Results(str(tmp_path))
-    finals = {"ssp": {300: 0.93, 1000: 0.9}, "dpsgd": {300: 0.96, 1000: 0.95}, "item-mean": {300: 1.0, 1000: 0.99}, "none": {300: 1.02, 1000: 1.01}}
+    finals = {
+        "ssp": {300: 0.93, 1000: 0.9},
+        "dpsgd": {300: 0.96, 1000: 0.95},
+        "item-mean": {300: 1.0, 1000: 0.99},
+        "none": {300: 1.02, 1000: 1.01},
+    }
     for params in scale.cells(quick=True):
         fast = params["method"] == "ssp"
         final = finals[params["method"]][params["users"]]
-        results.put(scale.NAME, params, _cell(params["users"] * 20, final, [5, 10, 20] if fast else [5, 500, 900],
-                                              [1.0, 0.92, final] if fast else [1.0, 0.97, final], {"item_update": 3.0}))
+        results.put(
+            scale.NAME,
+            params,
+            _cell(
+                params["users"] * 20,
+                final,
+                [5, 10, 20] if fast else [5, 500, 900],
+                [1.0, 0.92, final] if fast else [1.0, 0.97, final],
+                {"item_update": 3.0},
+            ),
+        )
     for params in scale.ladder_cells(quick=True):
         results.put(scale.NAME, params, {"item_mean": 0.98, "mf": 0.88})
     section = scale.run(harness.Context(str(tmp_path), True, 1, results, progress=False))
@@ -87,14 +147,26 @@ def test_quick_scale_runs_the_real_pipeline(tmp_path):
     stored = harness.Results(str(tmp_path)).cells.values()
     assert sum(c["params"]["method"] in scale.METHODS for c in stored) == len(scale.METHODS) * len(scale.QUICK_USERS)
     assert all(0.5 < c["value"]["mf"] < c["value"]["item_mean"] for c in stored if c["params"]["method"] == "ladder")
-    cells = [c["value"] for c in stored if c["params"]["method"] in scale.RACE]  # the timed methods, each with its item update's kernel
+    cells = [
+        c["value"] for c in stored if c["params"]["method"] in scale.RACE
+    ]  # the timed methods, each with its item update's kernel
     for cell in cells:
         phases = [p for p in scale.PHASES if p != "stats" or cell["seconds"]["stats"]]
-        assert all(cell["seconds"][p] > 0 for p in phases) and all(cell["kernel_seconds"][p] > 0 for p in scale.KERNELS if p in phases)
+        assert all(cell["seconds"][p] > 0 for p in phases) and all(
+            cell["kernel_seconds"][p] > 0 for p in scale.KERNELS if p in phases
+        )
         assert 0 < scale.outside_share(cell) < 1 and len(cell["trajectory"]) == cell["outer_steps"] + 1
     dpsgd = [c["value"] for c in harness.Results(str(tmp_path)).cells.values() if c["params"]["method"] == "dpsgd"]
     assert all(c["seconds"]["stats"] == 0 for c in dpsgd)  # AM-DPSGD releases no statistics: its item update is DP-SGD
-    for cell in (c["value"] for c in stored if c["params"]["method"] == "ssp"):  # what each phase read, wrote, computed and started
-        assert all(cell["work"][p]["bytes"] > 0 for p in scale.PHASES) and all(cell["work"][p]["flops"] > 0 for p in scale.KERNELS)
+    for cell in (
+        c["value"] for c in stored if c["params"]["method"] == "ssp"
+    ):  # what each phase read, wrote, computed and started
+        assert all(cell["work"][p]["bytes"] > 0 for p in scale.PHASES) and all(
+            cell["work"][p]["flops"] > 0 for p in scale.KERNELS
+        )
         assert cell["spark_jobs"]["user_update"] >= 1 and cell["spark_jobs"]["item_update"] == 0
-    assert "ratio (AM-DPSGD / AM-SSP)" in section.markdown() and "Growth." in section.markdown() and "Each phase beside its limit" in section.markdown()
+    assert (
+        "ratio (AM-DPSGD / AM-SSP)" in section.markdown()
+        and "Growth." in section.markdown()
+        and "Each phase beside its limit" in section.markdown()
+    )

@@ -30,18 +30,33 @@ def _planted_run(folder: str) -> None:
     """Items 1..10 taste A, 11..20 taste B, and 21..60 more popular by their DP counts but rated by no
     one here; 400 training users of one taste each rate their taste's items 1..7 or 11..17, and 100
     test users rate 1..5 (11..15), their targets 6..10 (16..20)."""
-    counts = pa.table({"item_id": np.arange(1, 61, dtype=np.int64), "count": np.r_[np.linspace(300, 100, 20), np.linspace(400, 301, 40)]})
+    counts = pa.table(
+        {
+            "item_id": np.arange(1, 61, dtype=np.int64),
+            "count": np.r_[np.linspace(300, 100, 20), np.linspace(400, 301, 40)],
+        }
+    )
     storage.write_table(counts, os.path.join(folder, "counts", "counts.parquet"))
 
     def rows(users, items_of):
         pairs = [(u, i) for u in users for i in items_of(u)]
-        return pa.table({"user_id": np.array([p[0] for p in pairs], np.int64), "item_id": np.array([p[1] for p in pairs], np.int64)})
+        return pa.table(
+            {"user_id": np.array([p[0] for p in pairs], np.int64), "item_id": np.array([p[1] for p in pairs], np.int64)}
+        )
 
     taste = lambda u: 0 if u % 2 else 10  # noqa: E731
     split = os.path.join(folder, "private", "split")
-    storage.write_table(rows(range(400), lambda u: [taste(u) + i for i in range(1, 8)]), os.path.join(split, "train.parquet"))
-    storage.write_table(rows(range(1000, 1100), lambda u: [taste(u) + i for i in range(1, 6)]), os.path.join(split, "test_history.parquet"))
-    storage.write_table(rows(range(1000, 1100), lambda u: [taste(u) + i for i in range(6, 11)]), os.path.join(split, "test_targets.parquet"))
+    storage.write_table(
+        rows(range(400), lambda u: [taste(u) + i for i in range(1, 8)]), os.path.join(split, "train.parquet")
+    )
+    storage.write_table(
+        rows(range(1000, 1100), lambda u: [taste(u) + i for i in range(1, 6)]),
+        os.path.join(split, "test_history.parquet"),
+    )
+    storage.write_table(
+        rows(range(1000, 1100), lambda u: [taste(u) + i for i in range(6, 11)]),
+        os.path.join(split, "test_targets.parquet"),
+    )
 
 
 def test_a_planted_taste_stands_above_the_noise_and_ranks_above_popularity(tmp_path):
@@ -61,5 +76,7 @@ def test_a_planted_taste_stands_above_the_noise_and_ranks_above_popularity(tmp_p
 
 
 def test_the_command_refuses_a_folder_without_a_split(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bench.taste_signal", "--run", str(tmp_path)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.taste_signal", "--run", str(tmp_path)], capture_output=True, text=True
+    )
     assert done.returncode == 2 and "no private/split/train.parquet" in done.stderr

@@ -28,7 +28,12 @@ def test_epsilon_nearest_ten_on_a_log_scale():
 
 def test_ratio_and_plot_from_handmade_curves():
     results = {
-        "ssp": {"cells": [value(0.8, times=(1.0, 2.0, 3.0), steps=[1.0, 0.86, 0.8]), value(0.8, times=(1.0, 2.0, 3.0), steps=[1.0, 0.84, 0.8])]},
+        "ssp": {
+            "cells": [
+                value(0.8, times=(1.0, 2.0, 3.0), steps=[1.0, 0.86, 0.8]),
+                value(0.8, times=(1.0, 2.0, 3.0), steps=[1.0, 0.84, 0.8]),
+            ]
+        },
         "dpsgd": {"cells": [value(0.85, times=(10.0, 100.0, 1000.0), steps=[1.0, 0.9, 0.85])]},
     }
     summary = time_to_quality.summarize(results, "rmse")
@@ -36,9 +41,14 @@ def test_ratio_and_plot_from_handmade_curves():
     assert summary["target"] == 0.85 and summary["times"] == {"ssp": 2.0, "dpsgd": 1000.0} and summary["ratio"] == 500.0
     fig = time_to_quality.plot(summary, "rmse", 10.0, 2)
     (ax,) = fig.axes
-    assert ax.get_xlabel() == "wall-clock time since the run started (s)" and ax.get_ylabel() == "test RMSE (rating stars)"
+    assert (
+        ax.get_xlabel() == "wall-clock time since the run started (s)" and ax.get_ylabel() == "test RMSE (rating stars)"
+    )
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "AM-SSP, outer steps 0..2 (mean ± std, 2 seeds)", "AM-DPSGD, outer steps 0..2 (mean ± std, 1 seeds)", "common target RMSE 0.8500"]
+        "AM-SSP, outer steps 0..2 (mean ± std, 2 seeds)",
+        "AM-DPSGD, outer steps 0..2 (mean ± std, 1 seeds)",
+        "common target RMSE 0.8500",
+    ]
     plt.close(fig)
 
 

@@ -14,7 +14,12 @@ from trainer import evaluate
 
 def objective(draw: dict) -> float:
     """A fake validation RMSE of a draw: best near lambda_u = 0.01, dim 16, ridge 0.1."""
-    return 1.0 + (math.log10(draw.get("lambda_u", 0.1)) + 2) ** 2 + 0.1 * (draw.get("dim", 8) != 16) + (math.log10(draw.get("ridge", 0.1)) + 1) ** 2
+    return (
+        1.0
+        + (math.log10(draw.get("lambda_u", 0.1)) + 2) ** 2
+        + 0.1 * (draw.get("dim", 8) != 16)
+        + (math.log10(draw.get("ridge", 0.1)) + 1) ** 2
+    )
 
 
 def run_study(name, seed, trials, caps=None, startup=3, epsilon=1.0):
@@ -25,7 +30,9 @@ def run_study(name, seed, trials, caps=None, startup=3, epsilon=1.0):
         draw = training.suggest(name, seed, history, caps, True, startup)
         config = training.cell_config(name, {}, draw)
         draws.append(draw)
-        history.append((training.tuned_values(name, config, caps), objective(training.tuned_values(name, config, caps))))
+        history.append(
+            (training.tuned_values(name, config, caps), objective(training.tuned_values(name, config, caps)))
+        )
     return draws
 
 
@@ -39,7 +46,12 @@ def test_seeded_tpe_gives_the_same_suggestions_twice_and_starts_from_the_default
         assert draw.keys() == space.keys() and all(space[k].contains(v) for k, v in draw.items())
         assert all(type(v) in (int, float) for v in draw.values())  # plain JSON numbers
     # the study seed is a function of (method, epsilon)
-    assert training.study_seed("ssp", 1.0) == training.study_seed("ssp", 1.0) != training.study_seed("ssp", 5.0) != training.study_seed("als", 5.0)
+    assert (
+        training.study_seed("ssp", 1.0)
+        == training.study_seed("ssp", 1.0)
+        != training.study_seed("ssp", 5.0)
+        != training.study_seed("als", 5.0)
+    )
 
 
 def test_tpe_uses_the_finished_trials():
@@ -52,22 +64,53 @@ def test_tpe_uses_the_finished_trials():
     flipped = [(params, -v) for params, v in history]
     assert training.suggest("als", 3, history, {}, True, 3) != training.suggest("als", 3, flipped, {}, True, 3)
     # a failed trial (no value) is told as failed, not as a number
-    assert training.suggest("als", 3, history + [(history[-1][0], None)], {}, True, 3).keys() == training.search_space("als", {}).keys()
+    assert (
+        training.suggest("als", 3, history + [(history[-1][0], None)], {}, True, 3).keys()
+        == training.search_space("als", {}).keys()
+    )
 
 
 NAMED = {  # the ranges the benchmark promises (field -> (low, high, log))
-    "lambda_u": (1e-3, 1.0, True), "clip_u": (0.05, 2.0, True), "clip_y": (0.5, 3.0, False), "ridge": (1e-3, 3.0, True),
-    "noise_ridge": (0.01, 3.0, True), "residual_penalty": (0.1, 30.0, True), "learning_rate": (1e-3, 0.1, True), "epochs": (5, 200, True),
-    "outer_steps": (1, 4, False), "dpsgd_learning_rate": (1e-3, 0.3, True), "dpsgd_epochs": (1, 20, None), "dpsgd_clip": (0.1, 10.0, True),
+    "lambda_u": (1e-3, 1.0, True),
+    "clip_u": (0.05, 2.0, True),
+    "clip_y": (0.5, 3.0, False),
+    "ridge": (1e-3, 3.0, True),
+    "noise_ridge": (0.01, 3.0, True),
+    "residual_penalty": (0.1, 30.0, True),
+    "learning_rate": (1e-3, 0.1, True),
+    "epochs": (5, 200, True),
+    "outer_steps": (1, 4, False),
+    "dpsgd_learning_rate": (1e-3, 0.3, True),
+    "dpsgd_epochs": (1, 20, None),
+    "dpsgd_clip": (0.1, 10.0, True),
 }
 
 
 def test_search_spaces_contain_the_named_ranges():
     wanted = {
-        "ssp": ["lambda_u", "clip_u", "clip_y", "ridge", "noise_ridge", "residual_penalty", "learning_rate", "epochs", "outer_steps"],
+        "ssp": [
+            "lambda_u",
+            "clip_u",
+            "clip_y",
+            "ridge",
+            "noise_ridge",
+            "residual_penalty",
+            "learning_rate",
+            "epochs",
+            "outer_steps",
+        ],
         "dpsgd": ["lambda_u", "clip_u", "clip_y", "outer_steps", "dpsgd_learning_rate", "dpsgd_epochs", "dpsgd_clip"],
         "als": ["lambda_u", "clip_u", "clip_y", "ridge", "noise_ridge", "outer_steps"],
-        "cmf": ["lambda_u", "clip_u", "clip_y", "ridge", "noise_ridge", "outer_steps", "feature_weight", "feature_ridge"],
+        "cmf": [
+            "lambda_u",
+            "clip_u",
+            "clip_y",
+            "ridge",
+            "noise_ridge",
+            "outer_steps",
+            "feature_weight",
+            "feature_ridge",
+        ],
         "none": ["lambda_u", "outer_steps"],
     }
     for name, keys in wanted.items():
@@ -81,7 +124,10 @@ def test_search_spaces_contain_the_named_ranges():
                 assert log is None or dim.log == log, (name, key, dim)
         assert set(space["dim"].values) >= {8, 16, 32, 64}
     assert set(training.METHODS["dpsgd"].space["dpsgd_batch_size"].values) == {32, 64, 128, 256, 512}
-    assert isinstance(training.METHODS["dpsgd"].space["dpsgd_epochs"], training.Range) and training.METHODS["dpsgd"].space["dpsgd_epochs"].integer
+    assert (
+        isinstance(training.METHODS["dpsgd"].space["dpsgd_epochs"], training.Range)
+        and training.METHODS["dpsgd"].space["dpsgd_epochs"].integer
+    )
     assert training.METHODS["ssp"].space["epochs"].integer and training.METHODS["ssp"].space["epochs"].log
     # the residual penalty is AM-SSP's alone; the starting point tunes the user side only
     assert [n for n, m in training.METHODS.items() if "residual_penalty" in m.space and m.private] == ["ssp"]
@@ -97,9 +143,19 @@ def test_search_spaces_contain_the_named_ranges():
 
 def test_dp_popularity_and_implicit_als_are_ranking_methods():
     method = training.METHODS["dp-popularity"]
-    assert method.protocols == ("recall",) and method.kind == "popularity" and method.private and training.available("dp-popularity")
+    assert (
+        method.protocols == ("recall",)
+        and method.kind == "popularity"
+        and method.private
+        and training.available("dp-popularity")
+    )
     reference = training.METHODS["ials"]
-    assert reference.protocols == ("recall",) and reference.kind == "ials" and not reference.private and not reference.space
+    assert (
+        reference.protocols == ("recall",)
+        and reference.kind == "ials"
+        and not reference.private
+        and not reference.space
+    )
     for name in ("dp-popularity", "ials"):
         assert training.runs_under(name, "recall") and not training.runs_under(name, "rmse")
     assert all(training.runs_under(n, "rmse") for n in training.METHODS if n not in ("dp-popularity", "ials"))
@@ -121,8 +177,15 @@ def test_caps_restrict_the_ranges_or_stand_in_for_them():
 
 
 def test_a_method_without_an_item_update_or_field_is_skipped_or_left_at_default(monkeypatch):
-    monkeypatch.setitem(training.METHODS, "future", training.Method("Future", {"item_update": "future", "encoder": "id"},
-                                                                    {"dim": training.Choice((8,)), "no_such_field": training.Range(1, 2)}))
+    monkeypatch.setitem(
+        training.METHODS,
+        "future",
+        training.Method(
+            "Future",
+            {"item_update": "future", "encoder": "id"},
+            {"dim": training.Choice((8,)), "no_such_field": training.Range(1, 2)},
+        ),
+    )
     assert not training.available("future") and training.available("ssp") and training.available("als")
     assert training.untunable("future") == ["no_such_field"]
     assert training.search_space("future", {}).keys() == {"dim"}
@@ -144,7 +207,10 @@ def test_cell_config_precedence_and_plain_numbers():
     # private at epsilon 10, 8 at epsilon 1 for ratings, 16 at epsilon 1 for ranking, 32 non-private)
     assert training.tuned_values("als", training.cell_config("als", {}, {}), {})["dim"] == 16
     assert training.tuned_values("als", training.cell_config("als", {}, {}), {}, epsilon=1.0)["dim"] == 8
-    assert training.tuned_values("als", training.cell_config("als", {}, {}), {}, epsilon=1.0, protocol="recall")["dim"] == 16
+    assert (
+        training.tuned_values("als", training.cell_config("als", {}, {}), {}, epsilon=1.0, protocol="recall")["dim"]
+        == 16
+    )
     assert training.tuned_values("nonprivate-als", training.cell_config("nonprivate-als", {}, {}), {})["dim"] == 32
 
 
@@ -156,7 +222,10 @@ def test_mean_std_by_hand():
 def write_part(folder, part, history, targets):
     for kind, pairs in (("history", history), ("targets", targets)):
         users, items = zip(*pairs)
-        pq.write_table(pa.table({"user_id": pa.array(users, pa.int64()), "item_id": pa.array(items, pa.int64())}), folder / f"{part}_{kind}.parquet")
+        pq.write_table(
+            pa.table({"user_id": pa.array(users, pa.int64()), "item_id": pa.array(items, pa.int64())}),
+            folder / f"{part}_{kind}.parquet",
+        )
 
 
 def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
@@ -169,12 +238,21 @@ def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
     # targets 104 (in), 124 (out), 125 (out): 1 / min(20, 3) = 1/3.
     # user 2: history 110; top 20 = 101..109, 111..120, then one of the tied 121, 122: the lower index, 121;
     # targets 121 (in: the tie goes to the lower index), 124 (out): 1/2
-    write_part(tmp_path, "valid", [(1, 101), (1, 102), (1, 103), (2, 110)], [(1, 104), (1, 124), (1, 125), (2, 121), (2, 124)])
+    write_part(
+        tmp_path, "valid", [(1, 101), (1, 102), (1, 103), (2, 110)], [(1, 104), (1, 124), (1, 125), (2, 121), (2, 124)]
+    )
     # test: user 3's history 101..105; top 20 = 106..125; 1 target, 125 (in): 1. User 4: history 125; top 20 = 101..120;
     # targets 120 (in), 121, 122, 123 (out): 1 / min(20, 4) = 1/4. User 5 has no history: not evaluated.
-    write_part(tmp_path, "test", [(3, i) for i in range(101, 106)] + [(4, 125)], [(3, 125), (4, 120), (4, 121), (4, 122), (4, 123), (5, 101)])
+    write_part(
+        tmp_path,
+        "test",
+        [(3, i) for i in range(101, 106)] + [(4, 125)],
+        [(3, 125), (4, 120), (4, 121), (4, 122), (4, 123), (5, 101)],
+    )
     order = np.array(list(counts))
-    got = training.popularity_recall(str(tmp_path), catalog, train_items, order[::-1], np.array([counts[i] for i in order[::-1]]))
+    got = training.popularity_recall(
+        str(tmp_path), catalog, train_items, order[::-1], np.array([counts[i] for i in order[::-1]])
+    )
     assert got["valid"]["recall_at_20"] == pytest.approx((1 / 3 + 1 / 2) / 2)
     assert got["test"]["recall_at_20"] == pytest.approx((1 + 1 / 4) / 2) and got["test"]["users"] == 2
     # the same numbers as trainer.metrics on the explicit count scores (the metric every method is scored with)

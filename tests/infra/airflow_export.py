@@ -42,21 +42,45 @@ def _beam_argv(task) -> list[str]:
     options.setdefault("labels", {}).update({"airflow-version": "v" + version.replace(".", "-").replace("+", "-")})
     options = {convert_camel_to_snake(key): value for key, value in options.items()}
     options["labels"] = [f"{key}={value}" for key, value in options["labels"].items()]
-    return [task.py_interpreter, *task.py_options, task.py_file, f"--runner={task.runner}", *beam_options_to_args(options)]
+    return [
+        task.py_interpreter,
+        *task.py_options,
+        task.py_file,
+        f"--runner={task.runner}",
+        *beam_options_to_args(options),
+    ]
 
 
 def describe(task) -> dict:
     """{operator, argv, ...} of a rendered task."""
     kind = type(task).__name__
-    out = {"task_id": task.task_id, "operator": kind, "upstream": sorted(task.upstream_task_ids), "retries": task.retries}
+    out = {
+        "task_id": task.task_id,
+        "operator": kind,
+        "upstream": sorted(task.upstream_task_ids),
+        "retries": task.retries,
+    }
     if kind == "KubernetesPodOperator":
         limits = (task.container_resources.limits or {}) if task.container_resources else {}
-        out.update(argv=[*task.cmds, *task.arguments], image=task.image, gpu="nvidia.com/gpu" in limits,
-                   env={variable.name: variable.value for variable in task.env_vars or []})
+        out.update(
+            argv=[*task.cmds, *task.arguments],
+            image=task.image,
+            gpu="nvidia.com/gpu" in limits,
+            env={variable.name: variable.value for variable in task.env_vars or []},
+        )
     elif kind == "DataprocSubmitJobOperator":
         job = task.job["pyspark_job"]
-        out.update(argv=["spark-submit", "--py-files", ",".join(job["python_file_uris"]), job["main_python_file_uri"], *job["args"]],
-                   cluster=task.job["placement"]["cluster_name"], properties=job.get("properties", {}))
+        out.update(
+            argv=[
+                "spark-submit",
+                "--py-files",
+                ",".join(job["python_file_uris"]),
+                job["main_python_file_uri"],
+                *job["args"],
+            ],
+            cluster=task.job["placement"]["cluster_name"],
+            properties=job.get("properties", {}),
+        )
     elif kind == "BeamRunPythonPipelineOperator":
         out.update(argv=_beam_argv(task), runner=task.runner)
     else:
@@ -74,13 +98,23 @@ def export(folder: str, date: str) -> dict:
         params = {key: dag.params[key] for key in dag.params}
         tasks = []
         for task in dag.tasks:
-            context = {"ds": logical.to_date_string(), "ds_nodash": logical.format("YYYYMMDD"), "logical_date": logical,
-                       "params": params, "dag": dag, "task": task, "run_id": f"scheduled__{logical.isoformat()}"}
+            context = {
+                "ds": logical.to_date_string(),
+                "ds_nodash": logical.format("YYYYMMDD"),
+                "logical_date": logical,
+                "params": params,
+                "dag": dag,
+                "task": task,
+                "run_id": f"scheduled__{logical.isoformat()}",
+            }
             task.render_template_fields(context)
             tasks.append(describe(task))
         result["dags"][dag_id] = {
-            "schedule": str(dag.schedule), "catchup": dag.catchup, "max_active_runs": dag.max_active_runs,
-            "params": params, "tasks": tasks,
+            "schedule": str(dag.schedule),
+            "catchup": dag.catchup,
+            "max_active_runs": dag.max_active_runs,
+            "params": params,
+            "tasks": tasks,
         }
     return result
 

@@ -45,7 +45,9 @@ ENGINES = {"spark": "DataprocSubmitJobOperator", "beam": "BeamRunPythonPipelineO
 @pytest.fixture(scope="session")
 def airflow_python() -> Path:
     """.venv-airflow's Python (created by infra/airflow/setup.sh on first use)."""
-    result = subprocess.run(["bash", str(ROOT / "infra" / "airflow" / "setup.sh")], capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        ["bash", str(ROOT / "infra" / "airflow" / "setup.sh")], capture_output=True, text=True, timeout=1800
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return ROOT / ".venv-airflow" / "bin" / "python"
 
@@ -54,13 +56,23 @@ def export(airflow_python: Path, folder: Path, engine: str, tmp: Path, deployed_
     """{date: {"import_errors", "dags": {dag_id: {..., "tasks": [...]}}}} of the DAGs in `folder`. A DAG
     copied out of the checkout is deployed as a scheduler gets it: told its version (SSP_VERSION)."""
     out = tmp / f"export-{engine}.json"
-    env = {**os.environ, "SSP_STATS_ENGINE": engine, "AIRFLOW_HOME": str(tmp / "airflow-home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    env = {
+        **os.environ,
+        "SSP_STATS_ENGINE": engine,
+        "AIRFLOW_HOME": str(tmp / "airflow-home"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
     env.pop("PYTHONPATH", None)
     env.pop("SSP_VERSION", None)
     if folder != DAGS and deployed_version:
         env["SSP_VERSION"] = deployed_version
-    result = subprocess.run([str(airflow_python), str(ROOT / "tests" / "infra" / "airflow_export.py"), str(out), str(folder), *DATES],
-                            capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [str(airflow_python), str(ROOT / "tests" / "infra" / "airflow_export.py"), str(out), str(folder), *DATES],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -182,7 +194,9 @@ def prepare_beam_options(env: dict) -> set[str]:
         options = options_from_environment().get_all_options()
     finally:
         os.environ.pop(OPTIONS_ENV) if before is None else os.environ.update({OPTIONS_ENV: before})
-    assert options["sdk_container_image"] and options["temp_location"].startswith("gs://") and "{{" not in env[OPTIONS_ENV], env
+    assert (
+        options["sdk_container_image"] and options["temp_location"].startswith("gs://") and "{{" not in env[OPTIONS_ENV]
+    ), env
     return {options["runner"]}
 
 
@@ -209,37 +223,81 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
             problems.append(message)
 
     ingest, prepare = parsed["ingest"][1], parsed["prepare"][1]
-    check(parsed["prepare"][0] == "ssp train" and prepare.stage == "prepare", "prepare: not `ssp train --stage prepare`")
+    check(
+        parsed["prepare"][0] == "ssp train" and prepare.stage == "prepare", "prepare: not `ssp train --stage prepare`"
+    )
     config = commands.config_from_args(prepare)
     run = Run(config.out)
-    check(f"/runs/{date}" in run.root and date in ingest.interactions and date in ingest.catalog,
-          f"the run date {date} is not in the run's paths ({run.root}, {ingest.interactions}, {ingest.catalog})")
+    check(
+        f"/runs/{date}" in run.root and date in ingest.interactions and date in ingest.catalog,
+        f"the run date {date} is not in the run's paths ({run.root}, {ingest.interactions}, {ingest.catalog})",
+    )
     check(ingest.out == config.data, f"prepare reads {config.data}, ingest writes {ingest.out}")
-    check((config.epsilon, config.delta) == (params["epsilon"], params["delta"]), f"the run's budget {(config.epsilon, config.delta)} is not the DAG's params")
-    check(not config.non_private and config.engine == engine, f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}")
-    check((config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
-          f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params")
+    check(
+        (config.epsilon, config.delta) == (params["epsilon"], params["delta"]),
+        f"the run's budget {(config.epsilon, config.delta)} is not the DAG's params",
+    )
+    check(
+        not config.non_private and config.engine == engine,
+        f"prepare: engine {config.engine} (DAG: {engine}), non-private {config.non_private}",
+    )
+    check(
+        (config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
+        f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params",
+    )
     default_steps = dataclasses.replace(config, outer_steps=None).outer_steps
-    check(config.outer_steps == default_steps, f"prepare: {config.outer_steps} outer steps, the default recipe's are {default_steps}")
-    check(config.holdout == 0, f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}")
-    check(prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
-          f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})")
+    check(
+        config.outer_steps == default_steps,
+        f"prepare: {config.outer_steps} outer steps, the default recipe's are {default_steps}",
+    )
+    check(
+        config.holdout == 0,
+        f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}",
+    )
+    check(
+        prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
+        f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})",
+    )
     order = ["ingest", "prepare"]
     for s in range(1, config.outer_steps + 1):
         order += [f"user_update_{s}", f"stats_{s}", f"item_update_{s}"]
-        user, job, item = (parsed.get(f"{name}_{s}", (None, None))[1] for name in ("user_update", "stats", "item_update"))
-        check(user is not None and (user.run, user.step, user.final) == (run.root, s, False), f"user_update_{s}: not `user-update --run {run.root} --step {s}`")
-        check(item is not None and (item.run, item.step) == (run.root, s) and tasks[f"item_update_{s}"]["gpu"], f"item_update_{s}: not `item-update --run RUN --step {s}` on a GPU")
-        check(tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}")
+        user, job, item = (
+            parsed.get(f"{name}_{s}", (None, None))[1] for name in ("user_update", "stats", "item_update")
+        )
+        check(
+            user is not None and (user.run, user.step, user.final) == (run.root, s, False),
+            f"user_update_{s}: not `user-update --run {run.root} --step {s}`",
+        )
+        check(
+            item is not None and (item.run, item.step) == (run.root, s) and tasks[f"item_update_{s}"]["gpu"],
+            f"item_update_{s}: not `item-update --run RUN --step {s}` on a GPU",
+        )
+        check(
+            tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}"
+        )
         # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals item_update.stats_job_for)
-        check(job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job), f"stats_{s}: not `stats --run {run.root} --step {s}` alone")
+        check(
+            job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job),
+            f"stats_{s}: not `stats --run {run.root} --step {s}` alone",
+        )
     order += ["final_user_update", "evaluate", "check_privacy", "publish"]
     final, evaluate, privacy, publish = (parsed.get(name, (None, None))[1] for name in order[-4:])
-    check(final is not None and (final.run, final.step, final.final) == (run.root, None, True), "final_user_update: not `user-update --run RUN --final`")
+    check(
+        final is not None and (final.run, final.step, final.final) == (run.root, None, True),
+        "final_user_update: not `user-update --run RUN --final`",
+    )
     check(evaluate is not None and evaluate.run == run.root, "evaluate: not `ssp evaluate --run RUN`")
-    check(privacy is not None and parsed["check_privacy"][0] == "ssp privacy" and privacy.run == run.root
-          and (privacy.max_epsilon, privacy.max_delta) == (params["epsilon"], params["delta"]), "check_privacy: not `ssp privacy RUN --max-epsilon E --max-delta D` with the DAG's budget")
-    check(publish is not None and publish.run == run.root and date in publish.to and not publish.to.startswith(run.root), f"publish: not `ssp publish --run RUN --to DEST/<date>` ({publish and publish.to})")
+    check(
+        privacy is not None
+        and parsed["check_privacy"][0] == "ssp privacy"
+        and privacy.run == run.root
+        and (privacy.max_epsilon, privacy.max_delta) == (params["epsilon"], params["delta"]),
+        "check_privacy: not `ssp privacy RUN --max-epsilon E --max-delta D` with the DAG's budget",
+    )
+    check(
+        publish is not None and publish.run == run.root and date in publish.to and not publish.to.startswith(run.root),
+        f"publish: not `ssp publish --run RUN --to DEST/<date>` ({publish and publish.to})",
+    )
     check(sorted(tasks) == sorted(order), f"tasks {sorted(set(tasks) ^ set(order))} are missing or unexpected")
     for before, after in zip(order, order[1:]):
         check(tasks.get(after, {}).get("upstream") == [before], f"{after} must run right after {before}")
@@ -261,13 +319,24 @@ def test_every_task_runs_a_real_entry_point_of_one_run(exported, engine):
 
 def test_run_date_is_templated_into_every_path(exported):
     for engine in ENGINES:
-        first, second = ({task["task_id"]: task["argv"] for task in exported[engine][date]["dags"]["ssp_retrain"]["tasks"]} for date in DATES)
+        first, second = (
+            {task["task_id"]: task["argv"] for task in exported[engine][date]["dags"]["ssp_retrain"]["tasks"]}
+            for date in DATES
+        )
         for task_id, argv in first.items():
             # every path is the run date's, except the data source's budget account: one for all runs (they compose there)
-            paths = [token.split("=", 1)[-1] for token in argv if "gs://ssp-recsys-data/" in token and "/budget-accounts/" not in token]
+            paths = [
+                token.split("=", 1)[-1]
+                for token in argv
+                if "gs://ssp-recsys-data/" in token and "/budget-accounts/" not in token
+            ]
             assert paths and all(DATES[0] in path for path in paths), (task_id, paths)
-            unique = [token for token in argv if not token.startswith("--job_name=")]  # Dataflow job names get a random suffix
-            assert [token for token in second[task_id] if not token.startswith("--job_name=")] == [token.replace(DATES[0], DATES[1]) for token in unique], task_id
+            unique = [
+                token for token in argv if not token.startswith("--job_name=")
+            ]  # Dataflow job names get a random suffix
+            assert [token for token in second[task_id] if not token.startswith("--job_name=")] == [
+                token.replace(DATES[0], DATES[1]) for token in unique
+            ], task_id
 
 
 def test_spark_tasks_ship_the_project_and_use_the_cluster_python(exported):
@@ -284,10 +353,30 @@ def test_spark_tasks_ship_the_project_and_use_the_cluster_python(exported):
 
 DRIFTS = {
     "a renamed flag": ('"item-update", "--run", RUN', '"item-update", "--run-dir", RUN', "item_update_1", "--run-dir"),
-    "an abbreviated flag": ('"--max-epsilon", "{{ params.epsilon }}"', '"--max-eps", "{{ params.epsilon }}"', "check_privacy", "--max-eps"),
-    "a stats flag the job does not have": ('{"run": RUN, "step": step}', '{"run-dir": RUN, "step": step}', "stats_1", "--run-dir"),
-    "a stats job given another step": ('{"run": RUN, "step": step}', '{"run": RUN, "step": step + 1}', "stats_1", "--step 1"),
-    "a stats job given settings by hand": ('{"run": RUN, "step": step}', '{"run": RUN, "step": step, "dim": 8}', "stats_1", "alone"),
+    "an abbreviated flag": (
+        '"--max-epsilon", "{{ params.epsilon }}"',
+        '"--max-eps", "{{ params.epsilon }}"',
+        "check_privacy",
+        "--max-eps",
+    ),
+    "a stats flag the job does not have": (
+        '{"run": RUN, "step": step}',
+        '{"run-dir": RUN, "step": step}',
+        "stats_1",
+        "--run-dir",
+    ),
+    "a stats job given another step": (
+        '{"run": RUN, "step": step}',
+        '{"run": RUN, "step": step + 1}',
+        "stats_1",
+        "--step 1",
+    ),
+    "a stats job given settings by hand": (
+        '{"run": RUN, "step": step}',
+        '{"run": RUN, "step": step, "dim": 8}',
+        "stats_1",
+        "alone",
+    ),
 }
 
 
@@ -330,13 +419,23 @@ def test_kubernetes_spark_application_is_the_dags_stats_job(exported):
     prepare = parse_command(tasks["prepare"]["argv"])[1]
     argv = [token.replace("${RUN}", prepare.out).replace("${STEP}", "2") for token in spec["arguments"]]
     _, args = parse_command(["spark-submit", "--py-files", "image", spec["mainApplicationFile"], *argv])
-    assert (args.run, args.step) == (prepare.out, 2) and _no_job_flags(args)  # the DAG's stats_2, the rest from the run's manifest
+    assert (args.run, args.step) == (prepare.out, 2) and _no_job_flags(
+        args
+    )  # the DAG's stats_2, the rest from the run's manifest
 
 
 def test_the_version_is_written_in_pyproject_only():
     """The DAG, the images and the cluster configs take the project version from pyproject.toml (the
     DAG reads it, the configs are rendered with it), so a release bumps one line."""
-    carriers = [path for path in (ROOT / "infra").rglob("*") if path.is_file() and path.name != "requirements.lock"
-                and re.search(rf"(?<![\d.]){re.escape(VERSION)}(?![\d.])", path.read_text(errors="replace"))]
+    carriers = [
+        path
+        for path in (ROOT / "infra").rglob("*")
+        if path.is_file()
+        and path.name != "requirements.lock"
+        and re.search(rf"(?<![\d.]){re.escape(VERSION)}(?![\d.])", path.read_text(errors="replace"))
+    ]
     assert carriers == []
-    assert "${VERSION}" in (ROOT / "infra" / "k8s" / "spark-stats.yaml").read_text() and "${VERSION}" in (ROOT / "infra" / "dataproc" / "cluster.yaml").read_text()
+    assert (
+        "${VERSION}" in (ROOT / "infra" / "k8s" / "spark-stats.yaml").read_text()
+        and "${VERSION}" in (ROOT / "infra" / "dataproc" / "cluster.yaml").read_text()
+    )

@@ -6,22 +6,47 @@ import numpy as np
 import pyarrow as pa
 
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, items_schema, USER_EMBEDDINGS
+from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema
 
 
 def write_inputs(folder, interactions, embeddings, counts, catalog):
     """Write the four input tables; returns their paths as a dict."""
     folder = str(folder)
-    paths = {name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")}
+    paths = {
+        name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")
+    }
     users, items, labels = zip(*interactions)
-    storage.write_table(pa.table({"user_id": users, "item_id": items, "label": [float(v) for v in labels], "timestamp": [0] * len(users)}, schema=INTERACTIONS), paths["interactions"])
-    storage.write_table(pa.table({"user_id": list(embeddings), "embedding": [list(map(float, v)) for v in embeddings.values()]}, schema=USER_EMBEDDINGS), paths["user_embeddings"])
-    storage.write_table(pa.table({"item_id": list(counts), "count": [float(v) for v in counts.values()]}, schema=COUNTS), paths["counts"])
-    storage.write_table(pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]}, schema=items_schema({"genres": "multivalent"})), paths["items"])
+    storage.write_table(
+        pa.table(
+            {"user_id": users, "item_id": items, "label": [float(v) for v in labels], "timestamp": [0] * len(users)},
+            schema=INTERACTIONS,
+        ),
+        paths["interactions"],
+    )
+    storage.write_table(
+        pa.table(
+            {"user_id": list(embeddings), "embedding": [list(map(float, v)) for v in embeddings.values()]},
+            schema=USER_EMBEDDINGS,
+        ),
+        paths["user_embeddings"],
+    )
+    storage.write_table(
+        pa.table({"item_id": list(counts), "count": [float(v) for v in counts.values()]}, schema=COUNTS),
+        paths["counts"],
+    )
+    storage.write_table(
+        pa.table(
+            {"item_id": catalog, "title": [f"item {i}" for i in catalog], "genres": [[] for _ in catalog]},
+            schema=items_schema({"genres": "multivalent"}),
+        ),
+        paths["items"],
+    )
     return paths
 
 
-def expected_stats(interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25, bias=False, confidence=False):
+def expected_stats(
+    interactions, embeddings, counts, catalog, clip_u, clip_y, wbar, exponent=-0.25, bias=False, confidence=False
+):
     """A_j (full matrices) and b_j by the formulas, one row at a time in plain numpy. With `bias` the
     embeddings are [u, 1, b_u] and each row adds [Clip(u), clip_u] with label Clip(y - b_u). With
     `confidence` the label c is the row's confidence: weight wbar c n^e / sqrt(sum (c n^e)^2), label 1."""
@@ -83,8 +108,23 @@ def noise_free_release(engine: str, folder, interactions, embeddings, counts, ca
     from pipelines.releases import stats_job
     from pipelines.releases.release import PrivacySettings
 
-    paths = write_inputs(folder, interactions, {u: v for u, v in embeddings.items() if any(row[0] == u for row in interactions)}, counts, catalog)
-    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), settings,
-                                        PrivacySettings(noise_multiplier=0.0)))
+    paths = write_inputs(
+        folder,
+        interactions,
+        {u: v for u, v in embeddings.items() if any(row[0] == u for row in interactions)},
+        counts,
+        catalog,
+    )
+    job = registered(
+        stats_job.StatsJob(
+            paths["interactions"],
+            paths["user_embeddings"],
+            paths["items"],
+            paths["counts"],
+            str(folder / "out"),
+            settings,
+            PrivacySettings(noise_multiplier=0.0),
+        )
+    )
     engine_named(engine, spark).release_stats(job)
     return str(folder / "out" / "resample-0.parquet")

@@ -37,20 +37,33 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
     if biases:
         assert np.all(item_v[:, 4] == 0) and np.all(item_v[:, 5] == 1)  # every item starts at the DP mean
     counts = storage.read_table(run.counts).sort_by("item_id")
-    scale = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), catalog)]  # non-private: lambda_j = lambda n_j
+    scale = counts["count"].to_numpy()[
+        np.searchsorted(counts["item_id"].to_numpy(), catalog)
+    ]  # non-private: lambda_j = lambda n_j
     for step in (1, 2):
-        owners, user_u = ridge_solve(users, item_v[np.searchsorted(catalog, items)], labels, config.lambda_u, scale_by_rows=True,
-                                     bias_ridge=config.lambda_bias if biases else None, prior=config.user_prior)
+        owners, user_u = ridge_solve(
+            users,
+            item_v[np.searchsorted(catalog, items)],
+            labels,
+            config.lambda_u,
+            scale_by_rows=True,
+            bias_ridge=config.lambda_bias if biases else None,
+            prior=config.user_prior,
+        )
         u = user_u[np.searchsorted(owners, users)]
         c = config.settings().bias_scale
-        x, y = (np.hstack([u[:, :4], np.full((u.shape[0], 1), c)]), labels - u[:, 5]) if biases else (u, labels)  # [u, c] and the label less the user's bias
+        x, y = (
+            (np.hstack([u[:, :4], np.full((u.shape[0], 1), c)]), labels - u[:, 5]) if biases else (u, labels)
+        )  # [u, c] and the label less the user's bias
         solved = np.zeros((catalog.size, x.shape[1]))  # items without rows: no statistics, vector 0
         order = np.argsort(items, kind="stable")
         for group in np.split(order, np.flatnonzero(np.diff(items[order])) + 1):
             at = np.searchsorted(catalog, items[group[0]])
             a = x[group].T @ x[group] + config.ridge * scale[at] * np.eye(x.shape[1])
             solved[at] = np.linalg.solve(a, x[group].T @ y[group])
-        solved[:, :4] /= np.sqrt(np.mean(np.sum(solved[:, :4] ** 2, axis=1)))  # released at unit RMS norm (model.normalise_embeddings), the bias as it is
+        solved[:, :4] /= np.sqrt(
+            np.mean(np.sum(solved[:, :4] ** 2, axis=1))
+        )  # released at unit RMS norm (model.normalise_embeddings), the bias as it is
         item_v = np.hstack([solved[:, :4], c * solved[:, 4:], np.ones((catalog.size, 1))]) if biases else solved
         got_items, got = vectors(run.item_embeddings(step), width)
         assert np.array_equal(got_items, catalog)
@@ -61,17 +74,45 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
 @pytest.mark.parametrize("biases", [False, True])
 def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, small_data):
     """mu = 0 drops the feature term: DP-CMF is DP-ALS, biases included (DP-ALS is checked by hand above)."""
-    als = stages.run(small(tmp_path / "als", data=small_data, non_private=True, item_update="als", encoder="id", dim=4, biases=biases), spark=spark, progress=False)
-    cmf0 = stages.run(small(tmp_path / "cmf0", data=small_data, non_private=True, item_update="cmf", encoder="id", dim=4, feature_weight=0.0, biases=biases),
-                      spark=spark, progress=False)
+    als = stages.run(
+        small(
+            tmp_path / "als", data=small_data, non_private=True, item_update="als", encoder="id", dim=4, biases=biases
+        ),
+        spark=spark,
+        progress=False,
+    )
+    cmf0 = stages.run(
+        small(
+            tmp_path / "cmf0",
+            data=small_data,
+            non_private=True,
+            item_update="cmf",
+            encoder="id",
+            dim=4,
+            feature_weight=0.0,
+            biases=biases,
+        ),
+        spark=spark,
+        progress=False,
+    )
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
     width = 6 if biases else 4
-    np.testing.assert_allclose(vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), width)[1], vectors(str(tmp_path / "als" / "item_embeddings.parquet"), width)[1], atol=1e-6)
+    np.testing.assert_allclose(
+        vectors(str(tmp_path / "cmf0" / "item_embeddings.parquet"), width)[1],
+        vectors(str(tmp_path / "als" / "item_embeddings.parquet"), width)[1],
+        atol=1e-6,
+    )
     if not biases:
         return
-    cmf = stages.run(small(tmp_path / "cmf", data=small_data, epsilon=5.0, item_update="cmf", encoder="id"), spark=spark, progress=False)
+    cmf = stages.run(
+        small(tmp_path / "cmf", data=small_data, epsilon=5.0, item_update="cmf", encoder="id"),
+        spark=spark,
+        progress=False,
+    )
     assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
-    assert (tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS").exists()  # projected once per step
+    assert (
+        tmp_path / "cmf" / "step-2" / "stats" / "psd-resample-0.parquet" / "_SUCCESS"
+    ).exists()  # projected once per step
 
 
 def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
@@ -83,24 +124,40 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     from pipelines.releases.counts import dp_units
     from privacy.seeds import SeedFile
 
-    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # a fixed test seed: the DP number of users below is reproducible
-    config = small(tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64, seed_file=seed)
+    seed = SeedFile.create(
+        str(tmp_path / "seed"), bytes(range(32))
+    ).path  # a fixed test seed: the DP number of users below is reproducible
+    config = small(
+        tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64, seed_file=seed
+    )
     metrics = stages.run(config, spark=spark, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/dpsgd", "step-2/dpsgd"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["epsilon_spent"] <= 5.0
-    exact = len(storage.read_table(str(tmp_path / "run" / "private" / "split" / "train.parquet"), columns=["user_id"])["user_id"].unique())
+    exact = len(
+        storage.read_table(str(tmp_path / "run" / "private" / "split" / "train.parquet"), columns=["user_id"])[
+            "user_id"
+        ].unique()
+    )
     manifest = json.load(open(tmp_path / "run" / "manifest.json"))
     units = manifest["prepared"]["units"]
-    assert units == dp_units(str(tmp_path / "run" / "counts" / "counts.parquet"))  # the DP release, not a count of the rows
-    assert units != exact and abs(units - exact) < 5 * ledger.budget["multipliers"]["counts"] * np.sqrt(config.max_items_per_user + 1)
-    assert not re.search(rf"(?<![\d.]){exact}(?![\d.])", json.dumps(manifest))  # as a number of its own, not inside a timestamp
+    assert units == dp_units(
+        str(tmp_path / "run" / "counts" / "counts.parquet")
+    )  # the DP release, not a count of the rows
+    assert units != exact and abs(units - exact) < 5 * ledger.budget["multipliers"]["counts"] * np.sqrt(
+        config.max_items_per_user + 1
+    )
+    assert not re.search(
+        rf"(?<![\d.]){exact}(?![\d.])", json.dumps(manifest)
+    )  # as a number of its own, not inside a timestamp
     q, steps = config.dpsgd_schedule(units)
     assert (q, steps) == (64 / units, int(np.ceil(units / 64)))
     z = manifest["prepared"]["dpsgd_multiplier"]
     assert z == config.privacy(units).multipliers()["dpsgd"]
     assert ledger.events()[2] == accounting.dpsgd_event(z, q, steps)
-    assert set(ledger.budget["multipliers"]) == {"counts", "mean"} and not (tmp_path / "run" / "step-1" / "stats").exists()
+    assert (
+        set(ledger.budget["multipliers"]) == {"counts", "mean"} and not (tmp_path / "run" / "step-1" / "stats").exists()
+    )
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
 
@@ -110,8 +167,12 @@ def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(sp
     statistics do: non-private, the items' biases it writes follow their mean residual y - b_u."""
     from privacy.seeds import SeedFile
 
-    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # DP-SGD's sampling is drawn from the run's seed
-    config = settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, item_update="dpsgd", outer_steps=1, dim=4, seed_file=seed)
+    seed = SeedFile.create(
+        str(tmp_path / "seed"), bytes(range(32))
+    ).path  # DP-SGD's sampling is drawn from the run's seed
+    config = settings.TrainConfig(
+        out=str(tmp_path / "run"), non_private=True, item_update="dpsgd", outer_steps=1, dim=4, seed_file=seed
+    )
     stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
     catalog, item_v = vectors(run.item_embeddings(1), 6)
@@ -137,22 +198,49 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     from pipelines.releases import stats_job
     from trainer import als
 
-    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, resamples=2, item_update="als", encoder="id", dim=4, biases=False)
+    config = settings.TrainConfig(
+        out=str(tmp_path / "run"),
+        epsilon=5.0,
+        outer_steps=1,
+        resamples=2,
+        item_update="als",
+        encoder="id",
+        dim=4,
+        biases=False,
+    )
     stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
     tables = stats_job.stats_tables(run.stats(1))
-    assert len(tables) == 2 and [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean", "step-1/stats/r0", "step-1/stats/r1"]
+    assert len(tables) == 2 and [row["name"] for row in Ledger.open(run.ledger).rows] == [
+        "counts",
+        "mean",
+        "step-1/stats/r0",
+        "step-1/stats/r1",
+    ]
     mean = storage.join(run.stats(1), "mean-of-resamples.parquet")
     by_item = [storage.read_table(path).sort_by("item_id") for path in (*tables, mean)]
     for column, width in (("a_upper", 10), ("b", 4)):
         r0, r1, averaged = (list_column_to_matrix(table[column], width, column) for table in by_item)
         np.testing.assert_allclose(averaged, (r0 + r1) / 2, rtol=1e-14, atol=1e-14)
     space, _ = build_encoder(config, storage.read_table(run.prepared()["prepared"]["items"]))
-    ridge = item_update._ridge_scale(config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2)
+    ridge = item_update._ridge_scale(
+        config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2
+    )
     want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge, True))
     items, got = vectors(run.item_embeddings(1), 4)
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
-    last_only = unit_rms(als.solve_items(tables[-1], space, 4, config.ridge, item_update._ridge_scale(config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts)), True))
+    last_only = unit_rms(
+        als.solve_items(
+            tables[-1],
+            space,
+            4,
+            config.ridge,
+            item_update._ridge_scale(
+                config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts)
+            ),
+            True,
+        )
+    )
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
 
 
@@ -164,7 +252,9 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     from trainer import item_mean
     from trainer.features import FeatureSpace
 
-    config = settings.TrainConfig(out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1)
+    config = settings.TrainConfig(
+        out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1
+    )
     assert (config.embedding_dim, config.encoder_dim, config.vector_dim) == (0, 1, 2)
     metrics = stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
@@ -176,7 +266,12 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     table = run.stats(1) + "/resample-0.parquet"
     space = FeatureSpace(catalog, [])
     c = config.settings().bias_scale
-    want = item_mean.item_means(table, space, c, item_mean.noise_std_b(table), prepare.prepared_rating_range(run.prepared()["prepared"]))[:, 0] * c
+    want = (
+        item_mean.item_means(
+            table, space, c, item_mean.noise_std_b(table), prepare.prepared_rating_range(run.prepared()["prepared"])
+        )[:, 0]
+        * c
+    )
     np.testing.assert_allclose(items[:, 0], want, rtol=1e-5, atol=1e-6)  # the id encoder's table is float32
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
     assert settings.TrainConfig(item_update="item-mean", encoder="id").outer_steps == 1

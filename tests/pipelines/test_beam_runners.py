@@ -22,8 +22,20 @@ RUNNERS = {
 }
 
 # 5 users, 6 catalog items (item 60 has no rows); users 1 and 3's embeddings and three labels exceed the clips.
-INTERACTIONS = [(1, 10, 4.0), (1, 20, -3.0), (1, 50, 1.0), (2, 10, 1.5), (2, 30, 2.5), (3, 10, 0.5), (3, 20, 1.0),
-                (3, 30, -1.0), (4, 40, 2.0), (4, 50, -0.5), (5, 20, 0.25), (5, 40, 1.75)]
+INTERACTIONS = [
+    (1, 10, 4.0),
+    (1, 20, -3.0),
+    (1, 50, 1.0),
+    (2, 10, 1.5),
+    (2, 30, 2.5),
+    (3, 10, 0.5),
+    (3, 20, 1.0),
+    (3, 30, -1.0),
+    (4, 40, 2.0),
+    (4, 50, -0.5),
+    (5, 20, 0.25),
+    (5, 40, 1.75),
+]
 EMBEDDINGS = {1: [1.2, 1.6], 2: [0.3, -0.4], 3: [-1.0, 0.5], 4: [0.1, 0.9], 5: [-0.6, -0.2]}
 COUNTS = {10: 3.0, 20: 2.0, 30: 1.0, 40: 4.0, 50: 2.5, 60: 5.0}
 SEED = bytes(range(32))
@@ -42,9 +54,17 @@ def write_split_inputs(folder):
 
 def release(paths, out, seed_file, shards):
     """The job both engines run: the same inputs, settings, noise and seed; its own ledger under `out`."""
-    job = stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out),
-                             StatsSettings(2, 1.0, 2.0, "user", 1.5), PrivacySettings(noise_multiplier=0.8),
-                             seed_file=SeedFile.create(str(seed_file), SEED).path, shards=shards)
+    job = stats_job.StatsJob(
+        paths["interactions"],
+        paths["user_embeddings"],
+        paths["items"],
+        paths["counts"],
+        str(out),
+        StatsSettings(2, 1.0, 2.0, "user", 1.5),
+        PrivacySettings(noise_multiplier=0.8),
+        seed_file=SeedFile.create(str(seed_file), SEED).path,
+        shards=shards,
+    )
     return registered(job)
 
 

@@ -11,14 +11,15 @@ from apache_beam.testing.util import assert_that
 from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 from pipelines import beam_stats as beam_script  # the entry script
-from pipelines.engines import beam_stats, spark_stats as stats
+from pipelines.engines import beam_stats
+from pipelines.engines import spark_stats as stats
 from pipelines.releases import stats_job
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
 from privacy.accumulator import NoiseSpec, pack_upper, packed_size, unpack_upper
 from privacy.seeds import SeedFile
 from schemas import storage
-from schemas.tables import COUNTS, INTERACTIONS, items_schema, stats_metadata, USER_EMBEDDINGS, validate_stats
+from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema, stats_metadata, validate_stats
 
 DIRECT = ["--runner=DirectRunner"]
 
@@ -31,7 +32,18 @@ CATALOG = [10, 20, 30, 40]
 
 
 def make_job(paths, out, privacy, settings, **kwargs):
-    return registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs))
+    return registered(
+        stats_job.StatsJob(
+            paths["interactions"],
+            paths["user_embeddings"],
+            paths["items"],
+            paths["counts"],
+            str(out),
+            settings,
+            privacy,
+            **kwargs,
+        )
+    )
 
 
 def read_stats(path):
@@ -70,18 +82,34 @@ def test_exact_statistics_for_every_catalog_item(tmp_path, unit, wbar):
         np.testing.assert_allclose(got_a[row], want_a[j], rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(got_b[row], want_b[j], rtol=1e-12, atol=1e-15)
     assert np.all(got_a[3] == 0) and np.all(got_b[3] == 0)  # item 40: no rows, zero statistics
-    if unit == "user":  # item 30 by hand: user 2 (items 10, 30; label 2.5 clipped to 2) and user 3 (items 10, 20, 30; u clipped)
+    if (
+        unit == "user"
+    ):  # item 30 by hand: user 2 (items 10, 30; label 2.5 clipped to 2) and user 3 (items 10, 20, 30; u clipped)
         w2, w3 = 1.5 / np.sqrt(3**-0.5 + 1.0), 1.5 / np.sqrt(3**-0.5 + 2**-0.5 + 1.0)
         u2, u3 = np.array([0.3, -0.4]), np.array([-1.0, 0.5]) / np.sqrt(1.25)
         np.testing.assert_allclose(got_b[2], w2 * 2.0 * u2 + w3 * -1.0 * u3, rtol=1e-12)
         np.testing.assert_allclose(got_a[2], pack_upper(w2 * np.outer(u2, u2) + w3 * np.outer(u3, u3)), rtol=1e-12)
-        full = expected_stats(INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG, 1.0, 2.0, wbar)[0]  # the shared helper agrees
+        full = expected_stats(INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG, 1.0, 2.0, wbar)[
+            0
+        ]  # the shared helper agrees
         np.testing.assert_allclose(got_a, np.array([pack_upper(full[j]) for j in CATALOG]), rtol=1e-12, atol=1e-15)
     meta = stats_metadata(table.schema)
-    assert (meta["d"], meta["noise_multiplier"], meta["wbar"], meta["release"], meta["resample"]) == (2, 0.0, wbar, 1, 0)  # release 0: the counts
+    assert (meta["d"], meta["noise_multiplier"], meta["wbar"], meta["release"], meta["resample"]) == (
+        2,
+        0.0,
+        wbar,
+        1,
+        0,
+    )  # release 0: the counts
     assert metadata[b"unit"] == unit.encode()
     assert summary["items"] == 4 and summary["releases"] == [1]
-    assert sorted(os.listdir(tmp_path / "out")) == ["ledger.parquet", "ledger.parquet.lock", "private", "release.json", "resample-0.parquet"]  # no staging left (the lock file of the ledger stays)
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "ledger.parquet",
+        "ledger.parquet.lock",
+        "private",
+        "release.json",
+        "resample-0.parquet",
+    ]  # no staging left (the lock file of the ledger stays)
     assert len(storage.table_files(str(tmp_path / "out" / "resample-0.parquet"))) == 3  # shards 0, 1, 2 by item_id % 3
 
 
@@ -100,10 +128,17 @@ def test_item_stats_composes_in_a_pipeline():
 
     with beam.Pipeline(options=PipelineOptions(DIRECT)) as p:
         inputs = (
-            p | "I" >> beam.Create([pa.table({"user_id": users[:4], "item_id": items[:4], "label": labels[:4]}),
-                                    pa.table({"user_id": users[4:], "item_id": items[4:], "label": labels[4:]})]),
+            p
+            | "I"
+            >> beam.Create(
+                [
+                    pa.table({"user_id": users[:4], "item_id": items[:4], "label": labels[:4]}),
+                    pa.table({"user_id": users[4:], "item_id": items[4:], "label": labels[4:]}),
+                ]
+            ),
             p | "E" >> beam.Create([pa.table({"user_id": list(EMBEDDINGS), "embedding": list(EMBEDDINGS.values())})]),
-            p | "C" >> beam.Create([pa.table({"item_id": list(COUNTS_BY_ITEM), "count": list(COUNTS_BY_ITEM.values())})]),
+            p
+            | "C" >> beam.Create([pa.table({"item_id": list(COUNTS_BY_ITEM), "count": list(COUNTS_BY_ITEM.values())})]),
             p | "M" >> beam.Create([pa.table({"item_id": CATALOG[:2]}), pa.table({"item_id": CATALOG[2:]})]),
         )
         assert_that(inputs | beam_stats.ItemStats(settings, [spec]), check)
@@ -116,15 +151,39 @@ def write_random_inputs(folder, users=60, catalog=25, d=3, seed=0):
     pairs = [(u, j) for u in range(users) for j in rng.choice(rated_items, rng.integers(1, 8), replace=False)]
     order = rng.permutation(len(pairs))
     folder = str(folder)
-    paths = {name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")}
+    paths = {
+        name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")
+    }
     items = np.arange(100, 100 + catalog)
-    storage.write_table(pa.table({"user_id": np.array([pairs[k][0] for k in order], np.int64), "item_id": np.array([pairs[k][1] for k in order], np.int64),
-                                  "label": rng.normal(3.0, 2.0, len(pairs)), "timestamp": np.zeros(len(pairs), np.int64)}, schema=INTERACTIONS),
-                        paths["interactions"], rows_per_file=len(pairs) // 3 + 1)
-    storage.write_table(pa.table({"user_id": np.arange(users), "embedding": list(rng.normal(0, 0.8, (users, d)))}, schema=USER_EMBEDDINGS), paths["user_embeddings"])
-    storage.write_table(pa.table({"item_id": items, "count": 1.0 + rng.exponential(10.0, catalog)}, schema=COUNTS), paths["counts"])
-    storage.write_table(pa.table({"item_id": items, "title": [f"item {i}" for i in items], "genres": [[] for _ in items]},
-                                 schema=items_schema({"genres": "multivalent"})), paths["items"])
+    storage.write_table(
+        pa.table(
+            {
+                "user_id": np.array([pairs[k][0] for k in order], np.int64),
+                "item_id": np.array([pairs[k][1] for k in order], np.int64),
+                "label": rng.normal(3.0, 2.0, len(pairs)),
+                "timestamp": np.zeros(len(pairs), np.int64),
+            },
+            schema=INTERACTIONS,
+        ),
+        paths["interactions"],
+        rows_per_file=len(pairs) // 3 + 1,
+    )
+    storage.write_table(
+        pa.table(
+            {"user_id": np.arange(users), "embedding": list(rng.normal(0, 0.8, (users, d)))}, schema=USER_EMBEDDINGS
+        ),
+        paths["user_embeddings"],
+    )
+    storage.write_table(
+        pa.table({"item_id": items, "count": 1.0 + rng.exponential(10.0, catalog)}, schema=COUNTS), paths["counts"]
+    )
+    storage.write_table(
+        pa.table(
+            {"item_id": items, "title": [f"item {i}" for i in items], "genres": [[] for _ in items]},
+            schema=items_schema({"genres": "multivalent"}),
+        ),
+        paths["items"],
+    )
     return paths
 
 
@@ -133,15 +192,26 @@ def test_beam_and_spark_give_the_same_release(spark, tmp_path):
     settings = StatsSettings(3, 1.0, 4.0, "user", 2.0)
     results = {}
     for multiplier in (0.0, 0.7):
-        seed = SeedFile.create(str(tmp_path / f"seed-{multiplier}")).seed  # one seed for both engines, a seed file per run (it serves one ledger)
-        seed_file = {engine: SeedFile.create(str(tmp_path / f"seed-{engine}-{multiplier}"), seed) for engine in ("beam", "spark")}
+        seed = SeedFile.create(
+            str(tmp_path / f"seed-{multiplier}")
+        ).seed  # one seed for both engines, a seed file per run (it serves one ledger)
+        seed_file = {
+            engine: SeedFile.create(str(tmp_path / f"seed-{engine}-{multiplier}"), seed) for engine in ("beam", "spark")
+        }
         privacy = PrivacySettings(noise_multiplier=multiplier, resamples=2)
         out = {engine: tmp_path / f"{engine}-{multiplier}" for engine in ("beam", "spark")}
-        beam_summary = beam_stats.run(make_job(paths, out["beam"], privacy, settings, seed_file=seed_file["beam"].path, shards=3), PipelineOptions(DIRECT))
-        spark_summary = stats.run(make_job(paths, out["spark"], privacy, settings, seed_file=seed_file["spark"].path, shards=2), spark)
+        beam_summary = beam_stats.run(
+            make_job(paths, out["beam"], privacy, settings, seed_file=seed_file["beam"].path, shards=3),
+            PipelineOptions(DIRECT),
+        )
+        spark_summary = stats.run(
+            make_job(paths, out["spark"], privacy, settings, seed_file=seed_file["spark"].path, shards=2), spark
+        )
         assert beam_summary["releases"] == spark_summary["releases"] == [1, 2]  # release 0: the counts
         for resample in range(2):
-            (beam_meta, beam), (spark_meta, spark_table) = (read_stats(str(out[e] / f"resample-{resample}.parquet")) for e in ("beam", "spark"))
+            (beam_meta, beam), (spark_meta, spark_table) = (
+                read_stats(str(out[e] / f"resample-{resample}.parquet")) for e in ("beam", "spark")
+            )
             assert beam_meta == spark_meta
             assert beam["item_id"].to_pylist() == spark_table["item_id"].to_pylist() == list(range(100, 125))
             for column in ("a_upper", "b"):
@@ -160,10 +230,43 @@ def test_beam_and_spark_give_the_same_release(spark, tmp_path):
 
 def test_cli_runs_beam_options_through_and_reports_errors_in_one_line(tmp_path, capsys):
     paths = write_inputs(tmp_path / "in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG)
-    flags = ["--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"], "--items", paths["items"],
-             "--counts", paths["counts"], "--dim", "2", "--clip-u", "1", "--clip-y", "2", "--wbar", "1.5", "--noise-multiplier", "0"]
+    flags = [
+        "--interactions",
+        paths["interactions"],
+        "--user-embeddings",
+        paths["user_embeddings"],
+        "--items",
+        paths["items"],
+        "--counts",
+        paths["counts"],
+        "--dim",
+        "2",
+        "--clip-u",
+        "1",
+        "--clip-y",
+        "2",
+        "--wbar",
+        "1.5",
+        "--noise-multiplier",
+        "0",
+    ]
     register_counts(paths["counts"], str(tmp_path / "out" / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
-    assert beam_script.main([*flags, "--out", str(tmp_path / "out"), "--shards", "2", "--runner", "DirectRunner", "--direct_num_workers", "1"]) == 0
+    assert (
+        beam_script.main(
+            [
+                *flags,
+                "--out",
+                str(tmp_path / "out"),
+                "--shards",
+                "2",
+                "--runner",
+                "DirectRunner",
+                "--direct_num_workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "stats step 1: 1 table(s) of 4 items, releases [1]" in capsys.readouterr().out
     _, table = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
     np.testing.assert_allclose(np.array(table["b"].to_pylist())[0], by_formula("user", 1.5)[1][10], rtol=1e-12)
@@ -189,11 +292,18 @@ def test_runs_on_gs_paths(gcs_path):
     # Inputs, staged parts, manifests and outputs on a GCS emulator bucket: the same statistics.
     paths = write_inputs(f"{gcs_path}/in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG)
     settings = StatsSettings(2, 1.0, 2.0, "user", 1.5)
-    beam_stats.run(make_job(paths, f"{gcs_path}/out", PrivacySettings(noise_multiplier=0.0), settings, shards=2), PipelineOptions(DIRECT))
+    beam_stats.run(
+        make_job(paths, f"{gcs_path}/out", PrivacySettings(noise_multiplier=0.0), settings, shards=2),
+        PipelineOptions(DIRECT),
+    )
     _, table = read_stats(f"{gcs_path}/out/resample-0.parquet")
     assert table["item_id"].to_pylist() == CATALOG
     want_a, want_b = by_formula("user", 1.5)
-    np.testing.assert_allclose(np.array(table["a_upper"].to_pylist()), np.array([want_a[j] for j in CATALOG]), rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(np.array(table["b"].to_pylist()), np.array([want_b[j] for j in CATALOG]), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        np.array(table["a_upper"].to_pylist()), np.array([want_a[j] for j in CATALOG]), rtol=1e-12, atol=1e-15
+    )
+    np.testing.assert_allclose(
+        np.array(table["b"].to_pylist()), np.array([want_b[j] for j in CATALOG]), rtol=1e-12, atol=1e-15
+    )
     fs, inner = storage.filesystem(f"{gcs_path}/out")
     assert not [f for f in fs.ls(inner, detail=False) if beam_stats.MANIFESTS in f]  # staging removed

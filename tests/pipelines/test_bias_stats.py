@@ -25,11 +25,22 @@ from schemas.tables import stats_metadata, validate_stats
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 CLIP_U, CLIP_Y, WBAR = 1.0, 2.0, 1.5
-SETTINGS = StatsSettings(3, CLIP_U, CLIP_Y, "user", WBAR, bias=1.0)  # d = 3 released: 2 embedding coordinates and the bias, c = clip_u
+SETTINGS = StatsSettings(
+    3, CLIP_U, CLIP_Y, "user", WBAR, bias=1.0
+)  # d = 3 released: 2 embedding coordinates and the bias, c = clip_u
 CATALOG = [10, 20, 30, 40]
 COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
 # user 4 saturates: |u| = 5 > clip_u, and y - b_u = +-10 beyond clip_y on every row
-INTERACTIONS = [(1, 10, 1.5), (1, 20, -0.5), (2, 10, 0.25), (2, 30, 3.0), (3, 30, -1.0), (4, 10, 10.5), (4, 20, -9.5), (4, 30, 10.5)]
+INTERACTIONS = [
+    (1, 10, 1.5),
+    (1, 20, -0.5),
+    (2, 10, 0.25),
+    (2, 30, 3.0),
+    (3, 30, -1.0),
+    (4, 10, 10.5),
+    (4, 20, -9.5),
+    (4, 30, 10.5),
+]
 EMBEDDINGS = {1: [0.3, 0.4, 1.0, 0.5], 2: [0.5, -0.5, 1.0, -0.25], 3: [0.0, 0.2, 1.0, 0.0], 4: [3.0, 4.0, 1.0, 0.5]}
 
 
@@ -58,7 +69,9 @@ def test_biased_statistics_are_exact(engine, spark, tmp_path):
     w4 = WBAR * 1.0 / np.sqrt(16**-0.5 + 1.0 + 81**-0.5)
     x1, x4 = np.array([0.3, 0.4, CLIP_U]), np.array([0.6, 0.8, CLIP_U])
     np.testing.assert_allclose(b[1], w1 * -1.0 * x1 + w4 * -2.0 * x4, rtol=1e-12)
-    np.testing.assert_allclose(a[1][2, 2], (w1 + w4) * CLIP_U**2, rtol=1e-12)  # the bias corner: the item's weighted count times c^2
+    np.testing.assert_allclose(
+        a[1][2, 2], (w1 + w4) * CLIP_U**2, rtol=1e-12
+    )  # the bias corner: the item's weighted count times c^2
     assert np.all(a[3] == 0) and np.all(b[3] == 0)  # item 40: no rows, still released
 
 
@@ -80,14 +93,52 @@ def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_p
     """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user.
     The Spark case starts a JVM of its own (-m slow); its twin in this process is
     test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound[spark]."""
+
     def release(name, interactions):
         folder = tmp_path / name
-        paths = write_inputs(folder, interactions, {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)}, COUNTS, CATALOG)
+        paths = write_inputs(
+            folder,
+            interactions,
+            {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)},
+            COUNTS,
+            CATALOG,
+        )
         out = folder / "out"
         register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
-        result = subprocess.run([SSP, "stats", "--engine", engine, "--interactions", paths["interactions"], "--user-embeddings", paths["user_embeddings"],
-                                 "--items", paths["items"], "--counts", paths["counts"], "--out", str(out), "--dim", "3", "--bias", "1", "--clip-u", str(CLIP_U),
-                                 "--clip-y", str(CLIP_Y), "--wbar", str(WBAR), "--noise-multiplier", "0", "-q"], capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [
+                SSP,
+                "stats",
+                "--engine",
+                engine,
+                "--interactions",
+                paths["interactions"],
+                "--user-embeddings",
+                paths["user_embeddings"],
+                "--items",
+                paths["items"],
+                "--counts",
+                paths["counts"],
+                "--out",
+                str(out),
+                "--dim",
+                "3",
+                "--bias",
+                "1",
+                "--clip-u",
+                str(CLIP_U),
+                "--clip-y",
+                str(CLIP_Y),
+                "--wbar",
+                str(WBAR),
+                "--noise-multiplier",
+                "0",
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return read(str(out / "resample-0.parquet"))
 
@@ -120,16 +171,29 @@ def test_the_per_item_means_statistics_move_by_at_most_their_own_bound(engine, s
     def release(name, interactions):
         users = {row[0] for row in interactions}
         paths = write_inputs(tmp_path / name, interactions, {u: [1.0, 0.0] for u in users}, COUNTS, CATALOG)
-        job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(tmp_path / name / "out"),
-                                            settings, PrivacySettings(noise_multiplier=0.0)))
+        job = registered(
+            stats_job.StatsJob(
+                paths["interactions"],
+                paths["user_embeddings"],
+                paths["items"],
+                paths["counts"],
+                str(tmp_path / name / "out"),
+                settings,
+                PrivacySettings(noise_multiplier=0.0),
+            )
+        )
         engine_named(engine, spark).release_stats(job)
-        table = validate_stats(storage.read_table(str(tmp_path / name / "out" / "resample-0.parquet"))).sort_by("item_id")
+        table = validate_stats(storage.read_table(str(tmp_path / name / "out" / "resample-0.parquet"))).sort_by(
+            "item_id"
+        )
         return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
 
     a, b = release("all", INTERACTIONS)
     a2, b2 = release("without", [row for row in INTERACTIONS if row[0] != 4])
     assert np.sqrt(np.sum((a - a2) ** 2)) <= WBAR * c**2 * (1 + 1e-9)
-    assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(WBAR * CLIP_Y * c, rel=1e-9)  # user 4: |y| > clip_y on every row
+    assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(
+        WBAR * CLIP_Y * c, rel=1e-9
+    )  # user 4: |y| > clip_y on every row
 
 
 def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
@@ -155,23 +219,31 @@ def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
     base = 4 * c**2 + 2 * 3 * z * rho**2 / (2 * 3)
     expected = base + np.array([(z * rho) ** 2 / (s_w / 1000), (z * rho * c) ** 2, (z * rho) ** 2 / (8 * s_w)])
     assert item_update.bias_penalty(config, z, (1.0, 5.0), weights) == pytest.approx(expected)
-    assert item_update.bias_penalty(config, z, (1.0, 5.0), np.array([2 * s_w / 2 + 1 / c**2]), resamples=4) == pytest.approx([expected[1]])  # s_W / 2
-    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0), weights) == pytest.approx(np.full(3, 4.0))
+    assert item_update.bias_penalty(
+        config, z, (1.0, 5.0), np.array([2 * s_w / 2 + 1 / c**2]), resamples=4
+    ) == pytest.approx([expected[1]])  # s_W / 2
+    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0), weights) == pytest.approx(
+        np.full(3, 4.0)
+    )
     space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))
     ridge, residual, anchor = item_update._ssp_penalties(config, space, z, (1.0, 5.0), True, weights)
     assert ridge.shape == residual.shape == (space.size, 9) and anchor.shape == (9,)
     assert residual[:, -1] == pytest.approx(expected) and anchor[-1] == 0.0
-    assert np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected[1]  # the embedding's penalties are the spectral ones
+    assert (
+        np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected[1]
+    )  # the embedding's penalties are the spectral ones
     ridge_id, _, _ = item_update._ssp_penalties(config, space, z, (1.0, 5.0), False, weights)
-    assert config.ridge * ridge_id[:, -1] == pytest.approx(expected)  # an id encoder has no residual: the penalty is its ridge
+    assert config.ridge * ridge_id[:, -1] == pytest.approx(
+        expected
+    )  # an id encoder has no residual: the penalty is its ridge
 
 
 def test_the_released_bias_weights_are_the_last_diagonal_entry_over_c_squared(tmp_path):
     """W_j = A_j[d-1, d-1] / c^2, the mean over the resampled tables, 0 for an item without a row."""
     import pyarrow as pa
 
-    from pipelines.training import item_update
     from pipelines.releases.stats_core import stats_table
+    from pipelines.training import item_update
     from privacy.accumulator import pack_upper
     from schemas import storage
     from schemas.tables import items_schema

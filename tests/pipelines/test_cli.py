@@ -36,21 +36,42 @@ def test_stage_command_help(name, capsys):
 def test_stage_commands_refuse_a_folder_without_a_run(tmp_path):
     result = ssp("evaluate", "--run", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(f"ssp evaluate: error: {tmp_path} holds no run (no manifest.json)")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"ssp evaluate: error: {tmp_path} holds no run (no manifest.json)")
+    )
     result = ssp("user-update", "--run", str(tmp_path), "--step", "1", "--final")
-    assert result.returncode == 2 and result.stderr.strip().endswith("with --run give exactly one of --step S and --final")
+    assert result.returncode == 2 and result.stderr.strip().endswith(
+        "with --run give exactly one of --step S and --final"
+    )
 
 
-@pytest.mark.parametrize("args", [["evaluate"], ["item-update", "--step", "1"], ["publish", "--to", "{tmp}/published"], ["user-update", "--step", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["evaluate"],
+        ["item-update", "--step", "1"],
+        ["publish", "--to", "{tmp}/published"],
+        ["user-update", "--step", "1"],
+    ],
+)
 def test_a_stage_of_a_missing_run_is_refused_without_creating_it(tmp_path, args):
     """Through the installed `ssp`: a --run that does not exist is refused in one line, exit 2, and
     neither it (nor a lock in it) nor the publication folder is created."""
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
     run = tmp_path / "no-run"
-    result = subprocess.run([installed, args[0], "--run", str(run), *[a.format(tmp=tmp_path) for a in args[1:]]], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [installed, args[0], "--run", str(run), *[a.format(tmp=tmp_path) for a in args[1:]]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert errors == [f"ssp {args[0]}: error: {run} holds no run (no manifest.json); start it with `ssp train --stage prepare --out {run} ...`"]
+    assert errors == [
+        f"ssp {args[0]}: error: {run} holds no run (no manifest.json); start it with `ssp train --stage prepare --out {run} ...`"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -62,10 +83,17 @@ def test_train_refuses_a_folder_that_holds_something_else_and_writes_nothing_in_
     folder = tmp_path / "data-set"
     folder.mkdir()
     (folder / "manifest.json").write_text('{"source": "synthetic", "users": 3}')
-    result = subprocess.run([installed, "train", "--data", BUNDLED, "--out", str(folder), *stage], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [installed, "train", "--data", BUNDLED, "--out", str(folder), *stage],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert errors == [f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no settings); use a new --out"]
+    assert errors == [
+        f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no settings); use a new --out"
+    ]
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 
 
@@ -87,7 +115,9 @@ def test_bad_input_is_one_line_error_with_status_2(tmp_path):
 def test_split_accepts_a_movielens_folder(tmp_path, capsys):
     assert cli.main(["split", "--protocol", "rmse", "--out", str(tmp_path / "split")]) == 0
     out = capsys.readouterr().out
-    assert "train  rows=80688" in out and "valid  rows=10091" in out and "test   rows=10057" in out  # the keyed-hash 80/10/10 (seed 1234)
+    assert (
+        "train  rows=80688" in out and "valid  rows=10091" in out and "test   rows=10057" in out
+    )  # the keyed-hash 80/10/10 (seed 1234)
     assert (tmp_path / "split" / "data" / "manifest.json").exists()
 
 
@@ -106,10 +136,17 @@ def test_train_needs_its_data_named_as_a_folder_before_any_engine_starts(tmp_pat
     leave no run folder."""
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
     (tmp_path / "log.csv").write_text("user_id,item_id,label\n1,2,4\n")
-    for data, named in (([], "--data is required"), (["--data", str(tmp_path / "log.csv")], "is a file: training reads a data set folder")):
+    for data, named in (
+        ([], "--data is required"),
+        (["--data", str(tmp_path / "log.csv")], "is a file: training reads a data set folder"),
+    ):
         started = time.perf_counter()
-        result = subprocess.run([installed, "train", *data, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 2 and "Traceback" not in result.stderr and "spark" not in result.stderr.lower(), result.stderr[-2000:]
+        result = subprocess.run(
+            [installed, "train", *data, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr and "spark" not in result.stderr.lower(), (
+            result.stderr[-2000:]
+        )
         assert result.stderr.strip().splitlines()[-1].startswith("ssp train: error: ") and named in result.stderr
         assert time.perf_counter() - started < 30 and not (tmp_path / "run").exists()
     assert "ssp ingest --interactions" in result.stderr
@@ -129,7 +166,9 @@ def test_train_has_no_unit_flag(tmp_path, unit, capsys):
 def test_stats_help_says_when_example_level_is_sound(capsys):
     with pytest.raises(SystemExit):
         cli.main(["stats", "--help"])
-    assert "example is sound only when --user-embeddings are given and fixed" in " ".join(capsys.readouterr().out.split())
+    assert "example is sound only when --user-embeddings are given and fixed" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 def test_every_flag_of_every_command_has_a_help_sentence():
@@ -164,9 +203,15 @@ def test_a_flag_shared_by_several_commands_has_one_default():
             for flag in action.option_strings:
                 if flag.startswith("--") and action.default is not None and flag not in ("--help", "--out", "--seed"):
                     defaults.setdefault(flag, {})[command] = action.default
-    differing = {flag: by_command for flag, by_command in defaults.items() if len({repr(value) for value in by_command.values()}) > 1}
+    differing = {
+        flag: by_command
+        for flag, by_command in defaults.items()
+        if len({repr(value) for value in by_command.values()}) > 1
+    }
     assert differing == {}
-    assert defaults["--outer-steps"] == {"counts": 2, "stats": 2} and len(defaults["--mean-share"]) == 3  # train's: 2, or 1 for the per-item mean (per method)
+    assert (
+        defaults["--outer-steps"] == {"counts": 2, "stats": 2} and len(defaults["--mean-share"]) == 3
+    )  # train's: 2, or 1 for the per-item mean (per method)
 
 
 def test_version_is_the_packages():
@@ -182,14 +227,33 @@ def test_a_failing_bench_is_one_line_through_the_installed_command(tmp_path):
     """`ssp bench` follows the one-line rule of every other command: a missing --data is exit 2 and
     one error line naming it, no traceback."""
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    result = subprocess.run([installed, "bench", "privacy-utility", "--quick", "--no-progress", "--out", str(tmp_path / "bench"),
-                             "--data", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            installed,
+            "bench",
+            "privacy-utility",
+            "--quick",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "bench"),
+            "--data",
+            str(tmp_path / "nowhere"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == f"ssp bench: error: {tmp_path / 'nowhere'}: no such folder"
 
 
-@pytest.mark.parametrize("endpoint, named", [("http://nohost.invalid:4443", "cannot reach nohost.invalid (DNS: "),
-                                              ("http://127.0.0.1:9", "cannot reach 127.0.0.1:9 within 3 s")])
+@pytest.mark.parametrize(
+    "endpoint, named",
+    [
+        ("http://nohost.invalid:4443", "cannot reach nohost.invalid (DNS: "),
+        ("http://127.0.0.1:9", "cannot reach 127.0.0.1:9 within 3 s"),
+    ],
+)
 def test_an_unreachable_gcs_endpoint_is_one_line_in_seconds(tmp_path, endpoint, named):
     """Without the network (a name that does not resolve, a port nobody answers on) a gs:// path is
     one line naming the path, the host and the cause, at once: no gcsfs retries for minutes, no
@@ -197,7 +261,9 @@ def test_an_unreachable_gcs_endpoint_is_one_line_in_seconds(tmp_path, endpoint, 
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
     env = {**os.environ, "STORAGE_EMULATOR_HOST": endpoint, "SSP_GCS_TIMEOUT": "3"}
     started = time.perf_counter()
-    result = subprocess.run([installed, "ingest", "--out", "gs://bucket/data"], capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [installed, "ingest", "--out", "gs://bucket/data"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert time.perf_counter() - started < 30
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()

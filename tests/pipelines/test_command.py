@@ -9,9 +9,17 @@ import pytest
 
 ENDINGS = {
     "error": ("raise UserError('bad input')", 2, "ssp probe: error: bad input"),
-    "bug": ("raise KeyError('planted')", 3, "ssp probe: internal error (a bug, not a problem with the input): KeyError: 'planted'; its traceback is in "),
+    "bug": (
+        "raise KeyError('planted')",
+        3,
+        "ssp probe: internal error (a bug, not a problem with the input): KeyError: 'planted'; its traceback is in ",
+    ),
     "interrupt": ("raise KeyboardInterrupt", 130, "ssp probe: interrupted; nothing partial was published"),
-    "terminate": ("os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)", 143, "ssp probe: terminated; nothing partial was published"),
+    "terminate": (
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)",
+        143,
+        "ssp probe: terminated; nothing partial was published",
+    ),
 }
 
 

@@ -31,10 +31,31 @@ SETTINGS = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "2", "--dim", "3
 
 
 def prepared(folder, engine="federated"):
-    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]) == 0
+    assert (
+        cli.main(
+            ["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]
+        )
+        == 0
+    )
     run = folder / f"run-{engine}"
-    assert cli.main(["train", "--stage", "prepare", "--data", str(folder / "data"), "--out", str(run), "--engine", engine, *SETTINGS,
-                     *(["--no-biases"] if engine != "federated" else [])]) == 0  # the federated round has no biases
+    assert (
+        cli.main(
+            [
+                "train",
+                "--stage",
+                "prepare",
+                "--data",
+                str(folder / "data"),
+                "--out",
+                str(run),
+                "--engine",
+                engine,
+                *SETTINGS,
+                *(["--no-biases"] if engine != "federated" else []),
+            ]
+        )
+        == 0
+    )  # the federated round has no biases
     return Run(str(run))
 
 
@@ -66,7 +87,9 @@ def federated_job(run: Run, dropout=0.0, max_dropout=0.1) -> federated.Federated
     manifest = run.prepared()
     config = run_dir.config_of(run, manifest)
     job = item_update.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
-    return federated.FederatedJob(job, run.centred, run.item_embeddings(0), config.lambda_u, config.gravity, dropout, max_dropout, ROUND_SECRET)
+    return federated.FederatedJob(
+        job, run.centred, run.item_embeddings(0), config.lambda_u, config.gravity, dropout, max_dropout, ROUND_SECRET
+    )
 
 
 def central_sums(job: federated.FederatedJob, users: set):
@@ -78,27 +101,45 @@ def central_sums(job: federated.FederatedJob, users: set):
     embeddings = storage.read_table(job.item_embeddings)
     v = list_column_to_matrix(embeddings["embedding"], job.stats.settings.dim, "item")
     v_of = dict(zip(embeddings["item_id"].to_numpy().tolist(), v))
-    solve, stats = storage.read_table(job.solve_rows).to_pandas(), storage.read_table(job.stats.interactions).to_pandas()
+    solve, stats = (
+        storage.read_table(job.solve_rows).to_pandas(),
+        storage.read_table(job.stats.interactions).to_pandas(),
+    )
     keys, rows = [], []
     for user in sorted(users):
         mine = solve[solve.user_id == user]
-        _, u = ridge_solve(mine.user_id.to_numpy(), np.array([v_of[i] for i in mine.item_id]), mine.label.to_numpy(), job.lambda_u, scale_by_rows=True)
+        _, u = ridge_solve(
+            mine.user_id.to_numpy(),
+            np.array([v_of[i] for i in mine.item_id]),
+            mine.label.to_numpy(),
+            job.lambda_u,
+            scale_by_rows=True,
+        )
         rated = stats[stats.user_id == user]
         at = np.searchsorted(items, rated.item_id.to_numpy())
-        k, r = user_contributions(rated.user_id.to_numpy(), at, rated.label.to_numpy(), np.repeat(u, len(at), axis=0), count_of[at], job.stats.settings)
+        k, r = user_contributions(
+            rated.user_id.to_numpy(),
+            at,
+            rated.label.to_numpy(),
+            np.repeat(u, len(at), axis=0),
+            count_of[at],
+            job.stats.settings,
+        )
         keys.append(k)
         rows.append(r)
     positions, a, b = grouped_sums(np.concatenate(keys), np.concatenate(rows))
     d = job.stats.settings.dim
     out = np.zeros((items.size, packed_size(d) + d))
-    out[positions, : packed_size(d)], out[positions, packed_size(d):] = a, b
+    out[positions, : packed_size(d)], out[positions, packed_size(d) :] = a, b
     return out
 
 
 def released(job: federated.FederatedJob) -> np.ndarray:
     table = storage.read_table(stats_job.resample_path(job.stats.out, 0)).sort_by("item_id")
     d = job.stats.settings.dim
-    return np.hstack([list_column_to_matrix(table["a_upper"], packed_size(d), "a"), list_column_to_matrix(table["b"], d, "b")])
+    return np.hstack(
+        [list_column_to_matrix(table["a_upper"], packed_size(d), "a"), list_column_to_matrix(table["b"], d, "b")]
+    )
 
 
 @pytest.mark.parametrize("dropout, max_dropout", [(0.0, 0.1), (0.1, 0.3)])
@@ -114,14 +155,18 @@ def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(prepar
     multiplier = ledger.budget["multipliers"]["stats"]
     plan = federated.plan_round(job.stats, multiplier, clients.size, max_dropout, summary["items"])
     assert summary["noise_multiplier"] == multiplier and ledger.budget["accountant"] == "rdp-integer"
-    noise = sum(federated.client_noise(federated.client_secret(ROUND_SECRET, c), plan) for c in sorted(survivors)).reshape(plan.items, plan.width)
+    noise = sum(
+        federated.client_noise(federated.client_secret(ROUND_SECRET, c), plan) for c in sorted(survivors)
+    ).reshape(plan.items, plan.width)
     expected = central_sums(job, survivors) + noise / plan.scale
     got = released(job)
     assert np.abs(got - expected).max() <= len(survivors) / plan.scale + 1e-8 * np.abs(expected).max()
     # the noise is the calibrated one: std z_s * wbar * clip_u^2 on A's entries (at least, with dropouts)
     s = job.stats.settings
     std_a = (noise[:, : packed_size(s.dim)] / plan.scale).std()
-    assert std_a == pytest.approx(plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25)
+    assert std_a == pytest.approx(
+        plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25
+    )
 
 
 def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(prepared_run, tmp_path):
@@ -144,8 +189,11 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
     folder = tmp_path / "without"
     storage.write_table(rows(job.solve_rows, keep=True), str(folder / "solve.parquet"))
     storage.write_table(rows(job.stats.interactions, keep=True), str(folder / "stats.parquet"))
-    neighbour = dataclasses.replace(job, solve_rows=str(folder / "solve.parquet"),
-                                    stats=dataclasses.replace(job.stats, interactions=str(folder / "stats.parquet")))
+    neighbour = dataclasses.replace(
+        job,
+        solve_rows=str(folder / "solve.parquet"),
+        stats=dataclasses.replace(job.stats, interactions=str(folder / "stats.parquet")),
+    )
     plan = federated.plan_round(job.stats, 1.0, clients.size, 0.1, catalog.size)
     totals = []
     for round_job, members in ((job, clients), (neighbour, clients[clients != removed])):
@@ -155,8 +203,14 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
         totals.append(secagg.decode(result.masked - result.corrections, plan.scale))
     own = [rows(path, keep=False) for path in (job.solve_rows, job.stats.interactions)]
     assert own[1].num_rows > 0
-    vector = federated.client_contribution(removed, *[(t["item_id"].to_numpy(), t["label"].to_numpy()) for t in own], broadcast,
-                                           job.stats.settings, job.lambda_u, plan)
+    vector = federated.client_contribution(
+        removed,
+        *[(t["item_id"].to_numpy(), t["label"].to_numpy()) for t in own],
+        broadcast,
+        job.stats.settings,
+        job.lambda_u,
+        plan,
+    )
     share = federated.client_noise(federated.client_secret(ROUND_SECRET, removed), plan) / plan.scale
     assert np.abs(vector).max() > 0 and np.abs(share).max() > 0
     assert np.abs(totals[0] - totals[1] - vector - share).max() <= 1 / plan.scale + 1e-9 * np.abs(vector).max()
@@ -165,10 +219,17 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
 def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(prepared_run):
     run = prepared_run
     job = federated_job(run, dropout=0.4, max_dropout=0.1)
-    with pytest.raises(federated.RoundRefusedError, match="fewer than the .* the noise is planned for .* round refused, nothing published"):
+    with pytest.raises(
+        federated.RoundRefusedError,
+        match="fewer than the .* the noise is planned for .* round refused, nothing published",
+    ):
         federated.run(job)
-    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(storage.join(job.stats.out, stats_job.RELEASE_SUMMARY))
-    assert [row["name"] for row in Ledger.open(run.ledger).rows][-1] == "step-1/stats/r0"  # planned and recorded before the round
+    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(
+        storage.join(job.stats.out, stats_job.RELEASE_SUMMARY)
+    )
+    assert [row["name"] for row in Ledger.open(run.ledger).rows][
+        -1
+    ] == "step-1/stats/r0"  # planned and recorded before the round
     # the clients revealed no share, so the round may run again (fresh noise, nothing was unmasked, no new charge); once run, never again
     spent = Ledger.open(run.ledger).epsilon_spent()
     federated.run(federated_job(run, dropout=0.0, max_dropout=0.1))
@@ -179,8 +240,12 @@ def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothin
 
 def test_a_round_whose_dropped_clients_cannot_be_unmasked_is_refused_and_never_rerun(prepared_run):
     run = prepared_run
-    job = federated_job(run, dropout=0.3, max_dropout=0.6)  # enough survivors for the noise, too few neighbours left for some secrets
-    with pytest.raises(federated.RoundRefusedError, match="too few neighbours revealed the secrets .* round refused, nothing published"):
+    job = federated_job(
+        run, dropout=0.3, max_dropout=0.6
+    )  # enough survivors for the noise, too few neighbours left for some secrets
+    with pytest.raises(
+        federated.RoundRefusedError, match="too few neighbours revealed the secrets .* round refused, nothing published"
+    ):
         federated.run(job)
     assert not storage.exists(stats_job.resample_path(job.stats.out, 0))
     with pytest.raises(ValueError, match="already ran"):
@@ -197,10 +262,48 @@ def test_a_run_accounted_otherwise_is_refused_before_any_release(tmp_path):
 
 def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    assert cli.main(["synth", "--users", "300", "--items", "30", "--ratings-per-user", "30", "--out", str(tmp_path / "data"), "-q"]) == 0
-    result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
-                             "--federated-dropout", "0.05", "--federated-max-dropout", "0.4", "--epsilon", "10", "--outer-steps", "2", "--dim", "3"],
-                            capture_output=True, text=True, timeout=600)
+    assert (
+        cli.main(
+            [
+                "synth",
+                "--users",
+                "300",
+                "--items",
+                "30",
+                "--ratings-per-user",
+                "30",
+                "--out",
+                str(tmp_path / "data"),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    result = subprocess.run(
+        [
+            installed,
+            "train",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "run"),
+            "--engine",
+            "federated",
+            "--federated-dropout",
+            "0.05",
+            "--federated-max-dropout",
+            "0.4",
+            "--epsilon",
+            "10",
+            "--outer-steps",
+            "2",
+            "--dim",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
@@ -215,16 +318,53 @@ def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
 
 
 def test_a_federated_run_charges_the_data_sources_account_beside_a_central_run(tmp_path):
-    central, federated_run = prepared(tmp_path, engine="beam"), prepared(tmp_path)  # one data source keeps one lifetime budget
+    central, federated_run = (
+        prepared(tmp_path, engine="beam"),
+        prepared(tmp_path),
+    )  # one data source keeps one lifetime budget
     accounts = [Ledger.open(run.ledger).budget.get("account") for run in (central, federated_run)]
     assert accounts[0] is not None and accounts[0] == accounts[1]
 
 
 def test_a_refused_round_is_one_line_and_exit_status_2_through_the_installed_command(tmp_path):
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(tmp_path / "data"), "-q"]) == 0
-    result = subprocess.run([installed, "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--engine", "federated",
-                             "--federated-dropout", "0.7", "--federated-max-dropout", "0.1", *SETTINGS], capture_output=True, text=True, timeout=600)
+    assert (
+        cli.main(
+            [
+                "synth",
+                "--users",
+                "40",
+                "--items",
+                "20",
+                "--ratings-per-user",
+                "6",
+                "--out",
+                str(tmp_path / "data"),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    result = subprocess.run(
+        [
+            installed,
+            "train",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "run"),
+            "--engine",
+            "federated",
+            "--federated-dropout",
+            "0.7",
+            "--federated-max-dropout",
+            "0.1",
+            *SETTINGS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert len(errors) == 1 and "clients answered, fewer than the" in errors[0] and "run the command again" in errors[0]
@@ -235,10 +375,16 @@ def test_a_client_with_a_repeated_pair_is_refused_as_the_central_job_refuses_it(
     from pipelines.releases.stats_core import StatsSettings
     from schemas.ids import IdIndex
 
-    broadcast = federated.Broadcast((IdIndex(np.array([1, 2])), np.eye(2)), None, IdIndex(np.array([1, 2])), np.array([5.0, 5.0]))
+    broadcast = federated.Broadcast(
+        (IdIndex(np.array([1, 2])), np.eye(2)), None, IdIndex(np.array([1, 2])), np.array([5.0, 5.0])
+    )
     plan = federated.Plan(3, 3, 2, 2, 2.0**20, 1.0, (1.0, 1.0), 2)
     rows = (np.array([1, 1]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="client 7 has repeated \\(user, item\\) pairs"):
         federated.client_contribution(7, rows, rows, broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan)
-    once = federated.client_contribution(7, rows, (np.array([2]), np.array([1.0])), broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan)
-    assert np.count_nonzero(once.reshape(2, -1)[0]) == 0 and np.count_nonzero(once.reshape(2, -1)[1]) > 0  # only its own item
+    once = federated.client_contribution(
+        7, rows, (np.array([2]), np.array([1.0])), broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan
+    )
+    assert (
+        np.count_nonzero(once.reshape(2, -1)[0]) == 0 and np.count_nonzero(once.reshape(2, -1)[1]) > 0
+    )  # only its own item

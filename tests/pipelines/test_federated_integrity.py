@@ -44,6 +44,7 @@ def ssp(folder, *args):
 @pytest.fixture
 def ssp_in_process(spark, capsys):
     """`ssp` through its entry point in this process (the test session's Spark): (exit status, stderr)."""
+
     def run(folder, *args):
         capsys.readouterr()
         with contextlib.chdir(folder):
@@ -59,7 +60,12 @@ def finished(tmp_path_factory, spark):
     before the round (seed file and ledger included). Made in this process, on the test session's
     Spark: the tests read it, or copy it before they change it (only the copy test changes `copy`)."""
     folder = tmp_path_factory.mktemp("federated-run")
-    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]) == 0
+    assert (
+        cli.main(
+            ["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(folder / "data"), "-q"]
+        )
+        == 0
+    )
     with contextlib.chdir(folder):  # TRAIN's relative paths, as the installed `ssp` runs them in this folder
         assert cli.main([*TRAIN, "--stage", "prepare", "-q"]) == 0
         shutil.copytree(folder / "run", folder / "copy")
@@ -128,14 +134,21 @@ def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folde
     second_round_is_refused(finished_copy(finished, tmp_path), ssp)
 
 
-def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder_in_process(finished, tmp_path, ssp_in_process):
+def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder_in_process(
+    finished, tmp_path, ssp_in_process
+):
     second_round_is_refused(finished_copy(finished, tmp_path), ssp_in_process)
 
 
 def refused_round_reruns_and_is_charged_once(folder, ssp_run) -> None:
     """Too few survivors, twice: the second round is a rerun of the same release, refused again for
     too few survivors, not for having run, and charged once."""
-    assert cli.main(["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(folder / "data"), "-q"]) == 0
+    assert (
+        cli.main(
+            ["synth", "--users", "40", "--items", "20", "--ratings-per-user", "6", "--out", str(folder / "data"), "-q"]
+        )
+        == 0
+    )
     refused = [*TRAIN, "--federated-dropout", "0.7", "--federated-max-dropout", "0.1"]
     spent = []
     for _ in range(2):
@@ -163,7 +176,9 @@ def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_onc
 
 def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
     run = prepared(tmp_path)
-    job = federated_job(run, max_dropout=0.3)  # the sets it shows are within the planned dropout: only the check stops them
+    job = federated_job(
+        run, max_dropout=0.3
+    )  # the sets it shows are within the planned dropout: only the check stops them
     clients = np.unique(storage.read_table(run.centred)["user_id"].to_numpy())
     plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, 1)
     graph = secagg.neighbours(clients, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
@@ -171,15 +186,27 @@ def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
     assert min(len(server(h, frozenset(graph))) for h in graph if h != server.victim) >= plan.min_clients
     catalog, broadcast = federated.broadcast_of(job)
     round_plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, catalog.size)
-    result = federated.round_sums(dataclasses.replace(job, server=server), broadcast, round_plan, ROUND_SECRET, graph, frozenset(), None)
-    near = {server.victim, *graph[server.victim]}  # the victim's self-mask seed and its neighbours' keys: what the attack needs
+    result = federated.round_sums(
+        dataclasses.replace(job, server=server), broadcast, round_plan, ROUND_SECRET, graph, frozenset(), None
+    )
+    near = {
+        server.victim,
+        *graph[server.victim],
+    }  # the victim's self-mask seed and its neighbours' keys: what the attack needs
     assert result.refusals > 0 and near <= set(result.unrecovered)
-    with pytest.raises(federated.RoundRefusedError, match="revealed nothing, the survivor sets the server showed them failed the consistency check; "
-                                                          "round refused, nothing published"):
+    with pytest.raises(
+        federated.RoundRefusedError,
+        match="revealed nothing, the survivor sets the server showed them failed the consistency check; "
+        "round refused, nothing published",
+    ):
         federated.run(dataclasses.replace(job, server=server))
-    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(storage.join(job.stats.out, stats_job.RELEASE_SUMMARY))
+    assert not storage.exists(stats_job.resample_path(job.stats.out, 0)) and not storage.exists(
+        storage.join(job.stats.out, stats_job.RELEASE_SUMMARY)
+    )
     index = next(row["release"] for row in Ledger.open(run.ledger).rows if row["name"] == "step-1/stats/r0")
-    assert SeedFile.load(run.private("seed")).rounds == {index: ROUND_STARTED}  # a round the server cheated in is never rerun
+    assert SeedFile.load(run.private("seed")).rounds == {
+        index: ROUND_STARTED
+    }  # a round the server cheated in is never rerun
     with pytest.raises(ValueError, match="already ran .* start a new run"):
         federated.run(job)
 
@@ -188,13 +215,35 @@ def test_a_partitioning_server_gets_nothing_through_the_installed_ssp(tmp_path):
     """`--federated-server partition` simulates the attack (the sets it shows are within the planned
     dropout, so only the consistency check stops it): one line, exit 2, nothing published, and the
     round is never run again."""
-    assert cli.main(["synth", "--users", "60", "--items", "25", "--ratings-per-user", "8", "--out", str(tmp_path / "data"), "-q"]) == 0
+    assert (
+        cli.main(
+            [
+                "synth",
+                "--users",
+                "60",
+                "--items",
+                "25",
+                "--ratings-per-user",
+                "8",
+                "--out",
+                str(tmp_path / "data"),
+                "-q",
+            ]
+        )
+        == 0
+    )
     status, stderr = ssp(tmp_path, *TRAIN, "--federated-max-dropout", "0.3", "--federated-server", "partition")
     errors = [line for line in stderr.splitlines() if ": error: " in line]
     assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
-    assert len(errors) == 1 and "failed the consistency check; round refused, nothing published" in errors[0], stderr[-3000:]
+    assert len(errors) == 1 and "failed the consistency check; round refused, nothing published" in errors[0], stderr[
+        -3000:
+    ]
     assert not (tmp_path / "run" / "step-1" / "stats" / "release.json").exists()
-    assert not list((tmp_path / "run" / "step-1" / "stats").glob("resample-*")) if (tmp_path / "run" / "step-1" / "stats").exists() else True
+    assert (
+        not list((tmp_path / "run" / "step-1" / "stats").glob("resample-*"))
+        if (tmp_path / "run" / "step-1" / "stats").exists()
+        else True
+    )
     seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
     assert list(seeds.rounds.values()) == [ROUND_STARTED]  # a round the server cheated in is never rerun
 
@@ -208,7 +257,10 @@ def test_a_copy_of_the_run_folder_cannot_run_a_round_again(finished):
     assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
     assert len(errors) == 1 and "already ran (recorded in the budget account" in errors[0], stderr[-3000:]
     assert not (finished / "copy" / "step-1" / "stats" / "release.json").exists()
-    rows = [[(row["name"], row["data_fingerprint"]) for row in Ledger.open(str(finished / folder / "ledger.parquet")).rows] for folder in ("run", "copy")]
+    rows = [
+        [(row["name"], row["data_fingerprint"]) for row in Ledger.open(str(finished / folder / "ledger.parquet")).rows]
+        for folder in ("run", "copy")
+    ]
     assert rows[0] == rows[1]  # the copy's ledger row is the original's release, charged once in the account
     account = Ledger.open(str(finished / "copy" / "ledger.parquet")).account()
     assert len(account.document["charges"]) == len(rows[0])

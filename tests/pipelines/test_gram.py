@@ -14,13 +14,20 @@ from schemas.tables import USER_EMBEDDINGS
 
 
 def write_users(path, vectors):
-    storage.write_table(pa.table({"user_id": np.arange(len(vectors)), "embedding": list(np.asarray(vectors, float))}, schema=USER_EMBEDDINGS), path)
+    storage.write_table(
+        pa.table(
+            {"user_id": np.arange(len(vectors)), "embedding": list(np.asarray(vectors, float))}, schema=USER_EMBEDDINGS
+        ),
+        path,
+    )
 
 
 def test_exact_gram_of_clipped_embeddings_without_noise(tmp_path):
     write_users(str(tmp_path / "u.parquet"), [[3.0, 4.0], [0.5, 0.0]])
     ledger = Ledger.create(str(tmp_path / "ledger.parquet"), float("inf"), 1e-5, multipliers={"gram": 0.0})
-    gram = dp_gram(str(tmp_path / "u.parquet"), ledger, SeedFile.create(str(tmp_path / "seed")), StatsSettings(2, 1.0, 1.0), step=1)
+    gram = dp_gram(
+        str(tmp_path / "u.parquet"), ledger, SeedFile.create(str(tmp_path / "seed")), StatsSettings(2, 1.0, 1.0), step=1
+    )
     clipped = np.array([[0.6, 0.8], [0.5, 0.0]])  # (3, 4) clipped to norm 1
     np.testing.assert_allclose(gram, clipped.T @ clipped, atol=1e-12)
     assert [row["name"] for row in Ledger.open(str(tmp_path / "ledger.parquet")).rows] == ["step-1/gram"]
@@ -52,7 +59,13 @@ def test_with_biases_the_gram_is_over_the_statistics_rows_and_its_noise_over_the
     write_users(str(tmp_path / "z.parquet"), np.zeros((3, 41)))
     ledger = Ledger.create(str(tmp_path / "noisy.parquet"), float("inf"), 1e-5, multipliers={"gram": 2.0})
     settings = StatsSettings(40, 0.5, 1.0, bias=0.75)  # rho^2 = (1 + 0.75^2) 0.25
-    gram = dp_gram(str(tmp_path / "z.parquet"), ledger, SeedFile.create(str(tmp_path / "seed2"), bytes(range(32))), settings, step=1)
+    gram = dp_gram(
+        str(tmp_path / "z.parquet"),
+        ledger,
+        SeedFile.create(str(tmp_path / "seed2"), bytes(range(32))),
+        settings,
+        step=1,
+    )
     corner = np.zeros((40, 40))
     corner[-1, -1] = 3 * 0.375**2  # the users' c^2, the released matrix's only signal
     top = np.linalg.eigvalsh(gram - corner)[-1]
@@ -68,5 +81,13 @@ def test_removing_a_user_moves_the_biased_gram_by_at_most_the_bound(tmp_path):
     for name, rows in (("all", users), ("less", [users[0], users[2]])):
         write_users(str(tmp_path / f"{name}.parquet"), rows)
         ledger = Ledger.create(str(tmp_path / f"{name}-ledger.parquet"), float("inf"), 1e-5, multipliers={"gram": 0.0})
-        grams.append(dp_gram(str(tmp_path / f"{name}.parquet"), ledger, SeedFile.create(str(tmp_path / f"{name}-seed")), settings, step=1))
+        grams.append(
+            dp_gram(
+                str(tmp_path / f"{name}.parquet"),
+                ledger,
+                SeedFile.create(str(tmp_path / f"{name}-seed")),
+                settings,
+                step=1,
+            )
+        )
     assert np.linalg.norm(grams[0] - grams[1]) == pytest.approx((1 + 2.0**2) * 0.5**2, rel=1e-12)

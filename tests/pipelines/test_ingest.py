@@ -30,7 +30,9 @@ def csv_source(tmp_path):
         'movieId,title,genres\n10,"Good, the Bad (1966)",Western\n20,Heat (1995),Action|Crime|Thriller\n'
         "30,Unrated Film,(no genres listed)\n40,Babylon 5 (1994\u20131998),Sci-Fi\n",
     )
-    write(src, "tags.csv", "userId,movieId,tag,timestamp\n1,10,Classic,5\n2,10,classic ,6\n2,20,heist,7\n3,99,orphan,8\n")
+    write(
+        src, "tags.csv", "userId,movieId,tag,timestamp\n1,10,Classic,5\n2,10,classic ,6\n2,20,heist,7\n3,99,orphan,8\n"
+    )
     return src
 
 
@@ -43,8 +45,20 @@ def test_csv_layout_gives_exact_tables(csv_source, tmp_path):
     ]
     items = validate_items(storage.read_table(data.items))
     assert rows(items) == [
-        {"item_id": 10, "title": "Good, the Bad (1966)", "genres": ["Western"], "year": 1966, "tags": ["classic", "classic"]},
-        {"item_id": 20, "title": "Heat (1995)", "genres": ["Action", "Crime", "Thriller"], "year": 1995, "tags": ["heist"]},
+        {
+            "item_id": 10,
+            "title": "Good, the Bad (1966)",
+            "genres": ["Western"],
+            "year": 1966,
+            "tags": ["classic", "classic"],
+        },
+        {
+            "item_id": 20,
+            "title": "Heat (1995)",
+            "genres": ["Action", "Crime", "Thriller"],
+            "year": 1995,
+            "tags": ["heist"],
+        },
         {"item_id": 30, "title": "Unrated Film", "genres": [], "year": None, "tags": []},
         {"item_id": 40, "title": "Babylon 5 (1994\u20131998)", "genres": ["Sci-Fi"], "year": 1994, "tags": []},
     ]
@@ -64,7 +78,12 @@ def test_tags_are_not_features_unless_declared_public(csv_source, tmp_path):
 def test_ml1m_dat_layout_latin1(tmp_path):
     src = tmp_path / "ml-1m"
     write(src, "ratings.dat", "1::1193::5::978300760\n1::661::3::978302109\n7::1193::4::978300000\n")
-    write(src, "movies.dat", "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n661::Caf\xe9 Society: A Story (1996)::Animation|Children's\n5::Unrated::Drama\n", "latin-1")
+    write(
+        src,
+        "movies.dat",
+        "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n661::Caf\xe9 Society: A Story (1996)::Animation|Children's\n5::Unrated::Drama\n",
+        "latin-1",
+    )
     data = ingest.ingest(str(src), str(tmp_path / "out"))
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 1, "item_id": 1193, "label": 5.0, "timestamp": 978300760},
@@ -73,7 +92,12 @@ def test_ml1m_dat_layout_latin1(tmp_path):
     ]
     assert rows(storage.read_table(data.items)) == [
         {"item_id": 1193, "title": "One Flew Over the Cuckoo's Nest (1975)", "genres": ["Drama"], "year": 1975},
-        {"item_id": 661, "title": "Caf\xe9 Society: A Story (1996)", "genres": ["Animation", "Children's"], "year": 1996},
+        {
+            "item_id": 661,
+            "title": "Caf\xe9 Society: A Story (1996)",
+            "genres": ["Animation", "Children's"],
+            "year": 1996,
+        },
         {"item_id": 5, "title": "Unrated", "genres": ["Drama"], "year": None},
     ]
     assert data.manifest["layout"] == "dat"
@@ -128,7 +152,9 @@ def test_bundled_ml_latest_small(tmp_path):
     years = items["year"].to_pylist()
     assert sum(1 for g in genres if g) > 9_700 and sum(1 for y in years if y is not None) > 9_700
     toy_story = items.filter(items["item_id"].to_numpy() == 1).to_pylist()[0]
-    assert toy_story["genres"] == ["Adventure", "Animation", "Children", "Comedy", "Fantasy"] and toy_story["year"] == 1995
+    assert (
+        toy_story["genres"] == ["Adventure", "Animation", "Children", "Comedy", "Fantasy"] and toy_story["year"] == 1995
+    )
     interactions = validate_interactions(storage.read_table(data.interactions))
     assert math.isclose(sum(interactions["label"].to_pylist()) / 100_836, 3.501556983616962, rel_tol=1e-12)
 
@@ -150,7 +176,10 @@ def assert_refused(src, out, pattern, **kwargs):
         ("3,10,four,5", r"ratings.csv, line 5: rating 'four' is not a number"),
         ("3,10,NaN,5", r"ratings.csv, line 5: rating is not finite \(nan\)"),
         ("3,10,,5", r"ratings.csv, line 5: rating is null"),
-        ("3,99999999999999999999,4.0,5", r"ratings.csv, line 5: movie id 99999999999999999999 does not fit in a 64-bit integer"),
+        (
+            "3,99999999999999999999,4.0,5",
+            r"ratings.csv, line 5: movie id 99999999999999999999 does not fit in a 64-bit integer",
+        ),
         (",10,4.0,5", r"ratings.csv, line 5: user id is null"),
     ],
 )
@@ -176,7 +205,11 @@ def test_blank_rating_lines_are_skipped_and_later_lines_keep_their_numbers(csv_s
 def test_unknown_items_fail_with_count_or_are_dropped(csv_source, tmp_path):
     with open(csv_source / "ratings.csv", "a") as f:
         f.write("3,77,4.0,5\n4,77,2.0,6\n4,78,2.0,6\n")
-    assert_refused(csv_source, tmp_path / "out", r"3 rating\(s\) refer to 2 movie\(s\) missing from movies.csv \(e.g. 77\); rerun with --unknown-items drop")
+    assert_refused(
+        csv_source,
+        tmp_path / "out",
+        r"3 rating\(s\) refer to 2 movie\(s\) missing from movies.csv \(e.g. 77\); rerun with --unknown-items drop",
+    )
     data = ingest.ingest(str(csv_source), str(tmp_path / "kept"), unknown_items="drop")
     assert data.manifest["ratings"] == 3
     assert data.manifest["unknown_items"] == {"policy": "drop", "dropped_ratings": 3, "dropped_items": 2}
@@ -203,7 +236,9 @@ def test_bad_catalogs(csv_source, tmp_path):
     assert_refused(csv_source, tmp_path / "out", r"movies.csv, line 2: movie id 'ten' is not an integer")
     write(csv_source, "ratings.csv", "user,movie,stars,when\n1,10,4,5\n")
     write(csv_source, "movies.csv", "movieId,title,genres\n10,A,Drama\n")
-    assert_refused(csv_source, tmp_path / "out", r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp")
+    assert_refused(
+        csv_source, tmp_path / "out", r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp"
+    )
 
 
 def test_bad_dat_line_is_located(tmp_path):
@@ -242,4 +277,6 @@ def test_empty_and_header_only_ratings_are_refused(csv_source, tmp_path):
     (csv_source / "ratings.csv").write_bytes(b"userId,movieId,rating,timestamp\n")
     assert_refused(csv_source, tmp_path / "out", r"ratings.csv holds no ratings")
     (csv_source / "ratings.csv").write_bytes(b"userId;movieId;rating;timestamp\n1;10;4.0;5\n")  # wrong delimiter
-    assert_refused(csv_source, tmp_path / "out", r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp")
+    assert_refused(
+        csv_source, tmp_path / "out", r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp"
+    )

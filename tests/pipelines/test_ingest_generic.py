@@ -39,23 +39,27 @@ def tables(tmp_path):
     catalog with a list column, a string column and an integer column."""
     interactions = tmp_path / "events.parquet"
     pq.write_table(
-        pa.table({
-            "customer": pa.array([7, 7, 8, 9], pa.int32()),
-            "product": pa.array([100, 200, 100, 300], pa.int64()),
-            "ts": pa.array([1_000_500, 2_000_000, None, -1], pa.timestamp("ms", tz="UTC")),
-            "ignored": ["a", "b", "c", "d"],
-        }),
+        pa.table(
+            {
+                "customer": pa.array([7, 7, 8, 9], pa.int32()),
+                "product": pa.array([100, 200, 100, 300], pa.int64()),
+                "ts": pa.array([1_000_500, 2_000_000, None, -1], pa.timestamp("ms", tz="UTC")),
+                "ignored": ["a", "b", "c", "d"],
+            }
+        ),
         interactions,
     )
     catalog = tmp_path / "catalog.parquet"
     pq.write_table(
-        pa.table({
-            "product": [100, 200, 300, 400],
-            "name": ["Kettle", "Toaster", None, "Mug"],
-            "tags": [["kitchen", " steel "], [], None, ["kitchen", "", "cup"]],
-            "brand": ["Acme", None, "Bolt", "Acme"],
-            "year": pa.array([2019, None, 2021, 2020], pa.int16()),
-        }),
+        pa.table(
+            {
+                "product": [100, 200, 300, 400],
+                "name": ["Kettle", "Toaster", None, "Mug"],
+                "tags": [["kitchen", " steel "], [], None, ["kitchen", "", "cup"]],
+                "brand": ["Acme", None, "Bolt", "Acme"],
+                "year": pa.array([2019, None, 2021, 2020], pa.int16()),
+            }
+        ),
         catalog,
     )
     return str(interactions), str(catalog)
@@ -94,13 +98,24 @@ def test_parquet_implicit_feedback_gives_exact_tables(tables, tmp_path):
 
 
 def test_csv_with_bags_as_text_and_explicit_labels(tmp_path):
-    interactions = write_csv(tmp_path / "ratings.csv", "uid,iid,stars,when\n1,10,4.5,100\n1,20, 2 ,2001-09-09T01:46:40\n2,10,5,\n")
-    catalog = write_csv(tmp_path / "items.csv", 'iid,genres,studio,year\n10,Drama|War,Ghibli,1995\n20,"",,\n30,a|| b ,007,2001\n')
+    interactions = write_csv(
+        tmp_path / "ratings.csv", "uid,iid,stars,when\n1,10,4.5,100\n1,20, 2 ,2001-09-09T01:46:40\n2,10,5,\n"
+    )
+    catalog = write_csv(
+        tmp_path / "items.csv", 'iid,genres,studio,year\n10,Drama|War,Ghibli,1995\n20,"",,\n30,a|| b ,007,2001\n'
+    )
     columns = generic.Columns(user="uid", item="iid", label="stars", timestamp="when")
-    with pytest.raises(IngestError, match=r"ratings.csv, row 2: column .when. holds .2001-09-09T01:46:40.; a timestamp must be integer seconds .* throughout the column \(earlier rows hold .100.\)"):  # seconds and ISO 8601 mixed in one file
+    with pytest.raises(
+        IngestError,
+        match=r"ratings.csv, row 2: column .when. holds .2001-09-09T01:46:40.; a timestamp must be integer seconds .* throughout the column \(earlier rows hold .100.\)",
+    ):  # seconds and ISO 8601 mixed in one file
         generic.ingest(interactions, catalog, str(tmp_path / "mixed"), "genres:bag", columns, rating_scale=(1, 5))
-    interactions = write_csv(tmp_path / "ratings.csv", "uid,iid,stars,when\n1,10,4.5,100\n1,20, 2 ,1000000000\n2,10,5,\n")
-    data = generic.ingest(interactions, catalog, str(tmp_path / "out"), "genres:bag,studio:value,year:value", columns, rating_scale=(1, 5))
+    interactions = write_csv(
+        tmp_path / "ratings.csv", "uid,iid,stars,when\n1,10,4.5,100\n1,20, 2 ,1000000000\n2,10,5,\n"
+    )
+    data = generic.ingest(
+        interactions, catalog, str(tmp_path / "out"), "genres:bag,studio:value,year:value", columns, rating_scale=(1, 5)
+    )
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 1, "item_id": 10, "label": 4.5, "timestamp": 100},
         {"user_id": 1, "item_id": 20, "label": 2.0, "timestamp": 1_000_000_000},
@@ -117,11 +132,17 @@ def test_csv_with_bags_as_text_and_explicit_labels(tmp_path):
 
 
 def test_csv_iso_timestamps(tmp_path):
-    interactions = write_csv(tmp_path / "a.csv", "user_id,item_id,t\n1,10,2001-09-09T01:46:40\n1,20,2001-09-09 01:46:41+01:00\n")
+    interactions = write_csv(
+        tmp_path / "a.csv", "user_id,item_id,t\n1,10,2001-09-09T01:46:40\n1,20,2001-09-09 01:46:41+01:00\n"
+    )
     catalog = write_csv(tmp_path / "c.csv", "item_id\n10\n20\n")
-    with pytest.raises(IngestError, match=r"a.csv, row 2: .*in one form throughout the column"):  # naive and offset forms mixed
+    with pytest.raises(
+        IngestError, match=r"a.csv, row 2: .*in one form throughout the column"
+    ):  # naive and offset forms mixed
         generic.ingest(interactions, catalog, str(tmp_path / "out"), "", generic.Columns(timestamp="t"))
-    interactions = write_csv(tmp_path / "a.csv", "user_id,item_id,t\n1,10,2001-09-09T01:46:40\n1,20,2001-09-09 01:46:41\n")
+    interactions = write_csv(
+        tmp_path / "a.csv", "user_id,item_id,t\n1,10,2001-09-09T01:46:40\n1,20,2001-09-09 01:46:41\n"
+    )
     data = generic.ingest(interactions, catalog, str(tmp_path / "out"), "", generic.Columns(timestamp="t"))
     assert storage.read_table(data.interactions)["timestamp"].to_pylist() == [1_000_000_000, 1_000_000_001]
 
@@ -141,7 +162,9 @@ def test_folder_of_parquet_parts(tables, tmp_path):
         {"user_id": 8, "item_id": 100, "label": 1.0, "timestamp": 7},
     ]
     pq.write_table(pa.table({"customer": ["u9"], "product": [100], "ts": [8]}), parts / "part-00002.parquet")
-    with pytest.raises(IngestError, match=r"part-00002.parquet: column 'customer' has type string; ids must be integers"):
+    with pytest.raises(
+        IngestError, match=r"part-00002.parquet: column 'customer' has type string; ids must be integers"
+    ):
         generic.ingest(str(parts), catalog, str(tmp_path / "bad"), FEATURES, COLUMNS)
     assert not (tmp_path / "bad").exists()
 
@@ -149,13 +172,26 @@ def test_folder_of_parquet_parts(tables, tmp_path):
 def test_missing_columns_name_the_column_the_file_and_what_exists(tables, tmp_path):
     interactions, catalog = tables
     with pytest.raises(IngestError) as info:
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="client", item="product"))
-    assert str(info.value) == (f"{interactions}: no column 'client' (its columns: customer, product, ts, ignored); "
-                               "name the right column with the ingest flags")
-    with pytest.raises(IngestError, match=r"catalog.parquet: no column 'colour' \(its columns: product, name, tags, brand, year\)"):
+        generic.ingest(
+            interactions, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="client", item="product")
+        )
+    assert str(info.value) == (
+        f"{interactions}: no column 'client' (its columns: customer, product, ts, ignored); "
+        "name the right column with the ingest flags"
+    )
+    with pytest.raises(
+        IngestError, match=r"catalog.parquet: no column 'colour' \(its columns: product, name, tags, brand, year\)"
+    ):
         generic.ingest(interactions, catalog, str(tmp_path / "out"), "colour:value", COLUMNS)
     with pytest.raises(IngestError, match=r"events.parquet: no column 'rating'"):
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product", label="rating"), rating_scale=(1, 5))
+        generic.ingest(
+            interactions,
+            catalog,
+            str(tmp_path / "out"),
+            FEATURES,
+            generic.Columns(user="customer", item="product", label="rating"),
+            rating_scale=(1, 5),
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -164,17 +200,23 @@ def test_ids_must_be_integers(tables, tmp_path):
     strings = tmp_path / "strings.parquet"
     pq.write_table(pa.table({"customer": ["alice"], "product": [100]}), strings)
     with pytest.raises(IngestError, match=r"column 'customer' has type string; ids must be integers"):
-        generic.ingest(str(strings), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            str(strings), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+        )
     floats = tmp_path / "floats.parquet"
     pq.write_table(pa.table({"customer": [1], "product": [100.0]}), floats)
     with pytest.raises(IngestError, match=r"column 'product' has type double; ids must be integers"):
-        generic.ingest(str(floats), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            str(floats), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+        )
     text = write_csv(tmp_path / "text.csv", "customer,product\n1,100\nbob,100\n")
     with pytest.raises(IngestError, match=r"text.csv, row 2: column 'customer' holds 'bob'; ids must be integers"):
         generic.ingest(text, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"))
     empty = write_csv(tmp_path / "empty.csv", "customer,product\n1,100\n,100\n")
     with pytest.raises(IngestError, match=r"empty.csv, row 2: column 'customer' is empty"):
-        generic.ingest(empty, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            empty, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -185,8 +227,10 @@ def test_labels_must_be_finite_numbers_on_the_scale(tables, tmp_path):
     pq.write_table(pa.table({"customer": [1, 1, 2], "product": [100, 200, 100], "stars": [4.0, 11.0, 12.0]}), path)
     with pytest.raises(IngestError) as info:
         generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns, rating_scale=(1, 10))
-    assert str(info.value) == (f"{path}, row 2: rating 11 is outside the rating scale 1..10 (2 such rating(s) in this batch); "
-                               "ingest it with `ssp ingest --rating-scale MIN MAX`")
+    assert str(info.value) == (
+        f"{path}, row 2: rating 11 is outside the rating scale 1..10 (2 such rating(s) in this batch); "
+        "ingest it with `ssp ingest --rating-scale MIN MAX`"
+    )
     pq.write_table(pa.table({"customer": [1, 1], "product": [100, 200], "stars": [4.0, float("nan")]}), path)
     with pytest.raises(IngestError, match=r"r.parquet, row 2: column 'stars' is not finite"):
         generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns, rating_scale=(1, 10))
@@ -196,7 +240,14 @@ def test_labels_must_be_finite_numbers_on_the_scale(tables, tmp_path):
     with pytest.raises(IngestError, match="needs --rating-scale"):
         generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns)
     with pytest.raises(IngestError, match="--rating-scale needs --label-col"):
-        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"), rating_scale=(1, 5))
+        generic.ingest(
+            str(path),
+            catalog,
+            str(tmp_path / "out"),
+            FEATURES,
+            generic.Columns(user="customer", item="product"),
+            rating_scale=(1, 5),
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -214,7 +265,9 @@ def test_feature_declarations(tables, tmp_path):
             generic.ingest(interactions, catalog, str(tmp_path / "out"), spec, COLUMNS)
     with pytest.raises(IngestError, match=r"bag column 'year' has type int16"):
         generic.ingest(interactions, catalog, str(tmp_path / "out"), "year:bag", COLUMNS)
-    with pytest.raises(IngestError, match=r"value column 'tags' has type list<element: string>, which is not one value per item"):
+    with pytest.raises(
+        IngestError, match=r"value column 'tags' has type list<element: string>, which is not one value per item"
+    ):
         generic.ingest(interactions, catalog, str(tmp_path / "out"), "tags:value", COLUMNS)
     assert not (tmp_path / "out").exists()
 
@@ -223,16 +276,29 @@ def test_values_and_numbers_read_the_same_from_csv_and_parquet(tmp_path):
     """One catalog as CSV and as Parquet gives one items table: a value column of whole numbers is
     int64 (9, 9.0, "9.0" alike), one of other numbers is text by one rule, a number column is
     float64; empty, null and NaN are unknown."""
-    csv = write_csv(tmp_path / "catalog.csv", "sku,price,size,brand\n10,9.0,9.0,acme\n20,9.5,10,bolt\n30,,,acme\n40,nan,11.5,\n")
+    csv = write_csv(
+        tmp_path / "catalog.csv", "sku,price,size,brand\n10,9.0,9.0,acme\n20,9.5,10,bolt\n30,,,acme\n40,nan,11.5,\n"
+    )
     parquet = tmp_path / "catalog.parquet"
-    pq.write_table(pa.table({"sku": [10, 20, 30, 40], "price": pa.array([9, 9.5, None, float("nan")], pa.float32()), "size": [9.0, 10.0, None, 11.5],
-                             "brand": ["acme", "bolt", "acme", None]}), parquet)
+    pq.write_table(
+        pa.table(
+            {
+                "sku": [10, 20, 30, 40],
+                "price": pa.array([9, 9.5, None, float("nan")], pa.float32()),
+                "size": [9.0, 10.0, None, 11.5],
+                "brand": ["acme", "bolt", "acme", None],
+            }
+        ),
+        parquet,
+    )
     whole = write_csv(tmp_path / "whole.csv", "sku,size\n10,9.0\n20, 10\n")
     columns = generic.Columns(item="sku")
-    expected = [{"item_id": 10, "title": None, "price": 9.0, "size": "9", "brand": "acme"},
-                {"item_id": 20, "title": None, "price": 9.5, "size": "10", "brand": "bolt"},
-                {"item_id": 30, "title": None, "price": None, "size": None, "brand": "acme"},
-                {"item_id": 40, "title": None, "price": None, "size": "11.5", "brand": None}]
+    expected = [
+        {"item_id": 10, "title": None, "price": 9.0, "size": "9", "brand": "acme"},
+        {"item_id": 20, "title": None, "price": 9.5, "size": "10", "brand": "bolt"},
+        {"item_id": 30, "title": None, "price": None, "size": None, "brand": "acme"},
+        {"item_id": 40, "title": None, "price": None, "size": "11.5", "brand": None},
+    ]
     for catalog in (csv, str(parquet)):
         items = generic.read_catalog(catalog, columns, "price:number,size:value,brand:value")
         assert rows(items) == expected and items.schema.field("price").type == pa.float64(), catalog
@@ -242,9 +308,17 @@ def test_values_and_numbers_read_the_same_from_csv_and_parquet(tmp_path):
 def test_bad_values_and_numbers_are_named(tmp_path):
     columns = generic.Columns(item="sku")
     for text, spec, pattern in (
-        ("sku,brand\n10,acme\n20,a|b\n", "brand:value", r"catalog.csv, row 2: value column 'brand' holds 'a\|b', several values separated by '\|'; "
-                                                        r"declare the column a bag \(brand:bag\)"),
-        ("sku,price\n10,9\n20,cheap\n", "price:number", r"catalog.csv, row 2: number column 'price' holds 'cheap', not a number"),
+        (
+            "sku,brand\n10,acme\n20,a|b\n",
+            "brand:value",
+            r"catalog.csv, row 2: value column 'brand' holds 'a\|b', several values separated by '\|'; "
+            r"declare the column a bag \(brand:bag\)",
+        ),
+        (
+            "sku,price\n10,9\n20,cheap\n",
+            "price:number",
+            r"catalog.csv, row 2: number column 'price' holds 'cheap', not a number",
+        ),
         ("sku,price\n10,inf\n", "price:number", r"catalog.csv, row 1: 'price' holds inf, not a finite number"),
     ):
         catalog = write_csv(tmp_path / "catalog.csv", text)
@@ -260,17 +334,31 @@ def test_bad_catalogs(tables, tmp_path):
     interactions, _ = tables
     catalog = tmp_path / "dupes.parquet"
     pq.write_table(pa.table({"product": [100, 200, 100, 300]}), catalog)
-    with pytest.raises(IngestError, match=r"column 'product' value 100 appears more than once; item ids must be unique"):
-        generic.ingest(interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product"))
+    with pytest.raises(
+        IngestError, match=r"column 'product' value 100 appears more than once; item ids must be unique"
+    ):
+        generic.ingest(
+            interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+        )
     pq.write_table(pa.table({"product": pa.array([], pa.int64())}), catalog)
     with pytest.raises(IngestError, match="holds no items"):
-        generic.ingest(interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+        )
     with pytest.raises(IngestError, match="no such file or folder"):
-        generic.ingest(interactions, str(tmp_path / "nowhere.parquet"), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            interactions,
+            str(tmp_path / "nowhere.parquet"),
+            str(tmp_path / "out"),
+            "",
+            generic.Columns(user="customer", item="product"),
+        )
     unknown = tmp_path / "catalog.json"
     unknown.write_text("{}")
     with pytest.raises(IngestError, match="name the file .parquet or .csv"):
-        generic.ingest(interactions, str(unknown), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            interactions, str(unknown), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -280,8 +368,10 @@ def test_unknown_items_fail_with_count_or_are_dropped(tables, tmp_path):
     pq.write_table(pa.table({"customer": [7, 7, 8, 8], "product": [100, 555, 555, 556], "ts": [1, 2, 3, 4]}), events)
     with pytest.raises(IngestError) as info:
         generic.ingest(str(events), catalog, str(tmp_path / "out"), FEATURES, COLUMNS)
-    assert str(info.value) == (f"{events}: 3 interaction(s) refer to 2 item(s) missing from the catalog {catalog} (e.g. 555); "
-                               "rerun with --unknown-items drop to drop them")
+    assert str(info.value) == (
+        f"{events}: 3 interaction(s) refer to 2 item(s) missing from the catalog {catalog} (e.g. 555); "
+        "rerun with --unknown-items drop to drop them"
+    )
     assert not (tmp_path / "out").exists()
     data = generic.ingest(str(events), catalog, str(tmp_path / "kept"), FEATURES, COLUMNS, unknown_items="drop")
     assert rows(storage.read_table(data.interactions)) == [{"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": 1}]
@@ -315,7 +405,9 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     assert document["n_eligible_users"] == 27
     assert document["sizes"]["train"] == {"rows": sum(u + 2 for u in range(3, 30)), "users": 27}
     train = storage.read_table(str(tmp_path / "all" / "train.parquet"))
-    assert sorted(zip(train["user_id"].to_pylist(), train["item_id"].to_pylist())) == [(u, i) for u in range(3, 30) for i in range(u + 2)]
+    assert sorted(zip(train["user_id"].to_pylist(), train["item_id"].to_pylist())) == [
+        (u, i) for u in range(3, 30) for i in range(u + 2)
+    ]
     assert json.loads((tmp_path / "all" / "split.json").read_text())["positive_threshold"] is None
     # holdout 0.2 (seed 1234): the user hash (row_uniform 0.817, 0.823, 0.897, 0.910) puts users 12,
     # 13, 15 in validation (x < 0.9) and 21 in test; user 29 trains and has every item 0..30, so no
@@ -323,16 +415,23 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     document = splits.make_split(data, "recall", str(tmp_path / "held"), engine=LocalEngine())
     sizes = document["sizes"]
     assert sizes["train"] == {"rows": 486 - (14 + 15 + 17 + 23), "users": 23}
-    assert sizes["valid_history"]["users"] == 3 and sizes["valid_history"]["rows"] + sizes["valid_targets"]["rows"] == 14 + 15 + 17
+    assert (
+        sizes["valid_history"]["users"] == 3
+        and sizes["valid_history"]["rows"] + sizes["valid_targets"]["rows"] == 14 + 15 + 17
+    )
     assert sizes["test_history"]["users"] == 1 and sizes["test_history"]["rows"] + sizes["test_targets"]["rows"] == 23
     for name in splits.HELDOUT_PARTS:
         assert set(storage.read_table(str(tmp_path / "held" / f"{name}.parquet"))["label"].to_pylist()) <= {1.0}
 
 
 def test_explicit_data_keep_the_rating_threshold(tmp_path):
-    ratings = write_csv(tmp_path / "r.csv", "user_id,item_id,rating\n" + "".join(f"1,{i},{3.0 if i < 3 else 5.0}\n" for i in range(8)))
+    ratings = write_csv(
+        tmp_path / "r.csv", "user_id,item_id,rating\n" + "".join(f"1,{i},{3.0 if i < 3 else 5.0}\n" for i in range(8))
+    )
     catalog = write_csv(tmp_path / "c.csv", "item_id\n" + "".join(f"{i}\n" for i in range(8)))
-    data = generic.ingest(ratings, catalog, str(tmp_path / "data"), "", generic.Columns(label="rating"), rating_scale=(1, 5))
+    data = generic.ingest(
+        ratings, catalog, str(tmp_path / "data"), "", generic.Columns(label="rating"), rating_scale=(1, 5)
+    )
     document = splits.make_split(data, "recall", str(tmp_path / "split"), holdout=0.0, engine=LocalEngine())
     assert document["positive_threshold"] == splits.scale_threshold((1, 5)) == 3.8  # the top 30% of the declared 1..5
     assert document["sizes"]["train"] == {"rows": 5, "users": 1}  # the three 3.0 ratings are not positives
@@ -364,8 +463,27 @@ def test_removing_a_user_changes_only_that_users_train_rows(tmp_path):
 def test_cli_ingests_generic_tables(tables, tmp_path, capsys):
     interactions, catalog = tables
     out = tmp_path / "data"
-    code = cli.main(["ingest", "--interactions", interactions, "--catalog", catalog, "--user-col", "customer", "--item-col", "product",
-                     "--timestamp-col", "ts", "--title-col", "name", "--features", FEATURES, "--out", str(out)])
+    code = cli.main(
+        [
+            "ingest",
+            "--interactions",
+            interactions,
+            "--catalog",
+            catalog,
+            "--user-col",
+            "customer",
+            "--item-col",
+            "product",
+            "--timestamp-col",
+            "ts",
+            "--title-col",
+            "name",
+            "--features",
+            FEATURES,
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "feedback implicit" in printed and "layout table" in printed
@@ -402,7 +520,19 @@ def test_cli_table_flags_need_interactions(tmp_path, capsys):
 
 def test_cli_bad_table_is_one_line_error(tables, tmp_path, capsys):
     interactions, catalog = tables
-    code = cli.main(["ingest", "--interactions", interactions, "--catalog", catalog, "--features", "tags:list", "--out", str(tmp_path / "out")])
+    code = cli.main(
+        [
+            "ingest",
+            "--interactions",
+            interactions,
+            "--catalog",
+            catalog,
+            "--features",
+            "tags:list",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ssp ingest: error: --features: unknown kind 'list' for column 'tags'")
@@ -423,11 +553,16 @@ def test_numpy_ids_round_trip(tmp_path):
     pq.write_table(pa.table({"user_id": pa.array([1, 2**63], pa.uint64()), "item_id": [5, 5]}), events)
     catalog = tmp_path / "c.parquet"
     pq.write_table(pa.table({"item_id": [5, big]}), catalog)
-    with pytest.raises(IngestError, match=r"e.parquet, row 2: column 'user_id' holds 9223372036854775808; ids must be integers that fit in 64 bits"):
+    with pytest.raises(
+        IngestError,
+        match=r"e.parquet, row 2: column 'user_id' holds 9223372036854775808; ids must be integers that fit in 64 bits",
+    ):
         generic.ingest(str(events), str(catalog), str(tmp_path / "out"), "")
     pq.write_table(pa.table({"user_id": [big], "item_id": [big]}), events)
     data = generic.ingest(str(events), str(catalog), str(tmp_path / "out"), "")
-    assert rows(storage.read_table(data.interactions)) == [{"user_id": big, "item_id": big, "label": 1.0, "timestamp": None}]
+    assert rows(storage.read_table(data.interactions)) == [
+        {"user_id": big, "item_id": big, "label": 1.0, "timestamp": None}
+    ]
 
 
 def test_tables_on_gs(gcs_path, tmp_path):
@@ -439,7 +574,13 @@ def test_tables_on_gs(gcs_path, tmp_path):
         pq.write_table(table, local)
         fs.pipe(f"{inner}/events/part-{index:05d}.parquet", local.read_bytes())
     fs.pipe(f"{inner}/items.csv", b"product,genres\n100,a|b\n200,\n")
-    data = generic.ingest(f"{gcs_path}/events", f"{gcs_path}/items.csv", f"{gcs_path}/out", "genres:bag", generic.Columns(user="customer", item="product"))
+    data = generic.ingest(
+        f"{gcs_path}/events",
+        f"{gcs_path}/items.csv",
+        f"{gcs_path}/out",
+        "genres:bag",
+        generic.Columns(user="customer", item="product"),
+    )
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": None},
         {"user_id": 7, "item_id": 200, "label": 1.0, "timestamp": None},
@@ -451,4 +592,6 @@ def test_tables_on_gs(gcs_path, tmp_path):
     ]
     fs.pipe(f"{inner}/bad/part-00000.parquet", (tmp_path / "part-0.parquet").read_bytes())
     with pytest.raises(IngestError, match=rf"{gcs_path}/bad/part-00000.parquet: no column 'user_id'"):
-        generic.ingest(f"{gcs_path}/bad", f"{gcs_path}/items.csv", f"{gcs_path}/out2", "", generic.Columns(item="product"))
+        generic.ingest(
+            f"{gcs_path}/bad", f"{gcs_path}/items.csv", f"{gcs_path}/out2", "", generic.Columns(item="product")
+        )

@@ -9,20 +9,25 @@ import time
 
 import pytest
 
-from pipelines.base.lock import LOCK_NAME, run_lock, RunLockedError
+from pipelines.base.lock import LOCK_NAME, RunLockedError, run_lock
 from schemas import storage
 
 
 def test_second_run_is_refused_and_the_lock_dies_with_its_holder(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time
             from pipelines.base.lock import run_lock
             with run_lock({str(tmp_path)!r}):
                 print("locked", flush=True)
                 time.sleep(60)
-        """)],
-        stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -41,14 +46,19 @@ def test_second_run_is_refused_and_the_lock_dies_with_its_holder(tmp_path):
 def _hold(run_dir: str, lease_seconds: float) -> subprocess.Popen:
     """A process that takes the run lock and holds it until killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import time
             from pipelines.base.lock import run_lock
             with run_lock({run_dir!r}, lease_seconds={lease_seconds}):
                 print("locked", flush=True)
                 time.sleep(120)
-        """)],
-        stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout.readline().strip() == "locked"
     return holder

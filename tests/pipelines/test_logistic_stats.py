@@ -40,25 +40,46 @@ def inputs(folder, drop_user=None):
     paths = write_inputs(folder, positives, embeddings, {j: 5.0 for j in CATALOG}, CATALOG)
     points = rng.normal(size=(len(CATALOG), D))
     paths["expansion"] = storage.join(str(folder), "expansion.parquet")
-    storage.write_table(pa.table({"item_id": CATALOG, "embedding": [list(v) for v in points]}, schema=ITEM_EMBEDDINGS), paths["expansion"])
+    storage.write_table(
+        pa.table({"item_id": CATALOG, "embedding": [list(v) for v in points]}, schema=ITEM_EMBEDDINGS),
+        paths["expansion"],
+    )
     return paths, positives, embeddings, points
 
 
 def release(spark, folder, paths):
     settings = StatsSettings(D, CLIP_U, 1.0, "user", WBAR, 0.0, "logistic")
-    job = registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(folder / "out"), settings,
-                                        PrivacySettings(noise_multiplier=0.0), expansion=paths["expansion"]))
+    job = registered(
+        stats_job.StatsJob(
+            paths["interactions"],
+            paths["user_embeddings"],
+            paths["items"],
+            paths["counts"],
+            str(folder / "out"),
+            settings,
+            PrivacySettings(noise_multiplier=0.0),
+            expansion=paths["expansion"],
+        )
+    )
     stats.run(job, spark)
     table = storage.read_table(stats_job.resample_path(job.out, 0)).sort_by("item_id")
-    return table, list_column_to_matrix(table["a_upper"], packed_size(D), "a"), list_column_to_matrix(table["b"], D, "b")
+    return (
+        table,
+        list_column_to_matrix(table["a_upper"], packed_size(D), "a"),
+        list_column_to_matrix(table["b"], D, "b"),
+    )
 
 
 def test_the_expanded_release_is_the_exact_gradient_and_curvature_of_the_logistic_loss(spark, tmp_path):
     paths, positives, embeddings, points = inputs(tmp_path)
     table, h_upper, g = release(spark, tmp_path, paths)
     assert table.schema.metadata[b"loss"] == b"logistic"
-    expanded = ssp.expand_table(stats_job.resample_path(str(tmp_path / "out"), 0), str(tmp_path / "expanded.parquet"),
-                                (np.array(CATALOG), points), psd_projection=False)
+    expanded = ssp.expand_table(
+        stats_job.resample_path(str(tmp_path / "out"), 0),
+        str(tmp_path / "expanded.parquet"),
+        (np.array(CATALOG), points),
+        psd_projection=False,
+    )
     a = storage.read_table(expanded).sort_by("item_id")
     a_full = unpack_upper(list_column_to_matrix(a["a_upper"], packed_size(D), "a"), D)
     b = list_column_to_matrix(a["b"], D, "b")
@@ -74,7 +95,9 @@ def test_the_expanded_release_is_the_exact_gradient_and_curvature_of_the_logisti
             positive = np.zeros((len(users), len(CATALOG)))
             for u, j, _ in positives:
                 positive[users.index(u), CATALOG.index(j)] = 1.0
-            loss = tf.reduce_sum(w_p[:, None] * positive * (tf.math.softplus(scores) - scores) + w_n[:, None] * tf.math.softplus(scores))
+            loss = tf.reduce_sum(
+                w_p[:, None] * positive * (tf.math.softplus(scores) - scores) + w_n[:, None] * tf.math.softplus(scores)
+            )
         gradient = inner.gradient(loss, v)
     hessian = outer.jacobian(gradient, v).numpy()
     np.testing.assert_allclose(np.einsum("jab,jb->ja", a_full, points) - b, gradient.numpy(), rtol=1e-9, atol=1e-12)
@@ -106,12 +129,36 @@ def installed_ssp(*args):
 def logistic_end_to_end(tmp_path, run_ssp) -> None:
     """`ssp train --loss logistic`, run by `run_ssp`: refused without --protocol recall (before it writes
     anything), then two outer steps end to end."""
-    assert run_ssp("synth", "--users", "150", "--items", "40", "--ratings-per-user", "10", "--out", tmp_path / "data", "-q")[0] == 0
-    status, stderr = installed_ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "rmse", "--loss", "logistic")
+    assert (
+        run_ssp(
+            "synth", "--users", "150", "--items", "40", "--ratings-per-user", "10", "--out", tmp_path / "data", "-q"
+        )[0]
+        == 0
+    )
+    status, stderr = installed_ssp(
+        "train", "--data", tmp_path / "data", "--out", tmp_path / "rmse", "--loss", "logistic"
+    )
     assert status == 2 and "--loss logistic (SSP-convex on implicit feedback) needs --protocol recall" in stderr
     assert not (tmp_path / "rmse").exists()
-    status, stderr = run_ssp("train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--protocol", "recall", "--loss", "logistic", "--epsilon", 5,
-                             "--outer-steps", 2, "--epochs", 2, "--dim", 3)
+    status, stderr = run_ssp(
+        "train",
+        "--data",
+        tmp_path / "data",
+        "--out",
+        tmp_path / "run",
+        "--protocol",
+        "recall",
+        "--loss",
+        "logistic",
+        "--epsilon",
+        5,
+        "--outer-steps",
+        2,
+        "--epochs",
+        2,
+        "--dim",
+        3,
+    )
     assert status == 0, stderr[-3000:]
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
     assert 0 <= metrics["test_recall_at_20"] <= 1 and metrics["epsilon_spent"] == pytest.approx(5.0, abs=1e-4)
@@ -129,6 +176,7 @@ def test_ssp_train_loss_logistic_end_to_end_through_the_installed_command(tmp_pa
 def test_ssp_train_loss_logistic_end_to_end(spark, tmp_path, capsys):
     """The same commands, the training run through `ssp`'s entry point in this process (on the test
     session's Spark); the refusal still through the installed `ssp` (it starts no Spark)."""
+
     def in_process(*args):
         capsys.readouterr()
         status = cli.main(list(map(str, args)))

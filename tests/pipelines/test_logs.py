@@ -15,8 +15,26 @@ def default_verbosity():
 
 
 def counts(tmp_path, *flags):
-    paths = write_tables(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0), (3, 30, 2.5)], {1: [0.6, 0.8], 2: [0.5, -0.5], 3: [0.0, 1.0]}, [10, 20, 30])
-    return cli.main(["counts", "--interactions", paths["interactions"], "--items", paths["items"], "--out", str(tmp_path / "run"), "--epsilon", "1", *flags])
+    paths = write_tables(
+        tmp_path / "in",
+        [(1, 10, 4.0), (2, 10, 3.0), (3, 30, 2.5)],
+        {1: [0.6, 0.8], 2: [0.5, -0.5], 3: [0.0, 1.0]},
+        [10, 20, 30],
+    )
+    return cli.main(
+        [
+            "counts",
+            "--interactions",
+            paths["interactions"],
+            "--items",
+            paths["items"],
+            "--out",
+            str(tmp_path / "run"),
+            "--epsilon",
+            "1",
+            *flags,
+        ]
+    )
 
 
 def test_default_shows_progress_quiet_hides_it_verbose_adds_the_releases(tmp_path, capsys):
@@ -53,7 +71,9 @@ def test_importing_beam_prints_nothing_about_bigquery():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", "import pipelines.base.logs, apache_beam"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import pipelines.base.logs, apache_beam"], capture_output=True, text=True, check=True
+    )
     assert "apitools" not in done.stderr
     bare = subprocess.run([sys.executable, "-c", "import apache_beam"], capture_output=True, text=True, check=True)
     assert "apitools not found" in bare.stderr  # what the filter is for: Beam still says it without it

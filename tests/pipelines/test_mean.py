@@ -17,33 +17,51 @@ RANGE = (0.5, 5.0)  # middle 2.75
 def rows(tmp_path):
     """User 1 rates 5 and 1, user 2 rates 4, user 3 rates 0.2 (clipped to 0.5)."""
     path = str(tmp_path / "rows.parquet")
-    storage.write_table(pa.table({"user_id": [1, 1, 2, 3], "item_id": [10, 20, 10, 30], "label": [5.0, 1.0, 4.0, 0.2], "timestamp": [0] * 4},
-                                 schema=INTERACTIONS), path)
+    storage.write_table(
+        pa.table(
+            {"user_id": [1, 1, 2, 3], "item_id": [10, 20, 10, 30], "label": [5.0, 1.0, 4.0, 0.2], "timestamp": [0] * 4},
+            schema=INTERACTIONS,
+        ),
+        path,
+    )
     return path
 
 
 def test_each_user_adds_at_most_the_cap(rows):
     # cap 1: user 1's ratings weigh 1/2 each; centred labels 2.25, -1.75 | 1.25 | -2.25
-    assert weighted_sums(rows, RANGE, "user", 1.0) == pytest.approx((0.5 * (2.25 - 1.75) + 1.25 - 2.25, 0.5 * 2 + 1 + 1))
-    assert weighted_sums(rows, RANGE, "user", 50.0) == pytest.approx((2.25 - 1.75 + 1.25 - 2.25, 4.0))  # under the cap: every rating 1
+    assert weighted_sums(rows, RANGE, "user", 1.0) == pytest.approx(
+        (0.5 * (2.25 - 1.75) + 1.25 - 2.25, 0.5 * 2 + 1 + 1)
+    )
+    assert weighted_sums(rows, RANGE, "user", 50.0) == pytest.approx(
+        (2.25 - 1.75 + 1.25 - 2.25, 4.0)
+    )  # under the cap: every rating 1
     assert weighted_sums(rows, RANGE, "example", 1.0) == pytest.approx((-0.5, 4.0))
 
 
 @pytest.mark.parametrize("unit, cap", [("user", 1.0), ("user", 50.0), ("example", 1.0)])
 def test_an_engine_gives_the_same_sums(engine, rows, unit, cap):
-    assert engine.mean_sums(rows, RANGE, unit, cap) == pytest.approx(weighted_sums(rows, RANGE, unit, cap), rel=1e-12, abs=1e-12)
+    assert engine.mean_sums(rows, RANGE, unit, cap) == pytest.approx(
+        weighted_sums(rows, RANGE, unit, cap), rel=1e-12, abs=1e-12
+    )
 
 
 def test_the_release_on_an_engine_is_the_in_process_one(engine, rows, tmp_path):
     seed = SeedFile.create(str(tmp_path / "seed")).seed
     released = {}
-    for name, where in (("local", LocalEngine()), ("engine", engine)):  # one seed, a seed file per run (a seed serves one ledger)
+    for name, where in (
+        ("local", LocalEngine()),
+        ("engine", engine),
+    ):  # one seed, a seed file per run (a seed serves one ledger)
         ledger = PrivacySettings(epsilon=1.0).open_ledger(str(tmp_path / name / "ledger.parquet"), "user")
-        released[name] = dp_mean(rows, ledger, SeedFile.create(str(tmp_path / f"seed-{name}"), seed), RANGE, engine=where)
+        released[name] = dp_mean(
+            rows, ledger, SeedFile.create(str(tmp_path / f"seed-{name}"), seed), RANGE, engine=where
+        )
     assert released["engine"] == released["local"] and 0.5 <= released["local"]["mean"] <= 5.0
 
 
-def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_two_files_is_refused(spark, rows, tmp_path):
+def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_two_files_is_refused(
+    spark, rows, tmp_path
+):
     # Spark sums a table whose files declare whole users in order a file per task (no shuffle);
     # a user in two such files would be capped twice, so that table is refused
     from pipelines.data.chunks import USERS_TOGETHER
@@ -52,8 +70,15 @@ def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_t
     table = storage.read_table(rows)
     for name, edges in (("whole", [0, 3, 4]), ("torn", [0, 1, 4])):  # torn: user 1's two rows in both files
         staged = storage.StagedWrite(str(tmp_path / f"{name}.parquet"))
-        staged.commit([staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER)) for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))],
-                      table.num_rows)
-    assert SparkEngine(spark).mean_sums(str(tmp_path / "whole.parquet"), RANGE, "user", 1.0) == pytest.approx(weighted_sums(rows, RANGE, "user", 1.0), rel=1e-12)
+        staged.commit(
+            [
+                staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER))
+                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+            ],
+            table.num_rows,
+        )
+    assert SparkEngine(spark).mean_sums(str(tmp_path / "whole.parquet"), RANGE, "user", 1.0) == pytest.approx(
+        weighted_sums(rows, RANGE, "user", 1.0), rel=1e-12
+    )
     with pytest.raises(ValueError, match="a user's rows are in two of its files"):
         SparkEngine(spark).mean_sums(str(tmp_path / "torn.parquet"), RANGE, "user", 1.0)

@@ -41,17 +41,29 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
     brand = rng.integers(0, len(BRANDS), items)
     tags = [sorted(set(rng.choice(len(TAGS), 2).tolist())) for _ in range(items)]
     product = np.arange(1000, 1000 + items)
-    price = np.random.default_rng(seed + 1).lognormal(3.0, 0.6, items).round(2)  # a quantity: ingested as a number, bucketed
-    catalog = pa.table({"product": product, "name": [f"p{p}" for p in product], "brand": [BRANDS[b] for b in brand],
-                        "tags": [[TAGS[t] for t in ts] for ts in tags], "year": rng.integers(2015, 2020, items), "price": price})
+    price = (
+        np.random.default_rng(seed + 1).lognormal(3.0, 0.6, items).round(2)
+    )  # a quantity: ingested as a number, bucketed
+    catalog = pa.table(
+        {
+            "product": product,
+            "name": [f"p{p}" for p in product],
+            "brand": [BRANDS[b] for b in brand],
+            "tags": [[TAGS[t] for t in ts] for ts in tags],
+            "year": rng.integers(2015, 2020, items),
+            "price": price,
+        }
+    )
     rows, tastes = [], []
     for user in range(users):
         liked_brand, liked_tags = rng.integers(0, len(BRANDS)), set(rng.choice(len(TAGS), 2, replace=False).tolist())
         affinity = (brand == liked_brand) * 2.0 + np.array([len(liked_tags & set(ts)) for ts in tags]) + 0.05
-        affinity[items - HELD_OUT:] = 0.0  # not yet in the catalog when the log was written
+        affinity[items - HELD_OUT :] = 0.0  # not yet in the catalog when the log was written
         chosen = rng.choice(items, size=int(rng.integers(8, 25)), replace=False, p=affinity / affinity.sum())
         rows += [(10_000 + user, int(product[j]), int(1_600_000_000 + rng.integers(0, 10**7))) for j in chosen]
-        rows += [(10_000 + user, int(product[chosen[0]]), 1_700_000_000 + k) for k in range(user % 3)]  # repeated plays: 1, 2 or 3 of the first
+        rows += [
+            (10_000 + user, int(product[chosen[0]]), 1_700_000_000 + k) for k in range(user % 3)
+        ]  # repeated plays: 1, 2 or 3 of the first
         tastes.append((10_000 + user, BRANDS[liked_brand]))
     customer, item, ts = map(np.array, zip(*rows))
     clicks = pa.table({"customer": customer, "product": item, "ts": ts})
@@ -59,7 +71,9 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
     pq.write_table(clicks, folder / "clicks.parquet")
     pq.write_table(catalog.slice(0, items - HELD_OUT), folder / "products.parquet")
     pq.write_table(catalog, folder / "products_all.parquet")
-    pq.write_table(pa.table({"user_id": [u for u, _ in tastes], "brand": [b for _, b in tastes]}), folder / "tastes.parquet")
+    pq.write_table(
+        pa.table({"user_id": [u for u, _ in tastes], "brand": [b for _, b in tastes]}), folder / "tastes.parquet"
+    )
     return folder / "clicks.parquet", folder / "products.parquet"
 
 
@@ -68,9 +82,33 @@ def published(spark, tmp_path_factory):
     """The planted tables ingested, trained (ranking protocol, implicit feedback) and published."""
     root = tmp_path_factory.mktemp("own-data")
     clicks, products = planted_tables(root / "raw")
-    assert cli.main(["ingest", "--interactions", str(clicks), "--catalog", str(products), "--user-col", "customer", "--item-col", "product",
-                     "--timestamp-col", "ts", "--title-col", "name", "--features", "brand:value,tags:bag,year:value,price:number", "--out", str(root / "data")]) == 0
-    config = settings.TrainConfig(data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8)
+    assert (
+        cli.main(
+            [
+                "ingest",
+                "--interactions",
+                str(clicks),
+                "--catalog",
+                str(products),
+                "--user-col",
+                "customer",
+                "--item-col",
+                "product",
+                "--timestamp-col",
+                "ts",
+                "--title-col",
+                "name",
+                "--features",
+                "brand:value,tags:bag,year:value,price:number",
+                "--out",
+                str(root / "data"),
+            ]
+        )
+        == 0
+    )
+    config = settings.TrainConfig(
+        data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8
+    )
     metrics = stages.run(config, spark=spark, progress=False)
     publish(Run(str(root / "run")), str(root / "published"))
     return root, metrics
@@ -80,15 +118,24 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     root, metrics = published
     assert metrics["test_recall_at_20"] > 0.3  # the planted taste is learnt (random: about 20/160)
     # DP popularity's Recall@20 beside it, from the run's own counts release (the same metric code, by the counts alone)
-    assert 0 < metrics["test_popularity_recall_at_20"] < metrics["test_recall_at_20"] and len(metrics["test_popularity_recall_at_20_sliced"]) == 5
+    assert (
+        0 < metrics["test_popularity_recall_at_20"] < metrics["test_recall_at_20"]
+        and len(metrics["test_popularity_recall_at_20_sliced"]) == 5
+    )
     from pipelines.training.evaluation import describe
-    assert f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths" in describe(metrics)
+
+    assert (
+        f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths"
+        in describe(metrics)
+    )
     model = PublishedModel.load(str(root / "published"))
     assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
     # repeated plays: the split counts them, the ranking rows weigh their confidence, model.json carries the rule
     train = storage.read_table(str(root / "run" / "private" / "split" / "train.parquet"))
     assert set(train["label"].to_pylist()) == {1.0, 2.0, 3.0} and model.settings["confidence_alpha"] == 1.0
-    rows = storage.read_table(str(root / "run" / "private" / "train_centred.parquet")).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+    rows = storage.read_table(str(root / "run" / "private" / "train_centred.parquet")).sort_by(
+        [("user_id", "ascending"), ("item_id", "ascending")]
+    )
     train = train.sort_by([("user_id", "ascending"), ("item_id", "ascending")])
     np.testing.assert_allclose(rows["label"].to_numpy(), confidence(train["label"].to_numpy(), 1.0))
     report = (root / "published" / "privacy.md").read_text()  # implicit feedback: interactions, not ratings
@@ -96,20 +143,41 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     assert not re.search(r"\b(rated|ratings?)\b", report), re.search(r".*\b(rated|ratings?)\b.*", report).group(0)
     history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
     targets = storage.read_table(str(root / "run" / "private" / "split" / "test_targets.parquet"))
-    users = np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy())  # the users the evaluation scores
-    top = model.recommend(history.filter(pa.array(np.isin(history["user_id"].to_numpy(), users))), k=10, exclude_seen=True)
+    users = np.intersect1d(
+        history["user_id"].to_numpy(), targets["user_id"].to_numpy()
+    )  # the users the evaluation scores
+    top = model.recommend(
+        history.filter(pa.array(np.isin(history["user_id"].to_numpy(), users))), k=10, exclude_seen=True
+    )
     assert set(top["user_id"].to_pylist()) == set(users.tolist()) and top.num_rows == 10 * users.size
     # the evaluation's own fold-in, given the recommended items as targets: every one is in its top 10
     run_items = storage.read_table(str(root / "run" / "item_embeddings.parquet")).sort_by("item_id")
-    counts = storage.read_table(str(root / "run" / "counts" / "counts.parquet")).sort_by("item_id")  # the DP counts release
-    assert model.settings["popularity_column"] and np.array_equal(counts["item_id"].to_numpy(), run_items["item_id"].to_numpy())
-    assert model.settings["gravity"] == settings.FOLD_IN_GRAVITY  # the ranked user's fold-in, as the run's evaluation folded in (not training's 0.1)
-    vectors = evaluate.with_popularity(np.array(run_items["embedding"].to_pylist()), counts["count"].to_numpy())  # the run's fold-in (the default)
+    counts = storage.read_table(str(root / "run" / "counts" / "counts.parquet")).sort_by(
+        "item_id"
+    )  # the DP counts release
+    assert model.settings["popularity_column"] and np.array_equal(
+        counts["item_id"].to_numpy(), run_items["item_id"].to_numpy()
+    )
+    assert (
+        model.settings["gravity"] == settings.FOLD_IN_GRAVITY
+    )  # the ranked user's fold-in, as the run's evaluation folded in (not training's 0.1)
+    vectors = evaluate.with_popularity(
+        np.array(run_items["embedding"].to_pylist()), counts["count"].to_numpy()
+    )  # the run's fold-in (the default)
     positions = lambda ids: np.searchsorted(run_items["item_id"].to_numpy(), ids)  # noqa: E731
-    weights = confidence(history["label"].to_numpy(), model.settings["confidence_alpha"])  # the history's repeats, as the run's evaluation weighs them
-    report = evaluate.recall_report((history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), weights),
-                                    (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())), vectors, model.settings["lambda_u"],
-                                    np.zeros(vectors.shape[0], np.int64), k=10, gravity=model.settings["gravity"], confidence=True)
+    weights = confidence(
+        history["label"].to_numpy(), model.settings["confidence_alpha"]
+    )  # the history's repeats, as the run's evaluation weighs them
+    report = evaluate.recall_report(
+        (history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), weights),
+        (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())),
+        vectors,
+        model.settings["lambda_u"],
+        np.zeros(vectors.shape[0], np.int64),
+        k=10,
+        gravity=model.settings["gravity"],
+        confidence=True,
+    )
     assert report["recall_at_10"] == 1.0 and report["users"] == users.size
     scores = top["score"].to_numpy().reshape(users.size, 10)
     assert np.all(np.diff(scores, axis=1) <= 0)  # ranked best first
@@ -119,10 +187,26 @@ def test_the_batch_mode_reads_parquet_histories_and_writes_parquet(published, tm
     root, _ = published
     history = storage.read_table(str(root / "run" / "private" / "split" / "valid_history.parquet"))
     pq.write_table(history.select(["user_id", "item_id"]), tmp_path / "histories.parquet")
-    assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "histories.parquet"), "--k", "5",
-                     "--out", str(tmp_path / "top.parquet")]) == 0
+    assert (
+        cli.main(
+            [
+                "recommend",
+                "--model",
+                str(root / "published"),
+                "--history",
+                str(tmp_path / "histories.parquet"),
+                "--k",
+                "5",
+                "--out",
+                str(tmp_path / "top.parquet"),
+            ]
+        )
+        == 0
+    )
     written = pq.read_table(tmp_path / "top.parquet")
-    expected = PublishedModel.load(str(root / "published")).recommend(history.select(["user_id", "item_id"]), k=5, exclude_seen=True)
+    expected = PublishedModel.load(str(root / "published")).recommend(
+        history.select(["user_id", "item_id"]), k=5, exclude_seen=True
+    )
     assert written.equals(expected) and written.num_rows == 5 * len(set(history["user_id"].to_pylist()))
 
 
@@ -131,18 +215,49 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
     model = PublishedModel.load(str(root / "published"))
     products = pq.read_table(root / "raw" / "products.parquet")
     # a new item that copies catalog item 1000's public features embeds as the shared encoder says of it
-    twin = pa.table({"item_id": [5000], "brand": products["brand"][:1], "tags": products["tags"][:1], "year": products["year"][:1],
-                     "price": products["price"][:1]})
-    (tmp_path / "new.csv").write_text("item_id,brand,tags,year,price\n5000,{},{},{},{}\n5001,newbrand,,2030,\n".format(
-        products["brand"][0].as_py(), "|".join(products["tags"][0].as_py()), products["year"][0].as_py(), products["price"][0].as_py()))
+    twin = pa.table(
+        {
+            "item_id": [5000],
+            "brand": products["brand"][:1],
+            "tags": products["tags"][:1],
+            "year": products["year"][:1],
+            "price": products["price"][:1],
+        }
+    )
+    (tmp_path / "new.csv").write_text(
+        "item_id,brand,tags,year,price\n5000,{},{},{},{}\n5001,newbrand,,2030,\n".format(
+            products["brand"][0].as_py(),
+            "|".join(products["tags"][0].as_py()),
+            products["year"][0].as_py(),
+            products["price"][0].as_py(),
+        )
+    )
     embedded = model.embed_new_items(twin)
-    assert embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded)) and embedded[0, 8] == 0  # d, then no DP count in the popularity column
+    assert (
+        embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded)) and embedded[0, 8] == 0
+    )  # d, then no DP count in the popularity column
     # a user who clicked only items of the twin's brand gets the twin among their recommendations' scores
     same = products.filter(pa.compute.equal(products["brand"], products["brand"][0]))["product"].to_numpy()[:5]
     (tmp_path / "history.csv").write_text("user_id,item_id\n" + "".join(f"7,{item}\n" for item in same))
     out = tmp_path / "recs.parquet"
-    assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "history.csv"), "--new-items",
-                     str(tmp_path / "new.csv"), "--k", "200", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "recommend",
+                "--model",
+                str(root / "published"),
+                "--history",
+                str(tmp_path / "history.csv"),
+                "--new-items",
+                str(tmp_path / "new.csv"),
+                "--k",
+                "200",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     recs = pq.read_table(out)
     assert recs.num_rows == products.num_rows + 2 - 5 and {5000, 5001} <= set(recs["item_id"].to_pylist())
     twin_score = recs.filter(pa.compute.equal(recs["item_id"], 5000))["score"][0].as_py()
@@ -156,15 +271,23 @@ def test_items_held_out_of_training_are_embedded_from_their_features_and_ranked_
     root, _ = published
     model = PublishedModel.load(str(root / "published"))
     products = pq.read_table(root / "raw" / "products_all.parquet")
-    added = products.slice(products.num_rows - HELD_OUT).rename_columns(["item_id", "name", "brand", "tags", "year", "price"])
+    added = products.slice(products.num_rows - HELD_OUT).rename_columns(
+        ["item_id", "name", "brand", "tags", "year", "price"]
+    )
     assert not np.isin(added["item_id"].to_numpy(), model.item_ids).any()  # never trained on
     history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
-    users, vectors = model.fold_in(history["user_id"].to_numpy(), np.searchsorted(model.item_ids, history["item_id"].to_numpy()), None)
+    users, vectors = model.fold_in(
+        history["user_id"].to_numpy(), np.searchsorted(model.item_ids, history["item_id"].to_numpy()), None
+    )
     scores = vectors @ model.embed_new_items(added).T  # (users, added items)
     tastes = pq.read_table(root / "raw" / "tastes.parquet")
     liked = np.array(tastes["brand"].to_pylist())[np.searchsorted(tastes["user_id"].to_numpy(), users)]
     matches = liked[:, None] == np.array(added["brand"].to_pylist())[None, :]
-    wins = [scores[matches[:, j], j].mean() > scores[~matches[:, j], j].mean() for j in range(HELD_OUT) if matches[:, j].any()]
+    wins = [
+        scores[matches[:, j], j].mean() > scores[~matches[:, j], j].mean()
+        for j in range(HELD_OUT)
+        if matches[:, j].any()
+    ]
     assert np.mean(wins) >= 0.9, wins
 
 
@@ -195,18 +318,50 @@ def test_the_recommend_signature_serves_ssp_recommends_top_k_from_plain_tensorfl
     """The publication's `recommender/` SavedModel, loaded by a Python that imports TensorFlow alone
     (as TF Serving would), gives every held-out user the top 10 of the installed `ssp recommend`."""
     root, _ = published
-    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet")).select(["user_id", "item_id"])
+    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet")).select(
+        ["user_id", "item_id"]
+    )
     pq.write_table(history.rename_columns(["customer", "product"]), tmp_path / "history.parquet")
     ssp = Path(sys.executable).with_name("ssp")
-    done = subprocess.run([str(ssp), "recommend", "--model", str(root / "published"), "--history", str(tmp_path / "history.parquet"), "--user-col",
-                           "customer", "--item-col", "product", "--k", "10", "--out", str(tmp_path / "top.csv")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(ssp),
+            "recommend",
+            "--model",
+            str(root / "published"),
+            "--history",
+            str(tmp_path / "history.parquet"),
+            "--user-col",
+            "customer",
+            "--item-col",
+            "product",
+            "--k",
+            "10",
+            "--out",
+            str(tmp_path / "top.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     top = pa.csv.read_csv(tmp_path / "top.csv")
     users = history["user_id"].to_numpy()
     histories = {str(u): history["item_id"].to_numpy()[users == u].tolist() for u in np.unique(users)}
     (tmp_path / "histories.json").write_text(json.dumps(histories))
-    served = subprocess.run([sys.executable, "-c", SERVING_CLIENT, str(root / "published" / "recommender"), str(tmp_path / "histories.json")],
-                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    served = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SERVING_CLIENT,
+            str(root / "published" / "recommender"),
+            str(tmp_path / "histories.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
     assert served.returncode == 0, served.stderr[-3000:]
     served = json.loads(served.stdout)
     assert len(served) == len(histories) > 20
@@ -218,7 +373,10 @@ def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
     root, _ = published
     (tmp_path / "h.csv").write_text("customer,product\n1,2\n")
     assert cli.main(["recommend", "--model", str(root / "published"), "--history", str(tmp_path / "h.csv")]) == 2
-    assert "h.csv has no 'user_id' column (columns: customer, product); name its user id column with --user-col" in capsys.readouterr().err
+    assert (
+        "h.csv has no 'user_id' column (columns: customer, product); name its user id column with --user-col"
+        in capsys.readouterr().err
+    )
     assert cli.main(["recommend", "--model", str(root / "run"), "--history", str(tmp_path / "h.csv")]) == 2
     assert "is not a complete publication" in capsys.readouterr().err
 
@@ -226,5 +384,7 @@ def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):
 def test_a_regression_run_on_implicit_feedback_is_refused_before_any_release(published, tmp_path):
     root, _ = published
     with pytest.raises(ValueError, match="implicit feedback"):
-        prepare.prepare(settings.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False)
+        prepare.prepare(
+            settings.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False
+        )
     assert not (tmp_path / "run" / "ledger.parquet").exists()

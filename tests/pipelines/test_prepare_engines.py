@@ -12,11 +12,11 @@ from pipelines.data import splits
 from pipelines.data.chunks import users_together
 from pipelines.data.datasets import open_dataset, write_dataset
 from pipelines.data.synth import generate
-from pipelines.releases import counts, mean
-from pipelines.training import prepare, run_dir, settings
 from pipelines.engines.local import LocalEngine
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.engines.prepare_spark import SparkEngine
+from pipelines.releases import counts, mean
+from pipelines.training import prepare, run_dir, settings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -42,7 +42,10 @@ def _ratings_with_repeats(seed=0, users=60, items=80):
     label[:users] = 5.0
     stamp = pa.array(rng.integers(0, 1000, n), pa.int64()).to_pylist()
     stamp = [None if rng.random() < 0.05 else value for value in stamp]
-    return pa.table({"user_id": user, "item_id": item, "label": label, "timestamp": pa.array(stamp, pa.int64())}, schema=INTERACTIONS)
+    return pa.table(
+        {"user_id": user, "item_id": item, "label": label, "timestamp": pa.array(stamp, pa.int64())},
+        schema=INTERACTIONS,
+    )
 
 
 def _dataset(path, table):
@@ -66,23 +69,37 @@ def _assert_whole_users_in_order(path):
 def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protocol, holdout):
     data = _dataset(tmp_path / "data", _ratings_with_repeats())
     local = splits.make_split(data, protocol, str(tmp_path / "local"), seed=11, holdout=holdout, engine=LocalEngine())
-    distributed = splits.make_split(data, protocol, str(tmp_path / engine.name), seed=11, holdout=holdout, engine=engine)
+    distributed = splits.make_split(
+        data, protocol, str(tmp_path / engine.name), seed=11, holdout=holdout, engine=engine
+    )
     assert distributed == local == json.loads((tmp_path / engine.name / splits.SPLIT_MANIFEST).read_text())
     for name in local["sizes"]:
         expected = storage.read_table(str(tmp_path / "local" / f"{name}.parquet"))
         got = storage.read_table(str(tmp_path / engine.name / f"{name}.parquet"))
         assert got.schema.equals(INTERACTIONS) and _rows(got) == _rows(expected)
-        if engine.name != "local":  # the distributed engines write whole users in order; this process one table as the rule gave it
+        if (
+            engine.name != "local"
+        ):  # the distributed engines write whole users in order; this process one table as the rule gave it
             _assert_whole_users_in_order(str(tmp_path / engine.name / f"{name}.parquet"))
-    centred = str(tmp_path / engine.name / "centred.parquet")  # written a part per file of the split's train: whole users in order too
+    centred = str(
+        tmp_path / engine.name / "centred.parquet"
+    )  # written a part per file of the split's train: whole users in order too
     engine.write_centred(str(tmp_path / engine.name / "train.parquet"), [(centred, None)], 3.0, protocol)
     if engine.name != "local":
         _assert_whole_users_in_order(centred)
-    assert _rows(storage.read_table(centred)) == _rows(mean.centred(storage.read_table(str(tmp_path / "local" / "train.parquet")), 3.0, protocol, None))
-    assert local["sizes"]["train"]["rows"] > 0 and (holdout == 0 or local["sizes"][splits.RATING_PARTS[1] if protocol == "rmse" else "test_targets"]["rows"] > 0)
+    assert _rows(storage.read_table(centred)) == _rows(
+        mean.centred(storage.read_table(str(tmp_path / "local" / "train.parquet")), 3.0, protocol, None)
+    )
+    assert local["sizes"]["train"]["rows"] > 0 and (
+        holdout == 0 or local["sizes"][splits.RATING_PARTS[1] if protocol == "rmse" else "test_targets"]["rows"] > 0
+    )
     if protocol == "recall" and holdout:  # the restriction of held-out rows to training items bit
-        unrestricted = splits.split_heldout_users(_ratings_with_repeats(), 11, holdout=holdout, restrict_to_train_items=False)
-        assert sum(unrestricted[name].num_rows for name in splits.HELDOUT_PARTS[1:]) > sum(local["sizes"][name]["rows"] for name in splits.HELDOUT_PARTS[1:])
+        unrestricted = splits.split_heldout_users(
+            _ratings_with_repeats(), 11, holdout=holdout, restrict_to_train_items=False
+        )
+        assert sum(unrestricted[name].num_rows for name in splits.HELDOUT_PARTS[1:]) > sum(
+            local["sizes"][name]["rows"] for name in splits.HELDOUT_PARTS[1:]
+        )
 
 
 @pytest.mark.parametrize("unit", ["user", "example"])
@@ -92,10 +109,14 @@ def test_the_count_aggregates_on_an_engine_are_the_in_process_ones(engine, tmp_p
     table = _ratings_with_repeats()
     data = _dataset(tmp_path / "data", table)
     catalog = np.sort(storage.read_table(data.items)["item_id"].to_numpy())
-    expected = counts.exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, unit, 3, key=12345)
+    expected = counts.exact_aggregates(
+        table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, unit, 3, key=12345
+    )
     got = engine.count_aggregates(data.interactions, catalog, unit, 3, 12345)
     assert np.array_equal(got[0], expected[0]) and got[1] == expected[1]
-    assert expected[1] == (60 if unit == "user" else table.num_rows) and expected[0].sum() == (3 * 60 if unit == "user" else table.num_rows)
+    assert expected[1] == (60 if unit == "user" else table.num_rows) and expected[0].sum() == (
+        3 * 60 if unit == "user" else table.num_rows
+    )
 
 
 def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_two_files_is_refused(spark, tmp_path):
@@ -106,12 +127,24 @@ def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_t
 
     table = _ratings_with_repeats().sort_by([("user_id", "ascending")])
     catalog = np.unique(table["item_id"].to_numpy())
-    expected = counts.exact_aggregates(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, "user", 3, key=12345)
-    start = int(np.searchsorted(table["user_id"].to_numpy(), np.unique(table["user_id"].to_numpy())[20]))  # the 21st user's first row
-    for name, edges in (("whole", [0, start, table.num_rows]), ("torn", [0, start + 2, table.num_rows])):  # torn: that user's rows in both files
+    expected = counts.exact_aggregates(
+        table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, "user", 3, key=12345
+    )
+    start = int(
+        np.searchsorted(table["user_id"].to_numpy(), np.unique(table["user_id"].to_numpy())[20])
+    )  # the 21st user's first row
+    for name, edges in (
+        ("whole", [0, start, table.num_rows]),
+        ("torn", [0, start + 2, table.num_rows]),
+    ):  # torn: that user's rows in both files
         staged = storage.StagedWrite(str(tmp_path / f"{name}.parquet"))
-        staged.commit([staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER)) for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))],
-                      table.num_rows)
+        staged.commit(
+            [
+                staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER))
+                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+            ],
+            table.num_rows,
+        )
     got = SparkEngine(spark).count_aggregates(str(tmp_path / "whole.parquet"), catalog, "user", 3, 12345)
     assert np.array_equal(got[0], expected[0]) and got[1] == expected[1] == 60
     with pytest.raises(ValueError, match="a user's rows are in two of its files"):
@@ -130,26 +163,43 @@ def test_a_split_of_files_of_whole_users_takes_a_file_per_task_and_gives_the_sam
     data = _dataset(tmp_path / "data", table)
     local = splits.make_split(data, protocol, str(tmp_path / "local"), seed=11, holdout=0.2, engine=LocalEngine())
     users = table["user_id"].to_numpy()
-    cut = [0, int(np.searchsorted(users, np.unique(users)[20])), int(np.searchsorted(users, np.unique(users)[41])), table.num_rows]
+    cut = [
+        0,
+        int(np.searchsorted(users, np.unique(users)[20])),
+        int(np.searchsorted(users, np.unique(users)[41])),
+        table.num_rows,
+    ]
     whole = [table.slice(a, b - a) for a, b in zip(cut[:-1], cut[1:])]
-    overlapping = [pa.concat_tables([whole[0], whole[2]]), whole[1]]  # each file whole users in order, but the first file's range holds the second's
+    overlapping = [
+        pa.concat_tables([whole[0], whole[2]]),
+        whole[1],
+    ]  # each file whole users in order, but the first file's range holds the second's
     for layout, pieces in (("whole", whole), ("overlapping", overlapping)):
         staged = storage.StagedWrite(data.interactions)
-        staged.commit([staged.write_part(k, piece.replace_schema_metadata(USERS_TOGETHER)) for k, piece in enumerate(pieces)], table.num_rows)
+        staged.commit(
+            [staged.write_part(k, piece.replace_schema_metadata(USERS_TOGETHER)) for k, piece in enumerate(pieces)],
+            table.num_rows,
+        )
         assert (files_of_whole_users(data.interactions) is not None) == (layout == "whole")
         got = splits.make_split(data, protocol, str(tmp_path / layout), seed=11, holdout=0.2, engine=SparkEngine(spark))
         assert got == local
         for name in local["sizes"]:
-            assert _rows(storage.read_table(str(tmp_path / layout / f"{name}.parquet"))) == _rows(storage.read_table(str(tmp_path / "local" / f"{name}.parquet")))
+            assert _rows(storage.read_table(str(tmp_path / layout / f"{name}.parquet"))) == _rows(
+                storage.read_table(str(tmp_path / "local" / f"{name}.parquet"))
+            )
             _assert_whole_users_in_order(str(tmp_path / layout / f"{name}.parquet"))
 
 
 def test_a_ranking_split_without_eligible_users_is_refused_and_publishes_nothing(engine, tmp_path):
     table = _ratings_with_repeats().slice(0, 30)
-    data = _dataset(tmp_path / "data", table.set_column(2, INTERACTIONS.field("label"), pa.array(np.ones(30))))  # no label above 3.5
+    data = _dataset(
+        tmp_path / "data", table.set_column(2, INTERACTIONS.field("label"), pa.array(np.ones(30)))
+    )  # no label above 3.5
     with pytest.raises(ValueError, match="needs users with at least 5 positives"):
         splits.make_split(data, "recall", str(tmp_path / "split"), engine=engine)
-    assert not (tmp_path / "split").exists() or not any(p.name.endswith(".parquet") for p in (tmp_path / "split").iterdir())
+    assert not (tmp_path / "split").exists() or not any(
+        p.name.endswith(".parquet") for p in (tmp_path / "split").iterdir()
+    )
 
 
 @pytest.mark.parametrize("protocol", ["rmse", "recall"])
@@ -161,20 +211,30 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
     prepared = {}
     seed = None
     for name, engine in (("local", LocalEngine()), ("spark", SparkEngine(spark)), ("beam", BeamEngine())):
-        config = settings.TrainConfig(out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed, engine=name)
+        config = settings.TrainConfig(
+            out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed, engine=name
+        )
         prepared[name] = prepare.prepare(config, progress=False, engine=engine, local_rows=0)
-        seed = SeedFile.create(str(tmp_path / f"seed-after-{name}"), SeedFile.load(str(tmp_path / "local" / "private" / "seed")).seed).path  # one ledger a file
+        seed = SeedFile.create(
+            str(tmp_path / f"seed-after-{name}"), SeedFile.load(str(tmp_path / "local" / "private" / "seed")).seed
+        ).path  # one ledger a file
     runs = {name: run_dir.Run(str(tmp_path / name)) for name in prepared}
     for name in ("spark", "beam"):
         counts, expected = storage.read_table(runs[name].counts), storage.read_table(runs["local"].counts)
         assert counts.equals(expected) and counts.schema.metadata == expected.schema.metadata, name
         assert prepared[name]["prepared"]["mean"] == prepared["local"]["prepared"]["mean"], name
         ledger, expected_ledger = Ledger.open(runs[name].ledger), Ledger.open(runs["local"].ledger)
-        assert [r["name"] for r in ledger.rows] == [r["name"] for r in expected_ledger.rows] and ledger.epsilon_spent() == expected_ledger.epsilon_spent(), name
+        assert [r["name"] for r in ledger.rows] == [
+            r["name"] for r in expected_ledger.rows
+        ] and ledger.epsilon_spent() == expected_ledger.epsilon_spent(), name
         for table in ("split/train.parquet", "train_centred.parquet", "stats_rows.parquet"):
             got = storage.read_table(runs[name].private(table))
             assert _rows(got) == _rows(storage.read_table(runs["local"].private(table))), (name, table)
-    assert prepared["local"]["prepared"]["mean"] != 0.0 if protocol == "rmse" else prepared["local"]["prepared"]["mean"] == 0.0
+    assert (
+        prepared["local"]["prepared"]["mean"] != 0.0
+        if protocol == "rmse"
+        else prepared["local"]["prepared"]["mean"] == 0.0
+    )
 
 
 def test_beam_options_come_from_the_environment_and_a_typo_is_refused(monkeypatch):
@@ -182,7 +242,9 @@ def test_beam_options_come_from_the_environment_and_a_typo_is_refused(monkeypatc
 
     monkeypatch.delenv(OPTIONS_ENV, raising=False)
     assert options_from_environment() is None  # the DirectRunner
-    monkeypatch.setenv(OPTIONS_ENV, "--runner DataflowRunner --project p --region europe-west4 --temp_location gs://b/tmp")
+    monkeypatch.setenv(
+        OPTIONS_ENV, "--runner DataflowRunner --project p --region europe-west4 --temp_location gs://b/tmp"
+    )
     options = options_from_environment().get_all_options()
     assert (options["runner"], options["project"], options["temp_location"]) == ("DataflowRunner", "p", "gs://b/tmp")
     monkeypatch.setenv(OPTIONS_ENV, "--runner DataflowRunner --projet p")

@@ -42,7 +42,9 @@ def test_two_processes_releasing_into_one_ledger_get_distinct_indices_and_every_
     assert sorted(row["release"] for row in rows) == list(range(2 * RELEASES_PER_PROCESS))
     assert sorted(row["name"] for row in rows) == sorted(f"{p}-{k}" for p in "ab" for k in range(RELEASES_PER_PROCESS))
     seeds = SeedFile.load(str(tmp_path / "run" / "private" / "seed"))
-    assert seeds.releases == {row["release"]: row["data_fingerprint"] for row in rows}  # no binding dropped, none shared
+    assert seeds.releases == {
+        row["release"]: row["data_fingerprint"] for row in rows
+    }  # no binding dropped, none shared
     assert seeds.ledgers[Ledger.open(path).identity] == list(range(2 * RELEASES_PER_PROCESS))
 
 
@@ -58,8 +60,13 @@ def test_a_deleted_ledger_is_refused_not_restarted(tmp_path):
     _one_release(tmp_path, "mean")
     os.remove(tmp_path / "run" / "ledger.parquet")
     fresh = Ledger.create(str(tmp_path / "run" / "ledger.parquet"), 10.0, 1e-5)  # what a careless resume would do
-    with pytest.raises(ValueError, match=r"bound to another privacy ledger, which recorded releases \[0, 1\]: .* was deleted and replaced"):
-        release.make_release(fresh, release.open_seed_file(None, fresh.path), "step-1/stats/r0", accounting.gaussian_event(20.0), {})
+    with pytest.raises(
+        ValueError,
+        match=r"bound to another privacy ledger, which recorded releases \[0, 1\]: .* was deleted and replaced",
+    ):
+        release.make_release(
+            fresh, release.open_seed_file(None, fresh.path), "step-1/stats/r0", accounting.gaussian_event(20.0), {}
+        )
     assert Ledger.open(fresh.path).rows == []
 
 
@@ -117,7 +124,9 @@ def test_counts_must_be_the_release_of_the_same_ledger(tmp_path):
         release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
     seeds.record_output(index, seeds.digest_table(counts))
     release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
-    storage.write_table(pa.table({"item_id": pa.array([1, 2], pa.int64()), "count": [3.0, 5.0]}), counts)  # exact counts, say
+    storage.write_table(
+        pa.table({"item_id": pa.array([1, 2], pa.int64()), "count": [3.0, 5.0]}), counts
+    )  # exact counts, say
     with pytest.raises(ValueError, match="is not the DP counts release"):
         release.check_counts_release(ledger, seeds, counts, seeds.digest_table(counts))
 
@@ -147,7 +156,10 @@ def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
     BudgetAccount.open_or_create(account, cap=None, delta=1e-5)
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
-    runs = [context.Process(target=_charge_many, args=(account, str(tmp_path / name / "ledger.parquet"), barrier)) for name in ("a", "b")]
+    runs = [
+        context.Process(target=_charge_many, args=(account, str(tmp_path / name / "ledger.parquet"), barrier))
+        for name in ("a", "b")
+    ]
     for run in runs:
         run.start()
     for run in runs:
@@ -168,9 +180,15 @@ def test_an_account_that_lost_another_runs_charges_is_refused_before_any_release
     release.make_release(ledgers["b"], seeds["b"], "counts", accounting.gaussian_event(20.0), {"run": "b"})
     release.make_release(ledgers["a"], seeds["a"], "mean", accounting.gaussian_event(20.0), {"run": "a"})
     account = ledgers["a"].account()
-    assert account.path == ledgers["b"].account().path and len(account.document["charges"]) == 3  # one account for the data source
-    account.document["charges"] = [c for c in account.document["charges"] if c["ledger"] != ledgers["b"].identity]  # run b's charge edited out
+    assert (
+        account.path == ledgers["b"].account().path and len(account.document["charges"]) == 3
+    )  # one account for the data source
+    account.document["charges"] = [
+        c for c in account.document["charges"] if c["ledger"] != ledgers["b"].identity
+    ]  # run b's charge edited out
     account._save()
     with pytest.raises(ValueError, match="lists 2 charges, fewer than the 3 this run saw there"):
         release.make_release(ledgers["a"], seeds["a"], "step-1/stats/r0", accounting.gaussian_event(20.0), {"run": "a"})
-    assert len(Ledger.open(ledgers["a"].path).rows) == 2 and len(BudgetAccount.open(account.path).document["charges"]) == 2
+    assert (
+        len(Ledger.open(ledgers["a"].path).rows) == 2 and len(BudgetAccount.open(account.path).document["charges"]) == 2
+    )

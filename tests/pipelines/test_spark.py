@@ -5,7 +5,13 @@ import uuid
 
 import pyarrow as pa
 
-from pipelines.engines.spark import ARROW_BATCH_ROWS, forward_storage_settings, has_filesystem, readable_tables, session_settings
+from pipelines.engines.spark import (
+    ARROW_BATCH_ROWS,
+    forward_storage_settings,
+    has_filesystem,
+    readable_tables,
+    session_settings,
+)
 from schemas import storage
 
 
@@ -41,8 +47,14 @@ def test_under_spark_submit_the_session_keeps_the_clusters_settings():
     submitted = SparkConf(loadDefaults=False).set("spark.master", "yarn")
     assert session_settings(submitted, None) == {"spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS)}
     local = session_settings(SparkConf(loadDefaults=False), None)
-    assert local["spark.master"] == "local[*]" and local["spark.ui.enabled"] == "false" and local["spark.sql.shuffle.partitions"] == "8"
-    assert session_settings(submitted, "local[2]")["spark.master"] == "local[2]"  # a master given on the command line: a local session
+    assert (
+        local["spark.master"] == "local[*]"
+        and local["spark.ui.enabled"] == "false"
+        and local["spark.sql.shuffle.partitions"] == "8"
+    )
+    assert (
+        session_settings(submitted, "local[2]")["spark.master"] == "local[2]"
+    )  # a master given on the command line: a local session
 
 
 def test_a_session_on_demand_is_opened_once_when_first_asked_for_and_never_otherwise(monkeypatch):

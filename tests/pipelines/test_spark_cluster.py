@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from spark_cluster import ROOT, standalone_cluster
 
 from pipelines.engines import shipping
 from pipelines.engines.prepare_spark import SparkEngine
@@ -32,7 +33,6 @@ from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
 from privacy.account import BudgetAccount
 from privacy.ledger import Ledger
-from spark_cluster import ROOT, standalone_cluster
 
 VENV_PYTHON = sys.executable  # the nodes' Python with the locked dependencies (Dataproc: /opt/ssp/venv/bin/python)
 NODE_CONF = {"spark.pyspark.python": VENV_PYTHON}
@@ -74,7 +74,10 @@ def table_rows(path: str) -> list[dict]:
 
 
 def released(root: str) -> list[tuple]:
-    return [(row["release"], row["name"], row["noise_multiplier"]) for row in Ledger.open(str(Path(root) / "ledger.parquet")).rows]
+    return [
+        (row["release"], row["name"], row["noise_multiplier"])
+        for row in Ledger.open(str(Path(root) / "ledger.parquet")).rows
+    ]
 
 
 def assert_ran_on_both_workers(cluster, app: str, log: str) -> None:
@@ -97,8 +100,12 @@ def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster,
     suite's workers steal tests from each other): the documented user update, the shipped stats
     line, and an executor killed during a release."""
     user_update_runs_on_the_cluster(cluster, runs, tmp_path / "user-update")
-    the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cluster, shipment, runs, tmp_path / "shipped")
-    an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path / "killed")
+    the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(
+        cluster, shipment, runs, tmp_path / "shipped"
+    )
+    an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(
+        cluster, runs, tmp_path / "killed"
+    )
 
 
 def user_update_runs_on_the_cluster(cluster, runs, tmp_path):
@@ -110,14 +117,23 @@ def user_update_runs_on_the_cluster(cluster, runs, tmp_path):
     run = copy_run(runs["prepared"], tmp_path / "run")
     events = tmp_path / "events"
     events.mkdir()
-    submitted = {"spark.sql.shuffle.partitions": "3", "spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{events}",
-                 "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}  # one plain JSON-lines file
+    submitted = {
+        "spark.sql.shuffle.partitions": "3",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{events}",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }  # one plain JSON-lines file
     result = cluster.submit("pipelines/user_update.py", "--run", run, "--step", "1", conf={**NODE_CONF, **submitted})
     assert_ran_on_both_workers(cluster, "ssp-user-update", result.stderr)
     assert table_rows(Run(run).user_embeddings(1)) == table_rows(Run(str(runs["local"])).user_embeddings(1))
     settings = application_settings(events)
     assert settings["spark.master"] == cluster.master and settings["spark.sql.shuffle.partitions"] == "3"
-    assert "spark.ui.enabled" not in settings and "spark.driver.memory" not in settings and "spark.sql.adaptive.enabled" not in settings
+    assert (
+        "spark.ui.enabled" not in settings
+        and "spark.driver.memory" not in settings
+        and "spark.sql.adaptive.enabled" not in settings
+    )
 
 
 def application_settings(events: Path) -> dict[str, str]:
@@ -143,10 +159,14 @@ def the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cl
     shutil.copy(ROOT / "pipelines" / "stats.py", entry)
     line = shipping.spark_submit_line(shipment, cluster.master, "stats.py", ("--run", run, "--step", "1"))
     assert line[:3] == ["spark-submit", "--master", cluster.master] and "spark.pyspark.python=./env/bin/python" in line
-    result = cluster.submit(*line[3:], cwd=entry)  # the cluster's spark-submit and master, then the line's own arguments
+    result = cluster.submit(
+        *line[3:], cwd=entry
+    )  # the cluster's spark-submit and master, then the line's own arguments
     assert_ran_on_both_workers(cluster, "ssp-stats", result.stderr)
     apps = {executor["appid"] for _, executor in cluster.executors_of("ssp-stats")}
-    unpacked = [path for app in apps for path in cluster.folder.glob(f"worker-*/{app}/*/{shipping.ENV_NAME}/bin/python")]
+    unpacked = [
+        path for app in apps for path in cluster.folder.glob(f"worker-*/{app}/*/{shipping.ENV_NAME}/bin/python")
+    ]
     assert {path.parents[4].name for path in unpacked} == {"worker-0", "worker-1"}, unpacked
     assert_same_statistics(run, str(runs["local"]))
 
@@ -157,7 +177,9 @@ def test_the_executor_environment_holds_only_what_the_tasks_import(shipment):
     assert not names & {"tensorflow", "apache-beam", "pandas", "ssp-recsys"}
     pyspark = {str(file) for file in shipping.kept_files(importlib.metadata.distribution("pyspark"))}
     assert {"pyspark/worker.py", "pyspark/daemon.py"} <= pyspark
-    assert not [file for file in pyspark if file.endswith((".jar", ".zip"))]  # Spark's jars and python/lib zips: the nodes' Spark has them
+    assert not [
+        file for file in pyspark if file.endswith((".jar", ".zip"))
+    ]  # Spark's jars and python/lib zips: the nodes' Spark has them
     assert shipment.env_bytes < 600 << 20
 
 
@@ -215,7 +237,14 @@ def an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_
     gate.mkdir()
     (tmp_path / "gated_stats.py").write_text(GATED_DRIVER)
     command = cluster.command(tmp_path / "gated_stats.py", "--run", run, "--step", "1", conf=NODE_CONF)
-    job = subprocess.Popen(command, cwd=ROOT, env=spark_env(SSP_TEST_GATE=str(gate)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=spark_env(SSP_TEST_GATE=str(gate)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (gate / "claimed").exists() or not (gate / "claimed").read_text():
@@ -243,8 +272,17 @@ def test_spark_package_refuses_a_python_that_is_not_3_11_with_one_line_and_nothi
     fake.write_text("#!/bin/sh\necho 3.10\n")
     fake.chmod(0o755)
     ssp = str(Path(sys.executable).parent / "ssp")
-    result = subprocess.run([ssp, "spark-package", "--out", str(tmp_path / "dist"), "--python", str(fake)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [ssp, "spark-package", "--out", str(tmp_path / "dist"), "--python", str(fake)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and not (tmp_path / "dist").exists()
-    assert result.stderr.splitlines() == [f"ssp spark-package: error: --python {fake}: is Python 3.10, the environment needs Python 3.11"]
-    relative = subprocess.run([ssp, "spark-package", "--python", "python3.11"], capture_output=True, text=True, timeout=120)
+    assert result.stderr.splitlines() == [
+        f"ssp spark-package: error: --python {fake}: is Python 3.10, the environment needs Python 3.11"
+    ]
+    relative = subprocess.run(
+        [ssp, "spark-package", "--python", "python3.11"], capture_output=True, text=True, timeout=120
+    )
     assert relative.returncode == 2 and "give the absolute path" in relative.stderr

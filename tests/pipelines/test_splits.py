@@ -73,7 +73,9 @@ def _within_5_sigma(count, n, p):
 # Small tables with repeated (user, item) ratings (the dedup keeps the latest), few users and items
 # so that users share items, and labels on both sides of the positive threshold.
 _interactions = st.lists(
-    st.tuples(st.integers(0, 7), st.integers(0, 11), st.sampled_from([1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0]), st.integers(0, 3)),
+    st.tuples(
+        st.integers(0, 7), st.integers(0, 11), st.sampled_from([1.0, 2.0, 3.0, 3.5, 4.0, 4.5, 5.0]), st.integers(0, 3)
+    ),
     min_size=1,
     max_size=80,
 )
@@ -119,7 +121,13 @@ def test_rating_split_of_a_neighbour_is_the_split_minus_the_user(rows, pick, see
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=_positive_interactions(), pick=st.integers(0, 10**6), seed=st.integers(-(2**40), 2**40), holdout=_holdouts, min_positives=st.integers(1, 5))
+@given(
+    rows=_positive_interactions(),
+    pick=st.integers(0, 10**6),
+    seed=st.integers(-(2**40), 2**40),
+    holdout=_holdouts,
+    min_positives=st.integers(1, 5),
+)
 def test_ranking_split_of_a_neighbour_is_the_split_minus_the_user(rows, pick, seed, holdout, min_positives):
     # Without the (evaluation-only) restriction of held-out rows to training items, every part is
     # row-local given the user-local eligibility and < 5 rows rules.
@@ -130,7 +138,9 @@ def test_ranking_split_of_a_neighbour_is_the_split_minus_the_user(rows, pick, se
 
     def split(t):
         try:
-            return splits.split_heldout_users(t, seed, min_positives=min_positives, holdout=holdout, restrict_to_train_items=False)
+            return splits.split_heldout_users(
+                t, seed, min_positives=min_positives, holdout=holdout, restrict_to_train_items=False
+            )
         except ValueError as error:  # no eligible user (or no row) left
             return str(error)
 
@@ -158,11 +168,17 @@ def test_ranking_split_train_part_is_row_local_with_the_item_restriction(rows, p
     train_items = set(whole["train"]["item_id"].to_pylist())
     if set(without["train"]["item_id"].to_pylist()) == train_items:
         _assert_neighbouring(whole, without, user)
-    unrestricted = splits.split_heldout_users(table, seed, min_positives=2, holdout=holdout, restrict_to_train_items=False)
+    unrestricted = splits.split_heldout_users(
+        table, seed, min_positives=2, holdout=holdout, restrict_to_train_items=False
+    )
     assert unrestricted["train"].equals(whole["train"])
     for group in ("valid", "test"):  # the restriction only drops held-out rows on items no training user has
         held = _keys(whole[f"{group}_history"]) | _keys(whole[f"{group}_targets"])
-        assert held == {(u, i) for u, i in _keys(unrestricted[f"{group}_history"]) | _keys(unrestricted[f"{group}_targets"]) if i in train_items}
+        assert held == {
+            (u, i)
+            for u, i in _keys(unrestricted[f"{group}_history"]) | _keys(unrestricted[f"{group}_targets"])
+            if i in train_items
+        }
 
 
 @settings(max_examples=100, deadline=None)
@@ -189,7 +205,9 @@ def test_splits_ignore_row_order(rows, seed, holdout, order):
 def test_holdout_zero_trains_on_every_row(rows, seed):
     table = _from_rows(rows)
     canonical = splits.split_ratings(table, seed, 0.2)
-    everything = pa.concat_tables([canonical[name] for name in splits.RATING_PARTS]).sort_by([(c, "ascending") for c in INTERACTIONS.names])
+    everything = pa.concat_tables([canonical[name] for name in splits.RATING_PARTS]).sort_by(
+        [(c, "ascending") for c in INTERACTIONS.names]
+    )
     split = splits.split_ratings(table, seed, 0.0)
     assert split["train"].equals(everything)  # deduplicated, in canonical order
     assert split["valid"].num_rows == split["test"].num_rows == 0
@@ -198,7 +216,9 @@ def test_holdout_zero_trains_on_every_row(rows, seed):
     except ValueError:
         return
     labels = everything["label"].to_numpy()
-    assert ranked["train"].equals(everything.filter(pa.array(labels > 3.5)))  # every positive of every eligible (here: every) user
+    assert ranked["train"].equals(
+        everything.filter(pa.array(labels > 3.5))
+    )  # every positive of every eligible (here: every) user
     assert all(ranked[name].num_rows == 0 for name in splits.HELDOUT_PARTS[1:])
 
 
@@ -248,7 +268,9 @@ def test_ranking_split_fractions_are_the_fixed_ones():
     assert _within_5_sigma(len(groups["valid"]), n_users, 0.1) and _within_5_sigma(len(groups["test"]), n_users, 0.1)
     held_rows = sum(split[name].num_rows for name in splits.HELDOUT_PARTS[1:])
     targets = split["valid_targets"].num_rows + split["test_targets"].num_rows
-    assert _within_5_sigma(targets, held_rows, 0.2)  # every held-out user has >= 6 rows: each row is a target with probability 0.2
+    assert _within_5_sigma(
+        targets, held_rows, 0.2
+    )  # every held-out user has >= 6 rows: each row is a target with probability 0.2
     assert split["train"].num_rows + held_rows == int(sizes.sum())
 
 
@@ -345,7 +367,11 @@ def test_ranking_split_hand_example():
     expected = _groups(range(30))  # seed 1234: 25 training, 4 validation and 1 test user
     assert [len(expected[g]) for g in ("train", "valid", "test")] == [25, 4, 1]
     valid, test, train = _users(split["valid_history"]), _users(split["test_history"]), _users(split["train"])
-    assert (train, valid, test) == (expected["train"], expected["valid"], expected["test"])  # user 999 (4 positives) is gone
+    assert (train, valid, test) == (
+        expected["train"],
+        expected["valid"],
+        expected["test"],
+    )  # user 999 (4 positives) is gone
     assert set(split["train"]["label"].to_pylist()) <= {4.0, 5.0}
     # Training users keep all 11 positives, their own item included.
     assert split["train"].num_rows == 25 * 11
@@ -395,7 +421,9 @@ def test_ranking_split_follows_the_rules_on_varied_users():
     for u, i in zip(users[positive], items[positive]):
         if i in train_items:
             positives_on_train_items.setdefault(int(u), set()).add(int(i))
-    assert held_users["valid"] | held_users["test"] == (expected["valid"] | expected["test"]) & set(positives_on_train_items)
+    assert held_users["valid"] | held_users["test"] == (expected["valid"] | expected["test"]) & set(
+        positives_on_train_items
+    )
     seen = {"large": 0, "small": 0}
     for group in ("valid", "test"):
         history, targets = _keys(split[f"{group}_history"]), _keys(split[f"{group}_targets"])
@@ -424,12 +452,19 @@ def test_ranking_split_users_with_few_rows_keep_everything_as_history():
     table = _table(users, items, labels)
     for fraction in (0.2, 0.5):
         split = splits.split_heldout_users(table, target_fraction=fraction)
-        held = _users(split["valid_history"]) | _users(split["test_history"]) | _users(split["valid_targets"]) | _users(split["test_targets"])
+        held = (
+            _users(split["valid_history"])
+            | _users(split["test_history"])
+            | _users(split["valid_targets"])
+            | _users(split["test_targets"])
+        )
         assert held == _groups(range(200))["valid"] | _groups(range(200))["test"]
         targets = _keys(split["valid_targets"]) | _keys(split["test_targets"])
         for u in held:
             shared = range(5) if u % 2 else range(2)
-            assert {i for uu, i in targets if uu == u} == ({i for i in shared if _is_target(u, i, fraction=fraction)} if u % 2 else set())
+            assert {i for uu, i in targets if uu == u} == (
+                {i for i in shared if _is_target(u, i, fraction=fraction)} if u % 2 else set()
+            )
         # The rule was exercised: some 2-row user has an item the hash would have made a target.
         assert any(_is_target(u, i, fraction=fraction) for u in held if u % 2 == 0 for i in range(2))
 
@@ -540,7 +575,11 @@ def test_make_split_recall_round_trip(tmp_path):
     document = splits.make_split(data, "recall", out, engine=LocalEngine())
     assert json.loads((tmp_path / "split" / "split.json").read_text()) == document
     assert document["protocol"] == "recall" and document["seed"] == 1234 and document["holdout"] == 0.2
-    assert document["train_item_fraction"] == 0.1 and document["n_eligible_users"] == 30 and document["target_fraction"] == 0.2
+    assert (
+        document["train_item_fraction"] == 0.1
+        and document["n_eligible_users"] == 30
+        and document["target_fraction"] == 0.2
+    )
     assert document["user_fractions"] == {"train": 0.8, "valid": 0.1, "test": 0.1}
     expected = splits.split_heldout_users(_hand_ranking_table())
     for name in splits.HELDOUT_PARTS:
@@ -556,21 +595,70 @@ def test_the_positives_follow_the_declared_rating_scale_or_the_flag(tmp_path):
     overrides it; implicit feedback keeps every row and refuses the flag. Checked through `ssp split`."""
     from ssp import cli
 
-    assert splits.scale_threshold((1.0, 10.0)) == pytest.approx(7.3) and splits.POSITIVE_THRESHOLD == pytest.approx(3.65)
-    mine = [8.0, 9.0, 10.0, 8.0, 9.0, 4.0, 3.0, 7.0, 2.0, 10.0]  # every user's labels: 6 above 7.3, 8 above 3.5 (or 3.65)
+    assert splits.scale_threshold((1.0, 10.0)) == pytest.approx(7.3) and splits.POSITIVE_THRESHOLD == pytest.approx(
+        3.65
+    )
+    mine = [
+        8.0,
+        9.0,
+        10.0,
+        8.0,
+        9.0,
+        4.0,
+        3.0,
+        7.0,
+        2.0,
+        10.0,
+    ]  # every user's labels: 6 above 7.3, 8 above 3.5 (or 3.65)
     labels = mine * 10
     table = _table(np.repeat(np.arange(10), 10), np.tile(np.arange(10), 10), labels)
     catalog = pa.table({"item_id": np.arange(10), "title": [f"item {i}" for i in range(10)]}, schema=items_schema({}))
     write_dataset(str(tmp_path / "ten"), catalog, table.to_batches(), {"source": "test", "rating_scale": [1.0, 10.0]})
     write_dataset(str(tmp_path / "undeclared"), catalog, table.to_batches(), {"source": "test"})
     write_dataset(str(tmp_path / "implicit"), catalog, table.to_batches(), {"source": "test", "feedback": "implicit"})
-    for data, flags, want in (("ten", [], 7.3), ("ten", ["--positive-threshold", "3.5"], 3.5), ("undeclared", [], 3.65), ("implicit", [], None)):
+    for data, flags, want in (
+        ("ten", [], 7.3),
+        ("ten", ["--positive-threshold", "3.5"], 3.5),
+        ("undeclared", [], 3.65),
+        ("implicit", [], None),
+    ):
         out = tmp_path / f"split-{data}-{len(flags)}"
-        assert cli.main(["split", "--data", str(tmp_path / data), "--protocol", "recall", "--holdout", "0", "--out", str(out), *flags]) == 0
+        assert (
+            cli.main(
+                [
+                    "split",
+                    "--data",
+                    str(tmp_path / data),
+                    "--protocol",
+                    "recall",
+                    "--holdout",
+                    "0",
+                    "--out",
+                    str(out),
+                    *flags,
+                ]
+            )
+            == 0
+        )
         document = json.loads((out / "split.json").read_text())
         assert document["positive_threshold"] == (None if want is None else pytest.approx(want))
         assert document["sizes"]["train"]["rows"] == 10 * {None: 10, 7.3: 6, 3.5: 8, 3.65: 8}[want], (data, flags)
-    assert cli.main(["split", "--data", str(tmp_path / "implicit"), "--protocol", "recall", "--out", str(tmp_path / "bad"), "--positive-threshold", "5"]) == 2
+    assert (
+        cli.main(
+            [
+                "split",
+                "--data",
+                str(tmp_path / "implicit"),
+                "--protocol",
+                "recall",
+                "--out",
+                str(tmp_path / "bad"),
+                "--positive-threshold",
+                "5",
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "bad").exists()
 
 
@@ -579,7 +667,12 @@ def test_make_split_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown protocol 'ndcg'"):
         splits.make_split(data, "ndcg", str(tmp_path / "out"), engine=LocalEngine())
     with pytest.raises(ValueError, match="at least 5 positives"):
-        splits.make_split(_dataset(tmp_path / "few", _table([1] * 4, range(4), [5.0] * 4)), "recall", str(tmp_path / "out"), engine=LocalEngine())
+        splits.make_split(
+            _dataset(tmp_path / "few", _table([1] * 4, range(4), [5.0] * 4)),
+            "recall",
+            str(tmp_path / "out"),
+            engine=LocalEngine(),
+        )
     empty = _dataset(tmp_path / "empty", _table([], [], []))
     with pytest.raises(ValueError, match="no interactions"):
         splits.make_split(empty, "rmse", str(tmp_path / "out"), engine=LocalEngine())
@@ -596,8 +689,12 @@ def test_cli_hooks(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["train", "valid", "test"]
     rows = [int(line.split()[1].removeprefix("rows=")) for line in lines]
-    assert sum(rows) == 1000 and rows == [splits.split_ratings(_random_ratings(1000))[name].num_rows for name in splits.RATING_PARTS]
-    args = parser.parse_args(["--data", str(tmp_path / "data"), "--protocol", "rmse", "--out", str(tmp_path / "all"), "--holdout", "0"])
+    assert sum(rows) == 1000 and rows == [
+        splits.split_ratings(_random_ratings(1000))[name].num_rows for name in splits.RATING_PARTS
+    ]
+    args = parser.parse_args(
+        ["--data", str(tmp_path / "data"), "--protocol", "rmse", "--out", str(tmp_path / "all"), "--holdout", "0"]
+    )
     assert splits.run(args, data, LocalEngine()) == 0
     assert capsys.readouterr().out.splitlines()[0].split()[:2] == ["train", "rows=1000"]
     with pytest.raises(SystemExit):
@@ -636,7 +733,11 @@ def test_bundled_ranking_split(bundled):
     expected = _groups(eligible.tolist())
     split = splits.split_heldout_users(bundled)
     train, valid, test = _users(split["train"]), _users(split["valid_history"]), _users(split["test_history"])
-    assert (len(train), len(valid), len(test)) == (479, 55, 69)  # pinned (seed 1234); no held-out user loses all rows to the training-item filter
+    assert (len(train), len(valid), len(test)) == (
+        479,
+        55,
+        69,
+    )  # pinned (seed 1234); no held-out user loses all rows to the training-item filter
     assert (train, valid, test) == (expected["train"], expected["valid"], expected["test"])
     assert _users(split["valid_targets"]) <= valid and _users(split["test_targets"]) <= test
     train_items = set(split["train"]["item_id"].to_pylist())
@@ -649,8 +750,14 @@ def test_bundled_ranking_split(bundled):
 
 
 def test_repeated_ratings_keep_the_latest():
-    table = pa.table({"user_id": [1, 1, 1, 2], "item_id": [5, 5, 6, 5], "label": [1.0, 4.5, 3.0, 2.0], "timestamp": [10, 20, 15, 1]})
+    table = pa.table(
+        {"user_id": [1, 1, 1, 2], "item_id": [5, 5, 6, 5], "label": [1.0, 4.5, 3.0, 2.0], "timestamp": [10, 20, 15, 1]}
+    )
     for holdout in (0.2, 0.0):
         split = splits.split_ratings(table, seed=0, holdout=holdout)
-        rows = sorted(r for part in split.values() for r in zip(part["user_id"].to_pylist(), part["item_id"].to_pylist(), part["label"].to_pylist()))
+        rows = sorted(
+            r
+            for part in split.values()
+            for r in zip(part["user_id"].to_pylist(), part["item_id"].to_pylist(), part["label"].to_pylist())
+        )
         assert rows == [(1, 5, 4.5), (1, 6, 3.0), (2, 5, 2.0)]

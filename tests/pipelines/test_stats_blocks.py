@@ -23,10 +23,13 @@ def test_shard_of_is_a_balanced_function_of_the_item():
 @given(n=st.integers(0, 300), shards=st.integers(1, 9), seed=st.integers(0, 2**31))
 def test_packed_blocks_hold_each_row_once_in_its_shard(n, shards, seed):
     rng = np.random.default_rng(seed)
-    users, rated = rng.integers(-10**12, 10**12, n), rng.integers(-10**12, 10**12, n)
+    users, rated = rng.integers(-(10**12), 10**12, n), rng.integers(-(10**12), 10**12, n)
     labels = rng.normal(size=n) * 1e6
     keys = np.arange(100, 100 + shards, dtype=np.int32)
-    batches = [pa.RecordBatch.from_pydict({"user_id": users[k::3], "item_id": rated[k::3], "label": labels[k::3]}) for k in range(3)]
+    batches = [
+        pa.RecordBatch.from_pydict({"user_id": users[k::3], "item_id": rated[k::3], "label": labels[k::3]})
+        for k in range(3)
+    ]
     blocks = pa.Table.from_batches(list(stats.pack_rows(iter(batches), shards, keys)), schema=stats.BLOCK_SCHEMA)
     got = []
     for shard in range(shards):
@@ -45,13 +48,19 @@ def test_decode_of_no_blocks_or_empty_blocks_is_no_rows():
 
 
 @settings(max_examples=80, deadline=None)
-@given(rows_per_item=st.lists(st.integers(0, 90), min_size=1, max_size=60), chunk=st.integers(1, 100), per_group=st.integers(1, 12))
+@given(
+    rows_per_item=st.lists(st.integers(0, 90), min_size=1, max_size=60),
+    chunk=st.integers(1, 100),
+    per_group=st.integers(1, 12),
+)
 def test_groups_cover_items_and_rows_in_order_within_the_limits(rows_per_item, chunk, per_group):
     items = np.arange(len(rows_per_item)) * 3 + 5
     rated = np.repeat(items, rows_per_item)
     groups = list(stats._groups(items, rated, per_group, chunk))
     np.testing.assert_array_equal(np.concatenate([group for group, _ in groups]), items)
-    assert [part.start for _, part in groups] == [0] + [part.stop for _, part in groups[:-1]] and groups[-1][1].stop == rated.size
+    assert [part.start for _, part in groups] == [0] + [part.stop for _, part in groups[:-1]] and groups[-1][
+        1
+    ].stop == rated.size
     for group, part in groups:
         assert 1 <= group.size <= per_group
         assert set(rated[part].tolist()) <= set(group.tolist())
@@ -62,12 +71,19 @@ def test_groups_cover_items_and_rows_in_order_within_the_limits(rows_per_item, c
 
 
 @settings(max_examples=25, deadline=None)
-@given(bias=st.sampled_from([0.0, 0.5]), unit=st.sampled_from(["user", "example"]), confidence=st.booleans(),
-       given_normalisers=st.booleans(), seed=st.integers(0, 2**31))
-def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(bias, unit, confidence, given_normalisers, seed):
+@given(
+    bias=st.sampled_from([0.0, 0.5]),
+    unit=st.sampled_from(["user", "example"]),
+    confidence=st.booleans(),
+    given_normalisers=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(
+    bias, unit, confidence, given_normalisers, seed
+):
     # the Spark task's path (each user's vector clipped once, rows pointing into it) gives the sums
     # of user_contributions' per-row kernel rows, for every kind of release
-    from pipelines.releases.stats_core import clipped_users, item_sums, StatsSettings, user_contributions
+    from pipelines.releases.stats_core import StatsSettings, clipped_users, item_sums, user_contributions
     from privacy import accumulator
     from privacy.weights import user_normalisers
 
@@ -81,10 +97,16 @@ def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(bias, u
     counts = rng.uniform(1, 50, n)
     normalisers = None
     if given_normalisers and unit == "user":
-        known, sums = user_normalisers(user_ids, counts, settings_.weight_exponent, confidence=labels if confidence else None)
+        known, sums = user_normalisers(
+            user_ids, counts, settings_.weight_exponent, confidence=labels if confidence else None
+        )
         normalisers = sums[np.searchsorted(known, user_ids)]
-    got = item_sums(user_ids, item_ids, labels, clipped_users(vectors, settings_), user_rows, counts, settings_, normalisers)
-    want = accumulator.grouped_sums(*user_contributions(user_ids, item_ids, labels, vectors[user_rows], counts, settings_, normalisers))
+    got = item_sums(
+        user_ids, item_ids, labels, clipped_users(vectors, settings_), user_rows, counts, settings_, normalisers
+    )
+    want = accumulator.grouped_sums(
+        *user_contributions(user_ids, item_ids, labels, vectors[user_rows], counts, settings_, normalisers)
+    )
     np.testing.assert_array_equal(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

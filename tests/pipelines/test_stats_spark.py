@@ -8,11 +8,11 @@ from stats_inputs import expected_stats, registered, write_inputs
 
 from pipelines import stats as stats_script  # the entry script
 from pipelines.engines import spark_stats as stats
+from pipelines.engines.local import LocalEngine
 from pipelines.releases import stats_job
 from pipelines.releases.counts import dp_counts
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
-from pipelines.engines.local import LocalEngine
 from privacy.accumulator import unpack_upper
 from privacy.ledger import BudgetExceededError, Ledger
 from privacy.seeds import SeedFile, SeedReuseError
@@ -27,7 +27,18 @@ CATALOG = [10, 20, 30, 40]
 
 
 def make_job(paths, out, privacy, settings=StatsSettings(2, 1.0, 5.0, "user", 2.0), **kwargs):
-    return registered(stats_job.StatsJob(paths["interactions"], paths["user_embeddings"], paths["items"], paths["counts"], str(out), settings, privacy, **kwargs))
+    return registered(
+        stats_job.StatsJob(
+            paths["interactions"],
+            paths["user_embeddings"],
+            paths["items"],
+            paths["counts"],
+            str(out),
+            settings,
+            privacy,
+            **kwargs,
+        )
+    )
 
 
 def read_stats(path):
@@ -45,7 +56,11 @@ def test_partition_keys_are_computed_as_spark_hashes_them(spark):
     np.testing.assert_array_equal(stats.spark_int_hash(values), [got[int(v)] for v in values])
     for partitions in (3, 8):  # with the hash right, pmod does the rest: two partition counts suffice
         keys = stats.partition_keys(partitions)
-        placed = spark.createDataFrame([(int(k),) for k in keys], "key int").repartition(partitions, "key").selectExpr("key", "spark_partition_id() as p")
+        placed = (
+            spark.createDataFrame([(int(k),) for k in keys], "key int")
+            .repartition(partitions, "key")
+            .selectExpr("key", "spark_partition_id() as p")
+        )
         assert {row["key"]: row["p"] for row in placed.collect()} == {int(k): p for p, k in enumerate(keys)}
 
 
@@ -65,7 +80,9 @@ def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
     w2_10 = 2 * 16**-0.25 / np.sqrt(norm2)
     u2 = np.array([0.5, -0.5])
     np.testing.assert_allclose(b[0], w1_10 * 4.0 * np.array([0.6, 0.8]) + w2_10 * 1.0 * u2, rtol=1e-12)
-    np.testing.assert_allclose(b[1], w1_20 * 5.0 * np.array([0.6, 0.8]) + 2 * 1 / np.sqrt(norm2) * -5.0 * u2, rtol=1e-12)
+    np.testing.assert_allclose(
+        b[1], w1_20 * 5.0 * np.array([0.6, 0.8]) + 2 * 1 / np.sqrt(norm2) * -5.0 * u2, rtol=1e-12
+    )
     assert np.all(a[3] == 0) and np.all(b[3] == 0)
     assert summary["releases"] == [1] and summary["epsilon_spent"] == float("inf")  # release 0: the counts
     ledger = Ledger.open(str(tmp_path / "out" / "ledger.parquet"))
@@ -74,8 +91,12 @@ def test_noise_off_gives_exact_statistics_for_every_item(spark, tmp_path):
 
 def test_noise_scale_and_reproducible_release(spark, tmp_path):
     catalog = list(range(1, 1501))  # most items have no rows: their statistics are pure noise
-    paths = write_inputs(tmp_path, INTERACTIONS[:2] + [(3, 5, 1.0)], {1: [3.0, 4.0], 3: [1.0, 0.0]}, {j: 3.0 for j in catalog}, catalog)
-    seed = SeedFile.create(str(tmp_path / "seed"), bytes(range(32))).path  # a fixed test seed: the statistics below are reproducible
+    paths = write_inputs(
+        tmp_path, INTERACTIONS[:2] + [(3, 5, 1.0)], {1: [3.0, 4.0], 3: [1.0, 0.0]}, {j: 3.0 for j in catalog}, catalog
+    )
+    seed = SeedFile.create(
+        str(tmp_path / "seed"), bytes(range(32))
+    ).path  # a fixed test seed: the statistics below are reproducible
     settings = StatsSettings(2, 0.5, 2.0, "user", 1.5)
     privacy = PrivacySettings(noise_multiplier=1.2, resamples=2)
     stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)
@@ -90,9 +111,15 @@ def test_noise_scale_and_reproducible_release(spark, tmp_path):
     assert abs(a[empty].mean()) < 0.05 * sigma * 0.25
     other = read_stats(str(tmp_path / "out" / "resample-1.parquet"))
     assert not np.allclose(other[1], a)  # the second resample has its own noise
-    before = {name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read() for name in os.listdir(tmp_path / "out" / "resample-0.parquet")}
+    before = {
+        name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read()
+        for name in os.listdir(tmp_path / "out" / "resample-0.parquet")
+    }
     stats.run(make_job(paths, tmp_path / "out", privacy, settings, seed_file=seed), spark)  # a rerun: same releases
-    after = {name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read() for name in os.listdir(tmp_path / "out" / "resample-0.parquet")}
+    after = {
+        name: open(os.path.join(tmp_path / "out" / "resample-0.parquet", name), "rb").read()
+        for name in os.listdir(tmp_path / "out" / "resample-0.parquet")
+    }
     assert before == after
     assert len(Ledger.open(str(tmp_path / "out" / "ledger.parquet")).rows) == 3  # the counts and the two resamples
 
@@ -115,10 +142,22 @@ def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
 
 def test_budget_is_enforced_across_steps(spark, tmp_path):
     paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
-    privacy = PrivacySettings(epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5, mean_share=0.0, gram_share=0.0)  # counts and stats only
+    privacy = PrivacySettings(
+        epsilon=2.0, delta=1e-5, outer_steps=1, count_share=0.5, mean_share=0.0, gram_share=0.0
+    )  # counts and stats only
     ledger = str(tmp_path / "ledger.parquet")
-    dp_counts(paths["interactions"], paths["items"], str(tmp_path / "counts"), privacy, ledger_path=ledger, engine=LocalEngine())
-    paths = {**paths, "counts": str(tmp_path / "counts" / "counts.parquet")}  # the released counts: the job refuses any other
+    dp_counts(
+        paths["interactions"],
+        paths["items"],
+        str(tmp_path / "counts"),
+        privacy,
+        ledger_path=ledger,
+        engine=LocalEngine(),
+    )
+    paths = {
+        **paths,
+        "counts": str(tmp_path / "counts" / "counts.parquet"),
+    }  # the released counts: the job refuses any other
     summary = stats.run(make_job(paths, tmp_path / "s1", privacy, ledger_path=ledger), spark)
     assert summary["epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # the plan spends exactly the budget
     with pytest.raises(BudgetExceededError, match="over its budget of 2"):
@@ -131,16 +170,30 @@ def test_budget_is_enforced_across_steps(spark, tmp_path):
     "change, message",
     [
         ({"settings": StatsSettings(3, 1.0, 5.0)}, r"column 'embedding', row 0: has length 2, expected 3"),
-        ({"embeddings": {1: [3.0, 4.0], 2: [0.5, -0.5]}}, r"missing user embeddings for 1 user\(s\) of the interactions \(e.g. 3\)"),
+        (
+            {"embeddings": {1: [3.0, 4.0], 2: [0.5, -0.5]}},
+            r"missing user embeddings for 1 user\(s\) of the interactions \(e.g. 3\)",
+        ),
         ({"counts": {10: 16.0, 20: 1.0, 30: 81.0}}, r"no DP count for 1 catalog item\(s\) \(e.g. 40\)"),
         ({"interactions": INTERACTIONS + [(1, 10, 2.0)]}, r"1 duplicate \(user, item\) pair\(s\), e.g. user 1 item 10"),
         ({"interactions": INTERACTIONS + [(3, 99, 2.0)]}, r"items missing from the catalog \(e.g. 99\)"),
     ],
 )
 def test_bad_inputs_are_refused_before_any_release(spark, tmp_path, change, message):
-    paths = write_inputs(tmp_path, change.get("interactions", INTERACTIONS), change.get("embeddings", EMBEDDINGS), change.get("counts", COUNTS), CATALOG)
-    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), change.get("settings", StatsSettings(2, 1.0, 5.0)),
-                   ledger_path=str(tmp_path / "ledger.parquet"))
+    paths = write_inputs(
+        tmp_path,
+        change.get("interactions", INTERACTIONS),
+        change.get("embeddings", EMBEDDINGS),
+        change.get("counts", COUNTS),
+        CATALOG,
+    )
+    job = make_job(
+        paths,
+        tmp_path / "out",
+        PrivacySettings(noise_multiplier=1.0),
+        change.get("settings", StatsSettings(2, 1.0, 5.0)),
+        ledger_path=str(tmp_path / "ledger.parquet"),
+    )
     with pytest.raises(ValueError, match=message):
         stats.run(job, spark)
     assert not (tmp_path / "out").exists()
@@ -166,8 +219,24 @@ def test_impossible_parameters(build, message):
 
 
 def test_entry_point_errors_are_one_line(tmp_path, capsys):
-    args = ["--interactions", "x", "--user-embeddings", "y", "--items", "z", "--counts", "c", "--out", str(tmp_path / "bad"),
-            "--dim", "2", "--clip-u", "1", "--clip-y", "1"]
+    args = [
+        "--interactions",
+        "x",
+        "--user-embeddings",
+        "y",
+        "--items",
+        "z",
+        "--counts",
+        "c",
+        "--out",
+        str(tmp_path / "bad"),
+        "--dim",
+        "2",
+        "--clip-u",
+        "1",
+        "--clip-y",
+        "1",
+    ]
     assert stats_script.main(args + ["--epsilon", "-1"]) == 2
     assert capsys.readouterr().err.strip() == "stats: error: epsilon must be > 0, got -1.0"
     assert stats_script.main(args + ["--epsilon", "1", "--delta", "2"]) == 2

@@ -16,7 +16,7 @@ import pytest
 from pipelines.data import synth, synth_movielens
 from pipelines.data.datasets import open_dataset
 from schemas.storage import read_table
-from schemas.tables import INTERACTIONS, item_features, MULTIVALENT, UNIVALENT, validate_interactions, validate_items
+from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, item_features, validate_interactions, validate_items
 
 N, M, K = 2000, 300, 30  # the shared data set: 60,000 ratings
 
@@ -44,7 +44,12 @@ def test_row_count_users_and_manifest(small):
     manifest = open_dataset(dataset.path).manifest
     assert manifest["source"] == "synthetic"
     assert manifest["generator"] == {
-        "users": N, "items": M, "ratings_per_user": K, "alpha": 1.0, "seed": 3, "rank": 8,
+        "users": N,
+        "items": M,
+        "ratings_per_user": K,
+        "alpha": 1.0,
+        "seed": 3,
+        "rank": 8,
         "version": synth.GENERATOR_VERSION,
     }
     assert manifest["ratings"] == N * K and manifest["users"] == N and manifest["items"] == M
@@ -275,7 +280,7 @@ def test_popularity_ranks_are_a_random_permutation_of_item_ids():
     assert p.sum() == pytest.approx(1.0)
     ordered = np.sort(p)[::-1]
     ranks = np.arange(1, 1001)
-    assert np.allclose(ordered / ordered[0], ranks ** -1.0)
+    assert np.allclose(ordered / ordered[0], ranks**-1.0)
     popularity_rank = np.argsort(np.argsort(-p))
     assert abs(np.corrcoef(popularity_rank, ranks)[0, 1]) < 0.1  # not item 1 first, item 2 second, ...
     assert not np.array_equal(popularity_rank, synth.popularity(1000, 1.0, seed=1).argsort())
@@ -440,15 +445,40 @@ def _parser():
 
 
 def test_cli_arguments_defaults_and_run(tmp_path, capsys):
-    args = _parser().parse_args(["--users", "40", "--items", "30", "--ratings-per-user", "4", "--out", str(tmp_path / "d")])
+    args = _parser().parse_args(
+        ["--users", "40", "--items", "30", "--ratings-per-user", "4", "--out", str(tmp_path / "d")]
+    )
     # alpha and rank left out mean 1.0 and 8 (None, so that --like can refuse them when given)
-    assert (args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.like) == (40, 30, 4, None, 0, None, None)
+    assert (args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.like) == (
+        40,
+        30,
+        4,
+        None,
+        0,
+        None,
+        None,
+    )
     assert synth.run(args) == 0
     out = capsys.readouterr().out
     assert "160 ratings" in out and "40 users" in out and "30 items" in out and " s" in out
     assert read_table(str(tmp_path / "d" / "interactions.parquet")).num_rows == 160
     given = _parser().parse_args(
-        ["--users", "1", "--items", "2", "--ratings-per-user", "1", "--out", "x", "--alpha", "0", "--seed", "9", "--rank", "3"]
+        [
+            "--users",
+            "1",
+            "--items",
+            "2",
+            "--ratings-per-user",
+            "1",
+            "--out",
+            "x",
+            "--alpha",
+            "0",
+            "--seed",
+            "9",
+            "--rank",
+            "3",
+        ]
     )
     assert (given.alpha, given.seed, given.rank) == (0.0, 9, 3)
 
@@ -515,13 +545,28 @@ def movielens(tmp_path_factory):
 
 # (figure, tolerance, relative?) around bench.ladder.MOVIELENS_1M; measured values in the comments
 SUMMARY_TOLERANCES = {
-    "users": (0, False), "items": (0, False), "rated_items": (0.01, True), "ratings": (0.01, True),
-    "mean": (0.02, False), "sd": (0.01, True),
-    "user_min": (0, False), "user_q1": (0.02, True), "user_median": (0.02, True), "user_q3": (0.02, True),
-    "user_p90": (0.02, True), "user_max": (0.15, True),
-    "item_q1": (0.1, True), "item_median": (0.05, True), "item_q3": (0.03, True), "item_p90": (0.03, True),
-    "item_max": (0.05, True), "items_under_5": (0.01, False), "top10_share": (0.01, False),
-    "sd_user_means": (0.05, True), "sd_item_means": (0.06, True), "genres_per_item": (0.03, True),
+    "users": (0, False),
+    "items": (0, False),
+    "rated_items": (0.01, True),
+    "ratings": (0.01, True),
+    "mean": (0.02, False),
+    "sd": (0.01, True),
+    "user_min": (0, False),
+    "user_q1": (0.02, True),
+    "user_median": (0.02, True),
+    "user_q3": (0.02, True),
+    "user_p90": (0.02, True),
+    "user_max": (0.15, True),
+    "item_q1": (0.1, True),
+    "item_median": (0.05, True),
+    "item_q3": (0.03, True),
+    "item_p90": (0.03, True),
+    "item_max": (0.05, True),
+    "items_under_5": (0.01, False),
+    "top10_share": (0.01, False),
+    "sd_user_means": (0.05, True),
+    "sd_item_means": (0.06, True),
+    "genres_per_item": (0.03, True),
 }
 
 
@@ -540,7 +585,13 @@ def test_movielens_summary_matches_the_published_figures(movielens):
 def test_movielens_manifest_and_rows(movielens):
     dataset, r, _ = movielens
     manifest = open_dataset(dataset.path).manifest
-    assert manifest["generator"] == {"like": "movielens", "users": 6040, "items": 3883, "seed": 0, "version": synth_movielens.ML_GENERATOR_VERSION}
+    assert manifest["generator"] == {
+        "like": "movielens",
+        "users": 6040,
+        "items": 3883,
+        "seed": 0,
+        "version": synth_movielens.ML_GENERATOR_VERSION,
+    }
     assert manifest["public_features"] == {"genres": MULTIVALENT, "year": UNIVALENT}
     assert manifest["label_range"] == [1.0, 5.0]
     interactions = read_table(dataset.interactions)
@@ -606,7 +657,9 @@ def test_movielens_catalog_grows_sublinearly_and_activity_keeps_its_shape():
 
 def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkeypatch):
     monkeypatch.setattr(synth_movielens, "ML_CHUNK_USERS", 128)
-    sizes = _record_batches(monkeypatch, lambda batch: (batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size))
+    sizes = _record_batches(
+        monkeypatch, lambda batch: (batch.num_rows, np.unique(batch.column("user_id").to_numpy()).size)
+    )
     a = synth.generate(str(tmp_path / "a"), users=300, like="movielens", seed=5)
     assert [users for _, users in sizes] == [128, 128, 44]
     b = synth.generate(str(tmp_path / "b"), users=300, like="movielens", seed=5)
@@ -621,8 +674,14 @@ def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkey
 
 
 def test_movielens_rejects_the_sizes_it_sets(tmp_path):
-    for kwargs, name in [({"items": 10}, "items"), ({"ratings_per_user": 0}, "ratings_per_user"),
-                         ({"alpha": 1.0}, "alpha"), ({"rank": 4}, "rank"), ({"users": 0}, "users"), ({"seed": -1}, "seed")]:
+    for kwargs, name in [
+        ({"items": 10}, "items"),
+        ({"ratings_per_user": 0}, "ratings_per_user"),
+        ({"alpha": 1.0}, "alpha"),
+        ({"rank": 4}, "rank"),
+        ({"users": 0}, "users"),
+        ({"seed": -1}, "seed"),
+    ]:
         with pytest.raises(ValueError, match=rf"\b{name}\b"):
             synth.generate(str(tmp_path / "d"), like="movielens", **kwargs)
     with pytest.raises(ValueError, match="like must be one of movielens"):
@@ -642,8 +701,13 @@ def test_movielens_ratings_per_user_rescales_the_activity_keeping_its_shape(tmp_
 
     many, few = per_user(full), per_user(fewer)
     assert 150 < many.mean() < 185 and 17 < few.mean() < 23  # MovieLens-1M's 165.6, and about K
-    assert few.min() >= 1 and np.percentile(few, 99) / np.median(few) > 5  # heavy-tailed still: ML-1M's p99 / median is about 10
-    assert fewer.manifest["generator"]["mean_ratings_per_user"] == 20 and "mean_ratings_per_user" not in full.manifest["generator"]
+    assert (
+        few.min() >= 1 and np.percentile(few, 99) / np.median(few) > 5
+    )  # heavy-tailed still: ML-1M's p99 / median is about 10
+    assert (
+        fewer.manifest["generator"]["mean_ratings_per_user"] == 20
+        and "mean_ratings_per_user" not in full.manifest["generator"]
+    )
 
 
 def test_cli_like_movielens(tmp_path, capsys):
@@ -660,9 +724,17 @@ def test_synthetic_interactions_declare_whole_users_in_order(tmp_path):
     from pipelines.data.chunks import users_together
     from pipelines.data.datasets import write_dataset
 
-    for data in (synth.generate(str(tmp_path / "ideal"), 200, 50, 5), synth.generate(str(tmp_path / "ml"), 200, like="movielens")):
+    for data in (
+        synth.generate(str(tmp_path / "ideal"), 200, 50, 5),
+        synth.generate(str(tmp_path / "ml"), 200, like="movielens"),
+    ):
         users = read_table(data.interactions)["user_id"].to_numpy()
         assert users_together(data.interactions) and np.all(users[1:] >= users[:-1])
     items = read_table(data.items)
-    backwards = pa.table({"user_id": [2, 1], "item_id": items["item_id"].to_numpy()[:2], "label": [1.0, 2.0], "timestamp": [0, 0]}, schema=INTERACTIONS)
-    assert not users_together(write_dataset(str(tmp_path / "back"), items, backwards.to_batches(), {"source": "test"}).interactions)
+    backwards = pa.table(
+        {"user_id": [2, 1], "item_id": items["item_id"].to_numpy()[:2], "label": [1.0, 2.0], "timestamp": [0, 0]},
+        schema=INTERACTIONS,
+    )
+    assert not users_together(
+        write_dataset(str(tmp_path / "back"), items, backwards.to_batches(), {"source": "test"}).interactions
+    )

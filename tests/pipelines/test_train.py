@@ -19,9 +19,15 @@ from trainer import curves, ssp
 
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
-    assert settings.TrainConfig(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS  # no budget to split: until it converges
+    assert (
+        settings.TrainConfig(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS
+    )  # no budget to split: until it converges
     epochs = 5  # near the default 30 here (0.8645 against 0.8622 at 30 and 0.8632 at 10), in a sixth of the item updates' time
-    metrics = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs), spark=spark, progress=False)
+    metrics = stages.run(
+        settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs),
+        spark=spark,
+        progress=False,
+    )
     # Plain ALS: 0.904 on this split (seed 1234); 0.880, 0.881, 0.897 with split seeds 1, 2, 3, and 0.878
     # on the former permutation split: which ratings fall in the 10% test part moves it by ~0.02.
     assert metrics["test_rmse"] < 0.91
@@ -35,17 +41,38 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")).num_rows == 9742  # every catalog item
     # the curves: each outer step's SSP losses by epoch in metrics.json and in TensorBoard's event files
     losses = on_disk["curves"]["item_update_loss"]
-    assert sorted(losses) == ["1", "2"] and all(len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses)
+    assert sorted(losses) == ["1", "2"] and all(
+        len(losses[s]) == epochs and np.all(np.isfinite(losses[s])) for s in losses
+    )
     assert losses["1"][-1] < losses["1"][0]  # the item update descends
-    assert tensorboard_scalars(tmp_path / "run" / "tensorboard" / "step-2") == {"item_update/loss": [(e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(losses["2"], 1)]}
+    assert tensorboard_scalars(tmp_path / "run" / "tensorboard" / "step-2") == {
+        "item_update/loss": [(e, pytest.approx(v, rel=1e-6)) for e, v in enumerate(losses["2"], 1)]
+    }
     import tensorflow as tf  # the loss's description (TensorBoard shows it) says why it is negative
+
     events = next((tmp_path / "run" / "tensorboard" / "step-2").glob("events.*"))
-    descriptions = {value.metadata.summary_description for event in tf.compat.v1.train.summary_iterator(str(events)) for value in event.summary.value}
+    descriptions = {
+        value.metadata.summary_description
+        for event in tf.compat.v1.train.summary_iterator(str(events))
+        for value in event.summary.value
+    }
     assert descriptions == {curves.LOSS_DESCRIPTION} and "Negative values are expected" in curves.LOSS_DESCRIPTION
     by_step = tensorboard_scalars(tmp_path / "run" / "tensorboard" / "run")
-    assert by_step["item_update/last_loss"] == [(1, pytest.approx(losses["1"][-1], rel=1e-6)), (2, pytest.approx(losses["2"][-1], rel=1e-6))]
+    assert by_step["item_update/last_loss"] == [
+        (1, pytest.approx(losses["1"][-1], rel=1e-6)),
+        (2, pytest.approx(losses["2"][-1], rel=1e-6)),
+    ]
     assert by_step["final/test_rmse"] == [(2, pytest.approx(metrics["test_rmse"], rel=1e-6))]
-    assert sorted(os.listdir(tmp_path / "run" / "private")) == ["data", "seed", "split", "stats_rows.parquet", "step-1", "step-2", "train_centred.parquet", "user_embeddings.parquet"]
+    assert sorted(os.listdir(tmp_path / "run" / "private")) == [
+        "data",
+        "seed",
+        "split",
+        "stats_rows.parquet",
+        "step-1",
+        "step-2",
+        "train_centred.parquet",
+        "user_embeddings.parquet",
+    ]
 
 
 def tensorboard_scalars(folder) -> dict:
@@ -97,46 +124,73 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     assert again["test_rmse"] == metrics["test_rmse"] and again["seconds"] < 600
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
-        stages.run(small(tmp_path / "run", small_data).__class__(**{**small(tmp_path / "run", small_data).__dict__, "epsilon": 1.0}), spark=spark, progress=False)
+        stages.run(
+            small(tmp_path / "run", small_data).__class__(
+                **{**small(tmp_path / "run", small_data).__dict__, "epsilon": 1.0}
+            ),
+            spark=spark,
+            progress=False,
+        )
 
     # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one ledger)
-    seed = SeedFile.create(str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed).path
+    seed = SeedFile.create(
+        str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed
+    ).path
     again = stages.run(small(tmp_path / "again", small_data, seed_file=seed), spark=spark, progress=False)
     for step in (1, 2):
         folder = tmp_path / "run" / f"step-{step}" / "stats" / "resample-0.parquet"
         for name in os.listdir(folder):
-            assert open(folder / name, "rb").read() == open(tmp_path / "again" / f"step-{step}" / "stats" / "resample-0.parquet" / name, "rb").read()
+            assert (
+                open(folder / name, "rb").read()
+                == open(tmp_path / "again" / f"step-{step}" / "stats" / "resample-0.parquet" / name, "rb").read()
+            )
     assert again["test_rmse"] == pytest.approx(metrics["test_rmse"], abs=1e-9)
 
 
 def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
     """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
     says there is no held-out data instead of reporting test metrics."""
-    config = settings.TrainConfig(data=small_data, out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0)
+    config = settings.TrainConfig(
+        data=small_data, out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0
+    )
     metrics = stages.run(config, spark=spark, progress=False)
     split = json.load(open(tmp_path / "run" / "private" / "split" / "split.json"))
     assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == SMALL_USERS * SMALL_RATINGS  # every rating
     assert split["sizes"]["valid"]["rows"] == split["sizes"]["test"]["rows"] == 0
-    assert not any(key.startswith(("test_", "valid_")) for key in metrics) and "--holdout 0" in metrics["no_heldout_data"]
-    assert metrics["holdout"] == 0.0 and metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["releases"] == 3
+    assert (
+        not any(key.startswith(("test_", "valid_")) for key in metrics) and "--holdout 0" in metrics["no_heldout_data"]
+    )
+    assert (
+        metrics["holdout"] == 0.0
+        and metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
+        and metrics["releases"] == 3
+    )
     assert json.load(open(tmp_path / "run" / "metrics.json"))["no_heldout_data"] == metrics["no_heldout_data"]
     text = evaluation.describe(metrics)
-    assert text.splitlines()[0].startswith("no test metrics: --holdout 0 (production mode)") and "epsilon spent 5" in text
+    assert (
+        text.splitlines()[0].startswith("no test metrics: --holdout 0 (production mode)") and "epsilon spent 5" in text
+    )
     with pytest.raises(ValueError, match=r"--holdout must be a number in \[0, 1\)"):
         small(tmp_path / "bad", small_data, holdout=1.0)
 
 
 def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path, small_data):
-    metrics = stages.run(small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False)
+    metrics = stages.run(
+        small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False
+    )
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
     # DP popularity beside the model, and a loss to it said in words
     below = metrics["test_recall_at_20"] < metrics["test_popularity_recall_at_20"]
     assert ("the model is BELOW it" in evaluation.describe(metrics)) == below
-    assert "BELOW" in evaluation.describe({**metrics, "test_recall_at_20": metrics["test_popularity_recall_at_20"] - 0.01})
+    assert "BELOW" in evaluation.describe(
+        {**metrics, "test_recall_at_20": metrics["test_popularity_recall_at_20"] - 0.01}
+    )
     stats = storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))
     assert stats.num_rows == int(np.ceil(0.1 * SMALL_ITEMS))  # the top 10% items by DP count
     counts = storage.read_table(str(tmp_path / "run" / "counts" / "counts.parquet"))
-    assert set(stats["item_id"].to_pylist()) == set(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), 0.1).tolist())
+    assert set(stats["item_id"].to_pylist()) == set(
+        splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy(), 0.1).tolist()
+    )
     names = [row["name"] for row in Ledger.open(str(tmp_path / "run" / "ledger.parquet")).rows]
     # no mean release in the ranking protocol; one users' Gram matrix (implicit-feedback gravity) per step
     assert names == ["counts", "step-1/stats/r0", "step-1/gram", "step-2/stats/r0", "step-2/gram"]
@@ -160,15 +214,30 @@ def test_the_dimension_and_the_weights_follow_the_protocol():
     below epsilon 10, 32 from 10, and even weights (every hit is on a popular item); non-private: d 32.
     The bias coordinate k = min(2, sqrt(20 / epsilon)). A given value is kept; a non-finite exponent is
     refused by name, and the weights the stats job gets follow the config."""
-    assert (settings.TrainConfig(epsilon=1).dim, settings.TrainConfig(epsilon=4.9).dim, settings.TrainConfig(epsilon=5).dim) == (8, 8, 16)
+    assert (
+        settings.TrainConfig(epsilon=1).dim,
+        settings.TrainConfig(epsilon=4.9).dim,
+        settings.TrainConfig(epsilon=5).dim,
+    ) == (8, 8, 16)
     assert (settings.TrainConfig().dim, settings.TrainConfig().weight_exponent) == (16, -0.25)
     assert [settings.TrainConfig(epsilon=e).bias_coordinate for e in (0.5, 1, 5, 20, 80)] == [2.0, 2.0, 2.0, 1.0, 0.5]
     assert settings.TrainConfig(epsilon=10).bias_coordinate == pytest.approx(np.sqrt(2))
     assert settings.TrainConfig(epsilon=20, bias_coordinate=3.0).bias_coordinate == 3.0
-    assert (settings.TrainConfig(protocol="recall", epsilon=5).dim, settings.TrainConfig(protocol="recall").weight_exponent) == (16, 0.0)
-    assert settings.TrainConfig(protocol="recall", epsilon=10).dim == settings.TrainConfig(protocol="recall", epsilon=20).dim == 32
+    assert (
+        settings.TrainConfig(protocol="recall", epsilon=5).dim,
+        settings.TrainConfig(protocol="recall").weight_exponent,
+    ) == (16, 0.0)
+    assert (
+        settings.TrainConfig(protocol="recall", epsilon=10).dim
+        == settings.TrainConfig(protocol="recall", epsilon=20).dim
+        == 32
+    )
     assert settings.TrainConfig(epsilon=20).dim == 16
-    assert settings.TrainConfig(non_private=True).dim == settings.TrainConfig(protocol="recall", non_private=True).dim == 32
+    assert (
+        settings.TrainConfig(non_private=True).dim
+        == settings.TrainConfig(protocol="recall", non_private=True).dim
+        == 32
+    )
     assert settings.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
     assert settings.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
     with pytest.raises(ValueError, match="--weight-exponent"):
@@ -190,7 +259,9 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     covered = counts["item_id"].to_numpy()[counts["count"].to_numpy() >= tau]
     assert 0 < covered.size < counts.num_rows
     assert sorted(storage.read_table(run.stats_items)["item_id"].to_pylist()) == sorted(covered.tolist())
-    assert sorted(storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))["item_id"].to_pylist()) == sorted(covered.tolist())
+    assert sorted(
+        storage.read_table(str(tmp_path / "run" / "step-1" / "stats" / "resample-0.parquet"))["item_id"].to_pylist()
+    ) == sorted(covered.tolist())
 
     def rows(path):
         table = storage.read_table(path)
@@ -208,9 +279,15 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.15 with biases, else 1 N/S
     # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
     items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 33.54
-    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.4) == 1.0 and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.7) == 6.0
+    assert (
+        prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.4) == 1.0
+        and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.7) == 6.0
+    )
     ranking = settings.TrainConfig(protocol="recall")  # no biases: the cut at 0.03, N/S = 6.71
-    assert prepare.stats_threshold_of(ranking, items, 1000, 6.6) == 1.0 and prepare.stats_threshold_of(ranking, items, 1000, 6.8) == 6.0
+    assert (
+        prepare.stats_threshold_of(ranking, items, 1000, 6.6) == 1.0
+        and prepare.stats_threshold_of(ranking, items, 1000, 6.8) == 6.0
+    )
     assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
     assert prepare.stats_threshold_of(settings.TrainConfig(item_update="dpsgd"), items, 1000, 50.0) == 0.0
     assert prepare.stats_threshold_of(settings.TrainConfig(item_update="als", encoder="id"), items, 1000, 50.0) == 0.0
@@ -221,7 +298,9 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
         settings.TrainConfig(stats_threshold=-1.0)
 
 
-def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and_spends_nothing_on_them(spark, tmp_path, small_data, caplog):
+def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and_spends_nothing_on_them(
+    spark, tmp_path, small_data, caplog
+):
     """No item's DP count clears the threshold (here an absurd one; in practice small data, a low
     epsilon, many resamples): the run does not fail after its counts were spent; it releases no
     statistics, keeps its starting point (the item embeddings of step 0) and says so in one line."""
@@ -234,9 +313,14 @@ def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and
     assert metrics["epsilon_spent"] < config.epsilon and np.isfinite(metrics["test_rmse"])
     assert json.load(open(run.manifest_path))["prepared"]["stats_cover"] == 0
     assert storage.read_table(run.stats_items).num_rows == 0 and not os.path.exists(run.stats(1))
-    start, final = (storage.read_table(path).sort_by("item_id") for path in (run.item_embeddings(0), str(tmp_path / "run" / "item_embeddings.parquet")))
+    start, final = (
+        storage.read_table(path).sort_by("item_id")
+        for path in (run.item_embeddings(0), str(tmp_path / "run" / "item_embeddings.parquet"))
+    )
     assert start.equals(final)
-    warnings = [record.getMessage() for record in caplog.records if "the statistics would cover nothing" in record.getMessage()]
+    warnings = [
+        record.getMessage() for record in caplog.records if "the statistics would cover nothing" in record.getMessage()
+    ]
     assert len(warnings) == 1 and "keeps its starting point" in warnings[0]
     assert item_update.stats_job_of_run(config.out, 1) is None  # a scheduler's stats task: nothing to release
 
@@ -257,14 +341,18 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
         np.testing.assert_allclose(np.sqrt(np.mean(np.sum(embeddings[init][:, :8] ** 2, axis=1))), 1.0, rtol=1e-5)
         assert np.all(embeddings[init][:, 8] == 0) and np.all(embeddings[init][:, 9] == 1)
     counts = storage.read_table(Run(str(tmp_path / "principal")).counts)
-    space, model = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    space, model = build_encoder(
+        config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"])
+    )
     weights = np.ones(space.size)
     weights[space.index_of(counts["item_id"].to_numpy())] = counts["count"].to_numpy()
     model.init_principal(weights)
     zero_item_biases(model, config)
     normalise_embeddings(model, config)
     np.testing.assert_allclose(embeddings["principal"], item_vectors(config, model.embed_all()), rtol=0, atol=1e-5)
-    _, fresh = build_encoder(config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"]))
+    _, fresh = build_encoder(
+        config, storage.read_table(json.load(open(Run(config.out).manifest_path))["prepared"]["items"])
+    )
     zero_item_biases(fresh, config)
     normalise_embeddings(fresh, config)
     np.testing.assert_allclose(embeddings["random"], item_vectors(config, fresh.embed_all()), rtol=0, atol=1e-5)
@@ -276,9 +364,9 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys, small_data):
     """What the DAG does: one command per stage against one run directory, the later ones given only
     --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
-    from ssp import cli
     from pipelines.releases import stats_job
     from pipelines.training.run_dir import Run
+    from ssp import cli
 
     run, steps = str(tmp_path / "staged"), 2
     flags = ["--data", small_data, "--epsilon", "5.0", "--outer-steps", str(steps), "--epochs", "3", "--dim", "8"]
@@ -292,7 +380,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
 
     assert "holds no run" in ssp_error("item-update", "--run", run, "--step", "1")
     ssp_ok("train", "--stage", "prepare", "--out", run, *flags)
-    assert not (tmp_path / "staged" / "metrics.json").exists() and (tmp_path / "staged" / "step-0" / "checkpoint").is_dir()
+    assert (
+        not (tmp_path / "staged" / "metrics.json").exists() and (tmp_path / "staged" / "step-0" / "checkpoint").is_dir()
+    )
     assert "statistics of step 1 are not released" in ssp_error("item-update", "--run", run, "--step", "1")
     assert "outer step 1 is not done" in ssp_error("user-update", "--run", run, "--step", "2")
     assert "drop --lambda-u" in ssp_error("user-update", "--run", run, "--step", "1", "--lambda-u", "2")
@@ -304,16 +394,44 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
-        flags = ["--interactions", storage.join(run, "private", "stats_rows.parquet"),
-                 "--user-embeddings", storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"), "--items", data_items,
-                 "--counts", storage.join(run, "counts", "counts.parquet"), "--out", storage.join(run, f"step-{s}", "stats"), "--step", str(s),
-                 "--dim", "9", "--bias", "2", "--clip-u", "0.3", "--clip-y", "1.5",  # d = 8 and the bias coordinate
-                 "--epsilon", "5.0", "--outer-steps", str(steps), "--gram-share", "0",  # the run plans no Gram release (ratings)
-                 "--ledger", storage.join(run, "ledger.parquet")]  # the run's ledger keeps its data source's account
+        flags = [
+            "--interactions",
+            storage.join(run, "private", "stats_rows.parquet"),
+            "--user-embeddings",
+            storage.join(run, "private", f"step-{s}", "user_embeddings.parquet"),
+            "--items",
+            data_items,
+            "--counts",
+            storage.join(run, "counts", "counts.parquet"),
+            "--out",
+            storage.join(run, f"step-{s}", "stats"),
+            "--step",
+            str(s),
+            "--dim",
+            "9",
+            "--bias",
+            "2",
+            "--clip-u",
+            "0.3",
+            "--clip-y",
+            "1.5",  # d = 8 and the bias coordinate
+            "--epsilon",
+            "5.0",
+            "--outer-steps",
+            str(steps),
+            "--gram-share",
+            "0",  # the run plans no Gram release (ratings)
+            "--ledger",
+            storage.join(run, "ledger.parquet"),
+        ]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == item_update.stats_job_for(Run(run), config, s, data_items)
-        staged = cli.build_parser().parse_args(["stats", "--run", run, "--step", str(s)])  # the stage form: the same job from the manifest
-        assert stats_job.StatsJob.from_args(staged, item_update.stats_job_of_run) == item_update.stats_job_for(Run(run), config, s, data_items)
+        staged = cli.build_parser().parse_args(
+            ["stats", "--run", run, "--step", str(s)]
+        )  # the stage form: the same job from the manifest
+        assert stats_job.StatsJob.from_args(staged, item_update.stats_job_of_run) == item_update.stats_job_for(
+            Run(run), config, s, data_items
+        )
         ssp_ok("stats", *flags) if s == 1 else ssp_ok("stats", "--run", run, "--step", str(s))
         ssp_ok("item-update", "--run", run, "--step", str(s))
     assert "no final user embeddings" in ssp_error("evaluate", "--run", run)
@@ -323,8 +441,16 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "exceeds the allowed 4" in ssp_error("privacy", run, "--max-epsilon", "4")
     ssp_ok("privacy", run, "--max-epsilon", "5", "--max-delta", "1e-5")
     ssp_ok("publish", "--run", run, "--to", str(tmp_path / "published"))
-    assert sorted(os.listdir(tmp_path / "published")) == ["_PUBLISHED", "counts.parquet", "encoder", "item_embeddings.parquet", "model.json", "privacy.json",
-                                                          "privacy.md", "recommender"]
+    assert sorted(os.listdir(tmp_path / "published")) == [
+        "_PUBLISHED",
+        "counts.parquet",
+        "encoder",
+        "item_embeddings.parquet",
+        "model.json",
+        "privacy.json",
+        "privacy.md",
+        "recommender",
+    ]
     report = (tmp_path / "published" / "privacy.md").read_text()
     assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
     capsys.readouterr()
@@ -333,15 +459,25 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     for row in Ledger.open(os.path.join(run, "ledger.parquet")).rows:
         assert f"| {row['release']} | `{row['name']}` |" in report
     # the statistics' sensitivity as the release's noise was scaled: rows [Clip(u), k Gamma_u], k = 2 by the epsilon-5 rule
-    assert "A: wbar (1 + k^2) Gamma_u^2 = 0.45" in report and "k = 2, appended" in report and str(tmp_path) not in report
-    assert report.startswith("# Privacy report: run `staged`") and "Symbols: A_j and b_j" in report and "ratings of one user" in report
+    assert (
+        "A: wbar (1 + k^2) Gamma_u^2 = 0.45" in report and "k = 2, appended" in report and str(tmp_path) not in report
+    )
+    assert (
+        report.startswith("# Privacy report: run `staged`")
+        and "Symbols: A_j and b_j" in report
+        and "ratings of one user" in report
+    )
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
-    seed = SeedFile.create(str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed).path  # one ledger a seed file
+    seed = SeedFile.create(
+        str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed
+    ).path  # one ledger a seed file
     whole = stages.run(small(tmp_path / "whole", small_data, seed_file=seed), spark=spark, progress=False)
     assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
     for name in ("ledger.parquet",):
-        assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows]
+        assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [
+            row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows
+        ]
     assert staged["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and set(staged["step_seconds"]) == {"1", "2"}
 
 
@@ -349,12 +485,22 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
     config = settings.TrainConfig(protocol="recall", loss="logistic")
     assert config.gravity == 0 and config.weight_exponent == 0 and config.settings().loss == "logistic"
     assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
-    assert settings.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss == "logistic"
-    for change, flag in (({"protocol": "rmse"}, "--protocol recall"), ({"gravity": 0.1}, "--gravity 0"),
-                         ({"item_update": "als", "encoder": "id"}, "--item-update ssp, dpsgd or none"), ({"weight_exponent": -0.25}, "--weight-exponent 0")):
+    assert (
+        settings.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss
+        == "logistic"
+    )
+    for change, flag in (
+        ({"protocol": "rmse"}, "--protocol recall"),
+        ({"gravity": 0.1}, "--gravity 0"),
+        ({"item_update": "als", "encoder": "id"}, "--item-update ssp, dpsgd or none"),
+        ({"weight_exponent": -0.25}, "--weight-exponent 0"),
+    ):
         with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
             settings.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
-    with pytest.raises(ValueError, match="--engine beam cannot serve this run: its statistics pipeline sums no logistic expansion .* use --engine spark or local"):
+    with pytest.raises(
+        ValueError,
+        match="--engine beam cannot serve this run: its statistics pipeline sums no logistic expansion .* use --engine spark or local",
+    ):
         settings.TrainConfig(protocol="recall", loss="logistic", engine="beam")
     with pytest.raises(ValueError, match="--loss must be one of"):
         settings.TrainConfig(loss="poisson")
@@ -362,23 +508,35 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
 
 def test_biases_need_the_square_loss_and_a_non_federated_engine_and_ranking_keeps_its_user_ridge():
     ranking = settings.TrainConfig(protocol="recall", biases=True)
-    assert (ranking.biases, ranking.lambda_u, ranking.user_prior, ranking.settings().bias) == (True, 0.1, 0.0, ranking.bias_coordinate)
+    assert (ranking.biases, ranking.lambda_u, ranking.user_prior, ranking.settings().bias) == (
+        True,
+        0.1,
+        0.0,
+        ranking.bias_coordinate,
+    )
     ratings = settings.TrainConfig()
     assert (ratings.biases, ratings.lambda_u, ratings.user_prior) == (True, 0.01, 20.0)
     with pytest.raises(ValueError, match="--biases needs --loss square"):
-        settings.TrainConfig(protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True)
-    with pytest.raises(ValueError, match="--engine federated cannot serve this run: its clients solve no bias .* use --engine spark or beam or local"):
+        settings.TrainConfig(
+            protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True
+        )
+    with pytest.raises(
+        ValueError,
+        match="--engine federated cannot serve this run: its clients solve no bias .* use --engine spark or beam or local",
+    ):
         settings.TrainConfig(engine="federated", biases=True)
 
 
-def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_names(tmp_path, small_data, monkeypatch, budget_account_registry):
+def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_names(
+    tmp_path, small_data, monkeypatch, budget_account_registry
+):
     """The run's identity and its data source's budget account both need the interactions' content
     digest: prepare takes it once (a pass over every row) and the account it charges is the one
     that digest names in the registry."""
-    from privacy import seeds
-    from privacy.account import BudgetAccount
     from pipelines.data import ingest
     from pipelines.releases import release
+    from privacy import seeds
+    from privacy.account import BudgetAccount
 
     digested = []
 

@@ -22,7 +22,11 @@ NOT_COMPARED = ("seconds", "step_seconds", "outputs")  # timings, and where the 
 
 def _embed(encoder: str, item_ids: list[int]) -> np.ndarray:
     with storage.read_folder(encoder) as local:
-        return tf.saved_model.load(local).signatures["embed"](item_ids=tf.constant(item_ids, tf.int64))["embedding"].numpy()
+        return (
+            tf.saved_model.load(local)
+            .signatures["embed"](item_ids=tf.constant(item_ids, tf.int64))["embedding"]
+            .numpy()
+        )
 
 
 def test_gs_run_equals_the_local_run(spark, gcs_path, tmp_path, capsys):
@@ -37,18 +41,42 @@ def test_gs_run_equals_the_local_run(spark, gcs_path, tmp_path, capsys):
     on_gs = storage.read_json(f"{root}/metrics.json")
 
     # the same run on a local disk, with the gs:// run's seed: the same releases, the same metrics
-    seed = SeedFile.create(str(tmp_path / "seed"), SeedFile.load(f"{root}/private/seed").seed).path  # a seed file serves one ledger
-    local = stages.run(settings.TrainConfig(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False)
-    assert {k: v for k, v in on_gs.items() if k not in NOT_COMPARED} == {k: v for k, v in storage.read_json(str(tmp_path / "run" / "metrics.json")).items() if k not in NOT_COMPARED}
-    assert on_gs["test_rmse"] == local["test_rmse"] and on_gs["epsilon_spent"] == local["epsilon_spent"] == pytest.approx(10.0, rel=1e-6)
-    ledgers = [[{k: v for k, v in row.items() if k != "recorded_at"} for row in Ledger.open(f"{run}/ledger.parquet").rows] for run in (root, str(tmp_path / "run"))]
+    seed = SeedFile.create(
+        str(tmp_path / "seed"), SeedFile.load(f"{root}/private/seed").seed
+    ).path  # a seed file serves one ledger
+    local = stages.run(
+        settings.TrainConfig(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False
+    )
+    assert {k: v for k, v in on_gs.items() if k not in NOT_COMPARED} == {
+        k: v for k, v in storage.read_json(str(tmp_path / "run" / "metrics.json")).items() if k not in NOT_COMPARED
+    }
+    assert on_gs["test_rmse"] == local["test_rmse"] and on_gs["epsilon_spent"] == local[
+        "epsilon_spent"
+    ] == pytest.approx(10.0, rel=1e-6)
+    ledgers = [
+        [{k: v for k, v in row.items() if k != "recorded_at"} for row in Ledger.open(f"{run}/ledger.parquet").rows]
+        for run in (root, str(tmp_path / "run"))
+    ]
     assert ledgers[0] == ledgers[1] and [row["name"] for row in ledgers[0]] == ["counts", "mean", "step-1/stats/r0"]
 
     # every output is on gs://, complete
     run = Run(root)
-    for path in (run.manifest_path, run.ledger, run.counts, run.step(1, "stats", "resample-0.parquet"), run.step(1, "stats", "release.json"), run.path("encoder"), run.path("item_embeddings.parquet"),
-                 run.path("metrics.json"), run.private("seed"), run.private("data", "manifest.json"), run.private("split", "test.parquet"), run.centred,
-                 run.user_embeddings(1), run.user_embeddings(None)):
+    for path in (
+        run.manifest_path,
+        run.ledger,
+        run.counts,
+        run.step(1, "stats", "resample-0.parquet"),
+        run.step(1, "stats", "release.json"),
+        run.path("encoder"),
+        run.path("item_embeddings.parquet"),
+        run.path("metrics.json"),
+        run.private("seed"),
+        run.private("data", "manifest.json"),
+        run.private("split", "test.parquet"),
+        run.centred,
+        run.user_embeddings(1),
+        run.user_embeddings(None),
+    ):
         assert storage.exists(path), path
     for step in (0, 1):
         assert storage.exists(run.item_embeddings(step)) and storage.exists(run.checkpoint(step)), step
@@ -58,7 +86,9 @@ def test_gs_run_equals_the_local_run(spark, gcs_path, tmp_path, capsys):
     assert embeddings.equals(storage.read_table(str(tmp_path / "run" / "item_embeddings.parquet")))
     items = embeddings["item_id"].to_pylist()[:5]
     np.testing.assert_array_equal(_embed(run.path("encoder"), items), _embed(str(tmp_path / "run" / "encoder"), items))
-    np.testing.assert_allclose(_embed(run.path("encoder"), items), np.array(embeddings["embedding"].to_pylist()[:5]), rtol=1e-6)
+    np.testing.assert_allclose(
+        _embed(run.path("encoder"), items), np.array(embeddings["embedding"].to_pylist()[:5]), rtol=1e-6
+    )
 
     # and published from gs:// to gs://
     assert cli.main(["publish", "--run", root, "--to", f"{gcs_path}/published"]) == 0, capsys.readouterr().err

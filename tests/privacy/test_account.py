@@ -9,7 +9,8 @@ import dp_accounting
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from privacy import account as accounts, accounting
+from privacy import account as accounts
+from privacy import accounting
 from privacy.account import AccountCapError, BudgetAccount
 from privacy.ledger import Ledger
 
@@ -23,7 +24,10 @@ def ledger_with_account(tmp_path, name, account, epsilon=5.0):
 def test_releases_of_every_run_compose_into_the_account(tmp_path):
     path = str(tmp_path / "account.json")
     BudgetAccount.open_or_create(path, cap=None, delta=DELTA, accountant="pld")
-    events = {"a": [accounting.gaussian_event(6.0), accounting.gaussian_event(9.0, 2)], "b": [accounting.gaussian_event(7.5)]}
+    events = {
+        "a": [accounting.gaussian_event(6.0), accounting.gaussian_event(9.0, 2)],
+        "b": [accounting.gaussian_event(7.5)],
+    }
     for run, run_events in events.items():
         ledger = ledger_with_account(tmp_path, run, path)
         for k, event in enumerate(run_events):
@@ -33,15 +37,21 @@ def test_releases_of_every_run_compose_into_the_account(tmp_path):
         reference.compose(event)
     account = BudgetAccount.open(path)
     assert len(account.document["charges"]) == 3
-    assert account.epsilon() == pytest.approx(reference.get_epsilon(DELTA), rel=1e-5)  # PLD: the grid's order of composition
+    assert account.epsilon() == pytest.approx(
+        reference.get_epsilon(DELTA), rel=1e-5
+    )  # PLD: the grid's order of composition
     # each run's own ledger spends less than the account: the account is what the users bear
     assert max(Ledger.open(str(tmp_path / r / "ledger.parquet")).epsilon_spent() for r in events) < account.epsilon()
-    assert Ledger.open(str(tmp_path / "a" / "ledger.parquet")).check_account()["epsilon"] == pytest.approx(account.epsilon())
+    assert Ledger.open(str(tmp_path / "a" / "ledger.parquet")).check_account()["epsilon"] == pytest.approx(
+        account.epsilon()
+    )
 
 
 def test_a_release_past_the_cap_is_refused_and_charges_nothing(tmp_path):
     path = str(tmp_path / "account.json")
-    z = accounting.calibrate(1.0, DELTA, [accounting.Group("one", 1.0, 1)], "pld")["one"]  # one release spends epsilon 1
+    z = accounting.calibrate(1.0, DELTA, [accounting.Group("one", 1.0, 1)], "pld")[
+        "one"
+    ]  # one release spends epsilon 1
     BudgetAccount.open_or_create(path, cap=1.2, delta=DELTA, accountant="pld")
     first = ledger_with_account(tmp_path, "first", path)
     first.record("counts", accounting.gaussian_event(z), "fp1")
@@ -70,7 +80,7 @@ def test_recharging_the_same_release_is_free(tmp_path):
 def test_window_lets_old_releases_drop_out(tmp_path, monkeypatch):
     path = str(tmp_path / "account.json")
     account = BudgetAccount.open_or_create(path, cap=None, delta=DELTA, window_days=7)
-    then = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    then = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     monkeypatch.setattr(accounts, "_now", lambda: then)
     account.charge("L", 0, "old", accounting.gaussian_event(3.0))
     monkeypatch.setattr(accounts, "_now", lambda: then + datetime.timedelta(days=10))
@@ -98,7 +108,9 @@ def test_check_account_refuses_a_ledger_the_account_does_not_list(tmp_path):
     BudgetAccount.open_or_create(path, cap=None, delta=DELTA)
     ledger = ledger_with_account(tmp_path, "run", path)
     ledger.record("counts", dp_accounting.GaussianDpEvent(5.0), "fp")
-    (tmp_path / "account.json").write_text(json.dumps({**json.loads((tmp_path / "account.json").read_text()), "charges": []}))
+    (tmp_path / "account.json").write_text(
+        json.dumps({**json.loads((tmp_path / "account.json").read_text()), "charges": []})
+    )
     with pytest.raises(ValueError, match=r"releases \[0\] are not charged to the budget account"):
         Ledger.open(ledger.path).check_account()
 
@@ -109,15 +121,20 @@ def test_runs_accounted_differently_compose_into_one_account_and_one_cap(tmp_pat
     path = str(tmp_path / "account.json")
     BudgetAccount.open_or_create(path, cap=4.0, delta=DELTA, accountant="pld")
     central = ledger_with_account(tmp_path, "central", path)
-    federated = Ledger.create(str(tmp_path / "federated" / "ledger.parquet"), 5.0, DELTA, accountant="rdp-integer", account=path)
+    federated = Ledger.create(
+        str(tmp_path / "federated" / "ledger.parquet"), 5.0, DELTA, accountant="rdp-integer", account=path
+    )
     central.record("counts", accounting.gaussian_event(3.0), "fp-c")
     federated.record("counts", accounting.gaussian_event(4.0), "fp-f")
-    expected = (accounting.epsilon_of([accounting.gaussian_event(3.0)], DELTA / 2, "pld")
-                + accounting.epsilon_of([accounting.gaussian_event(4.0)], DELTA / 2, "rdp-integer"))
+    expected = accounting.epsilon_of([accounting.gaussian_event(3.0)], DELTA / 2, "pld") + accounting.epsilon_of(
+        [accounting.gaussian_event(4.0)], DELTA / 2, "rdp-integer"
+    )
     account = BudgetAccount.open(path)
     assert [c["accountant"] for c in account.document["charges"]] == ["pld", "rdp-integer"]
     assert account.epsilon() == pytest.approx(expected, rel=1e-9)
-    assert account.epsilon() > accounting.epsilon_of([accounting.gaussian_event(3.0), accounting.gaussian_event(4.0)], DELTA, "pld")
+    assert account.epsilon() > accounting.epsilon_of(
+        [accounting.gaussian_event(3.0), accounting.gaussian_event(4.0)], DELTA, "pld"
+    )
     with pytest.raises(AccountCapError, match="over the cap 4"):  # the cap holds across both kinds of run
         federated.record("step-1/stats/r0", accounting.gaussian_event(1.5, 2), "fp-f1")
     assert len(BudgetAccount.open(path).document["charges"]) == 2
@@ -132,5 +149,7 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
     assert Ledger.open(ledger.path).rows == [] and BudgetAccount.open(capped).document["charges"] == []
     uncapped = str(tmp_path / "uncapped.json")  # an account without a cap reports the infinite epsilon instead
     BudgetAccount.open_or_create(uncapped, cap=None, delta=DELTA, accountant="pld")
-    Ledger.create(str(tmp_path / "run2" / "ledger.parquet"), float("inf"), DELTA, account=uncapped).record("counts", accounting.gaussian_event(0.0), "fp")
+    Ledger.create(str(tmp_path / "run2" / "ledger.parquet"), float("inf"), DELTA, account=uncapped).record(
+        "counts", accounting.gaussian_event(0.0), "fp"
+    )
     assert BudgetAccount.open(uncapped).epsilon() == float("inf")

@@ -59,7 +59,10 @@ def test_stats_plan_shape():
     assert acct.stats_plan(5) == [acct.Group("counts", 0.1, 1), acct.Group("stats", 0.9, 10)]
 
 
-FRESH = {"rdp": rdp_privacy_accountant.RdpAccountant, "pld": pld_privacy_accountant.PLDAccountant}  # dp-accounting's own defaults
+FRESH = {
+    "rdp": rdp_privacy_accountant.RdpAccountant,
+    "pld": pld_privacy_accountant.PLDAccountant,
+}  # dp-accounting's own defaults
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
@@ -68,8 +71,13 @@ def test_calibrated_stats_plan_composes_to_the_target(epsilon, accountant):
     plan = acct.stats_plan(3, 2, count_share=0.1)
     z = acct.calibrate(epsilon, DELTA, plan, accountant)
     assert set(z) == {"counts", "stats"}
-    events = [dp_accounting.GaussianDpEvent(z["counts"]), dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z["stats"]), 12)]
-    spent = direct_epsilon(events, accountant=FRESH[accountant])  # a fresh dp-accounting accountant, its default settings
+    events = [
+        dp_accounting.GaussianDpEvent(z["counts"]),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z["stats"]), 12),
+    ]
+    spent = direct_epsilon(
+        events, accountant=FRESH[accountant]
+    )  # a fresh dp-accounting accountant, its default settings
     assert spent == pytest.approx(epsilon, abs=1e-3 * epsilon)
     ours = acct.epsilon_of(acct.plan_events(z, plan), DELTA, accountant)
     assert ours == pytest.approx(epsilon, rel=1e-5) and ours <= epsilon  # never over the target
@@ -126,16 +134,19 @@ def test_check_budget_accepts_valid():
     acct.check_budget(0.01, 0.5)
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    (dict(outer_steps=0), "outer steps"),
-    (dict(outer_steps=-2), "outer steps"),
-    (dict(outer_steps=1.5), "outer steps"),
-    (dict(outer_steps=2, resamples=0), "resamples"),
-    (dict(outer_steps=2, count_share=0.0), "count share"),
-    (dict(outer_steps=2, count_share=1.0), "count share"),
-    (dict(outer_steps=2, count_share=-0.1), "count share"),
-    (dict(outer_steps=2, count_share=math.nan), "count share"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(outer_steps=0), "outer steps"),
+        (dict(outer_steps=-2), "outer steps"),
+        (dict(outer_steps=1.5), "outer steps"),
+        (dict(outer_steps=2, resamples=0), "resamples"),
+        (dict(outer_steps=2, count_share=0.0), "count share"),
+        (dict(outer_steps=2, count_share=1.0), "count share"),
+        (dict(outer_steps=2, count_share=-0.1), "count share"),
+        (dict(outer_steps=2, count_share=math.nan), "count share"),
+    ],
+)
 def test_bad_plan_raises(kwargs, word):
     with pytest.raises(ValueError, match=word):
         acct.stats_plan(**kwargs)
@@ -149,13 +160,25 @@ def test_gaussian_event():
 
 
 def test_epsilon_of_matches_dp_accounting():
-    events = [dp_accounting.GaussianDpEvent(3.0), dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 4)]
+    events = [
+        dp_accounting.GaussianDpEvent(3.0),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(10.0), 4),
+    ]
     assert acct.epsilon_of(events, DELTA, accountant="rdp") == pytest.approx(direct_epsilon(events), rel=1e-12)
     pld = acct.epsilon_of(events, DELTA)  # the default
     assert pld == acct.epsilon_of(events, DELTA, accountant="pld")
-    assert pld == pytest.approx(direct_epsilon(events, accountant=lambda: pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=acct.PLD_DISCRETIZATION)), rel=1e-9)
-    assert pld == pytest.approx(direct_epsilon(events, accountant=pld_privacy_accountant.PLDAccountant), rel=1e-3)  # dp-accounting's finer grid
+    assert pld == pytest.approx(
+        direct_epsilon(
+            events,
+            accountant=lambda: pld_privacy_accountant.PLDAccountant(
+                value_discretization_interval=acct.PLD_DISCRETIZATION
+            ),
+        ),
+        rel=1e-9,
+    )
+    assert pld == pytest.approx(
+        direct_epsilon(events, accountant=pld_privacy_accountant.PLDAccountant), rel=1e-3
+    )  # dp-accounting's finer grid
     assert pld < acct.epsilon_of(events, DELTA, accountant="rdp")
     assert acct.epsilon_of([], DELTA) == 0.0
 
@@ -172,7 +195,9 @@ NESTED = dp_accounting.ComposedDpEvent(
         dp_accounting.SelfComposedDpEvent(
             dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(2.0), dp_accounting.GaussianDpEvent(3.5)]), 6
         ),
-        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.1), 100)),
+        dp_accounting.PoissonSampledDpEvent(
+            0.01, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(1.1), 100)
+        ),
     ]
 )
 
@@ -220,8 +245,14 @@ def test_dpsgd_event_matches_tf_privacy_statement():
     for units, batch, epochs, z in ((10_000, 100, 5, 1.1), (60_000, 256, 3, 0.9), (610, 64, 10, 2.0)):
         q, steps = acct.dpsgd_schedule(units, batch, epochs)
         ours = acct.epsilon_of([acct.dpsgd_event(z, q, steps)], 1e-5, accountant="rdp")  # TF-Privacy states RDP
-        statement = compute_dp_sgd_privacy_statement(number_of_examples=units, batch_size=batch, num_epochs=epochs, noise_multiplier=z,
-                                                      delta=1e-5, used_microbatching=False)
+        statement = compute_dp_sgd_privacy_statement(
+            number_of_examples=units,
+            batch_size=batch,
+            num_epochs=epochs,
+            noise_multiplier=z,
+            delta=1e-5,
+            used_microbatching=False,
+        )
         theirs = float(re.search(r"Poisson sampling \(\*\):\s+([0-9.]+)", statement).group(1))
         assert ours == pytest.approx(theirs, rel=0.05), (units, batch, epochs, z, ours, theirs)
 
@@ -255,12 +286,39 @@ def test_dpsgd_calibration_of_a_non_private_run_is_zero_noise():
 
 
 def test_canonical_form_is_independent_of_order_and_grouping():
-    g, p = dp_accounting.GaussianDpEvent(1.5), dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(0.9))
-    grouped = [acct.gaussian_event(3.0), dp_accounting.SelfComposedDpEvent(g, 6), dp_accounting.SelfComposedDpEvent(p, 20)]
-    released = [dp_accounting.SelfComposedDpEvent(p, 10)] + [acct.gaussian_event(1.5, 2)] * 3 + [dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(3.0), dp_accounting.SelfComposedDpEvent(p, 10)])]
-    assert acct.canonical(grouped) == acct.canonical(released) == acct.canonical([dp_accounting.ComposedDpEvent(released[::-1])])
-    assert sorted(map(repr, acct.canonical(grouped))) == sorted(map(repr, [dp_accounting.GaussianDpEvent(3.0), dp_accounting.SelfComposedDpEvent(g, 6),
-                                                                          dp_accounting.SelfComposedDpEvent(p, 20)]))
+    g, p = (
+        dp_accounting.GaussianDpEvent(1.5),
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(0.9)),
+    )
+    grouped = [
+        acct.gaussian_event(3.0),
+        dp_accounting.SelfComposedDpEvent(g, 6),
+        dp_accounting.SelfComposedDpEvent(p, 20),
+    ]
+    released = (
+        [dp_accounting.SelfComposedDpEvent(p, 10)]
+        + [acct.gaussian_event(1.5, 2)] * 3
+        + [
+            dp_accounting.ComposedDpEvent(
+                [dp_accounting.GaussianDpEvent(3.0), dp_accounting.SelfComposedDpEvent(p, 10)]
+            )
+        ]
+    )
+    assert (
+        acct.canonical(grouped)
+        == acct.canonical(released)
+        == acct.canonical([dp_accounting.ComposedDpEvent(released[::-1])])
+    )
+    assert sorted(map(repr, acct.canonical(grouped))) == sorted(
+        map(
+            repr,
+            [
+                dp_accounting.GaussianDpEvent(3.0),
+                dp_accounting.SelfComposedDpEvent(g, 6),
+                dp_accounting.SelfComposedDpEvent(p, 20),
+            ],
+        )
+    )
     assert acct.canonical([dp_accounting.NoOpDpEvent(), g]) == [g]
 
 
@@ -277,8 +335,12 @@ def release_order(multipliers: dict, outer_steps: int, resamples: int) -> list:
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
-@pytest.mark.parametrize("epsilon, steps, resamples, mean, gram", [(10.0, 3, 1, 0.05, 0.0), (5.0, 2, 3, 0.05, 0.0), (1.0, 3, 1, 0.0, 0.05)])
-def test_the_ledgers_release_order_spends_exactly_the_calibrated_plan(accountant, epsilon, steps, resamples, mean, gram):
+@pytest.mark.parametrize(
+    "epsilon, steps, resamples, mean, gram", [(10.0, 3, 1, 0.05, 0.0), (5.0, 2, 3, 0.05, 0.0), (1.0, 3, 1, 0.0, 0.05)]
+)
+def test_the_ledgers_release_order_spends_exactly_the_calibrated_plan(
+    accountant, epsilon, steps, resamples, mean, gram
+):
     """The ledger composes the releases one by one, the plan as groups; PLD in floating point is not
     exactly associative (up to 3e-8 relative on the demo's plan), and the ledger refuses anything
     1e-9 past the budget. Both compose the canonical form: the same epsilon to the last bit."""
@@ -296,7 +358,12 @@ def shipped_plans(protocol: str, epsilon: float, units: int) -> dict:
 
     plans = {}
     for item_update in ("ssp", "als", "cmf", "dpsgd"):
-        config = settings.TrainConfig(protocol=protocol, epsilon=epsilon, item_update=item_update, encoder="id" if item_update in ("als", "cmf") else "features")
+        config = settings.TrainConfig(
+            protocol=protocol,
+            epsilon=epsilon,
+            item_update=item_update,
+            encoder="id" if item_update in ("als", "cmf") else "features",
+        )
         privacy = config.privacy(units if item_update == "dpsgd" else None)
         plans.setdefault(repr(privacy), (item_update, privacy))  # ssp, als and cmf share one plan
     return dict(plans.values())
@@ -354,10 +421,16 @@ def test_calibrated_dpsgd_plan_composes_to_the_target_with_fresh_dp_accounting(a
     plan = acct.stats_plan(3, 1, count_share=0.1, mean_share=0.05)
     q, steps = acct.dpsgd_schedule(610, 64, 5.0)
     z = acct.calibrate_dpsgd(10.0, DELTA, plan, 3, q, steps, accountant)
-    events = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["mean"], 2)] + [acct.dpsgd_event(z["dpsgd"], q, steps)] * 3
+    events = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["mean"], 2)] + [
+        acct.dpsgd_event(z["dpsgd"], q, steps)
+    ] * 3
     # the same mechanism, its 3 outer steps of DP-SGD as one run of 3 x steps steps: a fresh PLD
     # accountant (its fine default grid) then builds the sampled Gaussian's PLD once, not three times
-    merged = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["mean"], 2), acct.dpsgd_event(z["dpsgd"], q, 3 * steps)]
+    merged = [
+        acct.gaussian_event(z["counts"]),
+        acct.gaussian_event(z["mean"], 2),
+        acct.dpsgd_event(z["dpsgd"], q, 3 * steps),
+    ]
     assert direct_epsilon(merged, accountant=FRESH[accountant]) == pytest.approx(10.0, rel=1e-3)
     assert acct.epsilon_of(events, DELTA, accountant) <= 10.0
 
@@ -375,7 +448,10 @@ def test_pld_falls_back_to_rdp_where_its_grid_would_be_huge():
     assert z == pytest.approx(acct.calibrate(1e6, DELTA, plan, "rdp"), rel=1e-5)
     events = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["stats"], 2)]
     assert acct.epsilon_of(events, DELTA, "pld") == acct.epsilon_of(events, DELTA, "rdp") <= 1e6
-    tiny = [dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(acct.PLD_MIN_MULTIPLIER / 2)), dp_accounting.GaussianDpEvent(5.0)]
+    tiny = [
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(acct.PLD_MIN_MULTIPLIER / 2)),
+        dp_accounting.GaussianDpEvent(5.0),
+    ]
     assert acct.epsilon_of(tiny, DELTA, "pld") == acct.epsilon_of(tiny, DELTA, "rdp")
     fine = [dp_accounting.GaussianDpEvent(acct.PLD_MIN_MULTIPLIER * 5)]
     assert acct.epsilon_of(fine, DELTA, "pld") < acct.epsilon_of(fine, DELTA, "rdp")

@@ -122,8 +122,13 @@ def test_weighted_grouped_sums_by_hand():
     # rows point into a table of two user vectors; item 5 gets user 0 twice (weights 0.5, 2) and
     # user 1 once (weight 1): A = 2.5 u0 u0^T + u1 u1^T, b = 0.5*1*u0 + 2*(-1)*u0 + 1*3*u1
     table = np.array([[1.0, 2.0], [0.0, -1.0]])
-    keys, a, b = acc.weighted_grouped_sums(np.array([5, 9, 5, 5]), table, np.array([0, 1, 0, 1]),
-                                           np.array([0.5, 4.0, 2.0, 1.0]), np.array([1.0, 2.0, -1.0, 3.0]))
+    keys, a, b = acc.weighted_grouped_sums(
+        np.array([5, 9, 5, 5]),
+        table,
+        np.array([0, 1, 0, 1]),
+        np.array([0.5, 4.0, 2.0, 1.0]),
+        np.array([1.0, 2.0, -1.0, 3.0]),
+    )
     assert keys.tolist() == [5, 9]
     u0, u1 = table
     np.testing.assert_allclose(a[0], acc.pack_upper(2.5 * np.outer(u0, u0) + np.outer(u1, u1)))
@@ -267,7 +272,13 @@ def test_merge_of_partitions_equals_whole():
 
 
 def test_merge_hand_example():
-    a, b = acc.merge([(np.array([1.0, 2.0, 3.0]), np.array([1.0, -1.0])), acc.create(2), (np.array([0.5, 0.0, -1.0]), np.array([2.0, 2.0]))])
+    a, b = acc.merge(
+        [
+            (np.array([1.0, 2.0, 3.0]), np.array([1.0, -1.0])),
+            acc.create(2),
+            (np.array([0.5, 0.0, -1.0]), np.array([2.0, 2.0])),
+        ]
+    )
     assert a.tolist() == [1.5, 2.0, 2.0] and b.tolist() == [3.0, 1.0]
 
 
@@ -296,8 +307,15 @@ def spec(**kw):
 
 def test_noise_spec_sigma_and_validation():
     assert spec().sigma == pytest.approx(0.7 * 1.5)
-    for bad in (dict(noise_multiplier=-0.1), dict(noise_multiplier=math.nan), dict(noise_multiplier=math.inf),
-                dict(clip_u=0.0), dict(clip_y=math.inf), dict(wbar=-1.0), dict(wbar=0.0)):
+    for bad in (
+        dict(noise_multiplier=-0.1),
+        dict(noise_multiplier=math.nan),
+        dict(noise_multiplier=math.inf),
+        dict(clip_u=0.0),
+        dict(clip_y=math.inf),
+        dict(wbar=-1.0),
+        dict(wbar=0.0),
+    ):
         with pytest.raises(ValueError):
             spec(**bad)
 
@@ -334,7 +352,9 @@ def test_finalize_with_positions_adds_sums_where_rows_were_and_noise_everywhere(
         want_a, want_b = acc.finalize(ids, full_a, full_b, spec())
         np.testing.assert_array_equal(na, want_a)
         np.testing.assert_array_equal(nb, want_b)
-    na, nb = acc.finalize(ids, np.zeros((0, 3)), np.zeros((0, 2)), spec(), np.zeros(0, np.int64))  # no rows at all: noise only
+    na, nb = acc.finalize(
+        ids, np.zeros((0, 3)), np.zeros((0, 2)), spec(), np.zeros(0, np.int64)
+    )  # no rows at all: noise only
     np.testing.assert_array_equal(na, acc.finalize(ids, np.zeros((4, 3)), np.zeros((4, 2)), spec())[0])
 
 
@@ -516,7 +536,9 @@ def test_stable_argsort_equals_numpys(values, narrow):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(-40, 40), min_size=1, max_size=300), st.sampled_from([np.int64, np.int32, np.uint32, np.int8]))
+@given(
+    st.lists(st.integers(-40, 40), min_size=1, max_size=300), st.sampled_from([np.int64, np.int32, np.uint32, np.int8])
+)
 def test_the_counting_sort_groups_like_a_stable_argsort(values, dtype):
     keys = (np.array(values) + (41 if np.dtype(dtype).kind == "u" else 0)).astype(dtype)
     order, unique, starts = grouped_gram.grouped_order(keys)
@@ -529,8 +551,14 @@ def test_the_counting_sort_groups_like_a_stable_argsort(values, dtype):
 
 def test_sparse_or_unsigned_64_bit_keys_leave_the_counting_sort_to_the_radix_argsort():
     sparse = np.array([5, 10**15, 7, 5], dtype=np.int64)  # a span of 10^15 for 4 keys
-    assert grouped_gram.grouped_order(sparse) is None and grouped_gram.grouped_order(np.array([3, 1], dtype=np.uint64)) is None
-    assert grouped_gram.grouped_order(np.array([0.5, 0.25])) is None and grouped_gram.grouped_order(np.zeros(0, np.int64)) is None
+    assert (
+        grouped_gram.grouped_order(sparse) is None
+        and grouped_gram.grouped_order(np.array([3, 1], dtype=np.uint64)) is None
+    )
+    assert (
+        grouped_gram.grouped_order(np.array([0.5, 0.25])) is None
+        and grouped_gram.grouped_order(np.zeros(0, np.int64)) is None
+    )
     assert np.array_equal(acc.stable_order(sparse), [0, 3, 2, 1])
     # a dense span up to 2^16 takes the counting sort whatever the number of keys
     assert grouped_gram.grouped_order(np.array([65535, 0], dtype=np.int64))[0].tolist() == [1, 0]

@@ -40,8 +40,14 @@ def test_create_record_open_round_trip(path):
     assert ledger.record("counts", COUNTS, "fp-counts") == 0
     assert ledger.record("stats/step-1", STATS, "fp-stats-1") == 1
     opened = Ledger.open(path)
-    assert opened.budget == {"epsilon": 1.0, "delta": DELTA, "accountant": "pld", "unit": "user", "multipliers": {"counts": 12.0, "stats": 15.0},
-                             "id": ledger.identity}
+    assert opened.budget == {
+        "epsilon": 1.0,
+        "delta": DELTA,
+        "accountant": "pld",
+        "unit": "user",
+        "multipliers": {"counts": 12.0, "stats": 15.0},
+        "id": ledger.identity,
+    }
     assert len(ledger.identity) == 32 and Ledger.create(path + ".other", 1.0, DELTA).identity != ledger.identity
     assert [r["name"] for r in opened.rows] == ["counts", "stats/step-1"]
     assert [r["release"] for r in opened.rows] == [0, 1]
@@ -68,8 +74,13 @@ def test_epsilon_spent_matches_dp_accounting(path):
     assert Ledger.open(path).epsilon_spent() == pytest.approx(expected, rel=1e-12)
     assert ledger.rows[-1]["epsilon_spent"] == pytest.approx(expected, rel=1e-12)
     # the recorded figure is the same composition, read back instead of computed again
-    assert ledger.epsilon_recorded() == ledger.epsilon_spent() and Ledger.open(path).epsilon_recorded() == ledger.epsilon_spent()
-    assert ledger.record("stats/step-1", STATS, "b") == 1 and ledger.epsilon_recorded() == ledger.epsilon_spent()  # a release made again adds nothing
+    assert (
+        ledger.epsilon_recorded() == ledger.epsilon_spent()
+        and Ledger.open(path).epsilon_recorded() == ledger.epsilon_spent()
+    )
+    assert (
+        ledger.record("stats/step-1", STATS, "b") == 1 and ledger.epsilon_recorded() == ledger.epsilon_spent()
+    )  # a release made again adds nothing
     assert Ledger.create(path + ".empty", 2.0, DELTA).epsilon_recorded() == 0.0
     # running totals increase
     totals = [r["epsilon_spent"] for r in ledger.rows]
@@ -81,13 +92,23 @@ def test_pld_ledger_uses_pld(path):
     assert ledger.budget["accountant"] == "pld"
     ledger.record("counts", COUNTS, "a")
     ledger.record("stats", STATS, "b")
-    ours = direct_epsilon([COUNTS, STATS], accountant=lambda: pld_privacy_accountant.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION))
+    ours = direct_epsilon(
+        [COUNTS, STATS],
+        accountant=lambda: pld_privacy_accountant.PLDAccountant(
+            value_discretization_interval=accounting.PLD_DISCRETIZATION
+        ),
+    )
     assert Ledger.open(path).epsilon_spent() == pytest.approx(ours, rel=1e-9)
-    assert Ledger.open(path).epsilon_spent() == pytest.approx(direct_epsilon([COUNTS, STATS], accountant=pld_privacy_accountant.PLDAccountant), rel=1e-3)
+    assert Ledger.open(path).epsilon_spent() == pytest.approx(
+        direct_epsilon([COUNTS, STATS], accountant=pld_privacy_accountant.PLDAccountant), rel=1e-3
+    )
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
-@pytest.mark.parametrize("epsilon, plan", [(1.0, accounting.stats_plan(3, 2, count_share=0.1)), (10.0, accounting.stats_plan(3, 1, 0.1, 0.05))])
+@pytest.mark.parametrize(
+    "epsilon, plan",
+    [(1.0, accounting.stats_plan(3, 2, count_share=0.1)), (10.0, accounting.stats_plan(3, 1, 0.1, 0.05))],
+)
 def test_full_calibrated_plan_fits_its_budget(path, accountant, epsilon, plan):
     """Every planned release, recorded one at a time, is accepted and the last one spends the
     target (under PLD too, whose floating-point composition depends on grouping: the demo's plan,
@@ -211,7 +232,11 @@ def test_open_or_create_non_private(path):
 def test_open_or_create_reopens_with_multipliers_none(path):
     created = Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
     reopened = Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers=None)
-    assert reopened.identity == created.identity and reopened.budget == created.budget and created.budget["multipliers"] == {}
+    assert (
+        reopened.identity == created.identity
+        and reopened.budget == created.budget
+        and created.budget["multipliers"] == {}
+    )
     with pytest.raises(ValueError, match="a run keeps one budget"):
         Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers={"counts": 2.0})
 

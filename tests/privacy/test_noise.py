@@ -18,8 +18,19 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from privacy import box_muller, noise
-from privacy.noise import (GRID_BITS, MAX_VALUES, SEED_BYTES, add_noise, granularity, keystream_words, release_key, released_blocks,
-                           sensitivity_slack, standard_normal, standard_normal_blocks)
+from privacy.noise import (
+    GRID_BITS,
+    MAX_VALUES,
+    SEED_BYTES,
+    add_noise,
+    granularity,
+    keystream_words,
+    release_key,
+    released_blocks,
+    sensitivity_slack,
+    standard_normal,
+    standard_normal_blocks,
+)
 
 SEED = bytes(range(SEED_BYTES))
 OTHER_SEED = bytes(range(1, SEED_BYTES + 1))
@@ -98,8 +109,12 @@ def test_large_and_negative_item_ids():
 
 def by_hand_words(seed: bytes, release: int, item: int, words: int) -> list[int]:
     """HKDF-SHA256 key, AES-256 in CTR mode from the counter block item mod 2^64 || 0^8 (big-endian), as the module docstring says."""
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-               info=b"ssp-recsys noise v4: AES-256 key of release " + release.to_bytes(8, "big")).derive(seed)
+    key = HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=b"ssp-recsys noise v4: AES-256 key of release " + release.to_bytes(8, "big"),
+    ).derive(seed)
     counter = (item % 2**64).to_bytes(8, "big") + bytes(8)
     stream = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor().update(bytes(8 * words))
     return [int.from_bytes(stream[8 * k : 8 * k + 8], "little") for k in range(words)]
@@ -117,7 +132,9 @@ def by_hand_box_muller(w_radius: int, w_angle: int) -> tuple[float, float]:
 
 def test_release_key_is_hkdf_sha256_of_the_seed():
     for release in (0, 1, 5, 2**40):
-        want = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=noise.KEY_INFO + release.to_bytes(8, "big")).derive(SEED)
+        want = HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=None, info=noise.KEY_INFO + release.to_bytes(8, "big")
+        ).derive(SEED)
         assert release_key(SEED, release) == want
     assert noise.KEY_INFO == b"ssp-recsys noise v4: AES-256 key of release "
 
@@ -157,7 +174,10 @@ def test_tables_agree_with_math():
     size = box_muller._TURN_COS.size
     for j in range(0, size, 7):
         t = 2 * math.pi * (j + 0.5) / size
-        assert abs(box_muller._TURN_COS[j] - math.cos(t)) <= 2.0**-50 and abs(box_muller._TURN_SIN[j] - math.sin(t)) <= 2.0**-50
+        assert (
+            abs(box_muller._TURN_COS[j] - math.cos(t)) <= 2.0**-50
+            and abs(box_muller._TURN_SIN[j] - math.sin(t)) <= 2.0**-50
+        )
     half = box_muller._LOG_CENTRE.size // 2
     for i in range(half, 2 * half, 5):
         c = box_muller._LOG_CENTRE[i]
@@ -177,10 +197,15 @@ PINNED_SHA256 = "ded6608dfcf11f93e48732fa4956a530edb3c4eb077d3dcbdfcecb2afd195ec
 def test_same_bits_without_the_cpus_vector_instructions():
     # numpy picks SIMD code by CPU at import (its own log differs in the last bit with AVX-512);
     # the noise must not: recompute in a process whose numpy may use none of them
-    code = ("import hashlib, numpy as np; from privacy.noise import standard_normal; "
-            "print(hashlib.sha256(standard_normal(bytes(range(32)), 5, np.arange(-50, 50), 301).astype('<f8').tobytes()).hexdigest())")
-    env = dict(os.environ, NPY_DISABLE_CPU_FEATURES="AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR AVX2 FMA3 F16C AVX",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    code = (
+        "import hashlib, numpy as np; from privacy.noise import standard_normal; "
+        "print(hashlib.sha256(standard_normal(bytes(range(32)), 5, np.arange(-50, 50), 301).astype('<f8').tobytes()).hexdigest())"
+    )
+    env = dict(
+        os.environ,
+        NPY_DISABLE_CPU_FEATURES="AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR AVX2 FMA3 F16C AVX",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         pytest.skip(f"numpy refused NPY_DISABLE_CPU_FEATURES here: {done.stderr.strip()[-200:]}")
@@ -303,8 +328,13 @@ def test_released_blocks_are_the_draw_and_add_noise_bit_for_bit(monkeypatch, row
     blocks = (rng.normal(scale=1e3, size=(count, 21)), rng.normal(size=(count, 6)))
     for stds in ((1.3, 0.07), (0.0, 0.0)):
         got = released_blocks(SEED, 4, ids, blocks, stds, positions)
-        want = [add_noise(z, std, block, positions) for z, std, block in zip(standard_normal_blocks(SEED, 4, ids, (21, 6)), stds, blocks)]
-        assert all(g.shape == w.shape and np.array_equal(g.view(np.uint64), w.view(np.uint64)) for g, w in zip(got, want))
+        want = [
+            add_noise(z, std, block, positions)
+            for z, std, block in zip(standard_normal_blocks(SEED, 4, ids, (21, 6)), stds, blocks)
+        ]
+        assert all(
+            g.shape == w.shape and np.array_equal(g.view(np.uint64), w.view(np.uint64)) for g, w in zip(got, want)
+        )
     with pytest.raises(ValueError, match="one row of values per item"):
         released_blocks(SEED, 4, ids, (blocks[0][:2], blocks[1][:2]), (1.0, 1.0), positions)
 

@@ -5,7 +5,8 @@ logistic fit; one user's contribution stays within the effective clips' sensitiv
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import optimize
 
 from privacy import quadratic
@@ -14,8 +15,13 @@ from privacy.accumulator import grouped_sums, unpack_upper
 
 def problem(seed=0, rows=300, items=7, d=3):
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, items, rows), rng.normal(size=(rows, d)), rng.integers(0, 2, rows).astype(float),
-            rng.uniform(0.1, 1.0, rows), rng.normal(size=(items, d)) * 0.5)
+    return (
+        rng.integers(0, items, rows),
+        rng.normal(size=(rows, d)),
+        rng.integers(0, 2, rows).astype(float),
+        rng.uniform(0.1, 1.0, rows),
+        rng.normal(size=(items, d)) * 0.5,
+    )
 
 
 def released(items, u, y, w, v0, clip_u):
@@ -36,7 +42,9 @@ def test_ssp2s_gradient_and_curvature_at_the_expansion_point_are_the_exact_losss
     v = tf.Variable(v0)
     with tf.GradientTape(persistent=True) as outer:
         with tf.GradientTape() as inner:
-            scores = tf.reduce_sum(tf.constant(clipped) * (tf.one_hot(items, v0.shape[0], dtype=tf.float64) @ v), axis=1)
+            scores = tf.reduce_sum(
+                tf.constant(clipped) * (tf.one_hot(items, v0.shape[0], dtype=tf.float64) @ v), axis=1
+            )
             loss = tf.reduce_sum(w * (tf.math.softplus(scores) - y * scores))
         gradient = inner.gradient(loss, v)
     hessian = outer.jacobian(gradient, v).numpy()  # (items, d, items, d): block diagonal
@@ -68,7 +76,9 @@ def test_re_expanding_converges_to_the_non_private_logistic_fit():
 def test_one_users_contribution_is_within_the_effective_clips_sensitivity(rated, clip_u, seed):
     rng = np.random.default_rng(seed)
     d, wbar = 4, 0.7
-    u = np.repeat(rng.normal(size=(1, d)) * rng.uniform(0.1, 20), rated, axis=0)  # one user: the same embedding on every row
+    u = np.repeat(
+        rng.normal(size=(1, d)) * rng.uniform(0.1, 20), rated, axis=0
+    )  # one user: the same embedding on every row
     raw = rng.uniform(0.1, 1.0, rated)
     w = wbar * raw / np.sqrt(np.sum(raw**2))  # sum of squared weights = wbar^2
     y = rng.integers(0, 2, rated).astype(float)
@@ -103,13 +113,19 @@ def test_alternating_minimisation_with_ssp_convex_reaches_the_logistic_matrix_fa
 
     def objective(u, v):
         s = u @ v.T
-        return (np.sum(w_p[:, None] * positive * quadratic.logistic_loss(s, 1.0)) + np.sum(w_n[:, None] * quadratic.logistic_loss(s, 0.0))
-                + lam_u / 2 * np.sum(u**2) + lam_v / 2 * np.sum(v**2))
+        return (
+            np.sum(w_p[:, None] * positive * quadratic.logistic_loss(s, 1.0))
+            + np.sum(w_n[:, None] * quadratic.logistic_loss(s, 0.0))
+            + lam_u / 2 * np.sum(u**2)
+            + lam_v / 2 * np.sum(v**2)
+        )
 
     v = rng.normal(size=(items, d)) * 0.5
     for _ in range(300):
         _, u = logistic_solve(rows_u, v[rows_j], v, lam_u)
-        curvature_rows, slope_rows = quadratic.kernel_rows(u[rows_u], np.ones(rows_u.size), w_p[rows_u], v[rows_j], np.inf)
+        curvature_rows, slope_rows = quadratic.kernel_rows(
+            u[rows_u], np.ones(rows_u.size), w_p[rows_u], v[rows_j], np.inf
+        )
         _, h, _ = grouped_sums(rows_j, curvature_rows)
         _, _, g = grouped_sums(rows_j, slope_rows)
         h_all, g_all = quadratic.all_items_sums(u, w_n, v, np.inf)
@@ -118,9 +134,11 @@ def test_alternating_minimisation_with_ssp_convex_reaches_the_logistic_matrix_fa
     flat = np.concatenate([u.ravel(), v.ravel()])
 
     def joint(x):
-        return objective(x[: users * d].reshape(users, d), x[users * d:].reshape(items, d))
+        return objective(x[: users * d].reshape(users, d), x[users * d :].reshape(items, d))
 
     gradient = optimize.approx_fprime(flat, joint, 1e-7)
     assert np.abs(gradient).max() < 1e-5  # a stationary point of the joint objective
-    direct = optimize.minimize(joint, rng.normal(size=flat.size) * 0.5, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 5000})
+    direct = optimize.minimize(
+        joint, rng.normal(size=flat.size) * 0.5, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 5000}
+    )
     assert joint(flat) <= direct.fun + 1e-6

@@ -4,7 +4,8 @@ stops a server that shows holders different survivor sets from unmasking one cli
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privacy import secure_aggregation as secagg
 
@@ -56,7 +57,9 @@ def test_one_masked_input_looks_nothing_like_its_vector():
     x = secagg.encode(np.ones(2000), 2.0**20)
     y = secagg.masked_input(ids[0], x, keys[ids[0]], graph, public)
     assert not np.any(y == x)
-    top_bits = (y >> np.uint64(60)).astype(int)  # uniform on the ring: each of 16 top-bit patterns about 1/16 of entries
+    top_bits = (y >> np.uint64(60)).astype(
+        int
+    )  # uniform on the ring: each of 16 top-bit patterns about 1/16 of entries
     assert np.all(np.abs(np.bincount(top_bits, minlength=16) / y.size - 1 / 16) < 0.03)
 
 
@@ -65,7 +68,9 @@ def test_the_graph_is_symmetric_regular_and_logarithmic():
     k = secagg.neighbour_count(1000)
     assert k == 20 and all(len(v) == k for v in graph.values())
     assert all(i in graph[j] for i, near in graph.items() for j in near)
-    assert all(sorted(v) == [j for j in range(5) if j != i] for i, v in secagg.neighbours(np.arange(5), b"r").items())  # small: complete
+    assert all(
+        sorted(v) == [j for j in range(5) if j != i] for i, v in secagg.neighbours(np.arange(5), b"r").items()
+    )  # small: complete
 
 
 def test_shamir_rebuilds_from_any_t_shares_and_not_from_fewer():
@@ -114,13 +119,17 @@ def partition_attack(checked: bool):
     y = secagg.masked_input(victim, x, keys[victim], graph, public)
     alive = frozenset(ids)
     shown = {h: alive - (set(graph[victim]) & set(graph[h])) if h != victim else alive for h in ids}
-    signatures = {h: secagg.sign_survivors(keys[h], shown[h], b"round") for h in ids}  # each honest client signs the set it was shown
+    signatures = {
+        h: secagg.sign_survivors(keys[h], shown[h], b"round") for h in ids
+    }  # each honest client signs the set it was shown
     verify_keys = {i: k.verify_key for i, k in keys.items()}
     revealed = {}
     for h in ids:
         if len(shown[h]) < quorum:
             continue
-        if checked and not secagg.consistent(h, shown[h], secagg.valid_signers(shown[h], b"round", signatures, verify_keys), quorum):
+        if checked and not secagg.consistent(
+            h, shown[h], secagg.valid_signers(shown[h], b"round", signatures, verify_keys), quorum
+        ):
             continue
         for client, item in secagg.revealed_shares(h, held[h], shown[h]).items():
             revealed.setdefault(client, []).append(item)
@@ -159,7 +168,9 @@ def test_a_set_passes_the_check_only_with_a_quorum_of_its_members_signatures_for
     alive, quorum = frozenset(ids), secagg.quorum(7, 5)
     assert quorum == 5
     signatures = {i: secagg.sign_survivors(keys[i], alive, b"round") for i in ids}
-    assert secagg.valid_signers(alive, b"round", signatures, verify_keys) == 7 and secagg.consistent(ids[0], alive, 7, quorum)
+    assert secagg.valid_signers(alive, b"round", signatures, verify_keys) == 7 and secagg.consistent(
+        ids[0], alive, 7, quorum
+    )
     assert secagg.valid_signers(alive, b"another round", signatures, verify_keys) == 0  # bound to the round
     assert secagg.valid_signers(alive - {ids[6]}, b"round", signatures, verify_keys) == 0  # bound to exactly the set
     forged = {**signatures, ids[0]: secagg.sign_survivors(keys[ids[1]], alive, b"round")}  # another client's key

@@ -133,7 +133,10 @@ def sample_table(n=200, seed=0):
 
 
 KEYED = seeds.SeedFile("unsaved", SEED, {})
-DIGESTS = {"content": (seeds.content_digest_batches, seeds.content_digest_table), "keyed": (KEYED.digest_batches, KEYED.digest_table)}
+DIGESTS = {
+    "content": (seeds.content_digest_batches, seeds.content_digest_table),
+    "keyed": (KEYED.digest_batches, KEYED.digest_table),
+}
 
 
 @pytest.fixture(params=sorted(DIGESTS))
@@ -171,7 +174,14 @@ def test_digest_independent_of_row_order_and_batching(digest, digest_batches):
 def test_digest_changes_when_one_value_changes(digest, digest_batches):
     t = sample_table()
     d = digest(t)
-    for column, row, value in [("x", 3, 0.5), ("id", 10, 999), ("name", 2, "other"), ("name", 0, "now set"), ("count", 5, 0), ("count", 6, None)]:
+    for column, row, value in [
+        ("x", 3, 0.5),
+        ("id", 10, 999),
+        ("name", 2, "other"),
+        ("name", 0, "now set"),
+        ("count", 5, 0),
+        ("count", 6, None),
+    ]:
         values = t[column].to_pylist()
         assert values[row] != value
         values[row] = value

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.weights import DEFAULT_EXPONENT, example_level_weights, normalisers_at, user_level_weights, user_normalisers
+from privacy.weights import (
+    DEFAULT_EXPONENT,
+    example_level_weights,
+    normalisers_at,
+    user_level_weights,
+    user_normalisers,
+)
 
 
 def test_default_exponent_is_minus_a_quarter():
@@ -138,12 +144,24 @@ def test_normalisers_with_known_users_equal_the_sorting_path():
     # by hand, n^(2e) = n^(-1/2): user 10: 1/4 + 1/2; user 20: 1/3; user 30: 1/2 + 1 + 1/4
     assert np.allclose(expected, [0.75, 1 / 3, 1.75]) and np.array_equal(known, expected)
     # the same rows by position: users' in the known ones, items' in a table of counts by item (4, 16, 1, 9)
-    at_users, at = normalisers_at(np.array([4, 1, 4, 2, 1, 4]), np.array([0, 1, 2, 3, 0, 1]), np.array([4.0, 16.0, 1.0, 9.0]), np.array([5, 10, 20, 25, 30]))
+    at_users, at = normalisers_at(
+        np.array([4, 1, 4, 2, 1, 4]),
+        np.array([0, 1, 2, 3, 0, 1]),
+        np.array([4.0, 16.0, 1.0, 9.0]),
+        np.array([5, 10, 20, 25, 30]),
+    )
     assert at_users.tolist() == [10, 20, 30] and np.array_equal(at, expected)
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 400), st.integers(1, 30), st.integers(1, 50), st.booleans(), st.floats(-2.0, 1.0), st.integers(0, 2**32 - 1))
+@given(
+    st.integers(1, 400),
+    st.integers(1, 30),
+    st.integers(1, 50),
+    st.booleans(),
+    st.floats(-2.0, 1.0),
+    st.integers(0, 2**32 - 1),
+)
 def test_normalisers_at_give_the_bits_of_the_per_row_formula(rows, users, items, confident, exponent, seed):
     """Per item powers gathered per row give exactly what (c_i n_j^e)^2 per row, summed in row order, does."""
     rng = np.random.default_rng(seed)

@@ -48,7 +48,11 @@ def test_dense_matches_binary_search(ids, values):
 
 
 @settings(max_examples=150, deadline=None)
-@given(ids=st.sets(INT64, max_size=20), values=st.lists(INT64, max_size=30), reuse=st.lists(st.integers(0, 19), max_size=10))
+@given(
+    ids=st.sets(INT64, max_size=20),
+    values=st.lists(INT64, max_size=30),
+    reuse=st.lists(st.integers(0, 19), max_size=10),
+)
 def test_any_int64_ids_and_far_off_values(ids, values, reuse):
     # values near the int64 limits must not wrap around into the dense table's range
     ids = np.array(sorted(ids), dtype=np.int64)

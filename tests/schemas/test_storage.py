@@ -62,20 +62,32 @@ def test_rows_roll_over_into_part_files(tmp_path):
     with storage.TableWriter(path, pa.schema([("a", pa.int64())]), rows_per_file=3) as writer:
         for start in range(0, 10, 4):
             writer.write(pa.table({"a": list(range(start, min(start + 4, 10)))}))
-    assert sorted(os.listdir(path)) == ["_SUCCESS", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet", "part-00003.parquet"]
+    assert sorted(os.listdir(path)) == [
+        "_SUCCESS",
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+        "part-00003.parquet",
+    ]
     assert storage.read_table(path)["a"].to_pylist() == list(range(10))
     assert sum(b.num_rows for b in storage.iter_batches(path, batch_size=2)) == 10
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=25), rows_per_file=st.integers(1, 12), cuts=st.lists(st.integers(0, 200), max_size=4))
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=25),
+    rows_per_file=st.integers(1, 12),
+    cuts=st.lists(st.integers(0, 200), max_size=4),
+)
 def test_rows_of_one_value_stay_in_one_file(tmp_path_factory, sizes, rows_per_file, cuts):
     # together="user_id": files roll over only between users, and exceed rows_per_file only by the
     # rest of the user at the cut, however the rows arrive in batches
     path = str(tmp_path_factory.mktemp("t") / "t.parquet")
     users = np.repeat(np.arange(len(sizes)), sizes)
     edges = [0, *sorted(c % (users.size + 1) for c in cuts), users.size]
-    with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=rows_per_file, together="user_id") as writer:
+    with storage.TableWriter(
+        path, pa.schema([("user_id", pa.int64())]), rows_per_file=rows_per_file, together="user_id"
+    ) as writer:
         for a, b in zip(edges[:-1], edges[1:]):
             writer.write(pa.table({"user_id": users[a:b]}))
     parts = [storage.read_table(file)["user_id"].to_numpy() for file in storage.table_files(path)]
@@ -90,17 +102,25 @@ def test_files_of_values_in_order_say_so_and_others_do_not(tmp_path):
     mark = {b"ssp.test": b"1"}
     for name, users in (("ordered", [1, 1, 2, 3, 3, 3, 4]), ("unordered", [1, 1, 3, 2, 2, 4, 4])):
         path = str(tmp_path / f"{name}.parquet")
-        with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=2, together="user_id", in_order=mark) as writer:
+        with storage.TableWriter(
+            path, pa.schema([("user_id", pa.int64())]), rows_per_file=2, together="user_id", in_order=mark
+        ) as writer:
             writer.write(pa.table({"user_id": users[:3]}))
             writer.write(pa.table({"user_id": users[3:]}))
         files = storage.table_files(path)
         assert len(files) > 1 and storage.read_table(path)["user_id"].to_pylist() == users
-        assert [mark.items() <= storage.file_metadata(file).items() for file in files] == [name == "ordered"] * len(files)
+        assert [mark.items() <= storage.file_metadata(file).items() for file in files] == [name == "ordered"] * len(
+            files
+        )
     path = str(tmp_path / "many.parquet")  # more files than are held open: ordered, but undeclared
-    with storage.TableWriter(path, pa.schema([("user_id", pa.int64())]), rows_per_file=1, together="user_id", in_order=mark) as writer:
+    with storage.TableWriter(
+        path, pa.schema([("user_id", pa.int64())]), rows_per_file=1, together="user_id", in_order=mark
+    ) as writer:
         writer.write(pa.table({"user_id": list(range(storage.MAX_FILES_HELD_OPEN + 1))}))
     files = storage.table_files(path)
-    assert len(files) == storage.MAX_FILES_HELD_OPEN + 1 and not any(mark.items() <= storage.file_metadata(file).items() for file in files)
+    assert len(files) == storage.MAX_FILES_HELD_OPEN + 1 and not any(
+        mark.items() <= storage.file_metadata(file).items() for file in files
+    )
 
 
 def test_value_range_comes_from_the_statistics(tmp_path):
@@ -181,14 +201,22 @@ def test_folders_are_committed_whole_and_read_back_locally(where, tmp_path, requ
 
     def read() -> dict[str, bytes]:
         with storage.read_folder(path) as local:
-            found = {os.path.relpath(os.path.join(top, name), local): open(os.path.join(top, name), "rb").read() for top, _, names in os.walk(local) for name in names}
+            found = {
+                os.path.relpath(os.path.join(top, name), local): open(os.path.join(top, name), "rb").read()
+                for top, _, names in os.walk(local)
+                for name in names
+            }
         return {name: payload for name, payload in found.items() if name != storage.SUCCESS}
 
     with pytest.raises(storage.MissingTableError, match="no _SUCCESS marker"):
         with storage.read_folder(path):
             pass
     write({"saved_model.pb": b"one", "variables/variables.index": b"index one", "old.txt": b"x"})
-    assert storage.exists(path) and read() == {"saved_model.pb": b"one", "variables/variables.index": b"index one", "old.txt": b"x"}
+    assert storage.exists(path) and read() == {
+        "saved_model.pb": b"one",
+        "variables/variables.index": b"index one",
+        "old.txt": b"x",
+    }
     with pytest.raises(RuntimeError):
         with storage.write_folder(path) as local:
             open(os.path.join(local, "saved_model.pb"), "wb").write(b"half")
@@ -197,6 +225,10 @@ def test_folders_are_committed_whole_and_read_back_locally(where, tmp_path, requ
     write({"saved_model.pb": b"two", "variables/variables.index": b"index two"})
     assert read() == {"saved_model.pb": b"two", "variables/variables.index": b"index two"}  # the stale file is gone
     fs, inner = storage.filesystem(path)
-    assert sorted(posixpath.relpath(f, inner) for f in fs.find(inner)) == ["_SUCCESS", "saved_model.pb", "variables/variables.index"]
+    assert sorted(posixpath.relpath(f, inner) for f in fs.find(inner)) == [
+        "_SUCCESS",
+        "saved_model.pb",
+        "variables/variables.index",
+    ]
     if where == "local":
         assert os.listdir(tmp_path) == ["model"]  # no staging folder left behind

@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import SchemaError, tables as t
+from schemas import SchemaError
+from schemas import tables as t
 
 TABLES = ["interactions", "items", "user_embeddings", "item_embeddings", "counts", "stats", "ledger"]
 
@@ -21,11 +22,20 @@ def test_valid_tables_pass_and_keep_metadata(sample_tables, name):
 
 def _replace(table, column, values):
     index = table.column_names.index(column)
-    return table.set_column(index, pa.field(column, table.schema.field(column).type), pa.array(values, table.schema.field(column).type))
+    return table.set_column(
+        index, pa.field(column, table.schema.field(column).type), pa.array(values, table.schema.field(column).type)
+    )
 
 
 def test_interactions_are_conformed_from_narrower_types():
-    narrow = pa.table({"timestamp": pa.array([5], pa.int32()), "label": pa.array([3.5], pa.float32()), "item_id": pa.array([2], pa.int32()), "user_id": pa.array([1], pa.int16())})
+    narrow = pa.table(
+        {
+            "timestamp": pa.array([5], pa.int32()),
+            "label": pa.array([3.5], pa.float32()),
+            "item_id": pa.array([2], pa.int32()),
+            "user_id": pa.array([1], pa.int16()),
+        }
+    )
     out = t.validate_interactions(narrow)
     assert out.schema.remove_metadata() == t.INTERACTIONS.remove_metadata()
     assert out.to_pylist() == [{"user_id": 1, "item_id": 2, "label": 3.5, "timestamp": 5}]
@@ -33,7 +43,11 @@ def test_interactions_are_conformed_from_narrower_types():
 
 @pytest.mark.parametrize(
     "label, message",
-    [(float("nan"), "column 'label', row 1: is not finite (nan)"), (float("inf"), "column 'label', row 1: is not finite (inf)"), (None, "column 'label', row 1: is null")],
+    [
+        (float("nan"), "column 'label', row 1: is not finite (nan)"),
+        (float("inf"), "column 'label', row 1: is not finite (inf)"),
+        (None, "column 'label', row 1: is null"),
+    ],
 )
 def test_interactions_reject_bad_labels_naming_row(sample_tables, label, message):
     table, _ = sample_tables["interactions"]
@@ -96,7 +110,9 @@ def test_stats_sizes_follow_d_from_metadata(sample_tables):
 
 def test_ledger_numbering_and_events(sample_tables):
     table, _ = sample_tables["ledger"]
-    with pytest.raises(SchemaError, match="ledger: column 'release', row 1: release numbers must run 0, 1, 2, ...; found 2"):
+    with pytest.raises(
+        SchemaError, match="ledger: column 'release', row 1: release numbers must run 0, 1, 2, ...; found 2"
+    ):
         t.validate_ledger(_replace(table, "release", [0, 2]))
     with pytest.raises(SchemaError, match="column 'event', row 0: event is not JSON"):
         t.validate_ledger(_replace(table, "event", ["{", json.dumps({})]))

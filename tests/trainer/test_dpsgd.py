@@ -19,8 +19,12 @@ from trainer.encoder import ItemEncoder
 from trainer.features import FeatureSpace
 
 ITEMS = pa.table(
-    {"item_id": [10, 20, 30, 40, 50, 60], "title": list("abcdef"),
-     "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"], ["y", "z"]], "year": [1990, 1990, None, 2000, 2010, 2000]},
+    {
+        "item_id": [10, 20, 30, 40, 50, 60],
+        "title": list("abcdef"),
+        "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"], ["y", "z"]],
+        "year": [1990, 1990, None, 2000, 2010, 2000],
+    },
     schema=items_schema({"genres": "multivalent", "year": "univalent"}),
 )
 
@@ -72,19 +76,44 @@ def random_rows(rng, users, per_user, items, d, big_user=None):
     return (ids, positions, labels, rng.uniform(0.2, 1.0, ids.size)), rng.normal(size=(users, d))
 
 
-@pytest.mark.parametrize("kind,fast,unit", [("features", True, "user"), ("features", False, "user"), ("id", True, "user"), ("features", True, "example")])
+@pytest.mark.parametrize(
+    "kind,fast,unit",
+    [("features", True, "user"), ("features", False, "user"), ("id", True, "user"), ("features", True, "example")],
+)
 def test_update_is_sum_of_clipped_unit_gradients_over_expected_batch(kind, fast, unit):
     """Noise 0, q = 1, one SGD step: the update is -lr * (sum of clipped per-unit gradients) / batch."""
     model = encoder(kind)
     rng = np.random.default_rng(1)
     rows, vectors = random_rows(rng, users=9, per_user=5, items=6, d=3, big_user=4)
-    units = [np.flatnonzero(rows[0] == user) for user in range(9)] if unit == "user" else [np.array([i]) for i in range(rows[0].size)]
+    units = (
+        [np.flatnonzero(rows[0] == user) for user in range(9)]
+        if unit == "user"
+        else [np.array([i]) for i in range(rows[0].size)]
+    )
     clip, lr = 3.0, 0.3
     expected_sum, norms = clipped_sum(model, units, rows, vectors, clip)
     assert norms.max() > 100 * clip and norms.min() < clip  # some units are clipped, some are not
     before = weights_of(model)
-    config = dpsgd.DPSGDConfig(epochs=1, batch_size=len(units), learning_rate=lr, l2_norm_clip=clip, unit=unit, optimizer="sgd", seed=0, fast_clipping=fast)
-    out = dpsgd.train(model, rows, (np.arange(9), vectors), config, noise_multiplier=0.0, clip_u=math.inf, clip_y=math.inf, progress=False)
+    config = dpsgd.DPSGDConfig(
+        epochs=1,
+        batch_size=len(units),
+        learning_rate=lr,
+        l2_norm_clip=clip,
+        unit=unit,
+        optimizer="sgd",
+        seed=0,
+        fast_clipping=fast,
+    )
+    out = dpsgd.train(
+        model,
+        rows,
+        (np.arange(9), vectors),
+        config,
+        noise_multiplier=0.0,
+        clip_u=math.inf,
+        clip_y=math.inf,
+        progress=False,
+    )
     assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, len(units))
     for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
         np.testing.assert_allclose((w0 - w1) / lr, g / len(units), rtol=2e-4, atol=1e-6, err_msg=var.name)
@@ -99,7 +128,9 @@ def test_noise_on_the_summed_gradient_has_std_z_times_clip(fast):
     rows = (np.arange(n), np.arange(n), np.ones(n), np.zeros(n))
     z, clip = 2.0, 0.5
     before = weights_of(model)
-    config = dpsgd.DPSGDConfig(epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=clip, optimizer="sgd", seed=3, fast_clipping=fast)
+    config = dpsgd.DPSGDConfig(
+        epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=clip, optimizer="sgd", seed=3, fast_clipping=fast
+    )
     out = dpsgd.train(model, rows, (np.arange(n), np.ones((n, 8))), config, z, 1.0, 1.0, progress=False)
     assert out["steps"] == 40
     moved = np.concatenate([(b - a).ravel() for a, b in zip(before, weights_of(model))])
@@ -113,7 +144,9 @@ def test_ridge_gradient_is_ridge_over_units_times_the_weights():
     model = encoder("features")
     before = weights_of(model)
     rows = (np.arange(4), np.arange(4), np.ones(4), np.zeros(4))
-    config = dpsgd.DPSGDConfig(epochs=1, batch_size=4, learning_rate=0.5, l2_norm_clip=1.0, ridge=2.0, optimizer="sgd", seed=0)
+    config = dpsgd.DPSGDConfig(
+        epochs=1, batch_size=4, learning_rate=0.5, l2_norm_clip=1.0, ridge=2.0, optimizer="sgd", seed=0
+    )
     dpsgd.train(model, rows, (np.arange(4), np.ones((4, 3))), config, 0.0, 1.0, 1.0, progress=False)
     for a, b in zip(before, weights_of(model)):
         np.testing.assert_allclose(b, a * (1 - 0.5 * 2.0 / 4), rtol=1e-6)
@@ -129,7 +162,16 @@ def test_non_private_training_fits_a_planted_model():
     labels = np.einsum("nd,nd->n", vectors[ids], planted[positions])
     model = encoder("id", items=catalog(m), dim=d)
     config = dpsgd.DPSGDConfig(epochs=40, batch_size=10, learning_rate=0.05, l2_norm_clip=math.inf, seed=0)
-    dpsgd.train(model, (ids, positions, labels, np.ones(ids.size)), (np.arange(users), vectors), config, 0.0, math.inf, math.inf, progress=False)
+    dpsgd.train(
+        model,
+        (ids, positions, labels, np.ones(ids.size)),
+        (np.arange(users), vectors),
+        config,
+        0.0,
+        math.inf,
+        math.inf,
+        progress=False,
+    )
     fitted = model.embed_all()
     rmse = np.sqrt(np.mean((np.einsum("nd,nd->n", vectors[ids], fitted[positions]) - labels) ** 2))
     assert rmse < 0.02 < np.std(labels)
@@ -142,7 +184,9 @@ def test_row_cap_keeps_max_rows_per_user_of_the_users_rows():
     rows = (np.zeros(5, int), np.arange(5), np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.ones(5))
     vectors = np.array([[1.0, 0.5, -0.5]])
     before = weights_of(model)
-    config = dpsgd.DPSGDConfig(epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=math.inf, max_rows_per_user=2, optimizer="sgd", seed=5)
+    config = dpsgd.DPSGDConfig(
+        epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=math.inf, max_rows_per_user=2, optimizer="sgd", seed=5
+    )
     dpsgd.train(model, rows, (np.array([0]), vectors), config, 0.0, math.inf, math.inf, progress=False)
     moved = before[0] - weights_of(model)[0]
     matches = []
@@ -161,23 +205,53 @@ def test_event_epsilon_matches_dp_accounting_and_tf_privacy():
     rows = (np.repeat(np.arange(25), 4), np.arange(n) % 6, np.ones(n), np.ones(n))
     out = dpsgd.train(encoder("id"), rows, (np.arange(25), np.ones((25, 3))), config, z, 1.0, 1.0, progress=False)
     assert (out["sampling_probability"], out["steps"], out["units"], out["noise_multiplier"]) == (0.1, 20, n, z)
-    epsilon = epsilon_of([out["event"]], delta, accountant="rdp")  # as TF-Privacy states it (PLD, the ledger's default, is tighter)
+    epsilon = epsilon_of(
+        [out["event"]], delta, accountant="rdp"
+    )  # as TF-Privacy states it (PLD, the ledger's default, is tighter)
     assert epsilon_of([out["event"]], delta) < epsilon
     accountant = dp_accounting.rdp.RdpAccountant()
-    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 20))
+    accountant.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 20
+        )
+    )
     assert epsilon == pytest.approx(accountant.get_epsilon(delta), rel=1e-12)
-    statement = compute_dp_sgd_privacy_statement(number_of_examples=n, batch_size=batch, num_epochs=epochs, noise_multiplier=z, delta=delta, used_microbatching=False)
+    statement = compute_dp_sgd_privacy_statement(
+        number_of_examples=n,
+        batch_size=batch,
+        num_epochs=epochs,
+        noise_multiplier=z,
+        delta=delta,
+        used_microbatching=False,
+    )
     tf_privacy = float(re.search(r"Epsilon assuming Poisson sampling \(\*\):\s+([0-9.]+)", statement).group(1))
     assert epsilon == pytest.approx(tf_privacy, rel=0.05)
-    assert epsilon_of([dpsgd.train(encoder("id"), rows, (np.arange(25), np.ones((25, 3))), config, 0.0, 1.0, 1.0, progress=False)["event"]], delta) == math.inf
+    assert (
+        epsilon_of(
+            [
+                dpsgd.train(
+                    encoder("id"), rows, (np.arange(25), np.ones((25, 3))), config, 0.0, 1.0, 1.0, progress=False
+                )["event"]
+            ],
+            delta,
+        )
+        == math.inf
+    )
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("unit", "item", "unit must be one of"), ("batch_size", 0, "batch_size must be a positive integer"),
-    ("max_rows_per_user", 2.5, "max_rows_per_user must be a positive integer"), ("epochs", 0, "epochs must be a finite number > 0"),
-    ("learning_rate", math.nan, "learning_rate must be a finite number > 0"), ("ridge", -1.0, "ridge must be a finite number >= 0"),
-    ("l2_norm_clip", 0.0, "l2_norm_clip must be a finite number > 0"), ("optimizer", "rmsprop", "optimizer must be one of"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("unit", "item", "unit must be one of"),
+        ("batch_size", 0, "batch_size must be a positive integer"),
+        ("max_rows_per_user", 2.5, "max_rows_per_user must be a positive integer"),
+        ("epochs", 0, "epochs must be a finite number > 0"),
+        ("learning_rate", math.nan, "learning_rate must be a finite number > 0"),
+        ("ridge", -1.0, "ridge must be a finite number >= 0"),
+        ("l2_norm_clip", 0.0, "l2_norm_clip must be a finite number > 0"),
+        ("optimizer", "rmsprop", "optimizer must be one of"),
+    ],
+)
 def test_bad_config_raises(field, value, message):
     with pytest.raises(ValueError, match=message):
         dpsgd.DPSGDConfig(**{field: value})
@@ -195,7 +269,9 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="user 1 has rows but no embedding"):
         dpsgd.train(model, rows, (np.array([0]), np.ones((1, 3))), config, 0.0, 1.0, 1.0, progress=False)
     with pytest.raises(ValueError, match=r"item positions must be in \[0, 6\)"):
-        dpsgd.train(model, (rows[0], np.array([0, 6]), rows[2], rows[3]), vectors, config, 0.0, 1.0, 1.0, progress=False)
+        dpsgd.train(
+            model, (rows[0], np.array([0, 6]), rows[2], rows[3]), vectors, config, 0.0, 1.0, 1.0, progress=False
+        )
     with pytest.raises(ValueError, match="need 1 <= batch size <= units"):
         dpsgd.train(model, rows, vectors, dpsgd.DPSGDConfig(batch_size=3), 0.0, 1.0, 1.0, progress=False)
 
@@ -212,7 +288,17 @@ def test_planned_units_below_the_rows_still_sample_every_unit():
     expected_sum, _ = clipped_sum(model, units, rows, vectors, clip)
     before = weights_of(model)
     config = dpsgd.DPSGDConfig(epochs=1, batch_size=7, learning_rate=lr, l2_norm_clip=clip, optimizer="sgd", seed=0)
-    out = dpsgd.train(model, rows, (np.arange(9), vectors), config, noise_multiplier=0.0, clip_u=math.inf, clip_y=math.inf, progress=False, units=7)
+    out = dpsgd.train(
+        model,
+        rows,
+        (np.arange(9), vectors),
+        config,
+        noise_multiplier=0.0,
+        clip_u=math.inf,
+        clip_y=math.inf,
+        progress=False,
+        units=7,
+    )
     assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, 7)
     for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
         np.testing.assert_allclose((w0 - w1) / lr, g / 7, rtol=2e-4, atol=1e-6, err_msg=var.name)
@@ -229,7 +315,9 @@ def test_logistic_rows_draw_unrated_negatives_that_estimate_the_every_item_term(
         negatives = out_positions[mine & (labels == 0)]
         assert set(out_positions[mine & (labels == 1)]) == rated and np.allclose(weights[mine & (labels == 1)], pos_w)
         assert len(negatives) == len(rated) and len(set(negatives)) == len(negatives) and not set(negatives) & rated
-        assert weights[mine & (labels == 0)].sum() == pytest.approx(neg_w * 10)  # unbiased for the every-item term's weight
+        assert weights[mine & (labels == 0)].sum() == pytest.approx(
+            neg_w * 10
+        )  # unbiased for the every-item term's weight
     # a user who rated every item has no negative to draw
     _, _, labels, _ = dpsgd.logistic_rows(np.array([1, 1]), np.array([0, 1]), 2, np.random.default_rng(0))
     assert labels.tolist() == [1.0, 1.0]

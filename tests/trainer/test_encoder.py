@@ -10,18 +10,24 @@ from trainer.encoder import ItemEncoder
 from trainer.features import FeatureSpace
 
 ITEMS = pa.table(
-    {"item_id": [10, 20, 30, 40, 50], "title": ["a", "b", "c", "d", "e"],
-     "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"]], "year": [1990, 1990, None, 2000, 2010]},
+    {
+        "item_id": [10, 20, 30, 40, 50],
+        "title": ["a", "b", "c", "d", "e"],
+        "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"]],
+        "year": [1990, 1990, None, 2000, 2010],
+    },
     schema=items_schema({"genres": "multivalent", "year": "univalent"}),
 )
 # columns: genres x, y, z | year 1990, 2000, 2010 | constant (bias)
-FEATURES = np.array([
-    [1 / 2, 1 / 2, 0, 1, 0, 0, 1],
-    [0, 1, 0, 1, 0, 0, 1],
-    [2 / 3, 0, 1 / 3, 0, 0, 0, 1],
-    [0, 0, 0, 0, 1, 0, 1],
-    [0, 0, 1, 0, 0, 1, 1],
-])
+FEATURES = np.array(
+    [
+        [1 / 2, 1 / 2, 0, 1, 0, 0, 1],
+        [0, 1, 0, 1, 0, 0, 1],
+        [2 / 3, 0, 1 / 3, 0, 0, 0, 1],
+        [0, 0, 0, 0, 1, 0, 1],
+        [0, 0, 1, 0, 0, 1, 1],
+    ]
+)
 WEIGHTS = np.array([10.0, 1.0, 3.0, 7.0, 2.0])
 
 
@@ -49,7 +55,9 @@ def test_a_heavier_item_pulls_the_first_direction_towards_its_features():
     encoder.init_principal(heavy)
     embedded = np.abs(encoder.embed_all()[:, 0])
     assert embedded.argmax() == 3
-    np.testing.assert_allclose(embedded[3], np.sqrt(2), rtol=1e-4)  # its own unit feature vector (2000, constant), normalised
+    np.testing.assert_allclose(
+        embedded[3], np.sqrt(2), rtol=1e-4
+    )  # its own unit feature vector (2000, constant), normalised
 
 
 def test_dimensions_beyond_the_features_rank_keep_random_directions_at_the_same_scale():

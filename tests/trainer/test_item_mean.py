@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from pipelines.releases.stats_core import release_metadata, stats_table, StatsSettings
+from pipelines.releases.stats_core import StatsSettings, release_metadata, stats_table
 from privacy.accumulator import NoiseSpec
 from schemas import storage
 from trainer.features import FeatureSpace
@@ -33,8 +32,12 @@ def test_posterior_means_by_hand(tmp_path):
     sigma, tau, v = 2.0, 1.0, (std / C) ** 2
     for j, (w, s) in enumerate([(100.0, 50.0), (2.0, 2.0)]):
         assert means[j] == pytest.approx(s / (w + sigma**2 / tau**2 + v / (tau**2 * w)), rel=1e-12)
-    assert means[2] == 0.0 and means[3] == 0.0 and means[4] == 0.0  # no weight (or a negative noised one), and no row: the DP mean
-    assert 0.45 < means[0] < 0.5 and means[1] < 0.3  # heavy: near its mean 0.5; light: its mean 1 shrunk most of the way to the DP mean
+    assert (
+        means[2] == 0.0 and means[3] == 0.0 and means[4] == 0.0
+    )  # no weight (or a negative noised one), and no row: the DP mean
+    assert (
+        0.45 < means[0] < 0.5 and means[1] < 0.3
+    )  # heavy: near its mean 0.5; light: its mean 1 shrunk most of the way to the DP mean
 
 
 def test_without_noise_it_is_the_mean_with_four_pseudo_ratings(tmp_path):

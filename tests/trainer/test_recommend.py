@@ -24,13 +24,30 @@ def publication(folder, protocol="rmse", threshold=None, counts=None, loss="squa
     embeddings = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
     if biases is not None:
         embeddings = [v + [b, 1.0] for v, b in zip(embeddings, [biases[2], biases[0], biases[1]])]
-    storage.write_table(pa.table({"item_id": [30, 10, 20], "embedding": embeddings}, schema=ITEM_EMBEDDINGS),
-                        storage.join(path, "item_embeddings.parquet"))
+    storage.write_table(
+        pa.table({"item_id": [30, 10, 20], "embedding": embeddings}, schema=ITEM_EMBEDDINGS),
+        storage.join(path, "item_embeddings.parquet"),
+    )
     if counts is not None:
-        storage.write_table(pa.table({"item_id": [20, 10, 30], "count": [counts[1], counts[0], counts[2]]}), storage.join(path, "counts.parquet"))
-    settings = {"protocol": protocol, "dim": 2 if biases is None else 4, "lambda_u": 1.0, "gravity": 0.0, "dp_mean": 3.0 if protocol == "rmse" else None,
-                "rating_range": [0.5, 5.0], "positive_threshold": threshold, "encoder": "features", "feature_families": {},
-                "popularity_column": counts is not None and protocol == "recall", "loss": loss, "biases": biases is not None, "lambda_bias": None}
+        storage.write_table(
+            pa.table({"item_id": [20, 10, 30], "count": [counts[1], counts[0], counts[2]]}),
+            storage.join(path, "counts.parquet"),
+        )
+    settings = {
+        "protocol": protocol,
+        "dim": 2 if biases is None else 4,
+        "lambda_u": 1.0,
+        "gravity": 0.0,
+        "dp_mean": 3.0 if protocol == "rmse" else None,
+        "rating_range": [0.5, 5.0],
+        "positive_threshold": threshold,
+        "encoder": "features",
+        "feature_families": {},
+        "popularity_column": counts is not None and protocol == "recall",
+        "loss": loss,
+        "biases": biases is not None,
+        "lambda_bias": None,
+    }
     storage.write_json(settings, storage.join(path, "model.json"))
     storage.write_json({"run": "r"}, storage.join(path, "_PUBLISHED"))
     return path
@@ -51,7 +68,9 @@ def test_a_rating_is_folded_in_by_the_ridge_and_the_best_unseen_items_come_first
 
 def test_the_ranking_protocol_folds_in_positives_and_excludes_every_seen_item(tmp_path):
     model = PublishedModel.load(publication(tmp_path, "recall", threshold=3.5))
-    history = pa.table({"user_id": [1, 1, 1], "item_id": [20, 30, 99], "label": [5.0, 2.0, 5.0]})  # 30: not a positive; 99: not in the catalog
+    history = pa.table(
+        {"user_id": [1, 1, 1], "item_id": [20, 30, 99], "label": [5.0, 2.0, 5.0]}
+    )  # 30: not a positive; 99: not in the catalog
     _, u = model.fold_in(np.array([1]), np.array([1]), None)  # item 20 alone, target 1
     top = model.recommend(history, k=3, exclude_seen=True)
     assert top["item_id"].to_pylist() == [10] and top["score"].to_pylist() == pytest.approx([float(u[0] @ [1.0, 0.0])])
@@ -68,7 +87,9 @@ def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path
     _, u = model.fold_in(np.array([4]), np.array([0]), None)
     np.testing.assert_allclose(u, [x / (1 + x @ x)])
     top = model.recommend(pa.table({"user_id": [4], "item_id": [10]}), k=2, exclude_seen=True)
-    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx([u[0] @ [1.0, 1.0, p[2]], u[0] @ [0.0, 1.0, p[1]]])
+    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx(
+        [u[0] @ [1.0, 1.0, p[2]], u[0] @ [0.0, 1.0, p[1]]]
+    )
 
 
 def test_a_ranking_model_with_item_biases_holds_each_users_bias_at_zero_and_keeps_the_bias_pair_last(tmp_path):
@@ -77,13 +98,17 @@ def test_a_ranking_model_with_item_biases_holds_each_users_bias_at_zero_and_keep
     [u, 1, 0]: every score is u . (v, p) + b_j."""
     model = PublishedModel.load(publication(tmp_path, "recall", counts=[1.0, 2.0, 2.0], biases=[0.25, -0.5, 0.75]))
     p = np.sqrt(2) / 3 * np.array([1.0, 2.0, 2.0])  # the embedding's RMS norm, as without biases
-    np.testing.assert_allclose(model.vectors, np.c_[[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], p, [0.25, -0.5, 0.75], np.ones(3)])
+    np.testing.assert_allclose(
+        model.vectors, np.c_[[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], p, [0.25, -0.5, 0.75], np.ones(3)]
+    )
     x = np.array([1.0, 0.0, p[0]])
     _, u = model.fold_in(np.array([4]), np.array([0]), None)
     np.testing.assert_allclose(u, [np.r_[x / (1 + x @ x) * (1 - 0.25), 1.0, 0.0]])
     top = model.recommend(pa.table({"user_id": [4], "item_id": [10]}), k=2, exclude_seen=True)
     scores = {30: u[0, :3] @ [1.0, 1.0, p[2]] + 0.75, 20: u[0, :3] @ [0.0, 1.0, p[1]] - 0.5}
-    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx([scores[30], scores[20]])
+    assert top["item_id"].to_pylist() == [30, 20] and top["score"].to_pylist() == pytest.approx(
+        [scores[30], scores[20]]
+    )
 
 
 def test_a_logistic_model_folds_in_with_every_item_a_negative_as_its_evaluation(tmp_path):
@@ -92,7 +117,9 @@ def test_a_logistic_model_folds_in_with_every_item_a_negative_as_its_evaluation(
     expected_users, expected = logistic_solve(np.array([4, 4]), model.vectors[[0, 2]], model.vectors, 1.0)
     np.testing.assert_array_equal(users, expected_users)
     np.testing.assert_allclose(u, expected)
-    ridge = PublishedModel.load(publication(tmp_path / "square", "recall")).fold_in(np.array([4, 4]), np.array([0, 2]), None)[1]
+    ridge = PublishedModel.load(publication(tmp_path / "square", "recall")).fold_in(
+        np.array([4, 4]), np.array([0, 2]), None
+    )[1]
     assert not np.allclose(u, ridge)
 
 
@@ -114,24 +141,54 @@ def test_a_publication_and_histories_on_gcs(gcs_path):
 
     model = publication(f"{gcs_path}/published")
     storage.write_table(pa.table({"user_id": [7], "item_id": [10], "label": [4.0]}), f"{gcs_path}/history.parquet")
-    assert cli.main(["recommend", "--model", model, "--history", f"{gcs_path}/history.parquet", "--k", "2",
-                     "--out", f"{gcs_path}/top.parquet"]) == 0
+    assert (
+        cli.main(
+            [
+                "recommend",
+                "--model",
+                model,
+                "--history",
+                f"{gcs_path}/history.parquet",
+                "--k",
+                "2",
+                "--out",
+                f"{gcs_path}/top.parquet",
+            ]
+        )
+        == 0
+    )
     assert storage.read_table(f"{gcs_path}/top.parquet")["item_id"].to_pylist() == [30, 20]
 
 
 def test_a_counts_release_naming_an_item_without_an_embedding_is_one_line_through_the_installed_command(tmp_path):
     path = publication(tmp_path / "published", "recall", counts=[1.0, 2.0, 2.0])
-    storage.write_table(pa.table({"item_id": [10, 20, 99], "count": [1.0, 2.0, 3.0]}), storage.join(path, "counts.parquet"))
+    storage.write_table(
+        pa.table({"item_id": [10, 20, 99], "count": [1.0, 2.0, 3.0]}), storage.join(path, "counts.parquet")
+    )
     (tmp_path / "history.csv").write_text("user_id,item_id\n1,10\n")
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    result = subprocess.run([installed, "recommend", "--model", path, "--history", str(tmp_path / "history.csv")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [installed, "recommend", "--model", path, "--history", str(tmp_path / "history.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1].startswith("ssp recommend: error: ") and "counts.parquet" in result.stderr and "99" in result.stderr
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("ssp recommend: error: ")
+        and "counts.parquet" in result.stderr
+        and "99" in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
 def installed_ssp(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ssp"), *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ssp"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess, *names: str) -> None:
@@ -146,16 +203,48 @@ def test_bad_histories_and_new_items_are_one_line_through_the_installed_command(
     --new-items table keyed by another column, an --out that is neither .csv nor .parquet."""
     model = publication(tmp_path / "published")
     (tmp_path / "empty.csv").write_text("user_id,item_id,label\n1,10,4\n2,,3\n")
-    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "empty.csv"), "empty.csv", "row 2", "item_id", "empty value")
+    one_error_line(
+        installed_ssp("recommend", "--model", model, "--history", tmp_path / "empty.csv"),
+        "empty.csv",
+        "row 2",
+        "item_id",
+        "empty value",
+    )
     (tmp_path / "strings.csv").write_text("user_id,item_id,label\nann,10,4\n")
-    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "strings.csv"), "strings.csv", "'user_id'", "'ann'", "not integer ids")
+    one_error_line(
+        installed_ssp("recommend", "--model", model, "--history", tmp_path / "strings.csv"),
+        "strings.csv",
+        "'user_id'",
+        "'ann'",
+        "not integer ids",
+    )
     (tmp_path / "scale.csv").write_text("user_id,item_id,label\n1,10,4\n1,20,40\n")
-    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "scale.csv"), "scale.csv", "row 2", "label 40", "0.5..5")
+    one_error_line(
+        installed_ssp("recommend", "--model", model, "--history", tmp_path / "scale.csv"),
+        "scale.csv",
+        "row 2",
+        "label 40",
+        "0.5..5",
+    )
     (tmp_path / "history.csv").write_text("user_id,item_id,label\n1,10,4\n")
     (tmp_path / "new.csv").write_text("sku,brand\n50,acme\n")
-    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "history.csv", "--new-items", tmp_path / "new.csv"),
-                   "new.csv", "'item_id'", "sku, brand", "--item-col")
-    one_error_line(installed_ssp("recommend", "--model", model, "--history", tmp_path / "history.csv", "--out", tmp_path / "top.txt"), "top.txt", ".csv", ".parquet")
+    one_error_line(
+        installed_ssp(
+            "recommend", "--model", model, "--history", tmp_path / "history.csv", "--new-items", tmp_path / "new.csv"
+        ),
+        "new.csv",
+        "'item_id'",
+        "sku, brand",
+        "--item-col",
+    )
+    one_error_line(
+        installed_ssp(
+            "recommend", "--model", model, "--history", tmp_path / "history.csv", "--out", tmp_path / "top.txt"
+        ),
+        "top.txt",
+        ".csv",
+        ".parquet",
+    )
     assert not (tmp_path / "top.txt").exists()
 
 
@@ -165,15 +254,52 @@ def test_own_column_names_csv_out_seen_items_and_a_new_user_through_the_installe
     a note and the unknown items counted on stderr, listed with -v."""
     model = publication(tmp_path / "published", counts=[5.0, 9.0, 7.0])  # a ratings model shipping its DP counts
     (tmp_path / "h.csv").write_text("customer,sku,label\n7,10,4\n8,99,5\n8,98,2\n")
-    result = installed_ssp("recommend", "--model", model, "--history", tmp_path / "h.csv", "--user-col", "customer", "--item-col", "sku", "--k", "2",
-                           "--out", tmp_path / "top.csv")
+    result = installed_ssp(
+        "recommend",
+        "--model",
+        model,
+        "--history",
+        tmp_path / "h.csv",
+        "--user-col",
+        "customer",
+        "--item-col",
+        "sku",
+        "--k",
+        "2",
+        "--out",
+        tmp_path / "top.csv",
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "top.csv").read_text().splitlines() == [
-        '"user_id","rank","item_id","score"', "7,1,30,3.5", "7,2,20,3",  # u = (0.5, 0): DP mean 3 + u . v, item 10 (seen) left out
-        "8,1,20,9", "8,2,30,7"]  # no catalog item: the DP popularity ranking
-    assert "2 history row(s) name 2 item(s) outside the model's catalog" in result.stderr and "-v lists them" in result.stderr
+        '"user_id","rank","item_id","score"',
+        "7,1,30,3.5",
+        "7,2,20,3",  # u = (0.5, 0): DP mean 3 + u . v, item 10 (seen) left out
+        "8,1,20,9",
+        "8,2,30,7",
+    ]  # no catalog item: the DP popularity ranking
+    assert (
+        "2 history row(s) name 2 item(s) outside the model's catalog" in result.stderr
+        and "-v lists them" in result.stderr
+    )
     assert "1 user(s) with no catalog item to fold in: the DP popularity ranking" in result.stderr
-    verbose = installed_ssp("recommend", "-v", "--model", model, "--history", tmp_path / "h.csv", "--user-col", "customer", "--item-col", "sku",
-                            "--include-seen", "--k", "1")
+    verbose = installed_ssp(
+        "recommend",
+        "-v",
+        "--model",
+        model,
+        "--history",
+        tmp_path / "h.csv",
+        "--user-col",
+        "customer",
+        "--item-col",
+        "sku",
+        "--include-seen",
+        "--k",
+        "1",
+    )
     assert verbose.returncode == 0 and "items outside the catalog: 98, 99" in verbose.stderr
-    assert verbose.stdout.splitlines() == ["user_id,rank,item_id,score", "7,1,10,3.5", "8,1,20,9"]  # item 10 ties 30 at 3.5, the smaller id first
+    assert verbose.stdout.splitlines() == [
+        "user_id,rank,item_id,score",
+        "7,1,10,3.5",
+        "8,1,20,9",
+    ]  # item 10 ties 30 at 3.5, the smaller id first

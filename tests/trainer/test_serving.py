@@ -34,8 +34,13 @@ json.dump({"item_ids": out["item_ids"].numpy().tolist(), "scores": np.nan_to_num
 def serve(path, request: dict) -> dict:
     """The serving model's answer, from a fresh Python that imports TensorFlow alone."""
     (path / "request.json").write_text(json.dumps(request))
-    done = subprocess.run([sys.executable, "-c", CLEAN_CLIENT, str(path / "model"), str(path / "request.json")], capture_output=True, text=True,
-                          cwd=str(path), timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CLEAN_CLIENT, str(path / "model"), str(path / "request.json")],
+        capture_output=True,
+        text=True,
+        cwd=str(path),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -43,7 +48,9 @@ def serve(path, request: dict) -> dict:
 LAYOUTS = {
     "ratings with biases": dict(protocol="rmse", biases=True, lambda_bias=3.0, gravity=0.0, popularity=False),
     "ratings without biases": dict(protocol="rmse", biases=False, lambda_bias=None, gravity=0.0, popularity=False),
-    "ranking, popularity, gravity, biases": dict(protocol="recall", biases=True, lambda_bias=None, gravity=0.05, popularity=True),
+    "ranking, popularity, gravity, biases": dict(
+        protocol="recall", biases=True, lambda_bias=None, gravity=0.05, popularity=True
+    ),
     "ranking without biases": dict(protocol="recall", biases=False, lambda_bias=None, gravity=0.0, popularity=True),
 }
 
@@ -58,22 +65,46 @@ def test_the_serving_signature_gives_ssp_recommends_top_k_in_a_clean_tensorflow(
     if spec["biases"]:
         vectors = np.hstack([vectors, rng.normal(size=(n, 1)), np.ones((n, 1))])
     counts = rng.integers(1, 500, n).astype(float)  # every publication ships the counts release
-    settings = {"protocol": spec["protocol"], "dim": vectors.shape[1], "biases": spec["biases"], "lambda_bias": spec["lambda_bias"], "loss": "square",
-                "lambda_u": 0.3, "user_prior": 2.0, "gravity": spec["gravity"], "dp_mean": 3.5 if spec["protocol"] == "rmse" else None,
-                "rating_range": [0.5, 5.0], "positive_threshold": None, "encoder": "features", "feature_families": {},
-                "popularity_column": spec["popularity"]}
+    settings = {
+        "protocol": spec["protocol"],
+        "dim": vectors.shape[1],
+        "biases": spec["biases"],
+        "lambda_bias": spec["lambda_bias"],
+        "loss": "square",
+        "lambda_u": 0.3,
+        "user_prior": 2.0,
+        "gravity": spec["gravity"],
+        "dp_mean": 3.5 if spec["protocol"] == "rmse" else None,
+        "rating_range": [0.5, 5.0],
+        "positive_threshold": None,
+        "encoder": "features",
+        "feature_families": {},
+        "popularity_column": spec["popularity"],
+    }
     if spec["popularity"]:
         from trainer.evaluate import with_popularity
+
         vectors = with_popularity(vectors, counts, spec["biases"])
     model = PublishedModel(str(tmp_path), item_ids, vectors, settings, counts)
     serving.export(item_ids, vectors, settings, counts, str(tmp_path / "model"))
     # three users: 5 items (one repeated, one outside the catalog), 2 items, and none in the catalog (a new user)
-    histories = [list(rng.choice(item_ids, 4, replace=False)) + [7], list(rng.choice(item_ids, 2, replace=False)), [1, 2]]
+    histories = [
+        list(rng.choice(item_ids, 4, replace=False)) + [7],
+        list(rng.choice(item_ids, 2, replace=False)),
+        [1, 2],
+    ]
     histories[0].append(histories[0][0])
     width = max(map(len, histories))
     labels = [list(rng.choice([1.0, 2.5, 4.0, 5.0], len(h))) for h in histories]
-    request = {"item_ids": [[int(i) for i in h] + [-1] * (width - len(h)) for h in histories], "k": 6, "similar": [int(item_ids[3]), int(item_ids[0])]}
-    rows = {"user_id": [u for u, h in enumerate(histories) for _ in h], "item_id": [int(i) for h in histories for i in h]}
+    request = {
+        "item_ids": [[int(i) for i in h] + [-1] * (width - len(h)) for h in histories],
+        "k": 6,
+        "similar": [int(item_ids[3]), int(item_ids[0])],
+    }
+    rows = {
+        "user_id": [u for u, h in enumerate(histories) for _ in h],
+        "item_id": [int(i) for h in histories for i in h],
+    }
     if spec["protocol"] == "rmse":
         request["labels"] = [lab + [0.0] * (width - len(lab)) for lab in labels]
         rows["label"] = [x for lab in labels for x in lab]
@@ -99,16 +130,31 @@ def test_fewer_items_than_k_come_back_as_minus_one_and_bad_labels_or_ids_are_ref
     import tensorflow as tf
 
     item_ids, vectors = np.array([10, 20, 30]), np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    settings = {"protocol": "rmse", "dim": 2, "biases": False, "lambda_bias": None, "loss": "square", "lambda_u": 1.0, "user_prior": 0.0,
-                "gravity": 0.0, "dp_mean": 3.0, "rating_range": [0.5, 5.0], "popularity_column": False}
+    settings = {
+        "protocol": "rmse",
+        "dim": 2,
+        "biases": False,
+        "lambda_bias": None,
+        "loss": "square",
+        "lambda_u": 1.0,
+        "user_prior": 0.0,
+        "gravity": 0.0,
+        "dp_mean": 3.0,
+        "rating_range": [0.5, 5.0],
+        "popularity_column": False,
+    }
     serving.export(item_ids, vectors, settings, None, str(tmp_path / "model"))
     model = tf.saved_model.load(str(tmp_path / "model"))
-    out = model.signatures["recommend"](item_ids=tf.constant([[10, 20]], tf.int64), labels=tf.constant([[4.0, 3.0]]), k=tf.constant(3))
+    out = model.signatures["recommend"](
+        item_ids=tf.constant([[10, 20]], tf.int64), labels=tf.constant([[4.0, 3.0]]), k=tf.constant(3)
+    )
     # by hand: u = (v10 v10^T + v20 v20^T + 2 I)^-1 (v10 * 1 + v20 * 0) = (1/3, 0); item 30 scores 3 + 1/3
     assert out["item_ids"].numpy().tolist() == [[30, -1, -1]]
     np.testing.assert_allclose(out["scores"].numpy()[0, 0], 3 + 1 / 3)
     assert np.isnan(out["scores"].numpy()[0, 1:]).all()
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"outside the rating scale 0.5..5 of this model[\s\S]*40"):
-        model.signatures["recommend"](item_ids=tf.constant([[10]], tf.int64), labels=tf.constant([[40.0]]), k=tf.constant(2))
+        model.signatures["recommend"](
+            item_ids=tf.constant([[10]], tf.int64), labels=tf.constant([[40.0]]), k=tf.constant(2)
+        )
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in the catalog of this model[\s\S]*777"):
         model.signatures["similar_items"](item_ids=tf.constant([10, 777], tf.int64), k=tf.constant(1))

@@ -42,7 +42,9 @@ def test_the_compiled_normal_equations_are_each_keys_sums_plus_its_ridge():
     np.testing.assert_allclose(rhs[1], x.T @ s, rtol=1e-12)
     np.testing.assert_array_equal(gram[2], np.diag([3.0, 3.0]))
     np.testing.assert_array_equal(rhs[2], [0.0, 0.0])
-    weighted, weighted_rhs = normal_equations(starts, vectors, labels, ridge, free, offset=1, root=np.r_[2.0, np.ones(300)])
+    weighted, weighted_rhs = normal_equations(
+        starts, vectors, labels, ridge, free, offset=1, root=np.r_[2.0, np.ones(300)]
+    )
     np.testing.assert_array_equal(weighted[0], [[4.5, 8.0], [8.0, 16.25]])
     np.testing.assert_array_equal(weighted_rhs[0], [-16.0, -32.0])
     plain, plain_rhs = normal_equations(starts, vectors, labels, np.ones((3, 3)))
@@ -67,9 +69,15 @@ def test_the_logistic_solve_is_the_minimiser_of_each_users_weighted_logistic_los
         w_p, w_n = logistic_weights(np.array([len(mine)]), len(items), 1.0)
 
         def objective(x):
-            return w_p[0] * logistic_loss(mine @ x, 1.0).sum() + w_n[0] * logistic_loss(items @ x, 0.0).sum() + 0.05 * x @ x
+            return (
+                w_p[0] * logistic_loss(mine @ x, 1.0).sum()
+                + w_n[0] * logistic_loss(items @ x, 0.0).sum()
+                + 0.05 * x @ x
+            )
 
-        np.testing.assert_allclose(u[row], optimize.minimize(objective, np.zeros(4), method="BFGS", options={"gtol": 1e-12}).x, atol=1e-6)
+        np.testing.assert_allclose(
+            u[row], optimize.minimize(objective, np.zeros(4), method="BFGS", options={"gtol": 1e-12}).x, atol=1e-6
+        )
     with pytest.raises(ValueError, match="lambda must be > 0"):
         logistic_solve(keys, items[rated], items, 0.0)
 
@@ -105,13 +113,23 @@ def test_biases_with_gravity_minimise_the_implicit_objective(bias_ridge):
     catalog = np.hstack([rng.normal(size=(9, 2)), rng.normal(size=(9, 1)), np.ones((9, 1))])
     keys, rated = np.array([4, 4, 4, 6, 6]), np.array([0, 3, 8, 1, 3])
     labels, lam, alpha = rng.normal(size=5), 0.4, 0.3
-    unique, solved = ridge_solve(keys, catalog[rated], labels, lam, scale_by_rows=True, gravity=alpha * catalog.T @ catalog, bias_ridge=bias_ridge)
+    unique, solved = ridge_solve(
+        keys,
+        catalog[rated],
+        labels,
+        lam,
+        scale_by_rows=True,
+        gravity=alpha * catalog.T @ catalog,
+        bias_ridge=bias_ridge,
+    )
     for k, key in enumerate(unique):
         rows = keys == key
 
         def objective(free):
             x = np.array([free[0], free[1], 1.0, free[2] if np.isfinite(bias_ridge) else 0.0])
-            penalty = lam * rows.sum() * (free[0] ** 2 + free[1] ** 2) + (bias_ridge * free[2] ** 2 if np.isfinite(bias_ridge) else 0.0)
+            penalty = lam * rows.sum() * (free[0] ** 2 + free[1] ** 2) + (
+                bias_ridge * free[2] ** 2 if np.isfinite(bias_ridge) else 0.0
+            )
             return ((labels[rows] - catalog[rated[rows]] @ x) ** 2).sum() + penalty + alpha * ((catalog @ x) ** 2).sum()
 
         best = optimize.minimize(objective, np.zeros(3), method="BFGS", options={"gtol": 1e-12}).x

@@ -10,12 +10,16 @@ from privacy.accumulator import augment, grouped_sums, pack_upper, unpack_upper
 from schemas import storage
 from schemas.tables import items_schema
 from trainer import ssp
-from trainer.encoder import export, ItemEncoder
+from trainer.encoder import ItemEncoder, export
 from trainer.features import FeatureSpace
 
 ITEMS = pa.table(
-    {"item_id": [10, 20, 30, 40, 50], "title": ["a", "b", "c", "d", "e"],
-     "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"]], "year": [1990, 1990, None, 2000, 2010]},
+    {
+        "item_id": [10, 20, 30, 40, 50],
+        "title": ["a", "b", "c", "d", "e"],
+        "genres": [["x", "y"], ["y"], ["x", "x", "z"], [], ["z"]],
+        "year": [1990, 1990, None, 2000, 2010],
+    },
     schema=items_schema({"genres": "multivalent", "year": "univalent"}),
 )
 
@@ -35,9 +39,18 @@ def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
     with tf.GradientTape(persistent=True) as tape:
         v_rows = tf.cast(encoder(tf.constant(positions)), tf.float64)
         exact = 0.5 * tf.reduce_sum((tf.reduce_sum(v_rows * u, axis=1) - y) ** 2)
-        mean = ssp.ssp_loss(encoder, tf.constant(keys), ssp.dense_product(tf.constant(unpack_upper(a_upper, 3), tf.float32)), tf.constant(b, tf.float32))
+        mean = ssp.ssp_loss(
+            encoder,
+            tf.constant(keys),
+            ssp.dense_product(tf.constant(unpack_upper(a_upper, 3), tf.float32)),
+            tf.constant(b, tf.float32),
+        )
         summed = mean * keys.size
-    for g_exact, g_ssp, var in zip(tape.gradient(exact, encoder.trainable_variables), tape.gradient(summed, encoder.trainable_variables), encoder.trainable_variables):
+    for g_exact, g_ssp, var in zip(
+        tape.gradient(exact, encoder.trainable_variables),
+        tape.gradient(summed, encoder.trainable_variables),
+        encoder.trainable_variables,
+    ):
         g_exact, g_ssp = tf.convert_to_tensor(g_exact).numpy(), tf.convert_to_tensor(g_ssp).numpy()
         assert np.abs(g_exact).max() > 0, var.name
         np.testing.assert_allclose(g_ssp, g_exact, rtol=2e-4, atol=2e-5, err_msg=var.name)
@@ -47,7 +60,9 @@ def test_embedding_gradients_are_sparse():
     space = FeatureSpace.from_items(ITEMS)
     encoder = ItemEncoder(space, dim=2)
     with tf.GradientTape() as tape:
-        loss = ssp.ssp_loss(encoder, tf.constant([0, 1]), ssp.dense_product(tf.eye(2, batch_shape=[2])), tf.ones((2, 2)))
+        loss = ssp.ssp_loss(
+            encoder, tf.constant([0, 1]), ssp.dense_product(tf.eye(2, batch_shape=[2])), tf.ones((2, 2))
+        )
     grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables)))
     tables = [name for name in grads if "embeddings" in name]
     assert tables and all(isinstance(grads[name], tf.IndexedSlices) for name in tables)
@@ -56,7 +71,16 @@ def test_embedding_gradients_are_sparse():
 
 
 def write_stats(path, item_ids, a_upper, b, d, **meta):
-    metadata = {"d": d, "noise_multiplier": 0.0, "clip_u": 1.0, "clip_y": 1.0, "wbar": 1.0, "release": 0, "resample": 0, **meta}
+    metadata = {
+        "d": d,
+        "noise_multiplier": 0.0,
+        "clip_u": 1.0,
+        "clip_y": 1.0,
+        "wbar": 1.0,
+        "release": 0,
+        "resample": 0,
+        **meta,
+    }
     storage.write_table(stats_table(np.asarray(item_ids), a_upper, b, metadata), path)
 
 
@@ -108,7 +132,13 @@ def test_stats_that_do_not_match_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"released with d=3, but this run expects d=4"):
         ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1), progress=False)
     with pytest.raises(ValueError, match=r"released with clip_u=2, but this run expects clip_u=1"):
-        ssp.train(ItemEncoder(space, dim=3), [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1), expected={"clip_u": 1.0}, progress=False)
+        ssp.train(
+            ItemEncoder(space, dim=3),
+            [str(tmp_path / "s.parquet")],
+            ssp.SSPConfig(epochs=1),
+            expected={"clip_u": 1.0},
+            progress=False,
+        )
     storage.write_table(pa.table({"item_id": [1], "x": [1.0]}), str(tmp_path / "bad.parquet"))
     with pytest.raises(ValueError, match="is not a stats table"):
         ssp.train(encoder, [str(tmp_path / "bad.parquet")], ssp.SSPConfig(epochs=1), progress=False)
@@ -122,9 +152,21 @@ def test_ssp1_phases_use_each_resample(tmp_path):
     d = 2
     targets = [np.full((5, d), 1.0), np.full((5, d), -1.0)]
     for k, target in enumerate(targets):  # A = I, b = target: the minimiser of each table is v = target / (1 + ridge)
-        write_stats(str(tmp_path / f"r{k}.parquet"), space.item_ids, np.tile(pack_upper(np.eye(d)), (5, 1)), target, d, resample=k)
+        write_stats(
+            str(tmp_path / f"r{k}.parquet"),
+            space.item_ids,
+            np.tile(pack_upper(np.eye(d)), (5, 1)),
+            target,
+            d,
+            resample=k,
+        )
     encoder = ItemEncoder(space, dim=d, kind="id")
-    ssp.train(encoder, [str(tmp_path / "r0.parquet"), str(tmp_path / "r1.parquet")], ssp.SSPConfig(epochs=400, batch_size=5, learning_rate=0.05, ridge=0.0, cosine_decay=False), progress=False)
+    ssp.train(
+        encoder,
+        [str(tmp_path / "r0.parquet"), str(tmp_path / "r1.parquet")],
+        ssp.SSPConfig(epochs=400, batch_size=5, learning_rate=0.05, ridge=0.0, cosine_decay=False),
+        progress=False,
+    )
     np.testing.assert_allclose(encoder.embed_all(), -1.0, atol=0.05)  # the last phase's table wins
 
 
@@ -149,7 +191,9 @@ def test_the_features_signature_embeds_any_item_from_its_public_features(tmp_pat
     encoder = ItemEncoder(space, dim=3)
     encoder(tf.range(5))
     encoder.residual(tf.range(5))
-    encoder._residual.assign(tf.random.normal(encoder._residual.shape))  # trained residuals must not leak into new items
+    encoder._residual.assign(
+        tf.random.normal(encoder._residual.shape)
+    )  # trained residuals must not leak into new items
     export(encoder, str(tmp_path / "model"))
     embed = tf.saved_model.load(str(tmp_path / "model")).signatures["embed_features"]
     genres = tf.constant([["x", "y", ""], ["y", "", ""], ["x", "x", "z"], ["", "", ""], ["z", "", ""]])
@@ -159,11 +203,16 @@ def test_the_features_signature_embeds_any_item_from_its_public_features(tmp_pat
     assert not np.allclose(out, encoder.embed_all(), atol=1e-3)  # the id signature keeps the residuals
     # a new item: one known genre, one never seen, and an unseen year
     new = embed(genres=tf.constant([["y", "w"]]), year=tf.constant([["1999"]]))["embedding"].numpy()
-    ragged = [tf.ragged.constant([[2, 0]], dtype=tf.int64), tf.ragged.constant([[0]], dtype=tf.int64)]  # y is genre id 2; 0: out of vocabulary
+    ragged = [
+        tf.ragged.constant([[2, 0]], dtype=tf.int64),
+        tf.ragged.constant([[0]], dtype=tf.int64),
+    ]  # y is genre id 2; 0: out of vocabulary
     np.testing.assert_allclose(new, encoder.encode_values(ragged).numpy(), rtol=1e-5, atol=1e-6)
     tables = {name: table.numpy() for name, _, table in encoder._families}
     hidden = np.r_[(tables["genres"][2] + tables["genres"][0]) / 2, tables["year"][0]]
-    np.testing.assert_allclose(new[0], hidden @ encoder._dense.kernel.numpy() + encoder._dense.bias.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        new[0], hidden @ encoder._dense.kernel.numpy() + encoder._dense.bias.numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
@@ -177,7 +226,9 @@ def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
     write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
     scale = np.arange(1.0, space.size + 1)
     solved = als.solve_items(str(tmp_path / "s.parquet"), space, d, ridge, scale, psd_projection=True)
-    want = np.linalg.solve(unpack_upper(a_upper, d) + (ridge * scale[keys])[:, None, None] * np.eye(d), b[..., None])[..., 0]
+    want = np.linalg.solve(unpack_upper(a_upper, d) + (ridge * scale[keys])[:, None, None] * np.eye(d), b[..., None])[
+        ..., 0
+    ]
     np.testing.assert_allclose(solved[keys], want, rtol=1e-9)
     assert np.all(solved[np.setdiff1d(np.arange(space.size), keys)] == 0)
     encoder = ItemEncoder(space, dim=d, kind="id")
@@ -206,8 +257,13 @@ def test_residual_moves_only_items_whose_statistics_call_for_it(tmp_path):
     shared = [w for w in encoder.trainable_variables if "residual" not in w.name]
     for w in shared:
         w._trainable = False
-    ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1500, batch_size=5, learning_rate=0.1, ridge=0.0, psd_projection=False),
-              progress=False, residual_penalty=penalty)
+    ssp.train(
+        encoder,
+        [str(tmp_path / "s.parquet")],
+        ssp.SSPConfig(epochs=1500, batch_size=5, learning_rate=0.1, ridge=0.0, psd_projection=False),
+        progress=False,
+        residual_penalty=penalty,
+    )
     after = encoder.embed_all()
     residual = encoder.residual(tf.range(space.size)).numpy()
     np.testing.assert_allclose(residual[1:], 0.0)  # no statistics: exactly the features
@@ -240,8 +296,13 @@ def test_anchor_holds_the_shared_encoder_at_its_start(tmp_path):
         tf.keras.utils.set_random_seed(2)
         encoder = ItemEncoder(space, dim=d, kind="features", family_dim=3)
         start = encoder.embed_all()
-        ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=200, batch_size=5, learning_rate=0.05, ridge=0.0, psd_projection=False),
-                  progress=False, anchor=anchor)
+        ssp.train(
+            encoder,
+            [str(tmp_path / "s.parquet")],
+            ssp.SSPConfig(epochs=200, batch_size=5, learning_rate=0.05, ridge=0.0, psd_projection=False),
+            progress=False,
+            anchor=anchor,
+        )
         moved[anchor] = float(np.abs(encoder.embed_all() - start).max())
     assert moved[1e4] < 0.01 < moved[0.0]
 
@@ -264,7 +325,9 @@ def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_pa
     config = ssp.SSPConfig(ridge=0.5, psd_projection=False)
     positions = tf.range(5)
     full_a = tf.constant(unpack_upper(a, d) + 0.5 * ssp.diagonals(ridge, d), tf.float32)
-    b = tf.constant(np.stack(storage.read_table(str(tmp_path / "s.parquet"))["b"].to_numpy(zero_copy_only=False)), tf.float32)
+    b = tf.constant(
+        np.stack(storage.read_table(str(tmp_path / "s.parquet"))["b"].to_numpy(zero_copy_only=False)), tf.float32
+    )
 
     def loss():
         return ssp.ssp_loss(encoder, positions, ssp.dense_product(full_a), b, tf.constant(penalty, tf.float32))
@@ -297,12 +360,28 @@ def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(t
     gravity = rng.normal(size=(d, d))
     config = ssp.SSPConfig(ridge=0.5, batch_size=2)
     for scale in (rng.uniform(1, 3, size=5), rng.uniform(1, 3, size=(5, d))):
-        (positions, packed, _, scales), = ssp.item_chunks(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale)
-        expected = np.concatenate([batch[1] for batch in ssp.item_batches(str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale, gravity)])
+        ((positions, packed, _, scales),) = ssp.item_chunks(
+            str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale
+        )
+        expected = np.concatenate(
+            [
+                batch[1]
+                for batch in ssp.item_batches(
+                    str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale, gravity
+                )
+            ]
+        )
         v = rng.normal(size=(5, d))
-        product = ssp.packed_product(tf.constant(packed, tf.float32), tf.constant(scales, tf.float32), 0.5, tf.constant(gravity, tf.float32))
-        np.testing.assert_allclose(product(tf.constant(v, tf.float32)).numpy(), np.einsum("bij,bj->bi", expected, v), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(expected[0], unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity)
+        product = ssp.packed_product(
+            tf.constant(packed, tf.float32), tf.constant(scales, tf.float32), 0.5, tf.constant(gravity, tf.float32)
+        )
+        np.testing.assert_allclose(
+            product(tf.constant(v, tf.float32)).numpy(), np.einsum("bij,bj->bi", expected, v), rtol=1e-5, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            expected[0],
+            unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity,
+        )
 
 
 def five_item_stats(tmp_path, seed: int):
@@ -352,7 +431,7 @@ def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunk
     fed, expected, cache = np.random.default_rng(2), np.random.default_rng(2), {}
     first = None
     for epoch in range(3):
-        (order, buffer), = ssp.shuffled_chunks(path, encoder, config, fed, scale, cache, np.float32, convert)
+        ((order, buffer),) = ssp.shuffled_chunks(path, encoder, config, fed, scale, cache, np.float32, convert)
         first = first or buffer
         assert all(x is y for x, y in zip(buffer, first))  # the same tensors every epoch
         (chunk,) = ssp.item_chunks(path, encoder, config, expected, scale, None, np.float32)
@@ -381,8 +460,13 @@ def test_training_with_solve_residuals_ends_at_each_items_exact_residual(tmp_pat
     a, b = np.zeros((5, 3)), np.zeros((5, d))
     a[0], b[0] = pack_upper(50.0 * np.eye(d)), 50.0 * target
     write_stats(str(tmp_path / "s.parquet"), space.item_ids, a, b, d)
-    ssp.train(encoder, [str(tmp_path / "s.parquet")], ssp.SSPConfig(epochs=1, batch_size=5, ridge=0.0, psd_projection=False, solve_residuals=True),
-              progress=False, residual_penalty=np.ones(space.size))
+    ssp.train(
+        encoder,
+        [str(tmp_path / "s.parquet")],
+        ssp.SSPConfig(epochs=1, batch_size=5, ridge=0.0, psd_projection=False, solve_residuals=True),
+        progress=False,
+        residual_penalty=np.ones(space.size),
+    )
     shared = encoder.embed_all(shared=True)
     np.testing.assert_allclose(encoder.embed_all()[0], (50 * target + shared[0]) / 51, rtol=1e-5)
     np.testing.assert_allclose(encoder.residual(tf.range(1, space.size)).numpy(), 0.0, atol=1e-6)
@@ -393,8 +477,10 @@ def test_a_numeric_family_is_bucketed_by_the_catalogs_quantiles_in_training_and_
     bucket 1 + #(edges <= price); the signature buckets a number given as text the same way,
     float64 exactly at an edge, and a new price beyond every edge lands in the top bucket."""
     prices = [float(p) for p in range(1, 21)] + [None]
-    items = pa.table({"item_id": list(range(100, 121)), "title": [None] * 21, "price": prices},
-                     schema=items_schema({"price": "numeric"}))
+    items = pa.table(
+        {"item_id": list(range(100, 121)), "title": [None] * 21, "price": prices},
+        schema=items_schema({"price": "numeric"}),
+    )
     space = FeatureSpace.from_items(items, use_item_id=False)
     (family,) = space.families
     edges = np.quantile(np.arange(1.0, 21.0), np.arange(1, 10) / 10)  # 2.9, 4.8, ..., 18.1
@@ -408,8 +494,12 @@ def test_a_numeric_family_is_bucketed_by_the_catalogs_quantiles_in_training_and_
     export(encoder, str(tmp_path / "model"))
     embed = tf.saved_model.load(str(tmp_path / "model")).signatures["embed_features"]
     texts = [[repr(p)] if p is not None else [""] for p in prices]
-    np.testing.assert_allclose(embed(price=tf.constant(texts))["embedding"].numpy(), encoder.embed_all(shared=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        embed(price=tf.constant(texts))["embedding"].numpy(), encoder.embed_all(shared=True), rtol=1e-5, atol=1e-6
+    )
     at_edge, beyond = embed(price=tf.constant([[repr(edges[3])], ["1000"]]))["embedding"].numpy()
     ids = [tf.ragged.constant([[5]], dtype=tf.int64), tf.ragged.constant([[10]], dtype=tf.int64)]
-    np.testing.assert_allclose(at_edge, encoder.encode_values(ids[:1]).numpy()[0], rtol=1e-5, atol=1e-6)  # an edge opens its bucket
+    np.testing.assert_allclose(
+        at_edge, encoder.encode_values(ids[:1]).numpy()[0], rtol=1e-5, atol=1e-6
+    )  # an edge opens its bucket
     np.testing.assert_allclose(beyond, encoder.encode_values(ids[1:]).numpy()[0], rtol=1e-5, atol=1e-6)
