@@ -29,7 +29,7 @@ MODULES = (
     "bench.theorem",
     "bench.perf",
     "bench.scale",
-    "bench.federated",
+    "bench.federated_quality",
     "bench.convex",
 )
 

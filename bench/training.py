@@ -373,11 +373,11 @@ def dataset(out: str, data: str) -> str:
 
 @contextlib.contextmanager
 def own_budget_accounts(root: str):
-    """A cell's own budget-account registry (privacy.account), fresh for each run of the cell: the
+    """A cell's own budget-account registry (privacy.lifetime_budget), fresh for each run of the cell: the
     cells of an experiment train on one generated data set, which in a shared registry keeps one
     account, so a cell that names its own account, or a rerun of one, would be refused. An
     experiment's cells are independent deployments: each gets a registry of its own, removed after."""
-    from privacy.account import ACCOUNTS_ENV
+    from privacy.lifetime_budget import ACCOUNTS_ENV
 
     folder = root + ".accounts"
     shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,6 @@
 """`python -m pipelines.beam_stats FLAGS [Beam pipeline options]`: the stats job as a Beam pipeline
 (the flags of `ssp stats`; any runner, DirectRunner by default). A thin script: the pipeline is
-pipelines.engines.beam_stats.
+pipelines.engines.beam_release.
 
 Privacy: that of pipelines.releases.stats_job (every release goes through the run's ledger).
 """
@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import stats_job
-from pipelines.training.item_update import stats_job_of_run
+from pipelines.training.stats_stage import stats_job_of_run
 
 
 def _unknown_to_beam(beam_args: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ import argparse  # noqa: E402
 
 from pipelines.engines.engine import engine_of  # noqa: E402
 from pipelines.releases import stats_job  # noqa: E402
-from pipelines.training.item_update import stats_job_of_run  # noqa: E402
+from pipelines.training.stats_stage import stats_job_of_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """`spark-submit pipelines/user_update.py FLAGS`: the user update as a Spark application, the same
 command as `ssp user-update FLAGS` (one-line errors, exit status 2 on bad input). A thin script:
-the command is pipelines.training.user_stage, its solve pipelines.engines.user_update. Run it from
+the command is pipelines.training.user_stage, its solve pipelines.engines.user_solves. Run it from
 the repository root, or from anywhere with the project's zip in `--py-files` (`ssp spark-package`).
 
 Privacy: that of pipelines.training.user_stage (private inputs, private output, no release).

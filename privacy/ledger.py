@@ -15,7 +15,7 @@ composition is (epsilon_spent, delta)-DP for the unit of privacy it states. The 
 lists the releases recorded here too (privacy.seeds), so a ledger that lost rows is refused, not
 silently restarted; the ledger is one Parquet file replaced in one atomic step.
 
-When the budget names a budget account (privacy.account), every release is also charged there,
+When the budget names a budget account (privacy.lifetime_budget), every release is also charged there,
 before it is recorded here: the data source's lifetime epsilon over all runs stays under the
 account's cap. `record` is the one writer; callers hold the release lock
 (pipelines.base.lock.release_lock) around it, so two processes releasing into one ledger get distinct
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from privacy import accounting
-from privacy.account import AccountMissingError, BudgetAccount
+from privacy.lifetime_budget import AccountMissingError, BudgetAccount
 from schemas import storage
 from schemas.errors import UserError
 from schemas.tables import LEDGER, validate_ledger

@@ -3,7 +3,7 @@ imports it).
 
 Bad input (missing or damaged files, malformed rows, impossible parameters) and a machine that
 cannot take the output (a read-only or full disk, a file-size limit) end with a one-line error naming
-the file or setting and exit status 2 (pipelines.base.command, pipelines.base.errors); anything
+the file or setting and exit status 2 (pipelines.base.command, pipelines.base.failures); anything
 else is a bug and keeps its traceback.
 
 Privacy: none of its own; every command's releases go through its run's ledger.
@@ -34,9 +34,9 @@ from pipelines.releases import counts, release, stats_job
 from pipelines.training import commands as train_commands
 from pipelines.training import publish, user_stage
 from pipelines.training.evaluation import describe
-from pipelines.training.item_update import stats_job_of_run
 from pipelines.training.settings import TrainConfig
 from pipelines.training.stages import run as run_training
+from pipelines.training.stats_stage import stats_job_of_run
 from privacy.ledger import Ledger
 from schemas import storage
 from trainer import recommend

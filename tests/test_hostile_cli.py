@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.data.ingest import BUNDLED
-from privacy import account
+from privacy import lifetime_budget
 from privacy.ledger import Ledger
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
@@ -121,7 +121,7 @@ def test_the_plan_is_the_runs_before_anything_is_read_or_spent(tmp_path, dataset
     """`ssp train --plan` with the prepared run's flags prints the noise multipliers its ledger
     recorded and the N/S it logged, writes nothing and charges no account; bad settings are refused
     in one line as the run refuses them."""
-    registry = Path(account.accounts_home())
+    registry = Path(lifetime_budget.accounts_home())
     accounts = sorted(p.name for p in registry.rglob("*"))
     result = ssp("train", "--data", dataset, "--out", tmp_path / "run", "--epsilon", 5, "--plan")
     assert result.returncode == 0 and not (tmp_path / "run").exists(), result.stderr[-3000:]

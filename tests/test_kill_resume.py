@@ -55,8 +55,8 @@ import pytest
 
 from pipelines.training.publish import TOLERANCE
 from pipelines.training.run_dir import Run
-from privacy.account import BudgetAccount
 from privacy.ledger import Ledger
+from privacy.lifetime_budget import BudgetAccount
 from ssp import cli
 
 SSP = os.path.join(sys.prefix, "bin", "ssp")

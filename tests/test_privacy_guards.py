@@ -28,8 +28,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privacy import accounting
-from privacy.account import BudgetAccount
 from privacy.ledger import Ledger
+from privacy.lifetime_budget import BudgetAccount
 from privacy.seeds import SeedFile
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")

@@ -133,7 +133,7 @@ BUDGET = {
 
 REGISTRY = {
     "SSP_BUDGET_ACCOUNTS": "{{ params.bucket }}/budget-accounts"
-}  # the durable account registry (privacy.account)
+}  # the durable account registry (privacy.lifetime_budget)
 
 GPU = k8s.V1ResourceRequirements(
     requests={"cpu": "4", "memory": "32Gi"}, limits={"nvidia.com/gpu": "1", "memory": "32Gi"}

@@ -1,7 +1,7 @@
 """How a command runs: its -v/-q flags, and how it ends.
 
 Bad input, bad settings and a machine that cannot take the output end with one line naming the
-file or setting and exit status 2 (pipelines.base.errors decides which failures those are);
+file or setting and exit status 2 (pipelines.base.failures decides which failures those are);
 anything else is a bug: one line that says so and where its traceback went (or the traceback
 itself, with -v), exit status 3. SIGTERM (a scheduler or `kill`) and Ctrl-C end
 with one line too. The `ssp` command (ssp.cli) and the thin scripts spark-submit runs
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from pipelines.base import errors, logs
+from pipelines.base import failures, logs
 from pipelines.base.lock import RunLockedError
 from schemas import storage
 from schemas.errors import UserError
@@ -115,7 +115,7 @@ def _bug_line(command: str, exc: Exception) -> str:
         sys.stderr.write(trace)
         where = "its traceback is above"
     else:
-        where = f"its traceback is in {errors.save_trace([trace])} (-v prints it)"
+        where = f"its traceback is in {failures.save_trace([trace])} (-v prints it)"
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return f"ssp {command}: internal error (a bug, not a problem with the input): {type(exc).__name__}{': ' + first if first else ''}; {where}"
 
@@ -140,7 +140,7 @@ def run(command: str, action: Callable[[], int], output: str | None = None) -> i
         )
         return 130
     except Exception as exc:
-        message = errors.one_line(exc, USER_ERRORS, output=output)
+        message = failures.one_line(exc, USER_ERRORS, output=output)
         if message is None:
             print(_final(_bug_line(command, exc)), file=sys.stderr)
             return BUG_STATUS

@@ -3,7 +3,7 @@ release with each user's device as a client, simulated as a Beam pipeline (clien
 any runner).
 
 Each client holds its own ratings. Given the broadcast item embeddings (public: the step's start),
-it solves its user embedding (the same ridge solve as pipelines.engines.user_update), computes its clipped,
+it solves its user embedding (the same ridge solve as pipelines.engines.user_solves), computes its clipped,
 weighted contribution to A_j, b_j of every catalog item (zero where it rated nothing: every vector
 covers the whole catalog, so its shape says nothing), encodes it in fixed point, adds its Skellam
 noise share (privacy.skellam) and sends it masked by secure aggregation (privacy.secure_aggregation).
@@ -16,7 +16,7 @@ noise of multiplier z_s >= z is at least as private (privacy.skellam). The noise
 n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) of the n clients (a majority: the consistency
 check's quorum). Every round is recorded before it starts, under the release locks, in the run's
 seed file (privacy.seeds.SeedFile.start_round) and on the release's charge in the data source's
-budget account (privacy.account.BudgetAccount.start_round), never in the output folder: a second
+budget account (privacy.lifetime_budget.BudgetAccount.start_round), never in the output folder: a second
 round of a release is refused whatever happens to the step's folder, and in a copy of the run
 folder too (the account is outside it), because its fresh noise would make a second release of the
 same statistics that the ledger never charged. The one exception: with fewer
@@ -60,7 +60,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
-from pipelines.engines.beam_stats import ReadTable, rows_by_user
+from pipelines.engines.beam_release import ReadTable, rows_by_user
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
 from pipelines.releases.counts import dp_units

@@ -4,7 +4,7 @@ For small tables, and what `ssp train` uses for a log under its local threshold 
 engine. Each operation is the math the Spark engine's tasks run, over the whole table at once: the
 split, counts and mean of pipelines.data.splits, pipelines.releases.counts and pipelines.releases.mean;
 the statistics release as pipelines.engines.spark_stats's reduce tasks compute it, a shard at a
-time (the same tables, bit for bit); the user update as pipelines.engines.user_update's tasks.
+time (the same tables, bit for bit); the user update as pipelines.engines.user_solves's tasks.
 
 Privacy: reads private interactions and writes private tables into the run directory; the
 statistics release is pipelines.releases.stats_job's (noise on every catalog item, through the ledger).
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.data import splits
-from pipelines.engines import spark_stats, user_update
+from pipelines.engines import spark_stats, user_solves
 from pipelines.releases.counts import exact_aggregates, read_rows
 from pipelines.releases.mean import centred, kept, weighted_sums
 from pipelines.releases.stats_core import shard_of
@@ -121,7 +121,7 @@ class LocalEngine:
         return spark_stats.commit_written(job, specs, written)
 
     def user_update(
-        self, interactions: str, item_embeddings: str, out: str, solve: user_update.UserSolve
-    ) -> user_update.Solved:
-        """The user update (pipelines.engines.user_update), with the Spark tasks' bits."""
-        return user_update.run_local(interactions, item_embeddings, out, solve)
+        self, interactions: str, item_embeddings: str, out: str, solve: user_solves.UserSolve
+    ) -> user_solves.Solved:
+        """The user update (pipelines.engines.user_solves), with the Spark tasks' bits."""
+        return user_solves.run_local(interactions, item_embeddings, out, solve)

@@ -34,7 +34,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.data import splits
 from pipelines.data.chunks import users_together
-from pipelines.engines.beam_stats import ReadTable
+from pipelines.engines.beam_release import ReadTable
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from privacy.seeds import mix64
@@ -135,23 +135,23 @@ class BeamEngine:
         )
 
     def release_stats(self, job) -> dict:
-        """The statistics release of `job` (pipelines.engines.beam_stats)."""
-        from pipelines.engines import beam_stats
+        """The statistics release of `job` (pipelines.engines.beam_release)."""
+        from pipelines.engines import beam_release
 
-        return beam_stats.run(job, self.options)
+        return beam_release.run(job, self.options)
 
     def user_update(self, interactions: str, item_embeddings: str, out: str, solve):
-        """The user update (pipelines.engines.user_update) as a pipeline, with the Spark tasks' bits:
+        """The user update (pipelines.engines.user_solves) as a pipeline, with the Spark tasks' bits:
         a table whose files hold whole users in order a file per task, any other by shards of users
         sorted by (user, item), as Spark's shuffle sorts them."""
-        from pipelines.engines import user_update
+        from pipelines.engines import user_solves
 
-        vectors, gram, d = user_update.item_vectors(item_embeddings, solve)
+        vectors, gram, d = user_solves.item_vectors(item_embeddings, solve)
         staged = storage.StagedWrite(out)
         sources = (interactions, item_embeddings)
 
         def solved(part: int, batches) -> Iterator[dict]:
-            for record in user_update.solve_part(iter(batches), vectors, gram, solve, staged, part, sources):
+            for record in user_solves.solve_part(iter(batches), vectors, gram, solve, staged, part, sources):
                 yield from pa.Table.from_batches([record]).to_pylist()
 
         try:
@@ -162,7 +162,7 @@ class BeamEngine:
                         p
                         | "Files" >> beam.Create(files)
                         | "Spread" >> beam.Reshuffle()
-                        | "Solve" >> beam.FlatMapTuple(lambda index, file: solved(index, user_update.file_rows(file)))
+                        | "Solve" >> beam.FlatMapTuple(lambda index, file: solved(index, user_solves.file_rows(file)))
                     )
                 )
             else:
@@ -175,7 +175,7 @@ class BeamEngine:
         except BaseException:
             staged.abort([])
             raise
-        return user_update.commit(staged, written, out, d, solve.lambda_u)
+        return user_solves.commit(staged, written, out, d, solve.lambda_u)
 
     def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
         """`splits.make_split`'s tables of `rule`, written into `out`; returns (sizes, eligible users)."""

@@ -72,10 +72,10 @@ class SparkEngine:
         return spark_stats.run(job, self.spark)
 
     def user_update(self, interactions: str, item_embeddings: str, out: str, solve):
-        """The user update (pipelines.engines.user_update)."""
-        from pipelines.engines import user_update
+        """The user update (pipelines.engines.user_solves)."""
+        from pipelines.engines import user_solves
 
-        return user_update.run_spark(self.spark, interactions, item_embeddings, out, solve)
+        return user_solves.run_spark(self.spark, interactions, item_embeddings, out, solve)
 
     def _by_user(self, files: list[str], columns: tuple[str, ...] = INTERACTION_COLUMNS):
         """The interactions' `columns` repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""

@@ -49,7 +49,7 @@ EXECUTOR_DISTRIBUTIONS = ("numpy", "pyarrow", "scipy", "attrs", "cryptography", 
 # What the check imports: the jobs' task modules, the kernels they import inside tasks, gs:// storage, Spark's worker.
 EXECUTOR_MODULES = (
     "pipelines.engines.spark_stats",
-    "pipelines.engines.user_update",
+    "pipelines.engines.user_solves",
     "privacy.box_muller",
     "privacy.grouped_gram",
     "trainer.normal_equations",

@@ -299,7 +299,7 @@ def per_file(spark, files: list[str], task, ddl: str) -> pa.Table:
 def task_errors_raised_here() -> Iterator[None]:
     """A UserError raised in a Python task of the block's jobs (a row the job refuses) is raised
     here as a UserError with the task's message, not wrapped in Spark's errors."""
-    from pipelines.base.errors import task_refusal
+    from pipelines.base.failures import task_refusal
 
     try:
         yield

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
 from privacy import accounting
-from privacy.account import BudgetAccount
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
+from privacy.lifetime_budget import BudgetAccount
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import SeedFile, SeedReuseError, content_digest_table
 from schemas import storage
@@ -68,7 +68,7 @@ class PrivacySettings:
         None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     )
     account: str | None = (
-        None  # an explicit path for the data source's budget account (privacy.account), charged with every release
+        None  # an explicit path for the data source's budget account (privacy.lifetime_budget), charged with every release
     )
     source: str | None = (
         None  # the data source's identity (content digest of its interactions): its account in the registry by default
@@ -127,7 +127,7 @@ class PrivacySettings:
 
     def open_ledger(self, path: str, unit: str, interactions: str | None = None) -> Ledger:
         """The run's ledger at `path`, created with this budget if new (checked if not). A new
-        ledger charges the data source's one account (privacy.account: found through the registry
+        ledger charges the data source's one account (privacy.lifetime_budget: found through the registry
         by `source`, by default the content digest of `interactions`, or the explicit `account`);
         an existing one keeps the account it charges."""
         cap = self.epsilon if self.epsilon is not None else math.inf

@@ -125,7 +125,7 @@ class StatsJob:
     def from_args(cls, args: argparse.Namespace, job_of_run=None) -> StatsJob | None:
         """The job the flags describe: a prepared run's own (--run RUN --step S: `job_of_run(RUN, S)`,
         its tables, settings and budget plan from its manifest as `ssp train` runs it, given by the
-        entry points: pipelines.training.item_update.stats_job_of_run; None when the run's step has
+        entry points: pipelines.training.stats_stage.stats_job_of_run; None when the run's step has
         nothing to release), or one given table by table."""
 
         def flag(name: str) -> str:

@@ -13,7 +13,7 @@ from pipelines.data import splits
 from pipelines.releases.release import DEFAULT_OUTER_STEPS
 from pipelines.releases.stats_core import LOSSES
 from pipelines.training.evaluation import describe, evaluate
-from pipelines.training.item_update import item_update, run_engine
+from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run, existing_run_lock
 from pipelines.training.settings import (
@@ -26,6 +26,7 @@ from pipelines.training.settings import (
     read_config,
 )
 from pipelines.training.stages import run
+from pipelines.training.stats_stage import run_engine
 from schemas import storage
 from schemas.errors import UserError
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 from pipelines.data import ingest, splits
 from pipelines.engines import engine as engines
-from pipelines.engines import user_update
+from pipelines.engines import user_solves
 from pipelines.releases import release
 from pipelines.releases.counts import DEFAULT_MAX_ITEMS_PER_USER
 from pipelines.releases.stats_core import LOSSES, StatsSettings
@@ -135,7 +135,7 @@ class TrainConfig:
     )
     residual_penalty: float = 3.0  # the per-item residual's penalty, in units of S + N (see _ssp_penalties)
     budget_account: str | None = (
-        None  # None: the data source's account in the registry (privacy.account), found by content
+        None  # None: the data source's account in the registry (privacy.lifetime_budget), found by content
     )
     account_cap: float | None = None
     account_window_days: float | None = None
@@ -222,7 +222,7 @@ class TrainConfig:
             # 6,040 users, epsilon 5 0.9106 / 0.9092 / 0.9099, non-private 0.8596 / 0.8565 / 0.8570.
             rated = self.biases and self.protocol == "rmse"  # measured on ratings; ranking keeps its user ridge
             if self.lambda_u is None:
-                object.__setattr__(self, "lambda_u", 0.01 if rated else user_update.DEFAULT_LAMBDA_U)
+                object.__setattr__(self, "lambda_u", 0.01 if rated else user_solves.DEFAULT_LAMBDA_U)
             if self.user_prior is None:
                 object.__setattr__(self, "user_prior", 20.0 if rated else 0.0)
         if (

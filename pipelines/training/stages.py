@@ -35,10 +35,11 @@ from contextlib import contextmanager
 from pipelines.engines.spark import jobs_started
 from pipelines.training import user_stage
 from pipelines.training.evaluation import evaluate
-from pipelines.training.item_update import covers_items, item_update, release_stats, run_engine
+from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
+from pipelines.training.stats_stage import covers_items, release_stats, run_engine
 
 
 def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool = False) -> dict:

@@ -4,7 +4,7 @@ pipelines/user_update.py`).
 Two modes: explicit tables (`--interactions --item-embeddings --out`), or a stage of a training
 run (`--run RUN --step s`: step s's users against step s-1's item embeddings; `--run RUN --final`:
 against the last step's, for evaluation), where inputs, output and settings come from the run's
-manifest (pipelines.training.run_dir). The solve itself is pipelines.engines.user_update.
+manifest (pipelines.training.run_dir). The solve itself is pipelines.engines.user_solves.
 
 Privacy: reads private interactions and released item embeddings; the user embeddings it writes
 are private (they stay in the run directory and only ever enter the stats job, which clips them).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from pipelines.engines.engine import Engine, engine_of
-from pipelines.engines.user_update import DEFAULT_LAMBDA_U, UserSolve
+from pipelines.engines.user_solves import DEFAULT_LAMBDA_U, UserSolve
 from pipelines.training.run_dir import Run, config_of, existing_run_lock, require_steps
 from schemas.errors import UserError
 from trainer.solve import user_bias_ridge

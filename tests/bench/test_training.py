@@ -275,7 +275,7 @@ def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
 def test_each_cell_has_its_own_budget_account_registry(tmp_path, monkeypatch):
     """Cells of one experiment train on one generated data set: in a shared registry the second cell's
     own account (or a rerun's) would be refused. Each cell gets a fresh registry; the caller's is restored."""
-    from privacy.account import ACCOUNTS_ENV, BudgetAccount, accounts_home
+    from privacy.lifetime_budget import ACCOUNTS_ENV, BudgetAccount, accounts_home
 
     monkeypatch.setenv(ACCOUNTS_ENV, str(tmp_path / "shared"))
     BudgetAccount.for_source("source-digest")  # the user's own registry already knows the data source

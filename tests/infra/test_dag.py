@@ -8,7 +8,7 @@ it names: `ssp` (ssp.cli.build_parser), `pipelines/stats.py` and `pipelines.beam
 own main(), stopped right after parsing), `pipelines/user_update.py` (`ssp user-update`, which it
 runs); a flag must be spelled exactly as the parser defines it (argparse would accept an
 abbreviation). Then the commands are checked to form one run: the stats job gets the inputs,
-settings and budget `ssp train` would give it (`item_update.stats_job_for`), the run date is in every
+settings and budget `ssp train` would give it (`stats_stage.stats_job_for`), the run date is in every
 path, and the ledger is checked before publish.
 """
 
@@ -169,7 +169,7 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
         return "stats", parsed
     assert argv[1:3] == ["-m", "pipelines.beam_stats"], f"unknown command {argv[:3]}"
     bad = _inexact(argv[3:], _stats_options(), all_known=False)
-    assert not bad, f"`pipelines.engines.beam_stats`: flags not spelled as stats_job.add_arguments defines them: {bad}"
+    assert not bad, f"`pipelines.engines.beam_release`: flags not spelled as stats_job.add_arguments defines them: {bad}"
     parsed, error = _parse(lambda a: _stats_main(beam_stats.main, a), argv[3:])
     assert error is None, f"`python -m pipelines.beam_stats`: {error}"
     return "stats", parsed
@@ -275,7 +275,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         check(
             tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}"
         )
-        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals item_update.stats_job_for)
+        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals stats_stage.stats_job_for)
         check(
             job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job),
             f"stats_{s}: not `stats --run {run.root} --step {s}` alone",

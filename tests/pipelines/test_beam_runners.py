@@ -8,7 +8,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from stats_inputs import registered, write_inputs
 
-from pipelines.engines import beam_stats, spark_stats
+from pipelines.engines import beam_release, spark_stats
 from pipelines.releases import stats_job
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
@@ -77,7 +77,7 @@ def read_stats(out):
 def test_runner_gives_sparks_release(spark, tmp_path, runner):
     paths = write_split_inputs(tmp_path / "in")
     options = PipelineOptions(RUNNERS[runner])
-    beam_summary = beam_stats.run(release(paths, tmp_path / "beam", tmp_path / "seed-beam", 3), options)
+    beam_summary = beam_release.run(release(paths, tmp_path / "beam", tmp_path / "seed-beam", 3), options)
     spark_summary = spark_stats.run(release(paths, tmp_path / "spark", tmp_path / "seed-spark", 2), spark)
 
     assert beam_summary["releases"] == spark_summary["releases"] == [1]  # release 0: the counts

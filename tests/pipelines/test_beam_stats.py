@@ -11,7 +11,7 @@ from apache_beam.testing.util import assert_that
 from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 from pipelines import beam_stats as beam_script  # the entry script
-from pipelines.engines import beam_stats
+from pipelines.engines import beam_release
 from pipelines.engines import spark_stats as stats
 from pipelines.releases import stats_job
 from pipelines.releases.release import PrivacySettings
@@ -72,7 +72,7 @@ def test_exact_statistics_for_every_catalog_item(tmp_path, unit, wbar):
     paths = write_inputs(tmp_path / "in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, [40, 30, 20, 10])
     settings = StatsSettings(2, 1.0, 2.0, unit, wbar)
     job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=0.0), settings, shards=3)
-    summary = beam_stats.run(job, PipelineOptions(DIRECT))
+    summary = beam_release.run(job, PipelineOptions(DIRECT))
 
     metadata, table = read_stats(str(tmp_path / "out" / "resample-0.parquet"))
     assert table["item_id"].to_pylist() == CATALOG  # every catalog item exactly once
@@ -141,7 +141,7 @@ def test_item_stats_composes_in_a_pipeline():
             | "C" >> beam.Create([pa.table({"item_id": list(COUNTS_BY_ITEM), "count": list(COUNTS_BY_ITEM.values())})]),
             p | "M" >> beam.Create([pa.table({"item_id": CATALOG[:2]}), pa.table({"item_id": CATALOG[2:]})]),
         )
-        assert_that(inputs | beam_stats.ItemStats(settings, [spec]), check)
+        assert_that(inputs | beam_release.ItemStats(settings, [spec]), check)
 
 
 def write_random_inputs(folder, users=60, catalog=25, d=3, seed=0):
@@ -200,7 +200,7 @@ def test_beam_and_spark_give_the_same_release(spark, tmp_path):
         }
         privacy = PrivacySettings(noise_multiplier=multiplier, resamples=2)
         out = {engine: tmp_path / f"{engine}-{multiplier}" for engine in ("beam", "spark")}
-        beam_summary = beam_stats.run(
+        beam_summary = beam_release.run(
             make_job(paths, out["beam"], privacy, settings, seed_file=seed_file["beam"].path, shards=3),
             PipelineOptions(DIRECT),
         )
@@ -292,7 +292,7 @@ def test_runs_on_gs_paths(gcs_path):
     # Inputs, staged parts, manifests and outputs on a GCS emulator bucket: the same statistics.
     paths = write_inputs(f"{gcs_path}/in", INTERACTIONS_ROWS, EMBEDDINGS, COUNTS_BY_ITEM, CATALOG)
     settings = StatsSettings(2, 1.0, 2.0, "user", 1.5)
-    beam_stats.run(
+    beam_release.run(
         make_job(paths, f"{gcs_path}/out", PrivacySettings(noise_multiplier=0.0), settings, shards=2),
         PipelineOptions(DIRECT),
     )
@@ -306,4 +306,4 @@ def test_runs_on_gs_paths(gcs_path):
         np.array(table["b"].to_pylist()), np.array([want_b[j] for j in CATALOG]), rtol=1e-12, atol=1e-15
     )
     fs, inner = storage.filesystem(f"{gcs_path}/out")
-    assert not [f for f in fs.ls(inner, detail=False) if beam_stats.MANIFESTS in f]  # staging removed
+    assert not [f for f in fs.ls(inner, detail=False) if beam_release.MANIFESTS in f]  # staging removed

@@ -1,17 +1,17 @@
-"""Which failures the CLI reports in one line (pipelines.base.errors), on hand-made exceptions."""
+"""Which failures the CLI reports in one line (pipelines.base.failures), on hand-made exceptions."""
 
 import errno
 
 import pytest
 
-from pipelines.base import errors
+from pipelines.base import failures
 from pipelines.data.movielens import IngestError
 
 USER = (IngestError, ValueError)
 
 
 def test_a_user_error_is_its_message_on_one_line():
-    assert errors.one_line(IngestError("movies.csv, line 3:\n  bad\n"), USER) == "movies.csv, line 3: bad"
+    assert failures.one_line(IngestError("movies.csv, line 3:\n  bad\n"), USER) == "movies.csv, line 3: bad"
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_a_user_error_is_its_message_on_one_line():
     ids=["named file", "two files", "no file: the output is named", "no errno"],
 )
 def test_an_os_error_names_the_file_or_the_output(exc, output, expected):
-    assert errors.one_line(exc, USER, output) == expected
+    assert failures.one_line(exc, USER, output) == expected
 
 
 def test_a_tensorflow_disk_error_keeps_the_path_and_the_reason_only():
@@ -48,9 +48,9 @@ def test_a_tensorflow_disk_error_keeps_the_path_and_the_reason_only():
     exc = ResourceExhaustedError(
         "{{function_node __wrapped__SaveV2_device_/job:localhost/CPU:0}} /r/step-0/ckpt.data; No space left on device [Op:SaveV2]"
     )
-    assert errors.one_line(exc, USER) == "/r/step-0/ckpt.data; No space left on device"
+    assert failures.one_line(exc, USER) == "/r/step-0/ckpt.data; No space left on device"
     exc = ResourceExhaustedError("OOM when allocating tensor with shape [1000000, 1000000]")
-    assert errors.one_line(exc, USER) is None  # not a disk: a bug report keeps its traceback
+    assert failures.one_line(exc, USER) is None  # not a disk: a bug report keeps its traceback
 
 
 def test_a_python_worker_error_is_judged_by_its_class_name():
@@ -60,11 +60,11 @@ def test_a_python_worker_error_is_judged_by_its_class_name():
     PythonException.__module__ = "pyspark.errors.exceptions.captured"
     worker = 'An exception was thrown from the Python worker.\nTraceback (most recent call last):\n  File "x.py", line 1\n{}\n'
     user = PythonException(worker.format("schemas.errors.SchemaError: embeddings: column 'embedding', row 3: is NaN"))
-    assert errors.one_line(user, USER) == "embeddings: column 'embedding', row 3: is NaN"
+    assert failures.one_line(user, USER) == "embeddings: column 'embedding', row 3: is NaN"
     bug = PythonException(worker.format("KeyError: 'user_id'"))
-    assert errors.one_line(bug, USER) is None
+    assert failures.one_line(bug, USER) is None
 
 
 def test_anything_else_is_a_bug():
-    assert errors.one_line(KeyError("config"), USER) is None
-    assert errors.one_line(RuntimeError("boom"), USER) is None
+    assert failures.one_line(KeyError("config"), USER) is None
+    assert failures.one_line(RuntimeError("boom"), USER) is None

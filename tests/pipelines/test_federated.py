@@ -16,7 +16,7 @@ import pytest
 from pipelines.engines import federated
 from pipelines.releases import stats_job
 from pipelines.releases.stats_core import user_contributions
-from pipelines.training import item_update, run_dir
+from pipelines.training import run_dir, stats_stage
 from pipelines.training.run_dir import Run
 from privacy import secure_aggregation as secagg
 from privacy.accumulator import grouped_sums, packed_size
@@ -86,7 +86,7 @@ def prepared_run(prepared_once, tmp_path):
 def federated_job(run: Run, dropout=0.0, max_dropout=0.1) -> federated.FederatedJob:
     manifest = run.prepared()
     config = run_dir.config_of(run, manifest)
-    job = item_update.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
+    job = stats_stage.stats_job_for(run, config, 1, manifest["prepared"]["stats_items"])
     return federated.FederatedJob(
         job, run.centred, run.item_embeddings(0), config.lambda_u, config.gravity, dropout, max_dropout, ROUND_SECRET
     )

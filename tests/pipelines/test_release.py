@@ -150,7 +150,7 @@ def _charge_many(account: str, ledger_path: str, barrier) -> None:
 
 
 def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
-    from privacy.account import BudgetAccount
+    from privacy.lifetime_budget import BudgetAccount
 
     account = str(tmp_path / "account.json")
     BudgetAccount.open_or_create(account, cap=None, delta=1e-5)
@@ -171,7 +171,7 @@ def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
 def test_an_account_that_lost_another_runs_charges_is_refused_before_any_release(tmp_path, budget_account_registry):
     """Every run's seed file witnesses how many charges it saw in its data source's account: one
     that lost some (edited, rolled back) is refused, even when this run's own charges are all there."""
-    from privacy.account import BudgetAccount
+    from privacy.lifetime_budget import BudgetAccount
 
     settings = release.PrivacySettings(noise_multiplier=20.0, source="source-digest")
     ledgers = {name: settings.open_ledger(str(tmp_path / name / "ledger.parquet"), "user") for name in ("a", "b")}

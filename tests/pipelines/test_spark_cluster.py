@@ -27,12 +27,12 @@ from spark_cluster import ROOT, standalone_cluster
 from pipelines.engines import shipping
 from pipelines.engines.prepare_spark import SparkEngine
 from pipelines.training import user_stage
-from pipelines.training.item_update import release_stats
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
-from privacy.account import BudgetAccount
+from pipelines.training.stats_stage import release_stats
 from privacy.ledger import Ledger
+from privacy.lifetime_budget import BudgetAccount
 
 VENV_PYTHON = sys.executable  # the nodes' Python with the locked dependencies (Dataproc: /opt/ssp/venv/bin/python)
 NODE_CONF = {"spark.pyspark.python": VENV_PYTHON}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.data import splits
-from pipelines.training import evaluation, item_update, prepare, settings, stages
+from pipelines.training import evaluation, prepare, settings, stages, stats_stage
 from pipelines.training.model import build_encoder, item_vectors, normalise_embeddings, zero_item_biases
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -322,7 +322,7 @@ def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and
         record.getMessage() for record in caplog.records if "the statistics would cover nothing" in record.getMessage()
     ]
     assert len(warnings) == 1 and "keeps its starting point" in warnings[0]
-    assert item_update.stats_job_of_run(config.out, 1) is None  # a scheduler's stats task: nothing to release
+    assert stats_stage.stats_job_of_run(config.out, 1) is None  # a scheduler's stats task: nothing to release
 
 
 def test_the_starting_point_is_the_principal_directions_of_the_features_weighted_by_dp_counts(tmp_path, small_data):
@@ -425,11 +425,11 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
             storage.join(run, "ledger.parquet"),
         ]  # the run's ledger keeps its data source's account
         parsed = cli.build_parser().parse_args(["stats", *flags])
-        assert stats_job.StatsJob.from_args(parsed) == item_update.stats_job_for(Run(run), config, s, data_items)
+        assert stats_job.StatsJob.from_args(parsed) == stats_stage.stats_job_for(Run(run), config, s, data_items)
         staged = cli.build_parser().parse_args(
             ["stats", "--run", run, "--step", str(s)]
         )  # the stage form: the same job from the manifest
-        assert stats_job.StatsJob.from_args(staged, item_update.stats_job_of_run) == item_update.stats_job_for(
+        assert stats_job.StatsJob.from_args(staged, stats_stage.stats_job_of_run) == stats_stage.stats_job_for(
             Run(run), config, s, data_items
         )
         ssp_ok("stats", *flags) if s == 1 else ssp_ok("stats", "--run", run, "--step", str(s))
@@ -536,7 +536,7 @@ def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_n
     from pipelines.data import ingest
     from pipelines.releases import release
     from privacy import seeds
-    from privacy.account import BudgetAccount
+    from privacy.lifetime_budget import BudgetAccount
 
     digested = []
 

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.engines import user_update
+from pipelines.engines import user_solves
 from schemas import storage
 from schemas.tables import INTERACTIONS, ITEM_EMBEDDINGS, validate_user_embeddings
 from trainer.solve import ridge_solve
@@ -33,7 +33,7 @@ def test_spark_user_update_matches_closed_form(spark, tmp_path):
         pa.table({"item_id": np.arange(1, 41), "embedding": list(v)}, schema=ITEM_EMBEDDINGS),
         str(tmp_path / "v.parquet"),
     )
-    n, solve_seconds = user_update.run(
+    n, solve_seconds = user_solves.run(
         spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, 3
     )
     assert solve_seconds > 0
@@ -59,11 +59,11 @@ def test_missing_item_embedding_and_bad_lambda(spark, tmp_path):
         pa.table({"item_id": [1], "embedding": [[1.0, 0.0]]}, schema=ITEM_EMBEDDINGS), str(tmp_path / "v.parquet")
     )
     with pytest.raises(ValueError, match="no embedding for item 2"):
-        user_update.run(
+        user_solves.run(
             spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 1.0
         )
     with pytest.raises(ValueError, match="--lambda-u must be > 0"):
-        user_update.run(
+        user_solves.run(
             spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.0
         )
     assert not (tmp_path / "u.parquet").exists()
@@ -107,7 +107,7 @@ def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(sp
     _parts(str(tmp_path / "plain.parquet"), [high, low])
     solved = {}
     for name in ("together", "plain"):
-        n, _ = user_update.run(
+        n, _ = user_solves.run(
             spark,
             str(tmp_path / f"{name}.parquet"),
             str(tmp_path / "v.parquet"),
@@ -125,7 +125,7 @@ def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(sp
     )
     _parts(str(tmp_path / "unsorted.parquet"), [high, low.take(np.arange(low.num_rows)[::-1])], USERS_TOGETHER)
     with pytest.raises(ValueError, match=r"part-00001.parquet: its rows are not sorted by user_id"):
-        user_update.run(
+        user_solves.run(
             spark,
             str(tmp_path / "unsorted.parquet"),
             str(tmp_path / "v.parquet"),
@@ -142,7 +142,7 @@ def test_every_engine_solves_the_users_with_the_spark_tasks_bits(engine, spark, 
     order (a file per task), with biases and gravity; bad input is refused with nothing written."""
     from pipelines.data.chunks import USERS_TOGETHER
     from pipelines.engines.prepare_spark import SparkEngine
-    from pipelines.engines.user_update import UserSolve
+    from pipelines.engines.user_solves import UserSolve
 
     rng = np.random.default_rng(8)
     pairs = np.unique(np.c_[rng.integers(1, 80, 1500), rng.integers(1, 40, 1500)], axis=0)

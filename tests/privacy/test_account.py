@@ -1,4 +1,4 @@
-"""privacy.account: a data source's lifetime budget, composed over every run's releases."""
+"""privacy.lifetime_budget: a data source's lifetime budget, composed over every run's releases."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import dp_accounting
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from privacy import account as accounts
 from privacy import accounting
-from privacy.account import AccountCapError, BudgetAccount
+from privacy import lifetime_budget as accounts
 from privacy.ledger import Ledger
+from privacy.lifetime_budget import AccountCapError, BudgetAccount
 
 DELTA = 1e-5
 

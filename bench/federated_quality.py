@@ -35,7 +35,7 @@ import numpy as np
 
 from bench import harness, scale, time_to_quality, training
 from pipelines.data.datasets import open_dataset
-from pipelines.engines import user_update
+from pipelines.engines import user_solves
 from pipelines.engines.federated import SHAMIR_SHARE_BYTES
 from pipelines.training import settings, stages
 from pipelines.training.run_dir import Run
@@ -139,7 +139,7 @@ def run_cell(out: str, params: dict) -> dict:
     layout = Run(root)
     if config.engine == "federated":  # the evaluator's solves (the run's clients kept theirs)
         for s in range(1, config.outer_steps + 1):
-            user_update.run(
+            user_solves.run(
                 spark,
                 layout.centred,
                 layout.item_embeddings(s - 1),
@@ -229,7 +229,7 @@ def run(ctx: harness.Context) -> harness.Section:
         f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, delta {training.DELTA:g}), one "
         "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.engines.federated), AM-SSP's "
         "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation round per DP-SGD step "
-        "(see bench/federated.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds."
+        "(see bench/federated_quality.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds."
     )
     rows, reach = [], []
     for users, by_method in sorted(by_size.items()):
