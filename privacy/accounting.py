@@ -1,29 +1,17 @@
 """Privacy accounting with dp-accounting: the run's plan, noise calibration, epsilon spent.
 
-A run releases: the DP item counts with the DP number of users (one Gaussian event, noise
-multiplier sigma_c / sqrt(K + 1): each user adds 1 to at most K items and 1 to the number of
-users), optionally other small releases, then for each of S outer steps
-and R resamples one stats table, which is two Gaussian events (A and b) with the stats noise
-multiplier z. The plan gives each release group a share of the budget and a number of events;
-`calibrate` finds, with dp-accounting, the multipliers that spend exactly the target (epsilon,
-delta) over the whole planned run, before the first release. Since Gaussian mechanisms compose into
-a Gaussian whose squared inverse multiplier is the sum of theirs, a group with share s and n events
-gets multiplier z_total * sqrt(n / s).
+A run releases the DP item counts with the DP number of users (one Gaussian event), optionally other
+small releases, then for each of S outer steps and R resamples one stats table (two Gaussian events,
+A and b, with the stats noise multiplier z). The plan gives each release group a share of the budget
+and a number of events; `calibrate` finds, with dp-accounting, the multipliers that spend exactly the
+target (epsilon, delta) over the whole planned run, before the first release: a group with share s
+and n events gets multiplier z_total * sqrt(n / s).
 
-Accountant: PLD (privacy loss distributions) by default, RDP as an option (the paper's). PLD is at
-least as tight as RDP for every plan `ssp train` ships (tests/privacy/test_accounting.py checks
-them all with -m slow, one data set's in the default run): for the demo's plan (epsilon 10, three outer steps) it needs stats noise multiplier
-1.328 where RDP needs 1.407. PLD discretises the privacy loss on a grid of `PLD_DISCRETIZATION`
-(pessimistically: a coarser grid only overstates epsilon); 1e-3 keeps the calibration of an
-AM-DPSGD plan (Poisson-sampled steps) to about a second, at a cost below 1e-4 in epsilon. PLD
-composition is not exactly associative in floating point, so `canonical` puts any list of events
-in one form (identical events merged and self-composed, in a fixed order): the calibration and
-every later `epsilon_of` (the ledger's, release by release) compose exactly the same thing, and the
-ledger's total equals the calibrated target to the last bit instead of drifting past it.
-A PLD's grid grows like 1/z^2 for a Gaussian of multiplier z (z = 0.03: 1.3 GB and 18 s), so where
-any Gaussian has z below `PLD_MIN_MULTIPLIER` (epsilon in the hundreds, never a shipped plan) the
-'pld' accountant reports RDP's epsilon instead: a valid bound as well, and a function of the events
-alone, so calibration and ledger still agree.
+Accountant: PLD by default (at least as tight as RDP for every plan `ssp train` ships), RDP as an
+option (the paper's). `canonical` puts any list of events in one form, so the calibration and every
+later `epsilon_of` compose exactly the same thing and the ledger's total equals the target to the
+last bit; below `PLD_MIN_MULTIPLIER` the 'pld' accountant reports RDP's epsilon (a PLD's grid grows
+like 1/z^2). docs/privacy.md ("Accounting, in detail") has the reasons and the figures.
 
 Privacy: the unit (user, or example for a stats release on given, fixed user embeddings) is
 carried by the sensitivities the jobs enforce (weights with sum w_i^2 <= wbar^2 per user; one row

@@ -2,13 +2,16 @@
 IEEE-exact operations only, and the rounding of a release to the noise's grid (step 4).
 
 ln, cos and sin come from tables built at import from Taylor series (no libm, whose last bits vary
-by machine), then short polynomials; the transform is compiled by numba: the same operations in the
-same order as written, one pass per pair of words instead of some forty numpy passes. numba
-compiles without fast-math, so nothing is reassociated and no multiply-add is fused: every value is
-the same bits on every machine (tests/privacy/test_noise.py pins them). privacy.noise imports this
-module on the first draw (numba's import and, on a cold cache, the compile take about a second
-once per process; the compiled code is cached beside this file, except where the module is read from
-a zip, as from spark-submit's --py-files, where each process compiles it)."""
+by machine), then short polynomials; numba compiles the transform without fast-math, so nothing is
+reassociated or fused and every value is the same bits on every machine (tests/privacy/test_noise.py
+pins them). privacy.noise imports this module on the first draw; the compiled code is cached beside
+this file except where the module is read from a zip (spark-submit's --py-files). docs/noise.md has
+the construction.
+
+Privacy: the kernels only transform keystream words and round to the grid; they hold no secret and
+read no data beyond the values they are handed, and their bits must not vary by machine, or a
+retried task would release different noise.
+"""
 
 from __future__ import annotations
 

@@ -11,17 +11,16 @@ sort's permutation), or one table of clipped user vectors that every row of a us
 (the Spark task's path, pipelines.releases.stats_core.item_sums: no per-row copy of a vector).
 
 numba compiles one pass over the groups. A group of at least GEMM_ROWS rows is gathered into a
-buffer as z_k = sqrt(w_k) [x_k, l_k], the rows some way ahead prefetched (in file order they lie
-anywhere in memory), and its Gram matrix's upper triangle computed by one BLAS symmetric rank-k
-update (dsyrk: half a GEMM's flops); a smaller group is summed row by row. The numpy path it
-replaced (sorting a copy of every row, padding small groups to bucket widths and multiplying them
-as stacks, a Python call per large group) reached 30% of GEMM's rate on the stats bench's rows in
-file order and 40% sorted by item; this one about 45% and 56% (bench.stats_throughput). The order
-of the additions is fixed by the rows' order, so reruns give the same bits. The rows' groups come
-from a compiled stable counting sort of the keys where they are integers over a dense range
-(`grouped_order`: one counting pass and one scatter, 12 ms for 2,000,010 item ids against 49 ms for
-the radix argsort and the sorted copy of the keys it replaced). The compiled code is
-cached beside this file, except where the module is read from a zip (spark-submit's --py-files).
+buffer as z_k = sqrt(w_k) [x_k, l_k], the rows some way ahead prefetched, and its Gram matrix's
+upper triangle computed by one BLAS symmetric rank-k update (dsyrk); a smaller group is summed row
+by row. The groups come from a compiled stable counting sort of the keys where they are integers
+over a dense range (`grouped_order`). The compiled code is cached beside this file, except where the
+module is read from a zip (spark-submit's --py-files). Its speed: docs/results.md
+("Speed of the statistics kernel").
+
+Privacy: the kernel sums the rows it is given before any noise; the order of the additions is fixed
+by the rows' order, so reruns give the same bits, and nothing here is released without the
+accumulator's noise.
 """
 
 from __future__ import annotations

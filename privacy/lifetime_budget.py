@@ -1,44 +1,24 @@
 """The budget account of a data source: every run's releases on the same users, composed.
 
-A run's ledger bounds one run. The same users are trained on again and again (the weekly retraining
-DAG), and each run's guarantee composes with the others'. The account, a JSON document kept beside
-the runs (one per data source), lists every release of every run that charged it, with its
-dp-accounting event; its lifetime epsilon is the composition of all of them at the account's delta
-(`epsilon`), and a release that would take it past its cap is refused before it is made (`charge`,
-called by `Ledger.record` under the account's own release lock, which `make_release` takes after
-the ledger's, so runs charging one account at once lose no charge). Deleting a run's ledger and
-seed does not give the users a fresh budget: the account still lists that run's releases.
+A run's ledger bounds one run; the same users are trained on again and again (the weekly retraining
+DAG). The account, a JSON document kept beside the runs (one per data source), lists every release
+of every run that charged it, with its dp-accounting event; its lifetime epsilon is the composition
+of all of them at the account's delta (`epsilon`), and a release that would take it past its cap is
+refused before it is made (`charge`, called by `Ledger.record` under the account's own release
+lock). Runs accounted differently (PLD, RDP, 'rdp-integer') compose in one account: each
+accountant's charges at an equal share of delta, the epsilons added. With a window of N days older
+releases stop counting against the cap, an operator's policy, not something DP provides.
 
-Policy (stated in the README): the cap is a lifetime epsilon for the data source; with a window of
-N days, releases recorded more than N days ago no longer count against the cap ("renewal"), which
-is an operator's policy about how long a guarantee matters, not something differential privacy
-itself provides. Without a window (the default) nothing ever drops out.
+A data source is identified by the content digest of its interactions, not by a path; the registry
+(`$SSP_BUDGET_ACCOUNTS`, default `~/.ssp/budget-accounts`) names its one account and that account's
+id (`for_source`), so a second, missing, replaced or rolled-back account is refused, never created
+anew. docs/privacy.md ("The budget account of a data source") has every rule and why.
 
-Runs accounted differently charge one account: a federated run's Skellam releases are bounded on
-integer RDP orders only ('rdp-integer'), a central run's by PLD or RDP. Each charge keeps its
-run's accountant; the lifetime epsilon composes each accountant's charges with that accountant at
-an equal share of delta and adds the epsilons (basic composition across the groups: conservative,
-and exact when there is one group), so one data source keeps one lifetime budget whatever its
-runs' accountants.
-
-A release without noise (noise multiplier 0: infinite epsilon) is refused on an account with a cap:
-it would make the lifetime epsilon infinite while the cap says the users are protected.
-
-Identity, not paths. A data source is identified by the content digest of its interactions
-(privacy.seeds.content_digest_table: the same users' rows give the same identity wherever they are
-stored, copied or symlinked). The registry, a folder (`$SSP_BUDGET_ACCOUNTS`, default
-`~/.ssp/budget-accounts`; on a cluster a durable bucket), holds one entry per data source naming its
-one account and that account's random id (`for_source`): a second account for a data source that
-has one is refused, and an account that is missing (deleted, renamed) or is another file than the
-one the entry names (replaced) is refused, never silently created anew. A run's ledger records the
-account and its id, and its charges are keyed by the ledger's own id (not its path), so a moved or
-copied run still finds them; before every release the account must list every release the ledger
-made (a rolled-back account is refused). The registry itself is the root of trust: keep it where
-operators cannot delete it unnoticed (a versioned bucket with a retention policy).
-
-A charge is written before the ledger row it accounts for (conservative: a crash in between
-leaves the account charged for a release that was never made, never the other way round), keyed by
-(ledger, release index), so a rerun of the same release charges nothing more.
+Privacy: deleting a run's ledger and seed does not give the users a fresh budget. A charge is
+written before the ledger row it accounts for (a crash leaves the account over-charged, never
+under), keyed by (ledger, release index), so a rerun charges nothing more; a release without noise
+is refused on a capped account. The registry is the root of trust: keep it where operators cannot
+delete it unnoticed.
 """
 
 from __future__ import annotations

@@ -1,75 +1,22 @@
 """Keyed Gaussian noise: a pure function of (secret release seed, release index, item id), on a grid.
 
-The construction (noise version 4; every constant below is part of what a release means):
+The construction (noise version 4), in brief; docs/noise.md has it in full with the reasons for each
+choice, and every constant below is part of what a release means:
 
-1. Key. Each release has its own 256-bit key: HKDF-SHA256 (RFC 5869, the `cryptography` package)
-   of the 32-byte secret seed, no salt, info = KEY_INFO + the release index as 8 bytes big-endian.
-   The seed given here is the release's own (privacy.seeds.SeedFile.release_seed: HKDF of the
-   run's secret seed with the release index and the release's input fingerprint), so two releases
-   on different inputs never share noise, even from copies of one seed file.
-2. Stream. Item j's random words are the AES-256-CTR keystream (NIST SP 800-38A) under the
-   release key, its 128-bit counter block (big-endian) starting at the item id modulo 2^64 in the
-   high 8 bytes and 0 in the low 8: block k of item j is AES(key, j || k). It is computed as AES in
-   ECB mode over those counter blocks (the `cryptography` cipher: OpenSSL, with the CPU's AES
-   instructions where it has them, its constant-time code elsewhere, the same bits), which is the
-   CTR keystream by definition, for a whole chunk of items in one call. It is read as little-endian
-   64-bit words w_0, w_1, ... (block k gives w_2k and w_2k+1); a draw of n values uses the first
-   ceil(n/2) blocks, so a longer draw starts with the shorter one. A draw has at most MAX_VALUES
-   values (2^35 blocks), far below the 2^64 counter values of an item, so two items never share
-   keystream. (Version 3 used one ChaCha20 stream per item, the id in the nonce: a cipher object
-   per item, whose set-up cost more than the keystream.)
-3. Gaussians: Box-Muller on consecutive words, value 2k = R cos t and value 2k+1 = R sin t, with
-   R = sqrt(-2 ln u), u = (w_2k + 1/2) / 2^64 rounded to float64 and capped at 1 - 2^-53 (so R is
-   in [1.5e-8, 9.5]; the cap moves a probability of 2^-54), and t = 2 pi w_2k+1 / 2^64. ln, cos
-   and sin are computed from + - * / and sqrt only (tables built at import from Taylor
-   series, then short polynomials: `_box_muller`, compiled by numba in privacy.box_muller without
-   fast-math, so no operation is fused or reordered), operations IEEE 754 rounds exactly, so a value
-   is the same bits on every machine and numpy build (numpy's float64 log gives other last bits
-   with AVX-512 than without: a task retried on another worker would not reproduce its release)
-   and within 4 units in the last place of R of the formula. Box-Muller rather than the inverse
-   CDF of one 64-bit word: an inverse CDF reaches only a sparse set of values in the tails (beyond
-   about 5.4 standard deviations most cells of the grid below would be unreachable: holes, whose
-   place after the shift reveals the data), while Box-Muller spreads each radius over 2^64 angles
-   and reaches every cell out to |z| = 9.4.
-4. Grid: the mitigation of floating-point attacks. Mironov (2012, "On significance of the least
-   significant bits for differential privacy", CCS) showed that x + Z computed in floating point
-   leaks x through its low-order bits (which floats x + Z can take depends on x); Jin et al. (2022,
-   "Are we there yet? Timing and floating-point attacks on differential privacy systems", IEEE S&P)
-   did so for Gaussian samplers. As Google's differential-privacy library does (its "Secure Noise
-   Generation" note, common_docs/Secure_Noise_Generation.pdf, and GaussianNoise.addNoise: the value
-   rounded to a multiple of a power-of-two granularity, the noise drawn on that grid), `add_noise`
-   releases
-       g (rint(x / g) + rint(s z / g)),    g = granularity(s) = 2^(floor(log2 s) - GRID_BITS),
-   for an un-noised value x, noise standard deviation s and a draw z of step 3. Scaling by a power
-   of two is exact, so the output is a multiple of g whose distribution given x is that of
-   K = rint(s z / g), which does not depend on the data, shifted by the integer rint(x / g): there
-   are no bits below the grid for an attacker to read. (Where |rint(x / g) + K| >= 2^53 the float
-   sum rounds again, a function of that integer sum: post-processing.) In exact arithmetic
-   rint(x / g) + rint(s Z / g) = rint((g rint(x / g) + s Z) / g): the Gaussian mechanism on the
-   rounded value, then rounding, which is post-processing. What floating point leaves is how far
-   the sampled K is from that rounded Gaussian: s z / g is computed to within 2^-13 of a cell (z
-   to 4 ulps of R <= 9.5; a standard deviation spans 2^32 to 2^33 cells), so a draw can land in
-   the neighbouring cell only that close to a cell boundary, and the same way whatever the data.
-   Google's library samples K exactly (a binomial, by rejection), which allows its finer grid
-   (about s 2^-56); rounding a float sample needs cells far wider than the sample's rounding
-   error, hence 2^-32.
-   The alternative, Holohan and Braghin's sum of several Gaussians (2021, "Secure random sampling
-   in differential privacy", ESORICS; Opacus' secure mode), costs four draws per value and still
-   leaves x + Z in floating point.
+1. Key: HKDF-SHA256 of the release's seed (privacy.seeds.SeedFile.release_seed), info = KEY_INFO +
+   the release index as 8 bytes big-endian.
+2. Stream: item j's words are the AES-256-CTR keystream under that key, the counter block starting
+   at (j mod 2^64) || 0, read as little-endian 64-bit words; at most MAX_VALUES values per draw.
+3. Gaussians: Box-Muller on consecutive words from IEEE-exact operations only (privacy.box_muller),
+   so a value is the same bits on every machine and numpy build.
+4. Grid: `add_noise` releases g (rint(x / g) + rint(s z / g)), g = 2^(floor(log2 s) - GRID_BITS),
+   so no bit below the grid depends on the data (the floating-point attacks of Mironov 2012);
+   `sensitivity_slack` gives the rounding's growth of the sensitivity, which the accounting leaves
+   out.
 
-   Sensitivity. Rounding moves each coordinate by at most g/2, so for neighbouring data sets the
-   rounded values differ by at most ||x - x'||_2 + g sqrt(D) in L2 norm, D the number of
-   coordinates the two can differ in (a coordinate equal in both rounds alike; D is at most the
-   release's size). With s = m Delta (noise multiplier m, L2 sensitivity Delta) and
-   g <= s 2^-GRID_BITS, the sensitivity grows at most by the factor 1 + m sqrt(D) 2^-32, which the
-   accounting (done for Delta) leaves out: for the stats release of 20,000 items at d = 64
-   (D <= 20,000 x 2,144, about 4.3e7) at m = 1 that is 1 + 1.5e-6, and it stays below 1 + 1e-4
-   while m sqrt(D) < 4.3e5 (a billion coordinates at m = 13). `sensitivity_slack` gives the term.
-
-Each item's noise depends on nothing but (release seed, release, item id): not on the engine, partition,
-task attempt, batch or order that produced it, so re-running or retrying reproduces a release
-exactly, Spark and Beam give identical noise, and an item with no rows gets the same kind of noise
-as any other (released as the grid's zero plus noise, like every other item's value).
+Each item's noise depends on nothing but (release seed, release, item id): not on the engine,
+partition, task attempt, batch or order, so retries reproduce a release exactly and Spark and Beam
+give identical noise.
 
 Privacy: the seed is secret (drawn from the OS CSPRNG and kept in the run's private directory).
 Reusing a seed and release index on different data would reveal the difference of the two

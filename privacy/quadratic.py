@@ -2,28 +2,19 @@
 than the square, the per-item quadratic approximation of the loss in the item embedding around an
 expansion point v0_j (public: the current item embeddings), re-released as v0 moves.
 
-For rows i of item j with clipped user embedding u_i (norm <= Gamma_u), label y_i, weight w_i and
-score s_i = u_i . v0_j, the loss sum_i w_i l(u_i . v_j, y_i) is, to second order around v0_j,
-    const + g_j^T (v_j - v0_j) + 1/2 (v_j - v0_j)^T H_j (v_j - v0_j),
-    H_j = sum_i w_i l''(s_i, y_i) u_i u_i^T,        g_j = sum_i w_i l'(s_i, y_i) u_i,
-whose gradient in the encoder's parameters is J_j^T (g_j + H_j (v_j - v0_j)): SSP2's
-J_j^T (A_j v_j - b_j) with A_j = H_j and b_j = H_j v0_j - g_j (`expansion`, post-processing of the
-released H_j, g_j and the public v0). So the SSP2 trainer, unchanged, descends the approximation.
+The released H_j = sum_i w_i l''(s_i, y_i) u_i u_i^T and g_j = sum_i w_i l'(s_i, y_i) u_i
+(s_i = u_i . v0_j) give SSP2's statistics A_j = H_j, b_j = H_j v0_j - g_j (`expansion`,
+post-processing), so the SSP2 trainer, unchanged, descends the approximation. Implicit feedback
+(`ssp train --protocol recall --loss logistic`): positives through the stats engines' rows
+(`kernel_rows`), every catalog item as a negative through a dense pass over all users per item
+(`all_items_sums`), summed before the noise. docs/models.md ("SSP-convex's statistics") has the
+derivation.
 
-Implicit feedback (`ssp train --protocol recall --loss logistic`): a user's positives have label 1
-and every item of the statistics catalog is also a negative of label 0 (the all-item negatives of
-implicit feedback; a rated item gets both terms), weighted by `logistic_weights`. The positives go
-through the stats engines' rows (`kernel_rows`), the negatives through a dense pass over all users
-per item (`all_items_sums`), summed before the noise.
-
-Privacy: for the logistic loss l(s, y) = log(1 + e^s) - y s (y in {0, 1}), l'' = sigma (1 - sigma)
-<= 1/4 and |l'| <= 1, so with per-item weights whose squares sum to at most wbar^2 over the
-catalog (`logistic_weights`) removing a user moves (H_1..H_m) by at most wbar Gamma_u^2 / 4 and
-(g_1..g_m) by at most wbar Gamma_u. `kernel_rows` writes the rows so that the accumulator's own sums
-and noise apply unchanged with the effective clips of `effective_clips`: rows [sqrt(w l'') u, .] give
-H_j with |sqrt(w l'') u| <= sqrt(w) Gamma_u / 2, and rows [sqrt(w) u / 2, 2 sqrt(w) l'] give g_j with
-|u / 2| <= Gamma_u / 2 and |2 l'| <= 2: a release with clip_u' = Gamma_u / 2 and clip_y' = 2 has
-exactly those sensitivities (wbar clip_u'^2 and wbar clip_y' clip_u').
+Privacy: for the logistic loss l'' <= 1/4 and |l'| <= 1, so with per-item weights whose squares sum
+to at most wbar^2 over the catalog (`logistic_weights`) removing a user moves (H_1..H_m) by at most
+wbar Gamma_u^2 / 4 and (g_1..g_m) by at most wbar Gamma_u. `kernel_rows` writes the rows so that the
+accumulator's own sums and noise apply unchanged with the effective clips of `effective_clips`
+(clip_u' = Gamma_u / 2, clip_y' = 2), which have exactly those sensitivities.
 """
 
 from __future__ import annotations

@@ -1,56 +1,22 @@
 """Secure aggregation: the server learns the sum of the clients' vectors and nothing else about any one.
 
-The protocol of Bonawitz et al. 2017 ("Practical Secure Aggregation for Privacy-Preserving Machine
-Learning", CCS), with double masking, on the sparse neighbour graph of Bell et al. 2020 ("Secure
-Single-Server Aggregation with (Poly)Logarithmic Overhead", CCS), over the ring Z_(2^64) (numpy's
-uint64 arithmetic wraps exactly so):
+The protocol of Bonawitz et al. 2017 (double masking) on the sparse k-regular neighbour graph of
+Bell et al. 2020, over the ring Z_(2^64): setup (X25519 key agreement with each neighbour, Shamir
+shares of each client's key and self-mask seed: `neighbours`, `shamir_shares`), masked inputs
+(`masked_input`, ChaCha20 masks), the consistency check against a malicious server (`sign_survivors`,
+`consistent`: a quorum of more than half of the clients must sign one survivor set), and unmasking
+(`revealed_shares`, `mask_correction`). Fixed-point encoding (`encode`, `decode`) puts real vectors on
+the ring. docs/secure-aggregation.md has each round and the full trust model.
 
-1. Setup. Client i has an X25519 key pair (sk_i, pk_i), an Ed25519 signing key with its
-   verification key vk_i, and a self-mask seed b_i; the server publishes every pk and vk. Client i
-   agrees a seed s_ij = HKDF(X25519(sk_i, pk_j)) with each neighbour j of a public, k-regular graph
-   (`neighbours`: a cycle over a public shuffle, each client joined to the k/2 on each side; k
-   about 2 log2 n), and Shamir-shares sk_i and b_i among its neighbours, threshold t
-   (`shamir_shares`, over the prime field 2^521 - 1).
-2. Masked input. Client i sends y_i = x_i + PRG(b_i) + sum_{j in N(i), j > i} PRG(s_ij)
-   - sum_{j in N(i), j < i} PRG(s_ij) (mod 2^64), PRG = ChaCha20's keystream (`masked_input`).
-3. Consistency check (Bonawitz et al.'s ConsistencyCheck round, for a malicious server). The server
-   names the survivors U3 (clients whose y arrived) to every survivor; each signs (U3, round id)
-   with its Ed25519 key (`sign_survivors`); the server forwards the signatures it collected. A
-   client goes on only when it is in the set it was shown, the set has at least the quorum, and
-   at least the quorum of its members signed exactly that set for this round (`consistent`).
-   The quorum is more than half of all n clients: two different sets can then never both be
-   signed by a quorum of honest clients, each of whom signs one set, so every client that goes
-   on was shown the same U3.
-4. Unmasking. Each surviving neighbour that passed the check reveals its share of b_i for a
-   survivor i and its share of sk_i for a dropped i, never both for one client (`revealed_shares`).
-   With t shares the server rebuilds the secret and removes the survivor's self-mask, or the
-   dropped client's pairwise masks left in its surviving neighbours' inputs (`mask_correction`).
-   Sum of y over survivors minus the corrections is sum of x over survivors.
+This module is the protocol's arithmetic; pipelines.engines.federated runs it with clients as
+elements of a Beam pipeline. Simulation: each client's secrets come from its own 32-byte secret
+(`ClientKeys`), which stands for the device's randomness; the server side never reads it.
 
-What the server sees of client i is y_i, uniform on the ring without b_i; an honest client never
-lets both b_i and sk_i be rebuilt, so a server that calls a late client dropped learns nothing more.
-Fixed-point encoding (`encode`, `decode`) puts real vectors on the ring.
-
-Trust model. An honest-but-curious server (it follows the protocol and reads everything it is
-sent) learns the survivors' sum and nothing else about any one client. A malicious server that
-shows different holders different survivor sets is detected: without the check it could show
-victim c's neighbours a set holding c (they reveal shares of b_c) and the holders of c's
-neighbours' keys sets without those neighbours (they reveal their sk_j, hence every s_cj), and
-unmask y_c alone; with it no honest client reveals anything under inconsistent sets. What a
-malicious server can still do: drop or delay any client, refuse service or abort a round, pick
-which survivors count (any set of at least the quorum that signed it), and learn a client's input
-with the help of clients it corrupts: t of a client's k neighbours hold enough shares (the
-collusion threshold is t - 1 of its neighbours), and m corrupted clients, who may sign several
-sets, defeat the check once 2 quorum - m <= n. Here the server also distributes the public and
-verification keys (the PKI is simulated): a server that swaps keys or makes up clients (Sybils)
-can break the protocol, so a deployment needs keys certified outside the server (device
-attestation or a key directory). What clients must trust: their own device and its randomness,
-the keys they are handed, the public round parameters (graph, threshold, quorum) and that their
-neighbours are mostly honest.
-
-This module is the protocol's arithmetic; pipelines.engines.federated runs it with clients as elements of a
-Beam pipeline. Simulation: each client's secrets come from its own 32-byte secret (`ClientKeys`),
-which stands for the device's randomness; the server side never reads it.
+Privacy: an honest-but-curious server learns the survivors' sum and nothing else about any one
+client; an honest client never lets both its self-mask seed and its key be rebuilt. A malicious
+server that shows holders different survivor sets is detected; it can still drop clients, abort a
+round, and unmask a client with t of its k neighbours corrupted. The PKI is simulated (the server
+hands out keys), so a deployment needs keys certified outside the server.
 """
 
 from __future__ import annotations

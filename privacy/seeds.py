@@ -1,42 +1,25 @@
 """The secret noise seed of a run, and what binds it to the releases it was used for.
 
-The seed is 32 bytes from the OS CSPRNG (`secrets`), kept in a seed file in the run's private
-directory: `{"seed": hex, "releases": {release index: fingerprint}, "ledgers": {ledger id:
-[indices]}, "run": fingerprint}`. Before a release is noised, its fingerprint (an HMAC under the
-seed of the release's name, parameters and a digest of every input table) is checked against the
-seed file: the same index with another fingerprint is refused, because the same noise on two
-different inputs would reveal their difference exactly. The same fingerprint is allowed: it
-reproduces the release byte for byte (reruns, retries, resumes, another engine).
+The seed is 32 bytes from the OS CSPRNG, kept in a seed file in the run's private directory with
+the fingerprint of every release made with it, the ledger it serves and the run it is bound to.
 
-The noise itself is keyed by the fingerprint too (`release_seed`: HKDF of the seed with the
-release index AND its fingerprint), so the guarantee does not rest on this file staying where it
-is: a run folder copied before release i (a backup restored, `cp -r run run-try2`, a scheduler
-restarting from a snapshot) and release i made in both copies on data that differ by one user
-gives two independent noise draws, never the same one; identical inputs still reproduce identical
-noise.
+- A release's fingerprint (an HMAC under the seed of its name, parameters and a keyed digest of
+  every input table) is checked before the noise: the same index with another fingerprint is
+  refused, the same fingerprint reproduces the release byte for byte.
+- The noise is keyed by the fingerprint too (`release_seed`), so copies of a run folder that make
+  one release on different data get independent noise.
+- The file is bound to the first ledger that records with it and lists what it recorded
+  (`missing_from` detects a ledger that lost rows); `bind_run` binds the seed to the run's settings
+  and data; `start_round` records federated rounds.
+- Table digests are order-independent multiset hashes: keyed (`SeedFile.digest_*`, MSet-Add-Hash
+  over an AES-256 CBC-MAC of each row) for fingerprints, unkeyed (`content_digest_*`) for a data
+  source's identity across runs.
 
-The seed file is also the durable witness of what was released: it is bound to the first ledger
-that records a release with it (the ledger's random id, kept in the ledger's budget) and refuses
-any other, and it lists the indices recorded there, so a ledger that lost rows (deleted,
-replaced, or rolled back) is detected (`missing_from`). A training run binds the seed to the run's
-settings and data (`bind_run`), so a seed presented with other data or other settings is refused
-before anything is written. Every change re-reads the file first and is written atomically: two
-holders of one seed file never drop each other's bindings (callers serialise releases with a
-lock, pipelines.base.lock.release_lock).
+docs/noise.md ("The seed and what binds it") has each rule and why.
 
-It also records the federated rounds started for a release (`start_round`), beside its binding
-and under the same lock: a round's noise is fresh, so a second round of a release is refused
-whatever happens to the output folder, unless the first was refused before any client revealed a
-share (`round_unrevealed`: the server learned nothing).
-
-Table digests are order-independent multiset hashes of the rows, so two engines or two
-partitionings of one table give one digest. The digests that enter fingerprints (`SeedFile.digest_*`)
-are cryptographic: each row's bytes go through a PRF keyed from the secret seed (AES-256 CBC-MAC
-over the row's fixed-width encoding, prefix-free) and the rows' PRF values are summed in
-(Z/2^64)^2, Clarke et al.'s MSet-Add-Hash (2003), which is multiset-collision resistant under a
-secret key: no one without the seed can find two different tables with one digest, so two
-different inputs never share a noise key. `content_digest_*` is the unkeyed digest (a sum of
-64-bit mixes) that identifies a data source across runs (it needs no run's seed).
+Privacy: whoever holds the seed can remove the noise from every release of the run, so the file
+stays in RUN/private/. Every change re-reads the file and is written atomically; callers serialise
+releases with pipelines.base.lock.release_lock.
 """
 
 from __future__ import annotations

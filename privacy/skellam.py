@@ -1,27 +1,17 @@
 """Distributed noise: Skellam shares whose sum is exactly the calibrated noise, and its accounting.
 
-Agarwal, Kairouz and Liu 2021 ("The Skellam Mechanism for Differentially Private Federated
-Learning", NeurIPS). Sk(mu) = Poisson(mu/2) - Poisson(mu/2) is integer with variance mu, and a sum of
-independent Skellams is a Skellam: clients that each add Sk(mu / n_min) to their integer (fixed-point)
-vector give, summed by secure aggregation over n >= n_min survivors, exactly Sk(n mu / n_min), at
-least the calibrated Sk(mu). No party sees a sum with less noise: each vector is masked, and the only
-sum anyone sees is the total.
+Agarwal, Kairouz and Liu 2021 (the Skellam mechanism): clients that each add Sk(mu / n_min) to their
+integer (fixed-point) vector give, summed by secure aggregation over n >= n_min survivors, exactly
+Sk(n mu / n_min), at least the calibrated Sk(mu). `skellam_multiplier` finds the multiplier z_s whose
+Skellam is, at every integer RDP order (accounting.INTEGER_ORDERS), no less private than the Gaussian
+of multiplier z that the ledger records. Sampler: numpy's Poisson from a per-client PCG64 stream (a
+deployment would use an exact integer sampler and the device's cryptographic generator).
+docs/secure-aggregation.md ("Distributed noise") has the bound (their Theorem 3.5) and why it holds.
 
-Privacy (their Theorem 3.5): for integer vectors whose neighbours differ by L1 norm D1 and L2 norm
-D2, Sk(mu) on each coordinate is (alpha, eps(alpha))-RDP at every integer order alpha > 1 with
-    eps(alpha) <= alpha D2^2 / (2 mu) + min(((2 alpha - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu)).
-A Gaussian of noise multiplier z is alpha / (2 z^2)-RDP. `skellam_multiplier` finds the z_s (variance
-(z_s D2)^2) whose Skellam is, at every integer order dp-accounting's RDP accountant uses
-(accounting.INTEGER_ORDERS), no less private than the Gaussian of multiplier z; the ledger records the
-release as that Gaussian, and the run's accountant, dp-accounting's RDP on those integer orders
-('rdp-integer'), composes and converts it: an upper bound on the run's epsilon, since every order's
-RDP is. At the fixed-point scales used (D2 ~ 2^30) the correction term is ~1e-18 of the leading one.
-
-Dropout: a round proceeds only with at least n_min of the n planned clients (pipelines.engines.federated
-refuses it otherwise), so dropped clients' missing shares never take the noise below mu.
-
-Sampler: numpy's Poisson (PTRS, floating point) from a per-client PCG64 stream. A deployment would
-use an exact integer sampler (Duchon and Duvignau 2016) and a cryptographic generator on the device.
+Privacy: no party sees a sum with less noise than Sk(mu): each vector is masked, the only sum anyone
+sees is the total, and a round proceeds only with at least n_min of the planned clients
+(pipelines.engines.federated refuses it otherwise). The run's accountant ('rdp-integer') composes the
+recorded Gaussian on integer orders: an upper bound on the run's epsilon.
 """
 
 from __future__ import annotations

@@ -4,45 +4,14 @@ Owns: the public item-feature matrix X of the catalog, the closed-form item solv
 item) and the closed-form feature solve of collective matrix factorization, alternated for a few
 inner iterations, and the objective they minimise.
 
-Collective matrix factorization factorises the rating matrix stacked with the public feature
-matrix: every public feature value f (each value of each non-id family of the FeatureSpace) is one
-more "user" row with a learned embedding p_f in R^d whose "ratings" are the column X_{:,f}. With
-V (n x d) the item vectors, P (F x d) the feature vectors and mu >= 0 the feature weight,
-
-    L(V, P) = sum_{j in stats} [ 1/2 v_j^T A~_j v_j - b_j^T v_j ]        (the users' rows, from the stats)
-            + sum_j 1/2 v_j^T (lambda s_j I + G) v_j                      (item ridge, optional gravity G)
-            + mu/2 ||X - V P^T||_F^2                                     (the public feature rows, not noised)
-            + lambda_f/2 ||P||_F^2                                       (feature ridge)
-
-where A~_j = PSD(A_j) (or A_j without the projection) and b_j are the released statistics; note
-1/2 v^T A_j v - b_j^T v = 1/2 sum_{i in Omega_j} w_i (y_i - u_i.v)^2 + const, so the two parts are on
-the same scale and mu weighs one public feature entry as one (unit-weight) rating. The feature term
-is over the whole matrix X, zeros included (X is fully observed: an item without a feature value has
-that entry 0). Setting each block's gradient to zero gives:
-
-    item solve (per item j, P fixed):
-        v_j = (A~_j + lambda s_j I + G + mu P^T P)^-1 (b_j + mu P^T x_j),   x_j = row j of X
-    feature solve (all features at once, V fixed):
-        P^T = (mu V^T V + lambda_f I)^-1 mu V^T X,   i.e.  p_f = (mu sum_j v_j v_j^T + lambda_f I)^-1 mu sum_j X_jf v_j
-
-mu P^T P = mu sum_f p_f p_f^T is the same d x d matrix for every item, and P^T x_j = sum_f X_jf p_f
-touches only item j's own features (X is sparse). An inner iteration is one item solve followed by
-one feature solve; each is an exact block minimisation of the convex-in-each-block L, so L never
-increases. With mu = 0 the item solve is exactly DP-ALS (trainer.als). An item without a stats row
-(only in non-private runs: a release noises every catalog item) has A_j = 0, b_j = 0 and gets its
-vector from the feature term alone: v_j = (lambda s_j I + G + mu P^T P)^-1 mu P^T x_j.
-
-Feature matrix X (the choice made here): the entries mirror the features encoder's bag average
-(trainer.encoder): for each non-id family, item j's bag of value ids is averaged, so
-X_jf = (count of value f in j's bag) / (bag length) (repeated values weigh more; a univalent value
-is 1). The "unknown" id 0 is not a feature value: its occurrences are dropped (also from the bag
-length), so an item with no known value in a family has an all-zero block. The item-id family is
-not a feature (it is the item's own free vector v_j). Columns are ordered family by family (the
-space's order), values in vocabulary order: `trainer.features.feature_labels`; X is
-`trainer.features.feature_matrix`, shared with the encoder's principal initialisation.
-
-Scale: the stats table is streamed in item batches once per inner iteration (as trainer.als does);
-what is held in memory is V (n x d), P (F x d) and the sparse X, never all the A_j.
+Every public feature value f is one more "user" row with a learned embedding p_f whose "ratings"
+are the column X_{:,f}; the objective adds mu/2 ||X - V P^T||_F^2 and a feature ridge to the
+released statistics' quadratic and the item ridge. The item solve (per item, P fixed) and the
+feature solve (all features, V fixed) are exact block minimisations, so the objective never
+increases; with mu = 0 the item solve is exactly DP-ALS (trainer.als). X_jf is item j's bag average
+of value f, as in the features encoder (`trainer.features.feature_matrix`). The stats table is
+streamed in item batches once per inner iteration: V, P and the sparse X are held, never all the A_j.
+docs/models.md ("DP-CMF") has the objective, both solves and the choice of X.
 
 Privacy: reads only released (noised) statistics and the public item features; P is fitted from
 X and the released item vectors only. All of it is post-processing of the DP release.

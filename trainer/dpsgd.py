@@ -1,27 +1,14 @@
 """DP-SGD training of the item encoder (the AM-DPSGD baseline), with TF-Privacy's fast clipping.
 
-At one alternating-minimization step, given the users' (private) embeddings u_i and rows (user i,
-item j, label y_ij, weight w_ij), this fits the encoder V to
-`sum_rows w_ij (Clip(u_i, clip_u) . V(x_j) - Clip(y_ij, clip_y))^2 / 2 + ridge/2 ||theta||^2`
-(or, with `loss="logistic"`, implicit feedback's `sum_rows w_ij l(Clip(u_i) . V(x_j), y_ij)` with
-l(s, y) = log(1 + e^s) - y s on positives and sampled negatives, `logistic_rows`) with DP-SGD: each step Poisson-samples units with probability q = batch_size / units, clips each
-unit's gradient to L2 norm `l2_norm_clip` (C), adds N(0, (z C)^2) to the sum and divides by the
-expected batch size (then adds the ridge gradient, which depends on the parameters only).
-A unit is one user with all its rows (`unit="user"`; at most `max_rows_per_user` of them, chosen
-at random once per call) or one row (`unit="example"`).
-
-Fast clipping: per-unit gradient norms come from TF-Privacy's ghost norms
-(`fast_gradient_clipping.clip_grads.compute_gradient_norms` with its Dense and Embedding registry
-functions): a functional "norm model" sees a unit as a padded [rows, bag] block of feature ids and
-shares the encoder's variables (its lookup layer is registered with TF-Privacy's embedding
-function). The clipped sum is then the gradient of `sum_i c_i loss_i` with TF-Privacy's clip
-weights c_i = C / max(C, norm_i), computed through the encoder itself with the item forward pass
-run once per distinct item of the batch and gathered per row (the paper's Algorithm for DP-SGD):
-scaling unit i's loss by c_i scales exactly its gradient, so sharing the forward pass between
-units does not mix their clipping.
-`fast_clipping=False` uses TF-Privacy's classic per-unit Jacobian instead
-(`clip_and_aggregate_gradients`, pfor), for any model and as a reference; it is far slower.
-The ghost norm of the dense layer costs O(rows^2) per user: keep `max_rows_per_user` moderate.
+At one alternating-minimization step, given the users' (private) embeddings u_i and their rows, this
+fits the encoder V to the clipped squared loss (or, with `loss="logistic"`, implicit feedback's
+logistic loss on positives and sampled negatives, `logistic_rows`) with DP-SGD: each step
+Poisson-samples units with probability q = batch_size / units, clips each unit's gradient to L2 norm
+`l2_norm_clip` (C), adds N(0, (z C)^2) to the sum and divides by the expected batch size. A unit is
+one user with all its rows (`unit="user"`, at most `max_rows_per_user`) or one row
+(`unit="example"`). Per-unit norms come from TF-Privacy's ghost norms (fast clipping; the ghost norm
+of the dense layer costs O(rows^2) per user), `fast_clipping=False` uses the classic per-unit
+Jacobian. docs/models.md ("AM-DPSGD") has the loss and how the clipped sum shares the forward pass.
 
 Privacy (stated as Opacus states its optimizer's): each unit's gradient is clipped to C before the
 noise, so the returned `event` (Poisson-sampled Gaussian with multiplier z, `steps` times) bounds

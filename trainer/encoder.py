@@ -9,17 +9,12 @@ item update (trainer.ssp), so an item whose statistics are mostly noise stays at
 features say, and an item never trained on is embedded by its features alone. Id-only encoder: one
 free embedding per item (matrix factorization's item side), for the ALS-style baselines.
 
-Lookups go through `tf.nn.safe_embedding_lookup_sparse`, so the gradients of the embedding tables
-are `tf.IndexedSlices` (sparse: only the rows of the features present in the batch), and the model
-runs unchanged on a GPU when one is present. `export` writes a SavedModel whose `embed` signature
-maps item ids to embeddings and whose `embed_features` signature embeds any item, new ones too,
-from its public feature values; `write_checkpoint` / `restore_checkpoint` save and load the encoder's
-variables between the stages of a run.
-
-Both go through `schemas.storage` folders, on a local disk or gs://: TensorFlow writes into a local
-folder that storage commits atomically (and reads from a local copy). TensorFlow's own gs://
-filesystem is not used: it would write the files one by one with no commit, and it cannot be pointed
-at a storage emulator, so the path that tests run would not be the one production runs.
+Lookups give sparse gradients (`tf.IndexedSlices`) and run unchanged on a GPU. `export` writes a
+SavedModel whose `embed` signature maps item ids to embeddings and whose `embed_features` signature
+embeds any item, new ones too, from its public feature values; `write_checkpoint` /
+`restore_checkpoint` save and load the encoder's variables between the stages of a run. Both go
+through `schemas.storage` folders, never TensorFlow's own gs:// filesystem (docs/models.md, "The
+item encoder", says why).
 
 Privacy: the encoder only ever sees public features; what it learns from private data comes
 through the noised statistics (trainer.ssp).

@@ -1,70 +1,22 @@
 """SSP2 (and SSP1) training of the item encoder from released statistics and public features only.
 
 Per item j, with released A_j, b_j: `loss_j = 1/2 v_j^T (A_j + lambda I) v_j - b_j^T v_j`, whose
-gradient is `J_j^T ((A_j + lambda I) v_j - b_j)` (the paper's Proposition 1: for the exact,
-un-noised statistics this is the gradient of the squared loss over the examples). Minibatches
-sample ITEMS: the statistics are streamed from Parquet in item batches through a bounded shuffle
-buffer, so memory does not grow with the number of items. Noised A_j can be indefinite; the
-optional projection onto the PSD cone is post-processing (free) and runs once per table, streamed
-into a sibling folder. SSP1 passes R resampled tables: the epochs are split into R phases, one
-table per phase.
+gradient is `J_j^T ((A_j + lambda I) v_j - b_j)` (the paper's Proposition 1). Minibatches sample
+ITEMS: the statistics are streamed from Parquet in item batches through a bounded shuffle buffer,
+so memory does not grow with the number of items. The optional projection of noised A_j onto the
+PSD cone is post-processing and runs once per table. SSP1 passes R resampled tables, one per phase
+of the epochs.
 
-Why AM-SSP's item update looks the way it does (it must do no harm under noise, then gain; the
-numbers are set by pipelines.training from the release, never from a look at the private data):
+The item update must do no harm under noise, then gain: it starts from the public-feature encoder
+with a zero per-item residual, anchored to that start; every ridge and penalty is stated in the
+release's own units (S = wbar Gamma_u^2, N = 2 sqrt(d) z S); with biases each item's bias residual
+has its own penalty and is solved exactly after the epochs (`solve_residuals`); the embeddings are
+rescaled to unit RMS norm after each update. docs/models.md ("Why AM-SSP's item update looks the
+way it does") has each choice and its reason; the measurements are in docs/results.md.
 
-- The starting point is the public-feature encoder plus a per-item residual r_j initialised at 0
-  (trainer.encoder): before any statistics the model is what the public features say, the model
-  the item update must not make worse. The encoder starts from the principal directions of the
-  public features weighted by DP counts (ItemEncoder.init_principal), the best that the features
-  alone can say in d dimensions, and each update is anchored to where it began (`anchor`, kappa
-  below; default 10 (S + N)): under heavy noise the shared embeddings stay at that start, and
-  the statistics move them only as far as they outweigh the noise.
-- Every ridge and penalty is stated in the release's own units: S = wbar Gamma_u^2, the most one
-  user adds to an A_j, and N = 2 sqrt(d) z S, about the noise's spectral norm in A_j (z: the noise
-  multiplier the accountant derives from epsilon). They follow epsilon, the clip and d by
-  construction; a bare number would fit one setting only.
-- The ridge, ridge S + noise_ridge N, is the same for every item: it dominates a rare item's
-  problem, whose A_j is mostly noise, and fades for a popular one, whose A_j grows with its count,
-  so the head is not shrunk like the tail.
-- When the release's noise outweighs its signal in aggregate (few users per item, or a small
-  epsilon), only items whose DP count is at least 6 N/S get statistics
-  (pipelines.training.prepare.stats_threshold_of has the rule and its figures): the paper's bound grows with
-  sqrt(m d), m the items released, and below that count an item's A_j, b_j are mostly noise that
-  sums into the shared feature embeddings, while every user's weight spread over them is taken
-  from the items that carry signal. Such an item keeps what its features say.
-- The residual penalty mu = residual_penalty (S + N) lets an item's own residual move only as far
-  as its statistics outweigh the noise: rare and pure-noise items stay at their features, while the
-  shared feature embeddings pool the statistics of every item with a feature, averaging their noise.
-- With biases the bias coordinate has its own penalty, one per item: noise over the prior of an
-  item bias taken from the public rating scale, larger the less weight the item's release states
-  (pipelines.training.item_update.bias_penalty), on the residual alone: the features' prediction
-  of the bias is its prior mean, and the shared bias output is not anchored. The embedding's
-  penalties, sized to the spectral norm of d x d noise, held every item bias below a few thousand
-  ratings at zero.
-- With biases, after the epochs each covered item's residual is set to its exact minimiser, the
-  shared encoder fixed (`solve_residuals`): the bias residual's penalty is small, and minibatch
-  steps approach it slowly (6,040 users, epsilon 5: test RMSE 0.9145 without, 0.9106 with). The
-  ranking protocol keeps its minibatch residuals, as its figures were measured.
-- After each update the item embeddings are rescaled to unit RMS norm (post-processing), so the
-  user clip and the user ridge keep one meaning across steps and epsilons.
-- Adam with a cosine-decaying step over full-catalog epochs: the last steps average the minibatch
-  noise instead of chasing it. Few outer steps: each step's release splits the budget further; with
-  biases one (the item biases gain most from one release at the whole budget), else two.
-- Ranking (implicit positives, Recall@20): every hit is on a popular item, so each user's weight is
-  spread evenly over their positives (weight exponent 0, not the rating protocol's -1/4 towards rare
-  items), and d is as large as the noise allows (16 below epsilon 10, 32 from 10): ordering the
-  popular items takes more directions than predicting ratings. Rare items still get an embedding
-  through their features (the encoder covers the whole catalog), and score low from their own
-  statistics and the gravity term.
-
-Measured with the defaults at epsilon 5 (test RMSE, one seed): on `ssp synth --like movielens`
-(6,040 users) the starting point 1.019, AM-SSP 0.932, the DP mean 1.123, every popularity fifth
-better than the DP mean on it; on ml-latest-small (610 users) the starting point 0.951, AM-SSP
-0.948, AM-DPSGD 0.950.
-
-There is deliberately no way to give this module interactions: its inputs are stats tables (with
-their release parameters checked against what the caller expects) and the encoder's public
-feature space.
+Privacy: there is deliberately no way to give this module interactions: its inputs are stats
+tables (with their release parameters checked against what the caller expects) and the encoder's
+public feature space, so everything it computes is post-processing of the DP releases.
 """
 
 from __future__ import annotations

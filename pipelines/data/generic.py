@@ -1,30 +1,14 @@
 """`ssp ingest --interactions TABLE --catalog TABLE`: any interactions table and item catalog into the
 canonical data set folder (not only MovieLens).
 
-Real data rarely comes as a MovieLens folder: it is a table of (user, item[, label][, time]) rows
-exported from a warehouse, and a catalog of items with a few attributes. This module reads both, in
-Parquet or CSV (by the file extension; a folder of Parquet or CSV parts, as Spark or BigQuery write
-them, is read part by part), on a local disk or gs://, with the columns named as they are in the
-table. Interactions are streamed in record batches (bounded memory); the catalog is read whole.
-
-- Ids (user and item) must be integers: a string id is refused, naming the column (map the ids to
-  integers first).
-- Without a label column the data are implicit feedback: every row is a positive with label 1.0, and
-  the manifest records `"feedback": "implicit"` (the ranking protocol then treats every row as a
-  positive; a regression run is refused). With one, the labels are explicit ratings on the declared
-  `rating_scale`; a label outside it is refused, naming the file, the row and the value.
-- A timestamp column may hold integer seconds since 1970 or Arrow timestamps (any unit and time
-  zone), or, in CSV, ISO 8601 date-times (UTC unless they carry an offset); it becomes int64 epoch
-  seconds.
-- Catalog features are declared one by one with their kind (`genres:bag,brand:value,price:number`):
-  a `bag` (multivalent) column is a list of strings, or a string of values separated by `|` (CSV has
-  no lists; blanks around values and empty values are dropped); a `value` (univalent) column is one
-  category per item: int64 when every value is a whole number, else text, the same whichever the
-  format (9, 9.0 and "9.0" are one value; numbers that are not whole are written by one rule), and
-  a CSV value holding `|` is refused (declare it a bag); a `number` column is a quantity (a price, a
-  duration): float64, bucketed by the catalog's quantiles when the encoder is built
-  (trainer.features), not one category per distinct value. Null or empty (and NaN in a number)
-  means no values / unknown. Every catalog row becomes an item, whether it has interactions or not.
+Reads a table of (user, item[, label][, time]) rows and a catalog of items, in Parquet or CSV (a
+file or a folder of parts), on a local disk or gs://, with the columns named as they are in the
+table; interactions are streamed in record batches, the catalog is read whole. Ids must be
+integers; without a label column the data are implicit feedback (every row a positive, label 1.0),
+with one the labels must lie on the declared `rating_scale`; timestamps become int64 epoch seconds;
+catalog features are declared with their kind (`bag`, `value`, `number`). Every check refuses the
+input naming the file, the column, the row and the value. docs/own-data.md ("Your own tables") has
+every rule.
 
 Privacy: the interactions table is private user data. The catalog's declared feature columns (and
 the title) are declared PUBLIC by the run (`--features`) and the manifest records the declaration:

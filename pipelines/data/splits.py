@@ -4,43 +4,24 @@ This module owns the split protocols of the paper's benchmarks and the layout of
 
 * ``rmse`` (regression, the ML10M benchmark): each rating goes to train, valid or test with fixed
   probabilities 1 - h, h/2, h/2 (h = ``holdout``, 0.2 by default: 80/10/10) (`split_ratings`).
-* ``recall`` (ranking, the ML20M benchmark): the preprocessing of Liang et al. 2018 (VAE-CF) as used
-  by the DP-ALS papers: positives only (labels in the top 30% of the rating scale, above 3.65 on
-  MovieLens' 0.5..5 stars as the papers' "above 3.5"; every row of an implicit-feedback data set,
-  whose rows are all positives), held-out validation and test users (each eligible user is
-  one with probabilities 1 - h, h/2, h/2) whose positives are split into fold-in history and targets
-  (`split_heldout_users`). The restriction of training to the 10% most frequent items is not
-  applied here: it must use DP counts, not exact ones, so the protocol only records
-  ``train_item_fraction`` and `top_items` applies it later to released counts.
+* ``recall`` (ranking, the ML20M benchmark): the preprocessing of Liang et al. 2018 (VAE-CF):
+  positives only (labels in the top 30% of the rating scale; every row of implicit feedback),
+  held-out validation and test users whose positives are split into fold-in history and targets
+  (`split_heldout_users`). The restriction of training to the 10% most frequent items must use DP
+  counts, so the protocol only records ``train_item_fraction`` and `top_items` applies it later.
 
-``holdout`` 0 is the production mode: every row (rmse) or every eligible user (recall) is a
-training one and the held-out tables are empty.
+``holdout`` 0 is the production mode: every row (rmse) or every eligible user (recall) trains.
+A split folder holds one table per part and ``split.json``, written last. Both splits are
+deterministic functions of the *set* of input rows and the seed, every table in
+(user_id, item_id, timestamp, label) order. docs/own-data.md ("Why every split is row-local, and
+the split folder") has the details.
 
-Neighbouring data sets (see ARCHITECTURE.md): every split is row-local. A row's part depends on
-that row alone, through a keyed hash (splitmix64 of the split seed, the user id and, for row
-decisions, the item id) mapped to [0, 1) and compared with fixed fractions, never on other rows,
-on the row order or on exact totals. There are no exact part sizes: the sizes are binomial around
-the fractions. So removing a user's rows from the input removes exactly those rows from the training
-part and changes nothing else in it (the DP releases are computed from the training part, and the
-noise is calibrated for one user's rows in it); the same holds for every other part, with the one
-exception below. The only steps that look at more than one row are user-local (the dedup of
-repeated ratings, the recall eligibility and the < 5 rows rule) except one: in the recall protocol
-held-out rows are restricted to the items of the training positives, as in Liang et al., so removing
-a training user can also drop held-out rows on items only that user had. That restriction touches
-the held-out tables only, which feed nothing but the private evaluation (metrics.json, never
-published, not a release); the training table never depends on it. With
-``restrict_to_train_items=False`` every part is exactly row-local.
-
-A split folder holds one table per part (``<out>/<name>.parquet``) and ``<out>/split.json``, written
-last, which marks the folder complete and records the protocol, the seed, the fractions and the
-table sizes.
-
-Both splits are deterministic functions of the *set* of input rows and the seed: the input row order
-does not matter, and every table comes out in (user_id, item_id, timestamp, label) order.
-
-Privacy: splits are private tables (they are interactions); they stay in the run directory, next
-to the data set they come from, and are never released. split.json holds exact sizes of private
-tables, so it is private too.
+Privacy: every split is row-local: a row's part depends on that row alone, through a keyed hash of
+the split seed, the user id and (for row decisions) the item id, never on other rows, the row order
+or exact totals, so removing a user's rows removes exactly those rows from the training part. The
+one exception (recall's held-out rows restricted to the training positives' items) touches only the
+held-out tables, which feed nothing but the private evaluation. Splits and split.json are private
+tables: they stay in the run directory and are never released.
 """
 
 from __future__ import annotations

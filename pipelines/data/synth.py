@@ -1,46 +1,18 @@
 """Synthetic data sets for scale tests: `ssp synth` and `generate()`.
 
-Why this exists: the public MovieLens sets have few users (ml-latest-small: 610), and user-level
-differential privacy needs many users. The noise a user-level DP release adds does not shrink with
-the number of users, while the signal grows with it, so the privacy-utility trade-off is only worth
-studying at 1e5-1e6 users. No public rating data set of that size comes with the public item features
-this pipeline relies on, so we plant a model and sample from it.
+Why: user-level differential privacy is only worth studying at 10^5-10^6 users, and no public rating
+data set of that size comes with public item features, so the project plants a model and samples
+from it.
 
-What this module owns: the generators of the canonical data set folder (`pipelines.data.datasets`). Two:
-the idealised one (default), whose public features explain the ratings almost entirely (the case
-where features help most: checks that the pipeline recovers a planted model), and the realistic
-one, `like="movielens"` (`ssp synth --like movielens`), calibrated to MovieLens-1M, for
-privacy-utility studies that should look like real rating data; this module holds the idealised
-one, the dispatch (`generate`) and the command line.
-
-Idealised generator, for given (users N, items M, ratings per user K, popularity exponent alpha,
-rank r, seed):
-
-- Items: M rows, item ids 1..M, title "Synthetic item j", and three public feature families:
-  `genres` (multivalent, 1-3 distinct of 20 names "genre-07"), `tags` (multivalent, 0-5 values drawn
-  with Zipf frequencies from max(50, M // 10) names "tag-0042"; repeats allowed, they weigh more) and
-  `year` (univalent int64, 1950-2023).
-- Planted low-rank model whose item factors depend on the features: every genre, tag and decade has
-  a random vector in R^r; an item's factor is the mean of its genre vectors, plus the mean of its tag
-  vectors (if any), plus its decade's vector, plus a small item-specific residual. User factors are
-  N(0, I/r) times a scale; a rating is 3.5 + u.v + N(0, 0.5^2), rounded to the half-star grid and
-  clipped to [0.5, 5.0] (MovieLens-like; ratings have a standard deviation of about 1).
-- Popularity: item j is sampled with probability proportional to rank_j^(-alpha), the popularity
-  ranks randomly permuted over the item ids (`popularity()`). Each user rates exactly K distinct
-  items: the first K distinct items of a sequence of independent draws (successive sampling), drawn
-  for a whole chunk of users at once; users still short after the drawn candidates are completed
-  exactly with exponential keys.
-- Timestamps: int64 seconds, uniform over 2000-01-01 .. 2023-12-31.
-
-MovieLens-like generator (`like="movielens"`): its model and constants, and what each constant is
-calibrated to, are in `pipelines.data.synth_movielens`.
-
-Interactions are produced chunk by chunk (at most `CHUNK_USERS` users, `MAX_CHUNK_ROWS` rows) as
-Arrow record batches and streamed into Parquet by `write_dataset`, so peak memory does not grow with
-the number of rows (10^7 rows: about 330 MiB peak RSS, imports included; see bench/synth_memory.py).
-Every chunk has its own random stream (Philox keyed by SeedSequence(seed, spawn_key=(stream,
-chunk))), and so do the catalog, the model and the popularity ranks: the same parameters and seed
-give identical tables.
+What this module owns: the idealised generator (default), whose public features (`genres`, `tags`,
+`year`) explain the ratings almost entirely through a planted low-rank model, with Zipf popularity
+and exactly K distinct items per user; the dispatch (`generate`, its checks and manifest) to it or to
+the realistic one, `like="movielens"` (pipelines.data.synth_movielens); and the command line.
+Interactions are produced chunk by chunk as Arrow record batches and streamed into Parquet by
+`write_dataset`, so peak memory does not grow with the number of rows. Every chunk has its own
+random stream (Philox keyed by SeedSequence(seed, spawn_key=(stream, chunk))), and so do the
+catalog, the model and the popularity ranks: the same parameters and seed give identical tables.
+docs/synthetic-data.md has both generators' models and constants.
 
 Privacy: the generated interactions stand in for private data and are treated as such downstream;
 the items table is public by declaration, like a real catalog.

@@ -1,94 +1,20 @@
 """The MovieLens-like synthetic generator: `ssp synth --like movielens`, `generate(like="movielens")`.
 
-Why this exists: the idealised generator of `pipelines.data.synth` plants ratings that its public
-features explain almost entirely, which says little about how a private model fares on real rating
-data; public rating data sets with public item features have few users (MovieLens-1M: 6,040), and
-user-level differential privacy is only worth studying at 1e5-1e6 users. This generator produces
-data that look like MovieLens-1M (biases, heavy-tailed activity and popularity, personal taste,
-whole stars) at any number of users.
+Why: the idealised generator of `pipelines.data.synth` says little about how a private model fares
+on real rating data; this one produces data that look like MovieLens-1M (biases, heavy-tailed
+activity and popularity, personal taste, whole stars) at any number of users.
 
 What this module owns: the model and the interaction batches of `like="movielens"`, and the small
 sampling helpers both generators use (`_rng`, `_offsets`, `_draw`, `_bag_mean`, `KEY_BATCH`).
-`pipelines.data.synth` owns the dispatch (`generate`, its checks and manifest) and the command line,
-and imports from here; this module imports nothing from it.
+`pipelines.data.synth` owns the dispatch and the command line, and imports from here; this module
+imports nothing from it.
 
-MovieLens-like generator (`like="movielens"`), for given (users N, default 6,040; seed). Calibrated
-against published figures of MovieLens-1M (6,040 users, 3,883 movies of which 3,706 rated,
-1,000,209 whole-star ratings; the figures are `bench.ladder.MOVIELENS_1M` and `LADDER_1M`), and
-against nothing else. Every constant below is either a published figure itself, or was tuned
-(iteratively: generate 6,040 users, print the summary and the ladder, adjust) to the figure named.
-
-- Catalog: M = round(ML_ITEMS * (N / ML_USERS) ** CATALOG_GROWTH) movies: 3,883 at 6,040 users,
-  20,919 at 10^5, 83,281 at 10^6 (sub-linear growth; 0.6 is a choice, not a fit: MovieLens-20M has
-  27,278 movies for 138,493 users, 0.6 gives 25,400). Ids 1..M, title "Synthetic movie j", and the
-  public feature families `ssp ingest` writes for MovieLens (same `items_schema` machinery), so every
-  command and the features encoder run on it unchanged:
-  `genres` (multivalent): 1-5 of the 18 MovieLens-1M genre names per movie, how many with
-  GENRE_COUNT_SHARES (mean 1.65, the published figure), which ones drawn successively without
-  replacement with ML_GENRE_WEIGHTS (about the number of ML-1M movies of each genre: Drama, then
-  Comedy, most common; rounded from the catalog, not tuned); `year` (univalent int64, 1919-2000):
-  RECENT_SHARE of the movies from the last RECENT_YEARS years, the others older by an exponential
-  age of mean OLDER_MEAN_AGE (the shape of a 2000 catalog; a choice, not a fit).
-- Activity: every user rates their own number of movies, the quantile function at a uniform u:
-  log-linear between the ACTIVITY_KNOTS (min 20, quartiles 44 / 96 / 208, 90th percentile 400: the
-  published quantiles), above the 90th percentile a Pareto tail of exponent ACTIVITY_TAIL truncated
-  at ACTIVITY_MAX (2,314: the published max; 2.6: tuned to the mean, 1,000,209 / 6,040 = 165.6
-  ratings per user), and at most ACTIVITY_CAP of the catalog (2,314 / 3,706: only binds for tiny
-  N). A chunk's u are stratified (one in each 1/n slice, shuffled; each is still uniform), so even
-  6,040 users show the quantiles to a rating. The distribution does not depend on N.
-- Popularity: relative weights along popularity ranks (`popularity_curve`), log-log interpolated
-  between POPULARITY_KNOTS (rank, weight), ranks randomly permuted over the ids. The weights were
-  tuned by fixed-point iteration on the realised item counts of 6,040 users: rank 1 to the max 3,428,
-  rank 37 to the 44% held by the top 10% of rated items, ranks 370 / 927 / 1,853 / 2,780 to the
-  90th percentile 730 and the quartiles 350 / 124 / 33, rank 3,417 to the 7.8% of rated items with
-  under 5 ratings, ranks 3,704 and 3,883 (one tenth of it) to the 3,706 rated items. For a larger
-  catalog the rank axis is stretched in log scale (rank k of M gets the weight of rank
-  k ** (ln 3,883 / ln M)): a head of blockbusters rated by a large share of users at every N, and the
-  catalog growth spread over the middle and the tail.
-- Selection: a user's movies are a successive sample (first distinct movies of independent draws;
-  rows still short after DRAW_ROUNDS rounds completed exactly with exponential keys) from their own
-  mixture: with share 1 - TASTE_SHARE the popularity weights, with share TASTE_SHARE their taste, a
-  Dirichlet(TASTE_CONCENTRATION) mixture over TASTE_CLUSTERS clusters; every movie belongs to the
-  clusters with Dirichlet(MEMBERSHIP_CONCENTRATION) shares and cluster c draws movie j with
-  probability proportional to weight_j * share_jc. This is what makes implicit feedback
-  personal: TASTE_SHARE, TASTE_CONCENTRATION, MEMBERSHIP_CONCENTRATION and TASTE_CLUSTERS were tuned
-  to the ranking ladder (popularity and implicit ALS Recall@20). The draws cost O(ratings), never
-  O(users x items): 10^6 users are as cheap per rating as 6,040.
-- Ratings: a latent score  z = b_u + b_j + u_k . v_j + e,  cut into whole stars 1..5 at thresholds
-  that give the published shares STAR_SHARES (5.6 / 10.8 / 26.1 / 34.9 / 22.6%):
-  b_u ~ N(0, USER_BIAS_SD^2): tuned to the sd of user means 0.43;
-  b_j = FEATURE_BIAS_SD * (genre effect + AGE_EFFECT * age in decades, standardised) [the part of the
-  item effect the public features explain] + POPULARITY_BIAS_SD * (standardised log weight) +
-  ITEM_BIAS_SD * (1 + ITEM_TAIL_SPREAD * popularity rank fraction) * N(0, 1) [the item's own part,
-  wider in the tail]: tuned to the per-item mean RMSE 0.982, the genres+year encoder RMSE 0.987 and
-  the sd of item means 0.67 (POPULARITY_BIAS_SD came out 0: popular movies rated higher pushed the
-  popularity Recall@20 further above its figure);
-  u_k ~ N(0, INTERACTION_SD^2 / ML_RANK I), v_j = sqrt(FACTOR_FEATURE_SHARE) * (mean of its genre
-  vectors + its 5-year bucket's vector, standardised) + sqrt(1 - FACTOR_FEATURE_SHARE) * N(0, I)
-  (item-specific latent factors; ML_RANK, INTERACTION_SD and FACTOR_FEATURE_SHARE are choices),
-  e ~ N(0, NOISE_SD_ML^2): tuned to the matrix factorisation RMSE 0.851. The genre effects are the normal scores of 18 equally spaced
-  quantiles in a seeded order, so their spread does not depend on the seed.
-  Thresholds: given the movie, z is normal (user parts and noise do not depend on the selection), so
-  the thresholds are the STAR_SHARES quantiles of a normal mixture over the movies of a pilot sample
-  of PILOT_USERS users (its own random stream; not written).
-- Timestamps: int64 seconds, uniform over 2000-04-25 .. 2003-02-28 (the ML-1M collection period),
-  each user's rows in time order.
-
-Measured on 6,040 users (seed 0) next to ML-1M, and the ladder (`python -m bench.ladder`): see the
-README ("Realistic development data") and tests/pipelines/test_synth.py, tests/bench/test_ladder.py.
-Known gap: the popularity Recall@20 comes out about 0.02 above the published 0.176 (head movies are
-rated by most users whatever their taste; no setting tried lowered it without breaking the
-item-count figures).
-
-Interactions are produced chunk by chunk (`ML_CHUNK_USERS` users, about 660,000 rows) as Arrow
-record batches, which `pipelines.data.synth` streams into Parquet by `write_dataset`, so peak memory
-does not grow with the number of rows. Peak RSS of the generating process, imports included, on
-this 2-core machine: 6,040 users (1.0 M ratings) 386 MiB in 3.1 s; 10^5 users (16.6 M ratings,
-20,919 movies) 503 MiB in 22 s; 3 x 10^5 users (49.7 M ratings, 40,441 movies) 554 MiB in 69 s (51
-MiB more for 3x the rows and twice the catalog; not traced further); 10^6 users (about 1.66 x 10^8
-ratings) extrapolates to about 4 minutes. Every chunk has its own random stream (Philox keyed by
-SeedSequence(seed, spawn_key=(stream, chunk))), and so do the catalog, the model and the pilot: the
-same parameters and seed give identical tables.
+Every constant below is either a published figure of MovieLens-1M itself (`bench.ladder.MOVIELENS_1M`
+and `LADDER_1M`), or a choice, or was tuned (generate 6,040 users, print the summary and the ladder,
+adjust) to the figure its comment names; docs/synthetic-data.md has the whole model (catalog,
+activity, popularity, taste, ratings, timestamps), what each constant is calibrated to, and the
+known gap. Interactions are produced chunk by chunk (`ML_CHUNK_USERS` users) with a random stream
+per chunk: the same parameters and seed give identical tables.
 
 Privacy: the generated interactions stand in for private data and are treated as such downstream;
 the items table (genres, year) is public by declaration, like a real catalog. No real rating is read:

@@ -6,34 +6,25 @@ The same transform as the Spark engine (`pipelines/stats.py`), as a composite `I
                                                                        +- CoGroupByKey by user
     user embeddings --(per row)--> (user, embedding) -----------------+
         -> per complete user: weights (DP counts as a side input), clip, weight
-           (stats_core.user_contributions), buffered within a bundle and pre-aggregated per item
-           (privacy.accumulator.grouped_sums), emitted once per item per bundle: (item, (a_upper, b))
+           (stats_core.user_contributions), pre-aggregated per item within a bundle
+           (privacy.accumulator.grouped_sums): (item, (a_upper, b))
         + one declaration (item, None) for EVERY catalog item
         -> CombinePerKey(ItemSums): accumulator.create / sums of partials / merge
         -> noised once per item and resample (accumulator.finalize, keyed by the release index)
 
-`WriteStatsParts` then shards the noised rows by `item_id % shards`, and each shard writes one part
-per resample through the job's `StagedWrite`s and a small JSON manifest (part names, row counts)
-into a staging folder next to the outputs; `run` reads the manifests once the pipeline has finished
-and lets `StatsJob.commit` publish the tables (runner-agnostic: no driver-side collect). Shuffle
-volume is O(bundles x items per bundle x d^2/2) plus one small declaration per catalog item.
+`WriteStatsParts` writes one part per shard and resample through the job's `StagedWrite`s, with a
+small JSON manifest; `run` reads the manifests once the pipeline has finished and lets
+`StatsJob.commit` publish the tables (no driver-side collect). The large inputs are read part file by part file through `schemas.storage` (local paths
+and gs://); the small ones (catalog, DP counts) are read on the driver. The workers must be able to
+import this project (on a cluster: the wheel, see infra/) and reach the input and output paths.
 
-The large inputs (interactions, user embeddings) are read part file by part file through
-`schemas.storage` (so local paths and gs:// behave as in every other job); the small ones (catalog,
-DP counts: m rows) are read on the driver and created in chunks. Any runner works through standard
-Beam pipeline options; the workers must be able to import this project (on a cluster: the wheel,
-see infra/) and to reach the input and output paths.
-
-Privacy: the same as pipelines.releases.stats_job / privacy.accumulator and the Spark job. The statistics
-are summed before any noise; the noise is added after the merge, once per resample, to every
-catalog item (rows or not), keyed by (secret seed, the release index the ledger gave, item id), so
-both engines add identical noise. The release is recorded in the ledger (and the seed bound to the
-inputs) by `StatsJob.prepare()` before the pipeline starts; nothing is published unless every
-catalog item was written. Like Spark's closures, the serialized pipeline carries the NoiseSpec and
-so the secret seed to the workers: the runner (its job store and workers) must be inside the
-trusted zone, as the private inputs already require. Partial sums arrive in runner-dependent order
-and grouping, so reruns agree with each other and with Spark to float64 rounding (not bit for bit);
-the noise itself is identical.
+Privacy: the same as pipelines.releases.stats_job and the Spark job: the statistics are summed
+before any noise, which is added after the merge to every catalog item, keyed by (secret seed,
+release index, item id), so both engines add identical noise. The release is recorded in the ledger
+by `StatsJob.prepare()` before the pipeline starts; nothing is published unless every catalog item
+was written. The serialized pipeline carries the secret seed to the workers: the runner must be
+inside the trusted zone, as the private inputs already require. Partial sums arrive in
+runner-dependent order, so reruns agree with Spark to float64 rounding; the noise is identical.
 """
 
 from __future__ import annotations

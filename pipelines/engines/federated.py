@@ -2,43 +2,21 @@
 release with each user's device as a client, simulated as a Beam pipeline (clients are elements;
 any runner).
 
-Each client holds its own ratings. Given the broadcast item embeddings (public: the step's start),
-it solves its user embedding (the same ridge solve as pipelines.engines.user_solves), computes its clipped,
-weighted contribution to A_j, b_j of every catalog item (zero where it rated nothing: every vector
-covers the whole catalog, so its shape says nothing), encodes it in fixed point, adds its Skellam
-noise share (privacy.skellam) and sends it masked by secure aggregation (privacy.secure_aggregation).
-The server only ever learns the noised sum; it decodes it into a stats table of the same schema and
-release.json as the central stats job, which the same item update consumes.
+Each client solves its user embedding from its own ratings and the broadcast item embeddings,
+computes its clipped, weighted contribution to A_j, b_j of every catalog item (zeros where it rated
+nothing, so its shape says nothing), encodes it in fixed point, adds its Skellam noise share
+(privacy.skellam) and sends it masked by secure aggregation (privacy.secure_aggregation). The server
+decodes the noised sum into a stats table of the same schema and release.json as the central stats
+job, which the same item update consumes. docs/secure-aggregation.md ("One federated round") has the
+planning, the round records, the fixed point and the trust model in full.
 
-Privacy: the release is planned and recorded like the central one (one Gaussian event of the
-run's stats multiplier z for A and b), against an RDP accountant on integer orders, where the Skellam
-noise of multiplier z_s >= z is at least as private (privacy.skellam). The noise is planned for
-n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) of the n clients (a majority: the consistency
-check's quorum). Every round is recorded before it starts, under the release locks, in the run's
-seed file (privacy.seeds.SeedFile.start_round) and on the release's charge in the data source's
-budget account (privacy.lifetime_budget.BudgetAccount.start_round), never in the output folder: a second
-round of a release is refused whatever happens to the step's folder, and in a copy of the run
-folder too (the account is outside it), because its fresh noise would make a second release of the
-same statistics that the ledger never charged. The one exception: with fewer
-than n_min survivors the clients reveal no share and the round is refused and recorded so (the
-server learned nothing); it may run again, under the same charge. A round that went further (a
-client whose secret too few neighbours could rebuild, survivor sets that failed the consistency
-check) is refused and never run again in this run. Neighbouring data: one client's data replaced by
-an empty device's (which still takes part: a device's participation is visible to the server in any
-federated system); the plan depends only on the number of clients, which is not published (the
-step's release.json gives the counts release's DP number of users instead). Fixed point:
-contributions are truncated towards 0 (sensitivity never grows) at a power-of-two scale where the
-quantisation is below 2^-16 of the noise's std and the sum stays within the ring.
-
-Trust model (privacy.secure_aggregation has the details). The server sees each client's masked
-vector, who took part and who dropped out, and the noised sum. An honest-but-curious server learns
-nothing else. A malicious server that shows different clients different survivor sets is caught by
-the consistency check (every survivor signs the set it was shown; a client reveals no share
-without a majority of the clients' signatures on exactly its set), so no client reveals and the
-round is refused. A malicious server can still drop clients, abort rounds, and, with t of a
-client's k neighbours corrupted (t = k/2 + 1; up to t - 1 are tolerated), unmask that client; in
-this simulation it also hands out the clients' keys, so it could invent clients (Sybils). Clients
-must trust their own device, the keys they are given and an honest majority of their neighbours.
+Privacy: the release is planned and recorded like the central one (one Gaussian event of the stats
+multiplier z), composed by an RDP accountant on integer orders, with noise planned for
+n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) clients. Every round is recorded before it
+starts in the run's seed file and on the release's charge in the data source's budget account, so a
+second round of a release is refused (except after a round refused before any share was revealed).
+Neighbouring data: one client's data replaced by an empty device's. The server sees masked vectors,
+who took part and the noised sum; it must not hand out forged keys (the PKI is simulated).
 """
 
 from __future__ import annotations
@@ -60,6 +38,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
+from pipelines.engines import engine
 from pipelines.engines.beam_release import ReadTable, rows_by_user
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
@@ -336,7 +315,7 @@ class PartitioningServer:
         return survivors if holder == self.victim else survivors - (set(graph[self.victim]) & set(graph[holder]))
 
 
-SERVERS = ("honest", "partition")  # what `--federated-server` simulates
+SERVERS = engine.FEDERATED_SERVERS
 
 
 def simulated_server(kind: str, graph: dict) -> Callable[[int, frozenset], frozenset]:

@@ -105,18 +105,8 @@ def bias_penalty(
       fewer ratings the item has. W_j is taken at its lower bound, the released weight less twice
       its noise (s_W = z S / c^2, over sqrt(R) for R resamples), floored at a thousandth of s_W: at a
       low epsilon the noisy DP counts let items of a few ratings into the statistics, whose released
-      weight is mostly noise; their bias stays what their features say. Measured on `ssp synth
-      --like movielens` (the same releases refitted; test RMSE, the least popular fifth's in
-      brackets), one penalty for every item (W = 1 / c^2) against this: epsilon 1, seeds
-      100-102, 0.9434 / 0.9438 / 0.9426 (0.973 / 0.967 / 0.988) against 0.9401 / 0.9421 / 0.9405
-      (0.961 / 0.967 / 0.965; the tuned starting point's 0.970); with the released weight itself,
-      not its lower bound, 0.9400 / - / 0.9401 (0.973 / - / 0.987), and with one noise 0.9395 / -
-      / 0.9397 (0.964 / - / 0.972); epsilon 5, seeds 100-101, 0.9026 / 0.9030 against 0.9024 /
-      0.9024 (0.955 / 0.976 against 0.961 / 0.963; the starting point's 0.966); epsilon 10
-      0.8951 / 0.8949 against 0.8951 / 0.8950 (0.960 / 0.955 against 0.967 / 0.962; 0.964);
-      epsilon 20 0.8884 / 0.8888 against 0.8886 / 0.8890 (0.960 / 0.949 against 0.962 / 0.954;
-      0.964). ml-latest-small, seed 100, epsilon 1 / 5 / 10 / 20: 0.9464 / 0.9398 / 0.9251 /
-      0.9190 against 0.9456 / 0.9394 / 0.9248 / 0.9186.
+      weight is mostly noise; their bias stays what their features say. Measured against one penalty
+      for every item (W = 1 / c^2): docs/results.md#each-items-bias-penalty-from-its-own-released-weight.
     Why not the embedding's penalties: those are sized to the spectral norm of d x d noise and hold
     the bias of every item below a few thousand ratings at zero (at 10^5 users x 20 ratings the
     model lost to the per-item mean)."""
