@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +35,7 @@ from schemas.tables import (
     validate_stats,
 )
 from ssp import cli
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "pipelines"))
-from stats_inputs import register_counts  # noqa: E402
+from tests.pipelines.stats_inputs import register_counts
 
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 

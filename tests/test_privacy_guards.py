@@ -302,7 +302,7 @@ def test_a_stats_threshold_that_cannot_apply_is_refused_or_named(data, tmp_path)
     """An id encoder with a threshold is refused before anything is written. A threshold no item's
     DP count clears does not fail the run after its counts were spent: the prepare stage says so in
     one warning line (no traceback), what was spent stays in the run's ledger, and the statistics
-    cover no item and no row (the run keeps its starting point: tests/pipelines/test_train.py)."""
+    cover no item and no row (the run keeps its starting point: tests/pipelines/training/test_stages.py)."""
     from pipelines.training.run_dir import Run
     from schemas import storage
 

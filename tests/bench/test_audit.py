@@ -10,12 +10,12 @@ import re
 import subprocess
 import sys
 
-import cached_accounting
 import numpy as np
 import pytest
 
 from bench import audit
 from pipelines.base import logs
+from tests.bench import cached_accounting
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 

@@ -4,9 +4,9 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
-from handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 from bench import harness, long_tail, privacy_utility
+from tests.bench.handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 # DP-ALS better on the head, AM-SSP better on the tail; bucket 4 has no test rows for the top line
 ALS = [1.3, 1.1, 1.0, 0.9, 0.80]

@@ -4,13 +4,13 @@ experiments run the real pipeline, share their cells, and resume without recompu
 import csv
 import json
 
-import cached_accounting
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from bench import __main__ as bench_main
 from bench import privacy_utility, resampling, training
+from tests.bench import cached_accounting
 
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi"]
 

@@ -6,9 +6,9 @@ import math
 
 import matplotlib.pyplot as plt
 import pytest
-from handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 from bench import harness, privacy_utility, training
+from tests.bench.handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 
 def row(method, eps, mean, std):

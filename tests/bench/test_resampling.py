@@ -1,9 +1,9 @@
 """SSP1 vs SSP2: the cells at fixed privacy, their grid, report and plot from hand-made cells."""
 
 import matplotlib.pyplot as plt
-from handmade import DATA, forbid_training, value
 
 from bench import harness, resampling
+from tests.bench.handmade import DATA, forbid_training, value
 
 SIZE = {
     "epsilons": [1.0, 10.0],

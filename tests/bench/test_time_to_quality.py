@@ -1,9 +1,9 @@
 """Time to quality: interpolated crossing times, the common target, the ratio, the plot and report."""
 
 import matplotlib.pyplot as plt
-from handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 from bench import harness, privacy_utility, time_to_quality
+from tests.bench.handmade import DATA, SIZE, fill_privacy_utility, forbid_training, value
 
 
 def test_time_to_reach_is_the_first_trained_step_as_good():

@@ -275,7 +275,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         check(
             tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}"
         )
-        # the stage form: the run's own job from its manifest (tests/pipelines/test_train.py checks it equals stats_stage.stats_job_for)
+        # the stage form: the run's own job from its manifest (tests/pipelines/training/test_stages.py checks it equals stats_stage.stats_job_for)
         check(
             job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job),
             f"stats_{s}: not `stats --run {run.root} --step {s}` alone",

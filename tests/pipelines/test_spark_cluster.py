@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from spark_cluster import ROOT, standalone_cluster
 
 from pipelines.engines import shipping
 from pipelines.engines.prepare_spark import SparkEngine
@@ -33,6 +32,7 @@ from pipelines.training.settings import TrainConfig
 from pipelines.training.stats_stage import release_stats
 from privacy.ledger import Ledger
 from privacy.lifetime_budget import BudgetAccount
+from tests.spark_cluster import ROOT, standalone_cluster
 
 VENV_PYTHON = sys.executable  # the nodes' Python with the locked dependencies (Dataproc: /opt/ssp/venv/bin/python)
 NODE_CONF = {"spark.pyspark.python": VENV_PYTHON}
@@ -229,7 +229,7 @@ def executor_of(pid: int) -> int:
 def an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path):
     """pipelines/stats.py with its release's first reduce task held at a gate (it waits to be told,
     no sleep decides anything): its executor's JVM killed by pid, Spark retries the task elsewhere."""
-    from spark_cluster import spark_env
+    from tests.spark_cluster import spark_env
 
     tmp_path.mkdir()
     run = copy_run(runs["users"], tmp_path / "run")

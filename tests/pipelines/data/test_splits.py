@@ -20,7 +20,7 @@ from pipelines.engines.local import LocalEngine
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
-RATINGS_CSV = os.path.join(os.path.dirname(__file__), "..", "..", "pipelines", "data", "ml-latest-small", "ratings.csv")
+RATINGS_CSV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "pipelines", "data", "ml-latest-small", "ratings.csv")
 
 
 def _table(users, items, labels, timestamps=None):

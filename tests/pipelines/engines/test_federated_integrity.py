@@ -7,7 +7,7 @@ The checks that run `ssp train` twice through the installed command (a Spark sta
 slow; each has a twin in the default run that makes the same runs and assertions through `ssp`'s
 entry point in this process (`cli.main`, on the test session's Spark). The installed command's own
 refusals (one line, exit status 2) stay in the default run: a partitioning server here, a copied run
-folder here, and too few survivors in tests/pipelines/test_federated.py."""
+folder here, and too few survivors in tests/pipelines/engines/test_federated.py."""
 
 import contextlib
 import dataclasses
@@ -29,7 +29,7 @@ from privacy.ledger import Ledger
 from privacy.seeds import ROUND_STARTED, ROUND_UNREVEALED, SeedFile
 from schemas import storage
 from ssp import cli
-from tests.pipelines.test_federated import ROUND_SECRET, SETTINGS, federated_job, prepared
+from tests.pipelines.engines.test_federated import ROUND_SECRET, SETTINGS, federated_job, prepared
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 TRAIN = ["train", "--data", "data", "--out", "run", "--engine", "federated", *SETTINGS]

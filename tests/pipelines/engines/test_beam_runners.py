@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from stats_inputs import registered, write_inputs
 
 from pipelines.engines import beam_release, spark_stats
 from pipelines.releases import stats_job
@@ -15,6 +14,7 @@ from pipelines.releases.stats_core import StatsSettings
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage, tables
+from tests.pipelines.stats_inputs import registered, write_inputs
 
 RUNNERS = {
     "portable": ["--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type", "LOOPBACK"],

@@ -14,7 +14,6 @@ import sys
 
 import numpy as np
 import pytest
-from stats_inputs import engine_named, expected_stats, noise_free_release, register_counts, registered, write_inputs
 
 from pipelines.releases import stats_job
 from pipelines.releases.release import PrivacySettings
@@ -22,6 +21,14 @@ from pipelines.releases.stats_core import StatsSettings
 from privacy.accumulator import unpack_upper
 from schemas import storage
 from schemas.tables import stats_metadata, validate_stats
+from tests.pipelines.stats_inputs import (
+    engine_named,
+    expected_stats,
+    noise_free_release,
+    register_counts,
+    registered,
+    write_inputs,
+)
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 CLIP_U, CLIP_Y, WBAR = 1.0, 2.0, 1.5

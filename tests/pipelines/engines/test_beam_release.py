@@ -8,7 +8,6 @@ import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
-from stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 from pipelines import beam_stats as beam_script  # the entry script
 from pipelines.engines import beam_release
@@ -20,6 +19,7 @@ from privacy.accumulator import NoiseSpec, pack_upper, packed_size, unpack_upper
 from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema, stats_metadata, validate_stats
+from tests.pipelines.stats_inputs import expected_stats, register_counts, registered, write_inputs
 
 DIRECT = ["--runner=DirectRunner"]
 

@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from stats_inputs import expected_stats, noise_free_release, register_counts, write_inputs
 
 from pipelines.data import splits
 from pipelines.releases.mean import centred
@@ -23,6 +22,7 @@ from privacy.accumulator import unpack_upper
 from privacy.weights import user_level_weights
 from schemas import storage
 from schemas.tables import INTERACTIONS, validate_stats
+from tests.pipelines.stats_inputs import expected_stats, noise_free_release, register_counts, write_inputs
 from trainer.solve import confidence, ridge_solve
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")

@@ -26,7 +26,7 @@ from trainer.recommend import PublishedModel
 from trainer.solve import confidence
 
 BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in range(8)]
-OWN_DATA_DOC = Path(__file__).resolve().parents[2] / "docs" / "own-data.md"
+OWN_DATA_DOC = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
 
 
 HELD_OUT = 12  # the last products of the catalog are left out of training: added after it, they are embedded from their features

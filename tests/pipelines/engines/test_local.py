@@ -4,8 +4,6 @@
 import os
 
 import pytest
-from test_beam_stats import make_job, write_random_inputs
-from test_logistic_stats import inputs as logistic_inputs
 
 from pipelines.engines.local import LocalEngine
 from pipelines.engines.prepare_spark import SparkEngine
@@ -13,6 +11,8 @@ from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import StatsSettings
 from privacy.seeds import SeedFile
 from schemas import storage
+from tests.pipelines.engines.test_beam_release import make_job, write_random_inputs
+from tests.pipelines.releases.test_logistic_stats import inputs as logistic_inputs
 
 
 def released_tables(out) -> dict[str, object]:

@@ -4,7 +4,6 @@ import os
 
 import numpy as np
 import pytest
-from stats_inputs import expected_stats, registered, write_inputs
 
 from pipelines import stats as stats_script  # the entry script
 from pipelines.engines import spark_stats as stats
@@ -18,6 +17,7 @@ from privacy.ledger import BudgetExceededError, Ledger
 from privacy.seeds import SeedFile, SeedReuseError
 from schemas import storage
 from schemas.tables import stats_metadata, validate_stats
+from tests.pipelines.stats_inputs import expected_stats, registered, write_inputs
 
 # 3 users, catalog of 4 items (item 40 has no rows), d = 2
 INTERACTIONS = [(1, 10, 4.0), (1, 20, 5.0), (2, 10, 1.0), (2, 30, 3.0), (2, 20, -7.0), (3, 30, 2.5)]
