@@ -26,20 +26,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # google-api-core (under Beam and gcsfs) warns at every import that it will drop this Python in 2027
 warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
-from pipelines.base import command, logs
-from pipelines.data import ingest, splits, synth
-from pipelines.engines import shipping
-from pipelines.engines.engine import add_engine_argument, engine_of
-from pipelines.releases import counts, release, stats_job
-from pipelines.training import commands as train_commands
-from pipelines.training import publish, user_stage
-from pipelines.training.evaluation import describe
-from pipelines.training.settings import TrainConfig
-from pipelines.training.stages import run as run_training
-from pipelines.training.stats_stage import stats_job_of_run
-from privacy.ledger import Ledger
-from schemas import storage
-from trainer import recommend
+# The imports below come after the environment set-up above on purpose (TensorFlow reads its log
+# level at import): E402 is expected there.
+from pipelines.base import command, logs  # noqa: E402
+from pipelines.data import ingest, splits, synth  # noqa: E402
+from pipelines.engines import shipping  # noqa: E402
+from pipelines.engines.engine import add_engine_argument, engine_of  # noqa: E402
+from pipelines.releases import counts, release, stats_job  # noqa: E402
+from pipelines.training import commands as train_commands  # noqa: E402
+from pipelines.training import publish, user_stage  # noqa: E402
+from pipelines.training.evaluation import describe  # noqa: E402
+from pipelines.training.settings import TrainConfig  # noqa: E402
+from pipelines.training.stages import run as run_training  # noqa: E402
+from pipelines.training.stats_stage import stats_job_of_run  # noqa: E402
+from privacy.ledger import Ledger  # noqa: E402
+from schemas import storage  # noqa: E402
+from trainer import recommend  # noqa: E402
 
 FOLDER_OUTPUTS = {
     "demo": "out",
@@ -65,7 +67,7 @@ def _run_counts(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    config = TrainConfig(data=args.data, out=args.out, epsilon=args.epsilon, non_private=args.non_private)
+    config = TrainConfig.create(data=args.data, out=args.out, epsilon=args.epsilon, non_private=args.non_private)
     metrics = run_training(config)
     print(describe(metrics))
     return 0
@@ -134,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its evaluation",
+        help="the main job on the bundled MovieLens data: private AM-SSP training (regression protocol) and its "
+        "evaluation",
     )
     demo.add_argument(
         "--data", default=ingest.BUNDLED, help="MovieLens or data set folder (default: the bundled ml-latest-small)"
@@ -163,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingest_cmd = commands.add_parser(
         "ingest",
-        help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the canonical tables",
+        help="read a MovieLens folder, or your own interactions and catalog tables (Parquet or CSV), into the "
+        "canonical tables",
     )
     ingest.add_arguments(ingest_cmd)
     ingest_cmd.set_defaults(handler=ingest.run)

@@ -70,6 +70,8 @@ class EngineInfo:
     accountant: str | None = None  # the accountant its releases need, when not the run's default
 
 
+FEDERATED_SERVERS = ("honest", "partition")  # what `--federated-server` simulates
+
 FEATURES = {  # what a run may need of its engine, as the flag that needs it says it
     "logistic": "--loss logistic (SSP-convex statistics around the item embeddings)",
     "biases": "--biases (user and item bias statistics)",
@@ -117,7 +119,8 @@ def check_supported(name: str, needs: dict[str, bool]) -> None:
             others = [other for other in ENGINES if supports(other, feature)]
             wanted = FEATURES.get(feature, feature)
             raise UserError(
-                f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine {' or '.join(others)}"
+                f"--engine {name} cannot serve this run: {ENGINES[name].lacks[feature]} ({wanted}); use --engine "
+                f"{' or '.join(others)}"
             )
 
 

@@ -17,7 +17,7 @@ import json
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +43,7 @@ from schemas.tables import item_features
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
     """The run's manifest: new (not written yet), or the one of an interrupted run with the same
     settings. A folder that holds something else (a data set, a file) is refused."""
-    wanted = {key: value for key, value in asdict(config).items() if key != "out"}
+    wanted = {key: value for key, value in config.flags().items() if key != "out"}
     storage.require_folder_target(run.root, "--out")
     if storage.exists(run.manifest_path):
         manifest = run.read_manifest()
@@ -105,7 +105,7 @@ def _run_identity(config: TrainConfig) -> dict:
         "engine",
     )  # where things are stored or run: the data are identified by content, and every engine makes the same releases
     return {
-        "config": {key: value for key, value in asdict(config).items() if key not in where},
+        "config": {key: value for key, value in config.flags().items() if key not in where},
         "data": _data_fingerprint(config.data),
     }
 

@@ -29,7 +29,6 @@ import os
 import posixpath
 import shutil
 import uuid
-from dataclasses import asdict
 
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
@@ -68,7 +67,7 @@ PUBLIC_SETTINGS = (
 def public_settings(run: Run, manifest: dict, extra: tuple[str, ...] = ()) -> dict:
     """The run's public settings as they took effect (rules resolved: d, k), its model's biases and
     its data's feedback kind (explicit ratings or implicit interactions)."""
-    config, effective = manifest["config"], asdict(config_of(run, manifest))
+    config, effective = manifest["config"], config_of(run, manifest).flags()
     settings = {key: effective.get(key, config.get(key)) for key in (*PUBLIC_SETTINGS, *extra) if key in config}
     settings["biases"] = effective["biases"]
     if effective["biases"] or effective["item_update"] == "item-mean":

@@ -187,7 +187,7 @@ def config_of(run: Run, manifest: dict) -> TrainConfig:
         raise UserError(
             f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run"
         )
-    return TrainConfig(**recorded, out=run.root)
+    return TrainConfig.create(**recorded, out=run.root)
 
 
 @contextmanager
