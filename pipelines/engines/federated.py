@@ -116,7 +116,8 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
     settings = job.settings
     if settings.loss != "square":
         raise UserError(
-            f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's vector would too)"
+            f"--loss {settings.loss} has no federated release yet (its negatives span every item: each client's "
+            "vector would too)"
         )
     if not (math.isfinite(settings.clip_u) and math.isfinite(settings.clip_y)):
         raise UserError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
@@ -137,7 +138,7 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
     if multiplier == 0:
         return Plan(clients, min_clients, items, d, scale, 0.0, (0.0, 0.0), secagg.neighbour_count(clients))
     parts = [
-        (math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity)
+        (math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity, strict=True)
     ]  # (L1, L2) of the integer vectors
     z_s = skellam.skellam_multiplier(multiplier, parts)
     variances = tuple((z_s * l2) ** 2 / min_clients for _, l2 in parts)
@@ -182,7 +183,8 @@ def dropped_clients(clients: np.ndarray, round_seed: bytes, dropout: float) -> f
 
 @dataclass(frozen=True)
 class Broadcast:
-    """What the distributor sends every client: the item embeddings, the stats catalog and its DP counts (all public)."""
+    """What the distributor sends every client: the item embeddings, the stats catalog and its DP counts (all
+    public)."""
 
     embeddings: tuple[IdIndex, np.ndarray]
     gram: np.ndarray | None
@@ -417,7 +419,8 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     central = job.stats
     if central.settings.bias:
         raise UserError(
-            f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with --no-biases"
+            f"{central.out}: the federated round has no biases yet (its clients solve no bias); prepare the run with "
+            "--no-biases"
         )
     if not 0 <= job.dropout < 1:
         raise UserError(f"--federated-dropout must be in [0, 1), got {job.dropout}")
@@ -432,8 +435,10 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
     ledger = central.privacy.open_ledger(central.ledger_path, central.settings.unit)
     if ledger.budget["accountant"] != ACCOUNTANT and central.privacy.noise_multiplier != 0:
         raise UserError(
-            f"a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's ledger uses "
-            f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is {ACCOUNTANT!r}"
+            "a federated release is accounted by RDP on integer orders (its Skellam bound's domain): the run's "
+            "ledger uses "
+            f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is "
+            f"{ACCOUNTANT!r}"
         )
     multiplier = ledger.budget["multipliers"]["stats"]
     plan = plan_round(central, multiplier, int(clients.size), job.max_dropout, int(catalog.size))
@@ -460,8 +465,10 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
         ledger, seeds, central.release_name(0), accounting.gaussian_event(multiplier, 2), description
     )
     logs.log(
-        f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least {plan.min_clients} needed), "
-        f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier {plan.skellam_multiplier:.6g}"
+        f"federated step {central.step}: release {index}, {plan.clients} clients ({len(dropped)} drop out, at least "
+        f"{plan.min_clients} needed), "
+        f"{plan.neighbours} neighbours each, fixed-point scale 2^{int(math.log2(plan.scale))}, Skellam multiplier "
+        f"{plan.skellam_multiplier:.6g}"
     )
     account = ledger.account()
     with (
@@ -481,17 +488,20 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
                 account.round_unrevealed(ledger.identity, index)
         raise RoundRefusedError(
             f"federated step {central.step}: {result.survivors} of {plan.clients} clients answered, fewer than the "
-            f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round refused, "
+            f"{plan.min_clients} the noise is planned for (--federated-max-dropout {job.max_dropout:g}); round "
+            "refused, "
             "nothing published (the clients revealed nothing: run the command again)"
         )
     if result.refusals:
         raise RoundRefusedError(
-            f"federated step {central.step}: {result.refusals} client(s) revealed nothing, the survivor sets the server showed "
+            f"federated step {central.step}: {result.refusals} client(s) revealed nothing, the survivor sets the "
+            "server showed "
             "them failed the consistency check; round refused, nothing published"
         )
     if result.unrecovered:
         raise RoundRefusedError(
-            f"federated step {central.step}: too few neighbours revealed the secrets of {len(result.unrecovered)} client(s) "
+            f"federated step {central.step}: too few neighbours revealed the secrets of {len(result.unrecovered)} "
+            "client(s) "
             f"(e.g. {result.unrecovered[0]}) to unmask the sum; round refused, nothing published"
         )
     total = secagg.decode(result.masked - result.corrections, plan.scale).reshape(plan.items, plan.width)
@@ -675,6 +685,7 @@ class FederatedEngine(BeamEngine):
     def release_stats(self, job: stats_job.StatsJob) -> dict:
         if self.rounds is None:
             raise UserError(
-                "the federated engine releases the statistics of a training run's steps (ssp train --engine federated), not of explicit tables"
+                "the federated engine releases the statistics of a training run's steps (ssp train --engine "
+                "federated), not of explicit tables"
             )
         return run(self.rounds(job), self.options)
