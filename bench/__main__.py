@@ -1,4 +1,5 @@
-"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N] [--data ML_DIR] [--protocol P] [--methods ...] [--epsilons ...] [--tune-on DIR]`.
+"""`python -m bench EXPERIMENT --out DIR [--quick] [--seeds N] [--data ML_DIR] [--protocol P] [--methods ...]
+[--epsilons ...] [--tune-on DIR]`.
 
 Each experiment module registers itself with `bench.harness.experiment`; adding one is adding its
 module to MODULES. `all` runs every registered experiment in order. Results accumulate in
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--no-progress", action="store_true", help="no progress bars")
         sub.add_argument(
             "--data",
-            help="MovieLens folder (any layout) or data set folder of the training experiments (default: the bundled ml-latest-small)",
+            help="MovieLens folder (any layout) or data set folder of the training experiments "
+            "(default: the bundled ml-latest-small)",
         )
         sub.add_argument(
             "--protocol",
@@ -79,20 +81,23 @@ def main(argv: list[str] | None = None) -> int:
             nargs="+",
             choices=list(training.METHODS),
             metavar="METHOD",
-            help=f"methods of the training experiments, of {', '.join(training.METHODS)} (default: all that pipelines.training offers)",
+            help=f"methods of the training experiments, of {', '.join(training.METHODS)} "
+            "(default: all that pipelines.training offers)",
         )
         sub.add_argument(
             "--epsilons",
             nargs="+",
             type=float,
             metavar="EPSILON",
-            help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); with --methods, runs the experiment in parts",
+            help="privacy-utility: the epsilons to run (default: 1 5 10 20; --quick: 1 10); "
+            "with --methods, runs the experiment in parts",
         )
         sub.add_argument(
             "--tune-on",
             metavar="DATA",
             help="privacy-utility: tune every method on this data set's validation split (e.g. an "
-            "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; default: tune on --data)",
+            "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; "
+            "default: tune on --data)",
         )
     args = parser.parse_args(argv)
     if args.seeds < 1:

@@ -19,7 +19,6 @@ sharing one Spark session. Results go to `--out`/results.json and a table on std
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -48,13 +47,12 @@ def _run(config: settings.TrainConfig, spark) -> dict:
 def small_data(out: str, seeds: int, base: settings.TrainConfig, spark) -> dict:
     # the non-private top line with its own defaults (d=32 with the item id), as `ssp demo --non-private`
     results = {
-        "non_private": _run(settings.TrainConfig(out=storage.join(out, "small-nonprivate"), non_private=True), spark)
+        "non_private": _run(settings.TrainConfig.create(out=storage.join(out, "small-nonprivate"), non_private=True), spark)
     }
     for epsilon in SMALL_EPSILONS:
         runs = [
             _run(
-                dataclasses.replace(
-                    base, out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s
+                base.replace( out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s
                 ),
                 spark,
             )
@@ -76,16 +74,16 @@ def synthetic(out: str, base: settings.TrainConfig, spark) -> dict:
     data = storage.join(out, "synthetic-data")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         synth.generate(data, users=100_000, items=5_000, ratings_per_user=30, seed=0)
-    base = dataclasses.replace(base, data=data)
+    base = base.replace( data=data)
     # the same pipeline without noise: the private defaults' d and features, only the noise removed
     non_private = _run(
-        dataclasses.replace(base, out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark
+        base.replace( out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark
     )
     results = {"non_private": non_private, "mean_predictor_rmse": non_private["mean_predictor_rmse"]}
     gap = non_private["mean_predictor_rmse"] - non_private["test_rmse"]
     for epsilon in SYNTHETIC_EPSILONS:
         run = _run(
-            dataclasses.replace(base, out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark
+            base.replace( out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark
         )
         run["gap_closed"] = (run["mean_predictor_rmse"] - run["test_rmse"]) / gap
         results[f"eps{epsilon:g}"] = run
@@ -101,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--skip-synthetic", action="store_true")
     args = parser.parse_args(argv)
-    base = settings.TrainConfig()
-    results = {"config": {k: v for k, v in dataclasses.asdict(base).items() if k not in ("data", "out")}}
+    base = settings.TrainConfig.create()
+    results = {"config": {k: v for k, v in base.flags().items() if k not in ("data", "out")}}
     with session("ssp-quality") as spark:
         if not args.skip_small:
             results["ml_latest_small"] = small_data(args.out, args.seeds, base, spark)
@@ -115,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         for epsilon in SMALL_EPSILONS:
             r = small[f"eps{epsilon:g}"]
             print(
-                f"  epsilon {epsilon:>4g}: {r['test_rmse_mean']:.4f} +- {r['test_rmse_std']:.4f}  (DP-mean predictor {r['mean_predictor_rmse_mean']:.4f}; difference {r['worse_than_mean_predictor_by']:+.4f})"
+                f"  epsilon {epsilon:>4g}: {r['test_rmse_mean']:.4f} +- {r['test_rmse_std']:.4f}  (DP-mean predictor "
+                f"{r['mean_predictor_rmse_mean']:.4f}; difference {r['worse_than_mean_predictor_by']:+.4f})"
             )
     if "synthetic" in results:
         syn = results["synthetic"]
         print(
-            f"synthetic 100k users, test RMSE: mean predictor {syn['mean_predictor_rmse']:.4f}, non-private {syn['non_private']['test_rmse']:.4f}"
+            f"synthetic 100k users, test RMSE: mean predictor {syn['mean_predictor_rmse']:.4f}, non-private "
+            f"{syn['non_private']['test_rmse']:.4f}"
         )
         for epsilon in SYNTHETIC_EPSILONS:
             r = syn[f"eps{epsilon:g}"]

@@ -414,7 +414,8 @@ def audit(
     seconds: dict[str, float] = {}
     with planted(plant):
         logs.log(
-            f"audit: {size.canaries} canaries ({int(member.sum())} included), {k} items each; claimed epsilon {settings.epsilon:g} "
+            f"audit: {size.canaries} canaries ({int(member.sum())} included), {k} items each; claimed epsilon "
+            f"{settings.epsilon:g} "
             f"at delta {settings.delta:g} over counts, mean and {settings.steps} stats releases"
             + (f"; planted defect: {plant}" if plant else "")
         )
@@ -546,17 +547,20 @@ def describe(rows: list[Row], size: Size, confidence: float, plant: str | None, 
         return "inf" if math.isinf(value) else f"{value:.2f}"
 
     lines = [
-        f"Privacy audit ({'planted defect: ' + plant if plant else 'the product'}; {size.canaries} canaries; every bound holds together "
+        f"Privacy audit ({'planted defect: ' + plant if plant else 'the product'}; {size.canaries} canaries; every "
+        "bound holds together "
         f"with confidence {confidence:g}; {seconds:.0f} s)",
         "",
-        "| release | claimed epsilon | empirical lower bound | one-run | Gaussian | bound / claim | confidence | canaries | time (s) |",
+        "| release | claimed epsilon | empirical lower bound | one-run | Gaussian | bound / claim | confidence | "
+        "canaries | time (s) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         ratio = row.bound / row.claimed if row.claimed > 0 else math.inf
         flag = " EXCEEDS" if row.exceeded else ""
         lines.append(
-            f"| {row.release} | {number(row.claimed)} | {number(row.bound)}{flag} | {number(row.one_run)} | {number(row.gaussian)} | "
+            f"| {row.release} | {number(row.claimed)} | {number(row.bound)}{flag} | {number(row.one_run)} | "
+            f"{number(row.gaussian)} | "
             f"{number(ratio)} | {confidence:g} | {size.canaries} | {row.seconds:.1f} |"
         )
     exceeded = [row.release for row in rows if row.exceeded]
@@ -574,8 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ssp audit",
         description="Empirical privacy audit of the real releases (counts, mean, Spark stats job) with canary users: "
         "a lower bound on epsilon per release and composed, next to the ledger's claim.",
-        epilog=f"Exit status: 0 when every lower bound is at or below its claimed epsilon; {EXIT_EXCEEDED} when one exceeds it (a privacy "
-        "defect, or one planted with --plant); 2 on bad input.",
+        epilog="Exit status: 0 when every lower bound is at or below its claimed epsilon; "
+        f"{EXIT_EXCEEDED} when one exceeds it (a privacy defect, or one planted with --plant); 2 on bad input.",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"small sizes for CI ({QUICK.canaries} canaries; default {FULL.canaries})"
@@ -598,7 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--plant",
         choices=PLANTS,
         help="self-test of the audit's power: plant this defect in the product for the duration of "
-        "the audit (sensitivity: noise halved; shared-noise: the stats releases share one noise; seed-copy: noise keyed by "
+        "the audit (sensitivity: noise halved; shared-noise: the stats releases share one noise; seed-copy: noise "
+        "keyed by "
         "seed and index only, as before per-input keys); the audit must then exit 1",
     )
     parser.add_argument(

@@ -94,7 +94,9 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
     peaks: dict[int, tuple[str, int]] = {}  # pid -> (kind, VmHWM KiB)
     workers_total = 0
     output: dict[str, str] = {}
-    reader = threading.Thread(target=lambda: output.update(zip(("stdout", "stderr"), child.communicate())), daemon=True)
+    reader = threading.Thread(
+        target=lambda: output.update(zip(("stdout", "stderr"), child.communicate(), strict=True)), daemon=True
+    )
     reader.start()
     while reader.is_alive():
         table = _processes()

@@ -108,7 +108,7 @@ def plot_cost_ratio():
     freq = power_law_frequencies(items, RATIO_ALPHA)
     beta = np.array([beta_items(freq, rows, b).sum() for b in BATCHES])
     fig, axes = harness.new_figure(2)
-    for ax, (case, c) in zip(axes, (("c = d^2", LINEAR_D**2), ("c = d", LINEAR_D))):
+    for ax, (case, c) in zip(axes, (("c = d^2", LINEAR_D**2), ("c = d", LINEAR_D)), strict=True):
         for epochs in EPOCHS:
             ax.loglog(BATCHES, cost_ratio(beta, rows, items, LINEAR_D, c, epochs), label=f"e = {epochs} epochs")
         ax.axhline(1.0, color="black", linewidth=1.5, label="equal cost")
@@ -194,7 +194,7 @@ def time_epochs(params: dict) -> dict:
     def ssp_step(positions):
         with tf.GradientTape() as tape:
             loss = ssp_loss(encoder, positions, dense_product(tf.gather(a_all, positions)), tf.gather(b_all, positions))
-        for var, grad in zip(variables, tape.gradient(loss, variables)):
+        for var, grad in zip(variables, tape.gradient(loss, variables), strict=True):
             if isinstance(grad, tf.IndexedSlices):  # the embedding's gradient stays sparse, as in the trainer
                 var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices))
             else:
@@ -216,7 +216,7 @@ def time_epochs(params: dict) -> dict:
             )
             scale = tf.stop_gradient(tf.minimum(1.0, clip / tf.sqrt(norm2 + 1e-12)))
             loss = tf.reduce_sum(scale * 0.5 * residual**2)
-        for var, grad in zip(variables, tape.gradient(loss, variables)):
+        for var, grad in zip(variables, tape.gradient(loss, variables), strict=True):
             noisy = tf.convert_to_tensor(grad) + noise * clip * tf.random.normal(var.shape)
             var.assign_sub(lr * noisy / tf.cast(tf.size(rows), tf.float32))
         return tf.size(distinct)
@@ -315,11 +315,15 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
     summary = visits_summary()
     section = harness.Section("Computational cost: SSP2 vs DP-SGD")
     section.text(
-        "**Model** (paper, Proposition on complexity and Appendix eq. (app:ratio)). beta_j = D/B (1 - (1 - p_j)^B) is the expected "
-        "number of batches of one epoch that contain item j (batches of B examples drawn with replacement, p_j = |Omega_j|/D); "
+        "**Model** (paper, Proposition on complexity and Appendix eq. (app:ratio)). beta_j = D/B (1 - (1 - p_j)^B) is "
+        "the expected "
+        "number of batches of one epoch that contain item j (batches of B examples drawn with replacement, p_j = "
+        "|Omega_j|/D); "
         "DP-SGD costs at least c e beta, SSP2 at most D d^2 + e m (c + d^2), so the ratio is "
-        "(D d^2 + e m (c + d^2)) / (c e beta) = m/beta (1 + d^2/c + D d^2/(c e m)), plotted with the O() constant taken as 1. "
-        f"As in the paper D = {rows:.0e}, m = {items}; item counts follow a power law with density ~ x^(-alpha), taken at its "
+        "(D d^2 + e m (c + d^2)) / (c e beta) = m/beta (1 + d^2/c + D d^2/(c e m)), plotted with the O() constant "
+        "taken as 1. "
+        f"As in the paper D = {rows:.0e}, m = {items}; item counts follow a power law with density ~ x^(-alpha), taken "
+        "at its "
         "m quantiles (deterministic), i.e. rank-frequency ~ rank^(-1/(alpha-1))."
     )
     section.table(
@@ -345,11 +349,14 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
     section.table(["B", "c=d^2, e=1", "c=d^2, e=100", "c=d, e=1", "c=d, e=100"], ratio_rows)
     section.figure(
         figures["cost_ratio"],
-        f"Cost ratio SSP2 / DP-SGD against batch size and epochs (alpha = {RATIO_ALPHA:g}, d = {LINEAR_D}); below the black line SSP2 is cheaper.",
+        f"Cost ratio SSP2 / DP-SGD against batch size and epochs (alpha = {RATIO_ALPHA:g}, d = {LINEAR_D}); below the "
+        "black line SSP2 is cheaper.",
     )
     section.text(
-        "With c = d^2 the ratio does not depend on d: (D + 2 e m) / (e beta). SSP2 is cheaper wherever beta/m is large (small "
-        "batches) and the statistics' one-off cost D d^2 is spread over enough epochs; with c = d the d^2 work per item "
+        "With c = d^2 the ratio does not depend on d: (D + 2 e m) / (e beta). SSP2 is cheaper wherever beta/m is large "
+        "(small "
+        "batches) and the statistics' one-off cost D d^2 is spread over enough epochs; with c = d the d^2 work per "
+        "item "
         "dominates and SSP2 is cheaper only for small batches and many epochs, as the paper says."
     )
 
@@ -357,14 +364,21 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
     section.text(
         f"**Measured proxy** ({len(cells)} repeats, each on fresh synthetic data; CPU, TensorFlow eager loop over "
         "`tf.function` steps). Data: D = "
-        f"{first['rows']} rows, m = {size['items']} items with power-law counts (alpha = {size['alpha']:g}, largest item "
-        f"{first['max_item_rows']} rows), d = {size['d']}. Encoder: item-id embedding (m x d) then a dense d x d layer, so c ~ d^2. "
-        "Timed: the statistics once (`privacy.accumulator.grouped_sums` over all rows + Gaussian noise on every A_j, b_j; "
+        f"{first['rows']} rows, m = {size['items']} items with power-law counts (alpha = {size['alpha']:g}, largest "
+        "item "
+        f"{first['max_item_rows']} rows), d = {size['d']}. Encoder: item-id embedding (m x d) then a dense d x d "
+        "layer, so c ~ d^2. "
+        "Timed: the statistics once (`privacy.accumulator.grouped_sums` over all rows + Gaussian noise on every A_j, "
+        "b_j; "
         "PSD projection not included); one SSP2 epoch (item batches of "
-        f"{size['item_batch']}, loss `trainer.ssp.ssp_loss`); one DP-SGD-style epoch over rows per batch size B: distinct items of "
-        "the batch encoded once, per-example gradient norms in closed form for this encoder (fast clipping), clipped sum, "
-        "Gaussian noise on every parameter (the dense noise on the m x d table is a real DP-SGD cost the model does not count). "
-        "Both use plain SGD on in-memory data, after one untimed epoch that traces the graphs. This is a proxy written here, "
+        f"{size['item_batch']}, loss `trainer.ssp.ssp_loss`); one DP-SGD-style epoch over rows per batch size B: "
+        "distinct items of "
+        "the batch encoded once, per-example gradient norms in closed form for this encoder (fast clipping), clipped "
+        "sum, "
+        "Gaussian noise on every parameter (the dense noise on the m x d table is a real DP-SGD cost the model does "
+        "not count). "
+        "Both use plain SGD on in-memory data, after one untimed epoch that traces the graphs. This is a proxy written "
+        "here, "
         "not TF-Privacy and not trainer/dpsgd.py."
     )
     table = []
@@ -408,16 +422,20 @@ def report(size: dict, cells: list[dict], figures: dict) -> harness.Section:
         table,
     )
     section.text(
-        f"Statistics: {_mean_std([c['stats_seconds'] for c in cells])} s once per run. Model columns use c = d^2 and the data's "
+        f"Statistics: {_mean_std([c['stats_seconds'] for c in cells])} s once per run. Model columns use c = d^2 and "
+        "the data's "
         "own beta; 'per epoch' leaves out the statistics (the e -> infinity limit m/beta (1 + d^2/c)). "
-        f"An SSP2 epoch is {ssp_steps} steps ({_mean_std([1e3 * c['ssp2_epoch_seconds'] / ssp_steps for c in cells])} ms each) "
-        "and a DP-SGD epoch D/B steps (ms per step in the table): at these sizes a step's fixed cost (a `tf.function` call "
+        f"An SSP2 epoch is {ssp_steps} steps ({_mean_std([1e3 * c['ssp2_epoch_seconds'] / ssp_steps for c in cells])} "
+        "ms each) "
+        "and a DP-SGD epoch D/B steps (ms per step in the table): at these sizes a step's fixed cost (a `tf.function` "
+        "call "
         "from Python) is part of what is measured, and the model does not count it. "
         "Measured visits count the distinct items of each batch of a shuffled epoch (sampling without replacement, "
         "last partial batch dropped); the model's beta assumes sampling with replacement."
     )
     section.figure(
         figures["measured"],
-        "Measured SSP2 / DP-SGD-proxy time ratio against epochs (statistics amortised over e epochs), mean ± std over repeats, with the model's ratio (dashed).",
+        "Measured SSP2 / DP-SGD-proxy time ratio against epochs (statistics amortised over e epochs), mean ± std over "
+        "repeats, with the model's ratio (dashed).",
     )
     return section

@@ -71,7 +71,7 @@ def run_cell(out: str, params: dict) -> dict:
     shutil.rmtree(root, ignore_errors=True)  # a rerun of a cell is a new run on the same folder, with a fresh account
     privacy = {"non_private": True} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
     with training.own_budget_accounts(root) as account:
-        config = settings.TrainConfig(
+        config = settings.TrainConfig.create(
             data=data,
             out=root,
             protocol="recall",
@@ -119,12 +119,13 @@ def run(ctx: harness.Context) -> harness.Section:
     params = cells(ctx.quick)
     values = ctx.results.run(NAME, params, lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
     by_method: dict[str, dict] = {}
-    for p, value in zip(params, values):
+    for p, value in zip(params, values, strict=True):
         by_method.setdefault(p["method"], {})[p["epsilon"]] = value
     users = params[0]["users"]
     section = harness.Section("SSP-convex: the logistic loss on the ranking protocol")
     section.text(
-        f"`ssp synth --like movielens --users {users:,}`, `--protocol recall` (Recall@20 of held-out users), user level, delta "
+        f"`ssp synth --like movielens --users {users:,}`, `--protocol recall` (Recall@20 of held-out users), user "
+        "level, delta "
         f"{training.DELTA:g}, one seed, every method at its defaults (bench/convex.py says what each runs)."
     )
     epsilons = sorted({p["epsilon"] for p in params if p["epsilon"] is not None})

@@ -123,7 +123,7 @@ def run_cell(out: str, params: dict) -> dict:
     )
     shutil.rmtree(root, ignore_errors=True)  # a rerun of a cell is a new run on the same folder, with a fresh account
     with training.own_budget_accounts(root) as account:
-        config = settings.TrainConfig(
+        config = settings.TrainConfig.create(
             data=data,
             out=root,
             protocol="rmse",
@@ -192,7 +192,7 @@ def plot(by_size: dict[int, dict[str, dict]]):
 
     fig, axes = harness.new_figure(ncols=2, width=5.5)
     styles = ["-", "--", ":"]
-    for style, users in zip(styles, sorted(by_size)):
+    for style, users in zip(styles, sorted(by_size), strict=False):  # one line style per size, at most three
         for name, cell in sorted(by_size[users].items()):
             rounds, upload, rmse = cumulative(cell)
             label = f"{LABELS[name]}, {users:,} users"
@@ -218,7 +218,7 @@ def plot(by_size: dict[int, dict[str, dict]]):
 def run(ctx: harness.Context) -> harness.Section:
     values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
     by_size: dict[int, dict[str, dict]] = {}
-    for params, value in zip(cells(ctx.quick), values):
+    for params, value in zip(cells(ctx.quick), values, strict=True):
         by_size.setdefault(params["users"], {})[params["method"]] = value
     section = harness.Section("Federated: SSP2 against DP-SGD, rounds and bytes per client")
     sizes = "; ".join(
@@ -226,10 +226,14 @@ def run(ctx: harness.Context) -> harness.Section:
         for users, m in sorted(by_size.items())
     )
     section.text(
-        f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, delta {training.DELTA:g}), one "
-        "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, pipelines.engines.federated), AM-SSP's "
-        "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation round per DP-SGD step "
-        "(see bench/federated_quality.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include the DP counts' and DP mean's rounds."
+        f"`ssp synth --like movielens --users N` ({sizes}), regression protocol, epsilon {EPSILON:g} (user level, "
+        f"delta {training.DELTA:g}), one "
+        "seed. Federated SSP2: `ssp train --engine federated` (secure aggregation with Skellam shares, "
+        "pipelines.engines.federated), AM-SSP's "
+        "defaults. Federated DP-SGD: AM-DPSGD with its tuned settings, its traffic counted for one secure-aggregation "
+        "round per DP-SGD step "
+        "(see bench/federated_quality.py). Bytes: uploads as 8-byte ring elements, downloads as float32; both include "
+        "the DP counts' and DP mean's rounds."
     )
     rows, reach = [], []
     for users, by_method in sorted(by_size.items()):
@@ -289,7 +293,8 @@ def run(ctx: harness.Context) -> harness.Section:
     )
     section.figure(
         harness.save_figure(plot(by_size), ctx.out, "federated_rounds_bytes.png"),
-        "Test RMSE after the prepare stage and each outer step against the rounds a client takes part in and the bytes it sends.",
+        "Test RMSE after the prepare stage and each outer step against the rounds a client takes part in and the bytes "
+        "it sends.",
     )
     for users, by_method in sorted(by_size.items()):
         if set(by_method) != set(METHODS):
@@ -298,8 +303,10 @@ def run(ctx: harness.Context) -> harness.Section:
         ssp, dpsgd = summary["ssp"], summary["dpsgd"]
         if ssp["rounds"] and dpsgd["rounds"]:
             section.text(
-                f"**{users:,} users.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} rounds against "
-                f"{dpsgd['rounds']:,.0f} ({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends {ssp['upload_mb']:.3g} MB per client "
+                f"**{users:,} users.** To test RMSE {summary['target']:.4f}, federated SSP2 needs {ssp['rounds']:.0f} "
+                "rounds against "
+                f"{dpsgd['rounds']:,.0f} ({dpsgd['rounds'] / ssp['rounds']:.0f}x fewer) and sends "
+                f"{ssp['upload_mb']:.3g} MB per client "
                 f"against {dpsgd['upload_mb']:.3g} MB."
             )
     return section

@@ -349,7 +349,7 @@ def features(r: Ratings, part: np.ndarray, seed: int = 0) -> dict:
     for lam in FEATURE_LAMBDAS:
         u, e = _feature_fit(r, train, r.features, mean, lam, by_user, by_item, seed)
 
-        def predict(rows):
+        def predict(rows, u=u, e=e):
             return mean + np.einsum("nd,nd->n", u[r.user[rows]], e[r.item[rows]])
 
         valid = _rmse(predict(part == 1), r.label[part == 1])
@@ -383,7 +383,7 @@ def mf(r: Ratings, part: np.ndarray, seed: int = 0) -> dict:
     for lam in MF_LAMBDAS:
         u, v = _mf_fit(r, train, mean, lam, by_user, by_item, seed)
 
-        def predict(rows):
+        def predict(rows, u=u, v=v):
             uu, vv = u[r.user[rows]], v[r.item[rows]]
             return mean + uu[:, MF_DIM] + vv[:, MF_DIM] + np.einsum("nd,nd->n", uu[:, :MF_DIM], vv[:, :MF_DIM])
 
@@ -500,7 +500,7 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
         recalls = {}
         for name in ("valid", "test"):
 
-            def score(h_user, h_item, users, name=name):
+            def score(h_user, h_item, users, name=name, y=y, alpha=alpha, lam=lam):
                 return _ials_users(y, folds[name], h_item, alpha, lam) @ y.T
 
             recalls[name] = _held_scores(split, name, score)

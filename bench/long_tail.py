@@ -33,7 +33,7 @@ def plot(collected: dict, protocol: str):
     epsilons = collected["size"]["epsilons"]
     fig, axes = harness.new_figure(len(epsilons), width=4.5)
     buckets = np.arange(training.BUCKETS)
-    for ax, eps in zip(axes, epsilons):
+    for ax, eps in zip(axes, epsilons, strict=True):
         for (name, group_eps), group in collected["groups"].items():
             label = training.METHODS[name].label
             if group_eps == eps:
@@ -81,7 +81,8 @@ def run(ctx: harness.Context) -> harness.Section:
     figure = harness.save_figure(plot(collected, ctx.protocol), ctx.out, f"long_tail_{ctx.protocol}.png")
     section = harness.Section(f"Quality on the long tail ({ctx.protocol} protocol)")
     section.text(
-        f"The privacy-utility experiment's test runs (tuned settings, {ctx.seeds} seeds), their test {metric.name} per item-popularity "
+        f"The privacy-utility experiment's test runs (tuned settings, {ctx.seeds} seeds), their test {metric.name} per "
+        "item-popularity "
         "bucket: items sorted by training count, five equal buckets, 0 = the rarest fifth. Same setup as that section."
     )
     rows = []

@@ -136,7 +136,7 @@ def plot(stats: dict, memory: dict):
         stats["kernel_sorted_gflops"],
         stats["kernel_partition_gflops"],
     ]
-    for k, (name, value) in enumerate(zip(names, values)):
+    for k, (name, value) in enumerate(zip(names, values, strict=True)):
         rates.bar(k, value, color=f"C{k}", label=name)
     rates.axhline(
         stats["kernel_target"] * stats["gemm_gflops"],
@@ -183,11 +183,16 @@ def run(ctx: harness.Context) -> harness.Section:
     section = harness.Section("Performance: stats job and trainer")
     s = size["stats"]
     section.text(
-        f"`bench.stats_throughput` at {s['rows']:,} ratings ({s['ratings_per_user']} per user), {s['items']:,} items (power law, alpha "
-        f"{s['alpha']:g}), d = {s['dim']}; GEMM {s['gemm_n']}x{s['gemm_n']}, best of {s['repeats']} after a warm-up, one BLAS thread; Spark "
-        f"stats job ({s['shards']} shards) on the bench's local session, run {s['spark_runs']} time(s), the fastest after the first reported (the only one at --quick). "
-        f"`bench.trainer_memory`: one SSP2 epoch over random statistics of {small['items']:,} and {large['items']:,} items, d = {small['dim']}, "
-        "in a child interpreter (its own peak). Timings are this machine's at the time of the run: other processes on its cores add "
+        f"`bench.stats_throughput` at {s['rows']:,} ratings ({s['ratings_per_user']} per user), {s['items']:,} items "
+        "(power law, alpha "
+        f"{s['alpha']:g}), d = {s['dim']}; GEMM {s['gemm_n']}x{s['gemm_n']}, best of {s['repeats']} after a warm-up, "
+        "one BLAS thread; Spark "
+        f"stats job ({s['shards']} shards) on the bench's local session, run {s['spark_runs']} time(s), the fastest "
+        "after the first reported (the only one at --quick). "
+        f"`bench.trainer_memory`: one SSP2 epoch over random statistics of {small['items']:,} and {large['items']:,} "
+        f"items, d = {small['dim']}, "
+        "in a child interpreter (its own peak). Timings are this machine's at the time of the run: other processes on "
+        "its cores add "
         "noise, and at --quick sizes fixed costs dominate, so the targets are meant for the full sizes."
     )
     section.table(
@@ -195,13 +200,15 @@ def run(ctx: harness.Context) -> harness.Section:
         [
             [
                 "kernel rate / GEMM rate (file order)",
-                f"{stats['kernel_fraction']:.2f} ({stats['kernel_unsorted_gflops']:.2f} / {stats['gemm_gflops']:.2f} GFLOP/s)",
+                f"{stats['kernel_fraction']:.2f} ({stats['kernel_unsorted_gflops']:.2f} / {stats['gemm_gflops']:.2f} "
+                "GFLOP/s)",
                 f">= {stats['kernel_target']:.2f}",
                 verdict(stats["kernel_fraction"] >= stats["kernel_target"]),
             ],
             [
                 "Spark end-to-end / kernel time",
-                f"{stats['spark_over_kernel']:.2f} ({stats['spark_end_to_end_s']:.2f} s / {stats['kernel_unsorted_s']:.2f} s)",
+                f"{stats['spark_over_kernel']:.2f} ({stats['spark_end_to_end_s']:.2f} s / "
+                f"{stats['kernel_unsorted_s']:.2f} s)",
                 f"<= {stats['spark_target']:.1f}",
                 verdict(stats["spark_over_kernel"] <= stats["spark_target"]),
             ],
@@ -221,6 +228,7 @@ def run(ctx: harness.Context) -> harness.Section:
     )
     section.figure(
         figure,
-        "Stats kernel rate against GEMM (left) and the trainer's peak memory against catalog size (right), with the targets.",
+        "Stats kernel rate against GEMM (left) and the trainer's peak memory against catalog size (right), with the "
+        "targets.",
     )
     return section

@@ -29,7 +29,7 @@ from bench.child import run_tree_measured
 _CHILD = """
 import time
 from pipelines.training import prepare, run_dir, settings
-config = settings.TrainConfig(**json.loads(sys.argv[1])["config"])
+config = settings.TrainConfig.create(**json.loads(sys.argv[1])["config"])
 started = time.perf_counter()
 if json.loads(sys.argv[1])["engine"] == "spark":
     from pipelines.engines.spark import session
@@ -37,7 +37,10 @@ if json.loads(sys.argv[1])["engine"] == "spark":
         manifest = prepare.prepare(config, progress=False, spark=spark, local_rows=0)
 else:
     manifest = prepare.prepare(config, progress=False)
-result = {"prepare_seconds": time.perf_counter() - started, "items": len(__import__("schemas.storage", fromlist=["x"]).read_table(run_dir.Run(config.out).counts))}
+result = {
+    "prepare_seconds": time.perf_counter() - started,
+    "items": len(__import__("schemas.storage", fromlist=["x"]).read_table(run_dir.Run(config.out).counts)),
+}
 """
 
 
@@ -69,12 +72,14 @@ def measure(data: str, engine: str, work: str, epsilon: float, driver_memory: st
 
 def report(cells: list[dict]) -> str:
     lines = [
-        "| engine | Spark heap | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest Python worker (MiB) | Python workers together (MiB) |",
+        "| engine | Spark heap | ratings | users | items | prepare (s) | driver peak (MiB) | JVM peak (MiB) | largest "
+        "Python worker (MiB) | Python workers together (MiB) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in sorted(cells, key=lambda c: (c["engine"], c.get("spark_driver_memory") or "", c["ratings"])):
         lines.append(
-            f"| {c['engine']} | {c.get('spark_driver_memory') or '-'} | {c['ratings']:,} | {c['users']:,} | {c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
+            f"| {c['engine']} | {c.get('spark_driver_memory') or '-'} | {c['ratings']:,} | {c['users']:,} | "
+            f"{c['items']:,} | {c['prepare_seconds']:.0f} | {c['driver_peak_mib']:.0f} | "
             f"{c['jvm_peak_mib']:.0f} | {c['worker_peak_mib']:.0f} | {c['workers_peak_total_mib']:.0f} |"
         )
     return "\n".join(lines) + "\n"

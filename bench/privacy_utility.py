@@ -1,8 +1,8 @@
 """The paper's privacy-utility figures: test metric against epsilon for every method, each tuned alike.
 
 For every method of bench.training.METHODS (non-private top lines, the starting point, DP
-popularity and the implicit-ALS reference under the ranking protocol, DP-ALS, DP-CMF, AM-DPSGD, AM-SSP) and every epsilon, a
-tuning study with the same budget of trials runs on the training split and is scored on the
+popularity and the implicit-ALS reference under the ranking protocol, DP-ALS, DP-CMF, AM-DPSGD,
+AM-SSP) and every epsilon, a tuning study with the same budget of trials runs on the training split and is scored on the
 VALIDATION split: trial 0 is the method's defaults, the next ones Optuna's TPE over the method's
 search space (continuous and log ranges; the first few seeded random draws), seeded per (method,
 epsilon) (bench.training.suggest). The best configuration then runs `--seeds` times (other model
@@ -312,7 +312,10 @@ def winners(rows: list[dict], protocol: str) -> list[dict]:
 def winner_text(win: dict, protocol: str) -> str:
     """One sentence per epsilon: who wins, by how much, against the stds over seeds."""
     metric, label = training.METRICS[protocol], lambda name: training.METHODS[name].label
-    head = f"epsilon = {win['epsilon']:g}: {label(win['winner'])} wins with test {metric.name} {win['mean']:.4f} ± {win['std']:.4f}"
+    head = (
+        f"epsilon = {win['epsilon']:g}: {label(win['winner'])} wins with test {metric.name} "
+        f"{win['mean']:.4f} ± {win['std']:.4f}"
+    )
     if win["runner_up"] is None:
         return head + " (the only private method run)."
     pooled = math.sqrt((win["std"] ** 2 + win["runner_up_std"] ** 2) / 2)
@@ -419,20 +422,27 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
     skipped = [n for n in requested if not training.available(n)]
     elsewhere = [n for n in requested if training.available(n) and not training.runs_under(n, ctx.protocol)]
     where = (
-        f"on the VALIDATION split of `{collected['tune_on']}` (transfer mode: tuning costs `{collected['data']}` no privacy), "
+        f"on the VALIDATION split of `{collected['tune_on']}` (transfer mode: tuning costs `{collected['data']}` no "
+        "privacy), "
         if collected["mode"] == "transfer"
         else "scored on the validation split; "
     )
     lines = [
         (
-            f"**Setup.** Data `{collected['data']}`, protocol `{ctx.protocol}` (metric {metric.name}), user-level privacy, "
-            f"delta = {training.DELTA:g}, epsilons {', '.join(f'{e:g}' for e in size['epsilons'])}; every run is the real pipeline "
+            f"**Setup.** Data `{collected['data']}`, protocol `{ctx.protocol}` (metric {metric.name}), user-level "
+            "privacy, "
+            f"delta = {training.DELTA:g}, epsilons {', '.join(f'{e:g}' for e in size['epsilons'])}; every run is the "
+            "real pipeline "
             "(`pipelines.training.stages.run`: Spark jobs, ledger, TensorFlow trainer) with a fresh noise seed. "
-            f"**Tuning budget: {size['trials']} runs per method and epsilon, the same for every method** (trial 0 the method's defaults, then "
-            f"Optuna's multivariate TPE over the search space below, its first {size.get('startup', training.STARTUP_TRIALS)} trials seeded random "
+            f"**Tuning budget: {size['trials']} runs per method and epsilon, the same for every method** (trial 0 the "
+            "method's defaults, then "
+            "Optuna's multivariate TPE over the search space below, its first "
+            f"{size.get('startup', training.STARTUP_TRIALS)} trials seeded random "
             f"draws; seeded per method and epsilon{', capped at ' + str(size['caps']) if size['caps'] else ''}), "
-            f"{where}the best configuration is then run with {collected['seeds']} model seeds and scored on the test split of `{collected['data']}`. "
-            f"Every cell sets {size['base'] or 'nothing beyond the method'} (those the method tunes) on top of the TrainConfig defaults."
+            f"{where}the best configuration is then run with {collected['seeds']} model seeds and scored on the test "
+            f"split of `{collected['data']}`. "
+            f"Every cell sets {size['base'] or 'nothing beyond the method'} (those the method tunes) on top of the "
+            "TrainConfig defaults."
         )
     ]
     if len(modes(collected)) > 1:
@@ -446,13 +456,17 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
         )
     if any(training.METHODS[n].kind == "popularity" for n in collected["methods"]):
         lines.append(
-            "**DP popularity** ranks every candidate by the run's DP item count (the counts release of `train.prepare`, nothing "
-            "else), scored with the same Recall@20 code as the other methods; its epsilon spent is that release's share only."
+            "**DP popularity** ranks every candidate by the run's DP item count (the counts release of "
+            "`train.prepare`, nothing "
+            "else), scored with the same Recall@20 code as the other methods; its epsilon spent is that release's "
+            "share only."
         )
     if any(training.METHODS[n].kind == "ials" for n in collected["methods"]):
         lines.append(
-            "**Implicit ALS** is the non-private reference of the ranking protocol: Hu, Koren and Volinsky's implicit ALS (d = 32) "
-            "on the same split, trained on the top 10% items by exact count, its (alpha, lambda) grid chosen on the validation "
+            "**Implicit ALS** is the non-private reference of the ranking protocol: Hu, Koren and Volinsky's implicit "
+            "ALS (d = 32) "
+            "on the same split, trained on the top 10% items by exact count, its (alpha, lambda) grid chosen on the "
+            "validation "
             "users (one trial: nothing left to tune), held-out users folded in by its own user solve."
         )
     if skipped:
@@ -485,13 +499,13 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
             n = sum(1 for v in group["trials"] if v.get("failed"))
             if n:
                 failed.append(
-                    f"{training.METHODS[name].label} at {'non-private' if eps is None else f'epsilon {eps:g}'} ({mode_label(mode)}): {n}"
+                    f"{training.METHODS[name].label} at {'non-private' if eps is None else f'epsilon {eps:g}'} "
+                    f"({mode_label(mode)}): {n}"
                 )
     if failed:
         lines.append(
-            "**Failed trials** (the run raised, e.g. diverged to non-finite predictions; told to the sampler as failed, never chosen): "
-            + "; ".join(failed)
-            + "."
+            "**Failed trials** (the run raised, e.g. diverged to non-finite predictions; told to the sampler as "
+            "failed, never chosen): " + "; ".join(failed) + "."
         )
     return lines
 

@@ -50,7 +50,7 @@ def grid(values: list[dict], size: dict, seeds: int) -> np.ndarray:
 def plot(size: dict, metric_grid: np.ndarray, protocol: str):
     metric = training.METRICS[protocol]
     fig, (ax,) = harness.new_figure(width=6.5)
-    for eps, ys in zip(size["epsilons"], metric_grid):
+    for eps, ys in zip(size["epsilons"], metric_grid, strict=True):
         harness.mean_std_band(ax, size["resamples"], ys, f"epsilon = {eps:g}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(size["resamples"], [str(r) for r in size["resamples"]])
@@ -65,7 +65,8 @@ def plot(size: dict, metric_grid: np.ndarray, protocol: str):
 
 @harness.experiment(
     NAME,
-    "SSP1 vs SSP2: resampling the statistics' noise R in {1..16} times at fixed total privacy (public features encoder)",
+    "SSP1 vs SSP2: resampling the statistics' noise R in {1..16} times at fixed total privacy (public features "
+    "encoder)",
 )
 def run(ctx: harness.Context) -> harness.Section:
     section = harness.Section(f"Comparing SSP1 and SSP2 ({ctx.protocol} protocol)")
@@ -82,12 +83,14 @@ def run(ctx: harness.Context) -> harness.Section:
     metric_grid = grid(values, size, ctx.seeds)
     figure = harness.save_figure(plot(size, metric_grid, ctx.protocol), ctx.out, f"resampling_{ctx.protocol}.png")
     section.text(
-        f"AM-SSP, features encoder without the item id, one outer step of {size['config']['epochs']} epochs, user level, delta = "
-        f"{training.DELTA:g}, other settings at their defaults; the statistics are released R times at a fixed total epsilon "
+        f"AM-SSP, features encoder without the item id, one outer step of {size['config']['epochs']} epochs, user "
+        "level, delta = "
+        f"{training.DELTA:g}, other settings at their defaults; the statistics are released R times at a fixed total "
+        "epsilon "
         f"(R = 1: SSP2; R = {size['config']['epochs']}: SSP1, fresh noise every epoch); {ctx.seeds} seeds per point."
     )
     rows = []
-    for eps, ys in zip(size["epsilons"], metric_grid):
+    for eps, ys in zip(size["epsilons"], metric_grid, strict=True):
         rows.append(
             [f"{eps:g}"]
             + [f"{m:.4f} ± {s:.4f}" for m, s in (training.mean_std(ys[:, k]) for k in range(len(size["resamples"])))]
@@ -95,11 +98,12 @@ def run(ctx: harness.Context) -> harness.Section:
     section.table(["epsilon"] + [f"R = {r}" for r in size["resamples"]], rows)
     section.figure(figure, f"Test {metric.name} against the number of noise resamples R (mean ± std over seeds).")
     changes = []
-    for eps, ys in zip(size["epsilons"], metric_grid):
+    for eps, ys in zip(size["epsilons"], metric_grid, strict=True):
         first, last = ys[:, 0].mean(), ys[:, -1].mean()
         worse = metric.better(first, last)
         changes.append(
-            f"at epsilon = {eps:g}, going from R = 1 to R = {size['resamples'][-1]} changes test {metric.name} by {last - first:+.4f} "
+            f"at epsilon = {eps:g}, going from R = 1 to R = {size['resamples'][-1]} changes test {metric.name} by "
+            f"{last - first:+.4f} "
             f"({'worse' if worse else 'not worse'})"
         )
     section.text(

@@ -138,7 +138,7 @@ def run_cell(out: str, params: dict) -> dict:
     data = data_set(out, params["users"])
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
     shutil.rmtree(root, ignore_errors=True)
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         data=data,
         out=root,
         protocol="rmse",
@@ -240,7 +240,7 @@ def plot_times(by_size: dict[int, dict[str, dict]]):
 def plot_curves(by_size: dict[int, dict[str, dict]]):
     sizes = sorted(by_size)
     fig, axes = harness.new_figure(ncols=max(1, len(sizes)), width=5.0)
-    for ax, users in zip(axes, sizes):
+    for ax, users in zip(axes, sizes, strict=False):  # no sizes yet: one empty axis
         for name, cell in sorted(by_size[users].items()):
             points = cell["trajectory"]
             ax.plot(
@@ -257,12 +257,13 @@ def plot_curves(by_size: dict[int, dict[str, dict]]):
 
 @harness.experiment(
     NAME,
-    "AM-SSP vs AM-DPSGD at 10^4..10^6 users (AM-SSP alone at 10^7): wall time per phase, kernels' share, RMSE against time, time to the same RMSE",
+    "AM-SSP vs AM-DPSGD at 10^4..10^6 users (AM-SSP alone at 10^7): wall time per phase, kernels' share, RMSE against "
+    "time, time to the same RMSE",
 )
 def run(ctx: harness.Context) -> harness.Section:
     values = ctx.results.run(NAME, cells(ctx.quick), lambda p: run_cell(ctx.out, p), ctx.progress, f"{NAME}: cells")
     by_size: dict[int, dict[str, dict]] = {}
-    for params, value in zip(cells(ctx.quick), values):
+    for params, value in zip(cells(ctx.quick), values, strict=True):
         by_size.setdefault(params["users"], {})[params["method"]] = value
     ladders = dict(
         zip(
@@ -270,18 +271,26 @@ def run(ctx: harness.Context) -> harness.Section:
             ctx.results.run(
                 NAME, ladder_cells(ctx.quick), lambda p: run_ladder_cell(ctx.out, p), ctx.progress, f"{NAME}: ladder"
             ),
+            strict=True,
         )
     )
     summary = summarize(by_size)
     section = harness.Section("Scale: AM-SSP against AM-DPSGD from 10^4 to 10^6 users, and AM-SSP alone at 10^7")
     section.text(
-        f"`ssp synth --like movielens --users N --ratings-per-user {RATINGS_PER_USER}` (the MovieLens-1M activity distribution rescaled to "
-        f"{RATINGS_PER_USER} ratings per user on average, at every size: this 2-core machine cannot train on the calibrated 166 per user at "
-        f"10^6 users), regression protocol, epsilon = {EPSILON:g} (user level, delta = {training.DELTA:g}), one model seed; AM-SSP with its "
-        "defaults (the privacy-utility search's choice on the 6,040-user MovieLens-like set), AM-DPSGD with the best of the same "
+        f"`ssp synth --like movielens --users N --ratings-per-user {RATINGS_PER_USER}` (the MovieLens-1M activity "
+        "distribution rescaled to "
+        f"{RATINGS_PER_USER} ratings per user on average, at every size: this 2-core machine cannot train on the "
+        "calibrated 166 per user at "
+        f"10^6 users), regression protocol, epsilon = {EPSILON:g} (user level, delta = {training.DELTA:g}), one model "
+        "seed; AM-SSP with its "
+        "defaults (the privacy-utility search's choice on the 6,040-user MovieLens-like set), AM-DPSGD with the best "
+        "of the same "
         "budget of trials at epsilon 5 on the 100,000-user set of this bench (bench/results/dpsgd-tune-100k). At "
-        f"{', '.join(f'{u:,}' for u in SSP_ONLY_USERS)} users AM-SSP runs alone: AM-DPSGD and the ladder's ALS would take hours on this machine. Every run is `pipelines.training.stages.run` on one local Spark session (2 cores). Kernel seconds: the user solves and "
-        "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the rest of an outer step "
+        f"{', '.join(f'{u:,}' for u in SSP_ONLY_USERS)} users AM-SSP runs alone: AM-DPSGD and the ladder's ALS would "
+        "take hours on this machine. Every run is `pipelines.training.stages.run` on one local Spark session (2 "
+        "cores). Kernel seconds: the user solves and "
+        "the statistics kernel summed over Spark tasks and divided by the parallelism, and the trainer's steps; the "
+        "rest of an outer step "
         "is Spark's jobs and I/O around them, reading and writing tables, and the trainer's set-up."
     )
     quality = quality_rows(by_size, ladders)
@@ -372,9 +381,12 @@ def run(ctx: harness.Context) -> harness.Section:
             training.spark(), os.path.join(data_set(ctx.out, measured[-1]), "interactions.parquet")
         )
         section.text(
-            f"**Each phase beside its limit (AM-SSP).** This machine, measured with the report: GEMM {rates['gemm_flops'] / 1e9:.1f} GFLOP/s "
-            f"(float64, both cores), Parquet read into Arrow {rates['read_bytes_per_s'] / 1e6:.0f} MB/s, a small Spark job through Python workers "
-            f"{rates['job_seconds']:.2f} s. A phase's limit is the larger of its bytes at that read rate and its flops at that GEMM rate, plus its "
+            "**Each phase beside its limit (AM-SSP).** This machine, measured with the report: GEMM "
+            f"{rates['gemm_flops'] / 1e9:.1f} GFLOP/s "
+            f"(float64, both cores), Parquet read into Arrow {rates['read_bytes_per_s'] / 1e6:.0f} MB/s, a small Spark "
+            "job through Python workers "
+            f"{rates['job_seconds']:.2f} s. A phase's limit is the larger of its bytes at that read rate and its flops "
+            "at that GEMM rate, plus its "
             "Spark jobs at that fixed cost (bench.phase_limits: what each phase reads, writes and computes)."
         )
         for users in measured:
@@ -397,14 +409,16 @@ def run(ctx: harness.Context) -> harness.Section:
     ]
     if growth:
         section.text(
-            f"**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: {'; '.join(growth)} "
+            "**Growth.** The outer steps' wall time against the number of ratings, a log-log fit over the sizes: "
+            f"{'; '.join(growth)} "
             "(1: proportional to the rows)."
         )
     largest = max(summary, default=None)
     if largest is not None and summary[largest]["ratio"] is not None:
         verdict = "meets" if summary[largest]["ratio"] >= GOAL else "misses"
         section.text(
-            f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} {summary[largest]['ratio']:.1f}x sooner "
+            f"**Goal.** At {largest:,} users AM-SSP reaches test RMSE {summary[largest]['target']:.4f} "
+            f"{summary[largest]['ratio']:.1f}x sooner "
             f"than AM-DPSGD: this {verdict} the {GOAL:g}x goal."
         )
     return section
@@ -438,7 +452,10 @@ def quality_verdict(by_size: dict[int, dict[str, dict]], ladders: dict[int, dict
         return "**Quality.** No AM-SSP cell yet."
     first, last = by_size[sizes[0]]["ssp"]["test"], by_size[sizes[-1]]["ssp"]["test"]
     trend = "falls" if last < first else "does not fall"
-    text = f"**Quality.** AM-SSP's test RMSE {trend} as the users grow: {first:.4f} at {sizes[0]:,} users, {last:.4f} at {sizes[-1]:,}."
+    text = (
+        f"**Quality.** AM-SSP's test RMSE {trend} as the users grow: {first:.4f} at {sizes[0]:,} users, "
+        f"{last:.4f} at {sizes[-1]:,}."
+    )
     ladder = ladders.get(sizes[-1])
     if ladder:
         text += (

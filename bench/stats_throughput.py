@@ -223,9 +223,12 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
 
     n, d = rows["embeddings"].shape
     flops = 2.0 * n * d * d
-    contrib = lambda: user_contributions(
-        rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
-    )  # noqa: E731
+
+    def contrib():
+        return user_contributions(
+            rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
+        )
+
     t_contrib, _ = best_of(contrib, repeats)
     weights = user_level_weights(rows["user_ids"], rows["counts"], settings.wbar, settings.weight_exponent)
     t_prepare, _ = best_of(
@@ -242,7 +245,8 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
     log("kernel (b): rows pre-sorted by item")
     t_b, times_b = best_of(lambda: accumulator.grouped_sums(s_items, s_rows), repeats)
     log(
-        "kernel (c): one Spark task's path (sort by item and user, users clipped once, weights, sums: stats_core.item_sums)"
+        "kernel (c): one Spark task's path (sort by item and user, users clipped once, weights, sums: "
+        "stats_core.item_sums)"
     )
     t_c, times_c = best_of(lambda: partition_kernel(rows, settings), repeats)
     sizes = np.bincount(np.unique(items, return_inverse=True)[1])
@@ -510,12 +514,16 @@ def profile_kernel(rows: dict, settings) -> dict:
 def report(figures: dict) -> list[str]:
     g, k = figures["gemm"], figures["kernel"]
     lines = [
-        f"data: {k['rows']:,} rows, {figures['users']:,} users, {figures['items']:,} items (alpha {figures['alpha']:g}), d={k['dim']}; "
+        f"data: {k['rows']:,} rows, {figures['users']:,} users, {figures['items']:,} items (alpha "
+        f"{figures['alpha']:g}), d={k['dim']}; "
         f"{k['items_with_rows']:,} items rated, largest {k['largest_item_rows']:,} rows; "
         f"{k['gemm_groups']:,} items >= GEMM_ROWS hold {k['rows_in_gemm_groups'] / k['rows']:.0%} of rows",
-        f"BLAS: {figures['blas_threads']} thread(s): {'; '.join(figures['blas']) or 'unknown'}; {os.cpu_count()} cores, load average "
-        f"{figures['load_average_start'][0]:.1f} at start, {figures['load_average_end'][0]:.1f} at end (other processes add noise)",
-        f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of {len(g['times'])})",
+        f"BLAS: {figures['blas_threads']} thread(s): {'; '.join(figures['blas']) or 'unknown'}; {os.cpu_count()} "
+        "cores, load average "
+        f"{figures['load_average_start'][0]:.1f} at start, {figures['load_average_end'][0]:.1f} at end (other "
+        "processes add noise)",
+        f"1. GEMM {g['n']}x{g['n']} float64: {g['seconds'] * 1e3:.0f} ms, {g['gflops']:.1f} GFLOP/s (best of "
+        f"{len(g['times'])})",
         f"2. kernel grouped_sums, 2 n d^2 = {k['flops'] / 1e9:.1f} GFLOP:",
     ]
     for key, what in (
@@ -533,18 +541,24 @@ def report(figures: dict) -> list[str]:
             f"   {what:34s} {k[f'{key}_s']:7.2f} s  {k[f'{key}_gflops']:6.2f} GFLOP/s = {frac:6.1%} of GEMM ({check})"
         )
     lines.append(
-        f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone {k['prepare_rows_s']:.2f} s"
+        f"   user_contributions (weights + clip + prepare_rows) {k['user_contributions_s']:.2f} s; prepare_rows alone "
+        f"{k['prepare_rows_s']:.2f} s"
     )
     s = figures.get("spark")
     if s:
         run = reported_run(s)
         ratio = run["end_to_end_s"] / k["unsorted_s"]
         lines += [
-            f"3. Spark {s['master']} (Spark {s['spark_version']}, {s['shards']} shards): session start-up {s['session_start_s']:.1f} s; "
-            f"runs {', '.join('%.1f s' % r['end_to_end_s'] for r in s['runs'])} (run {s['reported'] + 1}, the fastest after the first, reported)",
-            f"   end-to-end {run['end_to_end_s']:.1f} s, of which StatsJob.prepare() {run['prepare_s']:.1f} s, engine {run['end_to_end_s'] - run['prepare_s']:.1f} s",
-            f"   Spark / kernel (a) = {ratio:.1f}x ({'meets' if ratio <= SPARK_TARGET else 'MISSES'} the <= {SPARK_TARGET:g}x target); "
-            f"/ kernel (b) = {run['end_to_end_s'] / k['sorted_s']:.1f}x; engine only / kernel (a) = {(run['end_to_end_s'] - run['prepare_s']) / k['unsorted_s']:.1f}x",
+            f"3. Spark {s['master']} (Spark {s['spark_version']}, {s['shards']} shards): session start-up "
+            f"{s['session_start_s']:.1f} s; "
+            f"runs {', '.join(format(r['end_to_end_s'], '.1f') + ' s' for r in s['runs'])} (run {s['reported'] + 1}, "
+            "the fastest after the first, reported)",
+            f"   end-to-end {run['end_to_end_s']:.1f} s, of which StatsJob.prepare() {run['prepare_s']:.1f} s, engine "
+            f"{run['end_to_end_s'] - run['prepare_s']:.1f} s",
+            f"   Spark / kernel (a) = {ratio:.1f}x ({'meets' if ratio <= SPARK_TARGET else 'MISSES'} the <= "
+            f"{SPARK_TARGET:g}x target); "
+            f"/ kernel (b) = {run['end_to_end_s'] / k['sorted_s']:.1f}x; engine only / kernel (a) = "
+            f"{(run['end_to_end_s'] - run['prepare_s']) / k['unsorted_s']:.1f}x",
         ]
         jobs = s.get("breakdown", {}).get("jobs", [])
         small = [job for job in jobs if job["wall_s"] < 0.2]
@@ -585,7 +599,8 @@ def report(figures: dict) -> list[str]:
                 )
                 extra += [f"disk spill {st['spill_disk_bytes'] / 2**20:.0f} MiB"] if st.get("spill_disk_bytes") else []
                 lines.append(
-                    f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time {st.get('run_ms', 0) / 1e3:5.1f} s: "
+                    f"     stage {st['stage']} ({st['tasks']} tasks) {st['wall_s']:5.1f} s wall, task time "
+                    f"{st.get('run_ms', 0) / 1e3:5.1f} s: "
                     f"{' > '.join(op.strip() for op in st['operators']) or st['name'][:60]}"
                 )
                 lines.append(f"        {', '.join(extra)}")
@@ -593,14 +608,17 @@ def report(figures: dict) -> list[str]:
     if n:
         spark_s = reported_run(figures["spark"])["end_to_end_s"] if figures.get("spark") else None
         share = (
-            f" = {n['seconds'] / spark_s:.1%} of the Spark end-to-end ({'meets' if n['seconds'] / spark_s <= NOISE_TARGET else 'MISSES'} "
+            f" = {n['seconds'] / spark_s:.1%} of the Spark end-to-end "
+            f"({'meets' if n['seconds'] / spark_s <= NOISE_TARGET else 'MISSES'} "
             f"the <= {NOISE_TARGET:.0%} target)"
             if spark_s
             else ""
         )
         lines.append(
-            f"4. noise of every catalog item ({n['items']:,} items x {n['values_per_item']:,} values; finalize with no sums, groups of "
-            f"{n['group_items']:,}; one core): {n['seconds']:.2f} s (best of {', '.join('%.2f' % x for x in n['times'])} s){share}"
+            f"4. noise of every catalog item ({n['items']:,} items x {n['values_per_item']:,} values; finalize with no "
+            "sums, groups of "
+            f"{n['group_items']:,}; one core): {n['seconds']:.2f} s (best of "
+            f"{', '.join(format(x, '.2f') for x in n['times'])} s){share}"
         )
     for what, profile in figures.get("profile", {}).items():
         lines.append(f"profile of {what}: {profile['total_s']:.2f} s; functions by own time:")

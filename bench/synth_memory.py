@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     ok = result["peak_rss_mib"] <= args.limit_mib
     print(
-        f"synth: {result['ratings']:,} ratings ({result['users']:,} users x {args.ratings_per_user}, {args.items:,} items), "
+        f"synth: {result['ratings']:,} ratings ({result['users']:,} users x {args.ratings_per_user}, {args.items:,} "
+        "items), "
         f"{result['bytes_written'] / 2**20:.0f} MiB on disk\n"
         f"wall time {result['wall_s']:.1f} s ({result['ratings'] / result['wall_s'] / 1e6:.2f} M ratings/s), "
         f"child peak RSS {result['peak_rss_mib']:.0f} MiB "

@@ -129,7 +129,7 @@ def trust_region(a: np.ndarray, b: np.ndarray, radius: float) -> np.ndarray:
 def optimum(problem: dict) -> float:
     """min over Theta of L: V is free (orthonormal rows), so one trust-region problem per item."""
     total = problem["const"]
-    for a, b in zip(problem["a"], problem["b"]):
+    for a, b in zip(problem["a"], problem["b"], strict=True):
         v = trust_region(a, b, RADIUS)
         total += 0.5 * v @ a @ v - b @ v
     return float(total)
@@ -255,19 +255,28 @@ def report(size: dict, values: list[dict], excess: dict, seeds: int, figure: str
     ratios = size["ratios"]
     section = harness.Section("Utility theorem: SSP1 vs noisy GD as the number of public features grows")
     section.text(
-        f"Synthetic linear regression with a linear encoder (the setting of the paper's utility theorem): m={size['m']} items, "
-        f"d={size['d']}, D={size['rows']} examples, public item features X (m x p) with orthonormal rows, unit-norm users, "
-        f"labels in [-1, 1]; p = m x ratio, {seeds} seeds (fresh data and noise each). Both algorithms spend example-level "
-        f"epsilon={size['epsilon']:g}, delta={size['delta']:g}, calibrated with dp-accounting (RDP): SSP1 as 2T Gaussian "
-        "releases (A_j and b_j every step), noisy GD as T releases of the clipped gradient sum. Each runs the schedule its "
+        "Synthetic linear regression with a linear encoder (the setting of the paper's utility theorem): "
+        f"m={size['m']} items, "
+        f"d={size['d']}, D={size['rows']} examples, public item features X (m x p) with orthonormal rows, unit-norm "
+        "users, "
+        f"labels in [-1, 1]; p = m x ratio, {seeds} seeds (fresh data and noise each). Both algorithms spend "
+        "example-level "
+        f"epsilon={size['epsilon']:g}, delta={size['delta']:g}, calibrated with dp-accounting (RDP): SSP1 as 2T "
+        "Gaussian "
+        "releases (A_j and b_j every step), noisy GD as T releases of the clipped gradient sum. Each runs the schedule "
+        "its "
         "bound is proved for (T balancing the bound's terms, eta_t = |Theta| / (G sqrt t)) and is scored by the last "
         "iterate's excess empirical risk L(theta_T) - min_Theta L (exact minimum), per example. The paper's Theta is "
-        "unbounded along the null space of X when p > m; the bounded domain intersects it with the Frobenius ball of radius "
-        "sqrt(m) (diameter 2 sqrt(m), every allowed V kept). The dashed curve runs noisy GD on the paper's Theta as written."
+        "unbounded along the null space of X when p > m; the bounded domain intersects it with the Frobenius ball of "
+        "radius "
+        "sqrt(m) (diameter 2 sqrt(m), every allowed V kept). The dashed curve runs noisy GD on the paper's Theta as "
+        "written."
     )
     section.text(
-        "**Expected shape (the theorem):** SSP1's bound, 2 sqrt(2) |Theta| Gamma rho sqrt(m d), does not depend on p; noisy "
-        "GD's, sqrt(2) |Theta| Gamma rho sqrt(p d), grows like sqrt(p), so their ratio is sqrt(p/m)/2 and SSP1 should win "
+        "**Expected shape (the theorem):** SSP1's bound, 2 sqrt(2) |Theta| Gamma rho sqrt(m d), does not depend on p; "
+        "noisy "
+        "GD's, sqrt(2) |Theta| Gamma rho sqrt(p d), grows like sqrt(p), so their ratio is sqrt(p/m)/2 and SSP1 should "
+        "win "
         "for p above about 4m. The bounds are upper bounds (log factors dropped); only the shape is compared."
     )
     rows = []
@@ -306,13 +315,18 @@ def report(size: dict, values: list[dict], excess: dict, seeds: int, figure: str
     ssp1_means = [e.mean() for e in excess["ssp1"]]
     gaps = [excess["gd"][k].mean() / ssp1_means[k] for k in range(len(ratios))]
     section.text(
-        f"**What it shows:** SSP1's mean excess risk stays between {min(ssp1_means):.4f} and {max(ssp1_means):.4f} over the "
-        f"whole range of p; noisy GD's goes from {excess['gd'][0].mean():.4f} at p = m to {excess['gd'][-1].mean():.4f} at "
+        f"**What it shows:** SSP1's mean excess risk stays between {min(ssp1_means):.4f} and {max(ssp1_means):.4f} "
+        "over the "
+        f"whole range of p; noisy GD's goes from {excess['gd'][0].mean():.4f} at p = m to "
+        f"{excess['gd'][-1].mean():.4f} at "
         f"p = {ratios[-1]}m, so the measured GD / SSP1 ratio goes from {gaps[0]:.2f} to {gaps[-1]:.2f} (bounds: "
-        f"{math.sqrt(ratios[0]) / 2:.2f} to {math.sqrt(ratios[-1]) / 2:.2f}). Noisy GD's mean is above SSP1's at p/m in "
-        f"{wins}. On the paper's Theta as written (dashed) noisy GD's noise outside the row space of X cannot change the loss, "
+        f"{math.sqrt(ratios[0]) / 2:.2f} to {math.sqrt(ratios[-1]) / 2:.2f}). Noisy GD's mean is above SSP1's at p/m "
+        "in "
+        f"{wins}. On the paper's Theta as written (dashed) noisy GD's noise outside the row space of X cannot change "
+        "the loss, "
         "so p reaches it only through the analysed schedule (T and G depend on p: T = "
-        f"{values[-1]['gd_free']['steps']} at p = {ratios[-1]}m); on the bounded domain the null-space noise also fills the "
+        f"{values[-1]['gd_free']['steps']} at p = {ratios[-1]}m); on the bounded domain the null-space noise also "
+        "fills the "
         "ball, and the projection then shrinks V."
     )
     return section

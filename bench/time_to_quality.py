@@ -62,7 +62,7 @@ def mean_curve(cells: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 def time_to_reach(times, values, target: float, lower_is_better: bool) -> float | None:
     """Time of the first trained step (index >= 1) at least as good as `target`; None if none is."""
-    for t, v in zip(times[1:], values[1:]):
+    for t, v in zip(times[1:], values[1:], strict=True):
         if (v <= target) if lower_is_better else (v >= target):
             return float(t)
     return None
@@ -110,7 +110,8 @@ def plot(summary: dict, protocol: str, epsilon: float, seeds: int):
 
 @harness.experiment(
     NAME,
-    "test metric vs wall-clock time for AM-SSP and AM-DPSGD at their tuned settings, and the time ratio to the same metric",
+    "test metric vs wall-clock time for AM-SSP and AM-DPSGD at their tuned settings, and the time ratio to the same "
+    "metric",
 )
 def run(ctx: harness.Context) -> harness.Section:
     results = curves(ctx)
@@ -125,10 +126,14 @@ def run(ctx: harness.Context) -> harness.Section:
         plot(summary, ctx.protocol, epsilon, ctx.seeds), ctx.out, f"time_to_quality_{ctx.protocol}.png"
     )
     section.text(
-        f"Both methods at epsilon = {epsilon:g} (user level, delta = {training.DELTA:g}), {ctx.seeds} seeds each; each point is the test "
-        f"{metric.name} after an outer step (step 0: the initial encoder, public features only), at the mean wall time (2 cores, shared "
-        "Spark session) that step finished. Settings: the privacy-utility search's choice where all its trials are in this folder "
-        "(then its test runs are the ones shown), else the method's defaults. Target: the less good of the methods' best mean over "
+        f"Both methods at epsilon = {epsilon:g} (user level, delta = {training.DELTA:g}), {ctx.seeds} seeds each; each "
+        "point is the test "
+        f"{metric.name} after an outer step (step 0: the initial encoder, public features only), at the mean wall time "
+        "(2 cores, shared "
+        "Spark session) that step finished. Settings: the privacy-utility search's choice where all its trials are in "
+        "this folder "
+        "(then its test runs are the ones shown), else the method's defaults. Target: the less good of the methods' "
+        "best mean over "
         "their trained steps; time to it: the first trained step (s >= 1) at least as good, so step 0 never counts."
     )
     rows, untrained_better = [], []
@@ -164,16 +169,19 @@ def run(ctx: harness.Context) -> harness.Section:
     section.figure(figure, f"Test {metric.name} against wall-clock time (mean ± std over seeds; log time axis).")
     if untrained_better:
         section.text(
-            f"**Note:** the final model of {', '.join(untrained_better)} is worse on test than its step-0 encoder (public features "
+            f"**Note:** the final model of {', '.join(untrained_better)} is worse on test than its step-0 encoder "
+            "(public features "
             "only, before any private update)."
         )
     if summary["ratio"] is not None:
         section.text(
-            f"**Ratio.** AM-DPSGD takes {summary['ratio']:.1f}x the time AM-SSP takes to reach test {metric.name} {summary['target']:.4f}."
+            f"**Ratio.** AM-DPSGD takes {summary['ratio']:.1f}x the time AM-SSP takes to reach test {metric.name} "
+            f"{summary['target']:.4f}."
         )
     else:
         section.text(
-            f"**Ratio:** not computed: {', '.join(missing) or 'a method'} did not run (pipelines.training has no such item update yet, or it "
+            f"**Ratio:** not computed: {', '.join(missing) or 'a method'} did not run (pipelines.training has no such "
+            "item update yet, or it "
             "was not selected)."
         )
     return section

@@ -34,7 +34,9 @@ space = FeatureSpace.from_items(items, use_item_id=False)
 del items
 encoder = ItemEncoder(space, args["dim"])
 started = time.perf_counter()
-losses = ssp.train(encoder, [args["stats"]], ssp.SSPConfig(epochs=1, batch_size=512, psd_projection=False), progress=False)
+losses = ssp.train(
+    encoder, [args["stats"]], ssp.SSPConfig(epochs=1, batch_size=512, psd_projection=False), progress=False
+)
 result = {"seconds": time.perf_counter() - started, "loss": losses[-1]}
 """
 
@@ -109,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     small, large = results
     for r in results:
         print(
-            f"{r['items']:>9,} items, d={r['dim']}: peak RSS {r['peak_rss_mib']:.0f} MiB, one epoch {r['train_seconds']:.1f} s"
+            f"{r['items']:>9,} items, d={r['dim']}: peak RSS {r['peak_rss_mib']:.0f} MiB, one epoch "
+            f"{r['train_seconds']:.1f} s"
         )
     ratio = large["peak_rss_mib"] / small["peak_rss_mib"]
     ok = large["peak_rss_mib"] < args.limit_mib
     print(
-        f"peak grows {ratio:.2f}x for {large['items'] / small['items']:.0f}x the items; {'within' if ok else 'OVER'} the {args.limit_mib:.0f} MiB target"
+        f"peak grows {ratio:.2f}x for {large['items'] / small['items']:.0f}x the items; {'within' if ok else 'OVER'} "
+        f"the {args.limit_mib:.0f} MiB target"
     )
     return 0 if ok else 1
 

@@ -44,12 +44,12 @@ import shutil
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipelines.data import ingest
-from pipelines.training import evaluation, prepare, settings, stages
+from pipelines.training import evaluation, prepare, sections, settings, stages
 from pipelines.training.run_dir import Run
 from privacy.ledger import Ledger
 from schemas import storage
@@ -237,7 +237,7 @@ METHODS: dict[str, Method] = {
         protocols=("rmse",),
     ),
 }
-_FIELDS = {item.name for item in fields(settings.TrainConfig)}
+_FIELDS = set(sections.FLAGS)
 
 
 def color(name: str) -> str:
@@ -292,7 +292,7 @@ def tuned_values(name: str, config: dict, caps: dict, epsilon: float | None = No
     epsilon and protocol for those it leaves out: d follows both), those inside the search space:
     what the sampler is told of a finished trial."""
     run = {"protocol": protocol, **({} if epsilon is None else {"epsilon": epsilon})}
-    effective = settings.TrainConfig(**run, **{key: value for key, value in config.items() if key in _FIELDS})
+    effective = settings.TrainConfig.create(**run, **{key: value for key, value in config.items() if key in _FIELDS})
     values = {
         key: getattr(effective, key)
         for key, dim in search_space(name, caps).items()
@@ -434,7 +434,7 @@ def cell_params(data: str, protocol: str, name: str, epsilon: float | None, conf
 
 def train_config(params: dict, data_set: str, out: str) -> settings.TrainConfig:
     epsilon = {} if params["epsilon"] is None else {"epsilon": params["epsilon"]}
-    return settings.TrainConfig(
+    return settings.TrainConfig.create(
         data=data_set,
         protocol=params["protocol"],
         out=out,
@@ -504,7 +504,8 @@ def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     else is released there): the run and its `prepared` record."""
     if params["protocol"] != "recall":
         raise UserError(
-            f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not {params['protocol']!r}"
+            f"{METHODS[params['method']].label} ranks items: it runs under the recall protocol only, not "
+            f"{params['protocol']!r}"
         )
     root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)

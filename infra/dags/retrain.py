@@ -100,7 +100,8 @@ INGEST = {
     "catalog": "{{ params.raw }}/{{ ds }}/items.parquet",
     "user-col": "user_id",
     "item-col": "item_id",
-    "label-col": "rating",  # explicit ratings, on RATING_SCALE; leave it out for implicit feedback (clicks, plays: --protocol recall)
+    # explicit ratings, on RATING_SCALE; leave it out for implicit feedback (clicks, plays: --protocol recall)
+    "label-col": "rating",
     "timestamp-col": "timestamp",
     "title-col": "title",
     "features": "genres:bag,year:value",
@@ -240,7 +241,8 @@ with DAG(
         "raw": Param(
             "gs://ssp-recsys-data/raw",
             type="string",
-            description="raw tables, one folder per run date holding interactions.parquet and items.parquet (columns: INGEST)",
+            description="raw tables, one folder per run date holding interactions.parquet and items.parquet "
+            "(columns: INGEST)",
         ),
         "epsilon": Param(
             1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"
