@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = _unknown_to_beam(beam_args)
     if unknown:  # refused before anything is spent: a mistyped stats flag must not make a release
         parser.error(
-            f"unrecognized arguments (neither stats flags nor Beam pipeline options): {' '.join('--' + name for name in unknown)}"
+            "unrecognized arguments (neither stats flags nor Beam pipeline options): "
+            f"{' '.join('--' + name for name in unknown)}"
         )
 
     def compute() -> dict | None:

@@ -119,7 +119,8 @@ def _pairs(words: np.ndarray, out: np.ndarray) -> None:
             e
         ) * _MINUS_TWO_LN2
         radius = math.sqrt(max(square, 0.0))  # positive already (u < 1): a guard against a NaN radius
-        # t = 2 pi (j + 1/2) / 2^_TURN_BITS + d: cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h - cos_j sin d)
+        # t = 2 pi (j + 1/2) / 2^_TURN_BITS + d: cos t = cos_j - (cos_j h + sin_j sin d), sin t = sin_j - (sin_j h -
+        # cos_j sin d)
         j = np.int64(angle_word >> _ANGLE_SHIFT)
         d = float(np.int64(angle_word & _ANGLE_REST) - _ANGLE_HALF) * _ANGLE_UNIT
         h = d * d

@@ -141,7 +141,8 @@ class Ledger:
         lost = [row["release"] for row in self.rows if (row["release"], row["data_fingerprint"]) not in known]
         if lost:
             raise UserError(
-                f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is released"
+                f"{self.path}: the ledger lost releases {lost} while in use; they still count, so nothing more is "
+                "released"
             )
         self.rows = current.rows
 
@@ -158,14 +159,17 @@ class Ledger:
             return None
         if not storage.exists(path):
             raise AccountMissingError(
-                f"{self.path}: the run's budget account {path} is missing (deleted, renamed or moved); its releases still "
+                f"{self.path}: the run's budget account {path} is missing (deleted, renamed or moved); its releases "
+                "still "
                 "count, so nothing more is released or published until it is restored"
             )
         account = BudgetAccount.open(path)
         if self.budget.get("account_id") not in (None, account.identity):
             raise AccountMissingError(
-                f"{self.path}: {path} is not the budget account this run charges (id {self.budget['account_id']}): it was "
-                "replaced; the original's releases still count, so nothing more is released or published until it is restored"
+                f"{self.path}: {path} is not the budget account this run charges (id {self.budget['account_id']}): "
+                "it was "
+                "replaced; the original's releases still count, so nothing more is released or published until it is "
+                "restored"
             )
         return account
 
@@ -179,12 +183,14 @@ class Ledger:
         missing = account.missing(self.identity, [row["release"] for row in self.rows])
         if missing:
             raise UserError(
-                f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account was replaced"
+                f"{self.path}: releases {missing} are not charged to the budget account {account.path}; the account "
+                "was replaced"
             )
         lifetime = account.epsilon()
         if account.cap is not None and lifetime > account.cap * (1 + _TOLERANCE):
             raise UserError(
-                f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap {account.cap:g}"
+                f"{account.path}: the data source's lifetime epsilon {lifetime:.6g} exceeds the account's cap "
+                f"{account.cap:g}"
             )
         return {
             "path": account.path,
@@ -252,7 +258,8 @@ class Ledger:
             missing = account.missing(self.identity, [row["release"] for row in self.rows])
             if missing:
                 raise AccountMissingError(
-                    f"{self.path}: releases {missing} of this run are not charged to its budget account {account.path}: the "
+                    f"{self.path}: releases {missing} of this run are not charged to its budget account "
+                    f"{account.path}: the "
                     "account was replaced or rolled back; they still count, so nothing more is released"
                 )
             account.charge(self.identity, len(self.rows), name, event, self.budget["accountant"])
@@ -277,12 +284,14 @@ class Ledger:
         b = self.budget
         lines = [
             f"privacy ledger {self.path}",
-            f"  budget: epsilon {b['epsilon']:g}, delta {b['delta']:g}, {b['unit']}-level, {b['accountant'].upper()} accountant",
+            f"  budget: epsilon {b['epsilon']:g}, delta {b['delta']:g}, {b['unit']}-level, {b['accountant'].upper()} "
+            "accountant",
             f"  {'#':>3}  {'release':<24} {'noise mult.':>11} {'epsilon after':>14}",
         ]
         for row in self.rows:
             lines.append(
-                f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} {row['epsilon_spent']:>14.4g}"
+                f"  {row['release']:>3}  {row['name']:<24} {row['noise_multiplier']:>11.4g} "
+                f"{row['epsilon_spent']:>14.4g}"
             )
         lines.append(f"  epsilon spent: {self.epsilon_spent():.4g} of {b['epsilon']:g}")
         account = self.account()

@@ -82,7 +82,8 @@ class BudgetAccount:
             for key, value in (("cap", cap), ("window_days", window_days)):
                 if value is not None and account.document.get(key) != value:
                     raise UserError(
-                        f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account keeps its policy"
+                        f"{path}: the budget account has {key} {account.document.get(key)}, not {value}; an account "
+                        "keeps its policy"
                     )
             return account
         if cap is not None and not (cap > 0):
@@ -124,12 +125,14 @@ class BudgetAccount:
             entry = storage.read_json(entry_path)
             if path is not None and storage.canonical(path) != entry["account"]:
                 raise UserError(
-                    f"this data source already has its budget account {entry['account']}; one data source keeps one account "
+                    f"this data source already has its budget account {entry['account']}; one data source keeps one "
+                    "account "
                     f"(registry {entry_path}): give that one, or no --budget-account"
                 )
             if not storage.exists(entry["account"]):
                 raise AccountMissingError(
-                    f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: deleted, "
+                    f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: "
+                    "deleted, "
                     "renamed or moved. Its releases still count; restore it (nothing was released)"
                 )
             account = cls.open_or_create(entry["account"], cap, delta, accountant, window_days)
@@ -225,7 +228,8 @@ class BudgetAccount:
         if existing is not None:
             if existing["event"] != event_json:
                 raise UserError(
-                    f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was replaced"
+                    f"{self.path}: release {release} of {ledger} was charged with another event; the ledger was "
+                    "replaced"
                 )
             return
         accountant = accountant or self.document["accountant"]
@@ -233,15 +237,18 @@ class BudgetAccount:
 
         if self.cap is not None and isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise AccountCapError(
-                f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget account {self.path} "
+                f"release {name!r} has no noise (noise multiplier 0, infinite epsilon), which the capped budget "
+                f"account {self.path} "
                 f"(cap {self.cap:g}) cannot take; nothing was released"
             )
         if self.cap is not None:
             lifetime = self.epsilon([event], extra_accountant=accountant)
             if lifetime > self.cap * (1 + _TOLERANCE):
                 raise AccountCapError(
-                    f"release {name!r} would bring the data source's lifetime epsilon to {lifetime:.4g} at delta {self.delta:g}, over the cap "
-                    f"{self.cap:g} of its budget account {self.path} (already spent {self.epsilon():.4g} over {len(self.counted())} releases); "
+                    f"release {name!r} would bring the data source's lifetime epsilon to {lifetime:.4g} at delta "
+                    f"{self.delta:g}, over the cap "
+                    f"{self.cap:g} of its budget account {self.path} (already spent {self.epsilon():.4g} over "
+                    f"{len(self.counted())} releases); "
                     "nothing was released"
                 )
         self.document["charges"].append(
@@ -268,8 +275,10 @@ class BudgetAccount:
             )
         if charge.get("round") == "started":
             raise UserError(
-                f"a federated round of release {release} already ran (recorded in the budget account {self.path}, which every copy "
-                "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a new run"
+                f"a federated round of release {release} already ran (recorded in the budget account {self.path}, "
+                "which every copy "
+                "of the run charges): a new round would draw new noise for the same statistics, uncharged; start a "
+                "new run"
             )
         charge["round"] = "started"
         self._save()

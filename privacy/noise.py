@@ -136,7 +136,7 @@ def standard_normal_blocks(seed: bytes, release: int, item_ids: np.ndarray, size
     blocks = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
     for first, values in _normal_chunks(seed, release, ids, words):
         column = 0
-        for block, size in zip(blocks, sizes):
+        for block, size in zip(blocks, sizes, strict=True):
             block[first : first + values.shape[0]] = values[:, column : column + size]
             column += size
     return blocks
@@ -186,7 +186,7 @@ def released_blocks(
     if any(float(std) == 0 for std in stds):  # no noise: add_noise's own path
         return [
             add_noise(z, std, block, rows)
-            for z, std, block in zip(standard_normal_blocks(seed, release, ids, sizes), stds, blocks)
+            for z, std, block in zip(standard_normal_blocks(seed, release, ids, sizes), stds, blocks, strict=True)
         ]
     from privacy.box_muller import on_grid
 
@@ -194,7 +194,8 @@ def released_blocks(
     positions = np.arange(ids.size) if rows is None else np.asarray(rows, dtype=np.int64)
     if any(block.shape[0] != positions.size for block in blocks):
         raise ValueError(
-            f"each block needs one row of values per item with values: {positions.size}, got {[block.shape[0] for block in blocks]}"
+            f"each block needs one row of values per item with values: {positions.size}, got "
+            f"{[block.shape[0] for block in blocks]}"
         )
     words = _draw_words(sizes)
     out = [np.empty((ids.size, size), dtype=np.float64) for size in sizes]
@@ -202,7 +203,7 @@ def released_blocks(
         count = values.shape[0]
         low, high = np.searchsorted(positions, (first, first + count))
         column = 0
-        for block, std, grid, target in zip(blocks, stds, grids, out):
+        for block, std, grid, target in zip(blocks, stds, grids, out, strict=True):
             on_grid(
                 values[:, column : column + block.shape[1]],
                 float(std) / grid,

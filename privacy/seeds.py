@@ -188,8 +188,10 @@ class SeedFile:
             self.reload()
         if charges < self.account_charges:
             raise UserError(
-                f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run saw there "
-                "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore it (nothing was released)"
+                f"the budget account {path} lists {charges} charges, fewer than the {self.account_charges} this run "
+                "saw there "
+                "(its seed file is the witness): it was rolled back or replaced. Those releases still count; restore "
+                "it (nothing was released)"
             )
         if charges != self.account_charges and storage.exists(self.path):
             self.account_charges = charges
@@ -230,7 +232,8 @@ class SeedFile:
         serves one run's ledger, so a seed file copied into another run is refused."""
         if ledger is not None and self.ledgers and ledger not in self.ledgers:
             raise SeedReuseError(
-                f"the seed in {self.path} is bound to another privacy ledger (id {next(iter(self.ledgers))}), not {ledger}; "
+                f"the seed in {self.path} is bound to another privacy ledger (id {next(iter(self.ledgers))}), not "
+                f"{ledger}; "
                 "a seed serves one run: use a new run (no --seed-file)"
             )
 
@@ -259,8 +262,10 @@ class SeedFile:
             )
         if self.rounds.get(release) == ROUND_STARTED:
             raise UserError(
-                f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the server may have "
-                "unmasked its sum, and a new round would draw new noise for the same statistics, a release the ledger has not "
+                f"a federated round of release {release} already ran (recorded in the seed file {self.path}): the "
+                "server may have "
+                "unmasked its sum, and a new round would draw new noise for the same statistics, a release the "
+                "ledger has not "
                 "planned; start a new run"
             )
         self.rounds[release] = ROUND_STARTED
@@ -297,7 +302,8 @@ class SeedFile:
             )
         if self.releases:
             raise SeedReuseError(
-                f"the seed in {self.path} was already used for releases outside a training run; use a new seed (no --seed-file)"
+                f"the seed in {self.path} was already used for releases outside a training run; use a new seed (no "
+                "--seed-file)"
             )
 
     def bind_run(self, fingerprint: str) -> None:

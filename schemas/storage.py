@@ -88,7 +88,8 @@ def reach_gcs(path: str) -> None:
         ) from None
     except OSError as exc:
         raise UserError(
-            f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; SSP_GCS_TIMEOUT sets the wait)"
+            f"{path}: cannot reach {host}:{port} within {timeout:g} s ({exc.strerror or exc or 'timed out'}; "
+            "SSP_GCS_TIMEOUT sets the wait)"
         ) from None
     _REACHED.add(host)
 
@@ -514,7 +515,7 @@ def download_table(path: str, folder: str) -> list[str]:
     fs, files = _table_files(path)
     os.makedirs(folder, exist_ok=True)
     local = [os.path.join(folder, posixpath.basename(f)) for f in files]
-    for remote, target in zip(files, local):
+    for remote, target in zip(files, local, strict=True):
         fs.get_file(remote, target)
     return local
 

@@ -95,7 +95,7 @@ def logistic_rows(
     users, first, sizes = np.unique(user_ids[order], return_index=True, return_counts=True)
     w_p, w_n = logistic_weights(sizes, items, 1.0)
     out = [[user_ids[order]], [positions[order]], [np.ones(user_ids.size)], [np.repeat(w_p, sizes)]]
-    for user, start, size, weight in zip(users, first, sizes, w_n):
+    for user, start, size, weight in zip(users, first, sizes, w_n, strict=True):
         rated = np.unique(positions[order][start : start + size])
         unrated = np.setdiff1d(np.arange(items), rated, assume_unique=True)
         drawn = (
@@ -109,6 +109,7 @@ def logistic_rows(
                 np.zeros(drawn.size),
                 np.full(drawn.size, weight * items / max(drawn.size, 1)),
             ),
+            strict=True,
         ):
             part.append(values)
     return tuple(np.concatenate(part) for part in out)
@@ -349,12 +350,14 @@ def _make_step(
         if noise_multiplier > 0:
             grads = [
                 tf.convert_to_tensor(g) + noise.normal(w.shape, stddev=noise_multiplier * clip)
-                for g, w in zip(grads, variables)
+                for g, w in zip(grads, variables, strict=True)
             ]
         grads = [_scaled(g, 1.0 / config.batch_size) for g in grads]
         if config.ridge:
-            grads = [tf.convert_to_tensor(g) + (config.ridge / units) * w for g, w in zip(grads, variables)]
-        optimizer.apply_gradients(zip(grads, variables))
+            grads = [
+                tf.convert_to_tensor(g) + (config.ridge / units) * w for g, w in zip(grads, variables, strict=True)
+            ]
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
 
     traced = {}
 

@@ -99,7 +99,7 @@ class ItemEncoder(tf.keras.Model):
         encoder's family order (id 0: the family's out-of-vocabulary row; an empty row: no value)."""
         parts = [
             tf.nn.safe_embedding_lookup_sparse(table, ids.to_sparse(), combiner="mean")
-            for ids, (_, _, table) in zip(values, self._families)
+            for ids, (_, _, table) in zip(values, self._families, strict=True)
         ]
         hidden = tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0]
         return hidden if self._dense is None else self._dense(hidden)
@@ -150,14 +150,16 @@ class ItemEncoder(tf.keras.Model):
         weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise UserError(
-                f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}"
+                f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got "
+                f"shape {weights.shape}"
             )
         self(tf.zeros([1], tf.int64))  # builds the dense layer
         kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
         family_dim = kernel.shape[0] // len(self._families)
         if family_dim < self.dim:
             raise UserError(
-                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got {family_dim}"
+                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got "
+                f"{family_dim}"
             )
         x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
         values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
@@ -292,7 +294,7 @@ def export(encoder: ItemEncoder, path: str, bias_scale: float | None = None) -> 
         def embed_features(*values):
             ids = [
                 _value_ids(family, table, strings)
-                for family, table, strings in zip(families, module.vocabularies, values)
+                for family, table, strings in zip(families, module.vocabularies, values, strict=True)
             ]
             return {"embedding": as_written(module.encoder.encode_values(ids), bias_scale)}
 

@@ -121,7 +121,7 @@ def _numeric_family(name: str, column: pa.ChunkedArray) -> Family:
     else:
         edges = np.zeros(0)
     bounds = np.r_[-np.inf, edges, np.inf]
-    vocabulary = [f"[{low:g}, {high:g})" for low, high in zip(bounds[:-1], bounds[1:])]
+    vocabulary = [f"[{low:g}, {high:g})" for low, high in zip(bounds[:-1], bounds[1:], strict=True)]
     ids = np.searchsorted(edges, numbers[known], side="right").astype(np.int64) + 1
     return Family(name, vocabulary, ids, np.r_[0, np.cumsum(known)].astype(np.int64), boundaries=edges)
 

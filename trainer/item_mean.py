@@ -54,12 +54,14 @@ def item_means(
     check_stats(stats_path, {"d": 1, **(expected or {})})
     if not stats_metadata(storage.read_schema(stats_path))["bias"]:
         raise UserError(
-            f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and label sum"
+            f"{stats_path}: stats were released without the bias coordinate (bias=0): they hold no item's count and "
+            "label sum"
         )
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high) or not (bias_scale > 0 and noise_std_b >= 0):
         raise UserError(
-            f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, {bias_scale}, {noise_std_b}"
+            f"the per-item mean needs a finite rating scale, c > 0 and a noise std >= 0; got {rating_range}, "
+            f"{bias_scale}, {noise_std_b}"
         )
     spread, prior = rating_prior(rating_range)
     variance = (noise_std_b / bias_scale) ** 2  # V: the noise on S_j = b_j / c

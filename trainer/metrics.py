@@ -24,7 +24,8 @@ def rmse(predictions, labels) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     if predictions.ndim != 1 or predictions.shape != labels.shape:
         raise UserError(
-            f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and {labels.shape}"
+            f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and "
+            f"{labels.shape}"
         )
     if predictions.size == 0:
         raise UserError("rmse of no predictions is undefined")

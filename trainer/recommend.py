@@ -76,7 +76,8 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
         if not pa.types.is_integer(values.type):
             example = values[0].as_py() if len(values) else None
             raise UserError(
-                f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give the integer "
+                f"{source}: column {column!r} holds {values.type} values (e.g. {example!r}), not integer ids: give "
+                "the integer "
                 "ids the model was trained on"
             )
         table = table.set_column(table.column_names.index(column), name, pc.cast(values, pa.int64()))
@@ -146,7 +147,8 @@ class PublishedModel:
         if settings.get("popularity_column"):  # the evaluation's fold-in: the DP counts as one more column
             if popularity is None:
                 raise UserError(
-                    f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish the run again"
+                    f"{path}: model.json folds users in with the DP counts, but counts.parquet is missing; publish "
+                    "the run again"
                 )
             vectors = with_popularity(vectors, popularity, settings.get("biases", False))
         return cls(path, item_ids, vectors, settings, popularity)
@@ -166,7 +168,8 @@ class PublishedModel:
         missing = [name for name in families if name not in items.column_names]
         if missing:
             raise UserError(
-                f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: {', '.join(families)})"
+                f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: "
+                f"{', '.join(families)})"
             )
         inputs = {}
         for name in families:
@@ -196,7 +199,8 @@ class PublishedModel:
         if s["protocol"] == "rmse":
             if labels is None:
                 raise UserError(
-                    "this model was trained on ratings (regression protocol): the history needs a label column (the user's ratings)"
+                    "this model was trained on ratings (regression protocol): the history needs a label column (the "
+                    "user's ratings)"
                 )
             targets = labels - s["dp_mean"]
         elif (
@@ -366,8 +370,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         help="write the recommendations (user_id, rank, item_id, score) to this file, CSV or Parquet as its name ends "
-        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on the model's "
-        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the history "
+        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on "
+        "the model's "
+        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the "
+        "history "
         "(who gets the DP popularity ranking) the item's DP count",
     )
 
@@ -402,6 +408,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}")
     else:
         sys.stdout.write("user_id,rank,item_id,score\n")
-        for user, rank, item, score in zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names)):
+        for user, rank, item, score in zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names), strict=True):
             sys.stdout.write(f"{user},{rank},{item},{score:.6g}\n")
     return 0

@@ -47,7 +47,8 @@ class Recommender(tf.Module):
         super().__init__()
         if settings.get("loss") == "logistic":
             raise UserError(
-                "a logistic-loss model folds users in by Newton's method over the whole catalog: no serving signature (use ssp recommend)"
+                "a logistic-loss model folds users in by Newton's method over the whole catalog: no serving "
+                "signature (use ssp recommend)"
             )
         vectors = np.asarray(vectors, np.float64)
         bias_ridge = user_bias_ridge(settings["protocol"], settings.get("biases", False), settings.get("lambda_bias"))
@@ -69,7 +70,10 @@ class Recommender(tf.Module):
             ),
             default_value=-1,
         )
-        constant = lambda array: tf.Variable(np.asarray(array, np.float64), trainable=False)  # noqa: E731 (variables: no 2 GB graph limit)
+
+        def constant(array):  # variables: no 2 GB graph limit
+            return tf.Variable(np.asarray(array, np.float64), trainable=False)
+
         self.item_ids = tf.Variable(np.asarray(item_ids, np.int64), trainable=False)
         self.vectors = constant(vectors)
         self.free_vectors = constant(vectors[:, free])

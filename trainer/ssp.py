@@ -220,7 +220,8 @@ def item_chunks(
 def _decoded_buffers(
     path: str, encoder: ItemEncoder, config: SSPConfig, ridge_scale: np.ndarray | None, dtype=np.float64
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """`shuffled_chunks`' buffers before their conversion: (positions, packed A_j, b_j, ridge scales (n, d)) in the table's order, values as `dtype`."""
+    """`shuffled_chunks`' buffers before their conversion: (positions, packed A_j, b_j, ridge scales (n, d)) in the
+    table's order, values as `dtype`."""
     d = encoder.dim
     buffer: list[pa.RecordBatch] = []
 
@@ -333,7 +334,8 @@ def train(
     `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
     implicit-feedback penalty on every item's scores. `residual_penalty` (one mu_j per catalog
     position, or a row of d) penalises the per-item residuals of a features encoder with the item
-    id. `anchor` (kappa > 0, or one per coordinate) holds the shared encoder's output near where this update began: the item update
+    id. `anchor` (kappa > 0, or one per coordinate) holds the shared encoder's output near where this update began: the
+    item update
     moves away from its starting point only as far as the statistics outweigh the noise.
     """
     if not stats_paths:
@@ -387,7 +389,7 @@ def train(
             )
             total = loss + penalty
         grads = tape.gradient(total, encoder.trainable_variables)
-        optimizer.apply_gradients(zip(grads, encoder.trainable_variables))
+        optimizer.apply_gradients(zip(grads, encoder.trainable_variables, strict=True))
         return loss
 
     # A chunk's batches in one call (one trace for every chunk): a call per batch cost more in
@@ -502,7 +504,8 @@ def mean_table(paths: list[str], out: str, batch_size: int = 2048) -> str:
     for key in ("d", "noise_multiplier", "clip_u", "clip_y", "wbar"):
         if len({meta[key] for meta in metas}) != 1:
             raise UserError(
-                f"the stats tables {paths} were released with different {key}; only resamples of one release can be averaged"
+                f"the stats tables {paths} were released with different {key}; only resamples of one release can be "
+                "averaged"
             )
     d = int(metas[0]["d"])
     schema = STATS.with_metadata(

@@ -47,7 +47,8 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const=1,
         default=0,
-        help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's settings",
+        help="also print the details: each privacy release's mechanism and the epsilon spent after it, a run's "
+        "settings",
     )
     group.add_argument(
         "-q",
@@ -117,7 +118,10 @@ def _bug_line(command: str, exc: Exception) -> str:
     else:
         where = f"its traceback is in {failures.save_trace([trace])} (-v prints it)"
     first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return f"ssp {command}: internal error (a bug, not a problem with the input): {type(exc).__name__}{': ' + first if first else ''}; {where}"
+    return (
+        f"ssp {command}: internal error (a bug, not a problem with the input): "
+        f"{type(exc).__name__}{': ' + first if first else ''}; {where}"
+    )
 
 
 def run(command: str, action: Callable[[], int], output: str | None = None) -> int:

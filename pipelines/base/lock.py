@@ -15,7 +15,8 @@ for a whole lease) is taken over under the precondition of the generation seen, 
 contenders exactly one wins. Expiry compares the holder's clock with the contender's: the lease
 (60 s) is long against the clock skew of NTP-synchronised machines. A holder that cannot renew
 within its lease, or finds its lock taken over, has lost it: the main thread holding it is
-interrupted (SIGINT, as Ctrl-C would), which surfaces as RunLockedError (a Spark job or TensorFlow call in flight finishes that
+interrupted (SIGINT, as Ctrl-C would), which surfaces as RunLockedError (a Spark job or TensorFlow call in flight
+finishes that
 call first; a lock held in another thread reports the loss when its block ends).
 Each renewal also reads the lock back before writing, so a storage emulator that ignores
 preconditions (gcp-storage-emulator) still shows a takeover; real GCS enforces them.
@@ -68,7 +69,8 @@ def _file_lock(run_dir: str, inner: str):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RunLockedError(
-                f"{run_dir} is in use by another run (its lock {path} is held); wait for it to finish, or use another --out"
+                f"{run_dir} is in use by another run (its lock {path} is held); wait for it to finish, or use "
+                "another --out"
             ) from None
         handle.seek(0)
         handle.truncate()

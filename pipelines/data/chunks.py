@@ -36,7 +36,10 @@ def sorted_by_user(batches: Iterable[pa.RecordBatch], source: str) -> Iterator[p
     for batch in batches:
         users = batch.column("user_id").to_numpy()
         if users.size and ((last is not None and users[0] < last) or np.any(users[1:] < users[:-1])):
-            raise UserError(f"{source}: its rows are not sorted by user_id, though its metadata says each file holds whole users in order")
+            raise UserError(
+                f"{source}: its rows are not sorted by user_id, though its metadata says each file holds "
+                "whole users in order"
+            )
         last = users[-1] if users.size else last
         yield batch
 

@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from pipelines.data.chunks import USERS_TOGETHER
 from schemas import storage
-from schemas.tables import INTERACTIONS, item_features, validate_interactions, validate_items
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS, item_features, validate_interactions, validate_items
 
 INTERACTIONS_TABLE = "interactions.parquet"
 ITEMS_TABLE = "items.parquet"
@@ -98,9 +98,15 @@ def require_dataset_target(out: str) -> None:
     if storage.exists(manifest):
         if {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
             return
-    elif all(name in (ITEMS_TABLE, INTERACTIONS_TABLE) or ".tmp-" in name for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))):
-        return  # a data set's write that was killed: its tables or staging, no manifest yet (the next write replaces it)
-    raise UserError(f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out")
+    elif all(
+        name in (ITEMS_TABLE, INTERACTIONS_TABLE) or ".tmp-" in name
+        for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))
+    ):
+        # a data set's write that was killed: its tables or staging, no manifest yet (the next write replaces it)
+        return
+    raise UserError(
+        f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out"
+    )
 
 
 def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
@@ -122,7 +128,9 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     items = validate_items(items)
     catalog = np.sort(items["item_id"].to_numpy())
     stats = _InteractionStats()
-    interactions = storage.TableWriter(storage.join(out, INTERACTIONS_TABLE), INTERACTIONS, together="user_id", in_order=USERS_TOGETHER)
+    interactions = storage.TableWriter(
+        storage.join(out, INTERACTIONS_TABLE), INTERACTIONS, together="user_id", in_order=USERS_TOGETHER
+    )
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
     try:
         for batch in interaction_batches:
@@ -130,7 +138,10 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
             ids = table["item_id"].to_numpy()
             unknown = ids[~np.isin(ids, catalog)]
             if unknown.size:
-                raise UserError(f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, e.g. {unknown[0]}")
+                raise UserError(
+                    f"interactions refer to {np.unique(unknown).size} item(s) missing from the catalog, "
+                    f"e.g. {unknown[0]}"
+                )
             for part in table.to_batches():
                 stats.add(part)
             interactions.write(table)
@@ -142,7 +153,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
             "public_features": item_features(items.schema),
             "items": items.num_rows,
             **stats.summary(),
-            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         staged_manifest = storage.StagedFile(storage.json_payload(full_manifest), storage.join(out, MANIFEST))
     except BaseException:

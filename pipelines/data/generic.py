@@ -36,8 +36,8 @@ from pipelines.base import logs
 from pipelines.data.datasets import Dataset, write_dataset
 from pipelines.data.movielens import IngestError
 from schemas import SchemaError, storage
-from schemas.tables import items_schema, MULTIVALENT, NUMERIC, UNIVALENT, validate_interactions, validate_items
 from schemas.errors import UserError
+from schemas.tables import MULTIVALENT, NUMERIC, UNIVALENT, items_schema, validate_interactions, validate_items
 
 FEATURE_KINDS = {"bag": MULTIVALENT, "value": UNIVALENT, "number": NUMERIC}
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
@@ -69,15 +69,24 @@ def parse_features(spec: str) -> dict[str, str]:
             continue
         name, colon, kind = (text.strip() for text in entry.rpartition(":"))
         if not colon or not name:
-            raise IngestError(f"--features: {entry!r} must be COLUMN:KIND with KIND bag (a list of values), value (one category per item) "
-                              "or number (a quantity per item)")
+            raise IngestError(
+                f"--features: {entry!r} must be COLUMN:KIND with KIND bag (a list of values), value "
+                "(one category per item) "
+                "or number (a quantity per item)"
+            )
         if kind not in FEATURE_KINDS:
-            raise IngestError(f"--features: unknown kind {kind!r} for column {name!r}; use bag (a list of values, e.g. genres), value (one "
-                              "category per item, e.g. brand) or number (a quantity per item, e.g. price)")
+            raise IngestError(
+                f"--features: unknown kind {kind!r} for column {name!r}; use bag (a list of values, "
+                "e.g. genres), value (one "
+                "category per item, e.g. brand) or number (a quantity per item, e.g. price)"
+            )
         if name in features:
             raise IngestError(f"--features: column {name!r} is declared twice")
         if name in RESERVED:
-            raise IngestError(f"--features: {name!r} is the name of a canonical items column ({', '.join(RESERVED)}); rename the column")
+            raise IngestError(
+                f"--features: {name!r} is the name of a canonical items column "
+                f"({', '.join(RESERVED)}); rename the column"
+            )
         features[name] = FEATURE_KINDS[kind]
     return features
 
@@ -116,7 +125,11 @@ def _files(path: str) -> tuple[object, list[str], str]:
             files = [storage.filesystem(f)[1] for f in storage.table_files(path)]
         else:
             found = sorted(fs.find(inner))
-            files = [f for f in found if not any(part.startswith((".", "_")) for part in posixpath.relpath(f, inner).split("/"))]
+            files = [
+                f
+                for f in found
+                if not any(part.startswith((".", "_")) for part in posixpath.relpath(f, inner).split("/"))
+            ]
             files = [f for f in files if posixpath.splitext(f)[1].lower() in FORMATS]
         if not files:
             raise IngestError(f"{path}: the folder holds no .parquet or .csv files")
@@ -137,7 +150,9 @@ def _table_batches(path: str, columns: list[str]) -> Iterator[tuple[_Part, pa.Re
     columns = list(dict.fromkeys(columns))
     fs, files, kind = _files(path)
     if kind == "csv":
-        convert = pacsv.ConvertOptions(column_types={name: pa.string() for name in columns}, null_values=[""], strings_can_be_null=True)
+        convert = pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in columns}, null_values=[""], strings_can_be_null=True
+        )
         file_format = ds.CsvFileFormat(convert_options=convert, read_options=pacsv.ReadOptions(block_size=1 << 24))
     else:
         file_format = ds.ParquetFileFormat()
@@ -159,8 +174,10 @@ def _table_batches(path: str, columns: list[str]) -> Iterator[tuple[_Part, pa.Re
             have = fragment.physical_schema.names
             missing = [name for name in columns if name not in have]
             if missing:
-                raise IngestError(f"{file}: no column {missing[0]!r} (its columns: {', '.join(have) or 'none'}); "
-                                  "name the right column with the ingest flags")
+                raise IngestError(
+                    f"{file}: no column {missing[0]!r} (its columns: {', '.join(have) or 'none'}); "
+                    "name the right column with the ingest flags"
+                )
             for batch in fragment.to_batches(columns=columns, batch_size=BATCH_SIZE, use_threads=False):
                 if batch.num_rows:
                     yield part, batch
@@ -192,18 +209,34 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
     column = _decoded(column)
     text = part.csv and _is_text(column.type)
     if not (text or pa.types.is_integer(column.type)):
-        raise IngestError(f"{part.file}: column {name!r} has type {column.type}; ids must be integers (map the ids to 64-bit integers before ingesting)")
+        raise IngestError(
+            f"{part.file}: column {name!r} has type {column.type}; ids must be integers (map the ids "
+            "to 64-bit integers before ingesting)"
+        )
     if column.null_count:
-        raise IngestError(f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is empty; every row needs an id")
+        raise IngestError(
+            f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is "
+            "empty; every row needs an id"
+        )
     if text:
         column = pc.utf8_trim_whitespace(column)
     try:
         return column.cast(pa.int64())
     except pa.ArrowInvalid:
         values = column.to_pylist()
-        row = next((i for i, value in enumerate(values) if not (isinstance(value, int) or _parses(value, int)) or not -(2**63) <= int(value) < 2**63), 0)
-        raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; ids must be integers that fit in 64 bits "
-                          "(map the ids to 64-bit integers before ingesting)") from None
+        row = next(
+            (
+                i
+                for i, value in enumerate(values)
+                if not (isinstance(value, int) or _parses(value, int)) or not -(2**63) <= int(value) < 2**63
+            ),
+            0,
+        )
+        raise IngestError(
+            f"{part.at(row)}: column {name!r} holds {values[row]!r}; ids must be integers that fit in "
+            "64 bits "
+            "(map the ids to 64-bit integers before ingesting)"
+        ) from None
 
 
 def _parses(text: str, convert) -> bool:
@@ -224,13 +257,16 @@ def _labels(column: pa.Array, name: str, part: _Part) -> pa.Array:
         except pa.ArrowInvalid:
             values = column.to_pylist()
             row = next((i for i, value in enumerate(values) if value is not None and not _parses(value, float)), 0)
-            raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; labels must be numbers") from None
+            raise IngestError(
+                f"{part.at(row)}: column {name!r} holds {values[row]!r}; labels must be numbers"
+            ) from None
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
         return column.cast(pa.float64())
     raise IngestError(f"{part.file}: column {name!r} has type {column.type}; labels must be numbers")
 
 
-_TEXT_TIMES = (pa.int64(), pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"))  # seconds, ISO 8601 (UTC), ISO 8601 with an offset
+# seconds, ISO 8601 (UTC), ISO 8601 with an offset
+_TEXT_TIMES = (pa.int64(), pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"))
 
 
 def _timestamps(column: pa.Array, name: str, part: _Part) -> pa.Array:
@@ -249,20 +285,36 @@ def _timestamps(column: pa.Array, name: str, part: _Part) -> pa.Array:
             values = text.to_pylist()
             first = next((value for value in values if value is not None and _time_form(value) is not None), None)
             form = _time_form(first) if first is not None else None
-            row = next((i for i, value in enumerate(values) if value is not None and (_time_form(value) if form is None else _time_form(value, form)) is None), 0)
-            raise IngestError(f"{part.at(row)}: column {name!r} holds {values[row]!r}; a timestamp must be integer seconds since 1970 "
-                              "or an ISO 8601 date-time, in one form throughout the column" + (f" (earlier rows hold {first!r})" if first is not None else ""))
+            row = next(
+                (
+                    i
+                    for i, value in enumerate(values)
+                    if value is not None and (_time_form(value) if form is None else _time_form(value, form)) is None
+                ),
+                0,
+            )
+            raise IngestError(
+                f"{part.at(row)}: column {name!r} holds {values[row]!r}; a timestamp must be integer "
+                "seconds since 1970 "
+                "or an ISO 8601 date-time, in one form throughout the column"
+                + (f" (earlier rows hold {first!r})" if first is not None else "")
+            )
     kind = column.type
     if pa.types.is_integer(kind):
         try:
             return column.cast(pa.int64())
         except pa.ArrowInvalid:
-            raise IngestError(f"{part.file}: column {name!r} holds a timestamp that does not fit in a 64-bit integer") from None
+            raise IngestError(
+                f"{part.file}: column {name!r} holds a timestamp that does not fit in a 64-bit integer"
+            ) from None
     if pa.types.is_timestamp(kind):
         raw = column.cast(pa.timestamp(kind.unit)).cast(pa.int64())  # the time zone only changes how it prints
         seconds = np.floor_divide(raw.fill_null(0).to_numpy(), _TO_SECONDS[kind.unit])
         return pa.array(seconds, pa.int64(), mask=raw.is_null().to_numpy(zero_copy_only=False))
-    raise IngestError(f"{part.file}: column {name!r} has type {kind}; a timestamp must be integer seconds since 1970 or an Arrow timestamp")
+    raise IngestError(
+        f"{part.file}: column {name!r} has type {kind}; a timestamp must be integer seconds since 1970 "
+        "or an Arrow timestamp"
+    )
 
 
 def _time_form(text: str, form: pa.DataType | None = None) -> pa.DataType | None:
@@ -284,15 +336,22 @@ def _bag(column: pa.Array, name: str, part: _Part) -> pa.Array:
     if _is_text(kind):
         column = pc.split_pattern(column, BAG_SEPARATOR)
     elif not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        raise IngestError(f"{part.file}: bag column {name!r} has type {kind}; give a list of strings or a text of values separated by "
-                          f"'{BAG_SEPARATOR}', or declare it a value (one value per item)")
+        raise IngestError(
+            f"{part.file}: bag column {name!r} has type {kind}; give a list of strings or a text of "
+            "values separated by "
+            f"'{BAG_SEPARATOR}', or declare it a value (one value per item)"
+        )
     try:
         lists = column.cast(pa.list_(pa.string()))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise IngestError(f"{part.file}: bag column {name!r} has type {kind}, whose values cannot be read as text") from None
+        raise IngestError(
+            f"{part.file}: bag column {name!r} has type {kind}, whose values cannot be read as text"
+        ) from None
     values = pc.utf8_trim_whitespace(pc.list_flatten(lists))
     parents = pc.list_parent_indices(lists).to_numpy()
-    keep = np.asarray(pc.fill_null(pc.greater(pc.utf8_length(values), 0), False).to_numpy(zero_copy_only=False), dtype=bool)
+    keep = np.asarray(
+        pc.fill_null(pc.greater(pc.utf8_length(values), 0), False).to_numpy(zero_copy_only=False), dtype=bool
+    )
     counts = np.bincount(parents[keep], minlength=len(lists))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values.filter(pa.array(keep)))
@@ -306,7 +365,10 @@ def _as_floats(column: pa.Array, name: str, part: _Part, strict: bool) -> pa.Arr
     text = part.csv and _is_text(kind)
     if not (text or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
         if strict:
-            raise IngestError(f"{part.file}: number column {name!r} has type {kind}; give numbers (a price, a duration), or declare it a value")
+            raise IngestError(
+                f"{part.file}: number column {name!r} has type {kind}; give numbers (a price, a "
+                "duration), or declare it a value"
+            )
         return None
     source = pc.utf8_trim_whitespace(column) if text else column
     try:
@@ -318,12 +380,17 @@ def _as_floats(column: pa.Array, name: str, part: _Part, strict: bool) -> pa.Arr
             try:
                 pa.array([value]).cast(pa.float64())
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                raise IngestError(f"{part.at(offset)}: number column {name!r} holds {value!r}, not a number (leave an unknown value empty)") from None
+                raise IngestError(
+                    f"{part.at(offset)}: number column {name!r} holds {value!r}, not a number (leave "
+                    "an unknown value empty)"
+                ) from None
         raise IngestError(f"{part.file}: number column {name!r} cannot be read as numbers") from None
     floats = pc.if_else(pc.is_nan(floats), pa.scalar(None, pa.float64()), floats)
     infinite = np.flatnonzero(pc.fill_null(pc.is_inf(floats), False).to_numpy(zero_copy_only=False))
     if infinite.size:
-        raise IngestError(f"{part.at(int(infinite[0]))}: {name!r} holds {floats[int(infinite[0])].as_py()}, not a finite number")
+        raise IngestError(
+            f"{part.at(int(infinite[0]))}: {name!r} holds {floats[int(infinite[0])].as_py()}, not a finite number"
+        )
     return floats
 
 
@@ -340,7 +407,10 @@ def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
     for part, column in chunks:
         kind = column.type
         if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-            raise IngestError(f"{part.file}: value column {name!r} has type {kind}, which is not one value per item; declare a list column a bag")
+            raise IngestError(
+                f"{part.file}: value column {name!r} has type {kind}, which is not one value per item; "
+                "declare a list column a bag"
+            )
     as_ints = []
     for part, column in chunks:  # integers first, exactly (ids beyond 2^53 are not floats)
         source = pc.utf8_trim_whitespace(column) if part.csv and _is_text(column.type) else column
@@ -353,7 +423,8 @@ def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
     else:
         return as_ints
     floats = [_as_floats(column, name, part, strict=False) for part, column in chunks]
-    if all(chunk is not None for chunk in floats):  # every value a number: whole numbers as int64, the rest as one text rule
+    # every value a number: whole numbers as int64, the rest as one text rule
+    if all(chunk is not None for chunk in floats):
         flat = np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in floats]) if floats else np.zeros(0)
         known = flat[np.isfinite(flat)]
         if np.all(known == np.round(known)) and np.all(np.abs(known) < 2.0**53):
@@ -364,13 +435,20 @@ def _values(chunks: list[tuple[_Part, pa.Array]], name: str) -> list[pa.Array]:
         try:
             text = column.cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise IngestError(f"{part.file}: value column {name!r} has type {column.type}, which cannot be read as text") from None
+            raise IngestError(
+                f"{part.file}: value column {name!r} has type {column.type}, which cannot be read as text"
+            ) from None
         if part.csv:
             text = pc.utf8_trim_whitespace(text)
-            several = np.flatnonzero(pc.fill_null(pc.match_substring(text, BAG_SEPARATOR), False).to_numpy(zero_copy_only=False))
+            several = np.flatnonzero(
+                pc.fill_null(pc.match_substring(text, BAG_SEPARATOR), False).to_numpy(zero_copy_only=False)
+            )
             if several.size:
-                raise IngestError(f"{part.at(int(several[0]))}: value column {name!r} holds {text[int(several[0])].as_py()!r}, several values "
-                                  f"separated by '{BAG_SEPARATOR}'; declare the column a bag ({name}:bag)")
+                raise IngestError(
+                    f"{part.at(int(several[0]))}: value column {name!r} holds "
+                    f"{text[int(several[0])].as_py()!r}, several values "
+                    f"separated by '{BAG_SEPARATOR}'; declare the column a bag ({name}:bag)"
+                )
         out.append(text)
     return out
 
@@ -384,7 +462,9 @@ def _declared(features: dict[str, str] | str) -> dict[str, str]:
     `genres:bag,year:value,price:number` or a dict of kinds (bag/value/number or their schema names)."""
     if isinstance(features, str):
         return parse_features(features)
-    spec = ",".join(f"{name}:{next((k for k, v in FEATURE_KINDS.items() if v == kind), kind)}" for name, kind in features.items())
+    spec = ",".join(
+        f"{name}:{next((k for k, v in FEATURE_KINDS.items() if v == kind), kind)}" for name, kind in features.items()
+    )
     return parse_features(spec)
 
 
@@ -392,7 +472,9 @@ def _title(column: pa.Array, name: str, part: _Part) -> pa.Array:
     try:
         return column.cast(pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise IngestError(f"{part.file}: title column {name!r} has type {column.type}, which cannot be read as text") from None
+        raise IngestError(
+            f"{part.file}: title column {name!r} has type {column.type}, which cannot be read as text"
+        ) from None
 
 
 def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str) -> pa.Table:
@@ -403,9 +485,15 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
     ids, titles, raw = [], [], {name: [] for name in features}
     for part, batch in _table_batches(catalog, wanted):
         ids.append(_ids(batch.column(columns.item), columns.item, part))
-        titles.append(_title(batch.column(columns.title), columns.title, part) if columns.title else pa.nulls(batch.num_rows, pa.string()))
+        titles.append(
+            _title(batch.column(columns.title), columns.title, part)
+            if columns.title
+            else pa.nulls(batch.num_rows, pa.string())
+        )
         for name, family in features.items():
-            raw[name].append(_bag(batch.column(name), name, part) if family == MULTIVALENT else (part, batch.column(name)))
+            raw[name].append(
+                _bag(batch.column(name), name, part) if family == MULTIVALENT else (part, batch.column(name))
+            )
     if not ids:
         raise IngestError(f"{catalog} holds no items (the catalog is empty)")
     data = {"item_id": pa.chunked_array(ids, pa.int64()), "title": pa.chunked_array(titles, pa.string())}
@@ -424,33 +512,50 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
         return validate_items(items).combine_chunks()
     except SchemaError as exc:
         column = columns.item if exc.column == "item_id" else exc.column
-        raise IngestError(f"{catalog}: column {column!r} {exc.problem}" + ("; item ids must be unique" if "more than once" in exc.problem else "")) from None
+        raise IngestError(
+            f"{catalog}: column {column!r} {exc.problem}"
+            + ("; item ids must be unique" if "more than once" in exc.problem else "")
+        ) from None
 
 
-def iter_interactions(source: str, columns: Columns, rating_scale: tuple[float, float] | None = None) -> Iterator[pa.RecordBatch]:
+def iter_interactions(
+    source: str, columns: Columns, rating_scale: tuple[float, float] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Stream the interactions table as canonical batches (user_id, item_id, label, timestamp).
     Without a label column every label is 1.0 (implicit feedback); with `rating_scale` a label
     outside it is refused, naming the file, the row and the value."""
     names = {"user_id": columns.user, "item_id": columns.item, "label": columns.label, "timestamp": columns.timestamp}
     for part, batch in _table_batches(source, [name for name in names.values() if name]):
         n = batch.num_rows
-        table = pa.table({
-            "user_id": _ids(batch.column(columns.user), columns.user, part),
-            "item_id": _ids(batch.column(columns.item), columns.item, part),
-            "label": _labels(batch.column(columns.label), columns.label, part) if columns.label else pa.array(np.ones(n)),
-            "timestamp": _timestamps(batch.column(columns.timestamp), columns.timestamp, part) if columns.timestamp else pa.nulls(n, pa.int64()),
-        })
+        table = pa.table(
+            {
+                "user_id": _ids(batch.column(columns.user), columns.user, part),
+                "item_id": _ids(batch.column(columns.item), columns.item, part),
+                "label": _labels(batch.column(columns.label), columns.label, part)
+                if columns.label
+                else pa.array(np.ones(n)),
+                "timestamp": _timestamps(batch.column(columns.timestamp), columns.timestamp, part)
+                if columns.timestamp
+                else pa.nulls(n, pa.int64()),
+            }
+        )
         try:
             table = validate_interactions(table)
         except SchemaError as exc:
-            raise IngestError(f"{part.at(exc.row or 0)}: column {names.get(exc.column, exc.column)!r} {exc.problem}") from None
+            raise IngestError(
+                f"{part.at(exc.row or 0)}: column {names.get(exc.column, exc.column)!r} {exc.problem}"
+            ) from None
         if rating_scale is not None:
             labels = table["label"].to_numpy()
             outside = np.flatnonzero((labels < rating_scale[0]) | (labels > rating_scale[1]))
             if outside.size:
-                raise IngestError(f"{part.at(int(outside[0]))}: rating {labels[outside[0]]:g} is outside the rating scale "
-                                  f"{rating_scale[0]:g}..{rating_scale[1]:g} ({outside.size} such rating(s) in this batch); "
-                                  "ingest it with `ssp ingest --rating-scale MIN MAX`")
+                raise IngestError(
+                    f"{part.at(int(outside[0]))}: rating {labels[outside[0]]:g} is outside the rating "
+                    "scale "
+                    f"{rating_scale[0]:g}..{rating_scale[1]:g} ({outside.size} such rating(s) in this "
+                    "batch); "
+                    "ingest it with `ssp ingest --rating-scale MIN MAX`"
+                )
         yield from table.to_batches()
 
 
@@ -474,10 +579,16 @@ def ingest(
         raise UserError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
     features = _declared(features)
     if columns.label is None and rating_scale is not None:
-        raise IngestError("--rating-scale needs --label-col: without a label column the data are implicit feedback (every row a positive), which has no rating scale")
+        raise IngestError(
+            "--rating-scale needs --label-col: without a label column the data are implicit feedback "
+            "(every row a positive), which has no rating scale"
+        )
     if columns.label is not None:
         if rating_scale is None:
-            raise IngestError(f"--label-col {columns.label} needs --rating-scale MIN MAX: the scale of the ratings, which training clips to")
+            raise IngestError(
+                f"--label-col {columns.label} needs --rating-scale MIN MAX: the scale of the ratings, "
+                "which training clips to"
+            )
         low, high = rating_scale
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise UserError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
@@ -486,7 +597,13 @@ def ingest(
     unknown = {"rows": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_rows() -> Iterator[pa.RecordBatch]:
-        with tqdm(desc=f"ingest {interactions}", unit=" rows", unit_scale=True, disable=not logs.bars(progress), file=sys.stderr) as bar:
+        with tqdm(
+            desc=f"ingest {interactions}",
+            unit=" rows",
+            unit_scale=True,
+            disable=not logs.bars(progress),
+            file=sys.stderr,
+        ) as bar:
             for batch in iter_interactions(interactions, columns, rating_scale):
                 bar.update(batch.num_rows)
                 unknown["seen"] += batch.num_rows
@@ -505,7 +622,8 @@ def ingest(
             manifest["unknown_items"].update(dropped_ratings=unknown["rows"], dropped_items=int(unknown["items"].size))
         if unknown["rows"] and unknown_items == "fail":
             raise IngestError(
-                f"{interactions}: {unknown['rows']} interaction(s) refer to {unknown['items'].size} item(s) missing from the catalog "
+                f"{interactions}: {unknown['rows']} interaction(s) refer to {unknown['items'].size} item(s) missing "
+                "from the catalog "
                 f"{catalog} (e.g. {unknown['items'][0]}); rerun with --unknown-items drop to drop them"
             )
 
@@ -520,8 +638,11 @@ def ingest(
     if columns.label:
         manifest["rating_scale"] = [float(rating_scale[0]), float(rating_scale[1])]
     if not columns.label:
-        logs.log("implicit feedback: every row is kept; a (user, item) pair that comes more than once (repeated plays) is one positive, its "
-                 "repeats its confidence in training (ssp train --confidence-alpha; 0 counts it once)")
+        logs.log(
+            "implicit feedback: every row is kept; a (user, item) pair that comes more than once (repeated "
+            "plays) is one positive, its "
+            "repeats its confidence in training (ssp train --confidence-alpha; 0 counts it once)"
+        )
     batches = known_rows()
     try:
         return write_dataset(out, items, batches, manifest)

@@ -30,8 +30,8 @@ from pipelines.base import logs
 from pipelines.data import generic, movielens
 from pipelines.data.datasets import Dataset, is_dataset, open_dataset, require_dataset_target, write_dataset
 from schemas import storage
-from schemas.tables import item_features, MULTIVALENT
 from schemas.errors import UserError
+from schemas.tables import MULTIVALENT, item_features
 
 BUNDLED = str(Path(__file__).resolve().parent / "ml-latest-small")
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
@@ -58,7 +58,14 @@ def ingest(
     unknown = {"ratings": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
-        with tqdm(desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, disable=not logs.bars(progress), file=sys.stderr) as bar:  # closed (its line ended) before any error is printed
+        # closed (its line ended) before any error is printed
+        with tqdm(
+            desc=f"ingest {layout.ratings}",
+            unit=" ratings",
+            unit_scale=True,
+            disable=not logs.bars(progress),
+            file=sys.stderr,
+        ) as bar:
             for batch in movielens.iter_ratings(source, scale=rating_scale):
                 bar.update(batch.num_rows)
                 unknown["seen"] += batch.num_rows
@@ -73,7 +80,9 @@ def ingest(
             raise movielens.IngestError(f"{storage.join(source, layout.ratings)} holds no ratings")
         if unknown["ratings"]:
             # write_dataset reads the manifest only after the last batch, so this lands in it
-            manifest["unknown_items"].update(dropped_ratings=unknown["ratings"], dropped_items=int(unknown["items"].size))
+            manifest["unknown_items"].update(
+                dropped_ratings=unknown["ratings"], dropped_items=int(unknown["items"].size)
+            )
         if unknown["ratings"] and unknown_items == "fail":
             raise movielens.IngestError(
                 f"{storage.join(source, layout.ratings)}: {unknown['ratings']} rating(s) refer to "
@@ -113,14 +122,21 @@ def describe(dataset: Dataset) -> str:
         f"  feedback {_feedback(m)}",
         f"  {'interactions' if m.get('feedback') == 'implicit' else 'ratings':<12} {m['ratings']:>8,}",
         f"  users        {m['users']:>8,}",
-        f"  items        {m['items']:>8,}  ({m['rated_items']:,} " + ("with interactions)" if m.get("feedback") == "implicit" else "rated)"),
+        f"  items        {m['items']:>8,}  ({m['rated_items']:,} "
+        + ("with interactions)" if m.get("feedback") == "implicit" else "rated)"),
     ]
     if m.get("label_range") and m.get("feedback") != "implicit":
         scale = m.get("rating_scale")
-        lines.append(f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}" + (f" (scale {scale[0]:g} .. {scale[1]:g})" if scale else ""))
+        lines.append(
+            f"  ratings range {m['label_range'][0]:g} .. {m['label_range'][1]:g}"
+            + (f" (scale {scale[0]:g} .. {scale[1]:g})" if scale else "")
+        )
     dropped = m.get("unknown_items", {}).get("dropped_ratings")
     if dropped:
-        lines.append(f"  dropped  {dropped:>12,} ratings of {'items' if m.get('layout') == 'table' else 'movies'} missing from the catalog")
+        lines.append(
+            f"  dropped  {dropped:>12,} ratings of {'items' if m.get('layout') == 'table' else 'movies'} "
+            "missing from the catalog"
+        )
     lines.append("  public item features:")
     for name, kind in item_features(items.schema).items():
         column = items[name]
@@ -133,7 +149,10 @@ def describe(dataset: Dataset) -> str:
                 f"{pc.mean(lengths).as_py() or 0:.2f} per item, {covered:,} items with any"
             )
         else:
-            lines.append(f"    {name:<7} univalent, {len(pc.unique(column.drop_null())):,} distinct values, {len(column) - column.null_count:,} items known")
+            lines.append(
+                f"    {name:<7} univalent, {len(pc.unique(column.drop_null())):,} distinct values, "
+                f"{len(column) - column.null_count:,} items known"
+            )
     return "\n".join(lines)
 
 
@@ -145,8 +164,13 @@ def _feedback(manifest: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", default=None, help="MovieLens folder (ml-100k, ml-1m, ml-10m, ml-20m, ml-latest layouts; local or gs://); "
-                        "default: the bundled ml-latest-small; not with --interactions")
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="MovieLens folder (ml-100k, ml-1m, ml-10m, ml-20m, ml-latest "
+        "layouts; local or gs://); "
+        "default: the bundled ml-latest-small; not with --interactions",
+    )
     parser.add_argument("--out", required=True, help="output data set folder (local or gs://)")
     parser.add_argument(
         "--public-features",
@@ -154,31 +178,97 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated item feature families declared public: genres, year, tags "
         "(tags are written by users: declare them public only if your policy allows; default: %(default)s)",
     )
-    parser.add_argument("--rating-scale", nargs=2, type=float, metavar=("MIN", "MAX"), default=None,
-                        help="the data's rating scale: a rating outside it is refused; recorded as the data set's declared scale, "
-                        "which training uses to clip ratings (default for a MovieLens folder: 0.5 5.0, every MovieLens set; "
-                        "required with --label-col, refused without it)")
-    parser.add_argument("--unknown-items", choices=UNKNOWN_ITEM_POLICIES, default="fail", help="what to do with ratings of movies (or interactions "
-                        "of items) missing from the catalog: fail names a count and an example, drop drops them and counts them in the manifest "
-                        "(default: %(default)s)")
-    table = parser.add_argument_group("generic tables (instead of --source: any interactions table and item catalog, Parquet or CSV, local or gs://)")
-    table.add_argument("--interactions", metavar="PATH", help="interactions table: a .parquet or .csv file, or a folder of Parquet or CSV parts, "
-                       "one row per (user, item) interaction; private user data; needs --catalog and --features")
-    table.add_argument("--catalog", metavar="PATH", help="item catalog table (.parquet or .csv file or folder of parts): one row per item, "
-                       "rated or not; only its --item-col, --title-col and --features columns are read")
-    table.add_argument("--user-col", default="user_id", metavar="NAME", help="interactions column holding the user ids, integers (default: %(default)s)")
-    table.add_argument("--item-col", default="item_id", metavar="NAME", help="column holding the item ids, integers, in both the interactions "
-                       "and the catalog table (default: %(default)s)")
-    table.add_argument("--label-col", default=None, metavar="NAME", help="interactions column holding explicit ratings (numbers on --rating-scale); "
-                       "without it the data are implicit feedback: every row is a positive with label 1, for --protocol recall only")
-    table.add_argument("--timestamp-col", default=None, metavar="NAME", help="interactions column holding when each interaction happened: "
-                       "integer seconds since 1970, an Arrow timestamp, or ISO 8601 text in CSV (default: none, timestamps unknown)")
-    table.add_argument("--title-col", default=None, metavar="NAME", help="catalog column holding a display title per item, published "
-                       "with the item (default: none, titles left empty)")
-    table.add_argument("--features", metavar="SPEC", help="catalog columns declared PUBLIC item features, as COLUMN:KIND,... with KIND bag "
-                       "(a list of values, or text separated by '|', e.g. genres:bag), value (one category per item, e.g. brand:value) or number "
-                       "(a quantity per item, bucketed by the catalog's deciles, e.g. price:number); "
-                       "they are published with the model, so declare only columns no user wrote; an empty SPEC declares none")
+    parser.add_argument(
+        "--rating-scale",
+        nargs=2,
+        type=float,
+        metavar=("MIN", "MAX"),
+        default=None,
+        help="the data's rating scale: a rating outside it is refused; recorded as the data set's "
+        "declared scale, "
+        "which training uses to clip ratings (default for a MovieLens folder: 0.5 5.0, every "
+        "MovieLens set; "
+        "required with --label-col, refused without it)",
+    )
+    parser.add_argument(
+        "--unknown-items",
+        choices=UNKNOWN_ITEM_POLICIES,
+        default="fail",
+        help="what to do with "
+        "ratings of movies "
+        "(or interactions "
+        "of items) missing from the catalog: fail names a count and an example, drop drops them and "
+        "counts them in the manifest "
+        "(default: %(default)s)",
+    )
+    table = parser.add_argument_group(
+        "generic tables (instead of --source: any interactions table and item catalog, Parquet or CSV, local or gs://)"
+    )
+    table.add_argument(
+        "--interactions",
+        metavar="PATH",
+        help="interactions table: a .parquet or .csv file, or a "
+        "folder of Parquet or CSV parts, "
+        "one row per (user, item) interaction; private user data; needs --catalog and --features",
+    )
+    table.add_argument(
+        "--catalog",
+        metavar="PATH",
+        help="item catalog table (.parquet or .csv file or folder of "
+        "parts): one row per item, "
+        "rated or not; only its --item-col, --title-col and --features columns are read",
+    )
+    table.add_argument(
+        "--user-col",
+        default="user_id",
+        metavar="NAME",
+        help="interactions column holding the user ids, integers (default: %(default)s)",
+    )
+    table.add_argument(
+        "--item-col",
+        default="item_id",
+        metavar="NAME",
+        help="column holding the item ids, integers, "
+        "in both the interactions "
+        "and the catalog table (default: %(default)s)",
+    )
+    table.add_argument(
+        "--label-col",
+        default=None,
+        metavar="NAME",
+        help="interactions column holding explicit "
+        "ratings (numbers on --rating-scale); "
+        "without it the data are implicit feedback: every row is a positive with label 1, for "
+        "--protocol recall only",
+    )
+    table.add_argument(
+        "--timestamp-col",
+        default=None,
+        metavar="NAME",
+        help="interactions column holding when each "
+        "interaction happened: "
+        "integer seconds since 1970, an Arrow timestamp, or ISO 8601 text in CSV (default: none, "
+        "timestamps unknown)",
+    )
+    table.add_argument(
+        "--title-col",
+        default=None,
+        metavar="NAME",
+        help="catalog column holding a display title per "
+        "item, published "
+        "with the item (default: none, titles left empty)",
+    )
+    table.add_argument(
+        "--features",
+        metavar="SPEC",
+        help="catalog columns declared PUBLIC item features, as "
+        "COLUMN:KIND,... with KIND bag "
+        "(a list of values, or text separated by '|', e.g. genres:bag), value (one category per item, "
+        "e.g. brand:value) or number "
+        "(a quantity per item, bucketed by the catalog's deciles, e.g. price:number); "
+        "they are published with the model, so declare only columns no user wrote; an empty SPEC "
+        "declares none",
+    )
 
 
 TABLE_ONLY = ("catalog", "features", "label_col", "timestamp_col", "title_col")
@@ -193,18 +283,31 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if missing:
             _usage_error(f"--interactions needs {' and '.join(missing)}")
         if args.public_features != ",".join(movielens.DEFAULT_PUBLIC_FEATURES):
-            _usage_error("--public-features is for a MovieLens folder: declare a catalog table's public columns with --features")
+            _usage_error(
+                "--public-features is for a MovieLens folder: declare a catalog table's public columns with --features"
+            )
     else:
         given = [f"--{name.replace('_', '-')}" for name in TABLE_ONLY if getattr(args, name) is not None]
-        given += [f"--{dest.replace('_', '-')}" for dest in ("user_col", "item_col") if getattr(args, dest) != dest.removesuffix("_col") + "_id"]
+        given += [
+            f"--{dest.replace('_', '-')}"
+            for dest in ("user_col", "item_col")
+            if getattr(args, dest) != dest.removesuffix("_col") + "_id"
+        ]
         if given:
-            _usage_error(f"{', '.join(given)} describe(s) a generic table: give --interactions (and --catalog, --features) with it")
+            _usage_error(
+                f"{', '.join(given)} describe(s) a generic table: give --interactions (and --catalog, "
+                "--features) with it"
+            )
 
 
 def _usage_error(message: str) -> None:
     """Leave as argparse does on a bad command line: the usage, one error line, exit status 2."""
-    print("usage: ssp ingest [-h] --out OUT [--source SOURCE | --interactions PATH --catalog PATH --features SPEC] [options]\n"
-          f"ssp ingest: error: {message}", file=sys.stderr)
+    print(
+        "usage: ssp ingest [-h] --out OUT [--source SOURCE | --interactions PATH --catalog PATH --features SPEC] "
+        "[options]\n"
+        f"ssp ingest: error: {message}",
+        file=sys.stderr,
+    )
     raise SystemExit(2)
 
 
@@ -213,9 +316,17 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     require_dataset_target(args.out)  # before any work
     if args.interactions is not None:
-        columns = generic.Columns(user=args.user_col, item=args.item_col, label=args.label_col, timestamp=args.timestamp_col, title=args.title_col)
+        columns = generic.Columns(
+            user=args.user_col,
+            item=args.item_col,
+            label=args.label_col,
+            timestamp=args.timestamp_col,
+            title=args.title_col,
+        )
         scale = tuple(args.rating_scale) if args.rating_scale is not None else None
-        dataset = generic.ingest(args.interactions, args.catalog, args.out, args.features, columns, args.unknown_items, scale, progress=True)
+        dataset = generic.ingest(
+            args.interactions, args.catalog, args.out, args.features, columns, args.unknown_items, scale, progress=True
+        )
         print(describe(dataset))
         print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
         return 0

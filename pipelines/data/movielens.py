@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from schemas import SchemaError, storage
-from schemas.tables import INTERACTIONS, items_schema, MULTIVALENT, UNIVALENT, validate_interactions
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema, validate_interactions
 
 FAMILIES = {"genres": MULTIVALENT, "year": UNIVALENT, "tags": MULTIVALENT}
 DEFAULT_PUBLIC_FEATURES = ("genres", "year")
@@ -41,7 +41,8 @@ ML100K_GENRES = (
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})(?:\s*[-\u2013]\s*(?:\d{4})?)?\)\s*$")
 _INT64 = (-(2**63), 2**63 - 1)
 _UTF8_MULTIBYTE = re.compile(rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3}")
-DEFAULT_RATING_SCALE = (0.5, 5.0)  # every MovieLens set: half stars 0.5..5 (ml-100k and ml-1m use whole stars 1..5 within it)
+# every MovieLens set: half stars 0.5..5 (ml-100k and ml-1m use whole stars 1..5 within it)
+DEFAULT_RATING_SCALE = (0.5, 5.0)
 
 
 class IngestError(UserError):
@@ -101,8 +102,12 @@ def _read_text(folder: str, name: str) -> str:
     except UnicodeDecodeError as exc:
         if _UTF8_MULTIBYTE.search(raw):
             line = raw.count(b"\n", 0, exc.start) + 1
-            raise IngestError(f"{path}, line {line}: byte {raw[exc.start]:#04x} is not UTF-8, but the rest of the file is; "
-                              "re-save the file as UTF-8 (a file is read as UTF-8, or as latin-1 when it holds no UTF-8 at all)") from None
+            raise IngestError(
+                f"{path}, line {line}: byte {raw[exc.start]:#04x} is not UTF-8, but the rest of the "
+                "file is; "
+                "re-save the file as UTF-8 (a file is read as UTF-8, or as latin-1 when it holds no "
+                "UTF-8 at all)"
+            ) from None
         return raw.decode("latin-1")
 
 
@@ -123,7 +128,9 @@ def _parse_float(value: str, what: str) -> float:
         raise UserError(f"{what} {value!r} is not a number") from None
 
 
-def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None = None) -> Iterator[tuple[int, list[str]]]:
+def _lines(
+    folder: str, name: str, separator: str, csv_header: list[str] | None = None
+) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of a small text file: a `.csv` file (quoted fields, a header starting
     with `csv_header`) or a headerless file whose fields are split on `separator`; blank lines skipped."""
     text = _read_text(folder, name)
@@ -135,7 +142,9 @@ def _lines(folder: str, name: str, separator: str, csv_header: list[str] | None 
     if header is None:
         raise IngestError(f"{storage.join(folder, name)} is empty (not even a header line)")
     if [h.strip() for h in header[: len(csv_header)]] != csv_header:
-        raise IngestError(f"{storage.join(folder, name)}, line 1: expected the header {','.join(csv_header)}, found {header}")
+        raise IngestError(
+            f"{storage.join(folder, name)}, line 1: expected the header {','.join(csv_header)}, found {header}"
+        )
     try:
         for fields in reader:
             if fields:
@@ -168,7 +177,7 @@ def _catalog_rows(folder: str, layout: Layout) -> Iterator[tuple[int, int, str, 
             flags = fields[5:]
             if any(flag.strip() not in ("0", "1") for flag in flags):
                 raise IngestError(f"{path}, line {line}: genre flags must be 0 or 1")
-            genres = [name for name, flag in zip(genre_names, flags) if flag.strip() == "1"]
+            genres = [name for name, flag in zip(genre_names, flags, strict=False) if flag.strip() == "1"]
             if year_from_title(title) is None and re.search(r"\d{4}$", fields[2].strip()):
                 title = f"{title} ({fields[2].strip()[-4:]})"
         else:
@@ -241,7 +250,9 @@ def read_catalog(folder: str, public_features: tuple[str, ...] = DEFAULT_PUBLIC_
 # Ratings
 
 
-def iter_ratings(folder: str, block_size: int = 1 << 26, scale: tuple[float, float] | None = None) -> Iterator[pa.RecordBatch]:
+def iter_ratings(
+    folder: str, block_size: int = 1 << 26, scale: tuple[float, float] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Stream the ratings as canonical interaction batches (user_id, item_id, label, timestamp).
 
     Each batch is validated; a malformed line, a non-numeric or non-finite rating, or an id that
@@ -262,8 +273,10 @@ def iter_ratings(folder: str, block_size: int = 1 << 26, scale: tuple[float, flo
         names = [f"f{i}" for i in range(width)]
         read_options = pacsv.ReadOptions(column_names=names, block_size=block_size)
         picked = names[::2] if layout.name == "dat" else names
-    types = dict(zip(picked, (pa.int64(), pa.int64(), pa.float64(), pa.int64())))
-    convert = pacsv.ConvertOptions(column_types=types, include_columns=picked, null_values=[""], quoted_strings_can_be_null=False)
+    types = dict(zip(picked, (pa.int64(), pa.int64(), pa.float64(), pa.int64()), strict=True))
+    convert = pacsv.ConvertOptions(
+        column_types=types, include_columns=picked, null_values=[""], quoted_strings_can_be_null=False
+    )
     parse = pacsv.ParseOptions(delimiter=layout.delimiter[0], ignore_empty_lines=False)
     first_line = 2 if layout.header else 1
     with fs.open(inner, "rb") as handle:
@@ -278,11 +291,13 @@ def iter_ratings(folder: str, block_size: int = 1 << 26, scale: tuple[float, flo
                 return
             except pa.ArrowInvalid as exc:
                 raise _locate_bad_line(path, layout, exc) from None
-            table = pa.Table.from_arrays(
-                [batch.column(name) for name in picked], schema=INTERACTIONS.remove_metadata()
-            )
+            table = pa.Table.from_arrays([batch.column(name) for name in picked], schema=INTERACTIONS.remove_metadata())
             # a blank line parses as a row of nulls: skipped (as in movies.csv), but counted for the line numbers
-            non_blank = np.flatnonzero(~np.logical_and.reduce([table[name].is_null().to_numpy(zero_copy_only=False) for name in table.column_names]))
+            non_blank = np.flatnonzero(
+                ~np.logical_and.reduce(
+                    [table[name].is_null().to_numpy(zero_copy_only=False) for name in table.column_names]
+                )
+            )
             rows = table.num_rows
             if non_blank.size < rows:
                 table = table.take(pa.array(non_blank))
@@ -297,8 +312,12 @@ def iter_ratings(folder: str, block_size: int = 1 << 26, scale: tuple[float, flo
                 outside = np.flatnonzero((labels < scale[0]) | (labels > scale[1]))
                 if outside.size:
                     line = first_line + int(non_blank[outside[0]])
-                    raise IngestError(f"{path}, line {line}: rating {labels[outside[0]]:g} is outside the rating scale {scale[0]:g}..{scale[1]:g} "
-                                      f"({outside.size} such rating(s) in this block); ingest it with `ssp ingest --rating-scale MIN MAX`")
+                    raise IngestError(
+                        f"{path}, line {line}: rating {labels[outside[0]]:g} is outside the rating "
+                        f"scale {scale[0]:g}..{scale[1]:g} "
+                        f"({outside.size} such rating(s) in this block); ingest it with `ssp ingest "
+                        "--rating-scale MIN MAX`"
+                    )
             first_line += rows
             yield from table.to_batches()
 
@@ -317,7 +336,10 @@ def _locate_bad_line(path: str, layout: Layout, error: Exception) -> IngestError
     if "does not exist in CSV file" in str(error):
         with fs.open(inner, "rb") as raw:
             first = raw.readline().decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
-        return IngestError(f"{path}, line 1: expected the header userId,movieId,rating,timestamp separated by {layout.delimiter!r}, found {first!r}")
+        return IngestError(
+            f"{path}, line 1: expected the header userId,movieId,rating,timestamp separated by "
+            f"{layout.delimiter!r}, found {first!r}"
+        )
     split = _split_line(layout)
     what = ("user id", "movie id", "rating", "timestamp")
     with fs.open(inner, "rb") as raw:
@@ -330,11 +352,13 @@ def _locate_bad_line(path: str, layout: Layout, error: Exception) -> IngestError
                 continue
             if len(fields) != 4:
                 shown = line.rstrip("\r\n")
-                return IngestError(f"{path}, line {number}: expected 4 fields separated by {layout.delimiter!r}, found {len(fields)}: {shown!r}")
+                return IngestError(
+                    f"{path}, line {number}: expected 4 fields separated by {layout.delimiter!r}, "
+                    f"found {len(fields)}: {shown!r}"
+                )
             try:
                 _parse_int(fields[0], what[0]), _parse_int(fields[1], what[1])
                 _parse_float(fields[2], what[2]), _parse_int(fields[3], what[3])
             except ValueError as exc:
                 return IngestError(f"{path}, line {number}: {exc}")
     return IngestError(f"{path}: could not be parsed ({error})")
-

@@ -37,12 +37,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.data.chunks import complete_users, USERS_TOGETHER
+from pipelines.data.chunks import USERS_TOGETHER, complete_users
 from pipelines.data.datasets import Dataset
 from privacy.seeds import mix64
 from schemas import storage
-from schemas.tables import INTERACTIONS, validate_interactions
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS, validate_interactions
 
 DEFAULT_SEED = 1234
 DEFAULT_HOLDOUT = 0.2  # share of rows (rmse) or eligible users (recall) held out: half valid, half test
@@ -72,8 +72,10 @@ MIN_TARGET_ROWS = 5  # a held-out user with fewer rows keeps them all as history
 TRAIN_ITEM_FRACTION = 0.1  # training keeps the top 10% items by DP count (applied later)
 
 HOLDOUT_HELP = (
-    "share of rows (rmse) or users (recall) held out for evaluation, half validation and half test, chosen by a keyed hash "
-    "of the row or user so that the split never couples users; 0 is the production mode: train on every row, no held-out evaluation"
+    "share of rows (rmse) or users (recall) held out for evaluation, half validation and half test, chosen by a "
+    "keyed hash "
+    "of the row or user so that the split never couples users; 0 is the production mode: train on every row, no "
+    "held-out evaluation"
 )
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -86,7 +88,10 @@ def check_holdout(holdout: float) -> float:
     except (TypeError, ValueError):
         raise UserError(f"holdout must be a number in [0, 1), got {holdout!r}") from None
     if not 0.0 <= value < 1.0:  # also refuses NaN
-        raise UserError(f"holdout must be in [0, 1) (the share of rows or users held out for evaluation; 0 trains on every row), got {holdout!r}")
+        raise UserError(
+            "holdout must be in [0, 1) (the share of rows or users held out for evaluation; 0 trains on "
+            f"every row), got {holdout!r}"
+        )
     return value
 
 
@@ -131,7 +136,12 @@ def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
         raise UserError("cannot split an empty interactions table")
     order = pc.sort_indices(
         table,
-        sort_keys=[("user_id", "ascending"), ("item_id", "ascending"), ("timestamp", "ascending"), ("label", "ascending")],
+        sort_keys=[
+            ("user_id", "ascending"),
+            ("item_id", "ascending"),
+            ("timestamp", "ascending"),
+            ("label", "ascending"),
+        ],
     )  # null timestamps sort last (the default)
     table = table.take(order).combine_chunks()
     users, items = table["user_id"].to_numpy(), table["item_id"].to_numpy()
@@ -139,7 +149,8 @@ def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     if last.all():
         return table
     kept = table.filter(pa.array(last))
-    if count_repeats:  # each pair's rows are contiguous: its count is the gap between its last row and the previous pair's
+    # each pair's rows are contiguous: its count is the gap between its last row and the previous pair's
+    if count_repeats:
         ends = np.flatnonzero(last)
         repeats = np.diff(np.r_[-1, ends]).astype(np.float64)
         kept = kept.set_column(kept.column_names.index("label"), "label", pa.array(repeats))
@@ -150,7 +161,9 @@ def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
 # Regression protocol
 
 
-def split_ratings(interactions: pa.Table, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT) -> dict[str, pa.Table]:
+def split_ratings(
+    interactions: pa.Table, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT
+) -> dict[str, pa.Table]:
     """Row-local train/valid/test split of the ratings (the regression benchmark; 80/10/10 by default).
 
     Repeated (user, item) ratings keep the latest (user-local). Each remaining row gets
@@ -217,8 +230,11 @@ def split_heldout_users(
     eligible = counts >= min_positives
     if require_eligible and not eligible.any():
         which = "rows" if positive_threshold is None else f"labels above {positive_threshold}"
-        raise UserError(f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none")
-    group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]  # per row; -1: dropped
+        raise UserError(
+            f"the ranking protocol needs users with at least {min_positives} positives ({which}); there are none"
+        )
+    # per row; -1: dropped
+    group = np.where(eligible, _parts(row_uniform(seed, "recall-user", ids), holdout), -1)[inverse]
 
     items = table["item_id"].to_numpy()
     train_mask = group == 0
@@ -242,14 +258,19 @@ def _positives(table: pa.Table, positive_threshold: float | None) -> pa.Table:
     return table if positive_threshold is None else table.filter(pc.greater(table["label"], positive_threshold))
 
 
-def positive_threshold_for(data: Dataset, threshold: float | None = None, scale: tuple[float, float] | None = None) -> float | None:
+def positive_threshold_for(
+    data: Dataset, threshold: float | None = None, scale: tuple[float, float] | None = None
+) -> float | None:
     """The ranking protocol's positive threshold for a data set: None (every row is a positive) for
     implicit feedback (`ssp ingest` without a label column); for ratings `threshold` when given
     (--positive-threshold), else the top of the data's declared rating scale (`scale_threshold`;
     `scale`, else DEFAULT_SCALE, for data that declares none)."""
     if data.manifest.get("feedback") == "implicit":
         if threshold is not None:
-            raise UserError(f"--positive-threshold {threshold:g}: {data.path} holds implicit feedback (no labels), where every interaction is a positive")
+            raise UserError(
+                f"--positive-threshold {threshold:g}: {data.path} holds implicit feedback (no labels), "
+                "where every interaction is a positive"
+            )
         return None
     if threshold is not None:
         if not math.isfinite(threshold):
@@ -266,7 +287,9 @@ def top_items(item_ids: np.ndarray, counts: np.ndarray, fraction: float = TRAIN_
     """
     item_ids, counts = np.asarray(item_ids), np.asarray(counts, dtype=np.float64)
     if item_ids.ndim != 1 or counts.shape != item_ids.shape:
-        raise UserError(f"item_ids and counts must be 1-D arrays of one length, got shapes {item_ids.shape} and {counts.shape}")
+        raise UserError(
+            f"item_ids and counts must be 1-D arrays of one length, got shapes {item_ids.shape} and {counts.shape}"
+        )
     if not 0.0 < fraction <= 1.0:
         raise UserError(f"fraction must be in (0, 1], got {fraction}")
     if not np.all(np.isfinite(counts)):
@@ -306,8 +329,16 @@ class SplitRule:
         """The parts of `table` (the whole log, or with `whole` False complete users of it)."""
         if self.protocol == "rmse":
             return split_ratings(table, self.seed, self.holdout)
-        return split_heldout_users(table, self.seed, self.positive_threshold, MIN_POSITIVES, TARGET_FRACTION, holdout=self.holdout,
-                                   train_items=train_items, require_eligible=whole)
+        return split_heldout_users(
+            table,
+            self.seed,
+            self.positive_threshold,
+            MIN_POSITIVES,
+            TARGET_FRACTION,
+            holdout=self.holdout,
+            train_items=train_items,
+            require_eligible=whole,
+        )
 
     def eligible_users(self, table: pa.Table) -> int:
         """Users of `table` the recall protocol keeps (0 for rmse, which has no such rule)."""
@@ -316,7 +347,13 @@ class SplitRule:
     def manifest(self, source: str) -> dict:
         """split.json's description of the rule (the sizes are added when the tables are written)."""
         fractions = {"train": 1.0 - self.holdout, "valid": self.holdout / 2, "test": self.holdout / 2}
-        document = {"protocol": self.protocol, "seed": int(self.seed), "holdout": self.holdout, "source": source, "assignment": "keyed hash (row-local)"}
+        document = {
+            "protocol": self.protocol,
+            "seed": int(self.seed),
+            "holdout": self.holdout,
+            "source": source,
+            "assignment": "keyed hash (row-local)",
+        }
         if self.protocol == "rmse":
             document["fractions"] = fractions  # of the rows
         else:
@@ -353,8 +390,17 @@ def write_split(split: dict[str, pa.Table], out: str, manifest: dict) -> dict:
     return document
 
 
-def make_split(data: Dataset, protocol: str, out: str, seed: int = DEFAULT_SEED, holdout: float = DEFAULT_HOLDOUT,
-               positive_threshold: float | None = None, scale: tuple[float, float] | None = None, *, engine) -> dict:
+def make_split(
+    data: Dataset,
+    protocol: str,
+    out: str,
+    seed: int = DEFAULT_SEED,
+    holdout: float = DEFAULT_HOLDOUT,
+    positive_threshold: float | None = None,
+    scale: tuple[float, float] | None = None,
+    *,
+    engine,
+) -> dict:
     """Split a data set's interactions with a protocol ("rmse" or "recall") into `out`; returns split.json.
 
     split.json records the protocol, the seed, the holdout, the fixed fractions the hash draws
@@ -387,7 +433,15 @@ def _eligible_users(interactions: pa.Table, threshold: float | None = POSITIVE_T
 # On an engine: partitions of rows sorted by user
 
 
-SPLIT_WRITTEN = pa.schema([("table", pa.string()), ("name", pa.string()), ("rows", pa.int64()), ("users", pa.int64()), ("eligible", pa.int64())])
+SPLIT_WRITTEN = pa.schema(
+    [
+        ("table", pa.string()),
+        ("name", pa.string()),
+        ("rows", pa.int64()),
+        ("users", pa.int64()),
+        ("eligible", pa.int64()),
+    ]
+)
 
 
 def train_items_of(batches: Iterable[pa.RecordBatch], rule: SplitRule) -> Iterator[pa.RecordBatch]:
@@ -398,8 +452,13 @@ def train_items_of(batches: Iterable[pa.RecordBatch], rule: SplitRule) -> Iterat
         yield pa.record_batch({"item_id": pa.array(np.unique(train["item_id"].to_numpy()), pa.int64())})
 
 
-def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: dict[str, storage.StagedWrite], part: int,
-                    train_items: np.ndarray | None) -> Iterator[pa.RecordBatch]:
+def split_partition(
+    batches: Iterable[pa.RecordBatch],
+    rule: SplitRule,
+    staged: dict[str, storage.StagedWrite],
+    part: int,
+    train_items: np.ndarray | None,
+) -> Iterator[pa.RecordBatch]:
     """Split one partition of rows sorted by user, complete users at a time, writing part `part` of
     each table through `staged` (so each part holds whole users in order: chunks.USERS_TOGETHER);
     yields what was written (SPLIT_WRITTEN rows: table, file, rows, users) and one row with the
@@ -416,7 +475,8 @@ def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: 
                 if piece.num_rows == 0:
                     continue
                 if name not in writers:
-                    writers[name] = staged[name].open_part(part, INTERACTIONS.with_metadata(USERS_TOGETHER))  # whole users, in order
+                    # whole users, in order
+                    writers[name] = staged[name].open_part(part, INTERACTIONS.with_metadata(USERS_TOGETHER))
                 writers[name].write_table(piece.cast(INTERACTIONS))
                 rows[name] += piece.num_rows
                 users[name] += int(pc.count_distinct(piece["user_id"]).as_py())
@@ -424,10 +484,16 @@ def split_partition(batches: Iterable[pa.RecordBatch], rule: SplitRule, staged: 
         for writer in writers.values():
             writer.close()
     names = list(writers)
-    yield pa.RecordBatch.from_pydict({
-        "table": names + [""], "name": [staged[name].part_name(part) for name in names] + [""],
-        "rows": [rows[name] for name in names] + [0], "users": [users[name] for name in names] + [0], "eligible": [0] * len(names) + [eligible],
-    }, schema=SPLIT_WRITTEN)
+    yield pa.RecordBatch.from_pydict(
+        {
+            "table": names + [""],
+            "name": [staged[name].part_name(part) for name in names] + [""],
+            "rows": [rows[name] for name in names] + [0],
+            "users": [users[name] for name in names] + [0],
+            "eligible": [0] * len(names) + [eligible],
+        },
+        schema=SPLIT_WRITTEN,
+    )
 
 
 @contextmanager
@@ -442,7 +508,9 @@ def discarded_on_failure(staged: dict[str, storage.StagedWrite]):
         raise
 
 
-def commit_split(rule: SplitRule, staged: dict[str, storage.StagedWrite], written: pa.Table, interactions: str) -> tuple[dict, int]:
+def commit_split(
+    rule: SplitRule, staged: dict[str, storage.StagedWrite], written: pa.Table, interactions: str
+) -> tuple[dict, int]:
     """Publish the tables an engine's `split_partition` tasks wrote (a table no task wrote is an
     empty one); returns (sizes, eligible users) for split.json. A recall split without eligible
     users is refused, as in this process, and nothing is published."""
@@ -475,26 +543,52 @@ def commit_split(rule: SplitRule, staged: dict[str, storage.StagedWrite], writte
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `ssp split` options to a parser."""
-    parser.add_argument("--data", metavar="DIR", help="MovieLens folder or data set folder written by ssp ingest / ssp synth (default: the bundled ml-latest-small)")
+    parser.add_argument(
+        "--data",
+        metavar="DIR",
+        help="MovieLens folder or data set folder written by ssp ingest / "
+        "ssp synth (default: the bundled ml-latest-small)",
+    )
     parser.add_argument(
         "--protocol",
         required=True,
         choices=PROTOCOLS,
-        help="rmse: each rating is train, valid or test (80/10/10 by default); recall: Liang et al. 2018 held-out users "
-        "(positives: labels in the top 30%% of the rating scale, or every row of implicit-feedback data; users with >= 5 positives, "
+        help="rmse: each rating is train, valid or test (80/10/10 by default); recall: Liang et al. 2018 held-out "
+        "users "
+        "(positives: labels in the top 30%% of the rating scale, or every row of implicit-feedback data; users with "
+        ">= 5 positives, "
         "80/20 fold-in history/targets)",
     )
-    parser.add_argument("--positive-threshold", type=float, help="recall: labels above it are the positives (default: the top 30%% of the data "
-                        "set's declared rating scale, 3.65 on 0.5..5 stars)")
-    parser.add_argument("--out", metavar="DIR", required=True, help="folder for the split tables and split.json (private: keep it in the run directory)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})")
-    parser.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})")
+    parser.add_argument(
+        "--positive-threshold",
+        type=float,
+        help="recall: labels above it are the positives "
+        "(default: the top 30%% of the data "
+        "set's declared rating scale, 3.65 on 0.5..5 stars)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        required=True,
+        help="folder for the split tables and split.json (private: keep it in the run directory)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help=f"key of the hash that assigns rows and users to parts (default {DEFAULT_SEED})",
+    )
+    parser.add_argument(
+        "--holdout", type=float, default=DEFAULT_HOLDOUT, help=f"{HOLDOUT_HELP} (default {DEFAULT_HOLDOUT})"
+    )
 
 
 def run(args: argparse.Namespace, data: Dataset, engine) -> int:
     """Make the split (on `engine`, pipelines.engines.engine) and print one
     line per table (rows and users)."""
-    document = make_split(data, args.protocol, args.out, args.seed, args.holdout, args.positive_threshold, engine=engine)
+    document = make_split(
+        data, args.protocol, args.out, args.seed, args.holdout, args.positive_threshold, engine=engine
+    )
     width = max(len(name) for name in document["sizes"])
     for name, size in document["sizes"].items():
         print(f"{name:<{width}}  rows={size['rows']}  users={size['users']}")

@@ -32,10 +32,22 @@ import pyarrow.compute as pc
 
 from pipelines.base import logs
 from pipelines.data.datasets import Dataset, write_dataset
-from pipelines.data.synth_movielens import CATALOG_GROWTH, KEY_BATCH, ML_GENERATOR_VERSION, ML_ITEMS, ML_MEAN_ACTIVITY, ML_USERS
-from pipelines.data.synth_movielens import _bag_mean, _draw, _MovieLensModel, _ml_batches, _offsets, _rng
-from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema
+from pipelines.data.synth_movielens import (
+    CATALOG_GROWTH,
+    KEY_BATCH,
+    ML_GENERATOR_VERSION,
+    ML_ITEMS,
+    ML_MEAN_ACTIVITY,
+    ML_USERS,
+    _bag_mean,
+    _draw,
+    _ml_batches,
+    _MovieLensModel,
+    _offsets,
+    _rng,
+)
 from schemas.errors import UserError
+from schemas.tables import INTERACTIONS, MULTIVALENT, UNIVALENT, items_schema
 
 GENERATOR_VERSION = 1  # bump when the output for given parameters changes
 
@@ -217,7 +229,9 @@ def _complete(rng: np.random.Generator, picked: np.ndarray, found: np.ndarray, l
         r, c = np.nonzero(taken)
         keys[r, picked[rows][r, c]] = np.inf
         best = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < log_p.size else np.tile(np.arange(k), (rows.size, 1))
-        best = np.take_along_axis(best, np.argsort(np.take_along_axis(keys, best, axis=1), axis=1, kind="stable"), axis=1)
+        best = np.take_along_axis(
+            best, np.argsort(np.take_along_axis(keys, best, axis=1), axis=1, kind="stable"), axis=1
+        )
         have = found[rows]
         r, c = np.nonzero(np.arange(k)[None, :] >= have[:, None])
         picked[rows[r], c] = best[r, c - have[r]]
@@ -284,14 +298,27 @@ def generate(
     for name, value in (("users", users), ("items", items), ("ratings_per_user", ratings_per_user)):
         if value is None:
             raise UserError(f"{name} is required (unless like is given)")
-    params = _check_params(users, items, ratings_per_user, 1.0 if alpha is None else alpha, seed, 8 if rank is None else rank)
+    params = _check_params(
+        users, items, ratings_per_user, 1.0 if alpha is None else alpha, seed, 8 if rank is None else rank
+    )
     from tqdm import tqdm
 
     catalog = _Catalog(params["items"], params["seed"])
     v = item_factors(catalog, params["rank"], params["seed"])
     p = popularity(params["items"], params["alpha"], params["seed"])
-    manifest = {"source": "synthetic", "generator": {**params, "version": GENERATOR_VERSION}, "rating_scale": [MIN_RATING, MAX_RATING]}
-    with tqdm(total=params["users"], unit="user", desc="synth", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
+    manifest = {
+        "source": "synthetic",
+        "generator": {**params, "version": GENERATOR_VERSION},
+        "rating_scale": [MIN_RATING, MAX_RATING],
+    }
+    with tqdm(
+        total=params["users"],
+        unit="user",
+        desc="synth",
+        file=sys.stderr,
+        disable=not logs.bars(progress),
+        unit_scale=True,
+    ) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
 
@@ -302,7 +329,11 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
         if value is not None:
             raise UserError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
     users = _check_positive_int("users", ML_USERS if users is None else users)
-    scale = 1.0 if ratings_per_user is None else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY
+    scale = (
+        1.0
+        if ratings_per_user is None
+        else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY
+    )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
@@ -311,11 +342,25 @@ def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank,
     model = _MovieLensModel(users, seed, scale)
     manifest = {
         "source": "synthetic",
-        "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": ML_GENERATOR_VERSION,
-                      **({} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user})},
-        "rating_scale": [MIN_RATING, MAX_RATING],  # the MovieLens scale; this generator's whole stars 1..5 lie within it
+        "generator": {
+            "like": like,
+            "users": users,
+            "items": model.items,
+            "seed": seed,
+            "version": ML_GENERATOR_VERSION,
+            **({} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user}),
+        },
+        # the MovieLens scale; this generator's whole stars 1..5 lie within it
+        "rating_scale": [MIN_RATING, MAX_RATING],
     }
-    with tqdm(total=users, unit="user", desc=f"synth ({like})", file=sys.stderr, disable=not logs.bars(progress), unit_scale=True) as bar:
+    with tqdm(
+        total=users,
+        unit="user",
+        desc=f"synth ({like})",
+        file=sys.stderr,
+        disable=not logs.bars(progress),
+        unit_scale=True,
+    ) as bar:
         return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)
 
 
@@ -346,35 +391,50 @@ _non_negative_float = _number(float, 0.0, "a finite number >= 0")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `ssp synth` options to `parser`."""
     parser.add_argument(
-        "--like", choices=LIKES, metavar="{" + ",".join(LIKES) + "}",
+        "--like",
+        choices=LIKES,
+        metavar="{" + ",".join(LIKES) + "}",
         help="realistic data calibrated to a public data set: 'movielens' (MovieLens-1M: user and item biases, "
         "heavy-tailed activity and popularity, whole stars 1-5, public genres and year); without it, the "
         "idealised generator whose features explain the ratings almost entirely",
     )
     parser.add_argument(
-        "--users", type=_positive_int, metavar="N",
+        "--users",
+        type=_positive_int,
+        metavar="N",
         help="number of users (user ids 1..N); required without --like; with --like movielens default 6040",
     )
     parser.add_argument(
-        "--items", type=_positive_int, metavar="M",
+        "--items",
+        type=_positive_int,
+        metavar="M",
         help="number of catalog items (item ids 1..M); required without --like; with --like movielens it is "
         f"set by N: {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g} (sub-linear catalog growth)",
     )
     parser.add_argument(
-        "--ratings-per-user", type=_positive_int, metavar="K",
+        "--ratings-per-user",
+        type=_positive_int,
+        metavar="K",
         help="distinct items each user rates (at most M); the data set has N*K ratings; required without --like; "
         "with --like movielens every user has their own number, drawn from MovieLens-1M's activity "
-        "distribution (min 20, median 96, mean 166), and K rescales that distribution to mean about K (the same heavy-tailed "
+        "distribution (min 20, median 96, mean 166), and K rescales that distribution to mean about K (the same "
+        "heavy-tailed "
         "shape, at least 1 each: fewer rows for studies at many users)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="data set folder to write (local path or gs://)")
     parser.add_argument(
-        "--alpha", type=_non_negative_float, metavar="A",
+        "--alpha",
+        type=_non_negative_float,
+        metavar="A",
         help="popularity exponent: item sampling probability is proportional to rank^-A (0: uniform; default 1.0; "
         "not with --like)",
     )
     parser.add_argument(
-        "--seed", type=_non_negative_int, default=0, metavar="S", help="random seed; same seed, same data (default %(default)s)"
+        "--seed",
+        type=_non_negative_int,
+        default=0,
+        metavar="S",
+        help="random seed; same seed, same data (default %(default)s)",
     )
     parser.add_argument(
         "--rank", type=_positive_int, metavar="R", help="rank of the planted rating model (default 8; not with --like)"
@@ -389,7 +449,11 @@ def _check_args(args: argparse.Namespace) -> None:
         if missing:
             raise UserError(f"{', '.join(missing)} required (or give --like movielens)")
         return
-    extra = [flag for flag, value in (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank)) if value is not None]
+    extra = [
+        flag
+        for flag, value in (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank))
+        if value is not None
+    ]
     if extra:
         raise UserError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
 
@@ -399,8 +463,15 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     started = time.perf_counter()
     dataset = generate(
-        args.out, args.users, args.items, args.ratings_per_user,
-        alpha=args.alpha, seed=args.seed, rank=args.rank, progress=True, like=args.like,
+        args.out,
+        args.users,
+        args.items,
+        args.ratings_per_user,
+        alpha=args.alpha,
+        seed=args.seed,
+        rank=args.rank,
+        progress=True,
+        like=args.like,
     )
     wall = time.perf_counter() - started
     m = dataset.manifest

@@ -45,10 +45,27 @@ MIN_ML_ITEMS = 50
 CATALOG_GROWTH = 0.6  # catalog = ML_ITEMS * (users / ML_USERS) ** CATALOG_GROWTH
 ML_CHUNK_USERS = 4000  # users per chunk (about 660,000 rows)
 ML_GENRES = (
-    "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
-    "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 )
-ML_GENRE_WEIGHTS = (503, 283, 105, 251, 1200, 211, 127, 1603, 68, 44, 343, 114, 106, 471, 276, 492, 143, 68)  # ~ML-1M movies per genre
+# ~ML-1M movies per genre
+ML_GENRE_WEIGHTS = (503, 283, 105, 251, 1200, 211, 127, 1603, 68, 44, 343, 114, 106, 471, 276, 492, 143, 68)
 GENRE_COUNT_SHARES = (0.52, 0.34, 0.115, 0.022, 0.003)  # movies with 1, 2, .., 5 genres: mean 1.65 (published)
 FIRST_ML_YEAR, LAST_ML_YEAR = 1919, 2000
 RECENT_SHARE, RECENT_YEARS, OLDER_MEAN_AGE = 0.55, 11, 18.0  # year shape: a choice, not a fit
@@ -60,7 +77,14 @@ ACTIVITY_MAX = 2314  # the tail's end: the published max
 ACTIVITY_CAP = 0.62  # at most this share of the catalog (2,314 / 3,706 in ML-1M)
 ML_MEAN_ACTIVITY = 165.6  # the mean of the activity distribution; ratings_per_user K rescales it to mean about K
 POPULARITY_KNOTS = (  # (popularity rank, relative weight): tuned to the item-count figures (docstring)
-    (1, 17340), (37, 2630), (370, 479.1), (927, 171.9), (1853, 46.6), (2780, 11.02), (3417, 1.494), (3704, 0.259),
+    (1, 17340),
+    (37, 2630),
+    (370, 479.1),
+    (927, 171.9),
+    (1853, 46.6),
+    (2780, 11.02),
+    (3417, 1.494),
+    (3704, 0.259),
     (3883, 0.0259),
 )
 STAR_SHARES = (0.056, 0.108, 0.261, 0.349, 0.226)  # stars 1..5: published
@@ -105,7 +129,9 @@ def _bag_mean(offsets: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> n
     items = offsets.size - 1
     counts = np.diff(offsets)
     rows = np.repeat(np.arange(items), counts)
-    sums = np.stack([np.bincount(rows, weights=vectors[values, d], minlength=items) for d in range(vectors.shape[1])], axis=1)
+    sums = np.stack(
+        [np.bincount(rows, weights=vectors[values, d], minlength=items) for d in range(vectors.shape[1])], axis=1
+    )
     return sums / np.maximum(counts, 1)[:, None]
 
 
@@ -126,11 +152,14 @@ class _MovieLensModel:
         keys = rng.standard_exponential((m, len(ML_GENRES))) / np.asarray(ML_GENRE_WEIGHTS, float)
         ranked = np.argsort(keys, axis=1)
         chosen = np.arange(len(ML_GENRES))[None, :] < n_genres[:, None]
-        self.genre_values = np.sort(np.where(chosen, ranked, len(ML_GENRES)), axis=1)[chosen]  # chosen ones first, sorted
+        # chosen ones first, sorted
+        self.genre_values = np.sort(np.where(chosen, ranked, len(ML_GENRES)), axis=1)[chosen]
         self.genre_offsets = _offsets(n_genres)
         # Years: most movies recent, a tail back to FIRST_ML_YEAR.
         recent = rng.random(m) < RECENT_SHARE
-        age = np.where(recent, rng.integers(0, RECENT_YEARS, m), RECENT_YEARS + rng.exponential(OLDER_MEAN_AGE, m).astype(int))
+        age = np.where(
+            recent, rng.integers(0, RECENT_YEARS, m), RECENT_YEARS + rng.exponential(OLDER_MEAN_AGE, m).astype(int)
+        )
         self.years = np.maximum(LAST_ML_YEAR - age, FIRST_ML_YEAR).astype(np.int64)
 
         model = _rng(seed, _ML_MODEL)
@@ -146,7 +175,8 @@ class _MovieLensModel:
         from_popularity = _standardise(np.log(self.weight))
         depth = rank / max(m - 1, 1)  # 0 for the most popular item, 1 for the least
         self.bias = (
-            FEATURE_BIAS_SD * from_features + POPULARITY_BIAS_SD * from_popularity
+            FEATURE_BIAS_SD * from_features
+            + POPULARITY_BIAS_SD * from_popularity
             + ITEM_BIAS_SD * (1 + ITEM_TAIL_SPREAD * depth) * model.standard_normal(m)
         )
         # Item factors: genre and 5-year-bucket vectors (public part) plus an item-specific part.
@@ -156,7 +186,9 @@ class _MovieLensModel:
         bucket_vectors = model.standard_normal((int(bucket.max()) + 1, r))
         public = _bag_mean(self.genre_offsets, self.genre_values, genre_vectors) + bucket_vectors[bucket]
         public = public / public.std(axis=0)
-        self.factors = math.sqrt(FACTOR_FEATURE_SHARE) * public + math.sqrt(1 - FACTOR_FEATURE_SHARE) * model.standard_normal((m, r))
+        self.factors = math.sqrt(FACTOR_FEATURE_SHARE) * public + math.sqrt(
+            1 - FACTOR_FEATURE_SHARE
+        ) * model.standard_normal((m, r))
         # Selection: a global component (row 0) and TASTE_CLUSTERS taste clusters over the items.
         membership = model.gamma(MEMBERSHIP_CONCENTRATION, size=(m, TASTE_CLUSTERS))
         membership /= membership.sum(axis=1, keepdims=True)
@@ -168,7 +200,9 @@ class _MovieLensModel:
         # variance, whoever rated it; the rated items are those of a pilot sample of users.
         self.thresholds = np.full(len(STAR_SHARES) - 1, np.inf)
         pilot = _ml_users(_rng(seed, _ML_PILOT), self, PILOT_USERS)
-        sd = np.sqrt(USER_BIAS_SD**2 + INTERACTION_SD**2 * (self.factors[pilot["item"]] ** 2).sum(axis=1) / r + NOISE_SD_ML**2)
+        sd = np.sqrt(
+            USER_BIAS_SD**2 + INTERACTION_SD**2 * (self.factors[pilot["item"]] ** 2).sum(axis=1) / r + NOISE_SD_ML**2
+        )
         self.thresholds = _mixture_quantiles(pilot["latent_mean"], sd, np.cumsum(STAR_SHARES)[:-1])
 
     def table(self) -> pa.Table:
@@ -306,7 +340,11 @@ def _ml_select(rng, model: _MovieLensModel, mixture: np.ndarray, need: np.ndarra
             keys[local, picked_item[mine]] = np.inf
             short = need[rows] - found[rows]
             width = int(short.max())
-            best = np.argpartition(keys, width - 1, axis=1)[:, :width] if width < m else np.tile(np.arange(m), (rows.size, 1))
+            best = (
+                np.argpartition(keys, width - 1, axis=1)[:, :width]
+                if width < m
+                else np.tile(np.arange(m), (rows.size, 1))
+            )
             best = np.take_along_axis(best, np.argsort(np.take_along_axis(keys, best, axis=1), axis=1), axis=1)
             take = np.arange(width)[None, :] < short[:, None]
             extra_rows.append(np.broadcast_to(rows[:, None], best.shape)[take])
@@ -322,7 +360,9 @@ def _ml_users(rng: np.random.Generator, model: _MovieLensModel, n: int) -> dict:
     r = ML_RANK
     need = activity((rng.permutation(n) + rng.random(n)) / n, model.items)  # stratified: each u is uniform
     if model.activity_scale != 1.0:  # fewer (or more) ratings per user, the same heavy-tailed shape
-        need = np.clip(np.rint(need * model.activity_scale), 1, max(1, int(ACTIVITY_CAP * model.items))).astype(np.int64)
+        need = np.clip(np.rint(need * model.activity_scale), 1, max(1, int(ACTIVITY_CAP * model.items))).astype(
+            np.int64
+        )
     user_bias = USER_BIAS_SD * rng.standard_normal(n)
     user_factors = (INTERACTION_SD / math.sqrt(r)) * rng.standard_normal((n, r))
     taste = rng.gamma(TASTE_CONCENTRATION, size=(n, TASTE_CLUSTERS))
@@ -331,7 +371,9 @@ def _ml_users(rng: np.random.Generator, model: _MovieLensModel, n: int) -> dict:
     row, item = _ml_select(rng, model, mixture, need)
     latent_mean = model.bias[item]
     latent = (
-        latent_mean + user_bias[row] + np.einsum("nr,nr->n", user_factors[row], model.factors[item])
+        latent_mean
+        + user_bias[row]
+        + np.einsum("nr,nr->n", user_factors[row], model.factors[item])
         + NOISE_SD_ML * rng.standard_normal(row.size)
     )
     stars = 1.0 + (latent[:, None] > model.thresholds[None, :]).sum(axis=1)
@@ -356,4 +398,3 @@ def _ml_batches(model: _MovieLensModel, seed: int, progress):
             schema=INTERACTIONS,
         )
         progress.update(n)
-

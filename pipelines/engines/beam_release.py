@@ -14,7 +14,8 @@ The same transform as the Spark engine (`pipelines/stats.py`), as a composite `I
 
 `WriteStatsParts` writes one part per shard and resample through the job's `StagedWrite`s, with a
 small JSON manifest; `run` reads the manifests once the pipeline has finished and lets
-`StatsJob.commit` publish the tables (no driver-side collect). The large inputs are read part file by part file through `schemas.storage` (local paths
+`StatsJob.commit` publish the tables (no driver-side collect). The large inputs are read part file by part file through
+`schemas.storage` (local paths
 and gs://); the small ones (catalog, DP counts) are read on the driver. The workers must be able to
 import this project (on a cluster: the wheel, see infra/) and reach the input and output paths.
 
@@ -105,7 +106,7 @@ def rows_by_user(batch: pa.RecordBatch | pa.Table) -> Iterable[tuple[int, tuple[
     labels = np.asarray(batch.column("label").to_numpy(), np.float64)[order]
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
     ends = np.r_[starts[1:], users.size]
-    for user, start, end in zip(users[starts].tolist(), starts.tolist(), ends.tolist()):
+    for user, start, end in zip(users[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
         yield user, (items[start:end].copy(), labels[start:end].copy())
 
 
@@ -113,7 +114,7 @@ def embeddings_by_user(batch: pa.RecordBatch | pa.Table, dim: int) -> Iterable[t
     """A batch of user embeddings -> (user, embedding of length dim) per row."""
     users = np.asarray(batch.column("user_id").to_numpy(), np.int64)
     matrix = list_column_to_matrix(batch.column("embedding"), dim, "user embedding")
-    for user, row in zip(users.tolist(), matrix):
+    for user, row in zip(users.tolist(), matrix, strict=True):
         yield user, row.copy()
 
 
@@ -189,7 +190,7 @@ class UserPartials(beam.DoFn):
     def _flush(self) -> None:
         if not self._buffer:
             return
-        users, items, labels, embeddings = (np.concatenate(part) for part in zip(*self._buffer))
+        users, items, labels, embeddings = (np.concatenate(part) for part in zip(*self._buffer, strict=True))
         self._buffer, self._rows = [], 0
         index, values = self._counts
         where, known = index.lookup(items)
@@ -272,7 +273,7 @@ class ItemStats(beam.PTransform):
 
     def expand(self, inputs):
         if not isinstance(inputs, dict):
-            inputs = dict(zip(INPUTS, inputs))
+            inputs = dict(zip(INPUTS, inputs, strict=False))
         missing = [name for name in INPUTS if name not in inputs]
         if missing:
             raise UserError(f"ItemStats needs the inputs {INPUTS}; missing {missing}")
@@ -306,7 +307,7 @@ class WriteShard(beam.DoFn):
         rows = sorted(rows, key=lambda row: row[0])
         items = np.array([row[0] for row in rows], np.int64)  # a group is never empty
         written = []
-        for resample, (spec, target) in enumerate(zip(self.specs, self.staged)):
+        for resample, (spec, target) in enumerate(zip(self.specs, self.staged, strict=True)):
             a = np.stack([row[1][resample][0] for row in rows])
             b = np.stack([row[1][resample][1] for row in rows])
             name = target.write_part(
@@ -416,7 +417,7 @@ def _discard_parts(job: stats_job.StatsJob, manifests: str) -> None:
     """Best effort after a failed pipeline: drop the parts the finished shards reported."""
     try:
         names, _ = read_manifests(manifests, job.shards, len(job.releases))
-        for staged, written in zip(job.staged_writes(), names):
+        for staged, written in zip(job.staged_writes(), names, strict=True):
             staged.abort(written)
     except Exception as exc:  # the pipeline's own error is the one to report
         logs.warn(f"stats: could not clean up the staged parts ({exc})")

@@ -74,7 +74,7 @@ def _columns(batches: list[pa.RecordBatch], *names: str) -> list[np.ndarray]:
 def _sum_aggregates(parts: Iterable[tuple]) -> tuple:
     """Elementwise sums of equal-length tuples of numbers or arrays (an empty input sums to ())."""
     parts = list(parts)
-    return tuple(sum(values) for values in zip(*parts)) if parts else ()
+    return tuple(sum(values) for values in zip(*parts, strict=True)) if parts else ()
 
 
 def options_from_environment() -> PipelineOptions | None:

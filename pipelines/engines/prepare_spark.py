@@ -46,7 +46,7 @@ def files_of_whole_users(interactions: str) -> list[str] | None:
     if any(span is None for span in ranges):
         return None
     bounds = sorted(span for span in ranges)
-    if any(high >= low for (_, high), (low, _) in zip(bounds, bounds[1:])):
+    if any(high >= low for (_, high), (low, _) in zip(bounds, bounds[1:], strict=False)):
         return None
     return files
 
@@ -78,7 +78,8 @@ class SparkEngine:
         return user_solves.run_spark(self.spark, interactions, item_embeddings, out, solve)
 
     def _by_user(self, files: list[str], columns: tuple[str, ...] = INTERACTION_COLUMNS):
-        """The interactions' `columns` repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by user."""
+        """The interactions' `columns` repartitioned by user (spark.sql.shuffle.partitions parts), each sorted by
+        user."""
         return self.spark.read.parquet(*files).select(*columns).repartition("user_id").sortWithinPartitions("user_id")
 
     def split(self, interactions: str, rule: splits.SplitRule, out: str) -> tuple[dict, int]:
@@ -147,7 +148,9 @@ class SparkEngine:
         def check(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             known = IdIndex(catalog)
             for batch in batches:
-                for file, group in zip(batch.column("file").to_pylist(), batch.column("row_group").to_pylist()):
+                for file, group in zip(
+                    batch.column("file").to_pylist(), batch.column("row_group").to_pylist(), strict=True
+                ):
                     for rows in storage.iter_row_group(file, group):
                         problem = row_problem(rows, known)
                         if problem:
@@ -276,7 +279,8 @@ class SparkEngine:
         users = found.filter(found["user"].is_valid())["user"].to_numpy()
         if np.unique(users).size != users.size:
             raise UserError(
-                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}"
+                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; "
+                f"{broken}"
             )
         sums = found.filter(found["at"].is_valid())
         return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
@@ -300,7 +304,9 @@ class SparkEngine:
             written = write_centred_parts(batches, staged, index, mean, protocol, confidence_alpha, together)
             found = [(k, *part) for k, part in enumerate(written) if part is not None]
             if found:
-                yield pa.record_batch(dict(zip(("output", "name", "rows"), map(list, zip(*found)))))
+                yield pa.record_batch(
+                    dict(zip(("output", "name", "rows"), map(list, zip(*found, strict=True)), strict=True))
+                )
 
         ddl = "output long, " + WRITTEN_DDL
         if users_together(train):

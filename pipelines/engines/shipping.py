@@ -271,7 +271,8 @@ def report(shipment: Shipment) -> str:
     return "\n".join(
         (
             f"{shipment.project}: {shipment.project.stat().st_size / mb:.1f} MiB, the project's packages (--py-files)",
-            f"{shipment.env}: {shipment.env.stat().st_size / mb:.1f} MiB ({shipment.env_bytes / mb:.0f} MiB unpacked), the "
+            f"{shipment.env}: {shipment.env.stat().st_size / mb:.1f} MiB ({shipment.env_bytes / mb:.0f} MiB "
+            "unpacked), the "
             f"executors' Python (--archives): {len(shipment.distributions)} distributions, "
             + ", ".join(shipment.distributions),
             f"its bin/python is a symlink to {shipment.node_python}, as venv-pack makes it: every node needs that "

@@ -2,7 +2,8 @@
 
 The Python workers must import this project: locally the session puts the repository on their
 PYTHONPATH; on a cluster it ships as a zip of its packages, in --py-files (`ssp spark-package`) or
-added by the driver itself (`ship_project`). Arrow batches are large so that each numpy call works on many rows, and BLAS runs
+added by the driver itself (`ship_project`). Arrow batches are large so that each numpy call works on many rows, and
+BLAS runs
 one thread per worker (Spark already runs one worker per core).
 
 Tables on gs://: a job whose Spark reads input tables opens them with `readable_tables`. Spark reads a gs:// table
@@ -170,7 +171,8 @@ def session_settings(conf, master: str | None) -> dict[str, str]:
                 "spark.sql.shuffle.partitions": "8",
                 "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false",
-                "spark.sql.adaptive.enabled": "false",  # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
+                # as the DAG's job settings (infra/dags/retrain/dataproc-job.yaml)
+                "spark.sql.adaptive.enabled": "false",
             }
         )
     return settings
@@ -284,7 +286,7 @@ def per_file(spark, files: list[str], task, ddl: str) -> pa.Table:
 
     def run(batches):
         for batch in batches:
-            for index, file in zip(batch.column("index").to_pylist(), batch.column("file").to_pylist()):
+            for index, file in zip(batch.column("index").to_pylist(), batch.column("file").to_pylist(), strict=True):
                 yield from task(index, file)
 
     return (

@@ -61,7 +61,8 @@ ROWS_PER_PARTITION = (
 )
 
 
-_last_vectors: dict = {}  # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
+# per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
+_last_vectors: dict = {}
 _last_clipped: dict = {}  # the user vectors clipped last, by digest and settings
 
 
@@ -151,7 +152,7 @@ def item_shards(
     shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
     received: dict[int, list[bytes]] = {}
     for batch in batches:
-        for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist()):
+        for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist(), strict=True):
             received.setdefault(shard, []).append(block)
     for shard in sorted(received):
         yield from item_shard(
@@ -196,7 +197,7 @@ def item_shard(
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [
         target.open_part(shard, STATS.with_metadata(metadata), **STATS_PARQUET)
-        for target, metadata in zip(staged, tables)
+        for target, metadata in zip(staged, tables, strict=True)
     ]
     kernel = 0.0  # seconds in the statistics kernel (weights, clipping, grouped sums)
     try:
@@ -231,7 +232,7 @@ def item_shard(
                         np.zeros((0, settings.dim)),
                     )
                 at = np.searchsorted(group, keys)
-                for writer, spec, metadata in zip(writers, specs, tables):
+                for writer, spec, metadata in zip(writers, specs, tables, strict=True):
                     pending.append(
                         output.submit(
                             writer.write_table,

@@ -67,7 +67,8 @@ def _solve_partition(
         bad = ~np.isfinite(labels)
         if bad.any():
             raise UserError(
-                f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite ({labels[bad][0]})"
+                f"{interactions}: the label of user {users[bad][0]}, item {items[bad][0]} is not finite "
+                f"({labels[bad][0]})"
             )
         at, found = index.lookup(items)
         if not found.all():
@@ -223,7 +224,9 @@ def run_spark(spark, interactions: str, item_embeddings: str, out: str, solve: U
     from pyspark import TaskContext
 
     vectors, gram, d = item_vectors(item_embeddings, solve)
-    try:  # PySpark prints the traceback of a broadcast file it cannot write (a full disk, a file-size limit), then raises PicklingError
+    # PySpark prints the traceback of a broadcast file it cannot write (a full disk, a file-size limit), then raises
+    # PicklingError
+    try:
         with contextlib.redirect_stderr(io.StringIO()):
             shared = spark.sparkContext.broadcast(vectors)
     except pickle.PicklingError as exc:

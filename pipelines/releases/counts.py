@@ -54,7 +54,8 @@ def dp_units(counts_path: str) -> int:
     metadata = storage.read_schema(counts_path).metadata or {}
     if UNITS_KEY not in metadata:
         raise UserError(
-            f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts again"
+            f"{counts_path}: the counts release has no DP number of units ({UNITS_KEY.decode()}); release the counts "
+            "again"
         )
     return int(metadata[UNITS_KEY])
 
@@ -254,7 +255,8 @@ def run(args: argparse.Namespace, engine) -> int:
         engine=engine,
     )
     print(
-        f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, {summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
+        f"released DP counts of {summary['items']:,} items and the DP number of {args.unit}s, "
+        f"{summary['dp_units']:,} (noise std {summary['noise_std']:.4g}); "
         f"epsilon spent so far {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})"
     )
     return 0

@@ -151,5 +151,5 @@ def write_centred_parts(
             writer.close()
     return [
         None if writer is None else (staged.part_name(part), count)
-        for writer, (staged, _), count in zip(writers, outputs, counts)
+        for writer, (staged, _), count in zip(writers, outputs, counts, strict=True)
     ]

@@ -68,7 +68,8 @@ class PrivacySettings:
         None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     )
     account: str | None = (
-        None  # an explicit path for the data source's budget account (privacy.lifetime_budget), charged with every release
+        # an explicit path for the data source's budget account (privacy.lifetime_budget), charged with every release
+        None
     )
     source: str | None = (
         None  # the data source's identity (content digest of its interactions): its account in the registry by default
@@ -138,7 +139,8 @@ class PrivacySettings:
             ledger = Ledger.open_or_create(path, **budget)
             if self.account is not None and ledger.budget.get("account") != storage.canonical(self.account):
                 raise UserError(
-                    f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not {self.account}; a run keeps one account"
+                    f"{path}: the run's ledger charges the budget account {ledger.budget.get('account')}, not "
+                    f"{self.account}; a run keeps one account"
                 )
             held = ledger.account()  # refused when missing or replaced
         else:
@@ -158,14 +160,16 @@ class PrivacySettings:
             held is not None and self.noise_multiplier == 0 and held.cap is not None
         ):  # before anything is written: the ledger would refuse its first release
             raise UserError(
-                f"--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account {held.path} "
+                "--noise-multiplier 0 (no noise, infinite epsilon) cannot be charged to the capped budget account "
+                f"{held.path} "
                 f"(cap {held.cap:g}); nothing was released"
             )
         if ledger is not None:
             return ledger
         if held is not None and held.cap is None and not held.document["charges"]:
             logs.log(
-                f"budget account {held.path} (the data source's) has no lifetime epsilon cap: its epsilon over every run is reported, "
+                f"budget account {held.path} (the data source's) has no lifetime epsilon cap: its epsilon over every "
+                "run is reported, "
                 "not capped (give --account-cap when it is made)"
             )
         return Ledger.create(
@@ -237,7 +241,8 @@ def make_release(
             seed_file.witness_account(held.path, len(held.document["charges"]))
     if logs.verbose():  # the accountant's sum is only worth computing when shown
         logs.detail(
-            f"release {index} {name}: {accounting.event_to_json(event)}; epsilon spent {ledger.epsilon_spent():.6g} of {ledger.budget['epsilon']:g}"
+            f"release {index} {name}: {accounting.event_to_json(event)}; epsilon spent {ledger.epsilon_spent():.6g} "
+            f"of {ledger.budget['epsilon']:g}"
         )
     return index
 
@@ -257,15 +262,19 @@ def _refuse_lost_releases(ledger: Ledger, seed_file: SeedFile, note: str = "") -
     bound = next(iter(seed_file.ledgers), ledger.identity)
     if bound != ledger.identity:
         raise SeedReuseError(
-            f"the seed file {seed_file.path} is bound to another privacy ledger, which recorded releases {seed_file.ledgers[bound]}: "
-            f"{ledger.path} was deleted and replaced, or the seed belongs to another run. Those releases still count; restore the "
+            f"the seed file {seed_file.path} is bound to another privacy ledger, which recorded releases "
+            f"{seed_file.ledgers[bound]}: "
+            f"{ledger.path} was deleted and replaced, or the seed belongs to another run. Those releases still "
+            "count; restore the "
             f"ledger or start a new run (no --seed-file) {note}".rstrip()
         )
     lost = seed_file.missing_from(bound, recorded)
     if lost:
         raise UserError(
-            f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded in its ledger: the ledger "
-            f"was deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new run {note}".rstrip()
+            f"{ledger.path} does not list releases {lost} that its seed file {seed_file.path} saw recorded in its "
+            "ledger: the ledger "
+            "was deleted, replaced or rolled back. Those releases still count; restore the ledger or start a new "
+            f"run {note}".rstrip()
         )
 
 
@@ -280,7 +289,8 @@ def check_counts_release(ledger: Ledger, seed_file: SeedFile, counts_path: str, 
     recorded = [row["release"] for row in ledger.rows if row["name"] == "counts"]
     if not recorded or seed_file.outputs.get(recorded[0]) != counts_digest:
         raise UserError(
-            f"{counts_path} is not the DP counts release recorded in the ledger {ledger.path} (its content is not what that release "
+            f"{counts_path} is not the DP counts release recorded in the ledger {ledger.path} (its content is not "
+            "what that release "
             "wrote); use the counts released into this run's ledger (`ssp counts` with the same --ledger)"
         )
 
@@ -295,13 +305,15 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--noise-multiplier",
         type=float,
-        help="use this noise multiplier instead of calibrating (0: no noise, infinite epsilon, for tests and non-private top lines)",
+        help="use this noise multiplier instead of calibrating (0: no noise, infinite epsilon, for tests and "
+        "non-private top lines)",
     )
     group.add_argument(
         "--accountant",
         choices=accounting.ACCOUNTANTS,
         default=accounting.DEFAULT_ACCOUNTANT,
-        help="pld (default: privacy loss distributions, at least as tight as RDP for the plans ssp train makes) or rdp (as in the paper)",
+        help="pld (default: privacy loss distributions, at least as tight as RDP for the plans ssp train makes) or "
+        "rdp (as in the paper)",
     )
     group.add_argument(
         "--outer-steps",
@@ -327,21 +339,25 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_MEAN_SHARE,
         help="share of the budget planned for the DP mean rating of a "
-        "regression run; give 0 to a job whose run releases no mean, or that share is left unspent (default: %(default)s, as ssp train)",
+        "regression run; give 0 to a job whose run releases no mean, or that share is left unspent (default: "
+        "%(default)s, as ssp train)",
     )
     group.add_argument(
         "--gram-share",
         type=float,
         default=DEFAULT_GRAM_SHARE,
         help="share of the budget planned for the users' DP Gram matrices "
-        "of an implicit-feedback run; give 0 to a job whose run releases none, or that share is left unspent (default: %(default)s, as ssp train)",
+        "of an implicit-feedback run; give 0 to a job whose run releases none, or that share is left unspent "
+        "(default: %(default)s, as ssp train)",
     )
     group.add_argument("--ledger", help="the run's privacy ledger (default: <out>/ledger.parquet)")
     group.add_argument(
         "--budget-account",
         help="where a new budget account of the data source is kept (a JSON file): every release is also "
-        "charged there, so the users' lifetime epsilon over all runs is composed and capped; a data source has one account, found "
-        "through the registry $SSP_BUDGET_ACCOUNTS (default ~/.ssp/budget-accounts) by the content of its interactions (default: "
+        "charged there, so the users' lifetime epsilon over all runs is composed and capped; a data source has one "
+        "account, found "
+        "through the registry $SSP_BUDGET_ACCOUNTS (default ~/.ssp/budget-accounts) by the content of its "
+        "interactions (default: "
         "the registry's own)",
     )
     group.add_argument(
@@ -356,7 +372,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--seed-file",
         help="secret noise seed of the run (default: <ledger folder>/private/seed, created from the OS CSPRNG); "
-        "a seed file serves the one ledger it first released into (a rerun or resume of that run reproduces its releases "
+        "a seed file serves the one ledger it first released into (a rerun or resume of that run reproduces its "
+        "releases "
         "exactly); another run's ledger, other data or other settings with it are refused",
     )
 

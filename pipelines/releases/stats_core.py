@@ -48,8 +48,11 @@ class StatsSettings:
     loss: str = (
         "square"  # "logistic": SSP-convex's H_j, g_j of implicit feedback around an expansion point (privacy.quadratic)
     )
-    bias: float = 0.0  # > 0: user vectors are [u, 1, b_u], released as [Clip(u), c] with labels y - b_u, c = bias x clip_u (see `user_contributions`)
-    confidence: bool = False  # the labels are each row's confidence (the ranking protocol): its weight within the user's budget, label 1
+    # > 0: user vectors are [u, 1, b_u], released as [Clip(u), c] with labels y - b_u, c = bias x clip_u (see
+    # `user_contributions`)
+    bias: float = 0.0
+    # the labels are each row's confidence (the ranking protocol): its weight within the user's budget, label 1
+    confidence: bool = False
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -67,7 +70,8 @@ class StatsSettings:
             raise UserError(f"--loss must be one of {LOSSES}, got {self.loss!r}")
         if self.loss == "logistic" and self.weight_exponent != 0:
             raise UserError(
-                "--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight exponent 0"
+                "--loss logistic weighs each user's positives and negatives itself (privacy.quadratic): weight "
+                "exponent 0"
             )
         if not (math.isfinite(self.bias) and self.bias >= 0):
             raise UserError(f"the bias coordinate must be a finite number >= 0 (0: no biases), got {self.bias}")

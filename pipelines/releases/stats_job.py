@@ -186,7 +186,8 @@ class StatsJob:
         missing = np.setdiff1d(self.catalog, counts["item_id"].to_numpy())
         if missing.size:
             raise UserError(
-                f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must cover the catalog"
+                f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must "
+                "cover the catalog"
             )
         embeddings = _validated(
             self.user_embeddings,
@@ -213,12 +214,14 @@ class StatsJob:
                 item_positions, in_catalog = catalog_index.lookup(rated)
                 if not in_catalog.all():
                     raise UserError(
-                        f"{self.interactions}: interactions refer to items missing from the catalog (e.g. {rated[~in_catalog][0]})"
+                        f"{self.interactions}: interactions refer to items missing from the catalog (e.g. "
+                        f"{rated[~in_catalog][0]})"
                     )
                 user_positions, known = user_index.lookup(users)
                 if not known.all():
                     raise UserError(
-                        f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} user(s) of the interactions (e.g. {users[~known][0]})"
+                        f"{self.user_embeddings}: missing user embeddings for {np.unique(users[~known]).size} "
+                        f"user(s) of the interactions (e.g. {users[~known][0]})"
                     )
                 user_at[filled : filled + rated.size], item_at[filled : filled + rated.size] = (
                     user_positions,
@@ -229,7 +232,8 @@ class StatsJob:
                     confidences.append(table["label"].to_numpy())
                 yield from table.to_batches()
 
-        # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow release the GIL)
+        # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow
+        # release the GIL)
         with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as reader:
             others = pool.map(seeds.digest_table, (self.user_embeddings, self.counts))
             interactions_digest = seeds.digest_batches(_read_ahead(checked_batches(), reader))
@@ -247,7 +251,8 @@ class StatsJob:
         if same.any():
             user, item = divmod(int(keys[1:][same][0]), self.catalog.size)
             raise UserError(
-                f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user {known_users[user]} item {self.catalog[item]}; "
+                f"{self.interactions}: {int(same.sum())} duplicate (user, item) pair(s), e.g. user "
+                f"{known_users[user]} item {self.catalog[item]}; "
                 "each pair must appear once (its weight bounds the user's contribution)"
             )
         count_of = counts.sort_by("item_id")
@@ -303,7 +308,8 @@ class StatsJob:
             )
         self._ledger = ledger
         logs.log(
-            f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier {multiplier:.4g}, "
+            f"stats step {self.step}: releases {[spec.release for spec in self.releases]}, noise multiplier "
+            f"{multiplier:.4g}, "
             f"epsilon spent {ledger.epsilon_recorded():.4g} of {ledger.budget['epsilon']:g}"
         )
         return self.releases
@@ -318,12 +324,12 @@ class StatsJob:
         """Publish each resample's parts, then the step summary; returns the summary."""
         storage.remove(storage.join(self.out, RELEASE_SUMMARY))
         if any(count != self.catalog.size for count in rows):
-            for staged, names in zip(self.staged_writes(), written):
+            for staged, names in zip(self.staged_writes(), written, strict=False):
                 staged.abort(names)
             raise RuntimeError(
                 f"stats for {rows} items written, expected every catalog item ({self.catalog.size}) in each table"
             )
-        for staged, names, count in zip(self.staged_writes(), written, rows):
+        for staged, names, count in zip(self.staged_writes(), written, rows, strict=True):
             staged.commit(names, count)
         summary = {
             "step": self.step,
@@ -370,7 +376,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interactions", help="interactions table (private; required without --run)")
     parser.add_argument(
         "--user-embeddings",
-        help="user embeddings table (private): user_id, embedding of length --dim (d + 1 with --bias; required without --run)",
+        help="user embeddings table (private): user_id, embedding of length --dim (d + 1 with --bias; required "
+        "without --run)",
     )
     parser.add_argument(
         "--items", help="items table: the public catalog; every item gets a noised row (required without --run)"
@@ -382,7 +389,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dim",
         type=int,
-        help="dimension d of the released statistics (required without --run; with --bias, d - 1 embedding coordinates and the bias)",
+        help="dimension d of the released statistics (required without --run; with --bias, d - 1 embedding "
+        "coordinates and the bias)",
     )
     parser.add_argument(
         "--clip-u", type=float, help="Gamma_u: user embeddings are clipped to this L2 norm (required without --run)"
@@ -394,8 +402,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--unit",
         choices=("user", "example"),
         default="user",
-        help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and fixed, "
-        "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding depends on "
+        help="unit of privacy (default: %(default)s). example is sound only when --user-embeddings are given and "
+        "fixed, "
+        "not computed from these ratings (as the user update of `ssp train` computes them): a user's embedding "
+        "depends on "
         "all of the user's ratings, so one rating moves the user's row in every item's statistics",
     )
     parser.add_argument(
@@ -415,14 +425,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="C",
-        help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, so each item's "
+        help="> 0: user vectors are [u, 1, b_u] (d + 1 values): release [Clip(u), C x clip_u] with labels y - b_u, "
+        "so each item's "
         "bias is fitted with its embedding (default: 0, no biases)",
     )
     parser.add_argument(
         "--confidence",
         action="store_true",
         help="the labels are each row's confidence (the ranking protocol: implicit "
-        "feedback's repeats): a row weighs its confidence within its user's weight budget, with label 1 (default: labels are labels)",
+        "feedback's repeats): a row weighs its confidence within its user's weight budget, with label 1 (default: "
+        "labels are labels)",
     )
     parser.add_argument(
         "--step", type=int, help="outer step this release belongs to (default: 1; with --run: required)"
@@ -446,6 +458,8 @@ def run_and_report(compute) -> int:
 
 def describe(summary: dict) -> str:
     return (
-        f"stats step {summary['step']}: {summary['resamples']} table(s) of {summary['items']:,} items, releases {summary['releases']}, "
-        f"noise multiplier {summary['noise_multiplier']:.4g}; epsilon spent {summary['epsilon_spent']:.4g} (ledger {summary['ledger']})"
+        f"stats step {summary['step']}: {summary['resamples']} table(s) of {summary['items']:,} items, releases "
+        f"{summary['releases']}, "
+        f"noise multiplier {summary['noise_multiplier']:.4g}; epsilon spent {summary['epsilon_spent']:.4g} (ledger "
+        f"{summary['ledger']})"
     )

@@ -1,1 +1,2 @@
-"""A training run: its settings, run directory, stages, commands and publish (pipelines.training.stages runs them all)."""
+"""A training run: its settings, run directory, stages, commands and publish (pipelines.training.stages runs them
+all)."""

@@ -44,7 +44,8 @@ def evaluate(run: Run) -> dict:
     )
     if final_items.num_rows != space.size:
         raise UserError(
-            f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of {space.size} items"
+            f"{run.path('item_embeddings.parquet')}: {final_items.num_rows} item embeddings for a catalog of "
+            f"{space.size} items"
         )
     item_vectors = np.zeros((space.size, config.vector_dim))
     item_vectors[space.index_of(final_items["item_id"].to_numpy())] = list_column_to_matrix(
@@ -148,7 +149,8 @@ def _evaluate(
     metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit, "holdout": config.holdout}
     if config.holdout == 0:  # production mode: every row trained, so there is nothing to evaluate on
         metrics["no_heldout_data"] = (
-            "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test metrics"
+            "--holdout 0 (production mode): every row is a training row, so there is no held-out data and no test "
+            "metrics"
         )
         return metrics
     if config.protocol == "rmse":
@@ -217,7 +219,8 @@ def describe(metrics: dict) -> str:
         lines.append(f"no test metrics: {metrics['no_heldout_data']}")
     elif metrics["protocol"] == "rmse":
         lines.append(
-            f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean {metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})"
+            f"test RMSE {metrics['test_rmse']:.4f} (valid {metrics['valid_rmse']:.4f}; predicting the DP mean "
+            f"{metrics['dp_mean']:.3f}: {metrics['test_mean_predictor_rmse']:.4f})"
         )
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_rmse_sliced"])
         lines.append(f"test RMSE by item popularity (least to most popular fifth): {sliced}")
@@ -233,7 +236,8 @@ def describe(metrics: dict) -> str:
             sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_popularity_recall_at_20_sliced"])
             below = "; the model is BELOW it" if metrics["test_recall_at_20"] < baseline else ""
             lines.append(
-                f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: {sliced}"
+                f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: "
+                f"{sliced}"
             )
     eps = metrics["epsilon_spent"]
     guarantee = (
@@ -242,10 +246,12 @@ def describe(metrics: dict) -> str:
         else f"({eps:.4g}, {metrics['delta']:g})-DP at the {metrics['unit']} level"
     )
     lines.append(
-        f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} releases (ledger: {metrics['outputs']['ledger']})"
+        f"privacy: {guarantee}; epsilon spent {eps:.4g} of {metrics['epsilon_budget']:g} over {metrics['releases']} "
+        f"releases (ledger: {metrics['outputs']['ledger']})"
     )
     lines.append(
-        f"outputs: encoder {metrics['outputs']['encoder']}, item embeddings {metrics['outputs']['item_embeddings']}, metrics {metrics['outputs']['run']}/metrics.json"
+        f"outputs: encoder {metrics['outputs']['encoder']}, item embeddings {metrics['outputs']['item_embeddings']}, "
+        f"metrics {metrics['outputs']['run']}/metrics.json"
     )
     lines.append(f"private (never publish): {metrics['outputs']['run']}/private/; done in {metrics['seconds']:.0f} s")
     return "\n".join(lines)

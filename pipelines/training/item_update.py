@@ -63,7 +63,8 @@ def _ssp_penalties(
     resamples: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The SSP item update's per-item ridge scale, residual penalty and anchor, in the units the
-    release defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same for every
+    release defines (never bare numbers: S and N of `release_units`). The ridge is ridge * S + noise_ridge * N, the same
+    for every
     item: its share of an item's problem fades as the item's data grows, so popular items are not
     shrunk like rare ones. The residual penalty mu = residual_penalty * (S + N) keeps an item's
     free residual at zero until its statistics outweigh the noise: such an item stays what its
@@ -195,7 +196,8 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
 
     if not storage.exists(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY)):
         raise UserError(
-            f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step {step}'s stats job first"
+            f"{run.root}: the statistics of step {step} are not released ({run.stats(step)} is incomplete); run step "
+            f"{step}'s stats job first"
         )
     summary = storage.read_json(storage.join(run.stats(step), stats_job.RELEASE_SUMMARY))
     settings = config.settings()
@@ -220,7 +222,8 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     }
     if summary["noise_multiplier"] != expected["noise_multiplier"]:
         raise UserError(
-            f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run planned {expected['noise_multiplier']:g}"
+            f"{run.stats(step)}: released with noise multiplier {summary['noise_multiplier']:g}, but this run "
+            f"planned {expected['noise_multiplier']:g}"
         )
     if config.loss == "logistic":  # SSP2's A_j, b_j around the step's starting item embeddings (post-processing)
         for table in tables:

@@ -68,11 +68,15 @@ def _rows(
 def describe(config: TrainConfig, catalog_items: int | None) -> str:
     """The plan of `config`'s run as text (see the module docstring)."""
     if config.non_private:
-        return "plan: a non-private run (--non-private) releases nothing and has no guarantee: no noise, no clipping, nothing to plan"
+        return (
+            "plan: a non-private run (--non-private) releases nothing and has no guarantee: no noise, no "
+            "clipping, nothing to plan"
+        )
     privacy = config.privacy()
     multipliers = privacy.multipliers()
     lines = [
-        f"plan (nothing read but the catalog's size, nothing spent): user-level epsilon {config.epsilon:g}, delta {config.delta:g}, "
+        f"plan (nothing read but the catalog's size, nothing spent): user-level epsilon {config.epsilon:g}, delta "
+        f"{config.delta:g}, "
         f"{privacy.accountant.upper()} accountant, {config.outer_steps} outer step(s) x {config.resamples} resample(s)",
         "",
         "| release | budget share | events | noise multiplier | L2 sensitivity (one user) | noise std per event |",
@@ -81,7 +85,8 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
     lines += [f"| {' | '.join(str(cell) for cell in row)} |" for row in _rows(config, privacy, multipliers)]
     lines += [
         "",
-        f"Symbols: K the most items counted per user; Gamma_u = {config.clip_u:g} the user embeddings' clip, Gamma_y = {config.clip_y:g} "
+        f"Symbols: K the most items counted per user; Gamma_u = {config.clip_u:g} the user embeddings' clip, Gamma_y "
+        f"= {config.clip_y:g} "
         f"the labels' clip, wbar = {config.wbar:g} the bound on a user's weights"
         + (f", k = {config.bias_coordinate:g} the item-bias coordinate's share of the clip" if config.biases else "")
         + "; a release's noise std is its multiplier times its sensitivity.",
@@ -91,15 +96,20 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
         per_item = noise / unit
         lines += [
             "",
-            f"Each item's A_j gets noise of spectral norm about N = 2 sqrt(d) z S = {noise:.4g} (S = {unit:.4g}, the most one user adds; "
-            f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = {per_item:.4g} users.",
+            f"Each item's A_j gets noise of spectral norm about N = 2 sqrt(d) z S = {noise:.4g} (S = {unit:.4g}, the "
+            "most one user adds; "
+            f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = "
+            f"{per_item:.4g} users.",
         ]
         if config.item_update == "ssp" and config.encoder == "features":
             rule = (
-                f"--stats-threshold {config.stats_threshold:g}: items from a DP count of {config.stats_threshold * per_item:.4g}"
+                f"--stats-threshold {config.stats_threshold:g}: items from a DP count of "
+                f"{config.stats_threshold * per_item:.4g}"
                 if config.stats_threshold is not None
-                else f"by default items from {LOW_RATIO_THRESHOLD:g} N/S = {LOW_RATIO_THRESHOLD * per_item:.4g}, or from "
-                f"{HIGH_RATIO_THRESHOLD:g} N/S = {HIGH_RATIO_THRESHOLD * per_item:.4g} when the noise-to-signal ratio sqrt(m) (N/S) / "
+                else f"by default items from {LOW_RATIO_THRESHOLD:g} N/S = {LOW_RATIO_THRESHOLD * per_item:.4g}, or "
+                "from "
+                f"{HIGH_RATIO_THRESHOLD:g} N/S = {HIGH_RATIO_THRESHOLD * per_item:.4g} when the noise-to-signal "
+                "ratio sqrt(m) (N/S) / "
                 f"sqrt(C n) exceeds 0.03 (C, n: the DP counts' total and users, known after the counts release"
                 + (f"; m = {catalog_items} catalog items" if catalog_items else "")
                 + ")"

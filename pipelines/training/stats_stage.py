@@ -41,7 +41,8 @@ def stats_job_of_run(root: str, step: int) -> stats_job.StatsJob | None:
         raise UserError(f"--step must be one of the run's outer steps 1..{config.outer_steps}, got {step}")
     if not covers_items(manifest):
         logs.warn(
-            f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the run keeps its starting point)"
+            f"{root}: no catalog item's DP count clears the noise, so step {step} has no statistics to release (the "
+            "run keeps its starting point)"
         )
         return None
     return stats_job_for(run, config, step, manifest["prepared"]["stats_items"])

@@ -68,12 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tables.add_argument(
         "--lambda-u",
         type=float,
-        help=f"ridge of the user solve, lambda_u n I for a user with n ratings (trusted side: no privacy effect; default: {DEFAULT_LAMBDA_U})",
+        help="ridge of the user solve, lambda_u n I for a user with n ratings (trusted side: no privacy effect; "
+        f"default: {DEFAULT_LAMBDA_U})",
     )
     tables.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
     parser.add_argument(
         "--master",
-        help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, unless spark-submit sets one)",
+        help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, "
+        "unless spark-submit sets one)",
     )
 
 
