@@ -35,15 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag.flag, type=flag.kind, default=default, choices=flag.choices, help=text)
     parser.add_argument(
         "--config",
-        help="a file of settings, one per flag, in the sections of docs/cli.md (TOML: `[budget]` then `epsilon = 5`, or "
-        'flat: `item-update = "ssp"`; or JSON, such as a run\'s manifest.json, whose settings are fed back): flags given '
-        "on the command line override it",
+        help="a file of settings, one per flag, in the sections of docs/cli.md (TOML: `[budget]` then `epsilon = 5`, "
+        'or flat: `item-update = "ssp"`; or JSON, such as a run\'s manifest.json, whose settings are fed back): flags '
+        "given on the command line override it",
     )
     parser.add_argument(
         "--plan",
         action="store_true",
         help="print what the run would release (each release's noise multiplier and standard "
-        "deviation, the budget split, the DP count an item needs to rise above the noise) and stop: nothing private is read, "
+        "deviation, the budget split, the DP count an item needs to rise above the noise) and stop: nothing private is "
+        "read, "
         "nothing is spent",
     )
     parser.add_argument(
@@ -90,13 +91,15 @@ def check_data(args: argparse.Namespace) -> None:
     )
     if data is None:
         raise UserError(
-            "--data is required: a data set folder (`ssp ingest`, `ssp synth`) or a MovieLens folder; `ssp demo` runs on the "
+            "--data is required: a data set folder (`ssp ingest`, `ssp synth`) or a MovieLens folder; `ssp demo` runs "
+            "on the "
             "bundled ml-latest-small"
         )
     fs, inner = storage.filesystem(data)
     if fs.isfile(inner):
         raise UserError(
-            f"--data {data} is a file: training reads a data set folder; turn an interaction log into one with `ssp ingest "
+            f"--data {data} is a file: training reads a data set folder; turn an interaction log into one with `ssp "
+            "ingest "
             f"--interactions {data} --catalog ITEMS --features ... --out FOLDER`"
         )
 

@@ -49,14 +49,16 @@ def _check_manifest(run: Run, config: TrainConfig) -> dict:
         manifest = run.read_manifest()
         if not isinstance(manifest.get("config"), dict):
             raise UserError(
-                f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); use a new --out"
+                f"--out {run.root} holds something other than a training run ({run.manifest_path} has no settings); "
+                "use a new --out"
             )
         differing = sorted(key for key, value in wanted.items() if manifest["config"].get(key) != value)
         if differing:
             newer = [key for key in differing if key not in manifest["config"]]
             since = f"; {', '.join(newer)} did not exist in the version that started it" if newer else ""
             raise UserError(
-                f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same flags or use a new --out"
+                f"{run.root} holds a run with other settings ({', '.join(differing)}{since}); resume it with the same "
+                "flags or use a new --out"
             )
         return manifest
     for name in (
@@ -144,28 +146,7 @@ def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, n
     The noise that per-item statistics put into the shared feature embeddings grows like sqrt(m) N
     (the paper's sqrt(m d) bound); the signal, with each user's weights normalised, like
     sqrt(C n) S. When R is large, the items below the noise add more noise than signal and thin
-    every user's weight. Measured (test RMSE, one seed unless said):
-    ml-latest-small (R 0.05-0.27 at epsilon 20-1): 1.062 / 1.046 / 1.008 / 0.978 at epsilon
-    1 / 5 / 10 / 20 with every item (worse than its starting point, 1.009-1.013), 0.997 / 0.969 /
-    0.962 / 0.947 at 6 N/S; `ssp synth --like movielens`: epsilon 1 (R 0.05) 1.007 with every item,
-    0.984 at 3 N/S; epsilon 5 (R 0.013) 0.942 with every item against 0.946 at 3 N/S (3 seeds);
-    epsilon 20 (R 0.004) 0.921 against 0.927 at 4 N/S (these with a random initial encoder); with the
-    principal initial encoder and the anchor, ml-latest-small at epsilon 5 gives 0.959 with every
-    item against 0.944 at 6 N/S. With biases (d 16; seed 100; test RMSE, its least popular fifth):
-    `ssp synth --like movielens` at epsilon 5 every item 0.9094 (0.9829) against 0.9064 (0.9609) at
-    1 N/S, the starting point's fifth 0.9737; epsilon 10 0.8956 (0.9545) against 0.8956 (0.9658);
-    epsilon 20 0.8882 (0.9394) against 0.8887 (0.9596); 100,000 users x 20 ratings at epsilon 5
-    0.9229 (1.1794) against 0.9231 (1.1407). With biases and one outer step (test RMSE at 1 / 6 N/S):
-    `ssp synth --like movielens` at epsilon 1 (R 0.038) 0.9438 / 0.9556 and 0.9418 / 0.9542 (two
-    seeds): an item's bias is one coordinate, worth covering long before its d x d block clears the
-    noise; ml-latest-small (seed 100) at epsilon 1 (R 0.20) 0.9552 / 0.9502, epsilon 5 (R 0.12)
-    0.9413 / 0.9389, epsilon 10 (R 0.083) 0.9262 / 0.9324, epsilon 20 (R 0.056) 0.9226 / 0.9254.
-    With each item's bias penalty from its released weight (item_update.bias_penalty), which keeps
-    an item covered by the counts' noise at its features' bias, the cut moved from 0.1 to 0.15:
-    ml-latest-small, seeds 100-101, test RMSE at 1 / 3 / 6 N/S, epsilon 5 (R 0.12) 0.9322 / 0.9355 /
-    0.9390, epsilon 1 (R 0.20) 0.9594 / 0.9517 / 0.9461.
-    Without biases (ranking) the cut stays at 0.03: at epsilon 1 (R 0.092) valid Recall@20 0.1322
-    from 1 N/S against 0.1349 from 6 N/S.
+    every user's weight. The measurements behind the cut: docs/results.md#the-statistics-threshold.
     An id encoder has no other embedding for an item outside the statistics."""
     if config.stats_threshold is not None:
         return config.stats_threshold
@@ -192,9 +173,12 @@ def stats_catalog(
         chosen &= dp_counts >= threshold * noise / unit
         if not chosen.any():
             logs.warn(
-                f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold {threshold:g} times N/S "
-                "at this epsilon): the statistics would cover nothing, so this run keeps its starting point (the public-feature "
-                "encoder) and spends nothing on statistics; lower --stats-threshold (0: every item) or raise --epsilon to train it"
+                f"no catalog item has a DP count of at least {threshold * noise / unit:.4g} (--stats-threshold "
+                f"{threshold:g} times N/S "
+                "at this epsilon): the statistics would cover nothing, so this run keeps its starting point (the "
+                "public-feature "
+                "encoder) and spends nothing on statistics; lower --stats-threshold (0: every item) or raise --epsilon "
+                "to train it"
             )
             return ids[chosen]
     logs.log(f"the statistics cover {int(chosen.sum())} of {ids.size} catalog items (DP count >= {threshold:g} N/S)")
@@ -258,10 +242,11 @@ def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, floa
     declared = data.manifest.get("rating_scale")
     given = (config.rating_min, config.rating_max)
     if declared is not None:
-        wanted = tuple(d if g is None else g for g, d in zip(given, declared))
+        wanted = tuple(d if g is None else g for g, d in zip(given, declared, strict=True))
         if wanted != tuple(declared):
             raise UserError(
-                f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale {declared[0]:g}..{declared[1]:g} "
+                f"--rating-min/--rating-max {wanted[0]:g}..{wanted[1]:g} contradict the rating scale "
+                f"{declared[0]:g}..{declared[1]:g} "
                 f"that {data.path} declares; leave them out to use the data's scale"
             )
         low, high = declared
@@ -272,7 +257,8 @@ def rating_range(config: TrainConfig, data: ingest.Dataset) -> tuple[float, floa
     observed = data.manifest.get("label_range")
     if config.protocol == "rmse" and observed and not low <= observed[0] <= observed[1] <= high:
         raise UserError(
-            f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range {low:g}..{high:g}; "
+            f"{data.path}: its ratings range over {observed[0]:g}..{observed[1]:g}, outside the run's rating range "
+            f"{low:g}..{high:g}; "
             + (
                 "the data set declares that scale: fix the data"
                 if declared is not None
@@ -342,7 +328,8 @@ def prepare(
     items = storage.read_table(data.items)
     if config.encoder == "features" and not item_features(items.schema):
         raise UserError(
-            f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to embed; "
+            f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to "
+            "embed; "
             "declare features when ingesting (--public-features), or use --item-id-feature or --encoder id"
         )
     space, model = build_encoder(
@@ -423,6 +410,7 @@ def prepare(
     run.write_manifest(manifest)
     logs.detail(f"settings of {run.root}: {json.dumps(manifest['config'], sort_keys=True)}")
     logs.log(
-        f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item embeddings"
+        f"prepared {run.root}: split, DP counts{', DP mean' if config.protocol == 'rmse' else ''}, initial item "
+        "embeddings"
     )
     return manifest

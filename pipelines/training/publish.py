@@ -2,10 +2,11 @@
 
 What is published: `encoder/` (SavedModel, signatures `embed` and `embed_features`),
 `recommender/` (SavedModel for TF Serving, signatures `recommend` and `similar_items`: trainer.serving;
-not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings, for `ssp recommend`), for a
-ranking model whose fold-in uses a popularity column the DP counts release (`counts.parquet`), and
-`privacy.json` (the ledger's budget, every release and the epsilon spent, and the run's privacy
-settings) with `privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases and public item features only. Never published:
+not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings,
+for `ssp recommend`), for a ranking model whose fold-in uses a popularity column the DP counts
+release (`counts.parquet`), and `privacy.json` (the ledger's budget, every release and the epsilon
+spent, and the run's privacy settings) with `privacy.md`, the same for a reviewer to read
+(privacy.report). All are computed from DP releases and public item features only. Never published:
 `RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
 
 Refused, with nothing written, unless every outer step is done and the final encoder and item
@@ -210,7 +211,8 @@ def publish(run: Run, dest: str) -> dict:
     inside, root = storage.canonical(dest), storage.canonical(run.root)
     if inside == root or inside.startswith(root.rstrip("/") + "/"):
         raise UserError(
-            f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: publish elsewhere"
+            f"--to {dest} is inside the run directory {run.root}, whose private/ folder must never be published: "
+            "publish elsewhere"
         )
     summary = privacy_summary(run)
     marker_path = storage.join(dest, PUBLISHED)

@@ -98,7 +98,8 @@ class Run:
         """The manifest; a clear error when RUN holds no run (prepare has not run)."""
         if not storage.exists(self.manifest_path):
             raise storage.MissingTableError(
-                f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} ...`"
+                f"{self.root} holds no run (no {MANIFEST}); start it with `ssp train --stage prepare --out {self.root} "
+                "...`"
             )
         manifest = storage.read_json(self.manifest_path)
         shapes = {"config": dict, "prepared": dict, "steps_done": list}
@@ -113,7 +114,8 @@ class Run:
             wrong = ["steps_done"]
         if wrong:
             raise UserError(
-                f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a new run"
+                f"{self.manifest_path} is damaged: {wrong[0]} is not what `ssp train` records; restore it or start a "
+                "new run"
             )
         return manifest
 
@@ -123,7 +125,8 @@ class Run:
         manifest = self.read_manifest()
         if "prepared" not in manifest:
             raise UserError(
-                f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} ...` first"
+                f"{self.root}: the prepare stage has not finished; run `ssp train --stage prepare --out {self.root} "
+                "...` first"
             )
         if "config" not in manifest:
             raise UserError(
@@ -141,7 +144,8 @@ class Run:
 
         if not storage.exists(self.ledger):
             raise UserError(
-                f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still count, "
+                f"{self.root}: the run has made releases but its ledger {self.ledger} is missing; those releases still "
+                "count, "
                 "so it cannot go on: restore the ledger or start a new run"
             )
         check_ledger_complete(Ledger.open(self.ledger), seed_file or self.private("seed"))
