@@ -279,6 +279,7 @@ def calibrate_dpsgd(
     epsilon: float,
     delta: float,
     plan: list[Group],
+    *,
     outer_steps: int,
     sampling_probability: float,
     steps: int,

@@ -64,6 +64,7 @@ class Ledger:
         path: str,
         epsilon: float,
         delta: float,
+        *,
         accountant: str = accounting.DEFAULT_ACCOUNTANT,
         unit: str = "user",
         multipliers: dict | None = None,

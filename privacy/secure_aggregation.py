@@ -220,6 +220,7 @@ def mask_correction(
     client: int,
     kind: str,
     secret: bytes,
+    *,
     size: int,
     graph: dict[int, list[int]],
     public_keys: dict[int, bytes],

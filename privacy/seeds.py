@@ -71,6 +71,7 @@ class SeedFile:
         path: str,
         seed: bytes,
         releases: dict[int, str],
+        *,
         ledgers: dict[str, list[int]] | None = None,
         run: str | None = None,
         outputs: dict[int, str] | None = None,
@@ -115,7 +116,16 @@ class SeedFile:
             raise UserError(f"{path} is not a seed file ({type(exc).__name__}: {exc})") from None
         if len(seed) != SEED_BYTES:
             raise UserError(f"{path}: a seed has {SEED_BYTES} bytes, this one has {len(seed)}")
-        return cls(path, seed, releases, ledgers, run, outputs, rounds, account_charges)
+        return cls(
+            path,
+            seed,
+            releases,
+            ledgers=ledgers,
+            run=run,
+            outputs=outputs,
+            rounds=rounds,
+            account_charges=account_charges,
+        )
 
     def reload(self) -> None:
         """Take in what other holders of the file bound since it was read (the seed must not change)."""

@@ -374,7 +374,9 @@ def _rebuild(element, size: int, graph: dict, public_keys: dict, survivors: set,
         return client, None
     kind = revealed[0][0]
     secret = secagg.shamir_rebuild({x: share for _, x, share in revealed[:t]})
-    return client, secagg.mask_correction(client, kind, secret, size, graph, public_keys, survivors)
+    return client, secagg.mask_correction(
+        client, kind, secret, size=size, graph=graph, public_keys=public_keys, survivors=survivors
+    )
 
 
 @dataclass

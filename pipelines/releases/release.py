@@ -121,8 +121,15 @@ class PrivacySettings:
                 if name != "stats"
             }
         if self.dpsgd:
+            sampling_probability, steps = self.dpsgd
             return accounting.calibrate_dpsgd(
-                self.epsilon, self.delta, plan, self.outer_steps, *self.dpsgd, self.accountant
+                self.epsilon,
+                self.delta,
+                plan,
+                outer_steps=self.outer_steps,
+                sampling_probability=sampling_probability,
+                steps=steps,
+                accountant=self.accountant,
             )
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)
 

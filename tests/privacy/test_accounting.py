@@ -270,19 +270,25 @@ def test_dpsgd_schedule_and_bad_parameters():
 def test_dpsgd_calibration_spends_the_budget_and_keeps_the_other_groups():
     plan = acct.stats_plan(3, 1, count_share=0.1, mean_share=0.05)
     ssp = acct.calibrate(5.0, 1e-5, plan)
-    multipliers = acct.calibrate_dpsgd(5.0, 1e-5, plan, 3, 0.05, 200)
+    multipliers = acct.calibrate_dpsgd(5.0, 1e-5, plan, outer_steps=3, sampling_probability=0.05, steps=200)
     assert set(multipliers) == {"counts", "mean", "dpsgd"}
     assert multipliers["counts"] == ssp["counts"] and multipliers["mean"] == ssp["mean"]
     events = [acct.gaussian_event(multipliers["counts"]), acct.gaussian_event(multipliers["mean"], 2)]
     events += [acct.dpsgd_event(multipliers["dpsgd"], 0.05, 200)] * 3
     assert acct.epsilon_of(events, 1e-5) == pytest.approx(5.0, rel=1e-3)
     # more steps at the same budget need more noise
-    assert acct.calibrate_dpsgd(5.0, 1e-5, plan, 3, 0.05, 400)["dpsgd"] > multipliers["dpsgd"]
+    assert (
+        acct.calibrate_dpsgd(5.0, 1e-5, plan, outer_steps=3, sampling_probability=0.05, steps=400)["dpsgd"]
+        > multipliers["dpsgd"]
+    )
 
 
 def test_dpsgd_calibration_of_a_non_private_run_is_zero_noise():
     plan = acct.stats_plan(2)
-    assert acct.calibrate_dpsgd(math.inf, 1e-5, plan, 2, 0.1, 10) == {"counts": 0.0, "dpsgd": 0.0}
+    assert acct.calibrate_dpsgd(math.inf, 1e-5, plan, outer_steps=2, sampling_probability=0.1, steps=10) == {
+        "counts": 0.0,
+        "dpsgd": 0.0,
+    }
 
 
 def test_canonical_form_is_independent_of_order_and_grouping():
@@ -420,7 +426,9 @@ def test_pld_needs_no_more_noise_than_rdp_for_every_item_update_on_the_bundled_d
 def test_calibrated_dpsgd_plan_composes_to_the_target_with_fresh_dp_accounting(accountant):
     plan = acct.stats_plan(3, 1, count_share=0.1, mean_share=0.05)
     q, steps = acct.dpsgd_schedule(610, 64, 5.0)
-    z = acct.calibrate_dpsgd(10.0, DELTA, plan, 3, q, steps, accountant)
+    z = acct.calibrate_dpsgd(
+        10.0, DELTA, plan, outer_steps=3, sampling_probability=q, steps=steps, accountant=accountant
+    )
     events = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["mean"], 2)] + [
         acct.dpsgd_event(z["dpsgd"], q, steps)
     ] * 3

@@ -41,7 +41,9 @@ def run_round(n, dropped=frozenset(), size=50, k=None):
         kinds = {kind for kind, _, _ in revealed[client]}
         assert kinds == {"mask" if client in survivors else "key"}  # never both secrets of one client
         secret = secagg.shamir_rebuild({x_: share for _, x_, share in revealed[client][:t]})
-        correction = correction + secagg.mask_correction(client, kinds.pop(), secret, size, graph, public, survivors)
+        correction = correction + secagg.mask_correction(
+            client, kinds.pop(), secret, size=size, graph=graph, public_keys=public, survivors=survivors
+        )
     return masked - correction, sum((x[i] for i in survivors), np.zeros(size, np.uint64))
 
 
