@@ -38,6 +38,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from schemas.errors import UserError
 
+# The servers a federated round can be run against: honest, or partition (a malicious server that shows
+# holders different survivor sets to unmask one client; the consistency check must refuse its round).
+SERVERS = ("honest", "partition")
+
 FIELD_PRIME = (1 << 521) - 1  # a Mersenne prime above every 32-byte secret
 RING_BITS = 64
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from privacy import secure_aggregation
 from schemas.errors import UserError
 
 
@@ -70,7 +71,7 @@ class EngineInfo:
     accountant: str | None = None  # the accountant its releases need, when not the run's default
 
 
-FEDERATED_SERVERS = ("honest", "partition")  # what `--federated-server` simulates
+FEDERATED_SERVERS = secure_aggregation.SERVERS  # what `--federated-server` simulates
 
 FEATURES = {  # what a run may need of its engine, as the flag that needs it says it
     "logistic": "--loss logistic (SSP-convex statistics around the item embeddings)",

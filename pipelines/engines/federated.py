@@ -38,7 +38,6 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
-from pipelines.engines import engine
 from pipelines.engines.beam_release import ReadTable, rows_by_user
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
@@ -317,7 +316,7 @@ class PartitioningServer:
         return survivors if holder == self.victim else survivors - (set(graph[self.victim]) & set(graph[holder]))
 
 
-SERVERS = engine.FEDERATED_SERVERS
+SERVERS = secagg.SERVERS
 
 
 def simulated_server(kind: str, graph: dict) -> Callable[[int, frozenset], frozenset]:
