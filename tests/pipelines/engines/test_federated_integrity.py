@@ -3,9 +3,9 @@ whatever happens to the step's output folder (through the installed `ssp`), a ro
 any share was revealed reruns at no new charge, a server that shows holders different survivor sets
 gets nothing, and the published files hold no exact client count.
 
-The checks that run `ssp train` twice through the installed command (a Spark start each) are marked
-slow; each has a twin in the default run that makes the same runs and assertions through `ssp`'s
-entry point in this process (`cli.main`, on the test session's Spark). The installed command's own
+The checks that run `ssp train` twice are parametrised over the two ways to run it (the fixture
+`ssp_run`): through the installed command (a Spark start each: slow), and through `ssp`'s entry point in
+this process (`cli.main`, on the test session's Spark) in the default run. The installed command's own
 refusals (one line, exit status 2) stay in the default run: a partitioning server here, a copied run
 folder here, and too few survivors in tests/pipelines/engines/test_federated.py."""
 
@@ -41,9 +41,12 @@ def ssp(folder, *args):
     return result.returncode, result.stderr
 
 
-@pytest.fixture
-def ssp_in_process(spark, capsys):
-    """`ssp` through its entry point in this process (the test session's Spark): (exit status, stderr)."""
+@pytest.fixture(params=[pytest.param("installed", marks=pytest.mark.slow), "in-process"])
+def ssp_run(request, spark, capsys):
+    """`ssp` run in a folder, (exit status, stderr), both ways: the installed command (a Spark start each
+    run: slow), and its entry point in this process (`cli.main`, on the test session's Spark)."""
+    if request.param == "installed":
+        return ssp
 
     def run(folder, *args):
         capsys.readouterr()
@@ -128,16 +131,8 @@ def second_round_is_refused(folder, ssp_run) -> None:
             assert not stats.exists()
 
 
-@pytest.mark.slow
-def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder(finished, tmp_path):
-    """Through the installed `ssp` (two runs, each starting Spark); its twin below runs them in this process."""
-    second_round_is_refused(finished_copy(finished, tmp_path), ssp)
-
-
-def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder_in_process(
-    finished, tmp_path, ssp_in_process
-):
-    second_round_is_refused(finished_copy(finished, tmp_path), ssp_in_process)
+def test_a_second_round_of_a_step_is_refused_whatever_became_of_its_output_folder(finished, tmp_path, ssp_run):
+    second_round_is_refused(finished_copy(finished, tmp_path), ssp_run)
 
 
 def refused_round_reruns_and_is_charged_once(folder, ssp_run) -> None:
@@ -164,14 +159,8 @@ def refused_round_reruns_and_is_charged_once(folder, ssp_run) -> None:
     assert not (folder / "run" / "step-1" / "stats" / "release.json").exists()
 
 
-@pytest.mark.slow
-def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once(tmp_path):
-    """Through the installed `ssp` (two runs, each starting Spark); its twin below runs them in this process."""
-    refused_round_reruns_and_is_charged_once(tmp_path, ssp)
-
-
-def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once_in_process(tmp_path, ssp_in_process):
-    refused_round_reruns_and_is_charged_once(tmp_path, ssp_in_process)
+def test_a_round_refused_before_any_share_was_revealed_reruns_and_is_charged_once(tmp_path, ssp_run):
+    refused_round_reruns_and_is_charged_once(tmp_path, ssp_run)
 
 
 def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):

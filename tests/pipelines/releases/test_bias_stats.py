@@ -82,80 +82,84 @@ def test_biased_statistics_are_exact(engine, spark, tmp_path):
     assert np.all(a[3] == 0) and np.all(b[3] == 0)  # item 40: no rows, still released
 
 
-@pytest.mark.parametrize("engine", ["local", "spark", "beam"])
-def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(engine, spark, tmp_path):
-    a, b = released(engine, tmp_path / "all", INTERACTIONS, spark)
+def installed_release(engine, folder, interactions):
+    """(A_j full matrices, b_j) of `ssp stats --bias` as an operator runs it (a subprocess), noise-free."""
+    paths = write_inputs(
+        folder,
+        interactions,
+        {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)},
+        COUNTS,
+        CATALOG,
+    )
+    out = folder / "out"
+    register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
+    result = subprocess.run(
+        [
+            SSP,
+            "stats",
+            "--engine",
+            engine,
+            "--interactions",
+            paths["interactions"],
+            "--user-embeddings",
+            paths["user_embeddings"],
+            "--items",
+            paths["items"],
+            "--counts",
+            paths["counts"],
+            "--out",
+            str(out),
+            "--dim",
+            "3",
+            "--bias",
+            "1",
+            "--clip-u",
+            str(CLIP_U),
+            "--clip-y",
+            str(CLIP_Y),
+            "--wbar",
+            str(WBAR),
+            "--noise-multiplier",
+            "0",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read(str(out / "resample-0.parquet"))
+
+
+@pytest.mark.parametrize(
+    "way, engine",
+    [
+        *(("in-process", engine) for engine in ("local", "spark", "beam")),
+        ("installed", "local"),
+        pytest.param("installed", "spark", marks=pytest.mark.slow),  # a JVM of its own
+        ("installed", "beam"),
+    ],
+)
+def test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound(way, engine, request, tmp_path):
+    """In this process (the stats job on the engine), or through `ssp stats --bias` as an operator runs it
+    (a subprocess; the saturating user only), on the data with and without a user."""
+
+    def release(folder, interactions):
+        if way == "installed":
+            return installed_release(engine, folder, interactions)
+        return released(engine, folder, interactions, request.getfixturevalue("spark") if engine == "spark" else None)
+
+    a, b = release(tmp_path / "all", INTERACTIONS)
+    want_a, _ = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, bias=True)
+    np.testing.assert_allclose(a[0], want_a[10], rtol=1e-12)
     clip_x = np.hypot(CLIP_U, CLIP_U)  # |[Clip(u), c]|
     assert SETTINGS.noise_clips() == (pytest.approx(clip_x), CLIP_Y)
-    for user in (1, 4):
-        a2, b2 = released(engine, tmp_path / f"without-{user}", [row for row in INTERACTIONS if row[0] != user], spark)
+    for user in (4,) if way == "installed" else (1, 4):
+        a2, b2 = release(tmp_path / f"without-{user}", [row for row in INTERACTIONS if row[0] != user])
         moved_a, moved_b = np.sqrt(np.sum((a - a2) ** 2)), np.sqrt(np.sum((b - b2) ** 2))
         assert 0 < moved_a <= WBAR * clip_x**2 * (1 + 1e-9) and 0 < moved_b <= WBAR * CLIP_Y * clip_x * (1 + 1e-9)
         if user == 4:  # saturating: every row at the clip, so the bound is met (the weights' sum of squares is wbar^2)
             assert moved_b == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
-
-
-@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.slow), "beam"])
-def test_installed_ssp_stats_bias_removing_a_user_within_the_bound(engine, tmp_path):
-    """`ssp stats --bias` as an operator runs it (a subprocess), on the data with and without the saturating user.
-    The Spark case starts a JVM of its own (-m slow); its twin in this process is
-    test_removing_a_user_moves_the_biased_statistics_by_at_most_the_bound[spark]."""
-
-    def release(name, interactions):
-        folder = tmp_path / name
-        paths = write_inputs(
-            folder,
-            interactions,
-            {u: v for u, v in EMBEDDINGS.items() if any(row[0] == u for row in interactions)},
-            COUNTS,
-            CATALOG,
-        )
-        out = folder / "out"
-        register_counts(paths["counts"], str(out / "ledger.parquet"), PrivacySettings(noise_multiplier=0.0))
-        result = subprocess.run(
-            [
-                SSP,
-                "stats",
-                "--engine",
-                engine,
-                "--interactions",
-                paths["interactions"],
-                "--user-embeddings",
-                paths["user_embeddings"],
-                "--items",
-                paths["items"],
-                "--counts",
-                paths["counts"],
-                "--out",
-                str(out),
-                "--dim",
-                "3",
-                "--bias",
-                "1",
-                "--clip-u",
-                str(CLIP_U),
-                "--clip-y",
-                str(CLIP_Y),
-                "--wbar",
-                str(WBAR),
-                "--noise-multiplier",
-                "0",
-                "-q",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        return read(str(out / "resample-0.parquet"))
-
-    a, b = release("all", INTERACTIONS)
-    a2, b2 = release("without", [row for row in INTERACTIONS if row[0] != 4])
-    clip_x = np.hypot(CLIP_U, CLIP_U)
-    assert np.sqrt(np.sum((a - a2) ** 2)) <= WBAR * clip_x**2 * (1 + 1e-9)
-    assert np.sqrt(np.sum((b - b2) ** 2)) == pytest.approx(WBAR * CLIP_Y * clip_x, rel=1e-9)
-    want_a, _ = expected_stats(INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG, CLIP_U, CLIP_Y, WBAR, bias=True)
-    np.testing.assert_allclose(a[0], want_a[10], rtol=1e-12)
 
 
 def test_bias_needs_the_square_loss():

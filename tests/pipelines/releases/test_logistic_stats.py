@@ -166,20 +166,15 @@ def logistic_end_to_end(tmp_path, run_ssp) -> None:
     assert released.metadata[b"loss"] == b"logistic"
 
 
-@pytest.mark.slow
-def test_ssp_train_loss_logistic_end_to_end_through_the_installed_command(tmp_path):
-    """Every command through the installed `ssp` (the training run starts a Spark of its own); its twin
-    below trains in this process."""
-    logistic_end_to_end(tmp_path, installed_ssp)
-
-
-def test_ssp_train_loss_logistic_end_to_end(spark, tmp_path, capsys):
-    """The same commands, the training run through `ssp`'s entry point in this process (on the test
-    session's Spark); the refusal still through the installed `ssp` (it starts no Spark)."""
+@pytest.mark.parametrize("way", [pytest.param("installed", marks=pytest.mark.slow), "in-process"])
+def test_ssp_train_loss_logistic_end_to_end(way, spark, tmp_path, capsys):
+    """Every command through the installed `ssp` (the training run starts a Spark of its own: slow), or
+    through `ssp`'s entry point in this process (on the test session's Spark), the refusal still through
+    the installed `ssp` (it starts no Spark)."""
 
     def in_process(*args):
         capsys.readouterr()
         status = cli.main(list(map(str, args)))
         return status, capsys.readouterr().err
 
-    logistic_end_to_end(tmp_path, in_process)
+    logistic_end_to_end(tmp_path, installed_ssp if way == "installed" else in_process)
