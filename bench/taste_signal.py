@@ -102,7 +102,7 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
             targets,
             evaluate.with_popularity(embedding, counts),
             0.1,
-            buckets,
+            item_buckets=buckets,
             gravity=1.0,
             confidence=True,
         )

@@ -29,7 +29,8 @@ BRANDS, TAGS = ["acme", "globex", "initech", "umbrella"], [f"t{k}" for k in rang
 OWN_DATA_DOC = Path(__file__).resolve().parents[1] / "docs" / "own-data.md"
 
 
-HELD_OUT = 12  # the last products of the catalog are left out of training: added after it, they are embedded from their features
+# the last products of the catalog are left out of training: added after it, they are embedded from their features
+HELD_OUT = 12
 
 
 def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int = 0) -> tuple[Path, Path]:
@@ -65,7 +66,7 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
             (10_000 + user, int(product[chosen[0]]), 1_700_000_000 + k) for k in range(user % 3)
         ]  # repeated plays: 1, 2 or 3 of the first
         tastes.append((10_000 + user, BRANDS[liked_brand]))
-    customer, item, ts = map(np.array, zip(*rows))
+    customer, item, ts = map(np.array, zip(*rows, strict=True))
     clicks = pa.table({"customer": customer, "product": item, "ts": ts})
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(clicks, folder / "clicks.parquet")
@@ -125,7 +126,8 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     from pipelines.training.evaluation import describe
 
     assert (
-        f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; same fifths"
+        f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; "
+        f"same fifths"
         in describe(metrics)
     )
     model = PublishedModel.load(str(root / "published"))
@@ -173,7 +175,7 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
         (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())),
         vectors,
         model.settings["lambda_u"],
-        np.zeros(vectors.shape[0], np.int64),
+        item_buckets=np.zeros(vectors.shape[0], np.int64),
         k=10,
         gravity=model.settings["gravity"],
         confidence=True,
@@ -308,7 +310,8 @@ import tensorflow as tf
 histories = json.load(open(sys.argv[2]))
 serve = tf.saved_model.load(sys.argv[1]).signatures["recommend"]
 width = max(len(items) for items in histories.values())
-out = serve(item_ids=tf.constant([items + [-1] * (width - len(items)) for items in histories.values()], tf.int64), k=tf.constant(10))
+padded = [items + [-1] * (width - len(items)) for items in histories.values()]
+out = serve(item_ids=tf.constant(padded, tf.int64), k=tf.constant(10))
 assert not any(name.split(".")[0] in ("trainer", "pipelines", "privacy", "schemas", "ssp") for name in sys.modules)
 json.dump(dict(zip(histories, out["item_ids"].numpy().tolist())), sys.stdout)
 """

@@ -30,6 +30,7 @@ def item_systems(
     space: FeatureSpace,
     dim: int,
     ridge: float,
+    *,
     ridge_scale: np.ndarray | None = None,
     psd_projection: bool = True,
     batch_size: int = 2048,
@@ -53,6 +54,7 @@ def solve_items(
     space: FeatureSpace,
     dim: int,
     ridge: float,
+    *,
     ridge_scale: np.ndarray | None = None,
     psd_projection: bool = True,
     expected: dict | None = None,
@@ -65,7 +67,14 @@ def solve_items(
     check_stats(stats_path, {"d": dim, **(expected or {})})
     vectors = np.zeros((space.size, dim))
     for positions, gram, b in item_systems(
-        stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity
+        stats_path,
+        space,
+        dim,
+        ridge,
+        ridge_scale=ridge_scale,
+        psd_projection=psd_projection,
+        batch_size=batch_size,
+        gravity=gravity,
     ):
         vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
     return vectors

@@ -47,6 +47,7 @@ def solve_items(
     space: FeatureSpace,
     dim: int,
     ridge: float,
+    *,
     ridge_scale: np.ndarray | None = None,
     psd_projection: bool = True,
     expected: dict | None = None,
@@ -94,7 +95,17 @@ def solve_items(
     vectors = np.zeros((space.size, dim))
     for _ in range(inner_iterations):
         vectors = _item_pass(
-            stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, feature_weight, x, features
+            stats_path,
+            space,
+            dim,
+            ridge,
+            ridge_scale=ridge_scale,
+            psd_projection=psd_projection,
+            batch_size=batch_size,
+            gravity=gravity,
+            mu=feature_weight,
+            x=x,
+            features=features,
         )
         features = solve_features(x, vectors, feature_weight, feature_ridge)
     return vectors, features
@@ -106,6 +117,7 @@ def objective(
     vectors: np.ndarray,
     feature_vectors: np.ndarray,
     ridge: float,
+    *,
     ridge_scale: np.ndarray | None = None,
     psd_projection: bool = True,
     feature_weight: float = 1.0,
@@ -146,7 +158,7 @@ def _check_weights(feature_weight: float, feature_ridge: float) -> None:
 
 
 def _item_pass(
-    stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity, mu, x, features
+    stats_path, space, dim, ridge, *, ridge_scale, psd_projection, batch_size, gravity, mu, x, features
 ) -> np.ndarray:
     """One item solve over the whole catalog, P fixed: the stats table streamed in batches, then the
     items without a stats row from the feature term alone."""
@@ -158,7 +170,14 @@ def _item_pass(
         pulled = mu * np.asarray(x @ features)  # (n, d): row j is mu P^T x_j
     # DP-ALS's own systems (trainer.als), so that mu = 0 reproduces DP-ALS bit for bit
     for positions, gram, b in item_systems(
-        stats_path, space, dim, ridge, ridge_scale, psd_projection, batch_size, gravity
+        stats_path,
+        space,
+        dim,
+        ridge,
+        ridge_scale=ridge_scale,
+        psd_projection=psd_projection,
+        batch_size=batch_size,
+        gravity=gravity,
     ):
         if use_features:
             gram = gram + shared

@@ -131,6 +131,7 @@ def train(
     rows: tuple,
     user_vectors: tuple,
     config: DPSGDConfig,
+    *,
     noise_multiplier: float,
     clip_u: float,
     clip_y: float,
@@ -150,7 +151,7 @@ def train(
     if noise_multiplier > 0 and config.l2_norm_clip == math.inf:
         raise UserError("a private run (noise multiplier > 0) needs a finite l2_norm_clip")
     cap_rng, sample_rng, noise = _randomness(config.seed)
-    data = _Units(model, rows, user_vectors, config, clip_u, clip_y, cap_rng)
+    data = _Units(model, rows, user_vectors, config, clip_u=clip_u, clip_y=clip_y, rng=cap_rng)
     count = data.count if units is None else units
     slots = max(count, data.count)  # one Poisson draw per unit of the rows (and per planned unit beyond them)
     q, steps = schedule(count, config)
@@ -187,6 +188,7 @@ class _Units:
         rows: tuple,
         user_vectors: tuple,
         config: DPSGDConfig,
+        *,
         clip_u: float,
         clip_y: float,
         rng: np.random.Generator,

@@ -84,6 +84,7 @@ def recall_report(
     targets: tuple[np.ndarray, np.ndarray],
     item_vectors: np.ndarray,
     lambda_u: float,
+    *,
     item_buckets: np.ndarray,
     k: int = 20,
     buckets: int = BUCKETS,
@@ -154,7 +155,7 @@ def popularity_recall_report(
         raise UserError("every catalog item needs a positive DP count (the counts release floors them at 1)")
     (users, positions), (t_users, t_positions) = history, targets
     return recall_report(
-        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets, k=k
+        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets=item_buckets, k=k
     )
 
 

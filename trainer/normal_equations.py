@@ -67,6 +67,7 @@ def normal_equations(
     vectors: np.ndarray,
     labels: np.ndarray,
     ridge: np.ndarray,
+    *,
     free: np.ndarray | None = None,
     offset: int | None = None,
     root: np.ndarray | None = None,

@@ -50,6 +50,7 @@ def ridge_solve(
     vectors: np.ndarray,
     labels: np.ndarray,
     lam: float,
+    *,
     scale_by_rows: bool = False,
     gravity: np.ndarray | None = None,
     bias_ridge: float | None = None,
@@ -101,7 +102,13 @@ def ridge_solve(
     if bias_ridge is not None and np.isfinite(bias_ridge):
         ridge[:, -1] = bias_ridge
     gram, rhs = normal_equations(
-        np.r_[starts, keys.size], vectors, labels, ridge, free, None if bias_ridge is None else -2, root
+        np.r_[starts, keys.size],
+        vectors,
+        labels,
+        ridge,
+        free=free,
+        offset=None if bias_ridge is None else -2,
+        root=root,
     )
     if gravity is not None:
         gravity = np.asarray(gravity, dtype=np.float64)

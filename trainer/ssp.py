@@ -173,6 +173,7 @@ def shuffled_chunks(
     encoder: ItemEncoder,
     config: SSPConfig,
     rng: np.random.Generator,
+    *,
     ridge_scale: np.ndarray | None = None,
     cache: dict | None = None,
     dtype=np.float64,
@@ -207,13 +208,16 @@ def item_chunks(
     encoder: ItemEncoder,
     config: SSPConfig,
     rng: np.random.Generator,
+    *,
     ridge_scale: np.ndarray | None = None,
     cache: dict | None = None,
     dtype=np.float64,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """`shuffled_chunks`' buffers with their rows in their shuffled order: (catalog positions (n,),
     packed A_j, b_j, ridge scales (n, d)), a chunk per buffer."""
-    for order, (positions, a, b, scale) in shuffled_chunks(path, encoder, config, rng, ridge_scale, cache, dtype):
+    for order, (positions, a, b, scale) in shuffled_chunks(
+        path, encoder, config, rng, ridge_scale=ridge_scale, cache=cache, dtype=dtype
+    ):
         yield positions[order], a[order], b[order], scale[order]
 
 
@@ -257,7 +261,7 @@ def item_batches(
     of `item_chunks`."""
     d = encoder.dim
     extra = gravity if gravity is not None else 0.0
-    for positions, a, b, scale in item_chunks(path, encoder, config, rng, ridge_scale):
+    for positions, a, b, scale in item_chunks(path, encoder, config, rng, ridge_scale=ridge_scale):
         for start in range(0, positions.size, config.batch_size):
             rows = slice(start, start + config.batch_size)
             yield positions[rows], unpack_upper(a[rows], d) + config.ridge * diagonals(scale[rows], d) + extra, b[rows]
@@ -297,7 +301,7 @@ def diagonals(scales: np.ndarray, d: int) -> np.ndarray:
     return scales[:, None, None] * np.eye(d) if scales.ndim == 1 else scales[:, :, None] * np.eye(d)
 
 
-def ssp_loss(encoder: ItemEncoder, positions, product, b, residual_penalty=None, anchor=None, start=None):
+def ssp_loss(encoder: ItemEncoder, positions, product, b, *, residual_penalty=None, anchor=None, start=None):
     """Mean over the batch's items of 1/2 v^T A v - b^T v, with `product(v)` giving A v (A already
     holding the ridge term: `packed_product`, or `dense_product` of matrices), plus
     1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item: (B,), or
@@ -318,6 +322,7 @@ def train(
     encoder: ItemEncoder,
     stats_paths: list[str],
     config: SSPConfig,
+    *,
     expected: dict | None = None,
     progress: bool = True,
     ridge_scale: np.ndarray | None = None,
@@ -378,9 +383,9 @@ def train(
                 positions,
                 product,
                 b,
-                tf.gather(penalty_of, positions) if use_residual else None,
-                anchor_of if use_anchor else None,
-                tf.gather(start_of, positions) if use_anchor else None,
+                residual_penalty=tf.gather(penalty_of, positions) if use_residual else None,
+                anchor=anchor_of if use_anchor else None,
+                start=tf.gather(start_of, positions) if use_anchor else None,
             )
             penalty = (
                 config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense])
@@ -432,7 +437,9 @@ def train(
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0
-        for order, buffer in shuffled_chunks(path, encoder, config, rng, ridge_scale, decoded, np.float32, tensors):
+        for order, buffer in shuffled_chunks(
+            path, encoder, config, rng, ridge_scale=ridge_scale, cache=decoded, dtype=np.float32, convert=tensors
+        ):
             total += float(run_chunk(tf.constant(order), *buffer))
             count += order.size
         losses.append(total / max(count, 1))

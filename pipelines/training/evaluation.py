@@ -196,7 +196,7 @@ def _evaluate(
                 aimed,
                 vectors,
                 config.lambda_u,
-                buckets,
+                item_buckets=buckets,
                 gravity=config.fold_in_gravity,
                 loss=config.loss,
                 bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),

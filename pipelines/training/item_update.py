@@ -276,9 +276,9 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
                 space,
                 config.encoder_dim,
                 config.ridge,
-                ridge_scale,
-                ssp_config.psd_projection,
-                expected,
+                ridge_scale=ridge_scale,
+                psd_projection=ssp_config.psd_projection,
+                expected=expected,
                 gravity=gravity,
             )
         )
@@ -303,14 +303,14 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
             space,
             config.encoder_dim,
             config.ridge,
-            ridge_scale,
-            False,
-            expected,
-            config.feature_weight,
-            config.feature_ridge,
-            config.cmf_iterations,
-            features,
-            gravity,
+            ridge_scale=ridge_scale,
+            psd_projection=False,
+            expected=expected,
+            feature_weight=config.feature_weight,
+            feature_ridge=config.feature_ridge,
+            inner_iterations=config.cmf_iterations,
+            feature_vectors=features,
+            gravity=gravity,
         )
         model.set_item_vectors(vectors)
         return []
@@ -329,7 +329,15 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
     )
     with _kernel(run, step):
         return ssp.train(
-            model, tables, ssp_config, expected, logs.bars(progress), ssp_ridge, gravity, residual_penalty, anchor
+            model,
+            tables,
+            ssp_config,
+            expected=expected,
+            progress=logs.bars(progress),
+            ridge_scale=ssp_ridge,
+            gravity=gravity,
+            residual_penalty=residual_penalty,
+            anchor=anchor,
         )
 
 
@@ -430,10 +438,10 @@ def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, spac
             (users, positions, labels, weights),
             user_vectors,
             config.dpsgd_config(units, seed),
-            multiplier,
-            clip_u,
-            settings.clip_y,
-            logs.bars(progress),
+            noise_multiplier=multiplier,
+            clip_u=clip_u,
+            clip_y=settings.clip_y,
+            progress=logs.bars(progress),
             units=units,
         )
     if accounting.event_to_json(result["event"]) != accounting.event_to_json(event):

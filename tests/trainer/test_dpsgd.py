@@ -58,7 +58,7 @@ def clipped_sum(model, units, rows, vectors, clip):
     for unit in units:
         grads = unit_gradient(model, positions[unit], vectors[users[unit]], labels[unit], weights[unit])
         norms.append(math.sqrt(sum(float(np.sum(g**2)) for g in grads)))
-        total = [t + g * min(1.0, clip / norms[-1]) for t, g in zip(total, grads)]
+        total = [t + g * min(1.0, clip / norms[-1]) for t, g in zip(total, grads, strict=True)]
     return total, np.array(norms)
 
 
@@ -115,7 +115,7 @@ def test_update_is_sum_of_clipped_unit_gradients_over_expected_batch(kind, fast,
         progress=False,
     )
     assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, len(units))
-    for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
+    for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables, strict=True):
         np.testing.assert_allclose((w0 - w1) / lr, g / len(units), rtol=2e-4, atol=1e-6, err_msg=var.name)
 
 
@@ -131,9 +131,11 @@ def test_noise_on_the_summed_gradient_has_std_z_times_clip(fast):
     config = dpsgd.DPSGDConfig(
         epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=clip, optimizer="sgd", seed=3, fast_clipping=fast
     )
-    out = dpsgd.train(model, rows, (np.arange(n), np.ones((n, 8))), config, z, 1.0, 1.0, progress=False)
+    out = dpsgd.train(
+        model, rows, (np.arange(n), np.ones((n, 8))), config, noise_multiplier=z, clip_u=1.0, clip_y=1.0, progress=False
+    )
     assert out["steps"] == 40
-    moved = np.concatenate([(b - a).ravel() for a, b in zip(before, weights_of(model))])
+    moved = np.concatenate([(b - a).ravel() for a, b in zip(before, weights_of(model), strict=True)])
     standardized = moved / (z * clip * math.sqrt(40))
     assert moved.size == 401 * 8 and np.all(moved != 0)  # dense noise, on rows no data touched too
     assert abs(standardized.mean()) < 0.06 and standardized.std() == pytest.approx(1.0, abs=0.04)
@@ -147,8 +149,17 @@ def test_ridge_gradient_is_ridge_over_units_times_the_weights():
     config = dpsgd.DPSGDConfig(
         epochs=1, batch_size=4, learning_rate=0.5, l2_norm_clip=1.0, ridge=2.0, optimizer="sgd", seed=0
     )
-    dpsgd.train(model, rows, (np.arange(4), np.ones((4, 3))), config, 0.0, 1.0, 1.0, progress=False)
-    for a, b in zip(before, weights_of(model)):
+    dpsgd.train(
+        model,
+        rows,
+        (np.arange(4), np.ones((4, 3))),
+        config,
+        noise_multiplier=0.0,
+        clip_u=1.0,
+        clip_y=1.0,
+        progress=False,
+    )
+    for a, b in zip(before, weights_of(model), strict=True):
         np.testing.assert_allclose(b, a * (1 - 0.5 * 2.0 / 4), rtol=1e-6)
 
 
@@ -167,9 +178,9 @@ def test_non_private_training_fits_a_planted_model():
         (ids, positions, labels, np.ones(ids.size)),
         (np.arange(users), vectors),
         config,
-        0.0,
-        math.inf,
-        math.inf,
+        noise_multiplier=0.0,
+        clip_u=math.inf,
+        clip_y=math.inf,
         progress=False,
     )
     fitted = model.embed_all()
@@ -187,7 +198,16 @@ def test_row_cap_keeps_max_rows_per_user_of_the_users_rows():
     config = dpsgd.DPSGDConfig(
         epochs=1, batch_size=1, learning_rate=1.0, l2_norm_clip=math.inf, max_rows_per_user=2, optimizer="sgd", seed=5
     )
-    dpsgd.train(model, rows, (np.array([0]), vectors), config, 0.0, math.inf, math.inf, progress=False)
+    dpsgd.train(
+        model,
+        rows,
+        (np.array([0]), vectors),
+        config,
+        noise_multiplier=0.0,
+        clip_u=math.inf,
+        clip_y=math.inf,
+        progress=False,
+    )
     moved = before[0] - weights_of(model)[0]
     matches = []
     for pair in itertools.combinations(range(5), 2):
@@ -203,7 +223,16 @@ def test_event_epsilon_matches_dp_accounting_and_tf_privacy():
     assert dpsgd.schedule(n, config) == (0.1, 20)
     assert dpsgd.count_units(np.repeat(np.arange(25), 4), config) == n
     rows = (np.repeat(np.arange(25), 4), np.arange(n) % 6, np.ones(n), np.ones(n))
-    out = dpsgd.train(encoder("id"), rows, (np.arange(25), np.ones((25, 3))), config, z, 1.0, 1.0, progress=False)
+    out = dpsgd.train(
+        encoder("id"),
+        rows,
+        (np.arange(25), np.ones((25, 3))),
+        config,
+        noise_multiplier=z,
+        clip_u=1.0,
+        clip_y=1.0,
+        progress=False,
+    )
     assert (out["sampling_probability"], out["steps"], out["units"], out["noise_multiplier"]) == (0.1, 20, n, z)
     epsilon = epsilon_of(
         [out["event"]], delta, accountant="rdp"
@@ -230,7 +259,14 @@ def test_event_epsilon_matches_dp_accounting_and_tf_privacy():
         epsilon_of(
             [
                 dpsgd.train(
-                    encoder("id"), rows, (np.arange(25), np.ones((25, 3))), config, 0.0, 1.0, 1.0, progress=False
+                    encoder("id"),
+                    rows,
+                    (np.arange(25), np.ones((25, 3))),
+                    config,
+                    noise_multiplier=0.0,
+                    clip_u=1.0,
+                    clip_y=1.0,
+                    progress=False,
                 )["event"]
             ],
             delta,
@@ -263,17 +299,42 @@ def test_bad_inputs_raise():
     vectors = (np.array([0, 1]), np.ones((2, 3)))
     config = dpsgd.DPSGDConfig(batch_size=1, l2_norm_clip=math.inf)
     with pytest.raises(ValueError, match="needs a finite l2_norm_clip"):
-        dpsgd.train(model, rows, vectors, config, 1.0, 1.0, 1.0, progress=False)
+        dpsgd.train(model, rows, vectors, config, noise_multiplier=1.0, clip_u=1.0, clip_y=1.0, progress=False)
     with pytest.raises(ValueError, match="noise multiplier must be"):
-        dpsgd.train(model, rows, vectors, config, -1.0, 1.0, 1.0, progress=False)
+        dpsgd.train(model, rows, vectors, config, noise_multiplier=-1.0, clip_u=1.0, clip_y=1.0, progress=False)
     with pytest.raises(ValueError, match="user 1 has rows but no embedding"):
-        dpsgd.train(model, rows, (np.array([0]), np.ones((1, 3))), config, 0.0, 1.0, 1.0, progress=False)
+        dpsgd.train(
+            model,
+            rows,
+            (np.array([0]), np.ones((1, 3))),
+            config,
+            noise_multiplier=0.0,
+            clip_u=1.0,
+            clip_y=1.0,
+            progress=False,
+        )
     with pytest.raises(ValueError, match=r"item positions must be in \[0, 6\)"):
         dpsgd.train(
-            model, (rows[0], np.array([0, 6]), rows[2], rows[3]), vectors, config, 0.0, 1.0, 1.0, progress=False
+            model,
+            (rows[0], np.array([0, 6]), rows[2], rows[3]),
+            vectors,
+            config,
+            noise_multiplier=0.0,
+            clip_u=1.0,
+            clip_y=1.0,
+            progress=False,
         )
     with pytest.raises(ValueError, match="need 1 <= batch size <= units"):
-        dpsgd.train(model, rows, vectors, dpsgd.DPSGDConfig(batch_size=3), 0.0, 1.0, 1.0, progress=False)
+        dpsgd.train(
+            model,
+            rows,
+            vectors,
+            dpsgd.DPSGDConfig(batch_size=3),
+            noise_multiplier=0.0,
+            clip_u=1.0,
+            clip_y=1.0,
+            progress=False,
+        )
 
 
 def test_planned_units_below_the_rows_still_sample_every_unit():
@@ -300,7 +361,7 @@ def test_planned_units_below_the_rows_still_sample_every_unit():
         units=7,
     )
     assert (out["steps"], out["sampling_probability"], out["units"]) == (1, 1.0, 7)
-    for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables):
+    for w0, w1, g, var in zip(before, weights_of(model), expected_sum, model.trainable_variables, strict=True):
         np.testing.assert_allclose((w0 - w1) / lr, g / 7, rtol=2e-4, atol=1e-6, err_msg=var.name)
 
 

@@ -29,7 +29,13 @@ def test_with_nothing_trained_the_fold_in_ranks_by_the_dp_counts():
     buckets = np.arange(m) % evaluate.BUCKETS
     history, targets = (h_users, h_positions, np.ones(h_users.size)), (t_users, t_positions)
     with_column = evaluate.recall_report(
-        history, targets, evaluate.with_popularity(np.zeros((m, 4)), counts), 1.0, buckets, k=5, gravity=0.1
+        history,
+        targets,
+        evaluate.with_popularity(np.zeros((m, 4)), counts),
+        1.0,
+        item_buckets=buckets,
+        k=5,
+        gravity=0.1,
     )
-    popularity = evaluate.recall_report(history, targets, counts[:, None], 1.0, buckets, k=5)
+    popularity = evaluate.recall_report(history, targets, counts[:, None], 1.0, item_buckets=buckets, k=5)
     assert with_column == popularity and 0 < popularity["recall_at_5"] < 1

@@ -34,7 +34,7 @@ def test_the_compiled_normal_equations_are_each_keys_sums_plus_its_ridge():
     labels = np.r_[3.0, rng.normal(size=300)]
     ridge = np.array([[0.5, 0.25], [1.0, 2.0], [3.0, 3.0]])
     starts, free = np.array([0, 1, 301, 301]), np.array([0, 2])
-    gram, rhs = normal_equations(starts, vectors, labels, ridge, free, offset=1)
+    gram, rhs = normal_equations(starts, vectors, labels, ridge, free=free, offset=1)
     np.testing.assert_array_equal(gram[0], [[1.5, 2.0], [2.0, 4.25]])
     np.testing.assert_array_equal(rhs[0], [-4.0, -8.0])
     x, s = vectors[1:][:, free], labels[1:] - vectors[1:, 1]
@@ -43,7 +43,7 @@ def test_the_compiled_normal_equations_are_each_keys_sums_plus_its_ridge():
     np.testing.assert_array_equal(gram[2], np.diag([3.0, 3.0]))
     np.testing.assert_array_equal(rhs[2], [0.0, 0.0])
     weighted, weighted_rhs = normal_equations(
-        starts, vectors, labels, ridge, free, offset=1, root=np.r_[2.0, np.ones(300)]
+        starts, vectors, labels, ridge, free=free, offset=1, root=np.r_[2.0, np.ones(300)]
     )
     np.testing.assert_array_equal(weighted[0], [[4.5, 8.0], [8.0, 16.25]])
     np.testing.assert_array_equal(weighted_rhs[0], [-16.0, -32.0])

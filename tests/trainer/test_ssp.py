@@ -49,7 +49,7 @@ def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
     for g_exact, g_ssp, var in zip(
         tape.gradient(exact, encoder.trainable_variables),
         tape.gradient(summed, encoder.trainable_variables),
-        encoder.trainable_variables,
+        encoder.trainable_variables, strict=True,
     ):
         g_exact, g_ssp = tf.convert_to_tensor(g_exact).numpy(), tf.convert_to_tensor(g_ssp).numpy()
         assert np.abs(g_exact).max() > 0, var.name
@@ -63,7 +63,7 @@ def test_embedding_gradients_are_sparse():
         loss = ssp.ssp_loss(
             encoder, tf.constant([0, 1]), ssp.dense_product(tf.eye(2, batch_shape=[2])), tf.ones((2, 2))
         )
-    grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables)))
+    grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables), strict=True))
     tables = [name for name in grads if "embeddings" in name]
     assert tables and all(isinstance(grads[name], tf.IndexedSlices) for name in tables)
     year = next(grads[name] for name in tables if name.startswith("year"))
@@ -225,7 +225,7 @@ def test_als_item_solve_is_the_closed_form_and_matches_ssp(tmp_path):
     keys, a_upper, b = grouped_sums(positions, augment(u, y))
     write_stats(str(tmp_path / "s.parquet"), space.item_ids[keys], a_upper, b, d)
     scale = np.arange(1.0, space.size + 1)
-    solved = als.solve_items(str(tmp_path / "s.parquet"), space, d, ridge, scale, psd_projection=True)
+    solved = als.solve_items(str(tmp_path / "s.parquet"), space, d, ridge, ridge_scale=scale, psd_projection=True)
     want = np.linalg.solve(unpack_upper(a_upper, d) + (ridge * scale[keys])[:, None, None] * np.eye(d), b[..., None])[
         ..., 0
     ]
@@ -330,7 +330,9 @@ def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_pa
     )
 
     def loss():
-        return ssp.ssp_loss(encoder, positions, ssp.dense_product(full_a), b, tf.constant(penalty, tf.float32))
+        return ssp.ssp_loss(
+            encoder, positions, ssp.dense_product(full_a), b, residual_penalty=tf.constant(penalty, tf.float32)
+        )
 
     before = float(loss())
     ssp.solve_residuals(encoder, [str(tmp_path / "s.parquet")], config, penalty, ridge)
@@ -361,7 +363,7 @@ def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(t
     config = ssp.SSPConfig(ridge=0.5, batch_size=2)
     for scale in (rng.uniform(1, 3, size=5), rng.uniform(1, 3, size=(5, d))):
         ((positions, packed, _, scales),) = ssp.item_chunks(
-            str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale
+            str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), ridge_scale=scale
         )
         expected = np.concatenate(
             [
@@ -407,10 +409,10 @@ def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_rea
     monkeypatch.setattr(ssp, "_decoded_buffers", lambda *args: reads.append(1) or real(*args))
     wide, narrow, cache = np.random.default_rng(5), np.random.default_rng(5), {}
     for epoch in range(3):
-        expected = list(ssp.item_chunks(path, encoder, config, wide, scale))
-        got = list(ssp.item_chunks(path, encoder, config, narrow, scale, cache, np.float32))
+        expected = list(ssp.item_chunks(path, encoder, config, wide, ridge_scale=scale))
+        got = list(ssp.item_chunks(path, encoder, config, narrow, ridge_scale=scale, cache=cache, dtype=np.float32))
         assert len(got) == len(expected) == 1
-        for g, e in zip(got[0], expected[0]):
+        for g, e in zip(got[0], expected[0], strict=True):
             assert g.dtype == (np.int64 if e.dtype == np.int64 else np.float32)
             np.testing.assert_array_equal(g, e.astype(g.dtype))
     assert len(reads) == 3 + 1  # every epoch for the uncached chunks, once for the cached ones
@@ -431,11 +433,13 @@ def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunk
     fed, expected, cache = np.random.default_rng(2), np.random.default_rng(2), {}
     first = None
     for epoch in range(3):
-        ((order, buffer),) = ssp.shuffled_chunks(path, encoder, config, fed, scale, cache, np.float32, convert)
+        ((order, buffer),) = ssp.shuffled_chunks(
+            path, encoder, config, fed, ridge_scale=scale, cache=cache, dtype=np.float32, convert=convert
+        )
         first = first or buffer
-        assert all(x is y for x, y in zip(buffer, first))  # the same tensors every epoch
-        (chunk,) = ssp.item_chunks(path, encoder, config, expected, scale, None, np.float32)
-        for tensor, rows in zip(buffer, chunk):
+        assert all(x is y for x, y in zip(buffer, first, strict=True))  # the same tensors every epoch
+        (chunk,) = ssp.item_chunks(path, encoder, config, expected, ridge_scale=scale, cache=None, dtype=np.float32)
+        for tensor, rows in zip(buffer, chunk, strict=True):
             np.testing.assert_array_equal(tf.gather(tensor, order).numpy(), rows)
     assert len(conversions) == 1
 

@@ -26,7 +26,8 @@ def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
 def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
     """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows; with
     biases, each user's [u, b_u] against [v, 1] on y - b_j, and each item's [v, b_j] against [u, 1]
-    on y - b_u (the bias coordinate c = --bias-coordinate without clipping; the item's bias is c times its coefficient)."""
+    on y - b_u (the bias coordinate c = --bias-coordinate without clipping; the item's bias is c times its
+    coefficient)."""
     config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4, biases=biases)
     metrics = stages.run(config, spark=spark, progress=False)
     run = run_dir.Run(config.out)
@@ -226,7 +227,7 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     ridge = item_update._ridge_scale(
         config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts), averaged=2
     )
-    want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge, True))
+    want = unit_rms(als.solve_items(mean, space, 4, config.ridge, ridge_scale=ridge, psd_projection=True))
     items, got = vectors(run.item_embeddings(1), 4)
     np.testing.assert_allclose(got, want[space.index_of(items)], rtol=1e-4, atol=1e-5)  # the encoder's table is float32
     last_only = unit_rms(
@@ -235,10 +236,10 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
             space,
             4,
             config.ridge,
-            item_update._ridge_scale(
+            ridge_scale=item_update._ridge_scale(
                 config, space, prepare.ledger_multiplier(run.ledger), storage.read_table(run.counts)
             ),
-            True,
+            psd_projection=True,
         )
     )
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
