@@ -47,13 +47,14 @@ def _run(config: settings.TrainConfig, spark) -> dict:
 def small_data(out: str, seeds: int, base: settings.TrainConfig, spark) -> dict:
     # the non-private top line with its own defaults (d=32 with the item id), as `ssp demo --non-private`
     results = {
-        "non_private": _run(settings.TrainConfig.create(out=storage.join(out, "small-nonprivate"), non_private=True), spark)
+        "non_private": _run(
+            settings.TrainConfig.create(out=storage.join(out, "small-nonprivate"), non_private=True), spark
+        )
     }
     for epsilon in SMALL_EPSILONS:
         runs = [
             _run(
-                base.replace( out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s
-                ),
+                base.replace(out=storage.join(out, f"small-eps{epsilon:g}-seed{s}"), epsilon=epsilon, model_seed=s),
                 spark,
             )
             for s in range(seeds)
@@ -74,17 +75,13 @@ def synthetic(out: str, base: settings.TrainConfig, spark) -> dict:
     data = storage.join(out, "synthetic-data")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         synth.generate(data, users=100_000, items=5_000, ratings_per_user=30, seed=0)
-    base = base.replace( data=data)
+    base = base.replace(data=data)
     # the same pipeline without noise: the private defaults' d and features, only the noise removed
-    non_private = _run(
-        base.replace( out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark
-    )
+    non_private = _run(base.replace(out=storage.join(out, "synthetic-nonprivate"), non_private=True), spark)
     results = {"non_private": non_private, "mean_predictor_rmse": non_private["mean_predictor_rmse"]}
     gap = non_private["mean_predictor_rmse"] - non_private["test_rmse"]
     for epsilon in SYNTHETIC_EPSILONS:
-        run = _run(
-            base.replace( out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark
-        )
+        run = _run(base.replace(out=storage.join(out, f"synthetic-eps{epsilon:g}"), epsilon=epsilon), spark)
         run["gap_closed"] = (run["mean_predictor_rmse"] - run["test_rmse"]) / gap
         results[f"eps{epsilon:g}"] = run
     return results
