@@ -263,7 +263,14 @@ class Ledger:
                     f"{account.path}: the "
                     "account was replaced or rolled back; they still count, so nothing more is released"
                 )
-            account.charge(self.identity, len(self.rows), name, event, self.budget["accountant"])
+            account.charge(
+                self.identity,
+                len(self.rows),
+                name,
+                event,
+                fingerprint=fingerprint,
+                accountant=self.budget["accountant"],
+            )
         noise = getattr(event, "noise_multiplier", getattr(getattr(event, "event", None), "noise_multiplier", 0.0))
         self.rows.append(
             {

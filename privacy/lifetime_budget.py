@@ -16,7 +16,8 @@ anew. docs/privacy.md ("The budget account of a data source") has every rule and
 
 Privacy: deleting a run's ledger and seed does not give the users a fresh budget. A charge is
 written before the ledger row it accounts for (a crash leaves the account over-charged, never
-under), keyed by (ledger, release index), so a rerun charges nothing more; a release without noise
+under), keyed by (ledger, release index, inputs' fingerprint), so a rerun charges nothing more and
+a copied run folder's release on other inputs is charged again; a release without noise
 is refused on a capped account. The registry is the root of trust: keep it where operators cannot
 delete it unnoticed.
 """
@@ -213,18 +214,38 @@ class BudgetAccount:
     def identity(self) -> str | None:
         return self.document.get("id")
 
-    def find(self, ledger: str, release: int) -> dict | None:
-        return next((c for c in self.document["charges"] if c["ledger"] == ledger and c["release"] == release), None)
+    def find(self, ledger: str, release: int, fingerprint: str | None = None) -> dict | None:
+        """The charge of release `release` of `ledger`; with `fingerprint`, the one on those inputs
+        (a charge recorded before charges had fingerprints matches any)."""
+        return next(
+            (
+                c
+                for c in self.document["charges"]
+                if c["ledger"] == ledger
+                and c["release"] == release
+                and (fingerprint is None or c.get("fingerprint") in (None, fingerprint))
+            ),
+            None,
+        )
 
     def charge(
-        self, ledger: str, release: int, name: str, event: dp_accounting.DpEvent, accountant: str | None = None
+        self,
+        ledger: str,
+        release: int,
+        name: str,
+        event: dp_accounting.DpEvent,
+        *,
+        fingerprint: str,
+        accountant: str | None = None,
     ) -> None:
-        """Charge release `release` of `ledger` (composed by `accountant`, default the account's)
-        to the account, or refuse it past the cap or without noise on a capped account (nothing
-        is charged). Charging the same release with the same event again does nothing."""
+        """Charge release `release` of `ledger` on the inputs `fingerprint` names (composed by
+        `accountant`, default the account's) to the account, or refuse it past the cap or without
+        noise on a capped account (nothing is charged). The same release on the same inputs again
+        (a rerun) charges nothing; on other inputs (a copy of the run folder released on other
+        data) it is another release, charged as one."""
         self.reload()
         event_json = json.dumps(accounting.event_to_json(event), sort_keys=True)
-        existing = self.find(ledger, release)
+        existing = self.find(ledger, release, fingerprint)
         if existing is not None:
             if existing["event"] != event_json:
                 raise UserError(
@@ -255,6 +276,7 @@ class BudgetAccount:
             {
                 "ledger": ledger,
                 "release": release,
+                "fingerprint": fingerprint,
                 "name": name,
                 "event": event_json,
                 "accountant": accountant,

@@ -70,11 +70,28 @@ def test_a_release_past_the_cap_is_refused_and_charges_nothing(tmp_path):
 def test_recharging_the_same_release_is_free(tmp_path):
     path = str(tmp_path / "account.json")
     account = BudgetAccount.open_or_create(path, cap=10.0, delta=DELTA)
-    account.charge("L", 0, "counts", accounting.gaussian_event(3.0))
-    account.charge("L", 0, "counts", accounting.gaussian_event(3.0))
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="fp")
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="fp")
     assert len(BudgetAccount.open(path).document["charges"]) == 1
     with pytest.raises(ValueError, match="charged with another event"):
-        account.charge("L", 0, "counts", accounting.gaussian_event(4.0))
+        account.charge("L", 0, "counts", accounting.gaussian_event(4.0), fingerprint="fp")
+
+
+def test_the_same_release_on_other_inputs_is_charged_again(tmp_path):
+    """A copied run folder shares its ledger's id and release indices: release 0 made in the copy on
+    inputs one user apart is a second release on these users, charged as one (and refused at the cap)."""
+    path = str(tmp_path / "account.json")
+    account = BudgetAccount.open_or_create(path, cap=None, delta=DELTA)
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="original")
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="original")  # a rerun: free
+    account.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="the copy's")
+    assert [c["fingerprint"] for c in BudgetAccount.open(path).document["charges"]] == ["original", "the copy's"]
+    twice = accounting.epsilon_of([accounting.gaussian_event(3.0)] * 2, DELTA, "pld")
+    assert account.epsilon() == pytest.approx(twice)
+    capped = BudgetAccount.open_or_create(str(tmp_path / "capped.json"), cap=twice * 0.9, delta=DELTA)
+    capped.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="original")
+    with pytest.raises(AccountCapError, match="over the cap"):
+        capped.charge("L", 0, "counts", accounting.gaussian_event(3.0), fingerprint="the copy's")
 
 
 def test_window_lets_old_releases_drop_out(tmp_path, monkeypatch):
@@ -82,9 +99,9 @@ def test_window_lets_old_releases_drop_out(tmp_path, monkeypatch):
     account = BudgetAccount.open_or_create(path, cap=None, delta=DELTA, window_days=7)
     then = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     monkeypatch.setattr(accounts, "_now", lambda: then)
-    account.charge("L", 0, "old", accounting.gaussian_event(3.0))
+    account.charge("L", 0, "old", accounting.gaussian_event(3.0), fingerprint="fp")
     monkeypatch.setattr(accounts, "_now", lambda: then + datetime.timedelta(days=10))
-    account.charge("L", 1, "new", accounting.gaussian_event(3.0))
+    account.charge("L", 1, "new", accounting.gaussian_event(3.0), fingerprint="fp")
     assert [c["name"] for c in account.counted()] == ["new"]
     assert account.epsilon() == pytest.approx(accounting.epsilon_of([accounting.gaussian_event(3.0)], DELTA, "pld"))
 
