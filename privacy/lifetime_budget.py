@@ -1,18 +1,19 @@
 """The budget account of a data source: every run's releases on the same users, composed.
 
-A run's ledger bounds one run; the same users are trained on again and again (the weekly retraining
-DAG). The account, a JSON document kept beside the runs (one per data source), lists every release
-of every run that charged it, with its dp-accounting event; its lifetime epsilon is the composition
-of all of them at the account's delta (`epsilon`), and a release that would take it past its cap is
-refused before it is made (`charge`, called by `Ledger.record` under the account's own release
-lock). Runs accounted differently (PLD, RDP, 'rdp-integer') compose in one account: each
-accountant's charges at an equal share of delta, the epsilons added. With a window of N days older
-releases stop counting against the cap, an operator's policy, not something DP provides.
+A run's ledger bounds one run; the same users are retrained weekly. The account, a JSON document
+(one per data source), lists every release of every run that charged it, with its dp-accounting
+event; its lifetime epsilon composes them all (`epsilon`), and a release that would take it past
+its cap is refused before it is made (`charge`, called by `Ledger.record` under the account's own
+release lock). Accountants (PLD, RDP) compose at equal shares of delta; an optional window of N days lets
+older releases stop counting, an operator's policy, not something DP provides.
 
-A data source is identified by the content digest of its interactions, not by a path; the registry
-(`$SSP_BUDGET_ACCOUNTS`, default `~/.ssp/budget-accounts`) names its one account and that account's
-id (`for_source`), so a second, missing, replaced or rolled-back account is refused, never created
-anew. docs/privacy.md ("The budget account of a data source") has every rule and why.
+A data source is an identity an operator names (`--data-source`, at ingest or per run): every run on
+it, whatever its rows this week, composes into its one account. Interactions without a name are
+identified by their content digest. The registry (`$SSP_BUDGET_ACCOUNTS`, default
+`~/.ssp/budget-accounts`) names each source's one account and that account's id (`for_source`), so
+a second, missing, replaced or rolled-back account is refused, never created anew; it also records
+each content digest's source, so the same rows under a second name are refused. docs/privacy.md
+("The budget account of a data source") has every rule, why, and what it trusts the operator with.
 
 Privacy: deleting a run's ledger and seed does not give the users a fresh budget. A charge is
 written before the ledger row it accounts for (a crash leaves the account over-charged, never
@@ -117,24 +118,38 @@ class BudgetAccount:
         delta: float = 1e-5,
         accountant: str = "pld",
         window_days: float | None = None,
+        *,
+        digest: str | None = None,
+        shares_users_with: str | None = None,
     ) -> BudgetAccount:
-        """The one account of the data source `source` (a content digest), through the registry
-        (module docstring): created at `path` (default: in the registry folder) if the source has
-        none; refused if it has one elsewhere, or if the one it has is missing or replaced."""
+        """The one account of the data source `source` (the name an operator gave it, or the content
+        digest of interactions that have none), through the registry (module docstring): created at
+        `path` (default: in the registry folder) if the source has none; refused if it has one
+        elsewhere, or if the one it has is missing or replaced. `digest`, the content digest of this
+        run's interactions, is checked against every other name's; `shares_users_with` names the
+        source whose account a new one shares (their users overlap). Callers hold the registry's lock."""
+        if digest is not None:
+            source = cls._named_digest(source, digest)
         entry_path = storage.join(accounts_home(), f"{source}.json")
+        if not storage.exists(entry_path) and shares_users_with is not None:
+            other = cls._entry(shares_users_with, why=f"{source!r} is declared to share its users with it")
+            storage.write_json({**other, "source": source, "shares_users_with": shares_users_with}, entry_path)
         if storage.exists(entry_path):
             entry = storage.read_json(entry_path)
+            if shares_users_with is not None and entry.get("shares_users_with") != shares_users_with:
+                raise UserError(
+                    f"data source {source!r} already has its own budget account {entry['account']} (registry "
+                    f"{entry_path}): sharing users with {shares_users_with!r} is declared before its first run"
+                )
             if path is not None and storage.canonical(path) != entry["account"]:
                 raise UserError(
                     f"this data source already has its budget account {entry['account']}; one data source keeps one "
-                    "account "
-                    f"(registry {entry_path}): give that one, or no --budget-account"
+                    f"account (registry {entry_path}): give that one, or no --budget-account"
                 )
             if not storage.exists(entry["account"]):
                 raise AccountMissingError(
                     f"the budget account {entry['account']} of this data source (registry {entry_path}) is missing: "
-                    "deleted, "
-                    "renamed or moved. Its releases still count; restore it (nothing was released)"
+                    "deleted, renamed or moved. Its releases still count; restore it (nothing was released)"
                 )
             account = cls.open_or_create(entry["account"], cap, delta, accountant, window_days)
             if account.document.get("id") != entry["id"]:
@@ -154,6 +169,38 @@ class BudgetAccount:
         account = cls.open_or_create(target, cap, delta, accountant, window_days, source=source)
         storage.write_json({"source": source, "account": target, "id": account.document["id"]}, entry_path)
         return account
+
+    @staticmethod
+    def _entry(source: str, why: str) -> dict:
+        entry_path = storage.join(accounts_home(), f"{source}.json")
+        if not storage.exists(entry_path):
+            raise UserError(
+                f"data source {source!r} has no budget account in the registry {accounts_home()} ({why}): run on it "
+                "first"
+            )
+        return storage.read_json(entry_path)
+
+    @staticmethod
+    def _named_digest(source: str, digest: str) -> str:
+        """The source these interactions are accounted to: `source`, after recording that their
+        content digest is its (interactions under no name: the named source that has them, if any).
+        The same interactions under a second name are refused: they would start a second budget."""
+        index = storage.join(accounts_home(), "digests", f"{digest}.json")
+        owner = storage.read_json(index)["source"] if storage.exists(index) else None
+        if owner is None and source != digest and storage.exists(storage.join(accounts_home(), f"{digest}.json")):
+            owner = digest  # accounted before, under no name
+        if source == digest:
+            return owner or source
+        if owner is not None and owner != source:
+            named = f"data source {owner!r}" if owner != digest else "a data source without a name (its content digest)"
+            raise UserError(
+                f"these interactions (content digest {digest[:16]}...) are already accounted to {named} in the "
+                f"registry {accounts_home()}; the same rows under a second name, {source!r}, would start a second "
+                f"budget: name them {owner!r}"
+            )
+        if owner is None:
+            storage.write_json({"source": source}, index)
+        return source
 
     @classmethod
     def open(cls, path: str) -> BudgetAccount:

@@ -170,3 +170,37 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
         "counts", accounting.gaussian_event(0.0), "fp"
     )
     assert BudgetAccount.open(uncapped).epsilon() == float("inf")
+
+
+def test_a_named_source_composes_over_every_weeks_rows(tmp_path, monkeypatch):
+    """The weekly retraining: each week's interactions have another content digest, and all are
+    charged to the named source's one account; the same rows under a second name are refused."""
+    monkeypatch.setenv(accounts.ACCOUNTS_ENV, str(tmp_path / "registry"))
+    week1 = BudgetAccount.for_source("shop", cap=5.0, delta=DELTA, digest="d" * 64)
+    week2 = BudgetAccount.for_source("shop", delta=DELTA, digest="e" * 64)
+    assert week2.path == week1.path and week2.identity == week1.identity and week2.cap == 5.0
+    with pytest.raises(ValueError, match="already accounted to data source 'shop'.*name them 'shop'"):
+        BudgetAccount.for_source("shop-copy", delta=DELTA, digest="e" * 64)
+    assert not (tmp_path / "registry" / "shop-copy.json").exists()
+    unnamed = BudgetAccount.for_source("e" * 64, delta=DELTA, digest="e" * 64)  # the rows, given no name
+    assert unnamed.identity == week1.identity
+
+
+def test_rows_accounted_without_a_name_are_refused_under_one(tmp_path, monkeypatch):
+    monkeypatch.setenv(accounts.ACCOUNTS_ENV, str(tmp_path / "registry"))
+    BudgetAccount.for_source("f" * 64, delta=DELTA, digest="f" * 64)
+    with pytest.raises(ValueError, match="a data source without a name"):
+        BudgetAccount.for_source("shop", delta=DELTA, digest="f" * 64)
+
+
+def test_a_source_declared_to_share_users_shares_the_account(tmp_path, monkeypatch):
+    monkeypatch.setenv(accounts.ACCOUNTS_ENV, str(tmp_path / "registry"))
+    with pytest.raises(ValueError, match="'web' has no budget account.*run on it first"):
+        BudgetAccount.for_source("app", delta=DELTA, digest="a" * 64, shares_users_with="web")
+    web = BudgetAccount.for_source("web", cap=3.0, delta=DELTA, digest="b" * 64)
+    app = BudgetAccount.for_source("app", delta=DELTA, digest="a" * 64, shares_users_with="web")
+    assert (app.path, app.identity, app.cap) == (web.path, web.identity, 3.0)
+    assert BudgetAccount.for_source("app", delta=DELTA, digest="c" * 64).identity == web.identity
+    BudgetAccount.for_source("tv", delta=DELTA, digest="9" * 64)
+    with pytest.raises(ValueError, match="'tv' already has its own budget account"):
+        BudgetAccount.for_source("tv", delta=DELTA, digest="9" * 64, shares_users_with="web")
