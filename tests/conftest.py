@@ -43,6 +43,39 @@ def pytest_configure(config):
         )
 
 
+# What a test needs beyond this process, as markers (registered in pyproject.toml), applied here by the
+# fixtures it uses, so that they cannot drift from what it does; a module whose tests start Spark or
+# Beam some other way (an installed `ssp` in a subprocess, a pipeline built in the test) says so with
+# a module-level `pytestmark`. The fast loop deselects them all (README, "Tests").
+SPARK_FIXTURES = {"spark", "cluster"}  # the session's local Spark; a standalone cluster (and its spark-submit)
+GCS_FIXTURES = {"gcs_bucket"}  # gcs_path and every gs:// fixture go through it
+NO_JVM = "/nonexistent/java-home-of-a-test-not-marked-spark"  # see no_jvm_unless_marked
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        engines = {value for key, value in params.items() if "engine" in key and isinstance(value, str)}
+        if names & SPARK_FIXTURES or "spark" in engines:
+            item.add_marker(pytest.mark.spark)
+        if "cluster" in names:
+            item.add_marker(pytest.mark.cluster)
+        if "beam" in engines:
+            item.add_marker(pytest.mark.beam)
+        if names & GCS_FIXTURES:
+            item.add_marker(pytest.mark.gcs)
+
+
+@pytest.fixture(autouse=True)
+def no_jvm_unless_marked(request, monkeypatch):
+    """A test not marked `spark` gets no Java: JAVA_HOME points nowhere, so a Spark it starts after all,
+    in this process or in a subprocess, fails at once instead of slowing the fast loop unnoticed (a
+    session already running in this worker is found and used, so the guard bites in the fast loop)."""
+    if request.node.get_closest_marker("spark") is None:
+        monkeypatch.setenv("JAVA_HOME", NO_JVM)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def module_budget_account_registry(tmp_path_factory):
     """Each test module's own registry for the runs its module-scoped fixtures make: a data source's
@@ -97,7 +130,7 @@ def gcs_bucket():
         except OSError:
             if time.monotonic() > deadline or server.poll() is not None:
                 server.kill()
-                raise RuntimeError("gcp-storage-emulator did not start")
+                raise RuntimeError("gcp-storage-emulator did not start") from None
             time.sleep(0.1)
     saved = {key: os.environ.get(key) for key in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN")}
     os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"

@@ -180,6 +180,19 @@ def _mount(*args: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(["mount"], 127, "", "no mount command")
 
 
+REQUIRE_MOUNTS = "SSP_TESTS_REQUIRE_MOUNTS"  # set to 1 where the full-disk and read-only tests must run
+
+
+def _cannot_mount(what: str, done: subprocess.CompletedProcess) -> None:
+    """A machine that may not mount (not root, or a container without CAP_SYS_ADMIN) cannot run a test
+    on a real full disk or read-only file system: it is skipped with the reason (`-ra` lists it), or
+    fails where $SSP_TESTS_REQUIRE_MOUNTS=1 says this machine must run it (root here: it mounts)."""
+    reason = f"cannot {what} here ({done.stderr.strip() or 'not permitted'}): run as root to test it"
+    if os.environ.get(REQUIRE_MOUNTS) == "1":
+        pytest.fail(f"{reason}, as ${REQUIRE_MOUNTS}=1 requires")
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A factory of small tmpfs folders (a full disk for real); skipped where mounting is not allowed."""
@@ -190,9 +203,7 @@ def small_disk(tmp_path):
         folder.mkdir()
         done = _mount("-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(folder))
         if done.returncode:
-            pytest.skip(
-                f"cannot mount a small tmpfs here to fill a disk for real ({done.stderr.strip() or 'not permitted'})"
-            )
+            _cannot_mount("mount a small tmpfs to fill a disk for real", done)
         mounted.append(folder)
         return folder
 
@@ -209,7 +220,7 @@ def read_only(tmp_path):
     (folder / "before").write_text("x")
     done = _mount("--bind", "-o", "ro", str(folder), str(folder))
     if done.returncode:
-        pytest.skip(f"cannot make a read-only bind mount here ({done.stderr.strip() or 'not permitted'})")
+        _cannot_mount("make a read-only bind mount", done)
     try:
         yield folder
     finally:

@@ -93,7 +93,9 @@ def write_tables(folder, interactions, embeddings: dict, catalog, counts: dict |
     paths = {
         name: os.path.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "items", "counts")
     }
-    users, items, labels = (list(column) for column in zip(*interactions)) if interactions else ([], [], [])
+    users, items, labels = (
+        (list(column) for column in zip(*interactions, strict=True)) if interactions else ([], [], [])
+    )
     storage.write_table(
         pa.table(
             {
@@ -180,7 +182,8 @@ INGEST_REFUSED = {
     # wrong delimiters
     "ratings.csv with ';'": (
         csv_folder(ratings=RATINGS.replace(",", ";")),
-        r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp separated by ',', found 'userId;movieId;rating;timestamp'",
+        r"ratings.csv, line 1: expected the header userId,movieId,rating,timestamp separated by ',', found "
+        r"'userId;movieId;rating;timestamp'",
     ),
     "ratings.csv with tabs": (
         csv_folder(ratings=RATINGS.replace(",", "\t")),
@@ -303,7 +306,10 @@ def test_a_failed_ingest_leaves_the_previous_data_set_whole(tmp_path, capsys):
 def test_ids_at_the_int64_limits_and_spreadsheet_csv_are_accepted(tmp_path, capsys):
     """The extreme int64 ids are valid; a UTF-8 byte-order mark and CRLF line ends (a csv saved by
     a spreadsheet) are read as the plain file."""
-    ratings = f"userId,movieId,rating,timestamp\r\n{INT64_MAX},{INT64_MIN},4.0,{INT64_MAX}\r\n{INT64_MIN},10,1.0,{INT64_MIN}\r\n"
+    ratings = (
+        f"userId,movieId,rating,timestamp\r\n{INT64_MAX},{INT64_MIN},4.0,{INT64_MAX}\r\n"
+        f"{INT64_MIN},10,1.0,{INT64_MIN}\r\n"
+    )
     movies = f"movieId,title,genres\r\n{INT64_MIN},Min (2000),Drama\r\n10,Ten (2010),Comedy\r\n"
     source = write_files(tmp_path / "ml", {"ratings.csv": "\ufeff" + ratings, "movies.csv": "\ufeff" + movies})
     ok(capsys, "ingest", "--source", source, "--out", tmp_path / "data")
@@ -335,7 +341,8 @@ def test_ids_that_overflow_int64_in_a_data_set_folder_are_refused_before_any_rel
         tmp_path / "c1",
         "--epsilon",
         "1",
-        pattern=r"interactions: column 'user_id': has type uint64, expected int64 \(Integer value 9223372036854775813 not in range",
+        pattern=r"interactions: column 'user_id': has type uint64, expected int64 "
+        r"\(Integer value 9223372036854775813 not in range",
     )
     items = pa.table({"item_id": pa.array([10, INT64_MAX + 6], pa.uint64()), "title": ["a", "b"], "genres": [[], []]})
     storage.write_table(
@@ -440,7 +447,9 @@ def test_duplicate_ratings_have_a_documented_handling(spark, tmp_path, capsys):
     parts = pa.concat_tables(
         [storage.read_table(str(tmp_path / "split" / f"{part}.parquet")) for part in ("train", "valid", "test")]
     )
-    pairs = list(zip(parts["user_id"].to_pylist(), parts["item_id"].to_pylist(), parts["label"].to_pylist()))
+    pairs = list(
+        zip(parts["user_id"].to_pylist(), parts["item_id"].to_pylist(), parts["label"].to_pylist(), strict=True)
+    )
     assert sorted(pairs) == [(1, 10, 1.5), (1, 20, 3.5), (2, 10, 0.5)]  # one row per (user, item): the latest
 
     run = tmp_path / "run"
@@ -457,7 +466,7 @@ def test_duplicate_ratings_have_a_documented_handling(spark, tmp_path, capsys):
         "0",
     )
     counts = storage.read_table(str(run / "counts.parquet"))
-    assert dict(zip(counts["item_id"].to_pylist(), counts["count"].to_pylist())) == {
+    assert dict(zip(counts["item_id"].to_pylist(), counts["count"].to_pylist(), strict=True)) == {
         10: 2.0,
         20: 1.0,
     }  # user 1 counts once for movie 10
@@ -502,7 +511,7 @@ def test_a_user_with_100k_rows_moves_the_statistics_by_at_most_the_sensitivity(s
     counts = {j: 1.0 + j % 97 for j in catalog}  # DP counts: weights differ across the user's items
     others = [(1, 3, 4.0), (1, 50, -1.0), (2, 3, 2.0), (2, 99_999, 0.5), (3, 3, 1.0)]
     labels = np.where(np.arange(n) % 2 == 0, 10.0, -10.0)  # |y| = 10 > clip_y: clipped to 2
-    heavy_rows = list(zip([heavy] * n, catalog, labels.tolist()))
+    heavy_rows = list(zip([heavy] * n, catalog, labels.tolist(), strict=True))
     embeddings = {1: [0.3, 0.1], 2: [-0.2, 0.4], 3: [0.0, 0.5], heavy: [3.0, 4.0]}  # |u| = 5 > clip_u: clipped to 1
     wbar, clip_u, clip_y = 1.5, 1.0, 2.0
 
@@ -656,7 +665,8 @@ def test_non_finite_labels_and_embeddings_are_refused_before_any_release(spark, 
         capsys,
         "stats",
         *stats_flags(paths, run, **{"--user-embeddings": user_embeddings}),
-        pattern=rf"user embeddings: column 'embedding', row 1: holds a non-finite value {shown} \(in .*user_embeddings.parquet\)",
+        pattern=rf"user embeddings: column 'embedding', row 1: holds a non-finite value {shown} "
+        r"\(in .*user_embeddings.parquet\)",
     )
     for engine in ("local", "spark"):  # the same words: the engines check each batch as this process does
         refused(
@@ -799,7 +809,7 @@ PARAMETER_CASES = [
 
 
 def _without(flags: list[str], names: set[str]) -> list[str]:
-    pairs = list(zip(flags[::2], flags[1::2]))
+    pairs = list(zip(flags[::2], flags[1::2], strict=True))
     return [part for flag, value in pairs if flag not in names for part in (flag, value)]
 
 
@@ -888,8 +898,8 @@ def test_absurd_but_valid_budgets_are_recorded_and_caught_by_the_ledger_check(sp
 
 @pytest.fixture(scope="module")
 def prepared_run(tmp_path_factory):
-    """A run prepared by `ssp train --stage prepare` (d = 2 and the bias coordinate, clip_u 1, clip_y 2, wbar 1) on a data
-    set with unicode titles, genres and tags declared public. Statistics cover every item
+    """A run prepared by `ssp train --stage prepare` (d = 2 and the bias coordinate, clip_u 1, clip_y 2, wbar 1) on a
+    data set with unicode titles, genres and tags declared public. Statistics cover every item
     (--stats-threshold 0): 12 users' DP counts are noise, and a threshold on them would make the
     fixture depend on the draw."""
     folder = tmp_path_factory.mktemp("prepared")

@@ -148,7 +148,8 @@ def _check_table_folder(folder: Path) -> list[str]:
     marker = folder / "_SUCCESS"
     if not marker.is_file():
         return [
-            f"{folder}: a table folder without a _SUCCESS marker (half a table is visible); it holds {sorted(os.listdir(folder))}"
+            f"{folder}: a table folder without a _SUCCESS marker (half a table is visible); it holds "
+            f"{sorted(os.listdir(folder))}"
         ]
     try:
         document = json.loads(marker.read_bytes())
@@ -259,7 +260,11 @@ def _kill_resume_and_check(
     history = []  # (delay, what happened), for the messages
 
     def context() -> str:
-        return f"seed {SEED}, uninterrupted run {seconds:.1f} s{' (' + ' '.join(stage) + ')' if stage else ''}, kill delays {[round(d, 2) for d in delays]}, so far {history}"
+        stages = f" ({' '.join(stage)})" if stage else ""
+        return (
+            f"seed {SEED}, uninterrupted run {seconds:.1f} s{stages}, kill delays {[round(d, 2) for d in delays]}, "
+            f"so far {history}"
+        )
 
     for attempt, delay in enumerate(delays):
         log = folder / f"attempt-{attempt}.log"

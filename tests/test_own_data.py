@@ -107,7 +107,7 @@ def published(spark, tmp_path_factory):
         )
         == 0
     )
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8
     )
     metrics = stages.run(config, spark=spark, progress=False)
@@ -127,8 +127,7 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
 
     assert (
         f"DP popularity (the run's counts release): test Recall@20 {metrics['test_popularity_recall_at_20']:.4f}; "
-        f"same fifths"
-        in describe(metrics)
+        f"same fifths" in describe(metrics)
     )
     model = PublishedModel.load(str(root / "published"))
     assert model.settings["positive_threshold"] is None and model.settings["protocol"] == "recall"
@@ -388,6 +387,6 @@ def test_a_regression_run_on_implicit_feedback_is_refused_before_any_release(pub
     root, _ = published
     with pytest.raises(ValueError, match="implicit feedback"):
         prepare.prepare(
-            settings.TrainConfig(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False
+            settings.TrainConfig.create(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False
         )
     assert not (tmp_path / "run" / "ledger.parquet").exists()

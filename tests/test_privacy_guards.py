@@ -100,7 +100,8 @@ def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, 
     bound = SeedFile.load(seed)
     names = {row["release"]: row["data_fingerprint"] for row in Ledger.open(os.path.join(first, "ledger.parquet")).rows}
     assert bound.releases == names and sorted(names) == [0, 1]  # the counts' binding survived the mean release
-    # other settings (epsilon 8 instead of 5: counts with the same noise and two multipliers would give the exact counts)
+    # other settings (epsilon 8 instead of 5: counts with the same noise and two multipliers would give the exact
+    # counts)
     refused(
         "train",
         "--stage",
@@ -133,7 +134,8 @@ def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, 
     )
     assert not (tmp_path / "other").exists()
     assert SeedFile.load(seed).releases == bound.releases
-    # the same data and settings: the seed file serves the first run's ledger, another run's is refused before anything is written
+    # the same data and settings: the seed file serves the first run's ledger, another run's is refused before anything
+    # is written
     refused(
         "train",
         "--stage",
@@ -240,7 +242,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
 
     def rows(path):
         table = storage.read_table(str(path))
-        return set(zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "label", "timestamp"))))
+        return set(zip(*(table[c].to_pylist() for c in ("user_id", "item_id", "label", "timestamp")), strict=True))
 
     full, less = (rows(os.path.join(run, "private", "split", "train.parquet")) for run in (full_run, less_run))
     assert any(r[0] == user for r in full)
@@ -416,7 +418,7 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
     # a cap that two prepared runs fit under and three do not (prepare releases the counts and the mean)
     from pipelines.training.settings import TrainConfig
 
-    plan = TrainConfig(data=data, epsilon=5.0, outer_steps=1, epochs=1, dim=4).privacy()
+    plan = TrainConfig.create(data=data, epsilon=5.0, outer_steps=1, epochs=1, dim=4).privacy()
     multipliers, kind = plan.multipliers(), plan.accountant
     per_run = [accounting.gaussian_event(multipliers["counts"]), accounting.gaussian_event(multipliers["mean"], 2)]
     cap = round(

@@ -17,7 +17,9 @@ def value(test: float, spent: float | None = 1.0, sliced=None, times=(1.0, 2.0),
         "test_sliced": sliced or [test] * training.BUCKETS,
         "epsilon_spent": spent,
         "seconds": times[-1],
-        "trajectory": [{"step": s, "seconds": t, "valid": v, "test": v} for s, (t, v) in enumerate(zip(times, steps))],
+        "trajectory": [
+            {"step": s, "seconds": t, "valid": v, "test": v} for s, (t, v) in enumerate(zip(times, steps, strict=True))
+        ],
     }
 
 
@@ -43,7 +45,13 @@ def fill_privacy_utility(
             1.0 - 0.1 * k if metric.lower_is_better else 0.1 * k for k in range(size["trials"])
         ]
         trials = privacy_utility.study(
-            results, data, protocol, name, eps, size, lambda p: value(scores[p["seed"]], spent=eps)
+            results,
+            data,
+            protocol,
+            name,
+            eps,
+            size=size,
+            compute=lambda p, scores=scores, eps=eps: value(scores[p["seed"]], spent=eps),
         )
         chosen[(name, eps)] = trials[privacy_utility.best_trial([t["value"] for t in trials], protocol)]["params"][
             "config"
@@ -51,6 +59,7 @@ def fill_privacy_utility(
         for params, cell in zip(
             privacy_utility.test_params(test_data or data, protocol, name, eps, chosen[(name, eps)], len(per_seed)),
             per_seed,
+            strict=True,
         ):
             results.put(privacy_utility.NAME, params, cell if isinstance(cell, dict) else value(cell, spent=eps))
     return chosen

@@ -39,7 +39,8 @@ def test_cumulative_rounds_and_uploads_start_after_the_prepare_rounds():
 
 def test_rounds_and_upload_to_the_worse_final_rmse():
     summary = federated_quality.summarize({"ssp": SSP, "dpsgd": DPSGD})
-    # target 0.95 (DP-SGD's final): SSP2 reaches it after its first step (3 rounds, 2.001 MB), DP-SGD after its last (82 rounds, 1.001 MB)
+    # target 0.95 (DP-SGD's final): SSP2 reaches it after its first step (3 rounds, 2.001 MB), DP-SGD after its last (82
+    # rounds, 1.001 MB)
     assert summary == {
         "target": 0.95,
         "ssp": {"rounds": 3, "upload_mb": pytest.approx(2.001)},

@@ -81,8 +81,8 @@ def test_splits_are_seeded_and_disjoint():
     for name in ("valid", "test"):
         h_user, h_item, t_user, t_item, users = split.held[name]
         assert users > 0 and set(h_user) == set(t_user) == set(range(users))
-        history = set(zip(h_user, h_item))
-        assert not history & set(zip(t_user, t_item))  # an item is history or target, not both
+        history = set(zip(h_user, h_item, strict=True))
+        assert not history & set(zip(t_user, t_item, strict=True))  # an item is history or target, not both
 
 
 def test_item_mean_and_mf_find_planted_structure():

@@ -28,7 +28,8 @@ def test_winners_by_hand_lower_and_higher_is_better():
     assert first["margin"] == pytest.approx(0.05)
     # pooled std sqrt((0.01^2 + 0.02^2) / 2) = 0.01581: 0.05 / 0.01581 = 3.16
     assert privacy_utility.winner_text(first, "rmse") == (
-        "epsilon = 1: AM-SSP wins with test RMSE 0.9000 ± 0.0100, below the runner-up DP-ALS (0.9500 ± 0.0200) by 0.0500 (3.2 pooled stds)."
+        "epsilon = 1: AM-SSP wins with test RMSE 0.9000 ± 0.0100, below the runner-up DP-ALS (0.9500 ± 0.0200) by "
+        "0.0500 (3.2 pooled stds)."
     )
     assert (second["winner"], second["runner_up"], second["margin"]) == ("als", None, None)
     assert privacy_utility.winner_text(second, "rmse").endswith("(the only private method run).")
@@ -55,8 +56,8 @@ def test_every_method_gets_the_same_trial_budget(tmp_path):
             "rmse",
             name,
             eps,
-            SIZE,
-            lambda p: counted.setdefault((p["method"], p["epsilon"]), []).append(p) or value(1.0),
+            size=SIZE,
+            compute=lambda p: counted.setdefault((p["method"], p["epsilon"]), []).append(p) or value(1.0),
         )
         assert [t["params"]["seed"] for t in trials] == list(
             range(SIZE["trials"] if name in tunable else 1)
@@ -111,12 +112,12 @@ def test_report_table_and_plot_from_handmade_cells(tmp_path, monkeypatch):
     report = (tmp_path / "report.md").read_text()
     assert "**Tuning budget: 2 runs per method and epsilon, the same for every method**" in report
     assert (
-        "epsilon = 1: AM-SSP wins with test RMSE 1.0100 ± 0.0141, below the runner-up DP-ALS (1.1500 ± 0.0707) by 0.1400"
-        in report
+        "epsilon = 1: AM-SSP wins with test RMSE 1.0100 ± 0.0141, below the runner-up DP-ALS (1.1500 ± 0.0707) by "
+        "0.1400" in report
     )
     assert (
-        "epsilon = 10: DP-ALS wins with test RMSE 0.9600 ± 0.0141, below the runner-up AM-SSP (0.9700 ± 0.0000) by 0.0100 (1.0 pooled stds)."
-        in report
+        "epsilon = 10: DP-ALS wins with test RMSE 0.9600 ± 0.0141, below the runner-up AM-SSP (0.9700 ± 0.0000) by "
+        "0.0100 (1.0 pooled stds)." in report
     )
     assert "(privacy_utility_rmse.png)" in report and plt.imread(str(tmp_path / "privacy_utility_rmse.png")).ndim == 3
 
@@ -227,7 +228,7 @@ def test_failed_trials_are_recorded_and_never_chosen_but_the_defaults_must_run(t
     monkeypatch.setattr(training, "run_cell", diverging)
     harness.run_experiment("privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"])
     results = harness.Results(str(tmp_path))
-    trials = privacy_utility.study(results, DATA, "rmse", "ssp", 1.0, SIX)
+    trials = privacy_utility.study(results, DATA, "rmse", "ssp", 1.0, size=SIX)
     assert [bool(t["value"].get("failed")) for t in trials] == [False, False, True, True, False, False]
     assert "ValueError: predictions and labels must be finite" in trials[2]["value"]["failed"]
     assert privacy_utility.best_trial([t["value"] for t in trials], "rmse") == 5

@@ -55,7 +55,7 @@ def _cell(rows, test, times, tests, walls, kernels=None):
         "items": 100,
         "test": test,
         "outer_steps": len(times) - 1,
-        "trajectory": [{"step": s, "seconds": t, "test": v} for s, (t, v) in enumerate(zip(times, tests))],
+        "trajectory": [{"step": s, "seconds": t, "test": v} for s, (t, v) in enumerate(zip(times, tests, strict=True))],
         "seconds": {**dict.fromkeys(scale.PHASES, 1.0), **walls},
         "kernel_seconds": kernels or dict.fromkeys(scale.KERNELS, 0.5),
     }

@@ -1,4 +1,5 @@
-"""The methods table: availability, search spaces, the seeded TPE suggestions, cell configs, the DP popularity ranker's recall."""
+"""The methods table: availability, search spaces, the seeded TPE suggestions, cell configs, the DP popularity ranker's
+recall."""
 
 import math
 
@@ -23,7 +24,8 @@ def objective(draw: dict) -> float:
 
 
 def run_study(name, seed, trials, caps=None, startup=3, epsilon=1.0):
-    """The draws of a study against the fake objective, through the same suggest/tuned_values path as privacy_utility.study."""
+    """The draws of a study against the fake objective, through the same suggest/tuned_values path as
+    privacy_utility.study."""
     caps = caps or {}
     history, draws = [], []
     for _ in range(trials):
@@ -221,7 +223,7 @@ def test_mean_std_by_hand():
 
 def write_part(folder, part, history, targets):
     for kind, pairs in (("history", history), ("targets", targets)):
-        users, items = zip(*pairs)
+        users, items = zip(*pairs, strict=True)
         pq.write_table(
             pa.table({"user_id": pa.array(users, pa.int64()), "item_id": pa.array(items, pa.int64())}),
             folder / f"{part}_{kind}.parquet",
@@ -229,7 +231,8 @@ def write_part(folder, part, history, targets):
 
 
 def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
-    # 25 items (ids 101..125); DP counts: item i has count 130 - i, except ties: 118, 119, 120 all 9.5, and 121, 122 both 9
+    # 25 items (ids 101..125); DP counts: item i has count 130 - i, except ties: 118, 119, 120 all 9.5, and 121, 122
+    # both 9
     catalog = np.arange(101, 126)
     counts = {int(i): float(130 - i) for i in catalog}
     counts.update({118: 9.5, 119: 9.5, 120: 9.5, 122: 9.0})

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
+import itertools
 import json
 import os
 import re
@@ -169,7 +169,9 @@ def parse_command(argv: list[str]) -> tuple[str, argparse.Namespace]:
         return "stats", parsed
     assert argv[1:3] == ["-m", "pipelines.beam_stats"], f"unknown command {argv[:3]}"
     bad = _inexact(argv[3:], _stats_options(), all_known=False)
-    assert not bad, f"`pipelines.engines.beam_release`: flags not spelled as stats_job.add_arguments defines them: {bad}"
+    assert not bad, (
+        f"`pipelines.engines.beam_release`: flags not spelled as stats_job.add_arguments defines them: {bad}"
+    )
     parsed, error = _parse(lambda a: _stats_main(beam_stats.main, a), argv[3:])
     assert error is None, f"`python -m pipelines.beam_stats`: {error}"
     return "stats", parsed
@@ -245,18 +247,20 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         (config.budget_account, config.account_cap) == (params["account"], params["account_cap"]),
         f"prepare: the budget account {(config.budget_account, config.account_cap)} is not the DAG's params",
     )
-    default_steps = dataclasses.replace(config, outer_steps=None).outer_steps
+    default_steps = config.replace(outer_steps=None).outer_steps
     check(
         config.outer_steps == default_steps,
         f"prepare: {config.outer_steps} outer steps, the default recipe's are {default_steps}",
     )
     check(
         config.holdout == 0,
-        f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout {config.holdout}",
+        f"prepare: the scheduled run must train on every row (--holdout 0, the production mode), got --holdout "
+        f"{config.holdout}",
     )
     check(
         prepare_beam_options(tasks["prepare"].get("env", {})) == ({"DataflowRunner"} if engine == "beam" else set()),
-        f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env {tasks['prepare'].get('env')})",
+        f"prepare: the Beam engine's split, counts and mean must run on Dataflow, the Spark one in the pod (env "
+        f"{tasks['prepare'].get('env')})",
     )
     order = ["ingest", "prepare"]
     for s in range(1, config.outer_steps + 1):
@@ -275,7 +279,8 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         check(
             tasks.get(f"stats_{s}", {}).get("operator") == ENGINES[engine], f"stats_{s}: not run by {ENGINES[engine]}"
         )
-        # the stage form: the run's own job from its manifest (tests/pipelines/training/test_stages.py checks it equals stats_stage.stats_job_for)
+        # the stage form: the run's own job from its manifest (tests/pipelines/training/test_stages.py checks it equals
+        # stats_stage.stats_job_for)
         check(
             job is not None and (job.run, job.step) == (run.root, s) and _no_job_flags(job),
             f"stats_{s}: not `stats --run {run.root} --step {s}` alone",
@@ -299,7 +304,7 @@ def dag_problems(export_of_date: dict, date: str, engine: str) -> list[str]:
         f"publish: not `ssp publish --run RUN --to DEST/<date>` ({publish and publish.to})",
     )
     check(sorted(tasks) == sorted(order), f"tasks {sorted(set(tasks) ^ set(order))} are missing or unexpected")
-    for before, after in zip(order, order[1:]):
+    for before, after in itertools.pairwise(order):
         check(tasks.get(after, {}).get("upstream") == [before], f"{after} must run right after {before}")
     return problems
 
@@ -324,7 +329,8 @@ def test_run_date_is_templated_into_every_path(exported):
             for date in DATES
         )
         for task_id, argv in first.items():
-            # every path is the run date's, except the data source's budget account: one for all runs (they compose there)
+            # every path is the run date's, except the data source's budget account: one for all runs (they compose
+            # there)
             paths = [
                 token.split("=", 1)[-1]
                 for token in argv

@@ -15,7 +15,7 @@ def write_inputs(folder, interactions, embeddings, counts, catalog):
     paths = {
         name: storage.join(folder, f"{name}.parquet") for name in ("interactions", "user_embeddings", "counts", "items")
     }
-    users, items, labels = zip(*interactions)
+    users, items, labels = zip(*interactions, strict=True)
     storage.write_table(
         pa.table(
             {"user_id": users, "item_id": items, "label": [float(v) for v in labels], "timestamp": [0] * len(users)},

@@ -148,7 +148,7 @@ def test_weighted_grouped_sums_equal_the_augmented_rows(sizes, d, seed):
     got = acc.weighted_grouped_sums(keys, table, source, weights, labels)
     root = np.sqrt(weights)
     want = acc.grouped_sums(keys, acc.augment(table[source] * root[:, None], root * labels))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
 
 
@@ -178,7 +178,7 @@ def test_grouped_sums_does_not_modify_inputs():
     keys, rows = keys[::-1].copy(), rows[::-1].copy()
     saved = keys.copy(), rows.copy()
     acc.grouped_sums(keys, rows)
-    for before, after in zip(saved, (keys, rows)):
+    for before, after in zip(saved, (keys, rows), strict=True):
         np.testing.assert_array_equal(before, after)
 
 

@@ -257,8 +257,8 @@ def test_describe_lists_each_release(path):
     assert path in text
     assert "epsilon 1, delta 1e-05, example-level, PLD accountant" in text
     lines = text.splitlines()
-    counts_line = next(l for l in lines if " counts " in l)
-    stats_line = next(l for l in lines if "stats/step-1" in l)
+    counts_line = next(line for line in lines if " counts " in line)
+    stats_line = next(line for line in lines if "stats/step-1" in line)
     assert counts_line.split()[0] == "0" and "12" in counts_line
     assert stats_line.split()[0] == "1" and "15" in stats_line
     assert f"{ledger.rows[1]['epsilon_spent']:.4g}" in stats_line

@@ -63,7 +63,7 @@ def test_re_expanding_converges_to_the_non_private_logistic_fit():
     for j in range(v0.shape[0]):
         mine = items == j
 
-        def objective(x):
+        def objective(x, mine=mine):
             s = u[mine] @ x
             return np.sum(w[mine] * quadratic.logistic_loss(s, y[mine])) + ridge / 2 * x @ x
 

@@ -172,7 +172,7 @@ def test_normalisers_at_give_the_bits_of_the_per_row_formula(rows, users, items,
     got_users, got = normalisers_at(positions, item_at, item_counts, known, exponent, confidence)
     terms = ((confidence if confident else np.ones(rows)) * item_counts[item_at] ** exponent) ** 2
     expected = np.zeros(users)
-    for position, term in zip(positions, terms):  # in the rows' order
+    for position, term in zip(positions, terms, strict=True):  # in the rows' order
         expected[position] += term
     present = np.isin(np.arange(users), positions)
     assert np.array_equal(got_users, known[present]) and np.array_equal(got, expected[present])

@@ -1,5 +1,6 @@
 """Table storage: atomic writes with a success marker, on a local disk and on gs:// (emulator)."""
 
+import itertools
 import os
 import posixpath
 
@@ -88,11 +89,11 @@ def test_rows_of_one_value_stay_in_one_file(tmp_path_factory, sizes, rows_per_fi
     with storage.TableWriter(
         path, pa.schema([("user_id", pa.int64())]), rows_per_file=rows_per_file, together="user_id"
     ) as writer:
-        for a, b in zip(edges[:-1], edges[1:]):
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
             writer.write(pa.table({"user_id": users[a:b]}))
     parts = [storage.read_table(file)["user_id"].to_numpy() for file in storage.table_files(path)]
     assert np.array_equal(np.concatenate(parts), users)
-    for part, after in zip(parts, parts[1:]):
+    for part, after in itertools.pairwise(parts):
         assert part[-1] != after[0]
     for part in parts:
         assert np.all(part[rows_per_file - 1 :] == part[min(rows_per_file, part.size) - 1])

@@ -70,7 +70,8 @@ def test_a_stage_of_a_missing_run_is_refused_without_creating_it(tmp_path, args)
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors == [
-        f"ssp {args[0]}: error: {run} holds no run (no manifest.json); start it with `ssp train --stage prepare --out {run} ...`"
+        f"ssp {args[0]}: error: {run} holds no run (no manifest.json); start it with `ssp train --stage prepare --out "
+        f"{run} ...`"
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -92,7 +93,8 @@ def test_train_refuses_a_folder_that_holds_something_else_and_writes_nothing_in_
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors == [
-        f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no settings); use a new --out"
+        f"ssp train: error: --out {folder} holds something other than a training run ({folder}/manifest.json has no "
+        f"settings); use a new --out"
     ]
     assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 

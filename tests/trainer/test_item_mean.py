@@ -14,7 +14,10 @@ from trainer.item_mean import item_means, noise_std_b
 C = 0.5  # the bias coordinate: clip_u
 
 
-def table(path, weights, sums, noise_multiplier=2.0, settings=StatsSettings(1, C, 1.0, "user", 1.5, bias=1.0)):
+BIASES_ONLY = StatsSettings(1, C, 1.0, "user", 1.5, bias=1.0)
+
+
+def table(path, weights, sums, noise_multiplier=2.0, settings=BIASES_ONLY):
     """A released stats table of a biases-only model: A_j = c^2 W_j, b_j = c S_j."""
     items = np.arange(1, len(weights) + 1)
     a = (C**2 * np.asarray(weights, float))[:, None]

@@ -23,7 +23,7 @@ def publication(folder, protocol="rmse", threshold=None, counts=None, loss="squa
     path = str(folder)
     embeddings = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
     if biases is not None:
-        embeddings = [v + [b, 1.0] for v, b in zip(embeddings, [biases[2], biases[0], biases[1]])]
+        embeddings = [v + [b, 1.0] for v, b in zip(embeddings, [biases[2], biases[0], biases[1]], strict=True)]
     storage.write_table(
         pa.table({"item_id": [30, 10, 20], "embedding": embeddings}, schema=ITEM_EMBEDDINGS),
         storage.join(path, "item_embeddings.parquet"),

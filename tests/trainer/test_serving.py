@@ -24,10 +24,19 @@ inputs = {"item_ids": tf.constant(request["item_ids"], tf.int64), "k": tf.consta
 if "labels" in request:
     inputs["labels"] = tf.constant(request["labels"], tf.float32)
 out = model.signatures["recommend"](**inputs)
-similar = model.signatures["similar_items"](item_ids=tf.constant(request["similar"], tf.int64), k=tf.constant(2, tf.int32))
+similar = model.signatures["similar_items"](
+    item_ids=tf.constant(request["similar"], tf.int64), k=tf.constant(2, tf.int32)
+)
 assert not any(name.split(".")[0] in ("trainer", "pipelines", "privacy", "schemas") for name in sys.modules)
-json.dump({"item_ids": out["item_ids"].numpy().tolist(), "scores": np.nan_to_num(out["scores"].numpy(), nan=-1e300).tolist(),
-           "similar": similar["item_ids"].numpy().tolist(), "similar_scores": similar["scores"].numpy().tolist()}, sys.stdout)
+json.dump(
+    {
+        "item_ids": out["item_ids"].numpy().tolist(),
+        "scores": np.nan_to_num(out["scores"].numpy(), nan=-1e300).tolist(),
+        "similar": similar["item_ids"].numpy().tolist(),
+        "similar_scores": similar["scores"].numpy().tolist(),
+    },
+    sys.stdout,
+)
 """
 
 

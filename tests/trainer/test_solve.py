@@ -68,7 +68,7 @@ def test_the_logistic_solve_is_the_minimiser_of_each_users_weighted_logistic_los
         mine = items[rated[keys == key]]
         w_p, w_n = logistic_weights(np.array([len(mine)]), len(items), 1.0)
 
-        def objective(x):
+        def objective(x, mine=mine, w_p=w_p, w_n=w_n):
             return (
                 w_p[0] * logistic_loss(mine @ x, 1.0).sum()
                 + w_n[0] * logistic_loss(items @ x, 0.0).sum()
@@ -125,7 +125,7 @@ def test_biases_with_gravity_minimise_the_implicit_objective(bias_ridge):
     for k, key in enumerate(unique):
         rows = keys == key
 
-        def objective(free):
+        def objective(free, rows=rows):
             x = np.array([free[0], free[1], 1.0, free[2] if np.isfinite(bias_ridge) else 0.0])
             penalty = lam * rows.sum() * (free[0] ** 2 + free[1] ** 2) + (
                 bias_ridge * free[2] ** 2 if np.isfinite(bias_ridge) else 0.0

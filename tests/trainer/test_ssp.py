@@ -49,7 +49,8 @@ def test_ssp_gradient_equals_gradient_of_exact_squared_loss():
     for g_exact, g_ssp, var in zip(
         tape.gradient(exact, encoder.trainable_variables),
         tape.gradient(summed, encoder.trainable_variables),
-        encoder.trainable_variables, strict=True,
+        encoder.trainable_variables,
+        strict=True,
     ):
         g_exact, g_ssp = tf.convert_to_tensor(g_exact).numpy(), tf.convert_to_tensor(g_ssp).numpy()
         assert np.abs(g_exact).max() > 0, var.name
@@ -63,7 +64,11 @@ def test_embedding_gradients_are_sparse():
         loss = ssp.ssp_loss(
             encoder, tf.constant([0, 1]), ssp.dense_product(tf.eye(2, batch_shape=[2])), tf.ones((2, 2))
         )
-    grads = dict(zip([v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables), strict=True))
+    grads = dict(
+        zip(
+            [v.name for v in encoder.trainable_variables], tape.gradient(loss, encoder.trainable_variables), strict=True
+        )
+    )
     tables = [name for name in grads if "embeddings" in name]
     assert tables and all(isinstance(grads[name], tf.IndexedSlices) for name in tables)
     year = next(grads[name] for name in tables if name.startswith("year"))
@@ -408,7 +413,7 @@ def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_rea
     real = ssp._decoded_buffers
     monkeypatch.setattr(ssp, "_decoded_buffers", lambda *args: reads.append(1) or real(*args))
     wide, narrow, cache = np.random.default_rng(5), np.random.default_rng(5), {}
-    for epoch in range(3):
+    for _epoch in range(3):
         expected = list(ssp.item_chunks(path, encoder, config, wide, ridge_scale=scale))
         got = list(ssp.item_chunks(path, encoder, config, narrow, ridge_scale=scale, cache=cache, dtype=np.float32))
         assert len(got) == len(expected) == 1
@@ -432,7 +437,7 @@ def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunk
 
     fed, expected, cache = np.random.default_rng(2), np.random.default_rng(2), {}
     first = None
-    for epoch in range(3):
+    for _epoch in range(3):
         ((order, buffer),) = ssp.shuffled_chunks(
             path, encoder, config, fed, ridge_scale=scale, cache=cache, dtype=np.float32, convert=convert
         )

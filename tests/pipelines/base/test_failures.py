@@ -46,7 +46,8 @@ def test_a_tensorflow_disk_error_keeps_the_path_and_the_reason_only():
 
     ResourceExhaustedError.__module__ = "tensorflow.python.framework.errors_impl"
     exc = ResourceExhaustedError(
-        "{{function_node __wrapped__SaveV2_device_/job:localhost/CPU:0}} /r/step-0/ckpt.data; No space left on device [Op:SaveV2]"
+        "{{function_node __wrapped__SaveV2_device_/job:localhost/CPU:0}} /r/step-0/ckpt.data; No space left on device "
+        "[Op:SaveV2]"
     )
     assert failures.one_line(exc, USER) == "/r/step-0/ckpt.data; No space left on device"
     exc = ResourceExhaustedError("OOM when allocating tensor with shape [1000000, 1000000]")
@@ -58,7 +59,10 @@ def test_a_python_worker_error_is_judged_by_its_class_name():
         pass
 
     PythonException.__module__ = "pyspark.errors.exceptions.captured"
-    worker = 'An exception was thrown from the Python worker.\nTraceback (most recent call last):\n  File "x.py", line 1\n{}\n'
+    worker = (
+        "An exception was thrown from the Python worker.\n"
+        'Traceback (most recent call last):\n  File "x.py", line 1\n{}\n'
+    )
     user = PythonException(worker.format("schemas.errors.SchemaError: embeddings: column 'embedding', row 3: is NaN"))
     assert failures.one_line(user, USER) == "embeddings: column 'embedding', row 3: is NaN"
     bug = PythonException(worker.format("KeyError: 'user_id'"))

@@ -75,7 +75,7 @@ EXPECTED_ITEMS = [
 
 def test_parquet_implicit_feedback_gives_exact_tables(tables, tmp_path):
     interactions, catalog = tables
-    data = generic.ingest(interactions, catalog, str(tmp_path / "out"), FEATURES, COLUMNS)
+    data = generic.ingest(interactions, catalog, str(tmp_path / "out"), FEATURES, columns=COLUMNS)
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": 1000},  # 1 000 500 ms floored to seconds
         {"user_id": 7, "item_id": 200, "label": 1.0, "timestamp": 2000},
@@ -107,14 +107,22 @@ def test_csv_with_bags_as_text_and_explicit_labels(tmp_path):
     columns = generic.Columns(user="uid", item="iid", label="stars", timestamp="when")
     with pytest.raises(
         IngestError,
-        match=r"ratings.csv, row 2: column .when. holds .2001-09-09T01:46:40.; a timestamp must be integer seconds .* throughout the column \(earlier rows hold .100.\)",
+        match=r"ratings.csv, row 2: column .when. holds .2001-09-09T01:46:40.; a timestamp must be integer seconds .* "
+        r"throughout the column \(earlier rows hold .100.\)",
     ):  # seconds and ISO 8601 mixed in one file
-        generic.ingest(interactions, catalog, str(tmp_path / "mixed"), "genres:bag", columns, rating_scale=(1, 5))
+        generic.ingest(
+            interactions, catalog, str(tmp_path / "mixed"), "genres:bag", columns=columns, rating_scale=(1, 5)
+        )
     interactions = write_csv(
         tmp_path / "ratings.csv", "uid,iid,stars,when\n1,10,4.5,100\n1,20, 2 ,1000000000\n2,10,5,\n"
     )
     data = generic.ingest(
-        interactions, catalog, str(tmp_path / "out"), "genres:bag,studio:value,year:value", columns, rating_scale=(1, 5)
+        interactions,
+        catalog,
+        str(tmp_path / "out"),
+        "genres:bag,studio:value,year:value",
+        columns=columns,
+        rating_scale=(1, 5),
     )
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 1, "item_id": 10, "label": 4.5, "timestamp": 100},
@@ -139,11 +147,11 @@ def test_csv_iso_timestamps(tmp_path):
     with pytest.raises(
         IngestError, match=r"a.csv, row 2: .*in one form throughout the column"
     ):  # naive and offset forms mixed
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), "", generic.Columns(timestamp="t"))
+        generic.ingest(interactions, catalog, str(tmp_path / "out"), "", columns=generic.Columns(timestamp="t"))
     interactions = write_csv(
         tmp_path / "a.csv", "user_id,item_id,t\n1,10,2001-09-09T01:46:40\n1,20,2001-09-09 01:46:41\n"
     )
-    data = generic.ingest(interactions, catalog, str(tmp_path / "out"), "", generic.Columns(timestamp="t"))
+    data = generic.ingest(interactions, catalog, str(tmp_path / "out"), "", columns=generic.Columns(timestamp="t"))
     assert storage.read_table(data.interactions)["timestamp"].to_pylist() == [1_000_000_000, 1_000_000_001]
 
 
@@ -155,7 +163,7 @@ def test_folder_of_parquet_parts(tables, tmp_path):
     pq.write_table(pa.table({"customer": [8], "product": [100], "ts": [7]}), parts / "part-00001.parquet")
     (parts / "_SUCCESS_not_a_marker").write_text("")  # skipped: an underscore file
     (parts / ".part-00000.parquet.crc").write_text("x")  # skipped: a hidden file
-    data = generic.ingest(str(parts), catalog, str(tmp_path / "out"), FEATURES, COLUMNS)
+    data = generic.ingest(str(parts), catalog, str(tmp_path / "out"), FEATURES, columns=COLUMNS)
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": 5},
         {"user_id": 7, "item_id": 200, "label": 1.0, "timestamp": 6},
@@ -165,7 +173,7 @@ def test_folder_of_parquet_parts(tables, tmp_path):
     with pytest.raises(
         IngestError, match=r"part-00002.parquet: column 'customer' has type string; ids must be integers"
     ):
-        generic.ingest(str(parts), catalog, str(tmp_path / "bad"), FEATURES, COLUMNS)
+        generic.ingest(str(parts), catalog, str(tmp_path / "bad"), FEATURES, columns=COLUMNS)
     assert not (tmp_path / "bad").exists()
 
 
@@ -173,7 +181,11 @@ def test_missing_columns_name_the_column_the_file_and_what_exists(tables, tmp_pa
     interactions, catalog = tables
     with pytest.raises(IngestError) as info:
         generic.ingest(
-            interactions, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="client", item="product")
+            interactions,
+            catalog,
+            str(tmp_path / "out"),
+            FEATURES,
+            columns=generic.Columns(user="client", item="product"),
         )
     assert str(info.value) == (
         f"{interactions}: no column 'client' (its columns: customer, product, ts, ignored); "
@@ -182,14 +194,14 @@ def test_missing_columns_name_the_column_the_file_and_what_exists(tables, tmp_pa
     with pytest.raises(
         IngestError, match=r"catalog.parquet: no column 'colour' \(its columns: product, name, tags, brand, year\)"
     ):
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), "colour:value", COLUMNS)
+        generic.ingest(interactions, catalog, str(tmp_path / "out"), "colour:value", columns=COLUMNS)
     with pytest.raises(IngestError, match=r"events.parquet: no column 'rating'"):
         generic.ingest(
             interactions,
             catalog,
             str(tmp_path / "out"),
             FEATURES,
-            generic.Columns(user="customer", item="product", label="rating"),
+            columns=generic.Columns(user="customer", item="product", label="rating"),
             rating_scale=(1, 5),
         )
     assert not (tmp_path / "out").exists()
@@ -201,21 +213,31 @@ def test_ids_must_be_integers(tables, tmp_path):
     pq.write_table(pa.table({"customer": ["alice"], "product": [100]}), strings)
     with pytest.raises(IngestError, match=r"column 'customer' has type string; ids must be integers"):
         generic.ingest(
-            str(strings), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+            str(strings),
+            catalog,
+            str(tmp_path / "out"),
+            FEATURES,
+            columns=generic.Columns(user="customer", item="product"),
         )
     floats = tmp_path / "floats.parquet"
     pq.write_table(pa.table({"customer": [1], "product": [100.0]}), floats)
     with pytest.raises(IngestError, match=r"column 'product' has type double; ids must be integers"):
         generic.ingest(
-            str(floats), catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+            str(floats),
+            catalog,
+            str(tmp_path / "out"),
+            FEATURES,
+            columns=generic.Columns(user="customer", item="product"),
         )
     text = write_csv(tmp_path / "text.csv", "customer,product\n1,100\nbob,100\n")
     with pytest.raises(IngestError, match=r"text.csv, row 2: column 'customer' holds 'bob'; ids must be integers"):
-        generic.ingest(text, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product"))
+        generic.ingest(
+            text, catalog, str(tmp_path / "out"), FEATURES, columns=generic.Columns(user="customer", item="product")
+        )
     empty = write_csv(tmp_path / "empty.csv", "customer,product\n1,100\n,100\n")
     with pytest.raises(IngestError, match=r"empty.csv, row 2: column 'customer' is empty"):
         generic.ingest(
-            empty, catalog, str(tmp_path / "out"), FEATURES, generic.Columns(user="customer", item="product")
+            empty, catalog, str(tmp_path / "out"), FEATURES, columns=generic.Columns(user="customer", item="product")
         )
     assert not (tmp_path / "out").exists()
 
@@ -226,26 +248,26 @@ def test_labels_must_be_finite_numbers_on_the_scale(tables, tmp_path):
     path = tmp_path / "r.parquet"
     pq.write_table(pa.table({"customer": [1, 1, 2], "product": [100, 200, 100], "stars": [4.0, 11.0, 12.0]}), path)
     with pytest.raises(IngestError) as info:
-        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns, rating_scale=(1, 10))
+        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns=columns, rating_scale=(1, 10))
     assert str(info.value) == (
         f"{path}, row 2: rating 11 is outside the rating scale 1..10 (2 such rating(s) in this batch); "
         "ingest it with `ssp ingest --rating-scale MIN MAX`"
     )
     pq.write_table(pa.table({"customer": [1, 1], "product": [100, 200], "stars": [4.0, float("nan")]}), path)
     with pytest.raises(IngestError, match=r"r.parquet, row 2: column 'stars' is not finite"):
-        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns, rating_scale=(1, 10))
+        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns=columns, rating_scale=(1, 10))
     pq.write_table(pa.table({"customer": [1], "product": [100], "stars": ["good"]}), path)
     with pytest.raises(IngestError, match=r"column 'stars' has type string; labels must be numbers"):
-        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns, rating_scale=(1, 10))
+        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns=columns, rating_scale=(1, 10))
     with pytest.raises(IngestError, match="needs --rating-scale"):
-        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns)
+        generic.ingest(str(path), catalog, str(tmp_path / "out"), FEATURES, columns=columns)
     with pytest.raises(IngestError, match="--rating-scale needs --label-col"):
         generic.ingest(
             str(path),
             catalog,
             str(tmp_path / "out"),
             FEATURES,
-            generic.Columns(user="customer", item="product"),
+            columns=generic.Columns(user="customer", item="product"),
             rating_scale=(1, 5),
         )
     assert not (tmp_path / "out").exists()
@@ -262,13 +284,13 @@ def test_feature_declarations(tables, tmp_path):
         ("title:value", "canonical items column"),
     ):
         with pytest.raises(IngestError, match=pattern):
-            generic.ingest(interactions, catalog, str(tmp_path / "out"), spec, COLUMNS)
+            generic.ingest(interactions, catalog, str(tmp_path / "out"), spec, columns=COLUMNS)
     with pytest.raises(IngestError, match=r"bag column 'year' has type int16"):
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), "year:bag", COLUMNS)
+        generic.ingest(interactions, catalog, str(tmp_path / "out"), "year:bag", columns=COLUMNS)
     with pytest.raises(
         IngestError, match=r"value column 'tags' has type list<element: string>, which is not one value per item"
     ):
-        generic.ingest(interactions, catalog, str(tmp_path / "out"), "tags:value", COLUMNS)
+        generic.ingest(interactions, catalog, str(tmp_path / "out"), "tags:value", columns=COLUMNS)
     assert not (tmp_path / "out").exists()
 
 
@@ -338,12 +360,20 @@ def test_bad_catalogs(tables, tmp_path):
         IngestError, match=r"column 'product' value 100 appears more than once; item ids must be unique"
     ):
         generic.ingest(
-            interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+            interactions,
+            str(catalog),
+            str(tmp_path / "out"),
+            "",
+            columns=generic.Columns(user="customer", item="product"),
         )
     pq.write_table(pa.table({"product": pa.array([], pa.int64())}), catalog)
     with pytest.raises(IngestError, match="holds no items"):
         generic.ingest(
-            interactions, str(catalog), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+            interactions,
+            str(catalog),
+            str(tmp_path / "out"),
+            "",
+            columns=generic.Columns(user="customer", item="product"),
         )
     with pytest.raises(IngestError, match="no such file or folder"):
         generic.ingest(
@@ -351,13 +381,17 @@ def test_bad_catalogs(tables, tmp_path):
             str(tmp_path / "nowhere.parquet"),
             str(tmp_path / "out"),
             "",
-            generic.Columns(user="customer", item="product"),
+            columns=generic.Columns(user="customer", item="product"),
         )
     unknown = tmp_path / "catalog.json"
     unknown.write_text("{}")
     with pytest.raises(IngestError, match="name the file .parquet or .csv"):
         generic.ingest(
-            interactions, str(unknown), str(tmp_path / "out"), "", generic.Columns(user="customer", item="product")
+            interactions,
+            str(unknown),
+            str(tmp_path / "out"),
+            "",
+            columns=generic.Columns(user="customer", item="product"),
         )
     assert not (tmp_path / "out").exists()
 
@@ -367,13 +401,13 @@ def test_unknown_items_fail_with_count_or_are_dropped(tables, tmp_path):
     events = tmp_path / "more.parquet"
     pq.write_table(pa.table({"customer": [7, 7, 8, 8], "product": [100, 555, 555, 556], "ts": [1, 2, 3, 4]}), events)
     with pytest.raises(IngestError) as info:
-        generic.ingest(str(events), catalog, str(tmp_path / "out"), FEATURES, COLUMNS)
+        generic.ingest(str(events), catalog, str(tmp_path / "out"), FEATURES, columns=COLUMNS)
     assert str(info.value) == (
         f"{events}: 3 interaction(s) refer to 2 item(s) missing from the catalog {catalog} (e.g. 555); "
         "rerun with --unknown-items drop to drop them"
     )
     assert not (tmp_path / "out").exists()
-    data = generic.ingest(str(events), catalog, str(tmp_path / "kept"), FEATURES, COLUMNS, unknown_items="drop")
+    data = generic.ingest(str(events), catalog, str(tmp_path / "kept"), FEATURES, columns=COLUMNS, unknown_items="drop")
     assert rows(storage.read_table(data.interactions)) == [{"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": 1}]
     assert data.manifest["unknown_items"] == {"policy": "drop", "dropped_ratings": 3, "dropped_items": 2}
     assert "dropped             3 ratings of items missing from the catalog" in ingest.describe(data)
@@ -405,7 +439,7 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     assert document["n_eligible_users"] == 27
     assert document["sizes"]["train"] == {"rows": sum(u + 2 for u in range(3, 30)), "users": 27}
     train = storage.read_table(str(tmp_path / "all" / "train.parquet"))
-    assert sorted(zip(train["user_id"].to_pylist(), train["item_id"].to_pylist())) == [
+    assert sorted(zip(train["user_id"].to_pylist(), train["item_id"].to_pylist(), strict=True)) == [
         (u, i) for u in range(3, 30) for i in range(u + 2)
     ]
     assert json.loads((tmp_path / "all" / "split.json").read_text())["positive_threshold"] is None
@@ -430,7 +464,7 @@ def test_explicit_data_keep_the_rating_threshold(tmp_path):
     )
     catalog = write_csv(tmp_path / "c.csv", "item_id\n" + "".join(f"{i}\n" for i in range(8)))
     data = generic.ingest(
-        ratings, catalog, str(tmp_path / "data"), "", generic.Columns(label="rating"), rating_scale=(1, 5)
+        ratings, catalog, str(tmp_path / "data"), "", columns=generic.Columns(label="rating"), rating_scale=(1, 5)
     )
     document = splits.make_split(data, "recall", str(tmp_path / "split"), holdout=0.0, engine=LocalEngine())
     assert document["positive_threshold"] == splits.scale_threshold((1, 5)) == 3.8  # the top 30% of the declared 1..5
@@ -579,7 +613,7 @@ def test_tables_on_gs(gcs_path, tmp_path):
         f"{gcs_path}/items.csv",
         f"{gcs_path}/out",
         "genres:bag",
-        generic.Columns(user="customer", item="product"),
+        columns=generic.Columns(user="customer", item="product"),
     )
     assert rows(storage.read_table(data.interactions)) == [
         {"user_id": 7, "item_id": 100, "label": 1.0, "timestamp": None},
@@ -593,5 +627,5 @@ def test_tables_on_gs(gcs_path, tmp_path):
     fs.pipe(f"{inner}/bad/part-00000.parquet", (tmp_path / "part-0.parquet").read_bytes())
     with pytest.raises(IngestError, match=rf"{gcs_path}/bad/part-00000.parquet: no column 'user_id'"):
         generic.ingest(
-            f"{gcs_path}/bad", f"{gcs_path}/items.csv", f"{gcs_path}/out2", "", generic.Columns(item="product")
+            f"{gcs_path}/bad", f"{gcs_path}/items.csv", f"{gcs_path}/out2", "", columns=generic.Columns(item="product")
         )

@@ -81,7 +81,8 @@ def test_ml1m_dat_layout_latin1(tmp_path):
     write(
         src,
         "movies.dat",
-        "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n661::Caf\xe9 Society: A Story (1996)::Animation|Children's\n5::Unrated::Drama\n",
+        "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n661::Caf\xe9 Society: A Story "
+        "(1996)::Animation|Children's\n5::Unrated::Drama\n",
         "latin-1",
     )
     data = ingest.ingest(str(src), str(tmp_path / "out"))

@@ -20,7 +20,9 @@ from pipelines.engines.local import LocalEngine
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
-RATINGS_CSV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "pipelines", "data", "ml-latest-small", "ratings.csv")
+RATINGS_CSV = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "pipelines", "data", "ml-latest-small", "ratings.csv"
+)
 
 
 def _table(users, items, labels, timestamps=None):
@@ -45,11 +47,11 @@ def _random_ratings(n, seed=0, n_users=100):
 
 
 def _keys(table):
-    return set(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist()))
+    return set(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), strict=True))
 
 
 def _rows(table):
-    return sorted(zip(*(table[c].to_pylist() for c in table.column_names)))
+    return sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
 
 
 def _users(table):
@@ -91,12 +93,12 @@ def _positive_interactions(draw):
         k = draw(st.integers(0, 16))
         items = draw(st.lists(st.integers(0, 14), min_size=k, max_size=k))
         labels = draw(st.lists(st.sampled_from([2.0, 4.0, 4.5, 5.0]), min_size=k, max_size=k))
-        rows += [(user, item, label, t) for t, (item, label) in enumerate(zip(items, labels))]
+        rows += [(user, item, label, t) for t, (item, label) in enumerate(zip(items, labels, strict=True))]
     return rows or [(0, 0, 5.0, 0)]
 
 
 def _from_rows(rows):
-    users, items, labels, timestamps = zip(*rows)
+    users, items, labels, timestamps = zip(*rows, strict=True)
     return _table(users, items, labels, timestamps)
 
 
@@ -282,11 +284,11 @@ def test_rating_split_follows_the_hash_rule():
     table = _random_ratings(1000)
     split = splits.split_ratings(table, seed=77, holdout=0.3)
     x = splits.row_uniform(77, "rmse-row", table["user_id"].to_numpy(), table["item_id"].to_numpy())
-    keys = list(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist()))
+    keys = list(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), strict=True))
     expected = {
-        "train": {k for k, v in zip(keys, x) if v < 0.7},
-        "valid": {k for k, v in zip(keys, x) if 0.7 <= v < 0.85},
-        "test": {k for k, v in zip(keys, x) if v >= 0.85},
+        "train": {k for k, v in zip(keys, x, strict=True) if v < 0.7},
+        "valid": {k for k, v in zip(keys, x, strict=True) if 0.7 <= v < 0.85},
+        "test": {k for k, v in zip(keys, x, strict=True) if v >= 0.85},
     }
     assert {name: _keys(split[name]) for name in splits.RATING_PARTS} == expected
     assert all(expected.values())
@@ -302,7 +304,7 @@ def test_rating_split_is_a_partition_of_the_rows():
     assert sorted(sum((_rows(split[name]) for name in split), [])) == _rows(table)
     assert all(split[name].schema.equals(INTERACTIONS) for name in split)
     for name in split:  # canonical (user, item) order
-        keys = list(zip(split[name]["user_id"].to_pylist(), split[name]["item_id"].to_pylist()))
+        keys = list(zip(split[name]["user_id"].to_pylist(), split[name]["item_id"].to_pylist(), strict=True))
         assert keys == sorted(keys)
 
 
@@ -339,7 +341,7 @@ def _groups(ids, seed=splits.DEFAULT_SEED, holdout=0.2):
     """The documented group rule: train below 1 - h, valid below 1 - h/2, test above."""
     x = splits.row_uniform(seed, "recall-user", np.asarray(list(ids), np.int64))
     bounds = {"train": (0.0, 1 - holdout), "valid": (1 - holdout, 1 - holdout / 2), "test": (1 - holdout / 2, 1.0)}
-    return {g: {int(u) for u, v in zip(ids, x) if lo <= v < hi} for g, (lo, hi) in bounds.items()}
+    return {g: {int(u) for u, v in zip(ids, x, strict=True) if lo <= v < hi} for g, (lo, hi) in bounds.items()}
 
 
 def _is_target(user, item, seed=splits.DEFAULT_SEED, fraction=0.2):
@@ -418,7 +420,7 @@ def test_ranking_split_follows_the_rules_on_varied_users():
     assert held_users["valid"] <= expected["valid"] and held_users["test"] <= expected["test"]
 
     positives_on_train_items = {}
-    for u, i in zip(users[positive], items[positive]):
+    for u, i in zip(users[positive], items[positive], strict=True):
         if i in train_items:
             positives_on_train_items.setdefault(int(u), set()).add(int(i))
     assert held_users["valid"] | held_users["test"] == (expected["valid"] | expected["test"]) & set(
@@ -720,7 +722,7 @@ def test_bundled_rating_split_sizes(bundled):
     split = splits.split_ratings(bundled)
     sizes = [split[n].num_rows for n in ("train", "valid", "test")]
     assert sizes == [80_688, 10_091, 10_057]  # pinned: the hash is part of the protocol
-    assert all(_within_5_sigma(size, 100_836, p) for size, p in zip(sizes, (0.8, 0.1, 0.1)))
+    assert all(_within_5_sigma(size, 100_836, p) for size, p in zip(sizes, (0.8, 0.1, 0.1), strict=True))
     assert sum(len(_keys(split[n])) for n in split) == 100_836
     assert _keys(split["train"]) | _keys(split["valid"]) | _keys(split["test"]) == _keys(bundled)
 
@@ -758,6 +760,8 @@ def test_repeated_ratings_keep_the_latest():
         rows = sorted(
             r
             for part in split.values()
-            for r in zip(part["user_id"].to_pylist(), part["item_id"].to_pylist(), part["label"].to_pylist())
+            for r in zip(
+                part["user_id"].to_pylist(), part["item_id"].to_pylist(), part["label"].to_pylist(), strict=True
+            )
         )
         assert rows == [(1, 5, 4.5), (1, 6, 3.0), (2, 5, 2.0)]

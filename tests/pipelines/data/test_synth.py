@@ -184,7 +184,7 @@ def _feature_matrix(items: pa.Table) -> np.ndarray:
     tag_index = {t: i for i, t in enumerate(sorted({t for ts in tags for t in ts}))}
     decades = (items["year"].to_numpy() - 1950) // 10
     x = np.zeros((items.num_rows, len(genre_index) + len(tag_index) + 8))
-    for row, (gs, ts) in enumerate(zip(genres, tags)):
+    for row, (gs, ts) in enumerate(zip(genres, tags, strict=True)):
         for g in gs:
             x[row, genre_index[g]] += 1 / len(gs)
         for t in ts:

@@ -21,6 +21,8 @@ from schemas import storage
 from schemas.tables import COUNTS, INTERACTIONS, USER_EMBEDDINGS, items_schema, stats_metadata, validate_stats
 from tests.pipelines.stats_inputs import expected_stats, register_counts, registered, write_inputs
 
+pytestmark = pytest.mark.beam  # the stats job on Beam
+
 DIRECT = ["--runner=DirectRunner"]
 
 # 3 users, catalog of 4 items (item 40 has no rows), d = 2; user 1's and user 3's embeddings and
@@ -117,7 +119,7 @@ def test_item_stats_composes_in_a_pipeline():
     # The transform on its own, fed from Create: one output per catalog item, zeros for item 40.
     settings = StatsSettings(2, 1.0, 2.0, "user", 1.5)
     spec = NoiseSpec(0.0, 1.5, 1.0, 2.0, bytes(32), 0)
-    users, items, labels = (list(column) for column in zip(*INTERACTIONS_ROWS))
+    users, items, labels = (list(column) for column in zip(*INTERACTIONS_ROWS, strict=True))
     want_a, want_b = by_formula("user", 1.5)
 
     def check(rows):

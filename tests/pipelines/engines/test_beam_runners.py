@@ -16,6 +16,8 @@ from privacy.seeds import SeedFile
 from schemas import storage, tables
 from tests.pipelines.stats_inputs import registered, write_inputs
 
+pytestmark = pytest.mark.beam  # Beam's PortableRunner and multi-processing DirectRunner
+
 RUNNERS = {
     "portable": ["--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type", "LOOPBACK"],
     "multi_processing": ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"],
@@ -44,7 +46,7 @@ SEED = bytes(range(32))
 def write_split_inputs(folder):
     """The inputs, the interactions in 3 part files of 4 rows (user 2's rows straddle two of them)."""
     paths = write_inputs(folder, INTERACTIONS, EMBEDDINGS, COUNTS, list(COUNTS))
-    users, items, labels = (list(column) for column in zip(*INTERACTIONS))
+    users, items, labels = (list(column) for column in zip(*INTERACTIONS, strict=True))
     paths["interactions"] = storage.join(str(folder), "interactions-split.parquet")
     columns = {"user_id": users, "item_id": items, "label": labels, "timestamp": [0] * len(users)}
     storage.write_table(pa.table(columns, schema=tables.INTERACTIONS), paths["interactions"], rows_per_file=4)

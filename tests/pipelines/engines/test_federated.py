@@ -26,6 +26,8 @@ from schemas.arrays import list_column_to_matrix
 from ssp import cli
 from trainer.solve import ridge_solve
 
+pytestmark = pytest.mark.beam  # federated rounds run on Beam's DirectRunner
+
 ROUND_SECRET = bytes(range(32))
 SETTINGS = ["--epsilon", "5", "--outer-steps", "1", "--epochs", "2", "--dim", "3", "--stats-threshold", "0"]
 
@@ -100,7 +102,7 @@ def central_sums(job: federated.FederatedJob, users: set):
     count_of = counts["count"].to_numpy()[np.searchsorted(counts["item_id"].to_numpy(), items)]
     embeddings = storage.read_table(job.item_embeddings)
     v = list_column_to_matrix(embeddings["embedding"], job.stats.settings.dim, "item")
-    v_of = dict(zip(embeddings["item_id"].to_numpy().tolist(), v))
+    v_of = dict(zip(embeddings["item_id"].to_numpy().tolist(), v, strict=True))
     solve, stats = (
         storage.read_table(job.solve_rows).to_pandas(),
         storage.read_table(job.stats.interactions).to_pandas(),
@@ -123,7 +125,7 @@ def central_sums(job: federated.FederatedJob, users: set):
             rated.label.to_numpy(),
             np.repeat(u, len(at), axis=0),
             count_of[at],
-            job.stats.settings,
+            settings=job.stats.settings,
         )
         keys.append(k)
         rows.append(r)
@@ -198,7 +200,9 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
     totals = []
     for round_job, members in ((job, clients), (neighbour, clients[clients != removed])):
         graph = secagg.neighbours(members, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
-        result = federated.round_sums(round_job, broadcast, plan, ROUND_SECRET, graph, frozenset(), None)
+        result = federated.round_sums(
+            round_job, broadcast, plan, round_secret=ROUND_SECRET, graph=graph, dropped=frozenset(), options=None
+        )
         assert result.survivors == members.size and result.unrecovered == [] and result.refusals == 0
         totals.append(secagg.decode(result.masked - result.corrections, plan.scale))
     own = [rows(path, keep=False) for path in (job.solve_rows, job.stats.interactions)]
@@ -207,9 +211,9 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
         removed,
         *[(t["item_id"].to_numpy(), t["label"].to_numpy()) for t in own],
         broadcast,
-        job.stats.settings,
-        job.lambda_u,
-        plan,
+        settings=job.stats.settings,
+        lambda_u=job.lambda_u,
+        plan=plan,
     )
     share = federated.client_noise(federated.client_secret(ROUND_SECRET, removed), plan) / plan.scale
     assert np.abs(vector).max() > 0 and np.abs(share).max() > 0
@@ -230,7 +234,8 @@ def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothin
     assert [row["name"] for row in Ledger.open(run.ledger).rows][
         -1
     ] == "step-1/stats/r0"  # planned and recorded before the round
-    # the clients revealed no share, so the round may run again (fresh noise, nothing was unmasked, no new charge); once run, never again
+    # the clients revealed no share, so the round may run again (fresh noise, nothing was unmasked, no new charge); once
+    # run, never again
     spent = Ledger.open(run.ledger).epsilon_spent()
     federated.run(federated_job(run, dropout=0.0, max_dropout=0.1))
     assert Ledger.open(run.ledger).epsilon_spent() == spent
@@ -312,8 +317,9 @@ def test_ssp_train_federated_end_to_end_through_the_installed_command(tmp_path):
     summary = json.load(open(tmp_path / "run" / "step-2" / "stats" / "release.json"))
     assert summary["federated"]["upload_bytes_per_client"] > 8 * summary["items"] * 9
     assert not (tmp_path / "run" / "private" / "step-1" / "user_embeddings.parquet").exists()  # the clients kept theirs
-    # 300 ratings an item at epsilon 10 and the trainer's default epochs: the model's edge over the DP mean is several times the test
-    # set's noise; at 80 users, epsilon 5 and 2 epochs neither could be told from the other, and the DP mean sometimes won by chance
+    # 300 ratings an item at epsilon 10 and the trainer's default epochs: the model's edge over the DP mean is several
+    # times the test set's noise; at 80 users, epsilon 5 and 2 epochs neither could be told from the other, and the DP
+    # mean sometimes won by chance
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
 
 
@@ -381,9 +387,17 @@ def test_a_client_with_a_repeated_pair_is_refused_as_the_central_job_refuses_it(
     plan = federated.Plan(3, 3, 2, 2, 2.0**20, 1.0, (1.0, 1.0), 2)
     rows = (np.array([1, 1]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="client 7 has repeated \\(user, item\\) pairs"):
-        federated.client_contribution(7, rows, rows, broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan)
+        federated.client_contribution(
+            7, rows, rows, broadcast, settings=StatsSettings(2, 1.0, 1.0), lambda_u=0.1, plan=plan
+        )
     once = federated.client_contribution(
-        7, rows, (np.array([2]), np.array([1.0])), broadcast, StatsSettings(2, 1.0, 1.0), 0.1, plan
+        7,
+        rows,
+        (np.array([2]), np.array([1.0])),
+        broadcast,
+        settings=StatsSettings(2, 1.0, 1.0),
+        lambda_u=0.1,
+        plan=plan,
     )
     assert (
         np.count_nonzero(once.reshape(2, -1)[0]) == 0 and np.count_nonzero(once.reshape(2, -1)[1]) > 0

@@ -31,6 +31,8 @@ from schemas import storage
 from ssp import cli
 from tests.pipelines.engines.test_federated import ROUND_SECRET, SETTINGS, federated_job, prepared
 
+pytestmark = pytest.mark.beam  # federated rounds run on Beam's DirectRunner
+
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 TRAIN = ["train", "--data", "data", "--out", "run", "--engine", "federated", *SETTINGS]
 
@@ -176,7 +178,13 @@ def test_a_server_that_partitions_the_holders_gets_nothing(tmp_path):
     catalog, broadcast = federated.broadcast_of(job)
     round_plan = federated.plan_round(job.stats, 1.0, clients.size, 0.3, catalog.size)
     result = federated.round_sums(
-        dataclasses.replace(job, server=server), broadcast, round_plan, ROUND_SECRET, graph, frozenset(), None
+        dataclasses.replace(job, server=server),
+        broadcast,
+        round_plan,
+        round_secret=ROUND_SECRET,
+        graph=graph,
+        dropped=frozenset(),
+        options=None,
     )
     near = {
         server.victim,

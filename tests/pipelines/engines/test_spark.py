@@ -1,4 +1,5 @@
-"""Spark and storage: gs:// tables staged for a Spark without a GCS connector; storage settings reach the Python tasks."""
+"""Spark and storage: gs:// tables staged for a Spark without a GCS connector; storage settings reach the Python
+tasks."""
 
 import os
 import uuid

@@ -26,7 +26,10 @@ COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
 CATALOG = [10, 20, 30, 40]
 
 
-def make_job(paths, out, privacy, settings=StatsSettings(2, 1.0, 5.0, "user", 2.0), **kwargs):
+SETTINGS = StatsSettings(2, 1.0, 5.0, "user", 2.0)
+
+
+def make_job(paths, out, privacy, settings=SETTINGS, **kwargs):
     return registered(
         stats_job.StatsJob(
             paths["interactions"],
@@ -133,7 +136,8 @@ def test_seed_drawn_when_absent_and_bound_to_its_data(spark, tmp_path):
     assert len(seed.seed) == 32 and list(seed.releases) == [0, 1]  # the counts, the stats
     stats.run(make_job(paths, tmp_path / "run2", privacy), spark)
     assert SeedFile.load(str(tmp_path / "run2" / "private" / "seed")).seed != seed.seed
-    # the same seed file on neighbouring data (one user less) is refused before anything is written: it serves another run's ledger
+    # the same seed file on neighbouring data (one user less) is refused before anything is written: it serves another
+    # run's ledger
     other = write_inputs(tmp_path / "other", INTERACTIONS[:-1], {1: EMBEDDINGS[1], 2: EMBEDDINGS[2]}, COUNTS, CATALOG)
     with pytest.raises(SeedReuseError, match="bound to another privacy ledger"):
         stats.run(make_job(other, tmp_path / "run3", privacy, seed_file=seed_path), spark)

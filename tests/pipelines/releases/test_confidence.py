@@ -75,7 +75,7 @@ def test_the_split_counts_repeats_for_implicit_feedback_and_keeps_the_latest_rat
         schema=INTERACTIONS,
     )
     counted = splits._canonical(table, count_repeats=True)
-    assert list(zip(*(counted[c].to_pylist() for c in ("user_id", "item_id", "label")))) == [
+    assert list(zip(*(counted[c].to_pylist() for c in ("user_id", "item_id", "label")), strict=True)) == [
         (1, 10, 3.0),
         (1, 20, 1.0),
         (2, 10, 1.0),
@@ -116,8 +116,8 @@ def test_confident_statistics_are_exact_and_one_user_moves_them_within_the_bound
     for row, j in enumerate(CATALOG):
         np.testing.assert_allclose(a[row], want_a[j], rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(b[row], want_b[j], rtol=1e-12, atol=1e-15)
-    # by hand, item 30: user 2 (weights 1.5 (2.5, 1) / sqrt(2.5^2 + 1) over its two rows: its 1 on item 30), user 3 (4 of 4, 1),
-    # user 4 (1 of 3, 1), each with label 1 and its clipped embedding
+    # by hand, item 30: user 2 (weights 1.5 (2.5, 1) / sqrt(2.5^2 + 1) over its two rows: its 1 on item 30),
+    # user 3 (4 of 4, 1), user 4 (1 of 3, 1), each with label 1 and its clipped embedding
     w2, w3, w4 = WBAR / np.sqrt(2.5**2 + 1), WBAR * 4 / np.sqrt(17), WBAR / np.sqrt(10)
     np.testing.assert_allclose(
         b[2], w2 * np.array([0.5, -0.5]) + w3 * np.array([0.0, 0.2]) + w4 * np.array([0.6, 0.8]), rtol=1e-12

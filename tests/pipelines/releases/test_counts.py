@@ -15,7 +15,7 @@ from schemas.tables import INTERACTIONS, items_schema
 
 
 def write(tmp_path, rows, catalog):
-    users, items = zip(*rows)
+    users, items = zip(*rows, strict=True)
     storage.write_table(
         pa.table(
             {"user_id": users, "item_id": items, "label": [1.0] * len(rows), "timestamp": [0] * len(rows)},
@@ -35,7 +35,7 @@ def write(tmp_path, rows, catalog):
 
 def counts_of(path):
     table = storage.read_table(path)
-    return dict(zip(table["item_id"].to_pylist(), table["count"].to_pylist()))
+    return dict(zip(table["item_id"].to_pylist(), table["count"].to_pylist(), strict=True))
 
 
 def test_exact_counts_with_cap_and_floor(tmp_path):
@@ -94,8 +94,8 @@ def test_sampling_keeps_at_most_k_rows_per_user_uniformly():
     assert np.allclose(share, 0.1, atol=0.01)  # every item equally likely to be kept
     assert not np.array_equal(kept, sampled_rows(users, items, 3, key=54321))
     reversed_kept = sampled_rows(users[::-1].copy(), items[::-1].copy(), 3, key=12345)
-    assert set(zip(users[kept], items[kept])) == set(
-        zip(users[::-1][reversed_kept], items[::-1][reversed_kept])
+    assert set(zip(users[kept], items[kept], strict=True)) == set(
+        zip(users[::-1][reversed_kept], items[::-1][reversed_kept], strict=True)
     )  # row order is irrelevant
 
 
@@ -214,7 +214,8 @@ def test_the_number_of_users_is_released_with_dp(tmp_path):
     assert np.all(np.abs(released - exact) <= 5 * 6.0)  # within 5 std of the truth
     assert kstest((released - exact) / 6.0, "norm").pvalue > 1e-3
     assert len(set(released.tolist())) > 10  # noised, not the exact count
-    # a pure function of (seed, release, inputs): the same seed gives the same value, and the units' noise is not any item's
+    # a pure function of (seed, release, inputs): the same seed gives the same value, and the units' noise is not any
+    # item's
     again = dp_counts(
         interactions,
         items,

@@ -73,7 +73,7 @@ def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_t
         staged.commit(
             [
                 staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER))
-                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
             ],
             table.num_rows,
         )

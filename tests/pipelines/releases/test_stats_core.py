@@ -37,8 +37,8 @@ def test_packed_blocks_hold_each_row_once_in_its_shard(n, shards, seed):
         assert set(mine["key"].to_pylist()) <= {int(keys[shard])}
         u, i, y = stats.decode_rows(mine["block"].to_pylist())
         assert np.all(shard_of(i, shards) == shard)
-        got += list(zip(u.tolist(), i.tolist(), y.tolist()))
-    assert sorted(got) == sorted(zip(users.tolist(), rated.tolist(), labels.tolist()))  # bit-exact labels
+        got += list(zip(u.tolist(), i.tolist(), y.tolist(), strict=True))
+    assert sorted(got) == sorted(zip(users.tolist(), rated.tolist(), labels.tolist(), strict=True))  # bit-exact labels
 
 
 def test_decode_of_no_blocks_or_empty_blocks_is_no_rows():
@@ -102,11 +102,20 @@ def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(
         )
         normalisers = sums[np.searchsorted(known, user_ids)]
     got = item_sums(
-        user_ids, item_ids, labels, clipped_users(vectors, settings_), user_rows, counts, settings_, normalisers
+        user_ids,
+        item_ids,
+        labels,
+        users=clipped_users(vectors, settings_),
+        user_rows=user_rows,
+        counts=counts,
+        settings=settings_,
+        normalisers=normalisers,
     )
     want = accumulator.grouped_sums(
-        *user_contributions(user_ids, item_ids, labels, vectors[user_rows], counts, settings_, normalisers)
+        *user_contributions(
+            user_ids, item_ids, labels, vectors[user_rows], counts, settings=settings_, normalisers=normalisers
+        )
     )
     np.testing.assert_array_equal(got[0], want[0])
-    for g, w in zip(got[1:], want[1:]):
+    for g, w in zip(got[1:], want[1:], strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

@@ -24,7 +24,7 @@ from schemas.tables import INTERACTIONS, items_schema
 
 
 def _rows(table):
-    return sorted(zip(*(table[c].to_pylist() for c in INTERACTIONS.names)), key=repr)
+    return sorted(zip(*(table[c].to_pylist() for c in INTERACTIONS.names), strict=True), key=repr)
 
 
 def _ratings_with_repeats(seed=0, users=60, items=80):
@@ -141,7 +141,7 @@ def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_t
         staged.commit(
             [
                 staged.write_part(k, table.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER))
-                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:]))
+                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
             ],
             table.num_rows,
         )
@@ -169,7 +169,7 @@ def test_a_split_of_files_of_whole_users_takes_a_file_per_task_and_gives_the_sam
         int(np.searchsorted(users, np.unique(users)[41])),
         table.num_rows,
     ]
-    whole = [table.slice(a, b - a) for a, b in zip(cut[:-1], cut[1:])]
+    whole = [table.slice(a, b - a) for a, b in zip(cut[:-1], cut[1:], strict=True)]
     overlapping = [
         pa.concat_tables([whole[0], whole[2]]),
         whole[1],
@@ -211,7 +211,7 @@ def test_the_prepare_stage_on_spark_and_beam_makes_the_in_process_releases(spark
     prepared = {}
     seed = None
     for name, engine in (("local", LocalEngine()), ("spark", SparkEngine(spark)), ("beam", BeamEngine())):
-        config = settings.TrainConfig(
+        config = settings.TrainConfig.create(
             out=str(tmp_path / name), data=data.path, protocol=protocol, epsilon=2.0, dim=8, seed_file=seed, engine=name
         )
         prepared[name] = prepare.prepare(config, progress=False, engine=engine, local_rows=0)

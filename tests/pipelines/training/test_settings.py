@@ -1,4 +1,5 @@
-"""`ssp train`'s settings: `--config FILE` the same as the flags, flags over the file, a run's manifest fed back; defaults that follow the mode."""
+"""`ssp train`'s settings: `--config FILE` the same as the flags, flags over the file, a run's manifest fed back;
+defaults that follow the mode."""
 
 import json
 import os

@@ -20,11 +20,12 @@ from trainer import curves, ssp
 
 def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     assert (
-        settings.TrainConfig(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS
+        settings.TrainConfig.create(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS
     )  # no budget to split: until it converges
-    epochs = 5  # near the default 30 here (0.8645 against 0.8622 at 30 and 0.8632 at 10), in a sixth of the item updates' time
+    # near the default 30 here (0.8645 against 0.8622 at 30 and 0.8632 at 10), in a sixth of the item updates' time
+    epochs = 5
     metrics = stages.run(
-        settings.TrainConfig(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs),
+        settings.TrainConfig.create(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs),
         spark=spark,
         progress=False,
     )
@@ -89,7 +90,7 @@ def tensorboard_scalars(folder) -> dict:
 
 
 def small(out, data, **kwargs):
-    return settings.TrainConfig(data=data, out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
+    return settings.TrainConfig.create(data=data, out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
 
 
 def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeypatch, small_data):
@@ -132,7 +133,8 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
             progress=False,
         )
 
-    # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one ledger)
+    # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one
+    # ledger)
     seed = SeedFile.create(
         str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed
     ).path
@@ -150,7 +152,7 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
 def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
     """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
     says there is no held-out data instead of reporting test metrics."""
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         data=small_data, out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0
     )
     metrics = stages.run(config, spark=spark, progress=False)
@@ -201,12 +203,12 @@ def test_the_share_of_the_catalog_a_ranking_run_trains_on():
     """The id encoder keeps the paper's top 10% (its rare items would be noise alone); the features
     encoder covers the whole catalog (its rare items fall back on their features); a given share is
     kept; one outside (0, 1] is refused by name."""
-    assert settings.TrainConfig(protocol="recall", encoder="id", item_update="als").train_item_fraction == 0.1
-    assert settings.TrainConfig(protocol="recall").train_item_fraction == 1.0
-    assert settings.TrainConfig(protocol="recall", train_item_fraction=0.25).train_item_fraction == 0.25
+    assert settings.TrainConfig.create(protocol="recall", encoder="id", item_update="als").train_item_fraction == 0.1
+    assert settings.TrainConfig.create(protocol="recall").train_item_fraction == 1.0
+    assert settings.TrainConfig.create(protocol="recall", train_item_fraction=0.25).train_item_fraction == 0.25
     for bad in (0.0, 1.5, float("nan"), True):
         with pytest.raises(ValueError, match="--train-item-fraction"):
-            settings.TrainConfig(protocol="recall", train_item_fraction=bad)
+            settings.TrainConfig.create(protocol="recall", train_item_fraction=bad)
 
 
 def test_the_dimension_and_the_weights_follow_the_protocol():
@@ -215,33 +217,35 @@ def test_the_dimension_and_the_weights_follow_the_protocol():
     The bias coordinate k = min(2, sqrt(20 / epsilon)). A given value is kept; a non-finite exponent is
     refused by name, and the weights the stats job gets follow the config."""
     assert (
-        settings.TrainConfig(epsilon=1).dim,
-        settings.TrainConfig(epsilon=4.9).dim,
-        settings.TrainConfig(epsilon=5).dim,
+        settings.TrainConfig.create(epsilon=1).dim,
+        settings.TrainConfig.create(epsilon=4.9).dim,
+        settings.TrainConfig.create(epsilon=5).dim,
     ) == (8, 8, 16)
-    assert (settings.TrainConfig().dim, settings.TrainConfig().weight_exponent) == (16, -0.25)
-    assert [settings.TrainConfig(epsilon=e).bias_coordinate for e in (0.5, 1, 5, 20, 80)] == [2.0, 2.0, 2.0, 1.0, 0.5]
-    assert settings.TrainConfig(epsilon=10).bias_coordinate == pytest.approx(np.sqrt(2))
-    assert settings.TrainConfig(epsilon=20, bias_coordinate=3.0).bias_coordinate == 3.0
+    assert (settings.TrainConfig.create().dim, settings.TrainConfig.create().weight_exponent) == (16, -0.25)
+    biases = [settings.TrainConfig.create(epsilon=e).bias_coordinate for e in (0.5, 1, 5, 20, 80)]
+    assert biases == [2.0, 2.0, 2.0, 1.0, 0.5]
+    assert settings.TrainConfig.create(epsilon=10).bias_coordinate == pytest.approx(np.sqrt(2))
+    assert settings.TrainConfig.create(epsilon=20, bias_coordinate=3.0).bias_coordinate == 3.0
     assert (
-        settings.TrainConfig(protocol="recall", epsilon=5).dim,
-        settings.TrainConfig(protocol="recall").weight_exponent,
+        settings.TrainConfig.create(protocol="recall", epsilon=5).dim,
+        settings.TrainConfig.create(protocol="recall").weight_exponent,
     ) == (16, 0.0)
     assert (
-        settings.TrainConfig(protocol="recall", epsilon=10).dim
-        == settings.TrainConfig(protocol="recall", epsilon=20).dim
+        settings.TrainConfig.create(protocol="recall", epsilon=10).dim
+        == settings.TrainConfig.create(protocol="recall", epsilon=20).dim
         == 32
     )
-    assert settings.TrainConfig(epsilon=20).dim == 16
+    assert settings.TrainConfig.create(epsilon=20).dim == 16
     assert (
-        settings.TrainConfig(non_private=True).dim
-        == settings.TrainConfig(protocol="recall", non_private=True).dim
+        settings.TrainConfig.create(non_private=True).dim
+        == settings.TrainConfig.create(protocol="recall", non_private=True).dim
         == 32
     )
-    assert settings.TrainConfig(protocol="recall", dim=8, weight_exponent=-0.25).settings().weight_exponent == -0.25
-    assert settings.TrainConfig(protocol="recall").settings().weight_exponent == 0.0
+    chosen = settings.TrainConfig.create(protocol="recall", dim=8, weight_exponent=-0.25)
+    assert chosen.settings().weight_exponent == -0.25
+    assert settings.TrainConfig.create(protocol="recall").settings().weight_exponent == 0.0
     with pytest.raises(ValueError, match="--weight-exponent"):
-        settings.TrainConfig(weight_exponent=float("nan"))
+        settings.TrainConfig.create(weight_exponent=float("nan"))
 
 
 def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path, small_data):
@@ -265,7 +269,9 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
 
     def rows(path):
         table = storage.read_table(path)
-        return sorted(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), table["label"].to_pylist()))
+        return sorted(
+            zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), table["label"].to_pylist(), strict=True)
+        )
 
     every = rows(run.centred)
     assert rows(run.stats_rows) == [row for row in every if row[1] in set(covered.tolist())]
@@ -276,26 +282,28 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
-    # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.15 with biases, else 1 N/S
+    # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.15 with biases, else 1
+    # N/S
     # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
     items = np.full(100, 50.0)  # sqrt(100) / sqrt(5e6) = 0.00447 per unit of N/S: the rule switches at N/S = 33.54
     assert (
-        prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.4) == 1.0
-        and prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 33.7) == 6.0
+        prepare.stats_threshold_of(settings.TrainConfig.create(), items, 1000, 33.4) == 1.0
+        and prepare.stats_threshold_of(settings.TrainConfig.create(), items, 1000, 33.7) == 6.0
     )
-    ranking = settings.TrainConfig(protocol="recall")  # no biases: the cut at 0.03, N/S = 6.71
+    ranking = settings.TrainConfig.create(protocol="recall")  # no biases: the cut at 0.03, N/S = 6.71
     assert (
         prepare.stats_threshold_of(ranking, items, 1000, 6.6) == 1.0
         and prepare.stats_threshold_of(ranking, items, 1000, 6.8) == 6.0
     )
-    assert prepare.stats_threshold_of(settings.TrainConfig(), items, 1000, 0.0) == 0.0  # no noise: every item
-    assert prepare.stats_threshold_of(settings.TrainConfig(item_update="dpsgd"), items, 1000, 50.0) == 0.0
-    assert prepare.stats_threshold_of(settings.TrainConfig(item_update="als", encoder="id"), items, 1000, 50.0) == 0.0
-    assert prepare.stats_threshold_of(settings.TrainConfig(stats_threshold=0.5), items, 1000, 50.0) == 0.5
+    assert prepare.stats_threshold_of(settings.TrainConfig.create(), items, 1000, 0.0) == 0.0  # no noise: every item
+    assert prepare.stats_threshold_of(settings.TrainConfig.create(item_update="dpsgd"), items, 1000, 50.0) == 0.0
+    als_id = settings.TrainConfig.create(item_update="als", encoder="id")
+    assert prepare.stats_threshold_of(als_id, items, 1000, 50.0) == 0.0
+    assert prepare.stats_threshold_of(settings.TrainConfig.create(stats_threshold=0.5), items, 1000, 50.0) == 0.5
     with pytest.raises(ValueError, match="--stats-threshold needs the features encoder"):
-        settings.TrainConfig(item_update="als", encoder="id", stats_threshold=1.0)
+        settings.TrainConfig.create(item_update="als", encoder="id", stats_threshold=1.0)
     with pytest.raises(ValueError, match="--stats-threshold must be >= 0"):
-        settings.TrainConfig(stats_threshold=-1.0)
+        settings.TrainConfig.create(stats_threshold=-1.0)
 
 
 def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and_spends_nothing_on_them(
@@ -358,7 +366,7 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
     np.testing.assert_allclose(embeddings["random"], item_vectors(config, fresh.embed_all()), rtol=0, atol=1e-5)
     assert not np.allclose(embeddings["principal"], embeddings["random"], atol=1e-2)
     with pytest.raises(ValueError, match="--encoder-init must be one of"):
-        settings.TrainConfig(encoder_init="pca")
+        settings.TrainConfig.create(encoder_init="pca")
 
 
 def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys, small_data):
@@ -390,7 +398,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "with --run give --step S" in ssp_error("stats", "--run", run)
     assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
     assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
-    config = settings.TrainConfig(data=small_data, out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
+    config = settings.TrainConfig.create(data=small_data, out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
@@ -458,7 +466,8 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert capsys.readouterr().out == report
     for row in Ledger.open(os.path.join(run, "ledger.parquet")).rows:
         assert f"| {row['release']} | `{row['name']}` |" in report
-    # the statistics' sensitivity as the release's noise was scaled: rows [Clip(u), k Gamma_u], k = 2 by the epsilon-5 rule
+    # the statistics' sensitivity as the release's noise was scaled: rows [Clip(u), k Gamma_u], k = 2 by the epsilon-5
+    # rule
     assert (
         "A: wbar (1 + k^2) Gamma_u^2 = 0.45" in report and "k = 2, appended" in report and str(tmp_path) not in report
     )
@@ -482,11 +491,11 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
 
 
 def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
-    config = settings.TrainConfig(protocol="recall", loss="logistic")
+    config = settings.TrainConfig.create(protocol="recall", loss="logistic")
     assert config.gravity == 0 and config.weight_exponent == 0 and config.settings().loss == "logistic"
     assert config.settings().noise_clips() == (config.clip_u / 2, 2.0)
     assert (
-        settings.TrainConfig(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss
+        settings.TrainConfig.create(protocol="recall", loss="logistic", item_update="dpsgd").dpsgd_config(100).loss
         == "logistic"
     )
     for change, flag in (
@@ -496,35 +505,37 @@ def test_the_logistic_loss_needs_its_setting_and_brings_its_own_negatives():
         ({"weight_exponent": -0.25}, "--weight-exponent 0"),
     ):
         with pytest.raises(ValueError, match=f"--loss logistic \\(SSP-convex on implicit feedback\\) needs {flag}"):
-            settings.TrainConfig(**{"protocol": "recall", "loss": "logistic", **change})
+            settings.TrainConfig.create(**{"protocol": "recall", "loss": "logistic", **change})
     with pytest.raises(
         ValueError,
-        match="--engine beam cannot serve this run: its statistics pipeline sums no logistic expansion .* use --engine spark or local",
+        match="--engine beam cannot serve this run: its statistics pipeline sums no logistic expansion "
+        ".* use --engine spark or local",
     ):
-        settings.TrainConfig(protocol="recall", loss="logistic", engine="beam")
+        settings.TrainConfig.create(protocol="recall", loss="logistic", engine="beam")
     with pytest.raises(ValueError, match="--loss must be one of"):
-        settings.TrainConfig(loss="poisson")
+        settings.TrainConfig.create(loss="poisson")
 
 
 def test_biases_need_the_square_loss_and_a_non_federated_engine_and_ranking_keeps_its_user_ridge():
-    ranking = settings.TrainConfig(protocol="recall", biases=True)
+    ranking = settings.TrainConfig.create(protocol="recall", biases=True)
     assert (ranking.biases, ranking.lambda_u, ranking.user_prior, ranking.settings().bias) == (
         True,
         0.1,
         0.0,
         ranking.bias_coordinate,
     )
-    ratings = settings.TrainConfig()
+    ratings = settings.TrainConfig.create()
     assert (ratings.biases, ratings.lambda_u, ratings.user_prior) == (True, 0.01, 20.0)
     with pytest.raises(ValueError, match="--biases needs --loss square"):
-        settings.TrainConfig(
+        settings.TrainConfig.create(
             protocol="recall", loss="logistic", engine="spark", gravity=0.0, weight_exponent=0.0, biases=True
         )
     with pytest.raises(
         ValueError,
-        match="--engine federated cannot serve this run: its clients solve no bias .* use --engine spark or beam or local",
+        match="--engine federated cannot serve this run: its clients solve no bias "
+        ".* use --engine spark or beam or local",
     ):
-        settings.TrainConfig(engine="federated", biases=True)
+        settings.TrainConfig.create(engine="federated", biases=True)
 
 
 def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_names(
