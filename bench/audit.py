@@ -256,6 +256,7 @@ def stats_release(
     spark,
     rows: str,
     tables: Tables,
+    *,
     counts: str,
     out: str,
     settings: Settings,
@@ -312,7 +313,9 @@ def canary_contributions(
     users = np.repeat(CANARY_USERS + np.arange(size.canaries), k)
     vectors = np.tile(canary_embedding(step, size.dim, settings.clip_u), (items.size, 1))
     labels = np.full(items.size, LABELS[1] - mean)
-    _, rows = user_contributions(users, items, labels, vectors, values[np.searchsorted(ids, items)], stats_settings)
+    _, rows = user_contributions(
+        users, items, labels, vectors, values[np.searchsorted(ids, items)], settings=stats_settings
+    )
     x, s = rows[:, : size.dim], rows[:, size.dim]
     a = pack_upper(x[:, :, None] * x[:, None, :])
     return a.reshape(size.canaries, k, -1), (s[:, None] * x).reshape(size.canaries, k, -1)
@@ -382,6 +385,7 @@ def audit(
     size: Size,
     settings: Settings,
     confidence: float,
+    *,
     spark,
     work: str,
     seed: int | None = None,
@@ -450,13 +454,13 @@ def audit(
                 spark,
                 rows,
                 tables,
-                counts,
-                storage.join(run, "stats", f"step-{step}"),
-                settings,
-                privacy,
-                stats_settings,
-                step,
-                ledger_path,
+                counts=counts,
+                out=storage.join(run, "stats", f"step-{step}"),
+                settings=settings,
+                privacy=privacy,
+                stats_settings=stats_settings,
+                step=step,
+                ledger=ledger_path,
             )
             seconds[f"step-{step}"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -468,13 +472,13 @@ def audit(
             spark,
             other_rows,
             other,
-            storage.join(copy, "counts", "counts.parquet"),
-            storage.join(copy, "stats", "step-1"),
-            settings,
-            privacy,
-            stats_settings,
-            1,
-            storage.join(copy, "ledger.parquet"),
+            counts=storage.join(copy, "counts", "counts.parquet"),
+            out=storage.join(copy, "stats", "step-1"),
+            settings=settings,
+            privacy=privacy,
+            stats_settings=stats_settings,
+            step=1,
+            ledger=storage.join(copy, "ledger.parquet"),
         )
         seconds["copy"] = time.perf_counter() - started
 
@@ -643,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
             if storage.exists(storage.join(work, "run")):
                 raise UserError(f"--work {work} already holds an audit run; give an empty folder")
             spark = stack.enter_context(session("ssp-audit", args.master))
-            rows = audit(size, settings, args.confidence, spark, work, args.seed, args.plant)
+            rows = audit(size, settings, args.confidence, spark=spark, work=work, seed=args.seed, plant=args.plant)
     except (ValueError, SchemaError, storage.MissingTableError) as exc:
         print(f"ssp audit: error: {exc}", file=sys.stderr)
         return 2

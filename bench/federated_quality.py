@@ -145,8 +145,8 @@ def run_cell(out: str, params: dict) -> dict:
                 layout.item_embeddings(s - 1),
                 layout.user_embeddings(s),
                 config.lambda_u,
-                config.dim,
-                config.gravity,
+                dim=config.dim,
+                gravity=config.gravity,
             )
     steps = training.trajectory(layout, config)
     manifest = open_dataset(data).manifest

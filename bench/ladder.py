@@ -314,7 +314,7 @@ def item_mean(r: Ratings, part: np.ndarray) -> dict:
     return {"valid": best[0], "test": best[2], "prior": best[1]}
 
 
-def _feature_fit(r, train, x, mean, lam, by_user, by_item, seed):
+def _feature_fit(r, train, x, *, mean, lam, by_user, by_item, seed):
     rng = np.random.default_rng(seed)
     p = x.shape[1]
     w = rng.normal(0.0, 0.1, (FEATURE_DIM, p))
@@ -347,7 +347,7 @@ def features(r: Ratings, part: np.ndarray, seed: int = 0) -> dict:
     by_item = _Segments(r.item[train], r.items)
     best = None
     for lam in FEATURE_LAMBDAS:
-        u, e = _feature_fit(r, train, r.features, mean, lam, by_user, by_item, seed)
+        u, e = _feature_fit(r, train, r.features, mean=mean, lam=lam, by_user=by_user, by_item=by_item, seed=seed)
 
         def predict(rows, u=u, e=e):
             return mean + np.einsum("nd,nd->n", u[r.user[rows]], e[r.item[rows]])
@@ -358,7 +358,7 @@ def features(r: Ratings, part: np.ndarray, seed: int = 0) -> dict:
     return {"valid": best[0], "test": best[2], "lambda": best[1]}
 
 
-def _mf_fit(r, train, mean, lam, by_user, by_item, seed):
+def _mf_fit(r, train, *, mean, lam, by_user, by_item, seed):
     rng = np.random.default_rng(seed)
     users, items, y = r.user[train], r.item[train], r.label[train] - mean
     u = np.zeros((r.users, MF_DIM + 1))
@@ -381,7 +381,7 @@ def mf(r: Ratings, part: np.ndarray, seed: int = 0) -> dict:
     by_item = _Segments(r.item[train], r.items)
     best = None
     for lam in MF_LAMBDAS:
-        u, v = _mf_fit(r, train, mean, lam, by_user, by_item, seed)
+        u, v = _mf_fit(r, train, mean=mean, lam=lam, by_user=by_user, by_item=by_item, seed=seed)
 
         def predict(rows, u=u, v=v):
             uu, vv = u[r.user[rows]], v[r.item[rows]]
@@ -500,7 +500,7 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
         recalls = {}
         for name in ("valid", "test"):
 
-            def score(h_user, h_item, users, name=name, y=y, alpha=alpha, lam=lam):
+            def score(h_user, h_item, users, *, name=name, y=y, alpha=alpha, lam=lam):
                 return _ials_users(y, folds[name], h_item, alpha, lam) @ y.T
 
             recalls[name] = _held_scores(split, name, score)

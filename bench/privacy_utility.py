@@ -85,6 +85,7 @@ def study(
     protocol: str,
     name: str,
     epsilon: float | None,
+    *,
     size: dict,
     compute=None,
     bar=None,
@@ -139,7 +140,7 @@ def tuned_config(
     results: harness.Results, data: str, protocol: str, name: str, epsilon: float | None, size: dict
 ) -> dict | None:
     """The configuration the study on `data` chose, if all its trials are recorded (nothing is computed)."""
-    trials = study(results, data, protocol, name, epsilon, size)
+    trials = study(results, data, protocol, name, epsilon, size=size)
     return None if trials is None else trials[best_trial([t["value"] for t in trials], protocol)]["params"]["config"]
 
 
@@ -171,9 +172,9 @@ def gather(ctx: harness.Context, size: dict, names: list[str], data: str, tune_o
                 tune_on,
                 ctx.protocol,
                 *pair,
-                size,
-                (lambda p: training.run_trial(ctx.out, p)) if compute else None,
-                bar,
+                size=size,
+                compute=(lambda p: training.run_trial(ctx.out, p)) if compute else None,
+                bar=bar,
             )
             if trials is None:
                 continue

@@ -208,11 +208,11 @@ def partition_kernel(rows: dict, settings):
         users,
         rated,
         labels,
-        clipped_users(rows["user_table"], settings),
-        rows["owners"].positions(users, "user embedding"),
-        counts,
-        settings,
-        normalisers,
+        users=clipped_users(rows["user_table"], settings),
+        user_rows=rows["owners"].positions(users, "user embedding"),
+        counts=counts,
+        settings=settings,
+        normalisers=normalisers,
     )
 
 
@@ -226,7 +226,7 @@ def measure_kernel(rows: dict, settings, repeats: int) -> dict:
 
     def contrib():
         return user_contributions(
-            rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
+            rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings=settings
         )
 
     t_contrib, _ = best_of(contrib, repeats)
@@ -499,7 +499,7 @@ def profile_kernel(rows: dict, settings) -> dict:
     from privacy import accumulator
 
     items, kernel_rows = user_contributions(
-        rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings
+        rows["user_ids"], rows["item_ids"], rows["labels"], rows["embeddings"], rows["counts"], settings=settings
     )
     return {
         "kernel (a), file order": profile_calls(lambda: accumulator.grouped_sums(items, kernel_rows)),

@@ -32,7 +32,7 @@ def _folder_bytes(path: str) -> int:
 
 
 def measure(
-    out: str, users: int, items: int, ratings_per_user: int, alpha: float, seed: int, rank: int, progress: bool
+    out: str, users: int, items: int, ratings_per_user: int, *, alpha: float, seed: int, rank: int, progress: bool
 ) -> dict:
     """Generate into `out` in a child process; its wall time, peak RSS and output size."""
     kwargs = {
@@ -68,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or os.path.join(scratch, "data")
         try:
             result = measure(
-                out, args.users, args.items, args.ratings_per_user, args.alpha, args.seed, args.rank, args.progress
+                out,
+                args.users,
+                args.items,
+                args.ratings_per_user,
+                alpha=args.alpha,
+                seed=args.seed,
+                rank=args.rank,
+                progress=args.progress,
             )
         except RuntimeError as exc:
             print(f"synth_memory: {exc}", file=sys.stderr)

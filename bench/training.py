@@ -646,14 +646,14 @@ def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
         metrics = evaluation._evaluate(
             config,
             space,
-            run.split,
-            storage.join(run.split, "train.parquet"),
-            vectors,
-            users,
-            prepared["mean"],
-            config.unit_of_privacy(),
-            prepare.prepared_rating_range(prepared),
-            counts,
+            split_dir=run.split,
+            train_rows=storage.join(run.split, "train.parquet"),
+            item_vectors=vectors,
+            final_users=users,
+            mean=prepared["mean"],
+            unit=config.unit_of_privacy(),
+            ratings=prepare.prepared_rating_range(prepared),
+            counts=counts,
             confidence_alpha=prepared.get("confidence_alpha"),
         )
         out.append(

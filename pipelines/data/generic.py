@@ -564,10 +564,12 @@ def ingest(
     catalog: str,
     out: str,
     features: dict[str, str] | str,
+    *,
     columns: Columns = Columns(),
     unknown_items: str = "fail",
     rating_scale: tuple[float, float] | None = None,
     progress: bool = False,
+    data_source: str | None = None,
 ) -> Dataset:
     """Ingest an interactions table and a catalog table into the data set folder `out`.
 
@@ -634,6 +636,7 @@ def ingest(
         "columns": asdict(columns),
         "feedback": "explicit" if columns.label else "implicit",
         "unknown_items": {"policy": unknown_items},
+        **({"data_source": data_source} if data_source is not None else {}),
     }
     if columns.label:
         manifest["rating_scale"] = [float(rating_scale[0]), float(rating_scale[1])]

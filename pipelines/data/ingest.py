@@ -29,6 +29,7 @@ from tqdm import tqdm
 from pipelines.base import logs
 from pipelines.data import generic, movielens
 from pipelines.data.datasets import Dataset, is_dataset, open_dataset, require_dataset_target, write_dataset
+from privacy.lifetime_budget import check_source_name
 from schemas import storage
 from schemas.errors import UserError
 from schemas.tables import MULTIVALENT, item_features
@@ -44,9 +45,12 @@ def ingest(
     unknown_items: str = "fail",
     progress: bool = False,
     rating_scale: tuple[float, float] = movielens.DEFAULT_RATING_SCALE,
+    *,
+    data_source: str | None = None,
 ) -> Dataset:
     """Ingest the MovieLens folder `source` into the data set folder `out`; every rating must lie
-    on `rating_scale`, which the manifest records as the data's declared scale."""
+    on `rating_scale`, which the manifest records as the data's declared scale (and `data_source`,
+    when given, as the name of the data source whose budget account its runs charge)."""
     if unknown_items not in UNKNOWN_ITEM_POLICIES:
         raise UserError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
     low, high = rating_scale
@@ -95,6 +99,7 @@ def ingest(
         "layout": layout.name,
         "unknown_items": {"policy": unknown_items},
         "rating_scale": [float(low), float(high)],
+        **({"data_source": data_source} if data_source is not None else {}),
     }
     batches = known_ratings()
     try:
@@ -172,6 +177,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the bundled ml-latest-small; not with --interactions",
     )
     parser.add_argument("--out", required=True, help="output data set folder (local or gs://)")
+    parser.add_argument(
+        "--data-source",
+        default=None,
+        help="the name of the data source these interactions come from, recorded in the data set: every run on it "
+        "(this week's rows and next week's) charges that source's one budget account (default: none; a run then "
+        "names the source by the interactions' content digest)",
+    )
     parser.add_argument(
         "--public-features",
         default=",".join(movielens.DEFAULT_PUBLIC_FEATURES),
@@ -314,6 +326,8 @@ def _usage_error(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     _check_arguments(args)
+    if args.data_source is not None:
+        check_source_name("--data-source", args.data_source)
     require_dataset_target(args.out)  # before any work
     if args.interactions is not None:
         columns = generic.Columns(
@@ -325,7 +339,15 @@ def run(args: argparse.Namespace) -> int:
         )
         scale = tuple(args.rating_scale) if args.rating_scale is not None else None
         dataset = generic.ingest(
-            args.interactions, args.catalog, args.out, args.features, columns, args.unknown_items, scale, progress=True
+            args.interactions,
+            args.catalog,
+            args.out,
+            args.features,
+            columns=columns,
+            unknown_items=args.unknown_items,
+            rating_scale=scale,
+            progress=True,
+            data_source=args.data_source,
         )
         print(describe(dataset))
         print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
@@ -333,7 +355,9 @@ def run(args: argparse.Namespace) -> int:
     source = args.source if args.source is not None else BUNDLED
     scale = tuple(args.rating_scale) if args.rating_scale is not None else movielens.DEFAULT_RATING_SCALE
     features = tuple(name.strip() for name in args.public_features.split(",") if name.strip())
-    dataset = ingest(source, args.out, features, args.unknown_items, progress=True, rating_scale=scale)
+    dataset = ingest(
+        source, args.out, features, args.unknown_items, progress=True, rating_scale=scale, data_source=args.data_source
+    )
     print(describe(dataset))
     print(f"wrote {dataset.interactions} and {dataset.items} in {time.perf_counter() - started:.1f} s")
     return 0

@@ -274,6 +274,7 @@ def generate(
     users: int | None = None,
     items: int | None = None,
     ratings_per_user: int | None = None,
+    *,
     alpha: float | None = None,
     seed: int = 0,
     rank: int | None = None,
@@ -294,7 +295,17 @@ def generate(
     if not isinstance(out, str) or not out:
         raise UserError(f"out must be a non-empty path, got {out!r}")
     if like is not None:
-        return _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress)
+        return _generate_like(
+            out,
+            like,
+            users=users,
+            items=items,
+            ratings_per_user=ratings_per_user,
+            alpha=alpha,
+            seed=seed,
+            rank=rank,
+            progress=progress,
+        )
     for name, value in (("users", users), ("items", items), ("ratings_per_user", ratings_per_user)):
         if value is None:
             raise UserError(f"{name} is required (unless like is given)")
@@ -322,7 +333,7 @@ def generate(
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
 
-def _generate_like(out, like, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
+def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
     if like not in LIKES:
         raise UserError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
     for name, value in (("items", items), ("alpha", alpha), ("rank", rank)):

@@ -197,7 +197,7 @@ class UserPartials(beam.DoFn):
         if not known.all():
             raise UserError(f"no DP count for item {items[~known][0]} (counts must cover the catalog)")
         keys, a, b = accumulator.grouped_sums(
-            *user_contributions(users, items, labels, embeddings, values[where], self.settings)
+            *user_contributions(users, items, labels, embeddings, values[where], settings=self.settings)
         )
         if self._running is not None:
             previous = self._running

@@ -196,6 +196,7 @@ def client_contribution(
     solve_rows: tuple[np.ndarray, np.ndarray],
     stats_rows: tuple[np.ndarray, np.ndarray],
     broadcast: Broadcast,
+    *,
     settings,
     lambda_u: float,
     plan: Plan,
@@ -229,7 +230,7 @@ def client_contribution(
             rated_labels,
             np.repeat(u, rated.size, axis=0),
             broadcast.counts[at],
-            settings,
+            settings=settings,
         )
         positions, a_upper, b = grouped_sums(keys, rows)
         out[positions, : packed_size(plan.dim)] = a_upper
@@ -246,6 +247,7 @@ class ClientRound(beam.DoFn):
         settings,
         lambda_u: float,
         plan: Plan,
+        *,
         round_secret: bytes,
         graph: dict,
         dropped: frozenset,
@@ -261,7 +263,13 @@ class ClientRound(beam.DoFn):
         if not solve[0].size:
             raise UserError(f"client {user} has statistics rows but no rows to solve its embedding on")
         x = client_contribution(
-            user, solve, _concatenated(grouped["stats"]), self.broadcast, self.settings, self.lambda_u, self.plan
+            user,
+            solve,
+            _concatenated(grouped["stats"]),
+            self.broadcast,
+            settings=self.settings,
+            lambda_u=self.lambda_u,
+            plan=self.plan,
         )
         keys = client_secret(self.round_secret, user)
         encoded = secagg.encode(
@@ -479,7 +487,9 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
         seeds.start_round(index)  # refused if a round of it ran, whatever became of the output folder
         if account is not None:
             account.start_round(ledger.identity, index)  # and in any copy of the run folder: the account is outside it
-    result = round_sums(job, broadcast, plan, round_secret, graph, dropped, pipeline_options)
+    result = round_sums(
+        job, broadcast, plan, round_secret=round_secret, graph=graph, dropped=dropped, options=pipeline_options
+    )
     if (
         result.survivors < plan.min_clients and not result.revealed
     ):  # the server learned nothing: recorded so, the round may run again
@@ -536,7 +546,14 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
 
 
 def round_sums(
-    job: FederatedJob, broadcast: Broadcast, plan: Plan, round_secret: bytes, graph: dict, dropped: frozenset, options
+    job: FederatedJob,
+    broadcast: Broadcast,
+    plan: Plan,
+    *,
+    round_secret: bytes,
+    graph: dict,
+    dropped: frozenset,
+    options,
 ) -> RoundResult:
     """The Beam pipeline of the round. Every survivor signs the survivor set `job.server` shows it,
     and reveals its shares only if that set passes the consistency check (secagg.consistent)."""
@@ -582,7 +599,9 @@ def round_sums(
                 | "ByHolder" >> beam.GroupByKey()
             )
             masked = clients | "MaskedInput" >> beam.ParDo(
-                ClientRound(broadcast, settings, job.lambda_u, plan, round_secret, graph, dropped),
+                ClientRound(
+                    broadcast, settings, job.lambda_u, plan, round_secret=round_secret, graph=graph, dropped=dropped
+                ),
                 beam.pvalue.AsDict(public_keys),
             )
             survivors = (

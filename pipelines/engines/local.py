@@ -110,12 +110,12 @@ class LocalEngine:
                 job.settings,
                 specs,
                 staged,
-                embeddings,
-                lookups,
-                shards,
-                k,
-                (users[mine], rated[mine], labels[mine]),
-                expansion,
+                embeddings=embeddings,
+                lookups=lookups,
+                shards=shards,
+                shard=k,
+                rows=(users[mine], rated[mine], labels[mine]),
+                expansion=expansion,
             ):
                 written += pa.Table.from_batches([record]).to_pylist()
         return spark_stats.commit_written(job, specs, written)

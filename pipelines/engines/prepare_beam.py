@@ -151,7 +151,9 @@ class BeamEngine:
         sources = (interactions, item_embeddings)
 
         def solved(part: int, batches) -> Iterator[dict]:
-            for record in user_solves.solve_part(iter(batches), vectors, gram, solve, staged, part, sources):
+            for record in user_solves.solve_part(
+                iter(batches), vectors, gram, solve, staged=staged, part=part, sources=sources
+            ):
                 yield from pa.Table.from_batches([record]).to_pylist()
 
         try:
@@ -275,10 +277,10 @@ class BeamEngine:
                 storage.iter_batches(file, columns=INTERACTION_COLUMNS),
                 staged,
                 index,
-                mean,
-                protocol,
-                confidence_alpha,
-                together,
+                mean=mean,
+                protocol=protocol,
+                confidence_alpha=confidence_alpha,
+                users_together=together,
             )
             yield from ([k, *part] for k, part in enumerate(written) if part is not None)
 

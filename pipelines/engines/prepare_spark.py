@@ -301,7 +301,15 @@ class SparkEngine:
         staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
 
         def write(batches: Iterator[pa.RecordBatch], index: int, together: bool = False) -> Iterator[pa.RecordBatch]:
-            written = write_centred_parts(batches, staged, index, mean, protocol, confidence_alpha, together)
+            written = write_centred_parts(
+                batches,
+                staged,
+                index,
+                mean=mean,
+                protocol=protocol,
+                confidence_alpha=confidence_alpha,
+                users_together=together,
+            )
             found = [(k, *part) for k, part in enumerate(written) if part is not None]
             if found:
                 yield pa.record_batch(

@@ -142,6 +142,7 @@ def item_shards(
     settings,
     specs,
     staged,
+    *,
     embeddings: tuple[str, str],
     lookups: RowLookups,
     shards: int,
@@ -156,7 +157,15 @@ def item_shards(
             received.setdefault(shard, []).append(block)
     for shard in sorted(received):
         yield from item_shard(
-            settings, specs, staged, embeddings, lookups, shards, shard, decode_rows(received[shard]), expansion
+            settings,
+            specs,
+            staged,
+            embeddings=embeddings,
+            lookups=lookups,
+            shards=shards,
+            shard=shard,
+            rows=decode_rows(received[shard]),
+            expansion=expansion,
         )
 
 
@@ -164,6 +173,7 @@ def item_shard(
     settings,
     specs,
     staged,
+    *,
     embeddings: tuple[str, str],
     lookups: RowLookups,
     shards: int,
@@ -209,7 +219,14 @@ def item_shard(
                 if negatives is not None:
                     started = time.perf_counter()
                     keys, sums_a, sums_b = _logistic_sums(
-                        settings, lookups, negatives, group, users[part], rated[part], owners, vectors
+                        settings,
+                        lookups,
+                        negatives,
+                        group=group,
+                        users=users[part],
+                        rated=rated[part],
+                        owners=owners,
+                        vectors=vectors,
                     )
                     kernel += time.perf_counter() - started
                 elif part.stop > part.start:
@@ -218,11 +235,11 @@ def item_shard(
                         users[part],
                         rated[part],
                         labels[part],
-                        clipped,
-                        owners.positions(users[part], "user embedding"),
-                        counts[part],
-                        settings,
-                        None if normalisers is None else normalisers[part],
+                        users=clipped,
+                        user_rows=owners.positions(users[part], "user embedding"),
+                        counts=counts[part],
+                        settings=settings,
+                        normalisers=None if normalisers is None else normalisers[part],
                     )
                     kernel += time.perf_counter() - started
                 else:  # no rows: noise only
@@ -278,6 +295,7 @@ def _logistic_sums(
     settings,
     lookups: RowLookups,
     negatives,
+    *,
     group: np.ndarray,
     users: np.ndarray,
     rated: np.ndarray,
@@ -432,7 +450,16 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     written = (
         blocks.repartition(tasks, "key")
         .mapInArrow(
-            lambda batches: item_shards(settings, specs, staged, embeddings, lookups.value, shards, batches, expansion),
+            lambda batches: item_shards(
+                settings,
+                specs,
+                staged,
+                embeddings=embeddings,
+                lookups=lookups.value,
+                shards=shards,
+                batches=batches,
+                expansion=expansion,
+            ),
             WRITTEN_DDL,
         )
         .collect()

@@ -45,6 +45,7 @@ def _solve_partition(
     batches: Iterator[pa.RecordBatch],
     vectors: tuple[IdIndex, np.ndarray],
     lam: float,
+    *,
     staged: storage.StagedWrite,
     part: int,
     sources: tuple[str, str],
@@ -146,6 +147,7 @@ def solve_part(
     vectors: tuple[IdIndex, np.ndarray],
     gram,
     solve: UserSolve,
+    *,
     staged: storage.StagedWrite,
     part: int,
     sources: tuple[str, str],
@@ -155,15 +157,15 @@ def solve_part(
         batches,
         vectors,
         solve.lambda_u,
-        staged,
-        part,
-        sources,
-        gram,
-        solve.loss == "logistic",
-        solve.bias_ridge,
-        solve.constant,
-        solve.prior,
-        solve.confidence,
+        staged=staged,
+        part=part,
+        sources=sources,
+        gravity=gram,
+        logistic=solve.loss == "logistic",
+        bias_ridge=solve.bias_ridge,
+        constant=solve.constant,
+        prior=solve.prior,
+        confidence=solve.confidence,
     )
 
 
@@ -188,6 +190,7 @@ def run(
     item_embeddings: str,
     out: str,
     lambda_u: float,
+    *,
     dim: int | None = None,
     gravity: float = 0.0,
     loss: str = "square",
@@ -236,7 +239,9 @@ def run_spark(spark, interactions: str, item_embeddings: str, out: str, solve: U
     staged = storage.StagedWrite(out)
 
     def task(batches: Iterator[pa.RecordBatch], part: int) -> Iterator[pa.RecordBatch]:
-        return solve_part(batches, shared.value, gram, solve, staged, part, (interactions, item_embeddings))
+        return solve_part(
+            batches, shared.value, gram, solve, staged=staged, part=part, sources=(interactions, item_embeddings)
+        )
 
     try:
         with task_errors_raised_here():
@@ -278,14 +283,14 @@ def run_local(interactions: str, item_embeddings: str, out: str, solve: UserSolv
     try:
         if users_together(interactions):
             parts = [
-                solve_part(file_rows(file), vectors, gram, solve, staged, index, sources)
+                solve_part(file_rows(file), vectors, gram, solve, staged=staged, part=index, sources=sources)
                 for index, file in enumerate(storage.table_files(interactions))
             ]
         else:
             rows = storage.read_table(interactions, columns=["user_id", "item_id", "label"]).sort_by(
                 [("user_id", "ascending"), ("item_id", "ascending")]
             )
-            parts = [solve_part(iter(rows.to_batches()), vectors, gram, solve, staged, 0, sources)]
+            parts = [solve_part(iter(rows.to_batches()), vectors, gram, solve, staged=staged, part=0, sources=sources)]
         written = [row for part in parts for batch in part for row in pa.Table.from_batches([batch]).to_pylist()]
     except BaseException:
         staged.abort([])

@@ -87,8 +87,8 @@ def dp_mean(
     seeds: SeedFile,
     rating_range: tuple[float, float],
     unit: str = "user",
-    user_cap: float = DEFAULT_USER_CAP,
     *,
+    user_cap: float = DEFAULT_USER_CAP,
     engine,
 ) -> dict:
     """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. The weighted
@@ -127,6 +127,7 @@ def write_centred_parts(
     batches: Iterable[pa.RecordBatch],
     outputs: list[tuple[storage.StagedWrite, np.ndarray | None]],
     part: int,
+    *,
     mean: float,
     protocol: str,
     confidence_alpha: float | None = None,

@@ -118,6 +118,7 @@ def user_contributions(
     labels: np.ndarray,
     embeddings: np.ndarray,
     counts: np.ndarray,
+    *,
     settings: StatsSettings,
     normalisers: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -156,6 +157,7 @@ def item_sums(
     user_ids: np.ndarray,
     item_ids: np.ndarray,
     labels: np.ndarray,
+    *,
     users: tuple[np.ndarray, np.ndarray | None],
     user_rows: np.ndarray,
     counts: np.ndarray,

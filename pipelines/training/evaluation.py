@@ -57,16 +57,16 @@ def evaluate(run: Run) -> dict:
     metrics = _evaluate(
         config,
         space,
-        run.split,
-        storage.join(run.split, "train.parquet"),
-        item_vectors,
-        run.user_embeddings(None),
-        prepared["mean"],
-        config.unit_of_privacy(),
-        prepared_rating_range(prepared),
-        popularity if config.popularity_column else None,
-        popularity,
-        prepared.get("confidence_alpha"),
+        split_dir=run.split,
+        train_rows=storage.join(run.split, "train.parquet"),
+        item_vectors=item_vectors,
+        final_users=run.user_embeddings(None),
+        mean=prepared["mean"],
+        unit=config.unit_of_privacy(),
+        ratings=prepared_rating_range(prepared),
+        counts=popularity if config.popularity_column else None,
+        popularity=popularity,
+        confidence_alpha=prepared.get("confidence_alpha"),
     )
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
@@ -126,6 +126,7 @@ def catalog_counts(run: Run, space) -> np.ndarray:
 def _evaluate(
     config: TrainConfig,
     space,
+    *,
     split_dir: str,
     train_rows: str,
     item_vectors: np.ndarray,

@@ -57,6 +57,7 @@ def _ssp_penalties(
     config: TrainConfig,
     space,
     multiplier: float,
+    *,
     rating_range: tuple[float, float],
     has_residual: bool,
     bias_weights: np.ndarray | None,
@@ -168,7 +169,7 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     encoders.restore_checkpoint(model, run.checkpoint(step - 1))
     losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
     if config.item_update == "dpsgd":
-        _dpsgd_update(run, config, manifest, step, space, model, progress)
+        _dpsgd_update(run, config, manifest, step, space=space, model=model, progress=progress)
     elif config.item_update != "none" and covers_items(
         manifest
     ):  # none, or no item covered: the encoder stays as it started
@@ -325,7 +326,13 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
             ssp.check_stats(table, {"d": config.encoder_dim, **expected})
         weights = released_bias_weights(tables, space, config.encoder_dim, settings.bias_scale)
     ssp_ridge, residual_penalty, anchor = _ssp_penalties(
-        config, space, multiplier, label_range, model.has_residual, weights, len(tables)
+        config,
+        space,
+        multiplier,
+        rating_range=label_range,
+        has_residual=model.has_residual,
+        bias_weights=weights,
+        resamples=len(tables),
     )
     with _kernel(run, step):
         return ssp.train(
@@ -349,7 +356,7 @@ def _kernel(run: Run, step: int):
     run.record_seconds(f"step-{step}/item_update", time.perf_counter() - started, "kernel_seconds")
 
 
-def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, space, model, progress: bool) -> None:
+def _dpsgd_update(run: Run, config: TrainConfig, manifest: dict, step: int, *, space, model, progress: bool) -> None:
     """AM-DPSGD's item update: TF-Privacy DP-SGD on the private training rows (weighted, clipped
     per user) against step s's user embeddings, released through the ledger as one DP-SGD event.
     Its sampling rate is planned over the DP number of users (so the event's q reveals no exact

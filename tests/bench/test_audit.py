@@ -125,7 +125,9 @@ def test_ssp_audit_finds_a_planted_seed_copy(in_process, capsys):
 def test_planted_defects_exceed_the_claim(in_process, tmp_path, plant, found):
     """The rows that must see each defect do (shared noise leaves every release alone a correct
     Gaussian release: only pairs of releases see it)."""
-    table = audit.audit(audit.QUICK, audit.Settings(4.0), 0.95, in_process, str(tmp_path), seed=3, plant=plant)
+    table = audit.audit(
+        audit.QUICK, audit.Settings(4.0), 0.95, spark=in_process, work=str(tmp_path), seed=3, plant=plant
+    )
     assert found <= {row.release for row in table if row.exceeded}
     if plant == "shared-noise":
         assert {row.release for row in table if row.exceeded} == found

@@ -34,7 +34,7 @@ def test_spark_user_update_matches_closed_form(spark, tmp_path):
         str(tmp_path / "v.parquet"),
     )
     n, solve_seconds = user_solves.run(
-        spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, 3
+        spark, str(tmp_path / "i.parquet"), str(tmp_path / "v.parquet"), str(tmp_path / "u.parquet"), 0.5, dim=3
     )
     assert solve_seconds > 0
     out = validate_user_embeddings(storage.read_table(str(tmp_path / "u.parquet")), dim=3).sort_by("user_id")
@@ -113,7 +113,7 @@ def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(sp
             str(tmp_path / "v.parquet"),
             str(tmp_path / f"u-{name}.parquet"),
             0.5,
-            3,
+            dim=3,
         )
         solved[name] = storage.read_table(str(tmp_path / f"u-{name}.parquet")).sort_by("user_id")
         assert n == solved[name].num_rows == np.unique(pairs[:, 0]).size
@@ -131,7 +131,7 @@ def test_files_of_whole_users_are_solved_a_file_per_task_with_the_same_result(sp
             str(tmp_path / "v.parquet"),
             str(tmp_path / "u-bad.parquet"),
             0.5,
-            3,
+            dim=3,
         )
     assert not (tmp_path / "u-bad.parquet").exists()
 

@@ -237,13 +237,17 @@ def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
         np.full(3, 4.0)
     )
     space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))
-    ridge, residual, anchor = item_update._ssp_penalties(config, space, z, (1.0, 5.0), True, weights)
+    ridge, residual, anchor = item_update._ssp_penalties(
+        config, space, z, rating_range=(1.0, 5.0), has_residual=True, bias_weights=weights
+    )
     assert ridge.shape == residual.shape == (space.size, 9) and anchor.shape == (9,)
     assert residual[:, -1] == pytest.approx(expected) and anchor[-1] == 0.0
     assert (
         np.all(residual[:, :-1] == residual[0, 0]) and residual[0, 0] > expected[1]
     )  # the embedding's penalties are the spectral ones
-    ridge_id, _, _ = item_update._ssp_penalties(config, space, z, (1.0, 5.0), False, weights)
+    ridge_id, _, _ = item_update._ssp_penalties(
+        config, space, z, rating_range=(1.0, 5.0), has_residual=False, bias_weights=weights
+    )
     assert config.ridge * ridge_id[:, -1] == pytest.approx(
         expected
     )  # an id encoder has no residual: the penalty is its ridge
