@@ -29,6 +29,7 @@ import datetime
 import json
 import math
 import os
+import re
 import secrets
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,15 @@ class AccountMissingError(UserError):
 
 class AccountCapError(UserError):
     """A release that would take a data source's lifetime budget past its cap."""
+
+
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_source_name(flag: str, name: str) -> None:
+    """Refuse a data source name that could not name a registry file (letters, digits, . _ -)."""
+    if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name):
+        raise UserError(f"{flag} must be a name of letters, digits, '.', '_' and '-' (128 at most), got {name!r}")
 
 
 def _now() -> datetime.datetime:

@@ -26,7 +26,7 @@ from pipelines.base.lock import release_lock
 from privacy import accounting
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
-from privacy.lifetime_budget import BudgetAccount
+from privacy.lifetime_budget import BudgetAccount, accounts_home
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import SeedFile, SeedReuseError, content_digest_table
 from schemas import storage
@@ -71,9 +71,9 @@ class PrivacySettings:
         # an explicit path for the data source's budget account (privacy.lifetime_budget), charged with every release
         None
     )
-    source: str | None = (
-        None  # the data source's identity (content digest of its interactions): its account in the registry by default
-    )
+    source: str | None = None  # the data source's name (--data-source): its account in the registry
+    digest: str | None = None  # the content digest of its interactions, when already taken (else read here)
+    shares_users_with: str | None = None  # the source whose account a newly named one shares
     account_cap: float | None = None  # its lifetime epsilon cap, set when the account is created
     account_window_days: float | None = None  # its renewal window, set when the account is created
 
@@ -136,7 +136,7 @@ class PrivacySettings:
     def open_ledger(self, path: str, unit: str, interactions: str | None = None) -> Ledger:
         """The run's ledger at `path`, created with this budget if new (checked if not). A new
         ledger charges the data source's one account (privacy.lifetime_budget: found through the registry
-        by `source`, by default the content digest of `interactions`, or the explicit `account`);
+        by `source`, the operator's name, else by the content digest of `interactions`; or the explicit `account`);
         an existing one keeps the account it charges."""
         cap = self.epsilon if self.epsilon is not None else math.inf
         budget = dict(
@@ -152,13 +152,22 @@ class PrivacySettings:
             held = ledger.account()  # refused when missing or replaced
         else:
             ledger = held = None
-            source = (
-                self.source if self.source is not None or interactions is None else content_digest_table(interactions)
-            )
+            digest = self.digest
+            if digest is None and interactions is not None:
+                digest = content_digest_table(interactions)
+            source = self.source or digest
             if source is not None:
-                held = BudgetAccount.for_source(
-                    source, self.account, self.account_cap, self.delta, self.accountant, self.account_window_days
-                )
+                with release_lock(storage.join(accounts_home(), "registry")):  # one registry change at a time
+                    held = BudgetAccount.for_source(
+                        source,
+                        self.account,
+                        self.account_cap,
+                        self.delta,
+                        self.accountant,
+                        self.account_window_days,
+                        digest=digest,
+                        shares_users_with=self.shares_users_with,
+                    )
             elif self.account is not None:
                 held = BudgetAccount.open_or_create(
                     self.account, self.account_cap, self.delta, self.accountant, self.account_window_days

@@ -135,6 +135,18 @@ def confidence_alpha_of(config: TrainConfig, manifest: dict) -> float | None:
     return config.confidence_alpha if implicit else None
 
 
+def data_source_of(config: TrainConfig, data) -> str | None:
+    """The name of the run's data source: --data-source, or the one the data set was ingested under
+    (None: its content digest names it); refused when the two differ, before anything is spent."""
+    declared = getattr(data, "manifest", {}).get("data_source")
+    if config.data_source is not None and declared is not None and config.data_source != declared:
+        raise UserError(
+            f"--data-source {config.data_source} contradicts the data set {config.data}, ingested as data source "
+            f"{declared!r}: a data set has one source (give --data-source {declared}, or none)"
+        )
+    return config.data_source or declared
+
+
 def stats_threshold_of(config: TrainConfig, counts: np.ndarray, dp_users: int, noise_per_unit: float) -> float:
     """--stats-threshold, or its default rule for AM-SSP's features encoder: 6 when the release's
     noise-to-signal ratio R = sqrt(m) (N/S) / sqrt(C n) exceeds 0.15 with biases (0.03 without),
@@ -337,10 +349,9 @@ def prepare(
     )  # built before any release: an encoder that cannot be built spends nothing
     privacy = config.privacy()  # AM-DPSGD: its DP-SGD schedule waits for the DP number of users of the counts release
 
-    if ingest.is_dataset(
-        config.data
-    ):  # the data source's identity is the content digest the run's identity took of the same table: not read again
-        privacy = replace(privacy, source=identity["data"]["interactions"])
+    privacy = replace(privacy, source=data_source_of(config, data))
+    if ingest.is_dataset(config.data):  # the content digest the run's identity took of the same table
+        privacy = replace(privacy, digest=identity["data"]["interactions"])
     privacy.open_ledger(
         run.ledger, unit, data.interactions
     )  # creates the run's budget (charging its data source's account), or checks it on resume

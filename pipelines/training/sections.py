@@ -189,6 +189,20 @@ class Budget:
         "sensitivity to sqrt of this",
         valid=POSITIVE_INT,
     )
+    data_source: str | None = setting(
+        None,
+        "the name of the data source these interactions come from: every run on it, whatever its rows this week, is "
+        "charged to its one budget account (named by the operator, who is trusted with it; the same rows under a "
+        "second name are refused)",
+        rule="the name `ssp ingest --data-source` recorded in the data set; else the interactions' content digest, "
+        "a new source whenever the rows change",
+    )
+    shares_users_with: str | None = setting(
+        None,
+        "a new data source whose users are (some of) another source's: it shares that source's budget account "
+        "(declared at its first run)",
+        rule="its own account",
+    )
     budget_account: str | None = setting(
         None,
         "where a new budget account of the data source is kept (a JSON file): every release of every run on these "

@@ -40,6 +40,7 @@ from pipelines.training.sections import (
     Statistics,
     Users,
 )
+from privacy import lifetime_budget
 from schemas import storage
 from schemas.errors import UserError
 
@@ -147,6 +148,8 @@ class TrainConfig:
             return release.PrivacySettings(noise_multiplier=0.0, **common)
         return release.PrivacySettings(
             epsilon=self.epsilon,
+            source=self.data_source,
+            shares_users_with=self.shares_users_with,
             account=self.budget_account,
             account_cap=self.account_cap,
             account_window_days=self.account_window_days,
@@ -359,6 +362,11 @@ def checked(config: TrainConfig) -> TrainConfig:
         raise UserError("--item-update item-mean is a model of item biases alone: drop --no-biases")
     if config.item_update in ("als", "cmf", "item-mean") and config.encoder != "id":
         raise UserError(f"--item-update {config.item_update} solves one free vector per item: use it with --encoder id")
+    for name in ("data_source", "shares_users_with"):
+        if getattr(config, name) is not None:
+            lifetime_budget.check_source_name(FLAGS[name].flag, getattr(config, name))
+    if config.shares_users_with is not None and config.shares_users_with == config.data_source:
+        raise UserError("--shares-users-with names another data source than --data-source")
     if None not in (config.rating_min, config.rating_max) and not config.rating_min < config.rating_max:
         raise UserError(f"rating range must have min < max, got [{config.rating_min}, {config.rating_max}]")
     config.privacy()  # validates the budget and plan

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipelines.engines.engine import Engine, engine_of
+from pipelines.engines.engine import Engine, add_engine_argument, engine_of
 from pipelines.engines.user_solves import DEFAULT_LAMBDA_U, UserSolve
 from pipelines.training.run_dir import Run, config_of, existing_run_lock, require_steps
 from schemas.errors import UserError
@@ -72,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"default: {DEFAULT_LAMBDA_U})",
     )
     tables.add_argument("--dim", type=int, help="expected embedding dimension (checked)")
+    add_engine_argument(parser)
     parser.add_argument(
         "--master",
         help="Spark master URL for a job run outside spark-submit (default: local[*], every core of this machine, "
@@ -94,7 +95,11 @@ def main(args: argparse.Namespace) -> int:
         if (args.step is None) == (not args.final):
             raise UserError("with --run give exactly one of --step S and --final")
         Run(args.run).prepared()  # a missing or damaged run is refused before a JVM starts
-        with existing_run_lock(args.run), engine_of("spark", app="ssp-user-update", master=args.master) as engine:
+        scratch = Run(args.run).private("beam")
+        with (
+            existing_run_lock(args.run),
+            engine_of(args.engine, app="ssp-user-update", master=args.master, scratch=scratch) as engine,
+        ):
             run_step(engine, args.run, None if args.final else args.step)
         print(f"wrote the user embeddings of {args.run} ({'final' if args.final else f'step {args.step}'}; private)")
         return 0
@@ -104,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
     if missing:
         raise UserError(f"give --run RUN with --step S or --final, or the tables: missing {', '.join(missing)}")
     lambda_u = DEFAULT_LAMBDA_U if args.lambda_u is None else args.lambda_u
-    with engine_of("spark", app="ssp-user-update", master=args.master) as engine:
+    with engine_of(args.engine, app="ssp-user-update", master=args.master) as engine:
         engine.user_update(args.interactions, args.item_embeddings, args.out, UserSolve(lambda_u, args.dim))
     print(f"wrote the user embeddings to {args.out} (private)")
     return 0
