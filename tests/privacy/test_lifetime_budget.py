@@ -13,6 +13,7 @@ from privacy import accounting
 from privacy import lifetime_budget as accounts
 from privacy.ledger import Ledger
 from privacy.lifetime_budget import AccountCapError, BudgetAccount
+from schemas import storage
 
 DELTA = 1e-5
 
@@ -204,3 +205,30 @@ def test_a_source_declared_to_share_users_shares_the_account(tmp_path, monkeypat
     BudgetAccount.for_source("tv", delta=DELTA, digest="9" * 64)
     with pytest.raises(ValueError, match="'tv' already has its own budget account"):
         BudgetAccount.for_source("tv", delta=DELTA, digest="9" * 64, shares_users_with="web")
+
+
+def test_concurrent_first_runs_of_a_source_on_gs_make_one_account(gcs_path, monkeypatch):
+    """Four processes open the first ledgers of one named source (each its own week's rows) at once
+    on a gs:// registry: the registry's lock (a lease with generation preconditions, which the
+    emulator honours) lets one create the account, and every ledger charges that one."""
+    import subprocess
+    import sys
+    import textwrap
+
+    monkeypatch.setenv(accounts.ACCOUNTS_ENV, f"{gcs_path}/registry")
+    script = textwrap.dedent(f"""
+        import sys
+        from pipelines.releases.release import PrivacySettings
+        week = sys.argv[1]
+        settings = PrivacySettings(epsilon=1.0, delta={DELTA}, source="shop", digest=week * 64)
+        ledger = settings.open_ledger("{gcs_path}/run-" + week + "/ledger.parquet", "user")
+        print(ledger.budget["account_id"], flush=True)
+    """)
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script, week], stdout=subprocess.PIPE, text=True) for week in "abcd"
+    ]
+    identities = {run.communicate(timeout=120)[0].strip() for run in runs}
+    assert all(run.returncode == 0 for run in runs)
+    assert len(identities) == 1 and "" not in identities
+    digests = storage.filesystem(f"{gcs_path}/registry/digests")[0].ls(f"{gcs_path}/registry/digests"[5:])
+    assert len(digests) == 4
