@@ -275,6 +275,7 @@ def test_a_file_size_limit_is_one_line_and_the_earlier_data_set_stays_whole(tmp_
     assert snapshot(out) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
 def test_a_file_size_limit_inside_a_spark_job_is_one_line(tmp_path, prepared):
     run = copy_of(prepared, tmp_path / "run")
     result = ssp(
@@ -288,6 +289,7 @@ def test_a_file_size_limit_inside_a_spark_job_is_one_line(tmp_path, prepared):
 # --- damaged inputs ------------------------------------------------------------------------------
 
 
+@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
 def test_a_truncated_part_read_by_spark_is_one_line_naming_it(tmp_path, prepared):
     run = copy_of(prepared, tmp_path / "run")
     part = next((run / "private" / "train_centred.parquet").glob("part-*.parquet"))
@@ -633,6 +635,7 @@ def stopped(args: list, after: str, log: Path, interrupt: bool = False) -> subpr
     return result
 
 
+@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
 def test_ctrl_c_in_a_spark_job_is_the_promised_line_alone(tmp_path, prepared):
     """Ctrl-C while the statistics' Spark job runs (a gateway call in flight): the one line, no py4j
     or Java trace; the same command resumes."""

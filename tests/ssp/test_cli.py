@@ -114,6 +114,7 @@ def test_bad_input_is_one_line_error_with_status_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
 def test_split_accepts_a_movielens_folder(tmp_path, capsys):
     assert cli.main(["split", "--protocol", "rmse", "--out", str(tmp_path / "split")]) == 0
     out = capsys.readouterr().out

@@ -37,6 +37,7 @@ def counts(tmp_path, *flags):
     )
 
 
+@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
 def test_default_shows_progress_quiet_hides_it_verbose_adds_the_releases(tmp_path, capsys):
     assert counts(tmp_path / "a") == 0
     out, err = capsys.readouterr()

@@ -20,6 +20,8 @@ from schemas.tables import stats_metadata, validate_stats
 from tests.pipelines.stats_inputs import expected_stats, registered, write_inputs
 
 # 3 users, catalog of 4 items (item 40 has no rows), d = 2
+pytestmark = pytest.mark.spark  # the stats job on a local Spark, and its entry point's own
+
 INTERACTIONS = [(1, 10, 4.0), (1, 20, 5.0), (2, 10, 1.0), (2, 30, 3.0), (2, 20, -7.0), (3, 30, 2.5)]
 EMBEDDINGS = {1: [3.0, 4.0], 2: [0.5, -0.5], 3: [0.0, 2.0]}
 COUNTS = {10: 16.0, 20: 1.0, 30: 81.0, 40: 2.0}
