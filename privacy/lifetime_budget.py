@@ -49,6 +49,15 @@ def accounts_home() -> str:
     return os.environ.get(ACCOUNTS_ENV) or os.path.join(os.path.expanduser("~"), ".ssp", "budget-accounts")
 
 
+def private_registry() -> str:
+    """The registry folder, created readable by its owner alone; an existing one that others can
+    read is refused (whoever can write it can roll a source's budget back)."""
+    home = accounts_home()
+    storage.check_private(home, "the budget-account registry")  # a local folder others can read: refused
+    storage.make_private_folder(home)
+    return home
+
+
 class AccountMissingError(UserError):
     """A data source's account that the registry or a ledger names, but that is gone or replaced."""
 
@@ -138,6 +147,7 @@ class BudgetAccount:
         elsewhere, or if the one it has is missing or replaced. `digest`, the content digest of this
         run's interactions, is checked against every other name's; `shares_users_with` names the
         source whose account a new one shares (their users overlap). Callers hold the registry's lock."""
+        private_registry()
         if digest is not None:
             source = cls._named_digest(source, digest)
         entry_path = storage.join(accounts_home(), f"{source}.json")
@@ -230,7 +240,7 @@ class BudgetAccount:
         self.document = BudgetAccount.open(self.path).document
 
     def _save(self) -> None:
-        storage.write_json(self.document, self.path)
+        storage.write_json(self.document, self.path, private=True)
 
     @property
     def cap(self) -> float | None:

@@ -99,6 +99,9 @@ class SeedFile:
 
     @classmethod
     def load(cls, path: str) -> SeedFile:
+        storage.check_private(
+            path, "the secret noise seed (whoever reads it can subtract the noise from every release)"
+        )
         try:
             document = storage.read_json(path)
             seed = bytes.fromhex(document["seed"])
@@ -188,7 +191,7 @@ class SeedFile:
             document["rounds"] = {str(i): state for i, state in sorted(self.rounds.items())}
         if self.account_charges:
             document["account_charges"] = self.account_charges
-        storage.write_json(document, self.path)
+        storage.write_json(document, self.path, private=True)
 
     def witness_account(self, path: str, charges: int) -> None:
         """Refuse a budget account with fewer charges than this run last saw in it (rolled back, or

@@ -25,6 +25,7 @@ import math
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -157,7 +158,7 @@ class StagedWrite:
     def open_part(self, index: int, schema: pa.Schema, **parquet_options) -> pq.ParquetWriter:
         """A Parquet writer for part `index` (the caller closes it); options go to pq.ParquetWriter."""
         fs = self.fs
-        fs.makedirs(self.directory, exist_ok=True)
+        _makedirs(self.directory) if self.local else fs.makedirs(self.directory, exist_ok=True)
         return pq.ParquetWriter(
             posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs), **parquet_options
         )
@@ -179,7 +180,7 @@ class StagedWrite:
         it halfway). On gs:// the marker upload is the publication itself, kept for `publish`."""
         marker = json.dumps({"rows": rows, "files": sorted(names)}).encode()
         if self.local:
-            os.makedirs(self.directory, exist_ok=True)
+            _makedirs(self.directory)
             with open(os.path.join(self.directory, SUCCESS), "wb") as out:
                 out.write(marker)
         self._sealed = (sorted(names), marker)
@@ -375,7 +376,7 @@ class StagedFile:
         fs, self.inner = filesystem(path)
         self.local = is_local(fs)
         if self.local:
-            os.makedirs(os.path.dirname(self.inner) or ".", exist_ok=True)
+            _makedirs(os.path.dirname(self.inner) or ".")
             self.tmp = f"{self.inner}.tmp-{uuid.uuid4().hex}"
             try:
                 with open(self.tmp, "wb") as out:
@@ -389,6 +390,7 @@ class StagedFile:
     def publish(self) -> None:
         fs = filesystem(self.path)[0]
         if self.local:
+            _inherit_privacy(self.tmp, os.path.dirname(self.inner) or ".")
             os.replace(self.tmp, self.inner)
             _clear_stale(self.inner)
         else:
@@ -426,10 +428,88 @@ def _swap_into_place(staging: str, final: str) -> None:
     if os.path.lexists(final):
         old = f"{staging}.old"
         os.rename(final, old)
-    os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+    _makedirs(os.path.dirname(final) or ".")
+    _inherit_privacy(staging, os.path.dirname(final) or ".")
     os.rename(staging, final)
     if old:
         shutil.rmtree(old)
+
+
+PRIVATE_FOLDER, PRIVATE_FILE = 0o700, 0o600
+PRIVATE_MARK = ".ssp-private"  # in a folder `make_private_folder` made: what is written below it is private
+
+
+def _is_private(mode: int) -> bool:
+    return not mode & 0o077
+
+
+def _in_private_folder(local: str) -> bool:
+    """Whether the local folder `local` is, or lies below, a folder `make_private_folder` made."""
+    folder = os.path.abspath(local)
+    while True:
+        if os.path.exists(os.path.join(folder, PRIVATE_MARK)):
+            return True
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return False
+        folder = parent
+
+
+def _makedirs(local: str) -> None:
+    """os.makedirs of the local folder `local`; the folders it creates below a private folder are
+    private too (0700), whatever the umask."""
+    missing, existing = [], os.path.abspath(local)
+    while not os.path.isdir(existing):
+        missing.append(existing)
+        existing = os.path.dirname(existing)
+    os.makedirs(local, exist_ok=True)
+    if missing and _in_private_folder(existing):
+        for folder in missing:
+            os.chmod(folder, PRIVATE_FOLDER)
+
+
+def _inherit_privacy(local: str, parent: str) -> None:
+    """Make the local file or folder tree `local`, about to be placed in the folder `parent`, its
+    owner's alone (folders 0700, files 0600) when `parent` is a private folder or lies below one:
+    what a private folder holds stays private whatever the umask and whoever wrote it (this
+    process, Spark's workers, TensorFlow)."""
+    if not _in_private_folder(parent):
+        return
+    if os.path.isdir(local) and not os.path.islink(local):
+        for top, _, files in os.walk(local):
+            os.chmod(top, PRIVATE_FOLDER)
+            for name in files:
+                os.chmod(os.path.join(top, name), PRIVATE_FILE)
+    else:
+        os.chmod(local, PRIVATE_FILE)
+
+
+def make_private_folder(path: str) -> None:
+    """Make the folder `path` (and its missing parents), or an existing one, private: enterable by
+    its owner alone (0700 whatever the umask), and so is everything written below it from then on
+    (marked by a PRIVATE_MARK file in it); what it holds already is made 0700 / 0600 too. On gs://
+    nothing: the bucket's access policy decides who reads it (docs/privacy.md)."""
+    fs, inner = filesystem(path)
+    if not is_local(fs):
+        return
+    os.makedirs(inner, exist_ok=True)
+    with open(os.path.join(inner, PRIVATE_MARK), "a"):
+        pass
+    _inherit_privacy(inner, inner)
+
+
+def check_private(path: str, what: str) -> None:
+    """Refuse the local file or folder `path` (`what` it is, for the message) when its group or others
+    may read it, as ssh refuses a private key that others can read; gs:// paths are the bucket's."""
+    fs, inner = filesystem(path)
+    if not is_local(fs) or not os.path.exists(inner):
+        return
+    mode = stat.S_IMODE(os.stat(inner).st_mode)
+    if not _is_private(mode):
+        fix = "700" if os.path.isdir(inner) else "600"
+        raise UserError(
+            f"{path}: {what} can be read by others (mode {mode:04o}); only its owner may read it: chmod {fix} {inner}"
+        )
 
 
 def _folder_marker(local: str) -> tuple[list[str], bytes]:
@@ -456,7 +536,7 @@ def write_folder(path: str) -> Iterator[str]:
     if is_local(fs):
         parent, name = os.path.split(final)
         staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
-        os.makedirs(staging)
+        _makedirs(staging)
         try:
             yield staging
             names, marker = _folder_marker(staging)
@@ -678,9 +758,13 @@ def _json_ready(value):
     return value
 
 
-def write_json(document: dict, path: str) -> None:
-    """Write a small JSON document atomically (temporary file, then rename or single put)."""
-    StagedFile(json_payload(document), path).publish()
+def write_json(document: dict, path: str, *, private: bool = False) -> None:
+    """Write a small JSON document atomically (temporary file, then rename or single put); a
+    `private` one readable by its owner alone (0600) wherever it is."""
+    staged = StagedFile(json_payload(document), path)
+    if private and staged.local:
+        os.chmod(staged.tmp, PRIVATE_FILE)
+    staged.publish()
 
 
 def json_payload(document: dict) -> bytes:

@@ -235,7 +235,7 @@ def release_lock(path: str, wait_seconds: float = RELEASE_LOCK_WAIT):
     deadline = time.monotonic() + wait_seconds
     if storage.is_local(fs):
         os.makedirs(os.path.dirname(os.path.abspath(inner)), exist_ok=True)
-        with open(f"{inner}.lock", "a+") as handle:
+        with os.fdopen(os.open(f"{inner}.lock", os.O_RDWR | os.O_CREAT, 0o600), "r+") as handle:  # owner's alone
             while True:
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -125,6 +125,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     require_dataset_target(out)
     fs, folder = storage.filesystem(out)
     created = storage.is_local(fs) and not fs.exists(folder)  # removed again if this write fails
+    storage.make_private_folder(out)  # it holds the private interactions: its owner's alone
     items = validate_items(items)
     catalog = np.sort(items["item_id"].to_numpy())
     stats = _InteractionStats()
@@ -159,8 +160,9 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     except BaseException:
         interactions.abort()
         item_table.abort()
-        if created and fs.isdir(folder) and not fs.ls(folder, detail=False):
-            fs.rmdir(folder)  # a failed write leaves no new folder behind
+        left = {posixpath.basename(path) for path in fs.ls(folder, detail=False)} if fs.isdir(folder) else None
+        if created and left is not None and left <= {storage.PRIVATE_MARK}:
+            fs.rm(folder, recursive=True)  # a failed write leaves no new folder behind
         raise
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
     interactions.commit()

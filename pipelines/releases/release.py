@@ -26,7 +26,7 @@ from pipelines.base.lock import release_lock
 from privacy import accounting
 from privacy.clipping import check_bound
 from privacy.ledger import Ledger
-from privacy.lifetime_budget import BudgetAccount, accounts_home
+from privacy.lifetime_budget import BudgetAccount, private_registry
 from privacy.noise import NOISE_VERSION
 from privacy.seeds import SeedFile, SeedReuseError, content_digest_table
 from schemas import storage
@@ -157,7 +157,7 @@ class PrivacySettings:
                 digest = content_digest_table(interactions)
             source = self.source or digest
             if source is not None:
-                with release_lock(storage.join(accounts_home(), "registry")):  # one registry change at a time
+                with release_lock(storage.join(private_registry(), "registry")):  # one registry change at a time
                     held = BudgetAccount.for_source(
                         source,
                         self.account,

@@ -313,6 +313,7 @@ def prepare(
     ):  # an interrupted prepare that released the counts
         run.require_ledger(config.seed_file)
     run.write_manifest(manifest)
+    storage.make_private_folder(run.private())  # before anything private is written: its owner's alone
     started = time.time()
     unit = config.unit_of_privacy()
     data = ingest.load_or_ingest(config.data, run.private("data"), progress=progress)

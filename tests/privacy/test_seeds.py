@@ -82,17 +82,37 @@ def test_binding_persists_across_load(tmp_path):
     assert all(isinstance(k, int) for k in loaded.releases)
 
 
+def test_a_seed_is_its_owners_alone_and_one_others_can_read_is_refused(tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)  # the common umask: new files readable by everyone
+    try:
+        seeds.SeedFile.create(str(tmp_path / "seed.json"), SEED)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(tmp_path / "seed.json").st_mode) == 0o600
+    os.chmod(tmp_path / "seed.json", 0o644)
+    with pytest.raises(ValueError, match=r"seed.json: the secret noise seed .* can be read by others \(mode 0644\)"):
+        seeds.SeedFile.load(str(tmp_path / "seed.json"))
+    os.chmod(tmp_path / "seed.json", 0o600)
+    assert seeds.SeedFile.load(str(tmp_path / "seed.json")).seed == SEED
+
+
 def test_load_rejects_bad_files(tmp_path):
     short = tmp_path / "short.json"
     short.write_text(json.dumps({"seed": "ab" * 16, "releases": {}}))
+    short.chmod(0o600)
     with pytest.raises(ValueError, match="32 bytes"):
         seeds.SeedFile.load(str(short))
     not_seed = tmp_path / "other.json"
     not_seed.write_text(json.dumps({"hello": 1}))
+    not_seed.chmod(0o600)
     with pytest.raises(ValueError, match="not a seed file"):
         seeds.SeedFile.load(str(not_seed))
     bad_hex = tmp_path / "hex.json"
     bad_hex.write_text(json.dumps({"seed": "zz" * 32}))
+    bad_hex.chmod(0o600)
     with pytest.raises(ValueError, match="not a seed file"):
         seeds.SeedFile.load(str(bad_hex))
 
