@@ -1,4 +1,4 @@
-"""Positions of ids (users, items) in a sorted id column: the row lookups of the joins.
+"""Positions of ids (users, items) in an id column: the row lookups of the joins.
 
 The jobs join millions of rows with a table by id (each interaction with its user's embedding and
 its item's DP count). A binary search per row (np.searchsorted) costs a cache miss per probe;
@@ -18,17 +18,19 @@ DENSE_SLACK = 1 << 20
 
 
 class IdIndex:
-    """Lookups in `sorted_ids` (ascending, unique int64). Pickles as its ids only: a worker that
-    receives it builds its own position table."""
+    """Lookups in `ids` (unique int64, in any order: a position is an index into `ids`). Pickles as
+    its ids only: a worker that receives it builds its own position table."""
 
-    def __init__(self, sorted_ids: np.ndarray):
-        self.ids = np.asarray(sorted_ids, dtype=np.int64)
-        self._table = None
+    def __init__(self, ids: np.ndarray):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self._table = self._order = None
         if self.ids.size:
-            span = int(self.ids[-1]) - int(self.ids[0])
-            if span <= DENSE_SPAN_FACTOR * self.ids.size + DENSE_SLACK:
-                self._table = np.full(span + 1, -1, dtype=np.int64)
-                self._table[self.ids - self.ids[0]] = np.arange(self.ids.size)
+            self.low, self.high = int(self.ids.min()), int(self.ids.max())
+            if self.high - self.low <= DENSE_SPAN_FACTOR * self.ids.size + DENSE_SLACK:
+                self._table = np.full(self.high - self.low + 1, -1, dtype=np.int64)
+                self._table[self.ids - self.low] = np.arange(self.ids.size)
+            elif np.any(self.ids[1:] < self.ids[:-1]):
+                self._order = np.argsort(self.ids, kind="stable")
 
     def __getstate__(self):
         return {"ids": self.ids}
@@ -42,15 +44,16 @@ class IdIndex:
         if self.ids.size == 0:
             return np.zeros(values.size, np.int64), np.zeros(values.size, bool)
         if self._table is None:
-            at = np.minimum(np.searchsorted(self.ids, values), self.ids.size - 1)
-            return at, self.ids[at] == values
-        low, high = self.ids[0], self.ids[-1]
-        if values.size == 0 or (values.min() >= low and values.max() <= high):
-            at = self._table[values - low]
+            ordered = self.ids if self._order is None else self.ids[self._order]
+            at = np.minimum(np.searchsorted(ordered, values), self.ids.size - 1)
+            found = ordered[at] == values
+            return (at if self._order is None else self._order[at]), found
+        if values.size == 0 or (values.min() >= self.low and values.max() <= self.high):
+            at = self._table[values - self.low]
         else:  # compare before subtracting: far-off values would overflow int64
-            inside = (values >= low) & (values <= high)
+            inside = (values >= self.low) & (values <= self.high)
             at = np.full(values.size, -1, dtype=np.int64)
-            at[inside] = self._table[values[inside] - low]
+            at[inside] = self._table[values[inside] - self.low]
         found = at >= 0
         return np.maximum(at, 0), found
 

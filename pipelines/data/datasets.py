@@ -126,8 +126,8 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     fs, folder = storage.filesystem(out)
     created = storage.is_local(fs) and not fs.exists(folder)  # removed again if this write fails
     storage.make_private_folder(out)  # it holds the private interactions: its owner's alone
-    items = validate_items(items)
-    catalog = np.sort(items["item_id"].to_numpy())
+    items = validate_items(items).sort_by("item_id")  # canonical: every join and lookup may rely on the order
+    catalog = items["item_id"].to_numpy()
     stats = _InteractionStats()
     interactions = storage.TableWriter(
         storage.join(out, INTERACTIONS_TABLE), INTERACTIONS, together="user_id", in_order=USERS_TOGETHER

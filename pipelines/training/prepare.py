@@ -339,6 +339,12 @@ def prepare(
         )
     train_rows = storage.join(run.split, "train.parquet")
     items = storage.read_table(data.items)
+    ids = items["item_id"].to_numpy()
+    if np.any(ids[1:] <= ids[:-1]):  # every data set written since the catalog is canonical has them sorted
+        raise UserError(
+            f"{data.items}: the catalog's item ids are not in ascending order (a data set written by an older "
+            "version): ingest it again"
+        )
     if config.encoder == "features" and not item_features(items.schema):
         raise UserError(
             f"{data.items}: the catalog declares no public feature family, so the features encoder has nothing to "
