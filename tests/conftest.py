@@ -46,7 +46,7 @@ def pytest_configure(config):
 # What a test needs beyond this process, as markers (registered in pyproject.toml), applied here by the
 # fixtures it uses, so that they cannot drift from what it does; a module whose tests start Spark or
 # Beam some other way (an installed `ssp` in a subprocess, a pipeline built in the test) says so with
-# a module-level `pytestmark`. The fast loop deselects them all (README, "Tests").
+# a module-level `pytestmark`. The fast loop deselects them all (pyproject.toml, [tool.pytest.ini_options]).
 SPARK_FIXTURES = {"spark", "cluster"}  # the session's local Spark; a standalone cluster (and its spark-submit)
 GCS_FIXTURES = {"gcs_bucket"}  # gcs_path and every gs:// fixture go through it
 NO_JVM = "/nonexistent/java-home-of-a-test-not-marked-spark"  # see no_jvm_unless_marked

@@ -34,6 +34,8 @@ from privacy.ledger import Ledger
 from privacy.lifetime_budget import BudgetAccount
 from tests.spark_cluster import ROOT, standalone_cluster
 
+pytestmark = pytest.mark.cluster  # a standalone cluster, and what is shipped to its nodes
+
 VENV_PYTHON = sys.executable  # the nodes' Python with the locked dependencies (Dataproc: /opt/ssp/venv/bin/python)
 NODE_CONF = {"spark.pyspark.python": VENV_PYTHON}
 
