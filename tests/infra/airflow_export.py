@@ -12,13 +12,14 @@ each operator would run is extracted as an argv list, exactly as the operator bu
   job name and labels the operator adds at execution).
 
 The project side (tests/infra/test_dag.py) checks those commands against the project's parsers.
-Usage: python airflow_export.py OUT.json DAG_FOLDER DATE [DATE ...]
+Usage: python airflow_export.py OUT.json DAG_FOLDER[:DAG_FOLDER ...] DATE [DATE ...]
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 
 import pendulum
@@ -120,7 +121,9 @@ def export(folder: str, date: str) -> dict:
 
 
 if __name__ == "__main__":
-    out, folder, *dates = sys.argv[1:]
-    exported = {date: export(folder, date) for date in dates}
+    out, folders, *dates = sys.argv[1:]
+    # one folder: {date: export}; several, os.pathsep-separated: {folder: {date: export}} (one Airflow start)
+    each = folders.split(os.pathsep)
+    exported = {folder: {date: export(folder, date) for date in dates} for folder in each}
     with open(out, "w") as handle:
-        json.dump(exported, handle, default=str)
+        json.dump(exported if len(each) > 1 else exported[each[0]], handle, default=str)

@@ -52,9 +52,18 @@ def airflow_python() -> Path:
     return ROOT / ".venv-airflow" / "bin" / "python"
 
 
-def export(airflow_python: Path, folder: Path, engine: str, tmp: Path, deployed_version: str | None = VERSION) -> dict:
-    """{date: {"import_errors", "dags": {dag_id: {..., "tasks": [...]}}}} of the DAGs in `folder`. A DAG
-    copied out of the checkout is deployed as a scheduler gets it: told its version (SSP_VERSION)."""
+def export(
+    airflow_python: Path,
+    folder: Path | list[Path],
+    engine: str,
+    tmp: Path,
+    deployed_version: str | None = VERSION,
+    dates: tuple[str, ...] = DATES,
+) -> dict:
+    """{date: {"import_errors", "dags": {dag_id: {..., "tasks": [...]}}}} of the DAGs in `folder`; of a list
+    of folders, {str(folder): that} from one Airflow process. A DAG copied out of the checkout is deployed
+    as a scheduler gets it: told its version (SSP_VERSION)."""
+    folders = folder if isinstance(folder, list) else [folder]
     out = tmp / f"export-{engine}.json"
     env = {
         **os.environ,
@@ -64,10 +73,16 @@ def export(airflow_python: Path, folder: Path, engine: str, tmp: Path, deployed_
     }
     env.pop("PYTHONPATH", None)
     env.pop("SSP_VERSION", None)
-    if folder != DAGS and deployed_version:
+    if DAGS not in folders and deployed_version:
         env["SSP_VERSION"] = deployed_version
     result = subprocess.run(
-        [str(airflow_python), str(ROOT / "tests" / "infra" / "airflow_export.py"), str(out), str(folder), *DATES],
+        [
+            str(airflow_python),
+            str(ROOT / "tests" / "infra" / "airflow_export.py"),
+            str(out),
+            os.pathsep.join(map(str, folders)),
+            *dates,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -386,15 +401,27 @@ DRIFTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def drifted(airflow_python, tmp_path_factory) -> dict:
+    """{drift: the export on DATES[0] of a copy of the DAG folder with that drift}, every copy exported by
+    one Airflow process (one start of Airflow for all the drifts, not one each)."""
+    tmp = tmp_path_factory.mktemp("drifted")
+    folders = {}
+    for k, (drift, (old, new, _, _)) in enumerate(DRIFTS.items()):
+        folder = tmp / f"drift-{k}" / "dags"
+        shutil.copytree(DAGS, folder)
+        source = (folder / "retrain.py").read_text()
+        assert old in source, drift
+        (folder / "retrain.py").write_text(source.replace(old, new))
+        folders[drift] = folder
+    exported = export(airflow_python, list(folders.values()), "spark", tmp, dates=(DATES[0],))
+    return {drift: exported[str(folder)][DATES[0]] for drift, folder in folders.items()}
+
+
 @pytest.mark.parametrize("drift", DRIFTS)
-def test_a_drifted_command_is_detected(airflow_python, tmp_path, drift):
-    old, new, task_id, named = DRIFTS[drift]
-    folder = tmp_path / "dags"
-    shutil.copytree(DAGS, folder)
-    source = (folder / "retrain.py").read_text()
-    assert old in source
-    (folder / "retrain.py").write_text(source.replace(old, new))
-    problems = dag_problems(export(airflow_python, folder, "spark", tmp_path)[DATES[0]], DATES[0], "spark")
+def test_a_drifted_command_is_detected(drifted, drift):
+    _, _, task_id, named = DRIFTS[drift]
+    problems = dag_problems(drifted[drift], DATES[0], "spark")
     assert any(problem.startswith(f"{task_id}:") and named in problem for problem in problems), problems
 
 
