@@ -165,6 +165,8 @@ def _evaluate(
         )
         for part in ("valid", "test"):
             rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
+            if rows.num_rows == 0:  # a data set too small for its split: the model stands, unevaluated
+                return {**metrics, "no_heldout_data": f"the {part} split holds no rating: no test metrics"}
             positions = space.index_of(rows["item_id"].to_numpy())
             labels = rows["label"].to_numpy()
             predictions = evaluate.predict_ratings(
@@ -185,6 +187,12 @@ def _evaluate(
         for part in ("valid", "test"):
             history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"))
             targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"))
+            if not np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy()).size:
+                return {
+                    **metrics,
+                    "no_heldout_data": f"no held-out user of the {part} split has both a history and targets (too "
+                    "few users with enough positives): no test metrics",
+                }
             held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
             aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
             weights = (

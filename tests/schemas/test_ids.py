@@ -75,3 +75,17 @@ def test_pickles_as_its_ids_and_rebuilds_the_table():
     assert len(pickle.dumps(index)) < 4000 * 8 + 2000  # the ids, not a second table
     np.testing.assert_array_equal(restored.lookup(np.array([999, 1000, 4999]))[1], [False, True, True])
     assert restored.positions(np.array([4999]))[0] == 3999
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(INT64, max_size=40), st.lists(INT64, max_size=40), st.randoms(use_true_random=False))
+def test_ids_in_any_order_give_positions_into_the_order_given(ids, probes, shuffle):
+    """A catalog in any order (a customer's table as written): each position is where the id sits
+    in the array given, dense ids or sparse, and absent values are reported absent."""
+    given_order = sorted(ids)
+    shuffle.shuffle(given_order)
+    ids = np.array(given_order, dtype=np.int64)
+    values = np.array(probes + list(ids[:5]), dtype=np.int64)
+    at, found = IdIndex(ids).lookup(values)
+    np.testing.assert_array_equal(found, np.isin(values, ids))
+    np.testing.assert_array_equal(ids[at[found]], values[found])
