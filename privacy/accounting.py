@@ -86,10 +86,18 @@ def canonical(events: list[dp_accounting.DpEvent]) -> list[dp_accounting.DpEvent
     ]
 
 
+MAX_EPSILON = 100.0  # beyond it the noise is negligible: a "private" run that protects no one
+
+
 def check_budget(epsilon: float, delta: float) -> None:
     """Reject impossible privacy parameters with a message that says which and why."""
     if not (isinstance(epsilon, (int, float)) and epsilon > 0) or math.isnan(epsilon):
         raise UserError(f"epsilon must be > 0, got {epsilon}")
+    if epsilon > MAX_EPSILON:
+        raise UserError(
+            f"epsilon {epsilon:g} is over {MAX_EPSILON:g}, where the noise no longer protects anyone; for a run "
+            "without privacy say so: --non-private (ssp train) or --noise-multiplier 0"
+        )
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise UserError(f"delta must be in (0, 1), got {delta}")
 

@@ -15,6 +15,7 @@ import argparse
 import importlib.metadata
 import math
 import os
+import re
 import sys
 import warnings
 
@@ -126,8 +127,18 @@ def _version() -> str:
         return "(not installed: run ./setup.sh)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, reading `-inf`, `-1e-5` and `-.5` as values (argparse's own test of a
+    negative number knows only `-1` and `-1.5`, and takes the others for flags): a negative setting
+    then gets its range's message, not "expected one argument"."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-((\d+\.?\d*|\.\d+)(e[-+]?\d+)?|inf(inity)?|nan)$", re.I)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ssp",
         description="Differentially private recommendation training with public item features (AM-SSP).",
     )

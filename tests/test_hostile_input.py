@@ -841,12 +841,13 @@ def test_impossible_privacy_parameters_are_refused_before_anything_is_written(
     assert snapshot(run) == before  # the run's ledger and seed are untouched
 
 
-def test_absurd_but_valid_budgets_are_recorded_and_caught_by_the_ledger_check(spark, tmp_path, capsys):
-    """epsilon 10^6 or delta 0.5 are numbers a run can be given: the ledger records them as they
-    are, and the check that guards publishing (`ssp privacy --max-epsilon/--max-delta`, the DAG's
-    check_privacy) refuses them. (`spark`: the counts' default engine runs on the test session's.)"""
+def test_absurd_budgets_are_refused_and_large_ones_caught_by_the_ledger_check(spark, tmp_path, capsys):
+    """epsilon 10^6 protects no one and is refused before anything; epsilon 50 or delta 0.5 are
+    numbers a run can be given: the ledger records them as they are, and the check that guards
+    publishing (`ssp privacy --max-epsilon/--max-delta`, the DAG's check_privacy) refuses them.
+    (`spark`: the counts' default engine runs on the test session's.)"""
     paths = write_tables(tmp_path, [(1, 10, 4.0), (2, 10, 3.0)], {1: [1.0, 0.0]}, [10, 20])
-    ok(
+    refused(
         capsys,
         "counts",
         "--interactions",
@@ -857,11 +858,25 @@ def test_absurd_but_valid_budgets_are_recorded_and_caught_by_the_ledger_check(sp
         tmp_path / "huge-eps",
         "--epsilon",
         "1e6",
+        pattern=r"epsilon 1e\+06 is over 100, where the noise no longer protects anyone",
+    )
+    assert not (tmp_path / "huge-eps").exists()
+    ok(
+        capsys,
+        "counts",
+        "--interactions",
+        paths["interactions"],
+        "--items",
+        paths["items"],
+        "--out",
+        tmp_path / "big-eps",
+        "--epsilon",
+        "50",
     )
     refused(
         capsys,
         "privacy",
-        tmp_path / "huge-eps",
+        tmp_path / "big-eps",
         "--max-epsilon",
         "10",
         pattern=r"epsilon spent .* exceeds the allowed 10",

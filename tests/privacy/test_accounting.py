@@ -364,7 +364,7 @@ def shipped_plans(protocol: str, epsilon: float, units: int) -> dict:
 
     plans = {}
     for item_update in ("ssp", "als", "cmf", "dpsgd"):
-        config = settings.TrainConfig(
+        config = settings.TrainConfig.create(
             protocol=protocol,
             epsilon=epsilon,
             item_update=item_update,
@@ -444,18 +444,18 @@ def test_calibrated_dpsgd_plan_composes_to_the_target_with_fresh_dp_accounting(a
 
 
 def test_pld_falls_back_to_rdp_where_its_grid_would_be_huge():
-    """A PLD's grid grows like 1/z^2 (epsilon 10^6 plans z near 0.001: gigabytes); below
-    PLD_MIN_MULTIPLIER the 'pld' accountant reports RDP's epsilon (a valid bound), so an absurd but
-    valid budget still calibrates, quickly, and the ledger agrees with the calibration."""
+    """A PLD's grid grows like 1/z^2 (small z: gigabytes); below PLD_MIN_MULTIPLIER the 'pld'
+    accountant reports RDP's epsilon (a valid bound), so the largest budget accepted (MAX_EPSILON,
+    whose stats z is below it) still calibrates, quickly, and the ledger agrees with the calibration."""
     import time
 
     started = time.perf_counter()
     plan = acct.stats_plan(1)
-    z = acct.calibrate(1e6, DELTA, plan, "pld")
-    assert time.perf_counter() - started < 5
-    assert z == pytest.approx(acct.calibrate(1e6, DELTA, plan, "rdp"), rel=1e-5)
+    z = acct.calibrate(acct.MAX_EPSILON, DELTA, plan, "pld")
+    assert time.perf_counter() - started < 5 and z["stats"] < acct.PLD_MIN_MULTIPLIER
+    assert z == pytest.approx(acct.calibrate(acct.MAX_EPSILON, DELTA, plan, "rdp"), rel=1e-5)
     events = [acct.gaussian_event(z["counts"]), acct.gaussian_event(z["stats"], 2)]
-    assert acct.epsilon_of(events, DELTA, "pld") == acct.epsilon_of(events, DELTA, "rdp") <= 1e6
+    assert acct.epsilon_of(events, DELTA, "pld") == acct.epsilon_of(events, DELTA, "rdp") <= acct.MAX_EPSILON
     tiny = [
         dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(acct.PLD_MIN_MULTIPLIER / 2)),
         dp_accounting.GaussianDpEvent(5.0),

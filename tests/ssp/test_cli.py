@@ -271,3 +271,24 @@ def test_an_unreachable_gcs_endpoint_is_one_line_in_seconds(tmp_path, endpoint, 
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"ssp ingest: error: gs://bucket/data: {named}"), lines
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--epsilon", "-inf"], "epsilon must be > 0, got -inf"),
+        (["--delta", "-1e-5"], "delta must be in (0, 1), got -1e-05"),
+        (["--dim", "-3"], "--dim must be a positive integer, got -3"),
+        (["--epsilon", "1e308"], "epsilon 1e+308 is over 100, where the noise no longer protects anyone"),
+    ],
+)
+def test_a_negative_or_absurd_setting_gets_its_ranges_message_from_the_installed_command(flags, message):
+    """Negative numbers in any spelling are values, not flags (argparse alone says "expected one
+    argument" for -inf or -1e-5), and an epsilon that protects no one is refused before anything."""
+    result = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ssp"), "train", "--plan", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"ssp train: error: {message}")

@@ -174,7 +174,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
 def test_refusals_write_nothing(tmp_path, change, message):
     kwargs = dict(change)
     if "spent_multiplier" in kwargs:  # a ledger whose budget was raised to let a release through, then set back
-        run = finished_run(str(tmp_path / "run"), epsilon=1000.0, **kwargs)
+        run = finished_run(str(tmp_path / "run"), epsilon=100.0, **kwargs)
         ledger = Ledger.open(run.ledger)
         ledger.budget["epsilon"] = 1.0
         ledger.save()
