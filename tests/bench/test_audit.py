@@ -84,53 +84,75 @@ def _table(stdout: str) -> dict[str, tuple[float, float]]:
     rows = {}
     for line in stdout.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if len(cells) == 9 and re.match(r"^[\d.]+$|^inf$", cells[1]):
+        if len(cells) == 8 and re.match(r"^[\d.]+$|^inf$", cells[1]):
             rows[cells[0]] = (float(cells[1]), float(cells[2].split()[0]))
     return rows
 
 
-def test_ssp_audit_quick_passes_on_the_product(in_process, capsys):
-    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q")
+def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, monkeypatch):
+    """Every default plan's release groups, on the test session's Spark; the audit's budget accounts
+    go to a registry of its own, never the machine's."""
+    from privacy.lifetime_budget import ACCOUNTS_ENV
+
+    machine = tmp_path / "machine-registry"
+    monkeypatch.setenv(ACCOUNTS_ENV, str(machine))
+    work = tmp_path / "work"
+    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q", "--work", str(work))
     assert code == 0, stdout
     rows = _table(stdout)
     assert set(rows) == {
-        "counts",
-        "stats step 1",
-        "stats step 2",
-        "stats steps 1-2 (difference)",
-        "all releases composed",
-        "seed-file copy, stats step 1",
+        "ratings: counts",
+        "ratings: stats step 1",
+        "ratings: counts and stats composed",
+        "ratings: seed-file copy, stats step 1",
+        f"ratings: mean ({audit.QUICK.trials} releases)",
+        "ranking: counts",
+        "ranking: stats step 1",
+        "ranking: stats step 2",
+        "ranking: stats steps 1-2 (difference)",
+        "ranking: counts and stats composed",
+        f"ranking: gram ({audit.QUICK.trials} releases)",
+        "item-mean: counts",
+        "item-mean: stats step 1",
+        "item-mean: counts and stats composed",
+        f"item-mean: mean ({audit.QUICK.trials} releases)",
     }
     assert all(bound <= claimed for claimed, bound in rows.values())
-    assert rows["all releases composed"][0] == pytest.approx(4.0, rel=1e-6)
-    assert rows["all releases composed"][1] > 0  # the audit sees the releases at all
-    assert "PASS" in stdout
+    assert rows["ratings: stats step 1"][1] > 0  # the audit sees the releases at all
+    assert "PASS" in stdout and "at most 0.01" in stdout
+    assert not machine.exists() and os.environ[ACCOUNTS_ENV] == str(machine)
+    assert list((work / "budget-accounts").glob("*.account.json"))
 
 
-def test_ssp_audit_finds_a_planted_seed_copy(in_process, capsys):
-    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q", "--plant", "seed-copy")
-    assert code == audit.EXIT_EXCEEDED, stdout
-    claimed, bound = _table(stdout)["seed-file copy, stats step 1"]
-    assert bound > claimed
-    assert "FAIL" in stdout
+def test_the_audit_follows_the_plan(monkeypatch, tmp_path):
+    """A release group the audit cannot score is refused, not skipped."""
+    from pipelines.releases.release import PrivacySettings
+
+    planned = PrivacySettings.multipliers
+    monkeypatch.setattr(PrivacySettings, "multipliers", lambda self: {**planned(self), "new-release": 1.0})
+    with pytest.raises(ValueError, match="no auditor for the release group"):
+        audit.audit(audit.QUICK, 4.0, 0.99, engine="local", work=str(tmp_path), seed=3, products=("ratings",))
 
 
 @pytest.mark.parametrize(
-    "plant, found",
+    "plant, products, found",
     [
-        ("sensitivity", {"stats step 1", "stats step 2", "all releases composed"}),
-        ("shared-noise", {"stats steps 1-2 (difference)", "seed-file copy, stats step 1"}),
+        ("bias-noise", ("ratings",), {"ratings: stats step 1"}),
+        ("embedding-clip", ("ratings",), {"ratings: stats step 1"}),
+        ("label-clip", ("ratings",), {"ratings: stats step 1"}),
+        ("weights", ("ratings",), {"ratings: stats step 1"}),
+        ("halved-noise", ("ranking",), {"ranking: stats step 1", "ranking: stats step 2"}),
+        ("shared-noise", ("ranking",), {"ranking: stats steps 1-2 (difference)"}),
+        ("seed-copy", ("ratings",), {"ratings: seed-file copy, stats step 1"}),
     ],
 )
-def test_planted_defects_exceed_the_claim(in_process, tmp_path, plant, found):
-    """The rows that must see each defect do (shared noise leaves every release alone a correct
-    Gaussian release: only pairs of releases see it)."""
+def test_planted_defects_are_found(tmp_path, plant, products, found):
+    """Each plant on the local engine (the stats job's item tasks in this process, where the plant
+    is): the rows that must see it exceed their claim."""
     table = audit.audit(
-        audit.QUICK, audit.Settings(4.0), 0.95, spark=in_process, work=str(tmp_path), seed=3, plant=plant
+        audit.QUICK, 4.0, 0.99, engine="local", work=str(tmp_path), seed=3, plant=plant, products=products
     )
     assert found <= {row.release for row in table if row.exceeded}
-    if plant == "shared-noise":
-        assert {row.release for row in table if row.exceeded} == found
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):

@@ -1,0 +1,171 @@
+"""`ssp audit --plant`: known defects patched into the product, in this process and in Spark's Python workers.
+
+A plant replaces functions of the product at the place where the release code looks them up, for
+the duration of an audit only; the audit must then exit 1 (bench/audit.py). Each defect is planted
+where the real code of that step runs: the noise, the clips and the weights of the statistics run
+in the stats job's item tasks (Spark's Python workers, or this process on the local engine), the
+counts', mean's and Gram's noise on the driver. `install` patches the process it runs in;
+`worker_hook` writes a `sitecustomize.py` that runs `install` in every Python process started with
+the folder on PYTHONPATH and $SSP_AUDIT_PLANT set: the audit puts both in the environment of the
+JVM it starts, so Spark's Python workers (forked from its daemon, which imports sitecustomize) run
+the planted code too. `installed()` says which plant a process holds (the audit asks a worker).
+
+Privacy: none; a plant exists only in an audit's processes, never in a normal run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import numpy as np
+
+ENV = "SSP_AUDIT_PLANT"
+DEFECTS = {
+    "bias-noise": "the statistics' noise scaled to clip_u, not sqrt(1 + k^2) clip_u, with the bias coordinate",
+    "embedding-clip": "the user embeddings not clipped (statistics and Gram)",
+    "label-clip": "the labels not clipped",
+    "weights": "the user-level weights not normalised (every row weight wbar)",
+    "halved-noise": "every release's noise halved while the ledger records the calibrated multipliers",
+    "shared-noise": "every statistics release draws the same noise",
+    "seed-copy": "noise keyed by the seed and release index only (a copied run folder draws the same noise)",
+}
+SHARED_KEY = b"\x00" * 32  # shared-noise: the one noise key of every statistics release
+
+_installed: list = []  # (defect, undo functions) of this process
+
+
+def installed() -> str | None:
+    """The defect planted in this process, or None."""
+    return _installed[0][0] if _installed else None
+
+
+def _patches(defect: str) -> list[tuple[object, str, object]]:
+    """(object, attribute, replacement) of the defect."""
+    from pipelines.engines import spark_stats
+    from pipelines.releases import counts, gram, mean, stats_core
+    from privacy import accumulator
+    from privacy.noise import add_noise
+    from privacy.seeds import SeedFile
+
+    finalize, item_shard = accumulator.finalize, spark_stats.item_shard
+    if defect == "halved-noise":
+
+        def halved(z, std, *args, **kwargs):
+            return add_noise(z, std / 2, *args, **kwargs)
+
+        def finalize_halved(item_ids, a_upper, b, spec, at=None):
+            return finalize(
+                item_ids, a_upper, b, dataclasses.replace(spec, noise_multiplier=spec.noise_multiplier / 2), at
+            )
+
+        return [
+            (counts, "add_noise", halved),
+            (mean, "add_noise", halved),
+            (gram, "add_noise", halved),
+            (accumulator, "finalize", finalize_halved),
+        ]
+    if defect == "shared-noise":
+
+        def finalize_shared(item_ids, a_upper, b, spec, at=None):
+            return finalize(item_ids, a_upper, b, dataclasses.replace(spec, seed=SHARED_KEY, release=0), at)
+
+        return [(accumulator, "finalize", finalize_shared)]
+    if defect == "seed-copy":
+        return [(SeedFile, "release_seed", lambda self, index: self.seed)]
+    if defect == "bias-noise":
+
+        def item_shard_unbiased(settings, specs, *args, **kwargs):
+            if settings.bias:
+                specs = [dataclasses.replace(spec, clip_u=settings.clip_u) for spec in specs]
+            return item_shard(settings, specs, *args, **kwargs)
+
+        return [(spark_stats, "item_shard", item_shard_unbiased)]
+    if defect == "embedding-clip":
+
+        def no_scales(vectors, clip):
+            return np.ones(np.shape(vectors)[0])
+
+        return [
+            (stats_core, "row_scales", no_scales),
+            (gram, "clip_rows", lambda rows, clip: np.asarray(rows, dtype=np.float64)),
+        ]
+    if defect == "label-clip":
+        return [(stats_core, "clip_labels", lambda labels, clip: np.asarray(labels, dtype=np.float64))]
+    if defect == "weights":
+
+        def flat(row_counts, *args, **kwargs):
+            wbar = args[1] if len(args) > 1 else kwargs.get("wbar", 1.0)
+            return np.full(np.shape(row_counts)[0], float(wbar))
+
+        def flat_user(user_ids, row_counts, wbar, *args, **kwargs):
+            return np.full(np.shape(row_counts)[0], float(wbar))
+
+        return [(stats_core, "weights_from_normalisers", flat), (stats_core, "user_level_weights", flat_user)]
+    raise ValueError(f"unknown plant {defect!r}; one of {tuple(DEFECTS)}")
+
+
+def install(defect: str):
+    """Plant `defect` in this process (until `uninstall`)."""
+    if _installed:
+        raise RuntimeError(f"a plant is already installed: {installed()}")
+    undo = []
+    for target, name, replacement in _patches(defect):
+        undo.append((target, name, target.__dict__.get(name)))
+        setattr(target, name, replacement)
+    _installed.append((defect, undo))
+
+
+def uninstall() -> None:
+    while _installed:
+        _, undo = _installed.pop()
+        for target, name, original in reversed(undo):
+            setattr(target, name, original)
+
+
+@contextlib.contextmanager
+def planted(defect: str | None):
+    """The product with `defect` planted in this process for the block (nothing for None)."""
+    if defect is None:
+        yield
+        return
+    install(defect)
+    try:
+        yield
+    finally:
+        uninstall()
+
+
+SITECUSTOMIZE = """\
+# written by bench/audit_plants.py for one `ssp audit --plant` run: plants the defect in this Python process
+import os
+import sys
+
+if os.environ.get("SSP_AUDIT_PLANT"):
+    try:
+        from bench import audit_plants
+
+        audit_plants.install(os.environ["SSP_AUDIT_PLANT"])
+    except Exception as exc:  # a worker that cannot plant says so; the audit's probe refuses the run
+        sys.stderr.write(f"ssp audit: plant not installed in {sys.argv[:1]}: {exc!r}\\n")
+"""
+
+
+def worker_hook(folder: str) -> str:
+    """Write the sitecustomize.py that plants $SSP_AUDIT_PLANT into `folder`; returns the folder."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as out:
+        out.write(SITECUSTOMIZE)
+    return folder
+
+
+def worker_plant(spark) -> str | None:
+    """The plant one of `spark`'s Python workers holds (a one-task job)."""
+
+    def probe(_):
+        from bench import audit_plants
+
+        yield audit_plants.installed()
+
+    return spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()[0]
