@@ -56,7 +56,7 @@ def runs(small_data, spark, tmp_path_factory, module_budget_account_registry):
     """A prepared run (`prepared`), its step-1 user embeddings from a local-mode Spark (`users`: a
     copy of the run then), and that copy's step-1 statistics released in local mode (`local`)."""
     folder = tmp_path_factory.mktemp("cluster-runs")
-    config = TrainConfig(data=small_data, out=str(folder / "prepared"), epsilon=8.0, outer_steps=2)
+    config = TrainConfig.create(data=small_data, out=str(folder / "prepared"), epsilon=8.0, outer_steps=2)
     with run_directory(config):
         prepare(config, progress=False)
     shutil.copytree(folder / "prepared", folder / "local")

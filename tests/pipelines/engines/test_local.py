@@ -73,7 +73,7 @@ def test_a_whole_run_on_the_local_engine_is_the_spark_run(spark, tmp_path, small
     metrics = {}
     for engine in ("spark", "local"):
         seed_file = SeedFile.create(str(tmp_path / f"seed-{engine}"), seed).path
-        config = TrainConfig(
+        config = TrainConfig.create(
             data=small_data,
             out=str(tmp_path / engine),
             epsilon=5.0,

@@ -223,7 +223,7 @@ def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
     from schemas.tables import items_schema
     from trainer.features import FeatureSpace
 
-    config = TrainConfig(epsilon=5.0, dim=8, clip_u=0.3, clip_y=1.0, wbar=1.0, bias_coordinate=0.25)
+    config = TrainConfig.create(epsilon=5.0, dim=8, clip_u=0.3, clip_y=1.0, wbar=1.0, bias_coordinate=0.25)
     rho, c, z = math.hypot(0.3, 0.075), 0.075, 2.0
     s_w = z * rho**2 / c**2
     weights = np.array([0.0, 2 * s_w + 1 / c**2, 10 * s_w])  # no statistics; a lower bound of 1 / c^2; of 8 s_W
@@ -233,7 +233,7 @@ def test_the_item_bias_penalty_is_noise_over_the_prior_in_the_release_units():
     assert item_update.bias_penalty(
         config, z, (1.0, 5.0), np.array([2 * s_w / 2 + 1 / c**2]), resamples=4
     ) == pytest.approx([expected[1]])  # s_W / 2
-    assert item_update.bias_penalty(TrainConfig(non_private=True), 0.0, (1.0, 5.0), weights) == pytest.approx(
+    assert item_update.bias_penalty(TrainConfig.create(non_private=True), 0.0, (1.0, 5.0), weights) == pytest.approx(
         np.full(3, 4.0)
     )
     space = FeatureSpace.from_items(pa.table({"item_id": [1, 2, 3], "title": ["a", "b", "c"]}, schema=items_schema({})))

@@ -13,7 +13,7 @@ from trainer.solve import ridge_solve
 
 
 def small(out, **kwargs):
-    return settings.TrainConfig(out=str(out), outer_steps=2, epochs=2, **kwargs)
+    return settings.TrainConfig.create(out=str(out), outer_steps=2, epochs=2, **kwargs)
 
 
 def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +171,7 @@ def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(sp
     seed = SeedFile.create(
         str(tmp_path / "seed"), bytes(range(32))
     ).path  # DP-SGD's sampling is drawn from the run's seed
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         out=str(tmp_path / "run"), non_private=True, item_update="dpsgd", outer_steps=1, dim=4, seed_file=seed
     )
     stages.run(config, spark=spark, progress=False)
@@ -199,7 +199,7 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     from pipelines.releases import stats_job
     from trainer import als
 
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         out=str(tmp_path / "run"),
         epsilon=5.0,
         outer_steps=1,
@@ -253,7 +253,7 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     from trainer import item_mean
     from trainer.features import FeatureSpace
 
-    config = settings.TrainConfig(
+    config = settings.TrainConfig.create(
         out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1
     )
     assert (config.embedding_dim, config.encoder_dim, config.vector_dim) == (0, 1, 2)
@@ -275,10 +275,10 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     )
     np.testing.assert_allclose(items[:, 0], want, rtol=1e-5, atol=1e-6)  # the id encoder's table is float32
     assert metrics["test_rmse"] < metrics["test_mean_predictor_rmse"]
-    assert settings.TrainConfig(item_update="item-mean", encoder="id").outer_steps == 1
+    assert settings.TrainConfig.create(item_update="item-mean", encoder="id").outer_steps == 1
     with pytest.raises(ValueError, match="item biases alone: drop --no-biases"):
-        settings.TrainConfig(item_update="item-mean", encoder="id", biases=False)
+        settings.TrainConfig.create(item_update="item-mean", encoder="id", biases=False)
     with pytest.raises(ValueError, match="use it with --encoder id"):
-        settings.TrainConfig(item_update="item-mean")
+        settings.TrainConfig.create(item_update="item-mean")
     with pytest.raises(ValueError, match="releases the same statistics at every step"):
         small(tmp_path / "x", item_update="item-mean", encoder="id")

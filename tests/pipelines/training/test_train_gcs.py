@@ -45,7 +45,7 @@ def test_gs_run_equals_the_local_run(spark, gcs_path, tmp_path, capsys):
         str(tmp_path / "seed"), SeedFile.load(f"{root}/private/seed").seed
     ).path  # a seed file serves one ledger
     local = stages.run(
-        settings.TrainConfig(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False
+        settings.TrainConfig.create(out=str(tmp_path / "run"), seed_file=seed, **SETTINGS), spark=spark, progress=False
     )
     assert {k: v for k, v in on_gs.items() if k not in NOT_COMPARED} == {
         k: v for k, v in storage.read_json(str(tmp_path / "run" / "metrics.json")).items() if k not in NOT_COMPARED
