@@ -444,6 +444,7 @@ def test_a_successful_write_removes_the_staging_that_killed_writes_left(tmp_path
     (out / "manifest.json.tmp-4567").write_text("{")
     assert ssp("ingest", "--source", source, "--out", out).returncode == 0
     assert leftovers(out) == [] and sorted(p.name for p in out.iterdir()) == [
+        ".ssp-private",  # the data set folder is its owner's alone (it holds the interactions)
         "interactions.parquet",
         "items.parquet",
         "manifest.json",

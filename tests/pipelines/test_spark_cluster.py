@@ -196,12 +196,12 @@ GATED_DRIVER = textwrap.dedent('''
 
     item_shards = spark_stats.item_shards
 
-    def gated(*args):
+    def gated(*args, **kwargs):
         """The first task to claim the gate writes its Python worker's pid and waits to be killed."""
         try:
             claim = os.open(os.path.join(GATE, "claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            yield from item_shards(*args)
+            yield from item_shards(*args, **kwargs)
             return
         os.write(claim, str(os.getpid()).encode())
         os.close(claim)
@@ -210,7 +210,7 @@ GATED_DRIVER = textwrap.dedent('''
             if time.monotonic() > deadline:
                 raise RuntimeError("the test never killed the gated task")
             time.sleep(0.05)
-        yield from item_shards(*args)
+        yield from item_shards(*args, **kwargs)
 
     spark_stats.item_shards = gated  # pickled by value with the job's reduce function, which looks it up by name
     sys.exit(pipelines.stats.main())

@@ -91,15 +91,15 @@ def test_ml1m_dat_layout_latin1(tmp_path):
         {"user_id": 1, "item_id": 661, "label": 3.0, "timestamp": 978302109},
         {"user_id": 7, "item_id": 1193, "label": 4.0, "timestamp": 978300000},
     ]
-    assert rows(storage.read_table(data.items)) == [
-        {"item_id": 1193, "title": "One Flew Over the Cuckoo's Nest (1975)", "genres": ["Drama"], "year": 1975},
+    assert rows(storage.read_table(data.items)) == [  # the catalog canonical: in item id order
+        {"item_id": 5, "title": "Unrated", "genres": ["Drama"], "year": None},
         {
             "item_id": 661,
             "title": "Caf\xe9 Society: A Story (1996)",
             "genres": ["Animation", "Children's"],
             "year": 1996,
         },
-        {"item_id": 5, "title": "Unrated", "genres": ["Drama"], "year": None},
+        {"item_id": 1193, "title": "One Flew Over the Cuckoo's Nest (1975)", "genres": ["Drama"], "year": 1975},
     ]
     assert data.manifest["layout"] == "dat"
     with pytest.raises(movielens.IngestError, match="has no tags file|file is missing"):

@@ -65,6 +65,7 @@ def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
     ]
     assert by_step["final/test_rmse"] == [(2, pytest.approx(metrics["test_rmse"], rel=1e-6))]
     assert sorted(os.listdir(tmp_path / "run" / "private")) == [
+        ".ssp-private",  # the folder is its owner's alone, and so is what is written in it
         "data",
         "seed",
         "split",
@@ -126,9 +127,7 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
         stages.run(
-            small(tmp_path / "run", small_data).__class__(
-                **{**small(tmp_path / "run", small_data).__dict__, "epsilon": 1.0}
-            ),
+            small(tmp_path / "run", small_data).replace(epsilon=1.0),
             spark=spark,
             progress=False,
         )
