@@ -33,8 +33,8 @@ users' lifetime epsilon over all scheduled runs is composed and capped (params a
 that would take it past the cap is refused at its first release over it, and check_privacy and
 publish refuse a run the account does not fully list. Every pod finds the data source's account
 through the durable account registry `{params.bucket}/budget-accounts` ($SSP_BUDGET_ACCOUNTS; a
-pod's own home folder is gone with the pod), which names the source's one account by the content
-of its interactions.
+pod's own home folder is gone with the pod), which names the source's one account by its name
+(params data_source, recorded by ingest): next week's rows, a user more or less, charge the same one.
 
 Deployment settings are read from the scheduler's environment when the DAG is parsed (defaults in
 brackets): SSP_GCP_PROJECT, SSP_REGION [europe-west4], SSP_DATAPROC_CLUSTER [ssp-spark],
@@ -105,6 +105,8 @@ INGEST = {
     "timestamp-col": "timestamp",
     "title-col": "title",
     "features": "genres:bag,year:value",
+    # the name of the data source: every weekly run on it, whatever its rows, charges its one account
+    "data-source": "{{ params.data_source }}",
 }
 RATING_SCALE = ("0.5", "5")
 
@@ -248,6 +250,13 @@ with DAG(
             1.0, type="number", exclusiveMinimum=0, description="epsilon of one run (the whole run's target)"
         ),
         "delta": Param(1e-6, type="number", exclusiveMinimum=0, exclusiveMaximum=1, description="delta of one run"),
+        "data_source": Param(
+            "movielens",
+            type="string",
+            pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+            description="the name of the data source the raw tables come from: every run on it, week after week, "
+            "composes into its one budget account",
+        ),
         "account": Param(
             "gs://ssp-recsys-data/budget-accounts/movielens.json",
             type="string",
