@@ -2,4 +2,6 @@
 (Spark entry `pipelines/stats.py` and the Beam pipeline), and the alternating-minimization orchestrator.
 
 Engines are imported lazily inside the jobs that use them: importing this package starts no JVM.
+
+Privacy: the subpackages say theirs; every release goes through pipelines.releases.
 """

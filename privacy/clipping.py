@@ -3,6 +3,8 @@
 `Clip(x, G) = x * min(1, G / ||x||_2)` for user embeddings (rows of a matrix) and `[-G, G]` for
 labels. Privacy: the sensitivity of the statistics (`privacy.accumulator`) holds only because every
 u_i and y_i passes through these functions first.
+
+Privacy: a clipped vector's norm is at most its bound: the sensitivity of every release rests on it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ before it is recorded here: the data source's lifetime epsilon over all runs sta
 account's cap. `record` is the one writer; callers hold the release lock
 (pipelines.base.lock.release_lock) around it, so two processes releasing into one ledger get distinct
 indices and both rows.
+
+Privacy: a release is recorded, and charged to the data source's account, before it is made; one
+past the budget is refused with nothing recorded.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ neighbouring relation, epsilon and delta and the accountant, every release with 
 noise and what it covers, what is public and what is private, the trust assumptions and the known
 caveats. `ssp evaluate` writes it into the run directory, `ssp publish` ships it with the model,
 and `ssp privacy RUN --format md` prints it.
+
+Privacy: reads the ledger and the run's settings only, no private row.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Arrow columns <-> numpy matrices: how vectors (embeddings, packed statistics) travel in tables.
 
 A d-vector per row is a `list<double>` column in stored tables.
+
+Privacy: conversions only.
 """
 
 from __future__ import annotations

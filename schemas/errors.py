@@ -1,5 +1,8 @@
 """The project's refusals: `UserError`, what the user can act on, and `SchemaError`, a table that
-breaks its contract (it names the table, the column and the row)."""
+breaks its contract (it names the table, the column and the row).
+
+Privacy: an error's text goes to the operator on the trusted side; it is not a release.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ its item's DP count). A binary search per row (np.searchsorted) costs a cache mi
 when the ids are dense enough (their span at most a few times their number, as MovieLens and
 most warehouse ids are), a position table indexed by `id - smallest id` finds each in one read.
 Sparse ids (hashes) fall back to the binary search. Both give the same positions.
+
+Privacy: lookups only.
 """
 
 from __future__ import annotations

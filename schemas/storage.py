@@ -16,6 +16,9 @@ local folder and committed the same way by `write_folder`: renamed into place on
 uploaded and then marked complete by `_SUCCESS` on gs://. `read_folder` hands such a folder to a
 library as a local path (a downloaded copy when it lives on gs://). Libraries thus never need a
 gs:// filesystem of their own, and a reader never sees a half-written model.
+
+Privacy: a private folder (`make_private_folder`) and everything written below it are their owner's
+alone on a local disk; a seed or registry others can read is refused (`check_private`).
 """
 
 from __future__ import annotations

@@ -112,3 +112,16 @@ def test_no_import_circle():
 )
 def test_the_floors_order_as_documented(module, target, allowed):
     assert (floor(target) <= floor(module)) == allowed
+
+
+def test_every_library_module_ends_its_docstring_with_its_privacy_paragraph():
+    """What a module does with private data is said where a reader starts: the last paragraph of
+    its docstring begins `Privacy:` (bench/ and the tests are not the product)."""
+    missing = []
+    for name, path in _modules().items():
+        if name.split(".")[0] in ("bench", "tests"):
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if not docstring.strip().split("\n\n")[-1].startswith("Privacy:"):
+            missing.append(name)
+    assert not missing, missing

@@ -18,6 +18,9 @@ and are never released, as in the paper's alternating minimization). It assumes 
 noise randomness stays secret (default: OS entropy; a fixed `seed` is for tests) and, as
 TF-Privacy does, that the number of units is public. Nothing computed from the rows is returned
 but the encoder. `noise_multiplier=0` is a non-private run (clipped unless `l2_norm_clip=inf`).
+
+Privacy: reads private rows; each step's per-user gradients are clipped and noised by TF-Privacy,
+and the steps are accounted in the run's ledger as one release.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Both are sliced into 5 equal-size buckets of items ordered by training popularit
 least popular; the paper's long-tail figure): RMSE over the test rows of each bucket's items, and
 Recall@20 restricted to each bucket's targets (users with targets there). Popularity is counted on
 the training rows; evaluation runs on the trusted side and its numbers are not DP releases.
+
+Privacy: held-out private rows on the trusted side: metrics are not a release and are never
+published.
 """
 
 from __future__ import annotations

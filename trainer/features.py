@@ -8,6 +8,8 @@ id embedding costs no privacy under SSP (the noise scales with the number of ite
 features). A numeric family (a price) is bucketed by the catalog's quantiles (NUMERIC_BUCKETS of
 them, fewer where values repeat): one value per bucket, so items of a similar price share an
 embedding row, and a new item's number falls in a bucket whatever its exact value.
+
+Privacy: public item features only.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ among the k highest-scored items, divided by min(k, number of targets); the metr
 those users. The user's fold-in history is excluded from the ranking (its scores become -inf), and
 ties are broken deterministically in favour of the lower item index (Liang's code leaves them to
 argpartition).
+
+Privacy: computed on held-out rows on the trusted side; not a release.
 """
 
 from __future__ import annotations

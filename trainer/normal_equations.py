@@ -11,6 +11,8 @@ adding the ridge: each a pass over all the rows or all the keys' matrices) took 
 trainer.solve imports this module on the first solve (numba's import and, on a cold cache, the
 compile take about a second once per process; the compiled code is cached beside this file, except
 where the module is read from a zip, as from spark-submit's --py-files).
+
+Privacy: the users' own solves on the trusted side; nothing is released.
 """
 
 from __future__ import annotations

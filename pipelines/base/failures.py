@@ -6,6 +6,9 @@ limit) end a command with one line naming the file or setting and exit status 2;
 a bug, whatever its class (a ValueError of numpy or pyarrow included). A failure inside a Spark
 task reaches the driver wrapped in Java and Py4J errors whose text is pages of stack traces: its
 root cause is found and judged the same way.
+
+Privacy: the lines and saved tracebacks go to the operator on the trusted side, who may see private
+rows in them; nothing here is released.
 """
 
 from __future__ import annotations

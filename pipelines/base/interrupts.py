@@ -12,6 +12,8 @@ the block:
 - a dropped KeyboardInterrupt is not printed (sys.unraisablehook): it is sent again;
 - a block that ends normally with an interrupt still pending raises it as it ends.
 So the command stops with its one line (pipelines.base.command) however the signal landed.
+
+Privacy: reads no data and releases nothing.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ finishes that
 call first; a lock held in another thread reports the loss when its block ends).
 Each renewal also reads the lock back before writing, so a storage emulator that ignores
 preconditions (gcp-storage-emulator) still shows a takeover; real GCS enforces them.
+
+Privacy: the locks keep two runs or releases from writing one run directory, ledger or account at
+once; they hold no data.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Default: progress lines and progress bars. `-q`: warnings and errors only, no bars (the commands'
 results still go to stdout). `-v`: also the details: each release's parameters, the settings a run
 starts with. Library callers get the default without configuring anything.
+
+Privacy: output for the operator on the trusted side, not a release.
 """
 
 from __future__ import annotations

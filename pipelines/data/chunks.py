@@ -9,6 +9,8 @@ A table whose every file holds whole users sorted by user_id (the split's parts,
 rows a Spark task writes from one of them) says so in its files' Parquet metadata (USERS_TOGETHER):
 a user-local step can then give each file to a task as it is, with no shuffle by user
 (`users_together`, `sorted_by_user` checks the order as it reads).
+
+Privacy: private rows regrouped by user on the trusted side; nothing is released.
 """
 
 from __future__ import annotations

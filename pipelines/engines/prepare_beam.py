@@ -18,6 +18,9 @@ The runner's workers must be inside the trusted zone, as for the Beam stats job.
 `ssp train --engine beam` runs it with the pipeline options of $SSP_BEAM_PIPELINE_OPTIONS (the
 scheduled DAG sets Dataflow's there); without them, on the DirectRunner, which holds a shuffle in
 memory: fine for tests and small logs, not for a log larger than the machine.
+
+Privacy: as pipelines.engines.prepare_spark: private rows on the trusted side; the counts and the
+mean are released through pipelines.releases.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ driver's disk. Tables written by the jobs' Python tasks (schemas.storage.StagedW
 gcsfs) and the user embeddings they read go through schemas.storage on any filesystem; in local
 mode the tasks get the driver's storage settings (emulator host, credentials) even when the session
 was started before they were set.
+
+Privacy: sessions only; the jobs hold the privacy logic. Executors read private rows: run them in
+the trusted zone (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ and fixed, i.e. not computed from the same ratings: an embedding solved from a u
 `ssp train`'s user update does) changes with any one of them, so removing one rating moves that
 user's row in every item's statistics, not just one row. `ssp train` therefore has no example-level
 mode; user-level DP implies example-level DP with the same epsilon and delta.
+
+Privacy: every release of the job is recorded in the run's ledger and charged to its data source's
+account before its noise is drawn (pipelines.releases.release).
 """
 
 from __future__ import annotations

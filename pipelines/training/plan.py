@@ -5,6 +5,9 @@ each release's noise multiplier, L2 sensitivity and noise standard deviation, an
 item needs for its statistics to rise above the noise. PipelineDP previews utility the same way
 before a release. Nothing private is read (not even the data set's row counts) and the ledger is not
 touched, so planning costs no privacy and may be repeated freely.
+
+Privacy: reads nothing private and spends nothing: the plan follows from the settings and the public
+catalog's size.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ Atomic: a local destination is assembled in a hidden sibling folder and renamed 
 gs:// the files are written in place and the publication is committed by `DEST/_PUBLISHED`,
 uploaded last (consumers wait for it, as table readers wait for `_SUCCESS`). Publishing the same
 run again to the same destination does nothing; a destination holding another publication is refused.
+
+Privacy: only released tables and public features leave the run; `private/` and metrics.json never
+do, and a run whose ledger spent more than its budget is refused.
 """
 
 from __future__ import annotations
