@@ -33,6 +33,7 @@ class IdIndex:
                 self._table[self.ids - self.low] = np.arange(self.ids.size)
             elif np.any(self.ids[1:] < self.ids[:-1]):
                 self._order = np.argsort(self.ids, kind="stable")
+                self._sorted = self.ids[self._order]  # once, not per lookup
 
     def __getstate__(self):
         return {"ids": self.ids}
@@ -46,7 +47,7 @@ class IdIndex:
         if self.ids.size == 0:
             return np.zeros(values.size, np.int64), np.zeros(values.size, bool)
         if self._table is None:
-            ordered = self.ids if self._order is None else self.ids[self._order]
+            ordered = self.ids if self._order is None else self._sorted
             at = np.minimum(np.searchsorted(ordered, values), self.ids.size - 1)
             found = ordered[at] == values
             return (at if self._order is None else self._order[at]), found

@@ -496,6 +496,9 @@ def make_private_folder(path: str) -> None:
     if not is_local(fs):
         return
     os.makedirs(inner, exist_ok=True)
+    if os.path.exists(os.path.join(inner, PRIVATE_MARK)):  # made private before: all since inherited it
+        os.chmod(inner, PRIVATE_FOLDER)
+        return
     with open(os.path.join(inner, PRIVATE_MARK), "a"):
         pass
     _inherit_privacy(inner, inner)
