@@ -280,6 +280,7 @@ def test_an_unreachable_gcs_endpoint_is_one_line_in_seconds(tmp_path, endpoint, 
         (["--delta", "-1e-5"], "delta must be in (0, 1), got -1e-05"),
         (["--dim", "-3"], "--dim must be a positive integer, got -3"),
         (["--epsilon", "1e308"], "epsilon 1e+308 is over 100, where the noise no longer protects anyone"),
+        (["--data-source", "../shop"], "--data-source must be a name of letters, digits, '.', '_' and '-'"),
     ],
 )
 def test_a_negative_or_absurd_setting_gets_its_ranges_message_from_the_installed_command(flags, message):
