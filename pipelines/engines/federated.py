@@ -12,7 +12,8 @@ planning, the round records, the fixed point and the trust model in full.
 
 Privacy: the release is planned and recorded like the central one (one Gaussian event of the stats
 multiplier z), composed by an RDP accountant on integer orders, with noise planned for
-n_min = max(ceil((1 - max_dropout) n), floor(n/2) + 1) clients. Every round is recorded before it
+ceil((1 - max_dropout) n_low) clients, n_low the DP number of units less five of its std: every
+published parameter comes from the DP count, none from the exact number of clients. Every round is recorded before it
 starts in the run's seed file and on the release's charge in the data source's budget account, so a
 second round of a release is refused (except after a round refused before any share was revealed).
 Neighbouring data: one client's data replaced by an empty device's. The server sees masked vectors,
@@ -41,7 +42,7 @@ from pipelines.base.lock import release_lock
 from pipelines.engines.beam_release import ReadTable, rows_by_user
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
-from pipelines.releases.counts import dp_units
+from pipelines.releases.counts import dp_units, dp_units_std
 from pipelines.releases.stats_core import release_metadata, stats_table, user_contributions
 from privacy import accounting, skellam
 from privacy import secure_aggregation as secagg
@@ -56,6 +57,8 @@ from trainer.solve import ridge_solve
 ACCOUNTANT = "rdp-integer"
 QUANTISATION_BITS = 16  # the fixed-point step is at most 2^-16 of the noise's std over n clients
 SHAMIR_SHARE_BYTES = 66  # a share is an element of the field 2^521 - 1
+LOW_STDS = 5  # the noise is planned for the DP number of units less 5 of its std (exceeded with chance 3e-7)
+HIGH_STDS = 10  # the ring holds the DP number of units plus 10 of its std
 
 
 class RoundRefusedError(UserError):
@@ -68,7 +71,8 @@ class Plan:
     """The round's public parameters: fixed-point scale, Skellam multiplier and per-client variances."""
 
     clients: int
-    min_clients: int
+    min_clients: int  # the quorum: noise_clients, and more than half of the clients
+    noise_clients: int  # the noise is planned for this many (public: from the DP number of units)
     items: int
     dim: int
     scale: float
@@ -92,6 +96,7 @@ class Plan:
         return {
             "clients": self.clients,
             "min_clients": self.min_clients,
+            "noise_clients": self.noise_clients,
             "scale": self.scale,
             "skellam_multiplier": self.skellam_multiplier,
             "share_variance": list(self.share_variance),
@@ -100,18 +105,29 @@ class Plan:
         }
 
     def public_json(self) -> dict:
-        """What release.json publishes: nothing that gives the exact number of clients (the shares'
-        variance is planned over n_min, so it is left out with the counts)."""
+        """What release.json publishes: parameters planned from the DP number of units, nothing that
+        gives the exact number of clients."""
         return {
             "scale": self.scale,
             "skellam_multiplier": self.skellam_multiplier,
+            "noise_clients": self.noise_clients,
             "neighbours": self.neighbours,
             "upload_bytes_per_client": self.upload_bytes(),
         }
 
 
+def planned_population(counts_path: str) -> tuple[int, int]:
+    """The public range of the round's client count: the counts release's DP number of units less
+    and plus LOW_STDS and HIGH_STDS of its noise std (the noise is planned over the low end, the ring
+    over the high one)."""
+    count, std = dp_units(counts_path), dp_units_std(counts_path)
+    return max(3, count - math.ceil(LOW_STDS * std)), count + math.ceil(HIGH_STDS * std)
+
+
 def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dropout: float, items: int) -> Plan:
-    """The fixed-point scale s (a power of two), z_s and the shares' variances for `clients` clients."""
+    """The fixed-point scale s (a power of two), z_s and the shares' variances, planned from the DP
+    number of units (`planned_population`); only the quorum, which the server needs anyway, uses the
+    exact number of `clients`."""
     settings = job.settings
     if settings.loss != "square":
         raise UserError(
@@ -122,26 +138,34 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
         raise UserError("a federated release needs finite --clip-u and --clip-y (they bound what fits in the ring)")
     if not 0 <= max_dropout < 1:
         raise UserError(f"the tolerated dropout must be in [0, 1), got {max_dropout}")
+    low, high = planned_population(job.counts)
+    if not low <= clients <= high:  # more than LOW_STDS or HIGH_STDS of the units' noise away: a defect, not chance
+        raise UserError(
+            f"{job.counts}: the round has {clients} clients, outside the range {low}-{high} its DP number of units "
+            "plans for; the counts release is not of this round's users"
+        )
     d, p = settings.dim, packed_size(settings.dim)
     sensitivity = (
         settings.wbar * settings.clip_u**2,
         settings.wbar * settings.clip_y * settings.clip_u,
     )  # A, b: one user, L2
     largest = max(sensitivity)
-    min_clients = secagg.quorum(clients, math.ceil((1 - max_dropout) * clients))
+    noise_clients = math.ceil((1 - max_dropout) * low)
+    min_clients = secagg.quorum(clients, noise_clients)
     ring_bound = 2.0**62 / (
-        clients * largest + 40 * max(multiplier, 1.0) * largest
+        high * largest + 40 * max(multiplier, 1.0) * largest
     )  # every client's most, plus 40 std of noise
-    wanted = 2.0**QUANTISATION_BITS * clients / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
+    wanted = 2.0**QUANTISATION_BITS * low / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
     scale = 2.0 ** math.floor(math.log2(min(wanted, ring_bound)))
+    neighbours = secagg.neighbour_count(dp_units(job.counts))
     if multiplier == 0:
-        return Plan(clients, min_clients, items, d, scale, 0.0, (0.0, 0.0), secagg.neighbour_count(clients))
+        return Plan(clients, min_clients, noise_clients, items, d, scale, 0.0, (0.0, 0.0), neighbours)
     parts = [
         (math.sqrt(items * size) * scale * s, scale * s) for size, s in zip((p, d), sensitivity, strict=True)
     ]  # (L1, L2) of the integer vectors
     z_s = skellam.skellam_multiplier(multiplier, parts)
-    variances = tuple((z_s * l2) ** 2 / min_clients for _, l2 in parts)
-    return Plan(clients, min_clients, items, d, scale, z_s, variances, secagg.neighbour_count(clients))
+    variances = tuple((z_s * l2) ** 2 / noise_clients for _, l2 in parts)
+    return Plan(clients, min_clients, noise_clients, items, d, scale, z_s, variances, neighbours)
 
 
 def client_secret(round_secret: bytes, client: int) -> secagg.ClientKeys:

@@ -60,6 +60,19 @@ def dp_units(counts_path: str) -> int:
     return int(metadata[UNITS_KEY])
 
 
+def sensitivity_of(unit: str, max_items_per_user: int) -> float:
+    """The L2 sensitivity of the item counts together with the number of units."""
+    return math.sqrt((max_items_per_user if unit == "user" else 1) + 1)
+
+
+def dp_units_std(counts_path: str) -> float:
+    """The noise std of the DP number of units at `counts_path` (public: the release's multiplier and
+    sensitivity, in its metadata)."""
+    metadata = storage.read_schema(counts_path).metadata or {}
+    unit = metadata[b"unit"].decode()
+    return float(metadata[b"noise_multiplier"]) * sensitivity_of(unit, int(metadata[b"max_items_per_user"]))
+
+
 def sampling_hash(user_ids: np.ndarray, item_ids: np.ndarray, key: int) -> np.ndarray:
     """The keyed hash (uint64) that ranks a user's items for the sample of K."""
     with np.errstate(over="ignore"):
@@ -178,9 +191,7 @@ def dp_counts(
     key = sampling_key(seeds.seed)
     exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
     multiplier = ledger.budget["multipliers"]["counts"]
-    sensitivity = math.sqrt(
-        (max_items_per_user if unit == "user" else 1) + 1
-    )  # the item counts and the number of units
+    sensitivity = sensitivity_of(unit, max_items_per_user)
     description = {
         "unit": unit,
         "max_items_per_user": max_items_per_user if unit == "user" else None,

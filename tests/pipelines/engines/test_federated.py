@@ -4,6 +4,7 @@ refused; the ledger plans it; `ssp train --engine federated` trains from it end 
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from pipelines.engines import federated
 from pipelines.releases import stats_job
+from pipelines.releases.counts import dp_units, dp_units_std
 from pipelines.releases.stats_core import user_contributions
 from pipelines.training import run_dir, stats_stage
 from pipelines.training.run_dir import Run
@@ -23,6 +25,7 @@ from privacy.accumulator import grouped_sums, packed_size
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
+from schemas.errors import UserError
 from ssp import cli
 from trainer.solve import ridge_solve
 
@@ -167,8 +170,28 @@ def test_the_federated_release_is_the_central_sums_plus_the_clients_noise(prepar
     s = job.stats.settings
     std_a = (noise[:, : packed_size(s.dim)] / plan.scale).std()
     assert std_a == pytest.approx(
-        plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.min_clients), rel=0.25
+        plan.skellam_multiplier * s.wbar * s.clip_u**2 * np.sqrt(len(survivors) / plan.noise_clients), rel=0.25
     )
+
+
+def test_the_published_plan_is_the_same_for_one_client_more_or_less(prepared_run):
+    """Every published parameter comes from the counts release's DP number of units: n - 1, n and
+        n + 1 clients give one public plan (only the unpublished quorum may move); a client count more
+        than HIGH_STDS of the units' noise above the DP count is refused as a mismatch (`run` plans before
+    it releases)."""
+    run = prepared_run
+    job = federated_job(run)
+    n = np.unique(storage.read_table(run.centred)["user_id"].to_numpy()).size
+    low, high = federated.planned_population(run.counts)
+    std = dp_units_std(run.counts)
+    assert low == max(3, dp_units(run.counts) - math.ceil(federated.LOW_STDS * std)) and low <= n <= high
+    plans = [federated.plan_round(job.stats, 1.0, clients, 0.1, 25) for clients in (n - 1, n, n + 1)]
+    assert plans[0].public_json() == plans[1].public_json() == plans[2].public_json()
+    assert plans[1].noise_clients == math.ceil(0.9 * low) and plans[1].min_clients == max(
+        plans[1].noise_clients, n // 2 + 1
+    )
+    with pytest.raises(UserError, match=f"the round has {high + 1} clients, outside the range {low}-{high}"):
+        federated.plan_round(job.stats, 1.0, high + 1, 0.1, 25)
 
 
 def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(prepared_run, tmp_path):
@@ -384,7 +407,7 @@ def test_a_client_with_a_repeated_pair_is_refused_as_the_central_job_refuses_it(
     broadcast = federated.Broadcast(
         (IdIndex(np.array([1, 2])), np.eye(2)), None, IdIndex(np.array([1, 2])), np.array([5.0, 5.0])
     )
-    plan = federated.Plan(3, 3, 2, 2, 2.0**20, 1.0, (1.0, 1.0), 2)
+    plan = federated.Plan(3, 3, 3, 2, 2, 2.0**20, 1.0, (1.0, 1.0), 2)
     rows = (np.array([1, 1]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="client 7 has repeated \\(user, item\\) pairs"):
         federated.client_contribution(
