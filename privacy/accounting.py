@@ -212,26 +212,37 @@ class Group:
 
 
 def stats_plan(
-    outer_steps: int, resamples: int = 1, count_share: float = 0.1, mean_share: float = 0.0, gram_share: float = 0.0
+    outer_steps: int,
+    resamples: int = 1,
+    count_share: float = 0.1,
+    mean_share: float = 0.0,
+    gram_share: float = 0.0,
+    item_gram_share: float = 0.0,
 ) -> list[Group]:
     """The AM-SSP plan: the count release, optionally the DP mean rating (a sum and a count: two
-    events) and one users' Gram matrix per outer step (the implicit-feedback "gravity"), then
-    S x R stats tables of two events (A and b) each."""
+    events), one users' Gram matrix per outer step (the implicit-feedback "gravity") and one item
+    Gram, then S x R stats tables of two events (A and b) each with the share left (none when
+    nothing is left: a run whose items come from the item Gram alone)."""
     for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"{name} must be a positive integer, got {value}")
     if not 0 < count_share < 1:
         raise UserError(f"count share must be in (0, 1), got {count_share}")
-    if not 0 <= mean_share or not 0 <= gram_share or not mean_share + gram_share < 1 - count_share:
+    others = mean_share + gram_share + item_gram_share
+    if min(mean_share, gram_share, item_gram_share) < 0 or not others <= 1 - count_share + 1e-12:
         raise UserError(
-            f"mean and gram shares must be >= 0 and leave the stats a share, got {mean_share} and {gram_share}"
+            f"mean, gram and item gram shares must be >= 0 and fit beside the counts' {count_share}, got "
+            f"{mean_share}, {gram_share} and {item_gram_share}"
         )
     plan = [Group("counts", count_share, 1)]
     if mean_share > 0:
         plan.append(Group("mean", mean_share, 2))
     if gram_share > 0:
         plan.append(Group("gram", gram_share, outer_steps))
-    return plan + [Group("stats", 1 - count_share - mean_share - gram_share, 2 * outer_steps * resamples)]
+    if item_gram_share > 0:
+        plan.append(Group("item_gram", item_gram_share, 1))
+    stats_share = 1 - count_share - others
+    return plan + ([Group("stats", stats_share, 2 * outer_steps * resamples)] if stats_share > 1e-12 else [])
 
 
 def multipliers_for(total_multiplier: float, plan: list[Group]) -> dict[str, float]:

@@ -47,6 +47,8 @@ class Engine(Protocol):
         self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
     ) -> tuple[float, float]: ...
 
+    def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray: ...
+
     def write_centred(
         self,
         train: str,

@@ -61,6 +61,13 @@ class LocalEngine:
         rows = checked[1] if checked is not None and checked[0] == interactions else read_rows(interactions, catalog)
         return exact_aggregates(*rows, catalog, unit, max_items_per_user, key)
 
+    def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
+        """`item_gram.item_gram_sums` of every row at once."""
+        from pipelines.releases.item_gram import item_gram_sums
+
+        table = storage.read_table(interactions, columns=["user_id", "item_id"])
+        return item_gram_sums(table["user_id"].to_numpy(), table["item_id"].to_numpy(), items)
+
     def mean_sums(
         self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
     ) -> tuple[float, float]:

@@ -40,6 +40,7 @@ from pipelines.data.chunks import users_together
 from pipelines.engines.beam_release import ReadTable
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
+from privacy.accumulator import packed_size
 from privacy.seeds import mix64
 from schemas import storage
 from schemas.errors import UserError
@@ -244,6 +245,27 @@ class BeamEngine:
             return np.zeros(catalog.size), 0
         exact, units = found[0]
         return np.asarray(exact, dtype=np.float64), int(units)
+
+    def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
+        """`item_gram.item_gram_sums` per shard of users, summed (equal to float64 rounding)."""
+        from pipelines.releases.item_gram import item_gram_sums
+
+        def sums(_, batches):
+            return (item_gram_sums(*_columns(batches, "user_id", "item_id"), items),)
+
+        found = self._collect(
+            lambda p: (
+                self._shards(p, interactions, ["user_id", "item_id"])
+                | "Sums" >> beam.MapTuple(sums)
+                | "Total" >> beam.CombineGlobally(_sum_aggregates)
+                | "Json" >> beam.Map(lambda total: np.asarray(total[0]).tolist() if total else None)
+            )
+        )
+        return (
+            np.asarray(found[0], dtype=np.float64)
+            if found and found[0] is not None
+            else np.zeros(packed_size(items.size))
+        )
 
     def mean_sums(
         self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float

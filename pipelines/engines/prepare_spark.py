@@ -25,6 +25,7 @@ from pipelines.data.chunks import complete_users, sorted_by_user, users_together
 from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
+from privacy.accumulator import packed_size
 from schemas import storage
 from schemas.errors import UserError
 from schemas.ids import IdIndex
@@ -217,6 +218,34 @@ class SparkEngine:
             interactions, ["user_id", "item_id"], of_chunk, catalog.size + 1, "the counts would sample the user twice"
         )
         return totals[: catalog.size], int(totals[catalog.size])
+
+    def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
+        """`item_gram.item_gram_sums` of chunks of complete users (one shuffle by user, or a task per
+        file of whole users in order), each task's nonzero entries added up on the driver."""
+        from pipelines.releases.item_gram import item_gram_sums
+
+        width = packed_size(items.size)
+
+        def of_chunk(chunk: pa.Table) -> np.ndarray:
+            return item_gram_sums(chunk["user_id"].to_numpy(), chunk["item_id"].to_numpy(), items)
+
+        if users_together(interactions):
+            return self._sums_per_file(
+                interactions, ["user_id", "item_id"], of_chunk, width, "the item Gram would scale the user twice"
+            )
+
+        def aggregate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            total = np.zeros(width)
+            for chunk in complete_users(batches):
+                total += of_chunk(chunk)
+            at = np.flatnonzero(total)
+            yield pa.record_batch({"at": at, "value": total[at]})
+
+        with readable_tables(self.spark, interactions) as (files,):
+            found = (
+                self._by_user(files, ("user_id", "item_id")).mapInArrow(aggregate, "at long, value double").toArrow()
+            )
+        return np.bincount(found["at"].to_numpy(), weights=found["value"].to_numpy(), minlength=width)
 
     def mean_sums(
         self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float

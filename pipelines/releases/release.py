@@ -64,6 +64,7 @@ class PrivacySettings:
     count_share: float = DEFAULT_COUNT_SHARE
     mean_share: float = DEFAULT_MEAN_SHARE
     gram_share: float = DEFAULT_GRAM_SHARE
+    item_gram_share: float = 0.0
     dpsgd: tuple[float, int] | str | None = (
         None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     )
@@ -100,14 +101,18 @@ class PrivacySettings:
             math.isfinite(self.account_window_days) and self.account_window_days > 0
         ):
             raise UserError(f"--account-window-days must be a positive number of days, got {self.account_window_days}")
-        accounting.stats_plan(self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share)
+        self.plan()
+
+    def plan(self) -> list[accounting.Group]:
+        """The release groups this budget plans (accounting.stats_plan)."""
+        return accounting.stats_plan(
+            self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share, self.item_gram_share
+        )
 
     def multipliers(self) -> dict[str, float]:
         """Per-event noise multipliers of the run's release groups ('counts', 'stats', ...; 'dpsgd'
         in place of 'stats' for an AM-DPSGD run, none while its schedule is DPSGD_PENDING)."""
-        plan = accounting.stats_plan(
-            self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share
-        )
+        plan = self.plan()
         planned = self.dpsgd is not None and self.dpsgd != DPSGD_PENDING
         if self.noise_multiplier is not None:
             names = [group.name for group in plan if not (self.dpsgd and group.name == "stats")] + (

@@ -26,7 +26,7 @@ from pipelines.releases.gram import dp_gram
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
 from pipelines.training.prepare import ledger_multiplier
 from pipelines.training.run_dir import Run, config_of, require_steps
-from pipelines.training.settings import TrainConfig, release_units
+from pipelines.training.settings import FIXED_UPDATES, TrainConfig, release_units
 from pipelines.training.stats_stage import covers_items
 from privacy import accounting
 from privacy.accumulator import packed_size
@@ -170,9 +170,9 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     losses = []  # the SSP loss by epoch (from released statistics); the other updates have no public loss
     if config.item_update == "dpsgd":
         _dpsgd_update(run, config, manifest, step, space=space, model=model, progress=progress)
-    elif config.item_update != "none" and covers_items(
+    elif config.item_update not in FIXED_UPDATES and covers_items(
         manifest
-    ):  # none, or no item covered: the encoder stays as it started
+    ):  # none, gram, or no item covered: the encoder stays as it started
         losses = _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model, config)
     embeddings = item_embeddings_table(model, config)

@@ -17,7 +17,6 @@ import math
 from pipelines.releases import release
 from pipelines.releases.mean import DEFAULT_USER_CAP
 from pipelines.training.settings import TrainConfig, release_units
-from privacy import accounting
 from privacy.clipping import biased_row_clip
 
 LOW_RATIO_THRESHOLD, HIGH_RATIO_THRESHOLD = 1.0, 6.0  # prepare.stats_threshold_of's rule, in units of N/S
@@ -31,9 +30,7 @@ def _rows(
     rho, clip_y = settings.noise_clips()
     k = config.bias_coordinate if config.biases else 0.0
     out = []
-    for group in accounting.stats_plan(
-        privacy.outer_steps, privacy.resamples, privacy.count_share, privacy.mean_share, privacy.gram_share
-    ):
+    for group in privacy.plan():
         name = "dpsgd" if group.name == "stats" and config.item_update == "dpsgd" else group.name
         z = multipliers.get(name)
         if name == "counts":
@@ -49,6 +46,8 @@ def _rows(
         elif name == "gram":
             sensitivity = biased_row_clip(config.clip_u, k) ** 2
             what = f"(1 + k^2) Gamma_u^2 = {sensitivity:.4g}"
+        elif name == "item_gram":
+            sensitivity, what = 1.0, "1 (each user's row over the top items at unit norm)"
         elif name == "dpsgd":
             sensitivity, what = config.dpsgd_clip, f"the gradient clip C = {config.dpsgd_clip:g}"
         else:

@@ -29,6 +29,7 @@ from pipelines.engines.engine import Engine
 from pipelines.engines.local import LocalEngine
 from pipelines.releases import release
 from pipelines.releases.counts import dp_counts, dp_units
+from pipelines.releases.item_gram import dp_item_gram, principal_directions
 from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
@@ -123,9 +124,9 @@ def prepare_engine(engine: Engine, rows: int, local_rows: int = LOCAL_PREPARE_RO
     return LOCAL if rows < local_rows else engine
 
 
-def ledger_multiplier(ledger_path: str) -> float:
-    """The stats noise multiplier the run's budget planned."""
-    return float(Ledger.open(ledger_path).budget["multipliers"]["stats"])
+def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:
+    """The noise multiplier of a release group (the statistics') the run's budget planned."""
+    return float(Ledger.open(ledger_path).budget["multipliers"][group])
 
 
 def confidence_alpha_of(config: TrainConfig, manifest: dict) -> float | None:
@@ -395,6 +396,19 @@ def prepare(
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
         outputs.append((run.stats_rows, covered))  # the stats job's rows
     engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
+    if config.item_gram_share > 0:  # the users' co-occurrences over the top items (the centred rows keep only them)
+        gram = dp_item_gram(
+            run.centred, np.sort(keep_items), run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine
+        )
+        if config.item_update == "gram":
+            directions = principal_directions(gram, ledger_multiplier(run.ledger, "item_gram"), config.dim)
+            vectors = np.zeros((space.size, config.dim))
+            vectors[space.index_of(np.sort(keep_items))] = directions
+            model.set_item_vectors(vectors)
+            logs.log(
+                f"item embeddings: {int(np.any(directions != 0, axis=0).sum())} principal directions of the DP item "
+                f"Gram above its noise (at most --dim {config.dim})"
+            )
 
     if (
         config.encoder == "features" and config.encoder_init == "principal"

@@ -57,6 +57,11 @@ class Run:
         return storage.join(self.counts_dir, COUNTS_TABLE)
 
     @property
+    def item_gram_dir(self) -> str:
+        """The DP item Gram release (public)."""
+        return self.path("item_gram")
+
+    @property
     def centred(self) -> str:
         """The training rows with centred (regression) or unit (ranking) labels: private."""
         return self.private("train_centred.parquet")

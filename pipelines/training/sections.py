@@ -25,7 +25,7 @@ from schemas.errors import UserError
 # SSP2 trainer of the encoder; DP-ALS and DP-CMF closed-form solves (id-only encoder) from the same
 # statistics; AM-DPSGD (TF-Privacy DP-SGD on the private rows, no statistics released); item-mean: the DP
 # per-item mean; none: the starting point. The last two are baselines an item update must beat.
-ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
+ITEM_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "gram", "none")
 ENCODERS = ("features", "id")
 ENCODER_INITS = ("principal", "random")  # see trainer.encoder.ItemEncoder.init_principal
 NON_PRIVATE_OUTER_STEPS = 10  # a non-private run has no budget to split: enough steps to converge
@@ -160,7 +160,7 @@ class Budget:
         rule=f"1 for AM-SSP on ratings with biases, whose item biases gain most from one release at the whole budget; "
         f"{release.DEFAULT_OUTER_STEPS} for the other updates; {NON_PRIVATE_OUTER_STEPS} for --non-private, which "
         "has no budget to split; 1 "
-        "for --item-update item-mean, whose users never change",
+        "for --item-update item-mean, whose users never change, and gram, whose items are fixed",
         valid=POSITIVE_INT,
     )
     resamples: int = setting(
@@ -181,6 +181,13 @@ class Budget:
     gram_share: float = setting(
         release.DEFAULT_GRAM_SHARE,
         "share of the budget spent on the users' DP Gram matrix (--gravity > 0, implicit feedback)",
+        valid=NON_NEGATIVE,
+    )
+    item_gram_share: float = setting(
+        None,
+        "share of the budget spent on the DP item Gram (the users' co-occurrences over the top items: "
+        "--item-update gram's model)",
+        rule="all the budget the counts leave for --item-update gram; 0 otherwise",
         valid=NON_NEGATIVE,
     )
     max_items_per_user: int = setting(
@@ -277,8 +284,10 @@ class Model:
         "un-noised rows), closed-form solves from the same statistics with --encoder id, or dpsgd (AM-DPSGD: "
         "TF-Privacy DP-SGD on the rows, no statistics; its budget share is the statistics', and it ignores --gravity "
         "in the item update), item-mean (the DP per-item mean: each item's clipped, weighted label sum and count, "
-        "noised and shrunk to the DP mean, with --encoder id; the baseline every model must beat), or none (the "
-        "starting point: the public-feature encoder as initialised, users fitted to it; no statistics released)",
+        "noised and shrunk to the DP mean, with --encoder id; the baseline every model must beat), gram (--protocol "
+        "recall, --encoder id: the principal directions of one DP release of the item Gram over the top items, "
+        "those above its noise), or none (the starting point: the public-feature encoder as initialised, users "
+        "fitted to it; no statistics released)",
         choices=ITEM_UPDATES,
     )
     loss: str = setting(

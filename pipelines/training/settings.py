@@ -45,6 +45,7 @@ from schemas import storage
 from schemas.errors import UserError
 
 STATS_UPDATES = ("ssp", "als", "cmf", "item-mean")  # the item updates that train from released statistics
+FIXED_UPDATES = ("gram", "none")  # the items are fixed at the start: no statistics, no item update
 BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 ENGINES = tuple(engines.ENGINES)
@@ -128,7 +129,7 @@ class TrainConfig:
         of users the counts release publishes (pipelines.releases.counts; never the exact number); None
         before that release: its DP-SGD schedule is then release.DPSGD_PENDING."""
         mean_share = self.mean_share if self.protocol == "rmse" else 0.0
-        gram_share = self.gram_share if self.gravity > 0 and self.item_update not in ("dpsgd", "none") else 0.0
+        gram_share = self.gram_share if self.gravity > 0 and self.item_update not in ("dpsgd", *FIXED_UPDATES) else 0.0
         dpsgd = None
         if self.item_update == "dpsgd":
             dpsgd = self.dpsgd_schedule(units) if units is not None else release.DPSGD_PENDING
@@ -139,6 +140,7 @@ class TrainConfig:
             count_share=self.count_share,
             mean_share=mean_share,
             gram_share=gram_share,
+            item_gram_share=self.item_gram_share,
             dpsgd=dpsgd,
         )
         accountant = engines.ENGINES[self.engine].accountant  # federated: Skellam noise, on integer RDP orders
@@ -269,7 +271,7 @@ def _biases(config: TrainConfig) -> bool:
 def _outer_steps(config: TrainConfig) -> int:
     """One release of the statistics for AM-SSP with biases, which gain most from one release at the
     whole budget (a second step re-estimates every bias under twice the noise variance)."""
-    if config.item_update == "item-mean":
+    if config.item_update in ("item-mean", "gram"):
         return 1
     if config.non_private:
         return NON_PRIVATE_OUTER_STEPS
@@ -288,6 +290,7 @@ RULES = (  # in the order they are applied: a rule reads the settings chosen bef
     ("weight_exponent", lambda config: 0.0 if config.protocol == "recall" else -0.25),  # ranking hits popular items
     ("biases", _biases),
     ("outer_steps", _outer_steps),
+    ("item_gram_share", lambda config: 1.0 - config.count_share if config.item_update == "gram" else 0.0),
     ("lambda_u", lambda config: 0.01 if _rated(config) else user_solves.DEFAULT_LAMBDA_U),
     ("user_prior", lambda config: 20.0 if _rated(config) else 0.0),  # a light user's embedding shrunk the most
     ("item_id_feature", lambda config: True),
@@ -360,7 +363,11 @@ def checked(config: TrainConfig) -> TrainConfig:
     )
     if config.item_update == "item-mean" and not config.biases:
         raise UserError("--item-update item-mean is a model of item biases alone: drop --no-biases")
-    if config.item_update in ("als", "cmf", "item-mean") and config.encoder != "id":
+    if config.item_update == "gram" and config.protocol != "recall":
+        raise UserError("--item-update gram ranks from the users' co-occurrences: use it with --protocol recall")
+    if (config.item_update == "gram") != (config.item_gram_share > 0):
+        raise UserError("--item-gram-share is the budget of --item-update gram's model: positive with it, 0 otherwise")
+    if config.item_update in ("als", "cmf", "item-mean", "gram") and config.encoder != "id":
         raise UserError(f"--item-update {config.item_update} solves one free vector per item: use it with --encoder id")
     for name in ("data_source", "shares_users_with"):
         if getattr(config, name) is not None:

@@ -38,7 +38,7 @@ from pipelines.training.evaluation import evaluate
 from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
-from pipelines.training.settings import TrainConfig
+from pipelines.training.settings import FIXED_UPDATES, TrainConfig
 from pipelines.training.stats_stage import covers_items, release_stats, run_engine
 
 
@@ -75,7 +75,7 @@ def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool
                 if not engine.solves_users_in_release:  # federated clients solve their embeddings in the stats round
                     with timed(f"step-{s}/user_update"):
                         user_stage.run_step(engine, layout.root, s)
-                if config.item_update not in ("dpsgd", "none") and covers_items(
+                if config.item_update not in ("dpsgd", *FIXED_UPDATES) and covers_items(
                     layout.read_manifest()
                 ):  # AM-DPSGD releases no statistics, the starting point none
                     with timed(f"step-{s}/stats"):

@@ -16,7 +16,9 @@ from pipelines.engines.local import LocalEngine
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.engines.prepare_spark import SparkEngine
 from pipelines.releases import counts, mean
+from pipelines.releases.item_gram import item_gram_sums
 from pipelines.training import prepare, run_dir, settings
+from privacy.accumulator import unpack_upper
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -119,6 +121,21 @@ def test_the_count_aggregates_on_an_engine_are_the_in_process_ones(engine, tmp_p
     )
 
 
+def test_the_item_gram_sums_on_an_engine_are_the_in_process_ones(engine, tmp_path):
+    """Every engine adds up `item_gram_sums` of complete users: the same matrix (to float64 rounding)
+    as one pass over the whole table, over every other catalog item (repeats counted once)."""
+    table = _ratings_with_repeats()
+    data = _dataset(tmp_path / "data", table)
+    items = np.sort(storage.read_table(data.items)["item_id"].to_numpy())[::2]
+    expected = item_gram_sums(table["user_id"].to_numpy(), table["item_id"].to_numpy(), items)
+    got = engine.item_gram_sums(data.interactions, items)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    diagonal = unpack_upper(expected, items.size).diagonal()
+    assert expected.size == items.size * (items.size + 1) // 2 and diagonal.sum() == pytest.approx(
+        np.unique(table["user_id"].to_numpy()[np.isin(table["item_id"].to_numpy(), items)]).size
+    )  # each user's row has unit norm: the trace counts the users with an item among them
+
+
 def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_two_files_is_refused(spark, tmp_path):
     """Spark reads a table whose files declare whole users in order a file per task (no shuffle):
     the same counts; a user whose rows are in two such files would have two samples of K items, so
@@ -147,8 +164,12 @@ def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_t
         )
     got = SparkEngine(spark).count_aggregates(str(tmp_path / "whole.parquet"), catalog, "user", 3, 12345)
     assert np.array_equal(got[0], expected[0]) and got[1] == expected[1] == 60
+    gram = item_gram_sums(table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog)
+    np.testing.assert_allclose(SparkEngine(spark).item_gram_sums(str(tmp_path / "whole.parquet"), catalog), gram)
     with pytest.raises(ValueError, match="a user's rows are in two of its files"):
         SparkEngine(spark).count_aggregates(str(tmp_path / "torn.parquet"), catalog, "user", 3, 12345)
+    with pytest.raises(ValueError, match="the item Gram would scale the user twice"):
+        SparkEngine(spark).item_gram_sums(str(tmp_path / "torn.parquet"), catalog)
 
 
 @pytest.mark.parametrize("protocol", ["rmse", "recall"])

@@ -197,7 +197,7 @@ def test_every_setting_is_declared_once_with_its_help_range_and_flag():
     from pipelines.training import sections
 
     declared = [name for cls in sections.SECTIONS.values() for name in cls.__dataclass_fields__]
-    assert len(declared) == len(set(declared)) == len(sections.FLAGS) == 66
+    assert len(declared) == len(set(declared)) == len(sections.FLAGS) == 67
     actions = {
         action.dest: action for action in cli.build_parser()._subparsers._group_actions[0].choices["train"]._actions
     }
