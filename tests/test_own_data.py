@@ -169,17 +169,18 @@ def test_a_held_out_user_gets_the_evaluations_top_k_from_the_publication_alone(p
     weights = confidence(
         history["label"].to_numpy(), model.settings["confidence_alpha"]
     )  # the history's repeats, as the run's evaluation weighs them
-    report = evaluate.recall_report(
+    report = evaluate.ranking_report(
         (history["user_id"].to_numpy(), positions(history["item_id"].to_numpy()), weights),
         (top["user_id"].to_numpy(), positions(top["item_id"].to_numpy())),
         vectors,
         model.settings["lambda_u"],
         item_buckets=np.zeros(vectors.shape[0], np.int64),
-        k=10,
         gravity=model.settings["gravity"],
         confidence=True,
     )
-    assert report["recall_at_10"] == 1.0 and report["users"] == users.size
+    # the 10 recommended are the evaluation's first 10: every one found, each at its ideal rank
+    assert report["recall_at_20"] == 1.0 and report["ndcg_at_100"] == pytest.approx(1.0)
+    assert report["users"] == users.size
     scores = top["score"].to_numpy().reshape(users.size, 10)
     assert np.all(np.diff(scores, axis=1) <= 0)  # ranked best first
 

@@ -1,10 +1,10 @@
 """Evaluation of a trained model on the benchmark protocols, overall and by item popularity.
 
 RMSE (regression protocol): prediction = u_k . v_j + mean, clipped to the rating range; users
-without training rows get the mean. Recall@20 (ranking protocol): held-out users are folded in
-with the user update (trainer.solve) on their history, every item but the history is scored, and
-`hits / min(20, |targets|)` is averaged over users (trainer.metrics); by default the fold-in also
-gets the items' DP counts as one more column (`with_popularity`).
+without training rows get the mean. Ranking protocol: held-out users are folded in with the user
+update (trainer.solve) on their history, every item but the history is scored, and Recall@20,
+Recall@50, NDCG@100 and the catalog coverage of the top 20 are computed (trainer.metrics); by
+default the fold-in also gets the items' DP counts as one more column (`with_popularity`).
 
 Both are sliced into 5 equal-size buckets of items ordered by training popularity (bucket 0 the
 least popular; the paper's long-tail figure): RMSE over the test rows of each bucket's items, and
@@ -82,25 +82,26 @@ def popularity_position(width: int, biases: bool) -> int:
     return width - 2 if biases else width
 
 
-def recall_report(
+def ranking_report(
     history: tuple[np.ndarray, np.ndarray, np.ndarray],
     targets: tuple[np.ndarray, np.ndarray],
     item_vectors: np.ndarray,
     lambda_u: float,
     *,
     item_buckets: np.ndarray,
-    k: int = 20,
     buckets: int = BUCKETS,
     gravity: float = 0.0,
     loss: str = "square",
     bias_ridge: float | None = None,
     confidence: bool = False,
 ) -> dict:
-    """Recall@k of held-out users: (users, positions, labels) of the fold-in history, (users, positions)
-    of the targets; item_vectors in catalog order. Users are folded in as the model was trained:
-    a ridge solve (with `gravity`, and `bias_ridge` for a model with biases: ridge_solve's), or for
-    the logistic loss its solve with every catalog item a negative (trainer.solve.logistic_solve).
-    `confidence`: the history's labels are the rows' confidences (ridge_solve's)."""
+    """The ranking metrics of held-out users (trainer.metrics.ranking_metrics: Recall@20, Recall@50,
+    NDCG@100, coverage of the top 20, Recall@20 per popularity bucket): (users, positions, labels)
+    of the fold-in history, (users, positions) of the targets; item_vectors in catalog order. Users
+    are folded in as the model was trained: a ridge solve (with `gravity`, and `bias_ridge` for a
+    model with biases: ridge_solve's), or for the logistic loss its solve with every catalog item a
+    negative (trainer.solve.logistic_solve). `confidence`: the history's labels are the rows'
+    confidences (ridge_solve's)."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
     if loss == "logistic":
@@ -119,46 +120,36 @@ def recall_report(
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise UserError("no held-out user has both a history and targets")
-    per_user, per_bucket = [], [[] for _ in range(buckets)]
-    for start in range(0, evaluated.size, 1024):
-        chunk = evaluated[start : start + 1024]
-        scores = solved[np.searchsorted(users, chunk)] @ item_vectors.T
-        hist = user_item_mask(chunk, h_users, h_positions, item_vectors.shape[0])
-        targ = user_item_mask(chunk, t_users, t_positions, item_vectors.shape[0])
-        per_user.append(metrics.recall_at_k_per_user(scores, hist, targ, k))
-        top = metrics.top_k_mask(scores, hist, k)
-        for b in range(buckets):
-            in_bucket = targ & (item_buckets == b)[None, :]
-            has = in_bucket.any(axis=1)
-            hits = (top & in_bucket).sum(axis=1)[has]
-            per_bucket[b].append(hits / np.minimum(k, in_bucket.sum(axis=1)[has]))
-    recall = np.concatenate(per_user)
-    sliced = [float(np.mean(np.concatenate(parts))) if sum(p.size for p in parts) else None for parts in per_bucket]
-    return {
-        "recall_at_20" if k == 20 else f"recall_at_{k}": float(np.nanmean(recall)),
-        "sliced": sliced,
-        "users": int(evaluated.size),
-    }
+
+    def blocks():
+        for start in range(0, evaluated.size, 1024):
+            chunk = evaluated[start : start + 1024]
+            yield (
+                solved[np.searchsorted(users, chunk)] @ item_vectors.T,
+                user_item_mask(chunk, h_users, h_positions, item_vectors.shape[0]),
+                user_item_mask(chunk, t_users, t_positions, item_vectors.shape[0]),
+            )
+
+    return metrics.ranking_metrics(blocks(), item_buckets, buckets)
 
 
-def popularity_recall_report(
+def popularity_ranking_report(
     history: tuple[np.ndarray, np.ndarray],
     targets: tuple[np.ndarray, np.ndarray],
     counts: np.ndarray,
     item_buckets: np.ndarray,
-    k: int = 20,
 ) -> dict:
-    """`recall_report` of DP popularity: every catalog item ranked by its DP count (`counts`, catalog
-    order, floored at 1 by the release), the history's items left out. It is recall_report itself with
-    each item's count as its one-dimensional embedding: a user's fold-in is then one positive number,
-    so the scores are the counts times a positive constant, the same ranking (ties: the lower catalog
-    position first) through the same metric code as every model."""
+    """`ranking_report` of DP popularity: every catalog item ranked by its DP count (`counts`, catalog
+    order, floored at 1 by the release), the history's items left out. It is ranking_report itself
+    with each item's count as its one-dimensional embedding: a user's fold-in is then one positive
+    number, so the scores are the counts times a positive constant, the same ranking (ties: the lower
+    catalog position first) through the same metric code as every model."""
     vectors = np.asarray(counts, dtype=np.float64)[:, None]
     if not np.all(vectors > 0):
         raise UserError("every catalog item needs a positive DP count (the counts release floors them at 1)")
     (users, positions), (t_users, t_positions) = history, targets
-    return recall_report(
-        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets=item_buckets, k=k
+    return ranking_report(
+        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets=item_buckets
     )
 
 

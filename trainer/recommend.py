@@ -4,7 +4,7 @@ A publication (`ssp publish`) holds the item embeddings, the encoder (SavedModel
 the public settings of the user side: the protocol, the ridge lambda_u, the implicit-feedback
 gravity, the DP mean rating and the positive threshold. A user's embedding is solved here from
 their own history against the published item embeddings, exactly as the run's evaluation folds in
-held-out users (`trainer.evaluate.recall_report`: `trainer.solve.ridge_solve` with lambda_u
+held-out users (`trainer.evaluate.ranking_report`: `trainer.solve.ridge_solve` with lambda_u
 scaled by the history's length, the gravity alpha V^T V over the catalog, labels 1 for positives or
 rating minus the DP mean; for the logistic loss `trainer.solve.logistic_solve`; for a ranking model
 the DP counts as one more item column, `trainer.evaluate.with_popularity`), then every item outside

@@ -1,5 +1,6 @@
-"""The evaluate stage: RMSE (regression) or Recall@20 (ranking, with fold-in users) on held-out
-rows, sliced by popularity, into RUN/metrics.json and the run's privacy report.
+"""The evaluate stage: RMSE (regression) or the ranking metrics (Recall@20, Recall@50, NDCG@100,
+coverage of the top 20; fold-in users) on held-out rows, sliced by popularity, into RUN/metrics.json
+and the run's privacy report.
 
 Privacy: reads held-out private rows and the final (private) user embeddings; metrics.json holds
 aggregates for the operator, not a DP release, and stays with the run.
@@ -19,6 +20,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
+from trainer.metrics import RANKING
 from trainer.solve import confidence, user_bias_ridge
 
 
@@ -141,7 +143,7 @@ def _evaluate(
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
     predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
     `counts` (catalog order) as a popularity column when given, and with `popularity` (the DP
-    counts, catalog order) the ranking metrics hold DP popularity's Recall@20 beside the model's;
+    counts, catalog order) the ranking metrics hold DP popularity's beside the model's;
     with `confidence_alpha` (implicit feedback) a history row weighs its confidence as in training."""
     from trainer import evaluate
 
@@ -200,7 +202,7 @@ def _evaluate(
                 if confidence_alpha is None
                 else confidence(history["label"].to_numpy(), confidence_alpha)
             )
-            report = evaluate.recall_report(
+            report = evaluate.ranking_report(
                 (*held_out, weights),
                 aimed,
                 vectors,
@@ -211,14 +213,19 @@ def _evaluate(
                 bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
                 confidence=config.loss == "square",
             )
-            metrics[f"{part}_recall_at_20"] = report["recall_at_20"]
+            metrics.update({f"{part}_{key}": report[key] for key in RANKING})
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
             if popularity is not None:  # the baseline, free: the run's own counts release
-                baseline = evaluate.popularity_recall_report(held_out, aimed, popularity, buckets)
-                metrics[f"{part}_popularity_recall_at_20"] = baseline["recall_at_20"]
+                baseline = evaluate.popularity_ranking_report(held_out, aimed, popularity, buckets)
+                metrics.update({f"{part}_popularity_{key}": baseline[key] for key in RANKING})
                 metrics[f"{part}_popularity_recall_at_20_sliced"] = baseline["sliced"]
         metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
     return metrics
+
+
+def _others(metrics: dict, prefix: str) -> str:
+    """The ranking metrics beside Recall@20, as `describe` prints them (Recall@50, NDCG@100, coverage@20)."""
+    return ", ".join(f"{name} {metrics[prefix + key]:.4f}" for key, name in list(RANKING.items())[1:])
 
 
 def describe(metrics: dict) -> str:
@@ -238,6 +245,7 @@ def describe(metrics: dict) -> str:
             lines.append(f"  predicting the DP mean, same fifths: {sliced}")
     else:
         lines.append(f"test Recall@20 {metrics['test_recall_at_20']:.4f} (valid {metrics['valid_recall_at_20']:.4f})")
+        lines.append(f"  test {_others(metrics, 'test_')} (valid {_others(metrics, 'valid_')})")
         sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_recall_at_20_sliced"])
         lines.append(f"test Recall@20 by item popularity (least to most popular fifth): {sliced}")
         if "test_popularity_recall_at_20" in metrics:
@@ -246,7 +254,7 @@ def describe(metrics: dict) -> str:
             below = "; the model is BELOW it" if metrics["test_recall_at_20"] < baseline else ""
             lines.append(
                 f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: "
-                f"{sliced}"
+                f"{sliced}; {_others(metrics, 'test_popularity_')}"
             )
     eps = metrics["epsilon_spent"]
     guarantee = (

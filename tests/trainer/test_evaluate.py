@@ -1,10 +1,11 @@
 """trainer.evaluate's popularity column: its scale by hand, and a fold-in that falls back on the DP
-counts exactly when the trained vectors carry nothing."""
+counts exactly when the trained vectors carry nothing; the ranking report is trainer.metrics' on the
+folded-in scores."""
 
 import numpy as np
 import pytest
 
-from trainer import evaluate
+from trainer import evaluate, metrics
 
 
 def test_the_popularity_column_is_the_dp_counts_at_the_trained_columns_rms_norm():
@@ -28,14 +29,47 @@ def test_with_nothing_trained_the_fold_in_ranks_by_the_dp_counts():
     t_positions = np.concatenate([p[3:] for p in picks])
     buckets = np.arange(m) % evaluate.BUCKETS
     history, targets = (h_users, h_positions, np.ones(h_users.size)), (t_users, t_positions)
-    with_column = evaluate.recall_report(
+    with_column = evaluate.ranking_report(
         history,
         targets,
         evaluate.with_popularity(np.zeros((m, 4)), counts),
         1.0,
         item_buckets=buckets,
-        k=5,
         gravity=0.1,
     )
-    popularity = evaluate.recall_report(history, targets, counts[:, None], 1.0, item_buckets=buckets, k=5)
-    assert with_column == popularity and 0 < popularity["recall_at_5"] < 1
+    popularity = evaluate.ranking_report(history, targets, counts[:, None], 1.0, item_buckets=buckets)
+    assert with_column == popularity and 0 < popularity["recall_at_20"] < popularity["recall_at_50"] == 1.0
+    # every user's ranking is the counts' order: the union of the top 20s is the 20 most counted items
+    # and those the users' histories push out of them
+    assert 20 / m < popularity["coverage_at_20"] < 1 and popularity["users"] == users
+    assert evaluate.popularity_ranking_report(history[:2], targets, counts, buckets) == popularity
+
+
+def test_the_ranking_report_is_trainer_metrics_on_the_folded_in_scores():
+    """The report's four metrics and slices are trainer.metrics.ranking_metrics of the scores u . v of
+    the users the ridge folds in, over more than one block of users (1024 a block)."""
+    rng = np.random.default_rng(5)
+    m, users, d = 60, 1100, 3
+    vectors = rng.normal(size=(m, d))
+    h_users, t_users = np.repeat(np.arange(users), 4), np.repeat(np.arange(users), 3)
+    picks = np.array([rng.choice(m, 7, replace=False) for _ in range(users)])
+    history = (h_users, picks[:, :4].ravel(), np.ones(h_users.size))
+    targets = (np.append(t_users, 5000), np.append(picks[:, 4:].ravel(), 0))  # user 5000: no history, not evaluated
+    buckets = np.arange(m) % evaluate.BUCKETS
+    report = evaluate.ranking_report(history, targets, vectors, 0.5, item_buckets=buckets)
+    # the ridge fold-in by hand: u = (V_h^T V_h + 0.5 * 4 I)^-1 V_h^T 1 (lambda scaled by the history's 4 rows)
+    solved = np.array(
+        [
+            np.linalg.solve(vectors[p[:4]].T @ vectors[p[:4]] + 2.0 * np.eye(d), vectors[p[:4]].sum(axis=0))
+            for p in picks
+        ]
+    )
+    hist, targ = np.zeros((users, m), bool), np.zeros((users, m), bool)
+    np.put_along_axis(hist, picks[:, :4], True, axis=1)
+    np.put_along_axis(targ, picks[:, 4:], True, axis=1)
+    expected = metrics.ranking_metrics([(solved @ vectors.T, hist, targ)], buckets, evaluate.BUCKETS)
+    assert report.keys() == expected.keys() and report["users"] == users
+    for key in (*metrics.RANKING, "sliced"):
+        assert report[key] == pytest.approx(expected[key])
+    with pytest.raises(ValueError, match="no held-out user has both a history and targets"):
+        evaluate.ranking_report(history, (np.array([5000]), np.array([0])), vectors, 0.5, item_buckets=buckets)

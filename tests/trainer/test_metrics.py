@@ -1,11 +1,26 @@
-"""Recall@k and RMSE on hand-computed examples."""
+"""The ranking metrics (Recall@k, NDCG@k, catalog coverage) and RMSE on hand-computed examples,
+their properties on random score matrices (hypothesis) and against a direct transcription of
+Liang et al. 2018's code."""
 
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from trainer.metrics import recall_at_k, recall_at_k_per_user, rmse, top_k_mask
+from trainer import metrics
+from trainer.metrics import (
+    catalog_coverage,
+    ndcg_at_k,
+    ndcg_at_k_per_user,
+    ranked_top_k,
+    ranking_metrics,
+    recall_at_k,
+    recall_at_k_per_user,
+    rmse,
+    top_k_mask,
+)
 
 
 def _mask(n_users, n_items, rows):
@@ -86,26 +101,216 @@ def test_zero_one_masks_are_accepted():
     assert recall_at_k(scores, history.astype(int), targets.astype(np.int8)) == pytest.approx((2 / 3 + 0.9) / 2)
 
 
-def test_recall_shape_and_value_errors():
+@pytest.mark.parametrize("metric", [recall_at_k, ndcg_at_k, catalog_coverage])
+def test_ranking_shape_and_value_errors(metric):
     scores, history, targets = _example()
     with pytest.raises(ValueError, match="2-D"):
-        recall_at_k(scores[0], history[0], targets[0])
+        metric(scores[0], history[0], targets[0])
     with pytest.raises(ValueError, match="history must have the shape"):
-        recall_at_k(scores, history[:2], targets)
+        metric(scores, history[:2], targets)
     with pytest.raises(ValueError, match="targets must have the shape"):
-        recall_at_k(scores, history, targets[:, :24])
+        metric(scores, history, targets[:, :24])
     with pytest.raises(ValueError, match="boolean"):
-        recall_at_k(scores, history * 2, targets)
+        metric(scores, history * 2, targets)
     with pytest.raises(ValueError, match="overlap"):
-        recall_at_k(scores, history | targets, targets)
-    with pytest.raises(ValueError, match="k must be"):
-        recall_at_k(scores, history, targets, k=0)
+        metric(scores, history | targets, targets)
+    for k in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="k must be"):
+            metric(scores, history, targets, k=k)
     with pytest.raises(ValueError, match="NaN"):
         bad = scores.copy()
         bad[1, 3] = np.nan
-        recall_at_k(bad, history, targets)
+        metric(bad, history, targets)
     with pytest.raises(ValueError, match="no user has a target"):
-        recall_at_k(scores, history, np.zeros_like(targets))
+        metric(scores, history, np.zeros_like(targets))
+
+
+def test_ranking_metrics_refuse_what_the_metrics_refuse():
+    scores, history, targets = _example()
+    with pytest.raises(ValueError, match="overlap"):
+        ranking_metrics([(scores, history | targets, targets)])
+    with pytest.raises(ValueError, match="no user has a target"):
+        ranking_metrics([(scores, history, np.zeros_like(targets))])
+    with pytest.raises(ValueError, match="no user has a target"):
+        ranking_metrics([])
+
+
+def test_ndcg_by_hand():
+    d = [1 / math.log2(r + 2) for r in range(4)]  # the discounts of ranks 0..3: 1, 0.6309, 0.5, 0.4307
+    scores = np.array([[0.9, 0.8, 0.7, 0.1]])
+    targets = _mask(1, 4, {0: {1, 3}})
+    none = np.zeros((1, 4), bool)
+    # ranking 0, 1, 2, 3: targets at ranks 1 and 3; IDCG of 2 targets = d0 + d1
+    assert ndcg_at_k(scores, none, targets, k=4) == pytest.approx((d[1] + d[3]) / (d[0] + d[1]))  # 0.6509
+    assert ndcg_at_k(scores, none, targets, k=2) == pytest.approx(d[1] / (d[0] + d[1]))  # 0.3869
+    assert ndcg_at_k(scores, none, targets, k=1) == 0.0  # rank 0 is item 0; IDCG d0
+    # history {0}: ranking 1, 2, 3 (item 0 fills rank 3 and is never a target): ranks 0 and 2 hit
+    assert ndcg_at_k(scores, _mask(1, 4, {0: {0}}), targets, k=3) == pytest.approx((d[0] + d[2]) / (d[0] + d[1]))
+    # k above the catalog: the IDCG counts min(k, |targets|) = 2 ranks, the DCG the 4 there are
+    assert ndcg_at_k(scores, none, targets, k=100) == pytest.approx((d[1] + d[3]) / (d[0] + d[1]))
+    # ties: all scores equal, the lower index first: ranking 0, 1, 2, 3; target 2 at rank 2 -> d2 / d0 = 0.5
+    assert ndcg_at_k(np.zeros((1, 4)), none, _mask(1, 4, {0: {2}}), k=4) == pytest.approx(0.5)
+    # a user without targets is NaN and left out of the mean; 2 users -> their mean
+    two = np.array([[0.9, 0.8, 0.7, 0.1], [0.1, 0.2, 0.3, 0.4], [1.0, 1.0, 1.0, 1.0]])
+    aimed = _mask(3, 4, {0: {1, 3}, 1: {3}})
+    per_user = ndcg_at_k_per_user(two, np.zeros((3, 4), bool), aimed, k=4)
+    assert per_user[:2] == pytest.approx([(d[1] + d[3]) / (d[0] + d[1]), 1.0]) and math.isnan(per_user[2])
+    assert ndcg_at_k(two, np.zeros((3, 4), bool), aimed, k=4) == pytest.approx(np.mean(per_user[:2]))
+
+
+def test_ndcg_of_the_example_at_20_and_100():
+    scores, history, targets = _example()
+    d = 1 / np.log2(np.arange(2, 102))
+    # user 0 ranks 3, 4, ..., 24: targets 3, 22, 23 at ranks 0, 19, 20; IDCG of 3 targets = d0 + d1 + d2
+    # user 1 ranks 0, 1, 24, 23, ..., 2: item j at rank 26 - j, so its 22 targets 3..24 sit at ranks 2..23
+    assert ndcg_at_k_per_user(scores, history, targets, k=20)[:2] == pytest.approx(
+        [(d[0] + d[19]) / d[:3].sum(), d[2:20].sum() / d[:20].sum()]
+    )
+    assert ndcg_at_k_per_user(scores, history, targets, k=100)[:2] == pytest.approx(
+        [(d[0] + d[19] + d[20]) / d[:3].sum(), d[2:24].sum() / d[:22].sum()]
+    )
+
+
+def test_catalog_coverage_by_hand():
+    scores = np.array([[6.0, 5, 4, 3, 2, 1], [1.0, 6, 5, 4, 3, 2], [1.0, 2, 3, 4, 5, 6], [3.0, 0, 0, 0, 0, 0]])
+    history = _mask(4, 6, {3: {1, 2, 3, 4, 5}})
+    targets = _mask(4, 6, {0: {5}, 1: {0}, 3: {0}})
+    # top 2: user 0 {0, 1}, user 1 {1, 2}, user 2 has no target (its {5, 4} do not count), user 3 has one
+    # candidate, item 0, and item 1 of its history fills the list (not recommended): {0, 1, 2} of 6
+    assert catalog_coverage(scores, history, targets, k=2) == pytest.approx(3 / 6)
+    # top 1: {0}, {1}, {0} -> 2 of 6; top 6: users 0 and 1 get every item
+    assert catalog_coverage(scores, history, targets, k=1) == pytest.approx(2 / 6)
+    assert catalog_coverage(scores, history, targets, k=6) == 1.0
+    # the one pass: coverage of the top 20 over blocks is over the union of their users' lists
+    report = ranking_metrics([(scores[:1], history[:1], targets[:1]), (scores[1:], history[1:], targets[1:])])
+    assert report["coverage_at_20"] == 1.0 and report["users"] == 3
+
+
+def test_ranking_metrics_of_the_example_in_one_pass():
+    scores, history, targets = _example()
+    buckets = np.arange(25) // 5  # items 0..4 bucket 0, ..., 20..24 bucket 4
+    report = ranking_metrics([(scores, history, targets)], buckets, 5)
+    assert list(report) == [*metrics.RANKING, "sliced", "users"]
+    assert report["recall_at_20"] == pytest.approx((2 / 3 + 0.9) / 2)
+    # top 50 is every candidate: user 0 gets its 3 targets (3 / 3), user 1 its 22 (22 / 22)
+    assert report["recall_at_50"] == 1.0
+    assert report["ndcg_at_100"] == pytest.approx(np.nanmean(ndcg_at_k_per_user(scores, history, targets, 100)))
+    # top 20: user 0 items 3..22, user 1 items 0, 1, 7..24: every item but 2 (history of user 0)
+    assert report["coverage_at_20"] == pytest.approx(24 / 25)
+    # Recall@20 per bucket: bucket 0 (items 0..4) user 0 target 3 hit (1/1), user 1 targets 3, 4 missed
+    # (0/2): 0.5; bucket 1 (5..9) only user 1, targets 5..9, hits 7, 8, 9: 3/5; buckets 2 and 3 user 1
+    # all 5 hit; bucket 4 (20..24) user 0: 22 hit, 23 missed (1/2), user 1: all 5 (5/5): 0.75
+    assert report["sliced"] == pytest.approx([0.5, 0.6, 1.0, 1.0, 0.75])
+    assert report["users"] == 2
+    # a bucket without targets is None
+    assert ranking_metrics([(scores, history, targets)], np.full(25, 1), 2)["sliced"] == [None, report["recall_at_20"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties on random score matrices
+
+
+@st.composite
+def rankings(draw):
+    """(scores, history, targets): small integer scores (ties are common), each cell of the masks one
+    of none / history / target."""
+    users = draw(st.integers(1, 6))
+    items = draw(st.integers(1, 30))
+    cells = st.lists(st.integers(0, 3), min_size=users * items, max_size=users * items)
+    scores = np.array(draw(cells), dtype=np.float64).reshape(users, items)
+    kind = np.array(draw(st.lists(st.sampled_from([0, 0, 1, 2]), min_size=users * items, max_size=users * items)))
+    return scores, (kind == 1).reshape(users, items), (kind == 2).reshape(users, items)
+
+
+def _liang(scores, history, targets, k):
+    """Liang et al. 2018's Recall@k and NDCG@k per user, transcribed loop by loop (a full sort by
+    score, ties by the lower index, in place of their argpartition)."""
+    recall, ndcg = [], []
+    for s, h, t in zip(scores, history, targets, strict=True):
+        if not t.any():
+            recall.append(np.nan)
+            ndcg.append(np.nan)
+            continue
+        order = sorted(range(s.size), key=lambda j: (-(-np.inf if h[j] else s[j]), j))[:k]
+        recall.append(sum(t[j] for j in order) / min(k, t.sum()))
+        dcg = sum(1 / math.log2(r + 2) for r, j in enumerate(order) if t[j])
+        ndcg.append(dcg / sum(1 / math.log2(r + 2) for r in range(min(k, t.sum()))))
+    return np.array(recall), np.array(ndcg)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rankings(), st.integers(1, 40))
+def test_recall_and_ndcg_are_liangs(ranking, k):
+    recall, ndcg = _liang(*ranking, k)
+    np.testing.assert_allclose(recall_at_k_per_user(*ranking, k), recall)
+    np.testing.assert_allclose(ndcg_at_k_per_user(*ranking, k), ndcg)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rankings(), st.integers(1, 40))
+def test_metrics_lie_in_0_1_and_nest_in_k(ranking, k):
+    scores, history, targets = ranking
+    n_targets = targets.sum(axis=1)
+    ranked = ranked_top_k(scores, history, k)
+    deeper = ranked_top_k(scores, history, k + 5)
+    assert np.array_equal(deeper[:, : ranked.shape[1]], ranked)  # the top k are the first k of the top k + 5
+    top = np.zeros(scores.shape, bool)
+    np.put_along_axis(top, ranked, True, axis=1)
+    assert np.array_equal(top, top_k_mask(scores, history, k))  # the same items as the mask
+    for metric in (recall_at_k_per_user, ndcg_at_k_per_user):
+        value = metric(scores, history, targets, k)
+        assert np.array_equal(np.isnan(value), n_targets == 0)
+        assert np.all((value[n_targets > 0] >= 0) & (value[n_targets > 0] <= 1 + 1e-12))
+    has = n_targets > 0
+    # hits never fall as k grows, so neither does Recall@k once k >= |targets| (its divisor then fixed)
+    hits = recall_at_k_per_user(scores, history, targets, k)[has] * np.minimum(k, n_targets[has])
+    more = recall_at_k_per_user(scores, history, targets, k + 5)[has] * np.minimum(k + 5, n_targets[has])
+    assert np.all(more >= hits - 1e-9)
+    settled = n_targets[has] <= k
+    assert np.all(
+        recall_at_k_per_user(scores, history, targets, k + 5)[has][settled]
+        >= recall_at_k_per_user(scores, history, targets, k)[has][settled] - 1e-12
+    )
+    if has.any():
+        coverage = catalog_coverage(scores, history, targets, k)
+        assert 0 <= coverage <= 1 and catalog_coverage(scores, history, targets, k + 5) >= coverage
+
+
+@settings(max_examples=100, deadline=None)
+@given(rankings(), st.integers(1, 40))
+def test_targets_that_are_the_top_score_one(ranking, k):
+    scores, history, _ = ranking
+    ranked = ranked_top_k(scores, history, k)
+    # each user's targets: their first min(k, candidates) items, or fewer (a prefix of the ranking)
+    candidates = (~history).sum(axis=1)
+    targets = np.zeros(scores.shape, bool)
+    for user, row in enumerate(ranked):
+        count = min(k, candidates[user])
+        targets[user, row[: max(count - user % 2, 0)]] = True
+    has = targets.any(axis=1)
+    np.testing.assert_allclose(ndcg_at_k_per_user(scores, history, targets, k)[has], 1.0)
+    np.testing.assert_allclose(recall_at_k_per_user(scores, history, targets, k)[has], 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rankings(), st.integers(1, 5))
+def test_ranking_metrics_do_not_depend_on_the_blocks(ranking, cut):
+    scores, history, targets = ranking
+    if not targets.any():
+        return
+    buckets = np.arange(scores.shape[1]) % 3
+    whole = ranking_metrics([(scores, history, targets)], buckets, 3)
+    cut = min(cut, scores.shape[0])
+    parts = ranking_metrics(
+        [(scores[:cut], history[:cut], targets[:cut]), (scores[cut:], history[cut:], targets[cut:])], buckets, 3
+    )
+    assert parts["users"] == whole["users"] == int(targets.any(axis=1).sum())
+    for key in metrics.RANKING:
+        assert parts[key] == pytest.approx(whole[key])
+    assert whole["recall_at_20"] == pytest.approx(recall_at_k(scores, history, targets, 20))
+    assert whole["recall_at_50"] == pytest.approx(recall_at_k(scores, history, targets, 50))
+    assert whole["ndcg_at_100"] == pytest.approx(ndcg_at_k(scores, history, targets, 100))
+    assert whole["coverage_at_20"] == pytest.approx(catalog_coverage(scores, history, targets, 20))
 
 
 def test_rmse_hand_example():

@@ -180,6 +180,13 @@ def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tm
         small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False
     )
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
+    # every ranking metric, the model's and DP popularity's, in metrics.json and in the summary
+    recorded = json.load(open(tmp_path / "run" / "metrics.json"))
+    for key in ("recall_at_50", "ndcg_at_100", "coverage_at_20"):
+        for name in (f"test_{key}", f"valid_{key}", f"test_popularity_{key}"):
+            assert 0.0 <= recorded[name] <= 1.0 and recorded[name] == metrics[name], name
+    assert metrics["test_coverage_at_20"] >= 20 / SMALL_ITEMS  # at least one user's whole top 20
+    assert f"NDCG@100 {metrics['test_ndcg_at_100']:.4f}" in evaluation.describe(metrics)
     # DP popularity beside the model, and a loss to it said in words
     below = metrics["test_recall_at_20"] < metrics["test_popularity_recall_at_20"]
     assert ("the model is BELOW it" in evaluation.describe(metrics)) == below

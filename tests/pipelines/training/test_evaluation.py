@@ -1,0 +1,105 @@
+"""The evaluate stage's ranking metrics on a hand-made split (no training: nothing trained, so the
+fold-in ranks by the popularity column) and the summary it prints."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines.training import evaluation
+from pipelines.training.settings import TrainConfig
+from schemas import storage
+from trainer.features import FeatureSpace
+from trainer.metrics import RANKING
+
+CATALOG = np.arange(101, 126)  # 25 items; DP count 130 - id: ranking by count is ranking by id
+D = 1 / np.log2(np.arange(2, 102))  # the discount of rank r
+
+
+def _write(folder, part, history, targets):
+    for kind, pairs in (("history", history), ("targets", targets)):
+        users, items = (np.array(column, np.int64) for column in zip(*pairs, strict=True))
+        storage.write_table(
+            pa.table({"user_id": users, "item_id": items, "label": np.ones(users.size)}),
+            f"{folder}/{part}_{kind}.parquet",
+        )
+
+
+def test_the_ranking_protocol_records_every_ranking_metric_for_the_model_and_dp_popularity(tmp_path):
+    split = str(tmp_path)
+    storage.write_table(pa.table({"item_id": np.repeat(CATALOG, 3)}), f"{split}/train.parquet")
+    # valid: user 1 ranks 104..125 (targets 104, 124, 125 at ranks 0, 20, 21), user 2 ranks 101..109,
+    # 111..125 (121 at 19, 124 at 22); test: user 3 ranks 106..125 (125 at 19), user 4 ranks 101..124
+    # (120..123 at 19..22); user 5 has no history: not evaluated
+    _write(split, "valid", [(1, 101), (1, 102), (1, 103), (2, 110)], [(1, 104), (1, 124), (1, 125), (2, 121), (2, 124)])
+    _write(
+        split,
+        "test",
+        [(3, i) for i in range(101, 106)] + [(4, 125)],
+        [(3, 125), (4, 120), (4, 121), (4, 122), (4, 123), (5, 101)],
+    )
+    config = TrainConfig.create(protocol="recall", data=split, out=split, dim=2)
+    counts = 130.0 - CATALOG
+    metrics = evaluation._evaluate(
+        config,
+        FeatureSpace(CATALOG, []),
+        split_dir=split,
+        train_rows=f"{split}/train.parquet",
+        item_vectors=np.zeros((CATALOG.size, 2)),  # nothing trained: each user's coefficient on the counts column
+        final_users=f"{split}/none.parquet",
+        mean=0.0,
+        unit="user",
+        ratings=(0.0, 1.0),
+        counts=counts,
+        popularity=counts,
+    )
+    expected = {
+        "valid": {
+            "recall_at_20": (1 / 3 + 1 / 2) / 2,
+            "recall_at_50": 1.0,
+            "ndcg_at_100": ((D[0] + D[20] + D[21]) / D[:3].sum() + (D[19] + D[22]) / D[:2].sum()) / 2,
+            "coverage_at_20": 23 / 25,  # 104..123, 101..109 and 111..121
+        },
+        "test": {
+            "recall_at_20": (1 + 1 / 4) / 2,
+            "recall_at_50": 1.0,
+            "ndcg_at_100": (D[19] + D[19:23].sum() / D[:4].sum()) / 2,
+            "coverage_at_20": 1.0,  # 106..125 and 101..120
+        },
+    }
+    for part, values in expected.items():
+        for key, value in values.items():
+            assert metrics[f"{part}_{key}"] == pytest.approx(value), (part, key)
+            assert metrics[f"{part}_popularity_{key}"] == pytest.approx(value), (part, key)
+        assert len(metrics[f"{part}_recall_at_20_sliced"]) == 5
+
+
+def _ranking_metrics(**test) -> dict:
+    values = {"recall_at_20": 0.1234, "recall_at_50": 0.25, "ndcg_at_100": 0.3, "coverage_at_20": 0.05}
+    metrics = {"protocol": "recall", "non_private": False, "unit": "user", "delta": 1e-5, "epsilon_spent": 1.0}
+    for key in RANKING:
+        metrics[f"valid_{key}"] = values[key] + 0.01
+        metrics[f"test_{key}"] = test.get(key, values[key])
+        metrics[f"test_popularity_{key}"] = values[key] / 2
+    metrics["test_recall_at_20_sliced"] = [None, 0.0, 0.1, 0.2, 0.3]
+    metrics["test_popularity_recall_at_20_sliced"] = [None, 0.0, 0.0, 0.0, 0.2]
+    metrics.update(
+        epsilon_budget=1.0,
+        releases=3,
+        seconds=5.0,
+        outputs={"run": "R", "ledger": "L", "encoder": "E", "item_embeddings": "I"},
+    )
+    return metrics
+
+
+def test_the_summary_prints_every_ranking_metric_of_the_model_and_of_dp_popularity():
+    lines = evaluation.describe(_ranking_metrics()).splitlines()
+    assert lines[:4] == [
+        "test Recall@20 0.1234 (valid 0.1334)",
+        "  test Recall@50 0.2500, NDCG@100 0.3000, coverage@20 0.0500 (valid Recall@50 0.2600, NDCG@100 0.3100, "
+        "coverage@20 0.0600)",
+        "test Recall@20 by item popularity (least to most popular fifth): -, 0.0000, 0.1000, 0.2000, 0.3000",
+        "  DP popularity (the run's counts release): test Recall@20 0.0617; same fifths: -, 0.0000, 0.0000, 0.0000, "
+        "0.2000; Recall@50 0.1250, NDCG@100 0.1500, coverage@20 0.0250",
+    ]
+    below = evaluation.describe(_ranking_metrics(recall_at_20=0.05)).splitlines()[3]
+    assert "test Recall@20 0.0617; the model is BELOW it" in below
