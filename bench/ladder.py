@@ -23,7 +23,9 @@ Ranking ladder (Liang et al. 2018, simplified): positives are ratings > 3.5; the
 10% of rated items by number of positives; users with at least 5 positives on them are training,
 validation or test users with probability 0.8 / 0.1 / 0.1; a held-out user's positives are fold-in
 history or targets with probability 0.8 / 0.2 (users left without history or targets are dropped).
-Recall@20 = hits / min(20, |targets|) over the items not in the user's history, averaged over users.
+Metrics: trainer.metrics' ranking metrics over the items not in the user's history (Recall@20 =
+hits / min(20, |targets|) averaged over users, the ladder's figure; Recall@50, NDCG@100 and the
+coverage of the top 20 under "ranking").
 
 - `popularity`: items ranked by their number of positives among training users.
 - `ials`: implicit ALS (Hu, Koren, Volinsky 2008) on the training users' positives: confidence
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.errors import UserError
+from trainer.metrics import RANKING, ranking_metrics
 
 try:  # BLAS threads only slow down thousands of tiny solves, badly so on a shared machine
     from threadpoolctl import threadpool_limits
@@ -102,7 +105,6 @@ IALS_GRID = tuple((alpha, lam) for alpha in (1.0, 4.0, 16.0) for lam in (5.0, 30
 TOP_ITEMS = 0.1
 POSITIVE = 3.5
 MIN_POSITIVES = 5
-RECALL_AT = 20
 
 _MAX_CELLS = 1 << 20  # padded rows per block in segment sums
 
@@ -448,25 +450,28 @@ def split_ranking(r: Ratings, seed: int) -> RankingSplit:
     return RankingSplit(top.size, dense[pos_user[train]], pos_item[train], train_users.size, held)
 
 
-def recall_at(scores: np.ndarray, history: tuple, targets: tuple, k: int = RECALL_AT) -> float:
-    """Mean over users of hits in the top k (history excluded) / min(k, |targets|); NaN without users."""
+def ranking_at(scores: np.ndarray, history: tuple, targets: tuple) -> dict:
+    """trainer.metrics' ranking metrics (RANKING's keys) of the held-out users' `scores`, their history
+    (user, item) excluded, against their targets (user, item); NaN each without users."""
     if scores.shape[0] == 0:
-        return math.nan
-    scores = scores.astype(float).copy()
-    scores[history] = -np.inf
-    k = min(k, scores.shape[1])
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    hit = np.zeros(scores.shape, bool)
-    hit[targets] = True
-    hits = np.take_along_axis(hit, top, axis=1).sum(axis=1)
-    n_targets = hit.sum(axis=1)
-    return float(np.mean(hits / np.minimum(k, n_targets)))
+        return dict.fromkeys(RANKING, math.nan)
+    seen = np.zeros(scores.shape, bool)
+    seen[history] = True
+    aimed = np.zeros(scores.shape, bool)
+    aimed[targets] = True
+    report = ranking_metrics([(scores, seen, aimed)])
+    return {key: report[key] for key in RANKING}
 
 
-def _held_scores(split, name, score_fn):
+def _held_scores(split, name, score_fn) -> dict:
     h_user, h_item, t_user, t_item, users = split.held[name]
     scores = score_fn(h_user, h_item, users)
-    return recall_at(scores, (h_user, h_item), (t_user, t_item))
+    return ranking_at(scores, (h_user, h_item), (t_user, t_item))
+
+
+def _ranked(held: dict) -> dict:
+    """A ranking step's result: valid and test Recall@20, and every ranking metric under "ranking"."""
+    return {"valid": held["valid"]["recall_at_20"], "test": held["test"]["recall_at_20"], "ranking": held}
 
 
 def popularity(split: RankingSplit) -> dict:
@@ -475,7 +480,7 @@ def popularity(split: RankingSplit) -> dict:
     def score(h_user, h_item, users):
         return np.broadcast_to(counts, (users, split.items))
 
-    return {"valid": _held_scores(split, "valid", score), "test": _held_scores(split, "test", score)}
+    return _ranked({name: _held_scores(split, name, score) for name in ("valid", "test")})
 
 
 def _ials_users(y, seg, item_of_row, alpha, lam):
@@ -497,15 +502,15 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
         for _ in range(IALS_ITERATIONS):
             x = _ials_users(y, by_user, split.train_item, alpha, lam)
             y = _ials_users(x, by_item, split.train_user, alpha, lam)
-        recalls = {}
+        held = {}
         for name in ("valid", "test"):
 
             def score(h_user, h_item, users, *, name=name, y=y, alpha=alpha, lam=lam):
                 return _ials_users(y, folds[name], h_item, alpha, lam) @ y.T
 
-            recalls[name] = _held_scores(split, name, score)
-        if best is None or recalls["valid"] > best[0]["valid"]:
-            best = (recalls, alpha, lam)
+            held[name] = _held_scores(split, name, score)
+        if best is None or held["valid"]["recall_at_20"] > best[0]["valid"]:
+            best = (_ranked(held), alpha, lam)
     return {**best[0], "alpha": best[1], "lambda": best[2]}
 
 
@@ -578,7 +583,7 @@ def describe(results: dict, stats: dict | None = None) -> str:
     lines.append(f"{'ladder step':<38}{'metric':<11}{'test':>8}{'valid':>8}{'ML-1M':>8}{'s':>7}  setting")
     for name, result in results.items():
         label, metric = _LABELS[name]
-        setting = ", ".join(f"{k}={v:g}" for k, v in result.items() if k not in ("test", "valid", "seconds"))
+        setting = ", ".join(f"{k}={v:g}" for k, v in result.items() if k not in ("test", "valid", "seconds", "ranking"))
         lines.append(
             f"{label:<38}{metric:<11}{result['test']:>8.4f}{result['valid']:>8.4f}"
             f"{LADDER_1M[name]:>8.3f}{result['seconds']:>7.1f}  {setting}"

@@ -18,7 +18,9 @@ Transfer mode (`--tune-on A --data B`): the studies run on A's validation split,
 settings run on B's test split; tuning then costs B no privacy. Both modes recorded in one OUT are
 reported side by side (the table's mode column). Cells are shared: the long-tail and
 time-to-quality experiments read the same ones. Besides the report section, OUT/results.csv and
-OUT/results_table.json hold the table (mode, method, epsilon, mean, std, seeds, epsilon spent).
+OUT/results_table.json hold the table (mode, method, epsilon, mean, std, seeds, epsilon spent; for
+the recall protocol also the test Recall@50, NDCG@100 and coverage@20 means, "-" in the report for
+cells recorded before they were).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from tqdm import tqdm
 from bench import harness, training
 from schemas import storage
 from schemas.errors import UserError
+from trainer.metrics import RANKING
 
 NAME = "privacy-utility"
+OTHER_RANKING = {key: name for key, name in RANKING.items() if key != "recall_at_20"}  # columns beside Recall@20
 TABLE_CSV = "results.csv"
 TABLE_JSON = "results_table.json"
 
@@ -273,12 +277,24 @@ def table(collected: dict) -> list[dict]:
                     "std": std,
                     "n_seeds": len(group["tests"]),
                     "epsilon_spent": math.inf if None in spent else float(np.mean(spent)),
+                    **(_other_metrics(group["tests"]) if collected["protocol"] == "recall" else {}),
                     "_mode": m,
                     "_group": group,
                 }
             )
     rows.sort(key=lambda r: (order[r["method"]], r["epsilon"], r["_mode"]))
     return rows
+
+
+def _other_metrics(tests: list[dict]) -> dict:
+    """The ranking metrics beside Recall@20 (OTHER_RANKING), each the mean over the test runs; None
+    where a run did not record it (cells measured before bench.training recorded them)."""
+    return {
+        key: float(np.mean([v["ranking"]["test"][key] for v in tests]))
+        if all(key in v.get("ranking", {}).get("test", {}) for v in tests)
+        else None
+        for key in OTHER_RANKING
+    }
 
 
 def public(row: dict) -> dict:
@@ -341,6 +357,7 @@ def write_table(out: str, rows: list[dict]) -> None:
         "std",
         "n_seeds",
         "epsilon_spent",
+        *(key for key in OTHER_RANKING if rows and key in rows[0]),
     ]
     rows = [public(r) for r in rows]
     tmp = os.path.join(out, f".{TABLE_CSV}.tmp-{os.getpid()}")
@@ -459,7 +476,7 @@ def describe_setup(ctx: harness.Context, collected: dict) -> list[str]:
         lines.append(
             "**DP popularity** ranks every candidate by the run's DP item count (the counts release of "
             "`train.prepare`, nothing "
-            "else), scored with the same Recall@20 code as the other methods; its epsilon spent is that release's "
+            "else), scored with the same ranking-metric code as the other methods; its epsilon spent is that release's "
             "share only."
         )
     if any(training.METHODS[n].kind == "ials" for n in collected["methods"]):
@@ -538,6 +555,7 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
         + ("; transfer mode dotted" if any(m["mode"] == "transfer" for m in modes(collected)) else "")
         + ").",
     )
+    others = OTHER_RANKING if ctx.protocol == "recall" else {}
     section.table(
         [
             "method",
@@ -547,6 +565,7 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
             "std",
             "seeds",
             "epsilon spent",
+            *(f"test {name} mean" for name in others.values()),
             "chosen config (beyond the method's)",
             "valid of the choice",
         ],
@@ -559,6 +578,7 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
                 r["std"],
                 r["n_seeds"],
                 f"{r['epsilon_spent']:.4g}",
+                *("-" if r[key] is None else r[key] for key in others),
                 {
                     k: _short(v)
                     for k, v in r["_group"]["config"].items()

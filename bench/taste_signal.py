@@ -13,8 +13,9 @@ the 10% of the catalog the id models train on):
   of N(0, z^2) entries, z calibrated by privacy.accounting as a run's releases are; measured, not the
   2 z sqrt(K) bound), how many taste eigenvalues stand above it, and the epsilon at which the largest
   one would reach it (the norm scales with z);
-- test Recall@20 of the fold-in (trainer.evaluate.recall_report, the run's defaults: lambda_u 0.1,
-  gravity 1, the popularity column) on G's top R eigenvectors scaled by the root of their eigenvalues,
+- test Recall@20, Recall@50, NDCG@100 and coverage@20 of the fold-in (trainer.evaluate.ranking_report,
+  the run's defaults: lambda_u 0.1, gravity 1, the popularity column) on G's top R eigenvectors scaled
+  by the root of their eigenvalues,
   without noise and with it (the whole budget on G), with it keeping only the directions whose
   released eigenvalue is above 2 z sqrt(K) (the noise's norm, about: a rule from public quantities),
   against DP popularity on the run's counts.
@@ -66,6 +67,7 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
     from schemas import storage
     from schemas.ids import IdIndex
     from trainer import evaluate
+    from trainer.metrics import RANKING
 
     counts_table = storage.read_table(os.path.join(run, "counts", "counts.parquet")).sort_by(
         "item_id"
@@ -91,13 +93,13 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
 
     bound = 2.0 * z * np.sqrt(k)  # the noise's spectral norm, about (public: z and K only)
 
-    def recall(g: np.ndarray, floor: float = -np.inf) -> float:
+    def ranking(g: np.ndarray, floor: float = -np.inf) -> dict:
         values, vectors = np.linalg.eigh(g)
         best = np.argsort(-values)[:rank]
         best = best[values[best] > floor]
         embedding = np.zeros((m, best.size))
         embedding[top] = vectors[:, best] * np.sqrt(np.maximum(values[best], 0.0))
-        report = evaluate.recall_report(
+        return evaluate.ranking_report(
             (*history, np.ones(history[0].size)),
             targets,
             evaluate.with_popularity(embedding, counts),
@@ -106,8 +108,13 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
             gravity=1.0,
             confidence=True,
         )
-        return report["recall_at_20"]
 
+    test = {
+        "gram, no noise": ranking(gram),
+        "gram, DP": ranking(gram + noise),
+        "gram, DP, directions above 2 z sqrt(K)": ranking(gram + noise, bound),
+        "DP popularity": evaluate.popularity_ranking_report(history, targets, counts, buckets),
+    }
     return {
         "run": run,
         "epsilon": epsilon,
@@ -119,12 +126,7 @@ def measure(run: str, epsilon: float, delta: float, items: int | None, rank: int
         "noise_spectral_norm": noise_norm,
         "taste_eigenvalues_above_noise": int(np.sum(clean[1:] > noise_norm)),
         "epsilon_where_the_largest_reaches_the_noise": epsilon_of([gaussian_event(z * clean[1] / noise_norm)], delta),
-        "test_recall_at_20": {
-            "gram, no noise": recall(gram),
-            "gram, DP": recall(gram + noise),
-            "gram, DP, directions above 2 z sqrt(K)": recall(gram + noise, bound),
-            "DP popularity": evaluate.popularity_recall_report(history, targets, counts, buckets)["recall_at_20"],
-        },
+        **{f"test_{key}": {name: report[key] for name, report in test.items()} for key in RANKING},
     }
 
 

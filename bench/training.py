@@ -16,13 +16,14 @@ trials, so a study replayed from its recorded cells suggests exactly what it sug
 A cell is one real run of `pipelines.training.stages.run` (Spark jobs, ledger, TensorFlow trainer; nothing of
 the privacy path is replaced): its parameters are {data, protocol, method, epsilon, config, seed},
 where `config` holds every TrainConfig field the cell sets, and its value the validation and test
-metric (overall and per popularity bucket), the epsilon the ledger spent, the wall time and the
+metric (overall and per popularity bucket; ranking cells also every metric of trainer.metrics.RANKING
+under "ranking", while tuning reads Recall@20), the epsilon the ledger spent, the wall time and the
 trajectory: the metrics after every outer step (the step's item embeddings with the user update
 made against them) at the wall time that step finished. The run directory is deleted once the cell
 is measured (a d=64 run writes gigabytes of statistics); only the cell is kept. The DP popularity
 ranker ("dp-popularity", ranking protocol only) is the exception: its cell is `prepare.prepare` of
 its config (the split and the DP counts release, nothing more) and the held-out users' candidates
-scored by their DP count with trainer.evaluate's Recall@20. The implicit-ALS reference ("ials",
+scored by their DP count with trainer.evaluate's metrics. The implicit-ALS reference ("ials",
 ranking protocol only, non-private) is the other: a textbook implicit ALS (bench.ladder's) on the
 same split, with its own (alpha, lambda) grid chosen on validation users, so it has nothing to tune.
 
@@ -56,6 +57,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings
+from trainer.metrics import RANKING
 
 DELTA = 1e-5
 BUCKETS = 5  # popularity buckets of the sliced metrics, least to most popular
@@ -473,6 +475,8 @@ def run_cell(out: str, params: dict) -> dict:
         "seconds": metrics["seconds"],
         "trajectory": steps,
     }
+    if params["protocol"] == "recall":
+        value["ranking"] = {part: {key: metrics[f"{part}_{key}"] for key in RANKING} for part in ("valid", "test")}
     shutil.rmtree(root)
     return value
 
@@ -522,7 +526,7 @@ def ials_cell(out: str, params: dict) -> dict:
     (bench.ladder.ials: d = 32, its (alpha, lambda) grid chosen on validation users) trained on the
     split's training positives of the top 10% items by exact count (the protocol's training
     restriction), held-out users folded in by its own user solve, every catalog item scored (the
-    others score 0), Recall@20 as every other method's. It answers how far the non-private pipeline
+    others score 0), the ranking metrics as every other method's. It answers how far the non-private pipeline
     is from a standard implicit-feedback recommender on the same split."""
     from bench import ladder
     from pipelines.data import splits
@@ -560,6 +564,7 @@ def ials_cell(out: str, params: dict) -> dict:
         "epsilon_spent": None,
         "seconds": seconds,
         "trajectory": [{"step": 0, "seconds": seconds, "valid": result["valid"], "test": result["test"]}],
+        "ranking": result["ranking"],
     }
 
 
@@ -567,14 +572,14 @@ def popularity_cell(out: str, params: dict) -> dict:
     """The DP popularity ranker's cell: `prepare.prepare` of the cell's config (split, DP counts; the
     ranking protocol releases nothing else there), then every held-out user's candidates (every
     catalog item outside the user's history) ranked by DP count, scored with trainer.evaluate's
-    Recall@20. The epsilon spent is the counts release's (the ledger's)."""
+    ranking metrics. The epsilon spent is the counts release's (the ledger's)."""
     run, prepared = _prepared_split(out, params)
     catalog = storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy()
     train_items = storage.read_table(storage.join(run.split, "train.parquet"), columns=["item_id"])[
         "item_id"
     ].to_numpy()
     counts = storage.read_table(run.counts, columns=["item_id", "count"])
-    metrics = popularity_recall(
+    metrics = popularity_ranking(
         run.split, catalog, train_items, counts["item_id"].to_numpy(), counts["count"].to_numpy()
     )
     spent = Ledger.open(run.ledger).epsilon_spent()
@@ -593,16 +598,18 @@ def popularity_cell(out: str, params: dict) -> dict:
                 "test": metrics["test"]["recall_at_20"],
             }
         ],
+        "ranking": {part: {key: metrics[part][key] for key in RANKING} for part in ("valid", "test")},
     }
     shutil.rmtree(run.root)
     return value
 
 
-def popularity_recall(
+def popularity_ranking(
     split_dir: str, catalog: np.ndarray, train_items: np.ndarray, count_items: np.ndarray, counts: np.ndarray
 ) -> dict:
-    """Valid and test Recall@20 (overall and per popularity bucket) of ranking every catalog item by
-    its DP count (trainer.evaluate.popularity_recall_report: the same metric code as every method)."""
+    """Valid and test ranking metrics (Recall@20 overall and per popularity bucket, Recall@50,
+    NDCG@100, coverage@20) of ranking every catalog item by its DP count
+    (trainer.evaluate.popularity_ranking_report: the same metric code as every method)."""
     from trainer import evaluate
     from trainer.features import FeatureSpace
 
@@ -614,7 +621,7 @@ def popularity_recall(
     for part in ("valid", "test"):
         history = storage.read_table(storage.join(split_dir, f"{part}_history.parquet"), columns=["user_id", "item_id"])
         targets = storage.read_table(storage.join(split_dir, f"{part}_targets.parquet"), columns=["user_id", "item_id"])
-        out[part] = evaluate.popularity_recall_report(
+        out[part] = evaluate.popularity_ranking_report(
             (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy())),
             (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy())),
             in_catalog_order,

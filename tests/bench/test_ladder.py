@@ -3,6 +3,8 @@ published MovieLens-1M figures (a scaled-down set by default, the full 6,040 use
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -41,14 +43,19 @@ def test_segment_sums_and_solves_match_brute_force():
     assert not solved[-1].any()
 
 
-def test_recall_at_k_by_hand():
+def test_ranking_metrics_by_hand():
     scores = np.array([[5.0, 4, 3, 2, 1], [1, 2, 3, 4, 5]])
     history = (np.array([0]), np.array([0]))  # user 0 has seen item 0: it is not ranked
     targets = (np.array([0, 0, 1, 1]), np.array([1, 4, 0, 2]))
-    # k = 2: user 0 gets items 1, 2 -> 1 hit of min(2, 2); user 1 gets items 4, 3 -> 0 hits
-    assert ladder.recall_at(scores, history, targets, k=2) == pytest.approx(0.25)
-    # k = 20 > items: everyone's whole list; denominators min(20, |targets|) = 2
-    assert ladder.recall_at(scores, history, targets, k=20) == pytest.approx(1.0)
+    got = ladder.ranking_at(scores, history, targets)
+    # every cut-off is past the 5 items: everyone's whole list; denominators min(k, |targets|) = 2
+    assert got["recall_at_20"] == got["recall_at_50"] == 1.0
+    # user 0 ranks 1, 2, 3, 4: targets at ranks 0 and 3; user 1 ranks 4, 3, 2, 1, 0: ranks 2 and 4
+    d = 1 / np.log2(np.arange(2, 7))
+    assert got["ndcg_at_100"] == pytest.approx(((d[0] + d[3]) / d[:2].sum() + (d[2] + d[4]) / d[:2].sum()) / 2)
+    assert got["coverage_at_20"] == 1.0  # user 1's list holds every item
+    nobody = (np.array([], np.int64), np.array([], np.int64))
+    assert all(math.isnan(v) for v in ladder.ranking_at(np.zeros((0, 5)), nobody, nobody).values())
 
 
 def test_summary_by_hand():
@@ -155,6 +162,22 @@ def test_ladder_order_on_the_scaled_down_set(small_ladder):
         < rmse["global_mean"]
     )
     assert small_ladder["ials"]["test"] > small_ladder["popularity"]["test"] + 0.05
+    # the ranking steps carry every ranking metric; their Recall@20 is the step's figure
+    for step in ("popularity", "ials"):
+        ranking = small_ladder[step]["ranking"]
+        assert [ranking[part]["recall_at_20"] for part in ("valid", "test")] == [
+            small_ladder[step]["valid"],
+            small_ladder[step]["test"],
+        ]
+    assert (
+        small_ladder["ials"]["ranking"]["test"]["ndcg_at_100"]
+        > small_ladder["popularity"]["ranking"]["test"]["ndcg_at_100"]
+    )
+    # popularity ranks every user alike: its top 20s cover little more than 20 items of the 168
+    assert (
+        small_ladder["popularity"]["ranking"]["test"]["coverage_at_20"]
+        < small_ladder["ials"]["ranking"]["test"]["coverage_at_20"]
+    )
 
 
 @pytest.mark.slow

@@ -354,3 +354,48 @@ def test_epsilons_select_the_studies(tmp_path, monkeypatch):
         "privacy-utility", str(tmp_path), seeds=1, progress=False, data=DATA, methods=["ssp"], epsilons=[1.0, 5.0]
     )
     assert len(calls) == 14 and {p["epsilon"] for p in calls[7:]} == {1.0}  # epsilon 5 reused
+
+
+def ranked(test: float, recall_at_50: float, ndcg: float, coverage: float, spent: float) -> dict:
+    """A ranking cell as bench.training records it now: every ranking metric beside Recall@20."""
+    metrics = {"recall_at_20": test, "recall_at_50": recall_at_50, "ndcg_at_100": ndcg, "coverage_at_20": coverage}
+    return {**value(test, spent=spent), "ranking": {"valid": metrics, "test": metrics}}
+
+
+def test_the_recall_table_shows_the_other_ranking_metrics_and_a_dash_for_older_cells(tmp_path, monkeypatch):
+    monkeypatch.setattr(privacy_utility, "sizes", lambda quick: SIZE)
+    forbid_training(monkeypatch)
+    fill_privacy_utility(
+        str(tmp_path),
+        "recall",
+        {
+            ("ssp", 1.0): [ranked(0.10, 0.20, 0.30, 0.05, 1.0), ranked(0.12, 0.22, 0.40, 0.07, 1.0)],
+            ("ssp", 10.0): [ranked(0.20, 0.30, 0.50, 0.10, 10.0), 0.22],  # the second cell predates the new metrics
+        },
+    )
+    harness.run_experiment(
+        "privacy-utility", str(tmp_path), seeds=2, progress=False, data=DATA, protocol="recall", methods=["ssp"]
+    )
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        "| method | mode | epsilon | test Recall@20 mean | std | seeds | epsilon spent | test Recall@50 mean | "
+        "test NDCG@100 mean | test coverage@20 mean |" in report
+    )
+    assert "| AM-SSP | direct | 1 | 0.11 | 0.01414 | 2 | 1 | 0.21 | 0.35 | 0.06 |" in report
+    assert "| AM-SSP | direct | 10 | 0.21 | 0.01414 | 2 | 10 | - | - | - |" in report
+    with open(tmp_path / "results.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert [float(table[0][key]) for key in ("recall_at_50", "ndcg_at_100", "coverage_at_20")] == pytest.approx(
+        [0.21, 0.35, 0.06]
+    )
+    assert (table[1]["recall_at_50"], table[1]["ndcg_at_100"], table[1]["coverage_at_20"]) == ("", "", "")
+    rows = json.loads((tmp_path / "results_table.json").read_text())["rows"]
+    assert rows[0]["ndcg_at_100"] == pytest.approx(0.35) and rows[1]["ndcg_at_100"] is None
+    # the rmse table has no such columns
+    fill_privacy_utility(str(tmp_path / "rmse"), "rmse", {("ssp", 1.0): [1.0], ("ssp", 10.0): [0.9]})
+    harness.run_experiment(
+        "privacy-utility", str(tmp_path / "rmse"), seeds=1, progress=False, data=DATA, methods=["ssp"]
+    )
+    assert "NDCG" not in (tmp_path / "rmse" / "report.md").read_text()
+    with open(tmp_path / "rmse" / "results.csv") as handle:
+        assert "recall_at_50" not in next(csv.reader(handle))

@@ -73,6 +73,15 @@ def test_a_planted_taste_stands_above_the_noise_and_ranks_above_popularity(tmp_p
     assert recall["gram, DP"] >= 0.4  # the trained two kept their places (the noise may lift an untrained target)
     # both blocks stand far above 2 z sqrt(K) (about 14 here): the rule keeps the same two directions
     assert recall["gram, DP, directions above 2 z sqrt(K)"] == recall["gram, DP"]
+    # DP popularity's list is the 40 unrated items 21..60, then 1..20 by count less the history: taste A's
+    # targets 6..10 at ranks 40..44 (in the top 50), taste B's 16..20 after 1..10, at ranks 50..54
+    d = 1 / np.log2(np.arange(2, 102))
+    assert result["test_recall_at_50"]["DP popularity"] == 0.5
+    assert result["test_ndcg_at_100"]["DP popularity"] == pytest.approx(
+        (d[40:45].sum() + d[50:55].sum()) / (2 * d[:5].sum())
+    )
+    assert result["test_coverage_at_20"]["DP popularity"] == pytest.approx(20 / 60)  # everyone's top 20: 21..40
+    assert result["test_ndcg_at_100"]["gram, no noise"] > result["test_ndcg_at_100"]["DP popularity"]
 
 
 def test_the_command_refuses_a_folder_without_a_split(tmp_path):

@@ -1,5 +1,5 @@
 """The methods table: availability, search spaces, the seeded TPE suggestions, cell configs, the DP popularity ranker's
-recall."""
+ranking metrics by hand, the ranking-only cells' records."""
 
 import math
 
@@ -167,6 +167,29 @@ def test_dp_popularity_and_implicit_als_are_ranking_methods():
         training.ials_cell("/nowhere", training.cell_params("/d", "rmse", "ials", None, {}, 0))
 
 
+def test_the_ranking_only_cells_record_every_ranking_metric(tmp_path):
+    """The DP popularity and implicit-ALS cells, run for real on a small MovieLens-like set: the primary
+    metric (tuned on) is Recall@20, and every metric of trainer.metrics.RANKING is kept beside it."""
+    from pipelines.data import synth
+    from trainer.metrics import RANKING
+
+    data = synth.generate(str(tmp_path / "ml"), users=300, like="movielens").path
+    cells = {}
+    for name, epsilon in (("dp-popularity", 5.0), ("ials", None)):
+        params = training.cell_params(data, "recall", name, epsilon, training.cell_config(name, {}, {}), 0)
+        cells[name] = training.run_cell(str(tmp_path / "out"), params)
+    for name, cell in cells.items():
+        assert [list(cell["ranking"][part]) for part in ("valid", "test")] == [list(RANKING)] * 2, name
+        assert (cell["valid"], cell["test"]) == (
+            cell["ranking"]["valid"]["recall_at_20"],
+            cell["ranking"]["test"]["recall_at_20"],
+        )
+        assert all(0 < v <= 1 for part in cell["ranking"].values() for v in part.values()), name
+    # DP popularity gives every user the same list (less their history): its top 20s cover fewer items
+    popularity, ials = (cells[n]["ranking"]["test"] for n in ("dp-popularity", "ials"))
+    assert popularity["coverage_at_20"] < ials["coverage_at_20"]
+
+
 def test_caps_restrict_the_ranges_or_stand_in_for_them():
     space = training.search_space("ssp", {"dim": 16, "outer_steps": 2, "epochs": 10})
     assert space["dim"].values == (8, 16) and (space["outer_steps"].low, space["outer_steps"].high) == (1, 2)
@@ -253,11 +276,23 @@ def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
         [(3, 125), (4, 120), (4, 121), (4, 122), (4, 123), (5, 101)],
     )
     order = np.array(list(counts))
-    got = training.popularity_recall(
+    got = training.popularity_ranking(
         str(tmp_path), catalog, train_items, order[::-1], np.array([counts[i] for i in order[::-1]])
     )
     assert got["valid"]["recall_at_20"] == pytest.approx((1 / 3 + 1 / 2) / 2)
     assert got["test"]["recall_at_20"] == pytest.approx((1 + 1 / 4) / 2) and got["test"]["users"] == 2
+    # the counts order is the id order (ties: the lower id): rank r holds the r-th item outside the history.
+    # Every target is within 50: Recall@50 1. NDCG@100, d_r = 1 / log2(r + 2): valid user 1 ranks 104..125
+    # (targets at ranks 0, 20, 21; IDCG of 3), user 2 ranks 101..109, 111..125 (121 at 19, 124 at 22);
+    # test user 3 ranks 106..125 (125 at 19), user 4 ranks 101..124 (120..123 at 19..22)
+    d = 1 / np.log2(np.arange(2, 102))
+    assert got["valid"]["recall_at_50"] == got["test"]["recall_at_50"] == 1.0
+    assert got["valid"]["ndcg_at_100"] == pytest.approx(
+        ((d[0] + d[20] + d[21]) / d[:3].sum() + (d[19] + d[22]) / d[:2].sum()) / 2
+    )
+    assert got["test"]["ndcg_at_100"] == pytest.approx((d[19] + d[19:23].sum() / d[:4].sum()) / 2)
+    # coverage of the top 20: valid 104..123, 101..109 and 111..121 (23 of 25); test 106..125 and 101..120 (all)
+    assert got["valid"]["coverage_at_20"] == pytest.approx(23 / 25) and got["test"]["coverage_at_20"] == 1.0
     # the same numbers as trainer.metrics on the explicit count scores (the metric every method is scored with)
     from trainer import metrics
 
@@ -272,7 +307,7 @@ def test_dp_popularity_recall_equals_a_hand_computation(tmp_path):
     buckets = evaluate.popularity_buckets(catalog, train_items)
     assert list(buckets[:5]) == [0] * 5 and len(got["test"]["sliced"]) == training.BUCKETS
     with pytest.raises(ValueError, match="positive DP count"):
-        training.popularity_recall(str(tmp_path), catalog, train_items, catalog[:-1], np.ones(24))
+        training.popularity_ranking(str(tmp_path), catalog, train_items, catalog[:-1], np.ones(24))
 
 
 def test_each_cell_has_its_own_budget_account_registry(tmp_path, monkeypatch):
