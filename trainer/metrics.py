@@ -154,8 +154,9 @@ def ndcg_of_ranking(ranked: np.ndarray, targets: np.ndarray, k: int) -> np.ndarr
 def covered_by_ranking(ranked: np.ndarray, history: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
     """Boolean per item: in the top k of a `ranked_top_k` ranking of some user with a target (a history
     item that fills a short list is not recommended, so not covered)."""
-    top = ranked[targets.any(axis=1), :k]
-    recommended = ~np.take_along_axis(history[targets.any(axis=1)], top, axis=1)
+    evaluated = targets.any(axis=1)
+    top = ranked[evaluated, :k]
+    recommended = ~np.take_along_axis(history[evaluated], top, axis=1)
     covered = np.zeros(targets.shape[1], dtype=bool)
     covered[top[recommended]] = True
     return covered
