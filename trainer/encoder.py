@@ -112,6 +112,10 @@ class ItemEncoder(tf.keras.Model):
         """The per-item residuals r_j of catalog positions (features encoder with the item id)."""
         return tf.gather(self._residual, tf.cast(positions, tf.int64) + 1)
 
+    def residual_values(self) -> np.ndarray:
+        """Every catalog item's residual r_j (catalog order, float64)."""
+        return self._residual.numpy()[1:].astype(np.float64)
+
     def set_residuals(self, positions: np.ndarray, residuals: np.ndarray) -> None:
         """Set the per-item residuals r_j of catalog positions (e.g. from their closed-form solve)."""
         rows = tf.constant(np.asarray(positions, np.int64)[:, None] + 1)

@@ -301,18 +301,21 @@ def diagonals(scales: np.ndarray, d: int) -> np.ndarray:
     return scales[:, None, None] * np.eye(d) if scales.ndim == 1 else scales[:, :, None] * np.eye(d)
 
 
-def ssp_loss(encoder: ItemEncoder, positions, product, b, *, residual_penalty=None, anchor=None, start=None):
+def ssp_loss(
+    encoder: ItemEncoder, positions, product, b, *, residual_penalty=None, anchor=None, start=None, residual_start=None
+):
     """Mean over the batch's items of 1/2 v^T A v - b^T v, with `product(v)` giving A v (A already
     holding the ridge term: `packed_product`, or `dense_product` of matrices), plus
-    1/2 mu_j ||r_j||^2 on the items' residuals when `residual_penalty` (mu of each item: (B,), or
-    (B, d) per coordinate) is given, plus 1/2 kappa ||f(j) - f0(j)||^2 when `anchor` (kappa: a
-    number, or (d,) per coordinate) is given: the shared encoder's output f(j) held near `start`
+    1/2 mu_j ||r_j - r0_j||^2 on the items' residuals when `residual_penalty` (mu of each item: (B,),
+    or (B, d) per coordinate) is given (r0_j: `residual_start`, or 0), plus 1/2 kappa ||f(j) - f0(j)||^2
+    when `anchor` (kappa: a number, or (d,) per coordinate) is given: the shared encoder's output f(j) held near `start`
     (f0, where the step began) as strongly as the noise calls for."""
     v = encoder(positions)
     loss = 0.5 * tf.reduce_sum(v * product(v), axis=-1) - tf.reduce_sum(b * v, axis=-1)
     if residual_penalty is not None:
         penalty = residual_penalty if residual_penalty.shape.rank == 2 else residual_penalty[:, None]
-        loss += 0.5 * tf.reduce_sum(penalty * tf.square(encoder.residual(positions)), axis=-1)
+        residual = encoder.residual(positions) - (residual_start if residual_start is not None else 0.0)
+        loss += 0.5 * tf.reduce_sum(penalty * tf.square(residual), axis=-1)
     if anchor is not None:
         loss += 0.5 * tf.reduce_sum(anchor * tf.square(encoder.shared(positions) - start), axis=-1)
     return tf.reduce_mean(loss)
@@ -329,6 +332,7 @@ def train(
     gravity: np.ndarray | None = None,
     residual_penalty: np.ndarray | None = None,
     anchor: float | np.ndarray = 0.0,
+    hold_residuals: bool = False,
 ) -> list[float]:
     """Fit the encoder on released statistics (one table: SSP2; R tables: SSP1 phases).
 
@@ -339,9 +343,9 @@ def train(
     `gravity` (d x d, e.g. alpha times the released users' Gram matrix) is added to every A_j: the
     implicit-feedback penalty on every item's scores. `residual_penalty` (one mu_j per catalog
     position, or a row of d) penalises the per-item residuals of a features encoder with the item
-    id. `anchor` (kappa > 0, or one per coordinate) holds the shared encoder's output near where this update began: the
-    item update
-    moves away from its starting point only as far as the statistics outweigh the noise.
+    id, about zero, or with `hold_residuals` about the residuals the update starts from. `anchor`
+    (kappa > 0, or one per coordinate) holds the shared encoder's output near where this update
+    began: the item update moves away from its starting point only as far as the statistics outweigh the noise.
     """
     if not stats_paths:
         raise UserError("no stats tables to train on")
@@ -368,6 +372,8 @@ def train(
     dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
     use_residual = residual_penalty is not None and encoder.has_residual
     penalty_of = tf.constant(residual_penalty if use_residual else np.zeros(1), tf.float32)
+    held = encoder.residual_values() if use_residual and hold_residuals else None
+    held_of = tf.constant(held if held is not None else np.zeros((1, encoder.dim)), tf.float32)
     anchor = np.asarray(anchor, dtype=np.float64)
     use_anchor = bool(np.any(anchor > 0)) and encoder.kind == "features"
     start_of = tf.constant(encoder.embed_all(shared=True) if use_anchor else np.zeros((1, encoder.dim)), tf.float32)
@@ -386,6 +392,7 @@ def train(
                 residual_penalty=tf.gather(penalty_of, positions) if use_residual else None,
                 anchor=anchor_of if use_anchor else None,
                 start=tf.gather(start_of, positions) if use_anchor else None,
+                residual_start=tf.gather(held_of, positions) if held is not None else None,
             )
             penalty = (
                 config.weight_decay * tf.add_n([tf.reduce_sum(tf.square(w)) for w in dense])
@@ -449,7 +456,7 @@ def train(
         and use_residual
         and (config.psd_projection or stats_metadata(storage.read_schema(tables[0]))["noise_multiplier"] == 0)
     ):
-        solve_residuals(encoder, tables, config, residual_penalty, ridge_scale, gravity)
+        solve_residuals(encoder, tables, config, residual_penalty, ridge_scale, gravity, held)
     return losses
 
 
@@ -460,10 +467,12 @@ def solve_residuals(
     residual_penalty: np.ndarray,
     ridge_scale: np.ndarray | None = None,
     gravity: np.ndarray | None = None,
+    held: np.ndarray | None = None,
 ) -> None:
     """Set every covered item's residual to its exact minimiser of the SSP loss, the shared encoder
-    as trained: with A = A_j + lambda s_j I (+ gravity) and f_j the shared output,
-        r_j = (A + mu_j I)^-1 (b_j - A f_j)
+    as trained: with A = A_j + lambda s_j I (+ gravity), f_j the shared output and r0_j the residual
+    the penalty holds it at (`held`, catalog order; zero when None),
+        r_j = (A + mu_j I)^-1 (b_j - A f_j + mu_j r0_j)
     (the mean of R resampled tables for SSP1). Each item's loss is convex in r_j, so this block
     step never raises the loss; it is what minibatch steps approach slowly where the penalty is
     small against A_j (the item bias's, with biases).
@@ -475,10 +484,11 @@ def solve_residuals(
     in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size or 0, 2048))
     for positions, a, b in item_batches(path, encoder, in_order, np.random.default_rng(0), ridge_scale, gravity):
         shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
-        gram = a + diagonals(residual_penalty[positions], d)
-        encoder.set_residuals(
-            positions, np.linalg.solve(gram, (b - np.einsum("bij,bj->bi", a, shared))[..., None])[..., 0]
-        )
+        penalty = diagonals(residual_penalty[positions], d)
+        rhs = b - np.einsum("bij,bj->bi", a, shared)
+        if held is not None:
+            rhs += np.einsum("bij,bj->bi", penalty, held[positions])
+        encoder.set_residuals(positions, np.linalg.solve(a + penalty, rhs[..., None])[..., 0])
 
 
 def _aligned_batches(paths: list[str], batch_size: int):

@@ -345,6 +345,7 @@ def _stats_update(run: Run, config: TrainConfig, step: int, space, model, progre
             gravity=gravity,
             residual_penalty=residual_penalty,
             anchor=anchor,
+            hold_residuals=config.item_gram_share > 0,  # the item Gram's start, held until the statistics outweigh it
         )
 
 

@@ -124,6 +124,23 @@ def prepare_engine(engine: Engine, rows: int, local_rows: int = LOCAL_PREPARE_RO
     return LOCAL if rows < local_rows else engine
 
 
+def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) -> None:
+    """The item embeddings' start from the item Gram's directions (`positions`' rows): an id encoder's
+    vectors (zero on the other items), or a features encoder's residuals on those items, so that
+    they start at the directions scaled to the features' root-mean-square norm there."""
+    if not model.has_residual:
+        vectors = np.zeros((model.space.size, directions.shape[1]))
+        vectors[positions] = directions
+        model.set_item_vectors(vectors)
+        return
+    shared = model.embed_all(shared=True)[positions, : directions.shape[1]]
+    size = np.sqrt(np.mean(np.sum(directions**2, axis=1)))
+    scale = np.sqrt(np.mean(np.sum(shared**2, axis=1))) / size if size > 0 else 0.0
+    model.set_residuals(
+        positions, np.c_[directions * scale - shared, np.zeros((positions.size, model.dim - shared.shape[1]))]
+    )
+
+
 def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:
     """The noise multiplier of a release group (the statistics') the run's budget planned."""
     return float(Ledger.open(ledger_path).budget["multipliers"][group])
@@ -396,20 +413,6 @@ def prepare(
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
         outputs.append((run.stats_rows, covered))  # the stats job's rows
     engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
-    if config.item_gram_share > 0:  # the users' co-occurrences over the top items (the centred rows keep only them)
-        gram = dp_item_gram(
-            run.centred, np.sort(keep_items), run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine
-        )
-        if config.item_update == "gram":
-            directions = principal_directions(gram, ledger_multiplier(run.ledger, "item_gram"), config.dim)
-            vectors = np.zeros((space.size, config.dim))
-            vectors[space.index_of(np.sort(keep_items))] = directions
-            model.set_item_vectors(vectors)
-            logs.log(
-                f"item embeddings: {int(np.any(directions != 0, axis=0).sum())} principal directions of the DP item "
-                f"Gram above its noise (at most --dim {config.dim})"
-            )
-
     if (
         config.encoder == "features" and config.encoder_init == "principal"
     ):  # from public features and the DP counts only
@@ -420,6 +423,16 @@ def prepare(
             f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
             + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else "")
         )
+    if config.item_gram_share > 0:  # the users' co-occurrences over the top items by DP count
+        gram_items = np.sort(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy()))
+        gram = dp_item_gram(run.centred, gram_items, run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine)
+        directions = principal_directions(gram, ledger_multiplier(run.ledger, "item_gram"), config.dim)
+        start_from_directions(model, space.index_of(gram_items), directions)
+        logs.log(
+            f"item embeddings: {int(np.any(directions != 0, axis=0).sum())} principal directions of the DP item "
+            f"Gram above its noise (at most --dim {config.dim}) on its {gram_items.size} items"
+        )
+
     from trainer import encoder as encoders  # TensorFlow: imported once the checks above have passed
 
     zero_item_biases(model, config)

@@ -365,8 +365,12 @@ def checked(config: TrainConfig) -> TrainConfig:
         raise UserError("--item-update item-mean is a model of item biases alone: drop --no-biases")
     if config.item_update == "gram" and config.protocol != "recall":
         raise UserError("--item-update gram ranks from the users' co-occurrences: use it with --protocol recall")
-    if (config.item_update == "gram") != (config.item_gram_share > 0):
-        raise UserError("--item-gram-share is the budget of --item-update gram's model: positive with it, 0 otherwise")
+    if config.item_update == "gram" and not config.item_gram_share > 0:
+        raise UserError("--item-update gram needs a positive --item-gram-share (the budget of its one release)")
+    if config.item_gram_share > 0 and config.protocol != "recall":
+        raise UserError("--item-gram-share releases the users' co-occurrences: use it with --protocol recall")
+    if config.item_gram_share > 0 and config.encoder == "features" and not config.item_id_feature:
+        raise UserError("--item-gram-share starts the items' residuals from the item Gram: drop --no-item-id-feature")
     if config.item_update in ("als", "cmf", "item-mean", "gram") and config.encoder != "id":
         raise UserError(f"--item-update {config.item_update} solves one free vector per item: use it with --encoder id")
     for name in ("data_source", "shares_users_with"):

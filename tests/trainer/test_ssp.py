@@ -312,10 +312,12 @@ def test_anchor_holds_the_shared_encoder_at_its_start(tmp_path):
     assert moved[1e4] < 0.01 < moved[0.0]
 
 
-def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_path):
+@pytest.mark.parametrize("held", [False, True])
+def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_path, held):
     """solve_residuals sets each item's residual to its exact minimiser, the shared encoder fixed,
-    under a penalty of one number per (item, coordinate): the loss's gradient in the residuals is
-    zero there, and the loss is below where the residuals started."""
+    under a penalty of one number per (item, coordinate), about zero or about held residuals r0
+    (the item Gram's start): the loss's gradient in the residuals is zero there, and the loss is
+    below where the residuals started."""
     tf.keras.utils.set_random_seed(4)
     space = FeatureSpace.from_items(ITEMS)
     d = 3
@@ -334,13 +336,20 @@ def test_solved_residuals_minimise_the_loss_with_a_penalty_per_coordinate(tmp_pa
         np.stack(storage.read_table(str(tmp_path / "s.parquet"))["b"].to_numpy(zero_copy_only=False)), tf.float32
     )
 
+    centre = rng.normal(size=(5, d)) if held else None
+
     def loss():
         return ssp.ssp_loss(
-            encoder, positions, ssp.dense_product(full_a), b, residual_penalty=tf.constant(penalty, tf.float32)
+            encoder,
+            positions,
+            ssp.dense_product(full_a),
+            b,
+            residual_penalty=tf.constant(penalty, tf.float32),
+            residual_start=tf.constant(centre, tf.float32) if held else None,
         )
 
     before = float(loss())
-    ssp.solve_residuals(encoder, [str(tmp_path / "s.parquet")], config, penalty, ridge)
+    ssp.solve_residuals(encoder, [str(tmp_path / "s.parquet")], config, penalty, ridge, held=centre)
     with tf.GradientTape() as tape:
         value = loss()
     gradient = tf.convert_to_tensor(tape.gradient(value, encoder._residual)).numpy()

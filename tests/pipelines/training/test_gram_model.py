@@ -57,7 +57,9 @@ def test_the_gram_model_spends_the_budget_on_counts_and_one_item_gram_and_embeds
     [
         ({"item_update": "gram", "encoder": "id"}, "use it with --protocol recall"),
         ({"item_update": "gram", "protocol": "recall"}, "use it with --encoder id"),
-        ({"item_update": "ssp", "protocol": "recall", "item_gram_share": 0.3}, "positive with it, 0 otherwise"),
+        ({"item_update": "gram", "protocol": "recall", "encoder": "id", "item_gram_share": 0.0}, "a positive"),
+        ({"item_gram_share": 0.3}, "use it with --protocol recall"),
+        ({"protocol": "recall", "item_gram_share": 0.3, "item_id_feature": False}, "drop --no-item-id-feature"),
     ],
 )
 def test_settings_the_gram_model_cannot_run_are_refused(settings, refusal):
@@ -69,3 +71,41 @@ def test_the_gram_model_plans_counts_and_the_item_gram_and_nothing_else():
     config = TrainConfig.create(epsilon=5, protocol="recall", item_update="gram", encoder="id")
     assert config.outer_steps == 1 and config.item_gram_share == pytest.approx(1 - config.count_share)
     assert [group.name for group in config.privacy().plan()] == ["counts", "item_gram"]
+
+
+def test_an_item_gram_share_beside_the_statistics_plans_both():
+    config = TrainConfig.create(epsilon=5, protocol="recall", item_gram_share=0.4)
+    plan = {group.name: group.share for group in config.privacy().plan()}
+    assert list(plan) == ["counts", "gram", "item_gram", "stats"] and plan["item_gram"] == 0.4
+    assert plan["stats"] == pytest.approx(1 - plan["counts"] - plan["gram"] - 0.4)
+
+
+def test_a_features_encoder_starts_from_the_directions_on_the_gram_items_and_from_its_features_elsewhere():
+    """The start from the item Gram sets the residuals of its items so that their embeddings are the
+    directions, scaled to the features' root-mean-square norm there; the other items keep the
+    features' embeddings."""
+    import pyarrow as pa
+
+    from pipelines.training.model import build_encoder
+    from pipelines.training.prepare import start_from_directions
+    from schemas.tables import items_schema
+
+    items = pa.table(
+        {
+            "item_id": np.arange(1, 9),
+            "title": [f"t{i}" for i in range(8)],
+            "genres": [["a"], ["b"], ["a", "b"], ["c"]] * 2,
+        },
+        schema=items_schema({"genres": "multivalent"}),
+    )
+    config = TrainConfig.create(epsilon=5, protocol="recall", dim=3)
+    space, model = build_encoder(config, items)
+    before = model.embed_all()
+    positions = np.array([1, 4, 6])
+    directions = np.random.default_rng(0).normal(size=(3, 3))
+    start_from_directions(model, positions, directions)
+    after = model.embed_all()
+    scale = np.sqrt(np.mean(np.sum(before[positions] ** 2, axis=1)) / np.mean(np.sum(directions**2, axis=1)))
+    np.testing.assert_allclose(after[positions], directions * scale, atol=1e-5)
+    others = np.setdiff1d(np.arange(8), positions)
+    np.testing.assert_allclose(after[others], before[others], atol=1e-6)
