@@ -743,6 +743,7 @@ def test_an_ingest_killed_before_its_manifest_is_resumed_not_refused(tmp_path):
     out = tmp_path / "ds"
     (out / ".interactions.parquet.tmp-0123").mkdir(parents=True)
     (out / "items.parquet").mkdir()
+    (out / ".ssp-private").touch()  # the mark every data set write makes first (storage.make_private_folder)
     assert (
         ssp("ingest", "--out", out).returncode == 0 and json.loads((out / "manifest.json").read_text())["ratings"] > 0
     )

@@ -99,10 +99,11 @@ def require_dataset_target(out: str) -> None:
         if {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
             return
     elif all(
-        name in (ITEMS_TABLE, INTERACTIONS_TABLE) or ".tmp-" in name
+        name in (ITEMS_TABLE, INTERACTIONS_TABLE, storage.PRIVATE_MARK) or ".tmp-" in name
         for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))
     ):
-        # a data set's write that was killed: its tables or staging, no manifest yet (the next write replaces it)
+        # a data set's write that was killed: its private mark, tables or staging, no manifest yet (the next
+        # write replaces it)
         return
     raise UserError(
         f"--out {out} holds something other than a data set (a run, a publication or other files); use a new --out"
