@@ -32,6 +32,10 @@ coverage of the top 20 under "ranking").
   1 + alpha on positives, 1 on every other item, preference 1 / 0, ridge lambda, d = `IALS_DIM`;
   held-out users are folded in by the same user solve on their history; (alpha, lambda) picked from
   `IALS_GRID` on validation users.
+- `ease` (a reference of the bench's ranking study, not a ladder step): EASE (Steck 2019), the
+  closed-form item-item model B = I - P diag(1 / diag P), P = (X^T X + lambda I)^-1 over the
+  training users' positives X, a held-out user scored by its history row times B; lambda picked
+  from `EASE_LAMBDAS` on validation users.
 
 Everything is seeded (`--seed`), so a data set has one ladder.
 
@@ -100,6 +104,7 @@ MF_DIM = 32
 MF_ITERATIONS = 10
 MF_LAMBDAS = (0.04, 0.07, 0.12)
 IALS_DIM = 32
+EASE_LAMBDAS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)
 IALS_ITERATIONS = 8
 IALS_GRID = tuple((alpha, lam) for alpha in (1.0, 4.0, 16.0) for lam in (5.0, 30.0, 150.0))  # (alpha, lambda)
 TOP_ITEMS = 0.1
@@ -512,6 +517,28 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
         if best is None or held["valid"]["recall_at_20"] > best[0]["valid"]:
             best = (_ranked(held), alpha, lam)
     return {**best[0], "alpha": best[1], "lambda": best[2]}
+
+
+def ease(split: RankingSplit) -> dict:
+    """EASE (Steck 2019) of the training positives, lambda picked on validation users."""
+    x = np.zeros((split.train_users, split.items))
+    x[split.train_user, split.train_item] = 1.0
+    gram = x.T @ x
+    best = None
+    for lam in EASE_LAMBDAS:
+        p = np.linalg.inv(gram + lam * np.eye(split.items))
+        weights = -p / np.diag(p)[None, :]
+        np.fill_diagonal(weights, 0.0)
+
+        def score(h_user, h_item, users, *, weights=weights):
+            history = np.zeros((users, split.items))
+            history[h_user, h_item] = 1.0
+            return history @ weights
+
+        held = {name: _held_scores(split, name, score) for name in ("valid", "test")}
+        if best is None or held["valid"]["recall_at_20"] > best[0]["valid"]:
+            best = (_ranked(held), lam)
+    return {**best[0], "lambda": best[1]}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,6 +238,19 @@ METHODS: dict[str, Method] = {
         {"clip_y": _CLIPS["clip_y"], **_COUNTS},
         protocols=("rmse",),
     ),
+    "gram": Method(
+        "DP item Gram",
+        {"item_update": "gram", "encoder": "id"},
+        {"dim": _USER["dim"], "lambda_u": _USER["lambda_u"], **_COUNTS},
+        protocols=("recall",),
+    ),
+    "ease": Method(
+        "EASE (non-private, id)",
+        {"non_private": True, "item_update": "none", "encoder": "id"},
+        {},
+        protocols=("recall",),
+        kind="ease",
+    ),
 }
 _FIELDS = set(sections.FLAGS)
 
@@ -456,8 +469,8 @@ def run_cell(out: str, params: dict) -> dict:
     """Train one cell's configuration on the shared Spark session and measure it (see module doc)."""
     if METHODS[params["method"]].kind == "popularity":
         return popularity_cell(out, params)
-    if METHODS[params["method"]].kind == "ials":
-        return ials_cell(out, params)
+    if METHODS[params["method"]].kind in ("ials", "ease"):
+        return reference_cell(out, params)
     root = run_root(out, params)
     config = train_config(params, dataset(out, params["data"]), root)
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -521,13 +534,14 @@ def _prepared_split(out: str, params: dict) -> tuple[Run, dict]:
     return Run(root), prepared
 
 
-def ials_cell(out: str, params: dict) -> dict:
-    """The implicit-ALS reference's cell (non-private): Hu, Koren and Volinsky's implicit ALS
-    (bench.ladder.ials: d = 32, its (alpha, lambda) grid chosen on validation users) trained on the
-    split's training positives of the top 10% items by exact count (the protocol's training
-    restriction), held-out users folded in by its own user solve, every catalog item scored (the
-    others score 0), the ranking metrics as every other method's. It answers how far the non-private pipeline
-    is from a standard implicit-feedback recommender on the same split."""
+def reference_cell(out: str, params: dict) -> dict:
+    """A non-private reference's cell: Hu, Koren and Volinsky's implicit ALS (bench.ladder.ials: d =
+    32, its (alpha, lambda) grid chosen on validation users) or EASE (bench.ladder.ease, its lambda
+    chosen on validation users), trained on the split's training positives of the top 10% items by
+    exact count (the protocol's training restriction), held-out users scored from their history,
+    every catalog item scored (the others score 0), the ranking metrics as every other method's. It
+    answers how far the non-private pipeline is from a standard implicit-feedback recommender on the
+    same split."""
     from bench import ladder
     from pipelines.data import splits
 
@@ -554,7 +568,7 @@ def ials_cell(out: str, params: dict) -> dict:
             members.size,
         )
     split = ladder.RankingSplit(catalog.size, user_index[keep], item_index[keep], users.size, held)
-    result = ladder.ials(split, seed=params["seed"])
+    result = ladder.ials(split, seed=params["seed"]) if METHODS[params["method"]].kind == "ials" else ladder.ease(split)
     shutil.rmtree(run.root)
     seconds = time.time() - prepared["started_at"]
     return {

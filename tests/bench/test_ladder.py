@@ -188,3 +188,17 @@ def test_movielens_like_ladder_matches_the_published_ladder(tmp_path):
     for step, target in ladder.LADDER_1M.items():
         tolerance = 0.03 if step in ("popularity", "ials") else 0.02
         assert results[step]["test"] == pytest.approx(target, abs=tolerance), (step, results[step])
+
+
+def test_ease_scores_a_history_by_its_items_co_occurrences():
+    """Items 0 and 1 always come together, 2 and 3 together, 4 with everything: a held-out user
+    with item 0 in its history gets item 1 first; one with item 2 gets item 3 first. The weights
+    are EASE's closed form: the history row times B = I - P / diag(P), diag(B) = 0."""
+    train_user = np.repeat(np.arange(20), 3)
+    train_item = np.concatenate([[0, 1, 4] if u % 2 else [2, 3, 4] for u in range(20)])
+    held = {
+        name: (np.array([0, 1]), np.array([0, 2]), np.array([0, 1]), np.array([1, 3]), 2) for name in ("valid", "test")
+    }
+    result = ladder.ease(ladder.RankingSplit(5, train_user, train_item, 20, held))
+    assert result["test"] == result["valid"] == 1.0 and result["lambda"] in ladder.EASE_LAMBDAS
+    assert result["ranking"]["test"]["ndcg_at_100"] == pytest.approx(1.0)

@@ -53,7 +53,7 @@ def test_every_method_gets_the_same_trial_budget(tmp_path):
         trials = privacy_utility.study(
             results,
             DATA,
-            "rmse",
+            training.METHODS[name].protocols[0],
             name,
             eps,
             size=SIZE,
@@ -66,7 +66,7 @@ def test_every_method_gets_the_same_trial_budget(tmp_path):
     assert {len(v) for (name, _), v in counted.items() if name in tunable} == {SIZE["trials"]}
     assert len(counted) == len(privacy_utility.groups(list(training.METHODS), SIZE)) and set(training.METHODS) - set(
         tunable
-    ) == {"ials"}
+    ) == {"ials", "ease"}
     # top lines once, private methods at every epsilon
     assert privacy_utility.groups(["nonprivate-als", "als"], SIZE) == [
         ("nonprivate-als", None),

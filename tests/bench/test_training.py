@@ -140,7 +140,10 @@ def test_search_spaces_contain_the_named_ranges():
     # ranges hold the method's defaults: trial 0 is a point of the space the sampler is told
     for name in training.METHODS:
         config = training.cell_config(name, {}, {})
-        assert training.tuned_values(name, config, {}).keys() == training.search_space(name, {}).keys(), name
+        protocol = training.METHODS[name].protocols[0]
+        assert (
+            training.tuned_values(name, config, {}, protocol=protocol).keys() == training.search_space(name, {}).keys()
+        ), name
 
 
 def test_dp_popularity_and_implicit_als_are_ranking_methods():
@@ -158,13 +161,16 @@ def test_dp_popularity_and_implicit_als_are_ranking_methods():
         and not reference.private
         and not reference.space
     )
-    for name in ("dp-popularity", "ials"):
+    ranking_only = ("dp-popularity", "ials", "ease", "gram")
+    for name in ranking_only:
         assert training.runs_under(name, "recall") and not training.runs_under(name, "rmse")
-    assert all(training.runs_under(n, "rmse") for n in training.METHODS if n not in ("dp-popularity", "ials"))
+    assert all(training.runs_under(n, "rmse") for n in training.METHODS if n not in ranking_only)
+    assert training.METHODS["ease"].kind == "ease" and not training.METHODS["ease"].private
+    assert training.METHODS["gram"].private and training.available("gram")
     with pytest.raises(ValueError, match="recall protocol only"):
         training.popularity_cell("/nowhere", training.cell_params("/d", "rmse", "dp-popularity", 1.0, {}, 0))
     with pytest.raises(ValueError, match="recall protocol only"):
-        training.ials_cell("/nowhere", training.cell_params("/d", "rmse", "ials", None, {}, 0))
+        training.reference_cell("/nowhere", training.cell_params("/d", "rmse", "ials", None, {}, 0))
 
 
 def test_the_ranking_only_cells_record_every_ranking_metric(tmp_path):
@@ -175,7 +181,7 @@ def test_the_ranking_only_cells_record_every_ranking_metric(tmp_path):
 
     data = synth.generate(str(tmp_path / "ml"), users=300, like="movielens").path
     cells = {}
-    for name, epsilon in (("dp-popularity", 5.0), ("ials", None)):
+    for name, epsilon in (("dp-popularity", 5.0), ("ials", None), ("ease", None)):
         params = training.cell_params(data, "recall", name, epsilon, training.cell_config(name, {}, {}), 0)
         cells[name] = training.run_cell(str(tmp_path / "out"), params)
     for name, cell in cells.items():
@@ -186,8 +192,9 @@ def test_the_ranking_only_cells_record_every_ranking_metric(tmp_path):
         )
         assert all(0 < v <= 1 for part in cell["ranking"].values() for v in part.values()), name
     # DP popularity gives every user the same list (less their history): its top 20s cover fewer items
-    popularity, ials = (cells[n]["ranking"]["test"] for n in ("dp-popularity", "ials"))
-    assert popularity["coverage_at_20"] < ials["coverage_at_20"]
+    popularity, ials, ease = (cells[n]["ranking"]["test"] for n in ("dp-popularity", "ials", "ease"))
+    assert popularity["coverage_at_20"] < min(ials["coverage_at_20"], ease["coverage_at_20"])
+    assert ease["recall_at_20"] > popularity["recall_at_20"]
 
 
 def test_caps_restrict_the_ranges_or_stand_in_for_them():
