@@ -99,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             "`ssp synth --like movielens` set) and run the chosen settings on --data's test split (transfer mode; "
             "default: tune on --data)",
         )
+        sub.add_argument(
+            "--trials",
+            type=int,
+            help="privacy-utility: trials per (method, epsilon) study (default 12; --quick: 2); 1: every method at "
+            "its defaults (defaults against defaults: use its own --out)",
+        )
     args = parser.parse_args(argv)
+    if args.trials is not None and args.trials < 1:
+        parser.error(f"--trials must be at least 1, got {args.trials}")
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
     if args.epsilons and not all(0 < e < float("inf") for e in args.epsilons):
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             methods=args.methods,
             epsilons=args.epsilons,
             tune_on=args.tune_on,
+            trials=args.trials,
         )
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(f"report: {args.out}/report.md")

@@ -111,8 +111,8 @@ class Section:
 class Context:
     """What an experiment gets: where to write, how big to run, its result cells, and what to run on
     (the training experiments' data set, protocol and methods; None: the bundled data, every method;
-    the privacy-utility experiment's epsilons, None: its own, and the data set it tunes on, None:
-    the data set itself)."""
+    the privacy-utility experiment's epsilons, None: its own, the data set it tunes on, None: the
+    data set itself, and its trials per study, None: its own; 1: every method at its defaults)."""
 
     out: str
     quick: bool
@@ -124,6 +124,7 @@ class Context:
     methods: list[str] | None = None
     epsilons: list[float] | None = None
     tune_on: str | None = None
+    trials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def run_experiment(
     name: str, out: str, quick: bool = False, seeds: int = 3, progress: bool = True, **options
 ) -> Section:
     """Run a registered experiment into OUT: its cells, its section, then the whole report.
-    `options`: Context's data, protocol, methods, epsilons and tune_on."""
+    `options`: Context's data, protocol, methods, epsilons, tune_on and trials."""
     os.makedirs(out, exist_ok=True)
     section = EXPERIMENTS[name].run(Context(out, quick, seeds, Results(out), progress, **options))
     _write_text(os.path.join(out, SECTIONS, f"{name}.md"), section.markdown())

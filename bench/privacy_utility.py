@@ -68,8 +68,10 @@ def sizes(quick: bool) -> dict:
 
 
 def size_of(ctx: harness.Context) -> dict:
-    """The experiment's sizes with the epsilons --epsilons selects."""
+    """The experiment's sizes with the epsilons --epsilons and the trials --trials select."""
     size = sizes(ctx.quick)
+    if ctx.trials:
+        size = {**size, "trials": ctx.trials}
     return {**size, "epsilons": sorted(ctx.epsilons)} if ctx.epsilons else size
 
 

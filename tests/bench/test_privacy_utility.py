@@ -1,6 +1,7 @@
 """Privacy-utility: tuning choice, winners by hand, the table files, the report and plot from hand-made cells."""
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -399,3 +400,12 @@ def test_the_recall_table_shows_the_other_ranking_metrics_and_a_dash_for_older_c
     assert "NDCG" not in (tmp_path / "rmse" / "report.md").read_text()
     with open(tmp_path / "rmse" / "results.csv") as handle:
         assert "recall_at_50" not in next(csv.reader(handle))
+
+
+def test_trials_one_is_a_study_of_every_method_at_its_defaults(tmp_path):
+    """--trials 1: each (method, epsilon) study is trial 0 alone, the defaults, which its test runs then use."""
+    ctx = harness.Context(str(tmp_path), False, 2, harness.Results(str(tmp_path)), False, DATA, "recall", trials=1)
+    size = privacy_utility.size_of(ctx)
+    assert size["trials"] == 1 and privacy_utility.size_of(dataclasses.replace(ctx, trials=None))["trials"] == 12
+    trials = privacy_utility.study(ctx.results, DATA, "recall", "gram", 5.0, size=size, compute=lambda p: value(0.2))
+    assert [t["params"]["config"] for t in trials] == [training.cell_config("gram", size["base"], {})]
