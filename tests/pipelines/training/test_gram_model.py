@@ -109,3 +109,62 @@ def test_a_features_encoder_starts_from_the_directions_on_the_gram_items_and_fro
     np.testing.assert_allclose(after[positions], directions * scale, atol=1e-5)
     others = np.setdiff1d(np.arange(8), positions)
     np.testing.assert_allclose(after[others], before[others], atol=1e-6)
+
+
+def test_removing_a_user_from_the_raw_input_moves_the_item_gram_by_that_users_term_only(tmp_path):
+    """Neighbouring data end to end: the raw log with and without one training user, each through
+    the prepare stage (split, counts, centred rows, the item Gram), without noise so that the two
+    releases can be compared (a noised release's key carries its inputs' digest). Every stage
+    before the release treats the other users' rows alike: the Grams differ by the removed user's
+    unit-norm x x^T over the Gram's items, nothing else."""
+    import pyarrow.compute as pc
+
+    from pipelines.data.datasets import open_dataset, write_dataset
+    from pipelines.releases.item_gram import item_gram_sums
+    from privacy.accumulator import pack_upper
+
+    data = tmp_path / "data"
+    assert (
+        cli.main(["synth", "--users", "300", "--items", "80", "--ratings-per-user", "15", "--out", str(data), "-q"])
+        == 0
+    )
+    full = open_dataset(str(data))
+    log = storage.read_table(full.interactions)
+
+    def prepared(folder, table):
+        write_dataset(str(folder / "data"), storage.read_table(full.items), table.to_batches(), full.manifest)
+        flags = ["--protocol", "recall", "--item-update", "gram", "--encoder", "id", "--non-private"]
+        assert (
+            cli.main(
+                [
+                    "train",
+                    "--stage",
+                    "prepare",
+                    "--data",
+                    str(folder / "data"),
+                    "--out",
+                    str(folder / "run"),
+                    "--engine",
+                    "local",
+                    *flags,
+                    "-q",
+                ]
+            )
+            == 0
+        )
+        return read_item_gram(str(folder / "run" / "item_gram" / "item_gram.parquet"))
+
+    items, gram, _ = prepared(tmp_path / "all", log)
+    train = storage.read_table(str(tmp_path / "all" / "run" / "private" / "split" / "train.parquet"))
+    for user in np.unique(train["user_id"].to_numpy())[::7]:  # a training user whose removal keeps the top items
+        without = log.filter(pc.not_equal(log["user_id"], user))
+        folder = tmp_path / f"without-{user}"
+        others, gram_without, _ = prepared(folder, without)
+        if np.array_equal(others, items):
+            break
+    else:
+        pytest.fail("every user tried changes the top items")
+    mine = train.filter(pc.equal(train["user_id"], user))
+    own = item_gram_sums(mine["user_id"].to_numpy(), mine["item_id"].to_numpy(), items)
+    assert own.any()
+    np.testing.assert_allclose(pack_upper(gram - gram_without), own, atol=1e-9)
