@@ -4,7 +4,9 @@ A plant replaces functions of the product at the place where the release code lo
 the duration of an audit only; the audit must then exit 1 (bench/audit.py). Each defect is planted
 where the real code of that step runs: the noise, the clips and the weights of the statistics run
 in the stats job's item tasks (Spark's Python workers, or this process on the local engine), the
-counts', mean's and Gram's noise on the driver. `install` patches the process it runs in;
+counts', mean's and Gram's noise on the driver, the federated clients' Skellam shares in the
+round's client step and DP-SGD's noise in the item update (both in this process: Beam's
+DirectRunner runs the round here, TensorFlow the item update). `install` patches the process it runs in;
 `worker_hook` writes a `sitecustomize.py` that runs `install` in every Python process started with
 the folder on PYTHONPATH and $SSP_AUDIT_PLANT set: the audit puts both in the environment of the
 JVM it starts, so Spark's Python workers (forked from its daemon, which imports sitecustomize) run
@@ -27,9 +29,12 @@ DEFECTS = {
     "embedding-clip": "the user embeddings not clipped (statistics and Gram)",
     "label-clip": "the labels not clipped",
     "weights": "the user-level weights not normalised (every row weight wbar)",
-    "halved-noise": "every release's noise halved while the ledger records the calibrated multipliers",
+    "halved-noise": "the counts', mean's, Gram's and central statistics' noise halved while the ledger records the "
+    "calibrated multipliers",
     "shared-noise": "every statistics release draws the same noise",
     "seed-copy": "noise keyed by the seed and release index only (a copied run folder draws the same noise)",
+    "skellam-noise": "every federated client's Skellam share at half its planned std (a quarter of its variance)",
+    "dpsgd-noise": "DP-SGD's gradients not noised while the ledger records the planned multiplier",
 }
 SHARED_KEY = b"\x00" * 32  # shared-noise: the one noise key of every statistics release
 
@@ -72,6 +77,26 @@ def _patches(defect: str) -> list[tuple[object, str, object]]:
             return finalize(item_ids, a_upper, b, dataclasses.replace(spec, seed=SHARED_KEY, release=0), at)
 
         return [(accumulator, "finalize", finalize_shared)]
+    if defect == "skellam-noise":  # Beam and TensorFlow imported only for the plants that need them
+        from pipelines.engines import federated
+
+        client_noise = federated.client_noise
+
+        def quarter_variance(keys, plan):
+            return client_noise(
+                keys, dataclasses.replace(plan, share_variance=tuple(v / 4 for v in plan.share_variance))
+            )
+
+        return [(federated, "client_noise", quarter_variance)]
+    if defect == "dpsgd-noise":
+        from trainer import dpsgd
+
+        make_step = dpsgd._make_step
+
+        def noiseless(model, config, noise_multiplier, *args):
+            return make_step(model, config, 0.0, *args)
+
+        return [(dpsgd, "_make_step", noiseless)]
     if defect == "seed-copy":
         return [(SeedFile, "release_seed", lambda self, index: self.seed)]
     if defect == "bias-noise":

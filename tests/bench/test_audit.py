@@ -4,6 +4,7 @@ The audits run in this process, on the test session's Spark (`ssp audit` uses a 
 already active), `ssp audit` through the `ssp` command's own entry point (ssp.cli.main); only the bad
 input, whose exit status and one error line are the process's, runs `ssp` as a process."""
 
+import dataclasses
 import math
 import os
 import re
@@ -90,14 +91,16 @@ def _table(stdout: str) -> dict[str, tuple[float, float]]:
 
 
 def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, monkeypatch):
-    """Every default plan's release groups, on the test session's Spark; the audit's budget accounts
+    """Every release group of the central plans, on the test session's Spark; the audit's budget accounts
     go to a registry of its own, never the machine's."""
     from privacy.lifetime_budget import ACCOUNTS_ENV
 
     machine = tmp_path / "machine-registry"
     monkeypatch.setenv(ACCOUNTS_ENV, str(machine))
     work = tmp_path / "work"
-    code, stdout = ssp_audit(capsys, "--quick", "--seed", "3", "-q", "--work", str(work))
+    code, stdout = ssp_audit(
+        capsys, "--quick", "--seed", "3", "-q", "--work", str(work), "--products", "ratings,ranking,item-mean"
+    )
     assert code == 0, stdout
     rows = _table(stdout)
     assert set(rows) == {
@@ -122,6 +125,71 @@ def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, mon
     assert "PASS" in stdout and "at most 0.01" in stdout
     assert not machine.exists() and os.environ[ACCOUNTS_ENV] == str(machine)
     assert list((work / "budget-accounts").glob("*.account.json"))
+
+
+def _cells(stdout: str) -> dict[str, list[str]]:
+    """{release: its cells after the name} of the printed table."""
+    return {line.split("|")[1].strip(): line.split("|")[2:-1] for line in stdout.splitlines() if line.startswith("| ")}
+
+
+@pytest.mark.beam
+def test_ssp_audit_quick_passes_on_the_federated_product(capsys, tmp_path, monkeypatch):
+    """The federated round (a Beam pipeline, every user a client), its release in the run's ledger
+    as `ssp train --engine federated` makes it; the product has canaries of its own, fewer."""
+    from privacy import accounting
+    from privacy.ledger import Ledger
+
+    cached_accounting.install(monkeypatch)
+    work = tmp_path / "work"
+    args = "--quick --seed 3 -q --engine local --trials 20 --products federated".split()
+    code, stdout = ssp_audit(capsys, *args, "--work", str(work))
+    assert code == 0, stdout
+    rows, cells = _table(stdout), _cells(stdout)
+    stats = ("stats step 1", "stats step 2", "stats steps 1-2 (difference)")
+    assert set(rows) == {
+        *(f"federated: {row}" for row in ("counts", *stats, "counts and stats composed", "mean (20 releases)"))
+    }
+    assert all(bound <= claimed for claimed, bound in rows.values())
+    # the Skellam statistics keep their Gaussian bound in the verdict (docs/privacy.md)
+    assert all("not in verdict" not in cells[f"federated: {row}"][3] for row in stats)
+    assert int(cells["federated: stats step 1"][5]) == audit.QUICK.federated
+    # the claim is the run's own: the federated plan's stats event, by its RDP accountant on integer orders
+    ledger = Ledger.open(str(work / "federated" / "run" / "ledger.parquet"))
+    assert ledger.budget["accountant"] == "rdp-integer"
+    assert rows["federated: stats step 1"][0] == pytest.approx(
+        accounting.epsilon_of(
+            [accounting.gaussian_event(ledger.budget["multipliers"]["stats"], 2)], 1e-5, "rdp-integer"
+        ),
+        abs=0.005,
+    )
+    assert ledger.epsilon_spent() == pytest.approx(4.0, abs=0.01)  # the plan spends the budget, no more
+
+
+@pytest.mark.slow
+def test_ssp_audit_quick_passes_on_the_dpsgd_product(capsys, tmp_path, monkeypatch):
+    """AM-DPSGD's item updates (TensorFlow), each step's DP-SGD release in the run's ledger as
+    `ssp train --item-update dpsgd` records it (the in-suite path: test_unnoised_dpsgd_is_found)."""
+    from privacy import accounting
+    from privacy.ledger import Ledger
+
+    cached_accounting.install(monkeypatch)
+    work = tmp_path / "work"
+    args = "--quick --seed 3 -q --engine local --trials 20 --products dpsgd".split()
+    code, stdout = ssp_audit(capsys, *args, "--work", str(work))
+    assert code == 0, stdout
+    rows, cells = _table(stdout), _cells(stdout)
+    steps = ("dpsgd step 1", "dpsgd step 2")
+    assert set(rows) == {
+        f"dpsgd: {row}" for row in ("counts", *steps, "counts and dpsgd composed", "mean (20 releases)")
+    }
+    assert all(bound <= claimed for claimed, bound in rows.values())
+    assert all("not in verdict" in cells[f"dpsgd: {row}"][3] for row in steps)  # a Poisson-sampled mixture
+    ledger = Ledger.open(str(work / "dpsgd" / "run" / "ledger.parquet"))
+    assert [row["name"] for row in ledger.rows if row["name"].endswith("/dpsgd")] == ["step-1/dpsgd", "step-2/dpsgd"]
+    assert rows["dpsgd: dpsgd step 1"][0] == pytest.approx(
+        accounting.epsilon_of([ledger.events()[-1]], 1e-5, ledger.budget["accountant"]), abs=0.005
+    )
+    assert ledger.epsilon_spent() == pytest.approx(4.0, abs=0.01)
 
 
 def test_the_audit_follows_the_plan(monkeypatch, tmp_path):
@@ -153,6 +221,37 @@ def test_planted_defects_are_found(tmp_path, plant, products, found):
         audit.QUICK, 4.0, 0.99, engine="local", work=str(tmp_path), seed=3, plant=plant, products=products
     )
     assert found <= {row.release for row in table if row.exceeded}
+
+
+def test_unnoised_dpsgd_is_found(tmp_path):
+    """DP-SGD without noise: in step 1 an excluded canary's items never move and an included one's
+    do, so every guess of the one-run test is right (in step 2 Adam's unnoised steps overshoot some).
+    At epsilon 2 a step's claim (1.29) is far below what that reaches with 300 canaries at delta
+    1e-5 (2.4 or more, whatever the coins); at the default 4 the claim (2.62) is near it
+    (docs/privacy.md)."""
+    table = audit.audit(
+        audit.QUICK, 2.0, 0.99, engine="local", work=str(tmp_path), seed=3, plant="dpsgd-noise", products=("dpsgd",)
+    )
+    rows = {row.release: row for row in table}
+    first, second = rows["dpsgd: dpsgd step 1"], rows["dpsgd: dpsgd step 2"]
+    assert first.claimed == second.claimed == pytest.approx(1.29, abs=0.05)
+    assert first.one_run >= 2.4 and first.exceeded and second.exceeded
+    assert not rows["dpsgd: counts"].exceeded
+
+
+@pytest.mark.slow
+@pytest.mark.beam
+def test_halved_skellam_noise_is_found_at_the_full_federated_size(tmp_path):
+    """The federated round's clients' Skellam shares at half their std: the Gaussian bound of each
+    step's statistics exceeds the claim with the full size's federated canaries (at --quick's 100 the
+    DP count's planning margin leaves too little power; docs/privacy.md)."""
+    size = dataclasses.replace(audit.QUICK, federated=audit.FULL.federated)
+    table = audit.audit(
+        size, 4.0, 0.99, engine="local", work=str(tmp_path), seed=3, plant="skellam-noise", products=("federated",)
+    )
+    found = {row.release for row in table if row.exceeded}
+    assert {"federated: stats step 1", "federated: stats step 2"} <= found
+    assert all(row.canaries == audit.FULL.federated for row in table if "stats" in row.release)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys):
