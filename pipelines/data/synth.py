@@ -7,7 +7,8 @@ from it.
 What this module owns: the idealised generator (default), whose public features (`genres`, `tags`,
 `year`) explain the ratings almost entirely through a planted low-rank model, with Zipf popularity
 and exactly K distinct items per user; the dispatch (`generate`, its checks and manifest) to it or to
-the realistic one, `like="movielens"` (pipelines.data.synth_movielens); and the command line.
+a realistic one, `like="movielens"` (ratings, pipelines.data.synth_movielens) or `like="plays"`
+(a music service's play log, implicit feedback, pipelines.data.synth_plays); and the command line.
 Interactions are produced chunk by chunk as Arrow record batches and streamed into Parquet by
 `write_dataset`, so peak memory does not grow with the number of rows. Every chunk has its own
 random stream (Philox keyed by SeedSequence(seed, spawn_key=(stream, chunk))), and so do the
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.base import logs
+from pipelines.data import synth_plays
 from pipelines.data.datasets import Dataset, write_dataset
 from pipelines.data.synth_movielens import (
     CATALOG_GROWTH,
@@ -73,7 +75,9 @@ FEATURES = {"genres": MULTIVALENT, "tags": MULTIVALENT, "year": UNIVALENT}
 # generator's (pipelines.data.synth_movielens).
 _CATALOG, _MODEL, _POPULARITY, _CHUNK = 0, 1, 2, 3
 
-LIKES = ("movielens",)  # the realistic generators (`like=`): pipelines.data.synth_movielens
+# The realistic generators (`like=`) and the public data set each is calibrated to:
+# pipelines.data.synth_movielens and pipelines.data.synth_plays.
+LIKES = {"movielens": "MovieLens-1M", "plays": "the Taste Profile subset of the Million Song Dataset"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,8 +292,10 @@ def generate(
     rank-`rank` (default 8) model whose item factors depend on the public features.
 
     `like="movielens"`: the MovieLens-1M-calibrated generator; `users` (default 6040) is the only
-    size, the catalog and every user's number of ratings follow from it, and `items`,
-    `ratings_per_user`, `alpha` and `rank` must be left out. Same parameters and seed, same tables.
+    size, the catalog and every user's number of ratings follow from it, and `items`, `alpha` and
+    `rank` must be left out (`ratings_per_user` rescales the activity). `like="plays"`: the play log
+    calibrated to the Taste Profile subset (implicit feedback, a row per play); `users` (default
+    3500) is the only size. Same parameters and seed, same tables.
     `progress` shows a bar on stderr.
     """
     if not isinstance(out, str) or not out:
@@ -336,33 +342,40 @@ def generate(
 def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
     if like not in LIKES:
         raise UserError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
-    for name, value in (("items", items), ("alpha", alpha), ("rank", rank)):
-        if value is not None:
-            raise UserError(f"{name} is set by like={like!r} (calibrated to MovieLens-1M); leave it out")
-    users = _check_positive_int("users", ML_USERS if users is None else users)
-    scale = (
-        1.0
-        if ratings_per_user is None
-        else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY
+    set_by_like = (("items", items), ("alpha", alpha), ("rank", rank)) + (
+        (("ratings_per_user", ratings_per_user),) if like == "plays" else ()
     )
+    for name, value in set_by_like:
+        if value is not None:
+            raise UserError(f"{name} is set by like={like!r} (calibrated to {LIKES[like]}); leave it out")
+    default_users = ML_USERS if like == "movielens" else synth_plays.PLAYS_USERS
+    users = _check_positive_int("users", default_users if users is None else users)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     from tqdm import tqdm
 
-    model = _MovieLensModel(users, seed, scale)
+    if like == "plays":
+        model = synth_plays._PlaysModel(users, seed)
+        version, extra = synth_plays.PLAYS_GENERATOR_VERSION, {}
+        # implicit feedback, as `ssp ingest` writes it without a label column: a play is a row with label 1
+        scale = {"feedback": "implicit"}
+    else:
+        model = _MovieLensModel(
+            users,
+            seed,
+            1.0
+            if ratings_per_user is None
+            else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY,
+        )
+        version = ML_GENERATOR_VERSION
+        extra = {} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user}
+        # the MovieLens scale; this generator's whole stars 1..5 lie within it
+        scale = {"rating_scale": [MIN_RATING, MAX_RATING]}
     manifest = {
         "source": "synthetic",
-        "generator": {
-            "like": like,
-            "users": users,
-            "items": model.items,
-            "seed": seed,
-            "version": ML_GENERATOR_VERSION,
-            **({} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user}),
-        },
-        # the MovieLens scale; this generator's whole stars 1..5 lie within it
-        "rating_scale": [MIN_RATING, MAX_RATING],
+        "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": version, **extra},
+        **scale,
     }
     with tqdm(
         total=users,
@@ -372,7 +385,8 @@ def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, ra
         disable=not logs.bars(progress),
         unit_scale=True,
     ) as bar:
-        return write_dataset(out, model.table(), _ml_batches(model, seed, bar), manifest)
+        batches = synth_plays._plays_batches(model, seed, bar) if like == "plays" else _ml_batches(model, seed, bar)
+        return write_dataset(out, model.table(), batches, manifest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,21 +420,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=LIKES,
         metavar="{" + ",".join(LIKES) + "}",
         help="realistic data calibrated to a public data set: 'movielens' (MovieLens-1M: user and item biases, "
-        "heavy-tailed activity and popularity, whole stars 1-5, public genres and year); without it, the "
+        "heavy-tailed activity and popularity, whole stars 1-5, public genres and year) or 'plays' (a music "
+        "service's play log calibrated to the Taste Profile subset of the Million Song Dataset: implicit feedback, "
+        "a row per play, repeated plays of a track, public artist, genre, duration and tags); without it, the "
         "idealised generator whose features explain the ratings almost entirely",
     )
     parser.add_argument(
         "--users",
         type=_positive_int,
         metavar="N",
-        help="number of users (user ids 1..N); required without --like; with --like movielens default 6040",
+        help="number of users (user ids 1..N); required without --like; default 6040 with --like movielens, "
+        f"{synth_plays.PLAYS_USERS} with --like plays",
     )
     parser.add_argument(
         "--items",
         type=_positive_int,
         metavar="M",
-        help="number of catalog items (item ids 1..M); required without --like; with --like movielens it is "
-        f"set by N: {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g} (sub-linear catalog growth)",
+        help="number of catalog items (item ids 1..M); required without --like; with --like it is set by N "
+        f"(sub-linear catalog growth): movielens {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g}, plays "
+        f"{synth_plays.TP_SONGS:,} x (N/{synth_plays.TP_USERS:,})^{synth_plays.PLAYS_CATALOG_GROWTH:g}",
     )
     parser.add_argument(
         "--ratings-per-user",
@@ -430,7 +448,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --like movielens every user has their own number, drawn from MovieLens-1M's activity "
         "distribution (min 20, median 96, mean 166), and K rescales that distribution to mean about K (the same "
         "heavy-tailed "
-        "shape, at least 1 each: fewer rows for studies at many users)",
+        "shape, at least 1 each: fewer rows for studies at many users); not with --like plays",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="data set folder to write (local path or gs://)")
     parser.add_argument(
@@ -458,13 +476,12 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.like is None:
         missing = [flag for flag, value in sizes if value is None]
         if missing:
-            raise UserError(f"{', '.join(missing)} required (or give --like movielens)")
+            raise UserError(f"{', '.join(missing)} required (or give --like movielens or --like plays)")
         return
-    extra = [
-        flag
-        for flag, value in (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank))
-        if value is not None
-    ]
+    set_by_like = (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank)) + (
+        (("--ratings-per-user", args.ratings_per_user),) if args.like == "plays" else ()
+    )
+    extra = [flag for flag, value in set_by_like if value is not None]
     if extra:
         raise UserError(f"{', '.join(extra)} cannot be combined with --like {args.like}: the calibration sets them")
 
@@ -486,9 +503,10 @@ def run(args: argparse.Namespace) -> int:
     )
     wall = time.perf_counter() - started
     m = dataset.manifest
+    rows, seen = ("plays", "played") if m.get("feedback") == "implicit" else ("ratings", "rated")
     print(
-        f"wrote {dataset.path}: {m['ratings']:,} ratings, {m['users']:,} users, {m['items']:,} items "
-        f"({m['rated_items']:,} rated) in {wall:.1f} s"
+        f"wrote {dataset.path}: {m['ratings']:,} {rows}, {m['users']:,} users, {m['items']:,} items "
+        f"({m['rated_items']:,} {seen}) in {wall:.1f} s"
     )
     return 0
 
