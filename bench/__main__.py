@@ -32,6 +32,7 @@ MODULES = (
     "bench.scale",
     "bench.federated_quality",
     "bench.convex",
+    "bench.new_items",
 )
 
 
