@@ -125,7 +125,8 @@ class BudgetAccount:
                 "source": source,
             },
         )
-        account._save()
+        if not storage.create_json(account.document, path, private=True):  # another process made it first
+            return cls.open_or_create(path, cap, delta, accountant, window_days, source)
         return account
 
     @classmethod
@@ -153,7 +154,7 @@ class BudgetAccount:
         entry_path = storage.join(accounts_home(), f"{source}.json")
         if not storage.exists(entry_path) and shares_users_with is not None:
             other = cls._entry(shares_users_with, why=f"{source!r} is declared to share its users with it")
-            storage.write_json({**other, "source": source, "shares_users_with": shares_users_with}, entry_path)
+            storage.create_json({**other, "source": source, "shares_users_with": shares_users_with}, entry_path)
         if storage.exists(entry_path):
             entry = storage.read_json(entry_path)
             if shares_users_with is not None and entry.get("shares_users_with") != shares_users_with:
@@ -187,7 +188,10 @@ class BudgetAccount:
                 "an account serves the data source it was made for: give another path"
             )
         account = cls.open_or_create(target, cap, delta, accountant, window_days, source=source)
-        storage.write_json({"source": source, "account": target, "id": account.document["id"]}, entry_path)
+        if not storage.create_json({"source": source, "account": target, "id": account.document["id"]}, entry_path):
+            return cls.for_source(  # another process named the source's account first: that one is the account
+                source, path, cap, delta, accountant, window_days, shares_users_with=shares_users_with
+            )
         return account
 
     @staticmethod

@@ -773,6 +773,40 @@ def write_json(document: dict, path: str, *, private: bool = False) -> None:
     staged.publish()
 
 
+def create_json(document: dict, path: str, *, private: bool = False) -> bool:
+    """Write a small JSON document only where none is yet, in one atomic step (a hard link on a
+    local disk, an upload with generation precondition 0 on gs://): True if this call created it,
+    False if one was there. Of two writers exactly one creates it, whatever became of their locks."""
+    payload = json_payload(document)
+    fs, inner = filesystem(path)
+    try:
+        if is_local(fs):
+            staged = StagedFile(payload, path)
+            try:
+                if private:
+                    os.chmod(staged.tmp, PRIVATE_FILE)
+                _inherit_privacy(staged.tmp, os.path.dirname(inner) or ".")
+                os.link(staged.tmp, inner)
+            except FileExistsError:
+                return False
+            finally:
+                staged.abort()
+            return True
+        from google.api_core import exceptions
+        from google.cloud import storage as gcs
+
+        bucket, _, name = inner.partition("/")
+        try:
+            gcs.Client(project=None).bucket(bucket).blob(name).upload_from_string(
+                payload, content_type="application/json", if_generation_match=0
+            )
+        except exceptions.PreconditionFailed:
+            return False
+        return True
+    finally:
+        fs.invalidate_cache()
+
+
 def json_payload(document: dict) -> bytes:
     """The bytes `write_json` writes for `document`."""
     return json.dumps(_json_ready(document), indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"

@@ -233,3 +233,24 @@ def test_folders_are_committed_whole_and_read_back_locally(where, tmp_path, requ
     ]
     if where == "local":
         assert os.listdir(tmp_path) == ["model"]  # no staging folder left behind
+
+
+def test_create_json_creates_once_and_keeps_the_first(tmp_path):
+    """Of two writers of one new document exactly one creates it; the second is told so and the
+    first's content stays (a hard link), no staging file left behind."""
+    path = str(tmp_path / "entry.json")
+    assert storage.create_json({"id": "first"}, path) is True
+    assert storage.create_json({"id": "second"}, path) is False
+    assert storage.read_json(path) == {"id": "first"} and sorted(os.listdir(tmp_path)) == ["entry.json"]
+
+
+def test_the_emulator_ignores_generation_preconditions(gcs_path):
+    """What the gs:// tests can and cannot show: gcp-storage-emulator accepts an upload with
+    ifGenerationMatch=0 over an existing object (GCS refuses it with 412), so create_json on it
+    cannot tell the second writer; the concurrency of gs:// registries and locks is tested where
+    it can fail (the local registry, tests/privacy/test_lifetime_budget.py). When the emulator
+    learns preconditions this test fails: then test the race on gs:// too."""
+    path = f"{gcs_path}/entry.json"
+    assert storage.create_json({"id": "first"}, path) is True
+    assert storage.create_json({"id": "second"}, path) is True
+    assert storage.read_json(path) == {"id": "second"}
