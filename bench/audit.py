@@ -2,12 +2,13 @@
 
 What is audited is enumerated from the runs' own plans: for each product (ratings: `ssp train`'s
 defaults; ranking: `--protocol recall`'s; the DP per-item mean: `--item-update item-mean`;
-federated: `--engine federated --no-biases`; AM-DPSGD: `--item-update dpsgd`) the audit makes
-`TrainConfig.create(epsilon=..., **product)` and audits every release group of
-`config.privacy(units).multipliers()` (counts, mean, gram, stats, dpsgd) with that config's own
-statistics settings (`config.settings()`: its d, clip_u, clip_y, weight exponent, bias coordinate k, confidences),
-so a default that changes is audited as it is. A release group the audit has no auditor for is
-refused (exit 2), never skipped.
+federated: `--engine federated --no-biases`; AM-DPSGD: `--item-update dpsgd`; the DP item Gram:
+`--protocol recall --item-update gram --encoder id`; AM-SSP with it: `--protocol recall
+--item-gram-share 0.5`) the audit makes `TrainConfig.create(epsilon=..., **product)` and audits
+every release group of `config.privacy(units).multipliers()` (counts, mean, gram, item_gram, stats,
+dpsgd) with that config's own statistics settings (`config.settings()`: its d, clip_u, clip_y,
+weight exponent, bias coordinate k, confidences), so a default that changes is audited as it is. A
+release group the audit has no auditor for is refused (exit 2), never skipped.
 
 Each product gets a synthetic data set: background users (5 ratings at the bottom of the range on
 shared items) and m canary users, each included by an independent fair coin. A canary rates K items
@@ -27,6 +28,11 @@ aggregation. Its round simulates every client, so it has its own, smaller size (
 AM-DPSGD's training is the item-update stage of `ssp train` itself (pipelines.training.item_update)
 on a run folder as prepare leaves it, every outer step with its DP-SGD release in the run's ledger;
 a canary's score is how far its items' published embeddings moved along its row in the step.
+The DP item Gram is the product's dp_item_gram (as prepare makes it, before the steps; its sums on
+the audit's engine) over a list of items the audit chooses without the data, in place of the top
+items by DP count: the background items and ITEM_GRAM_ITEMS items of each of the first
+`Size.item_gram` canaries (its release is dense over its items). An included canary's row, 1 / sqrt(2)
+on each, adds 1 / 2 to its own 2 x 2 block, which no other user touches; unscaled, it would add 1.
 
 Scores: per canary, the Gaussian log-likelihood ratio of "in" against "out" on its own items'
 coordinates, the expected contribution computed here from the released counts (independently of
@@ -52,7 +58,8 @@ Bounds, and what each assumes:
   ledger's accountant. It ASSUMES Gaussian scores: true for the statistics (a canary's items are its
   own, the noise Gaussian on a fine grid; the federated round's Skellam noise too: a Skellam of
   variance s^2 in fixed-point steps has every even cumulant s^2, so its excess kurtosis is 1 / s^2,
-  with s over 2^16 steps, and its variance is at least the planned Gaussian's), NOT for the counts
+  with s over 2^16 steps, and its variance is at least the planned Gaussian's; the item Gram: a
+  canary's own entries, Gaussian noise, nothing projected), NOT for the counts
   (floored at 1), the mean (a clipped ratio), the Gram (projected onto the PSD cone) or DP-SGD (a
   Poisson-sampled mixture). Those rows enter the verdict by their one-run bound only; their
   Gaussian column is shown, marked "(not in verdict)".
@@ -106,13 +113,17 @@ CANARY_ITEMS = 1_000_000
 CANARY_NORM = 10.0  # a canary's embedding norm, in units of clip_u: beyond the clip
 CANARY_BIAS = -1.0  # a canary's user bias (biased models): its label less it is further beyond clip_y
 MEAN_RATINGS = 50  # a mean canary's ratings: the mean's per-user cap (pipelines.releases.mean.DEFAULT_USER_CAP)
-PRODUCTS = {  # what `ssp train` runs by default, per protocol, for the DP per-item mean, federated, AM-DPSGD
+ITEM_GRAM_SHARE = 0.5  # AM-SSP's item Gram start: the share docs/results.md measured it at
+PRODUCTS = {  # `ssp train`'s defaults per protocol, the DP per-item mean, federated, AM-DPSGD, the item Gram
     "ratings": {},
     "ranking": {"protocol": "recall"},
     "item-mean": {"item_update": "item-mean", "encoder": "id"},
     "federated": {"engine": "federated", "biases": False},  # the round has no biases yet
     "dpsgd": {"item_update": "dpsgd"},
+    "gram": {"protocol": "recall", "item_update": "gram", "encoder": "id"},
+    "ranking-item-gram": {"protocol": "recall", "item_gram_share": ITEM_GRAM_SHARE},
 }
+ITEM_GRAM_ITEMS = 2  # a covered canary's items in the item Gram: x = 1 / sqrt(2) on each, so an unscaled row doubles it
 
 
 @dataclass(frozen=True)
@@ -121,13 +132,15 @@ class Size:
     of the shared releases (mean, Gram). There are as many background users as canaries, each with 5
     ratings at the bottom of the range, so that the DP mean stays low and a canary's centred label
     is beyond the label clip. The federated product has `federated` canaries of one item each: its
-    round simulates every client, whose vector spans the catalog."""
+    round simulates every client, whose vector spans the catalog. The item Gram covers the first
+    `item_gram` canaries (ITEM_GRAM_ITEMS items each): its release is dense over its items."""
 
     canaries: int
     items_per_canary: int = 4
     background_items: int = 50
     trials: int = 400
     federated: int = 1000
+    item_gram: int = 2000
 
     def of(self, config) -> Size:
         """The size of `config`'s product."""
@@ -137,9 +150,13 @@ class Size:
             else self
         )
 
+    def item_gram_cover(self) -> tuple[int, int]:
+        """(canaries, items of each) in the item Gram."""
+        return min(self.item_gram, self.canaries), min(ITEM_GRAM_ITEMS, self.items_per_canary)
 
-QUICK = Size(canaries=300, background_items=20, trials=60, federated=100)
-FULL = Size(canaries=5000, trials=400, federated=1000)
+
+QUICK = Size(canaries=300, background_items=20, trials=60, federated=100, item_gram=300)
+FULL = Size(canaries=5000, trials=400, federated=1000, item_gram=2000)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +539,48 @@ def dpsgd_scores(run_path: str, size: Size, config, step: int) -> np.ndarray:
     return (moved @ canary_row(step, settings)).sum(axis=1)
 
 
-AUDITED_GROUPS = ("counts", "mean", "gram", "stats", "dpsgd")
+def item_gram_items(size: Size) -> np.ndarray:
+    """The item Gram's items, chosen without looking at the data (as the product's top items by DP
+    count are chosen from a release): the background items and the first ITEM_GRAM_ITEMS items of
+    each covered canary, included or not."""
+    covered, k = size.item_gram_cover()
+    own = CANARY_ITEMS + np.arange(covered)[:, None] * size.items_per_canary + np.arange(k)
+    return np.r_[np.arange(1, size.background_items + 1), own.reshape(-1)]
+
+
+def item_gram_release(engine, interactions: str, items: np.ndarray, out: str, ledger_path: str) -> None:
+    """The product's dp_item_gram into the run's ledger and seed file, its exact sums on the audit's
+    engine: the Spark engine on the session (its item_gram_sums in Spark's Python workers), or the
+    local one."""
+    from pipelines.engines.local import LocalEngine
+    from pipelines.engines.prepare_spark import SparkEngine
+    from pipelines.releases import release
+    from pipelines.releases.item_gram import dp_item_gram
+    from privacy.ledger import Ledger
+
+    rows = LocalEngine() if engine == "local" or engine is None else SparkEngine(engine)
+    seeds = release.open_seed_file(None, ledger_path)
+    dp_item_gram(interactions, items, out, Ledger.open(ledger_path), seeds, engine=rows)
+
+
+def item_gram_scores(path: str, size: Size, std: float) -> np.ndarray:
+    """Each covered canary's Gaussian log-likelihood ratio on its own entries of the released item
+    Gram: its k items' upper block, where an included canary's row x = 1 / sqrt(k) on each adds
+    x x^T = 1 / k (computed here, not by the product's sums) and no other user adds anything."""
+    from schemas import storage
+
+    table = storage.read_table(path)  # as item_gram.read_item_gram reads it, without a Python float per entry
+    items = table["item_id"].to_numpy()
+    gram = table["row"].combine_chunks().flatten().to_numpy().reshape(items.size, items.size)
+    covered, k = size.item_gram_cover()
+    own = CANARY_ITEMS + np.arange(covered)[:, None] * size.items_per_canary + np.arange(k)
+    at = np.searchsorted(items, own)
+    upper, right = np.triu_indices(k)
+    released = gram[at[:, upper], at[:, right]]
+    return llr(released, np.full(released.shape, 1.0 / k), std)
+
+
+AUDITED_GROUPS = ("counts", "mean", "gram", "item_gram", "stats", "dpsgd")
 
 
 def audit_product(
@@ -537,7 +595,7 @@ def audit_product(
     copy: bool,
 ) -> dict[str, Scored]:
     """Make one product's releases with the canaries and score them: {row name: Scored}."""
-    from pipelines.releases import release
+    from pipelines.releases import item_gram, release
     from pipelines.releases.counts import dp_counts, dp_units
     from pipelines.releases.gram import dp_gram
     from pipelines.releases.mean import centred, dp_mean
@@ -602,6 +660,10 @@ def audit_product(
         )["mean"]
     rows = storage.join(folder, "data", "stats-rows.parquet")
     storage.write_table(centred(storage.read_table(tables.interactions), dp, config.protocol, None), rows)
+    if "item_gram" in multipliers:  # made in prepare, before the steps
+        started = time.perf_counter()
+        item_gram_release(engine, rows, item_gram_items(size), storage.join(run, "item_gram"), ledger_path)
+        seconds["item_gram"] = time.perf_counter() - started
     if copy:
         shutil.copytree(run, twin)  # the seed-file copy: the run folder before its first stats release
 
@@ -666,7 +728,7 @@ def audit_product(
     # scores (outside any plant: the caller scores after the releases)
     ledger = Ledger.open(ledger_path)
     accountant, delta = ledger.budget["accountant"], ledger.budget["delta"]
-    multipliers = ledger.budget["multipliers"]
+    groups, multipliers = set(multipliers), ledger.budget["multipliers"]  # the plan's groups; the run's multipliers
 
     def claimed(events) -> float:
         return accounting.epsilon_of(events, delta, accountant)
@@ -714,7 +776,7 @@ def audit_product(
                 stats_claim,
                 seconds["copy"],
             )
-    else:  # AM-DPSGD: each outer step's DP-SGD training, as its ledger records it
+    elif "dpsgd" in groups:  # AM-DPSGD: each outer step's DP-SGD training, as its ledger records it
         q, steps_per_update = config.dpsgd_schedule(units)
         event = accounting.dpsgd_event(config.privacy(units).multipliers()["dpsgd"], q, steps_per_update)
         for step in range(1, steps + 1):
@@ -722,11 +784,23 @@ def audit_product(
                 dpsgd_scores(run, size, config, step), member, claimed([event]), seconds[f"dpsgd-{step}"], False
             )
         step_events = [event] * steps
-    kind = "stats" if "stats" in multipliers else "dpsgd"
-    out[f"{name}: counts and {kind} composed"] = Scored(
-        count_scores + sum(out[f"{name}: {kind} step {s}"].scores for s in range(1, steps + 1)),
+    composed, events, parts = count_scores.copy(), [count_event], ["counts"]
+    for kind in ("stats", "dpsgd"):
+        if kind in groups:
+            composed += sum(out[f"{name}: {kind} step {s}"].scores for s in range(1, steps + 1))
+            events += step_events
+            parts.append(kind)
+    if "item_gram" in multipliers:  # scores of the covered canaries, on their own entries (Gaussian noise)
+        scores = item_gram_scores(storage.join(run, "item_gram", item_gram.TABLE), size, multipliers["item_gram"])
+        event = accounting.gaussian_event(multipliers["item_gram"])
+        out[f"{name}: item gram"] = Scored(scores, member[: scores.size], claimed([event]), seconds["item_gram"])
+        composed[: scores.size] += scores
+        events.append(event)
+        parts.append("item gram")
+    out[f"{name}: {', '.join(parts[:-1])} and {parts[-1]} composed"] = Scored(
+        composed,
         member,
-        claimed([count_event, *step_events]),
+        claimed(events),
         sum(seconds.values()) - seconds.get("copy", 0.0),
         False,
     )
@@ -867,14 +941,14 @@ def audit(
     """Make every product's releases on the canaries (with `plant` planted in this process), score
     them, and bound each row; returns the table's rows. `engine`: a Spark session, or "local"."""
     from bench.audit_plants import planted
-    from pipelines.training.settings import TrainConfig
+    from pipelines.training.settings import STATS_UPDATES, TrainConfig
     from schemas import storage
 
     rng = np.random.default_rng(seed)
     scored: dict[str, Scored] = {}
     configs = {name: TrainConfig.create(epsilon=epsilon, delta=delta, **PRODUCTS[name]) for name in products}
-    central = [
-        name for name, config in configs.items() if config.engine != "federated" and config.item_update != "dpsgd"
+    central = [  # the products with central statistics
+        name for name, config in configs.items() if config.engine != "federated" and config.item_update in STATS_UPDATES
     ]
     registry = storage.join(work, "budget-accounts")
     with throwaway_registry(registry), planted(plant):
@@ -908,7 +982,8 @@ def audit(
 NOT_AUDITED = (
     "not audited here: what a federated round's server sees beyond the noised sum (secure aggregation's masks: "
     "tests/privacy), and plans off the defaults (--loss logistic, --resamples, federated biases); the federated "
-    "product has canaries of its own, fewer (its round simulates every client)"
+    "product has canaries of its own, fewer (its round simulates every client); the item Gram is released over "
+    "items the audit lists (its covered canaries'), not the top items by DP count"
 )
 
 
@@ -955,8 +1030,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ssp audit",
         description="Empirical privacy audit, with canary users, of the releases `ssp train` makes by default "
-        "(ratings, ranking, the DP per-item mean: counts, mean, Gram, statistics): a lower bound on epsilon per "
-        "release and composed, next to the ledger's claim.",
+        "(ratings, ranking, the DP per-item mean, federated, AM-DPSGD, the DP item Gram: counts, mean, Gram, item "
+        "Gram, statistics, DP-SGD): a lower bound on epsilon per release and composed, next to the ledger's claim.",
         epilog="Exit status: 0 when every lower bound is at or below its claimed epsilon; "
         f"{EXIT_EXCEEDED} when one exceeds it (a privacy defect, or one planted with --plant; on a correct product "
         "with probability at most 1 - confidence); 2 on bad input.",

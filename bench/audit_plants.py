@@ -4,7 +4,8 @@ A plant replaces functions of the product at the place where the release code lo
 the duration of an audit only; the audit must then exit 1 (bench/audit.py). Each defect is planted
 where the real code of that step runs: the noise, the clips and the weights of the statistics run
 in the stats job's item tasks (Spark's Python workers, or this process on the local engine), the
-counts', mean's and Gram's noise on the driver, the federated clients' Skellam shares in the
+counts', mean's, Gram's and item Gram's noise on the driver, the item Gram's rows where its sums
+run (Spark's Python workers, or this process), the federated clients' Skellam shares in the
 round's client step and DP-SGD's noise in the item update (both in this process: Beam's
 DirectRunner runs the round here, TensorFlow the item update). `install` patches the process it runs in;
 `worker_hook` writes a `sitecustomize.py` that runs `install` in every Python process started with
@@ -35,6 +36,8 @@ DEFECTS = {
     "seed-copy": "noise keyed by the seed and release index only (a copied run folder draws the same noise)",
     "skellam-noise": "every federated client's Skellam share at half its planned std (a quarter of its variance)",
     "dpsgd-noise": "DP-SGD's gradients not noised while the ledger records the planned multiplier",
+    "item-gram-noise": "the item Gram's noise halved while the ledger records the planned multiplier",
+    "item-gram-norm": "each user's row over the item Gram's items not scaled to unit norm (1 on each item)",
 }
 SHARED_KEY = b"\x00" * 32  # shared-noise: the one noise key of every statistics release
 
@@ -49,8 +52,9 @@ def installed() -> str | None:
 def _patches(defect: str) -> list[tuple[object, str, object]]:
     """(object, attribute, replacement) of the defect."""
     from pipelines.engines import spark_stats
-    from pipelines.releases import counts, gram, mean, stats_core
+    from pipelines.releases import counts, gram, item_gram, mean, stats_core
     from privacy import accumulator
+    from privacy.accumulator import packed_size
     from privacy.noise import add_noise
     from privacy.seeds import SeedFile
 
@@ -97,6 +101,24 @@ def _patches(defect: str) -> list[tuple[object, str, object]]:
             return make_step(model, config, 0.0, *args)
 
         return [(dpsgd, "_make_step", noiseless)]
+    if defect == "item-gram-noise":
+        return [(item_gram, "add_noise", lambda z, std, *args, **kwargs: add_noise(z, std / 2, *args, **kwargs))]
+    if defect == "item-gram-norm":
+        sums = item_gram.item_gram_sums
+
+        def unscaled(users, item_ids, items):
+            """The sums with each user's row multiplied back by sqrt(n_u): 1 on each of its n_u items."""
+            users, item_ids = np.asarray(users, np.int64), np.asarray(item_ids, np.int64)
+            listed = np.isin(item_ids, items)
+            pairs = np.unique(np.stack([users[listed], item_ids[listed]]), axis=1)
+            owners, n = np.unique(pairs[0], return_counts=True)
+            per_row = n[np.searchsorted(owners, pairs[0])]
+            total = np.zeros(packed_size(np.size(items)))
+            for k in np.unique(per_row):
+                total += k * sums(pairs[0][per_row == k], pairs[1][per_row == k], items)
+            return total
+
+        return [(item_gram, "item_gram_sums", unscaled)]
     if defect == "seed-copy":
         return [(SeedFile, "release_seed", lambda self, index: self.seed)]
     if defect == "bias-noise":

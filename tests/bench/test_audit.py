@@ -91,15 +91,17 @@ def _table(stdout: str) -> dict[str, tuple[float, float]]:
 
 
 def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, monkeypatch):
-    """Every release group of the central plans, on the test session's Spark; the audit's budget accounts
-    go to a registry of its own, never the machine's."""
+    """Every release group of the central plans, on the test session's Spark (the item Gram's sums in
+    its Python workers); the audit's budget accounts go to a registry of its own, never the machine's."""
+    from privacy import accounting
+    from privacy.ledger import Ledger
     from privacy.lifetime_budget import ACCOUNTS_ENV
 
     machine = tmp_path / "machine-registry"
     monkeypatch.setenv(ACCOUNTS_ENV, str(machine))
     work = tmp_path / "work"
     code, stdout = ssp_audit(
-        capsys, "--quick", "--seed", "3", "-q", "--work", str(work), "--products", "ratings,ranking,item-mean"
+        capsys, "--quick", "--seed", "3", "-q", "--work", str(work), "--products", "ratings,ranking,item-mean,gram"
     )
     assert code == 0, stdout
     rows = _table(stdout)
@@ -119,9 +121,20 @@ def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, mon
         "item-mean: stats step 1",
         "item-mean: counts and stats composed",
         f"item-mean: mean ({audit.QUICK.trials} releases)",
+        "gram: counts",
+        "gram: item gram",
+        "gram: counts and item gram composed",
     }
     assert all(bound <= claimed for claimed, bound in rows.values())
-    assert rows["ratings: stats step 1"][1] > 0  # the audit sees the releases at all
+    assert rows["ratings: stats step 1"][1] > 0 and rows["gram: item gram"][1] > 0  # the audit sees the releases
+    # the item Gram is the product's release, in its ledger at the plan's multiplier, claimed as one Gaussian
+    ledger = Ledger.open(str(work / "gram" / "run" / "ledger.parquet"))
+    assert [row["name"] for row in ledger.rows] == ["counts", "item_gram"]
+    multiplier = ledger.budget["multipliers"]["item_gram"]
+    assert rows["gram: item gram"][0] == pytest.approx(
+        accounting.epsilon_of([accounting.gaussian_event(multiplier)], 1e-5, "pld"), abs=0.005
+    )
+    assert ledger.epsilon_spent() == pytest.approx(4.0, abs=0.01)
     assert "PASS" in stdout and "at most 0.01" in stdout
     assert not machine.exists() and os.environ[ACCOUNTS_ENV] == str(machine)
     assert list((work / "budget-accounts").glob("*.account.json"))
@@ -200,6 +213,36 @@ def test_the_audit_follows_the_plan(monkeypatch, tmp_path):
     monkeypatch.setattr(PrivacySettings, "multipliers", lambda self: {**planned(self), "new-release": 1.0})
     with pytest.raises(ValueError, match="no auditor for the release group"):
         audit.audit(audit.QUICK, 4.0, 0.99, engine="local", work=str(tmp_path), seed=3, products=("ratings",))
+
+
+@pytest.mark.slow
+def test_ssp_audit_quick_passes_on_am_ssp_with_the_item_gram(capsys, tmp_path, monkeypatch):
+    """AM-SSP with `--item-gram-share` (its statistics, the users' Gram and the item Gram in one plan)
+    on the local engine (the in-suite path of the item Gram: the gram product)."""
+    cached_accounting.install(monkeypatch)
+    args = "--quick --seed 3 -q --engine local --trials 20 --products ranking-item-gram".split()
+    code, stdout = ssp_audit(capsys, *args, "--work", str(tmp_path / "work"))
+    assert code == 0, stdout
+    rows = _table(stdout)
+    assert {"ranking-item-gram: item gram", "ranking-item-gram: counts, stats and item gram composed"} <= set(rows)
+    assert all(bound <= claimed for claimed, bound in rows.values())
+
+
+def test_item_gram_plants_are_found(tmp_path):
+    """The item Gram's noise halved, or its rows left at 1 per item (a covered canary has 2: twice its
+    unit-norm entries): each exceeds the claim at --quick. Scaled by 2 at the same noise, or at half
+    the noise, the canaries' released entries are one affine image of the other (same seed, same
+    noise draws): the two audits find the same bounds."""
+    found = {}
+    for plant in ("item-gram-noise", "item-gram-norm"):
+        table = audit.audit(
+            audit.QUICK, 4.0, 0.99, engine="local", work=str(tmp_path / plant), seed=3, plant=plant, products=("gram",)
+        )
+        found[plant] = {row.release: row for row in table}
+        assert {row.release for row in table if row.exceeded} == {"gram: item gram"}
+    noise, norm = found["item-gram-noise"]["gram: item gram"], found["item-gram-norm"]["gram: item gram"]
+    assert noise.claimed == norm.claimed == pytest.approx(3.76, abs=0.01)
+    assert noise.gaussian == pytest.approx(norm.gaussian, rel=1e-6) and noise.one_run == norm.one_run
 
 
 @pytest.mark.parametrize(
