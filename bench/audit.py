@@ -431,8 +431,9 @@ def federated_release(config, job, rng: np.random.Generator, round_secret: bytes
     """A step's statistics released by the federated engine's round, as `ssp train --engine federated`
     makes it (pipelines.training.stats_stage: the engine's release_stats, its FederatedJob from the
     config): every user a client that solves its embedding from its own rows (the centred rows) and
-    the broadcast item embeddings, normal vectors for the background items and e_axis (canary_vector's
-    axis) for a canary's items, so that its solution y / (1 + lambda_u) e_axis (no gravity) lies beyond
+    the broadcast item embeddings, normal vectors for the background items and s e_axis (canary_vector's
+    axis, s = sqrt(lambda_u): the scale that makes the solution longest) for a canary's items, so that
+    its solution y s / (s^2 + lambda_u) e_axis = y / (2 sqrt(lambda_u)) e_axis (no gravity) lies beyond
     the clip, where canary_row puts it. `round_secret`: the simulated devices' root secret (None:
     fresh, as a run draws it)."""
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -444,12 +445,17 @@ def federated_release(config, job, rng: np.random.Generator, round_secret: bytes
 
     rows = storage.read_table(job.interactions, columns=["user_id", "label"])
     canaries = rows["label"].to_numpy()[rows["user_id"].to_numpy() >= CANARY_USERS]
-    if config.gravity or (canaries.size and canaries.min() / (1 + config.lambda_u) <= job.settings.clip_u):
-        raise RuntimeError("the federated canaries' embeddings would not lie beyond the clip on their axis")
+    scale = math.sqrt(config.lambda_u) if config.lambda_u > 0 else 1.0
+    longest = scale / (scale**2 + config.lambda_u)  # the canary's solution per unit of its centred label
+    if config.gravity or (canaries.size and canaries.min() * longest <= job.settings.clip_u):
+        raise RuntimeError(
+            f"the federated canaries' embeddings would not lie beyond the clip on their axis (smallest centred label "
+            f"{canaries.min():.4g}, gravity {config.gravity:g}, clip_u {job.settings.clip_u:g})"
+        )
     items = storage.read_table(job.items, columns=["item_id"])["item_id"].to_numpy()
     axis = (job.step - 1) % min(2, job.settings.dim)
     vectors = rng.normal(size=(items.size, job.settings.dim))
-    vectors[items >= CANARY_ITEMS] = np.eye(job.settings.dim)[axis]
+    vectors[items >= CANARY_ITEMS] = scale * np.eye(job.settings.dim)[axis]
     broadcast = storage.join(job.out + "-broadcast", "item_embeddings.parquet")
     storage.write_table(
         pa.table({"item_id": items, "embedding": [list(v) for v in vectors]}, schema=ITEM_EMBEDDINGS), broadcast
