@@ -161,7 +161,14 @@ def test_the_experiment_end_to_end(movielens, tmp_path, monkeypatch, spark):
             pairs.shape[1],
             np.unique(pairs[0]).size,
         )
-        for ranker in ("model", "popularity_by_features", "popularity_by_features_exact", "random"):
+        rankers = (
+            "model",
+            "model_features_popularity",
+            "popularity_by_features",
+            "popularity_by_features_exact",
+            "random",
+        )
+        for ranker in rankers:
             assert value[ranker]["users"] == value["users"]
             assert all(0 <= value[ranker][k] <= 1 for k in metrics.RANKING)
         assert 0 < value["epsilon_spent"] <= 5.0 + 1e-9
