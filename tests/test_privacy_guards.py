@@ -3,14 +3,17 @@
 A fault probe found that a run handed another run's seed file released its DP counts with the
 other run's noise before anything was refused, that a prepared run whose ledger was deleted got a
 fresh one (and reused release 0's noise key), and that budget was spent before the settings were
-checked. Each case here runs the real `ssp` binary, as an operator would: refusals exit 2 with one
-line naming the problem, spend nothing, and leave no new run directory behind.
+checked. The cases run the real `ssp` binary, as an operator would (one exception, under Cost):
+refusals exit 2 with one line naming the problem, spend nothing, and leave no new run directory
+behind.
 
 Cost: a whole `ssp train` starts a JVM before its prepare stage, so a refusal that comes from the
 prepare stage is checked through `ssp train --stage prepare` (the same function, no JVM), and its
-twin through the whole `ssp train` is marked slow (`-m slow`); `ssp counts` runs on `--engine local`
-and `ssp stats` on `--engine beam` (tests/pipelines prove the engines make the same releases). The
-tests that only read a prepared run share one (`prepared`); one that changes it works on a copy,
+twin through the whole `ssp train` is marked slow (`-m slow`); `ssp counts` and `ssp stats` run on
+`--engine local` (tests/pipelines prove the engines make the same releases; the installed `ssp stats`
+on Beam: tests/pipelines/releases/test_bias_stats.py). The refusal of each invalid setting is checked
+through `ssp.cli.main`, the function the command runs, and one of them through the command itself.
+The tests that only read a prepared run share one (`prepared`); one that changes it works on a copy,
 which keeps the run's seed file, ledger id and budget account, as any copy of a run folder does.
 """
 
@@ -295,8 +298,24 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
         ("--bias-coordinate", "0"),
     ],
 )
-def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, flag, value):
-    refused("train", "--data", data, "--out", tmp_path / "run", *FAST, flag, value, pattern=flag)
+def test_every_invalid_setting_is_refused_with_nothing_spent(data, tmp_path, capsys, flag, value):
+    """Through `ssp.cli.main`, the function the installed command runs (one process start per setting
+    would only repeat test_an_invalid_setting_is_refused_by_the_installed_command)."""
+    from ssp import cli
+
+    try:
+        status = cli.main(["train", "--data", data, "--out", str(tmp_path / "run"), *FAST, flag, value])
+    except SystemExit as exit:  # argparse's own refusals (a choice not offered) exit from inside main
+        status = exit.code
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert status == 2 and "Traceback" not in err, err
+    assert len(errors) == 1 and errors[0].startswith("ssp train: error: ") and flag in errors[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_invalid_setting_is_refused_by_the_installed_command(data, tmp_path):
+    refused("train", "--data", data, "--out", tmp_path / "run", *FAST, "--clip-y", "0", pattern="--clip-y")
     assert not (tmp_path / "run").exists()
 
 
@@ -518,7 +537,7 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
             5,
             *budget,
             "--engine",
-            "beam",
+            "local",
         )
         table = storage.read_table(str(folder / out / "resample-0.parquet")).sort_by("item_id")
         return np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist())
