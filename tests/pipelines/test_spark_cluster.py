@@ -3,9 +3,10 @@ on 127.0.0.1, and the commands docs/operations.md gives, with the master a clust
 spark-submit (once, to spark-submit). The jobs must run on the cluster's executors, not in a
 local-mode driver, and release the bits a local-mode run releases: the user update with the nodes'
 Python named by spark.pyspark.python; the stats job from a folder holding only its entry script,
-with what `ssp spark-package` ships (the project zip, a slim executor environment); and an
+with what `ssp spark-package` ships (the project zip, a slim executor environment), in which an
 executor killed by its pid while a task of the release runs is retried with the same bits and one
-charge."""
+charge (one application for both: each costs a driver and two executors, each unpacking the
+environment)."""
 
 from __future__ import annotations
 
@@ -98,15 +99,12 @@ def assert_same_statistics(run: str, reference: str) -> None:
 
 @pytest.mark.cluster
 def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster, shipment, runs, tmp_path):
-    """One test for the three applications, so that one test worker starts the cluster once (the
-    suite's workers steal tests from each other): the documented user update, the shipped stats
-    line, and an executor killed during a release."""
+    """One test for the two applications, so that one test worker starts the cluster once (the
+    suite's workers steal tests from each other): the documented user update, and the shipped stats
+    line with an executor killed during its release."""
     user_update_runs_on_the_cluster(cluster, runs, tmp_path / "user-update")
-    the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(
+    the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script_through_a_killed_executor(
         cluster, shipment, runs, tmp_path / "shipped"
-    )
-    an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(
-        cluster, runs, tmp_path / "killed"
     )
 
 
@@ -150,29 +148,6 @@ def application_settings(events: Path) -> dict[str, str]:
     raise AssertionError(f"{events} records no environment")
 
 
-def the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script(cluster, shipment, runs, tmp_path):
-    """`ssp spark-package`'s line: the executors run the shipped environment's Python (unpacked in
-    each executor's folder; the line names no other, and the cluster's environment has no PYTHONPATH
-    nor PYSPARK_PYTHON), the project comes from the shipped zip."""
-    tmp_path.mkdir()
-    run = copy_run(runs["users"], tmp_path / "run")
-    entry = tmp_path / "entry"
-    entry.mkdir()
-    shutil.copy(ROOT / "pipelines" / "stats.py", entry)
-    line = shipping.spark_submit_line(shipment, cluster.master, "stats.py", ("--run", run, "--step", "1"))
-    assert line[:3] == ["spark-submit", "--master", cluster.master] and "spark.pyspark.python=./env/bin/python" in line
-    result = cluster.submit(
-        *line[3:], cwd=entry
-    )  # the cluster's spark-submit and master, then the line's own arguments
-    assert_ran_on_both_workers(cluster, "ssp-stats", result.stderr)
-    apps = {executor["appid"] for _, executor in cluster.executors_of("ssp-stats")}
-    unpacked = [
-        path for app in apps for path in cluster.folder.glob(f"worker-*/{app}/*/{shipping.ENV_NAME}/bin/python")
-    ]
-    assert {path.parents[4].name for path in unpacked} == {"worker-0", "worker-1"}, unpacked
-    assert_same_statistics(run, str(runs["local"]))
-
-
 def test_the_executor_environment_holds_only_what_the_tasks_import(shipment):
     names = {name.split("==")[0].lower() for name in shipment.distributions}
     assert {"numpy", "pyarrow", "numba", "llvmlite", "gcsfs", "fsspec", "pyspark", "py4j"} <= names
@@ -185,12 +160,11 @@ def test_the_executor_environment_holds_only_what_the_tasks_import(shipment):
     assert shipment.env_bytes < 600 << 20
 
 
-GATED_DRIVER = textwrap.dedent('''
-    """pipelines/stats.py with its release's first item task held at a gate until it is killed."""
-    import os, sys, time
-    sys.path.insert(0, os.getcwd())
-    from pipelines.engines import spark_stats
-    import pipelines.stats
+GATE_WRAPPER = textwrap.dedent('''
+    """Runs the stats entry script in the working folder (spark-submit's script, as copied there) with
+    its release's first item task held at a gate until it is killed."""
+    import os, runpy, time
+    from pipelines.engines import spark_stats  # from the shipped project zip (--py-files)
 
     GATE = os.environ["SSP_TEST_GATE"]
 
@@ -213,7 +187,7 @@ GATED_DRIVER = textwrap.dedent('''
         yield from item_shards(*args, **kwargs)
 
     spark_stats.item_shards = gated  # pickled by value with the job's reduce function, which looks it up by name
-    sys.exit(pipelines.stats.main())
+    runpy.run_path("stats.py", run_name="__main__")  # the script as spark-submit runs it; it exits with its status
 ''')
 
 
@@ -228,20 +202,31 @@ def executor_of(pid: int) -> int:
     raise AssertionError("no executor JVM above the gated Python worker")
 
 
-def an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_charge(cluster, runs, tmp_path):
-    """pipelines/stats.py with its release's first reduce task held at a gate (it waits to be told,
-    no sleep decides anything): its executor's JVM killed by pid, Spark retries the task elsewhere."""
+def the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script_through_a_killed_executor(
+    cluster, shipment, runs, tmp_path
+):
+    """`ssp spark-package`'s line: the executors run the shipped environment's Python (unpacked in
+    each executor's folder; the line names no other, and the cluster's environment has no PYTHONPATH
+    nor PYSPARK_PYTHON), the project comes from the shipped zip. The line runs from a folder holding
+    only pipelines/stats.py; a wrapper in a folder of its own runs that script with its release's
+    first reduce task held at a gate (it waits to be told, no sleep decides anything), whose
+    executor's JVM is killed by pid: Spark retries the task elsewhere, with the same bits and one
+    charge."""
     from tests.spark_cluster import spark_env
 
     tmp_path.mkdir()
     run = copy_run(runs["users"], tmp_path / "run")
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    (tmp_path / "gated_stats.py").write_text(GATED_DRIVER)
-    command = cluster.command(tmp_path / "gated_stats.py", "--run", run, "--step", "1", conf=NODE_CONF)
+    entry, wrapper, gate = tmp_path / "entry", tmp_path / "wrapper", tmp_path / "gate"
+    for folder in (entry, wrapper, gate):
+        folder.mkdir()
+    shutil.copy(ROOT / "pipelines" / "stats.py", entry)
+    (wrapper / "gated_stats.py").write_text(GATE_WRAPPER)
+    line = shipping.spark_submit_line(shipment, cluster.master, "stats.py", ("--run", run, "--step", "1"))
+    assert line[:3] == ["spark-submit", "--master", cluster.master] and "spark.pyspark.python=./env/bin/python" in line
+    assert line[-5:] == ["stats.py", "--run", run, "--step", "1"]
     job = subprocess.Popen(
-        command,
-        cwd=ROOT,
+        cluster.command(*line[3:-5], wrapper / "gated_stats.py", *line[-4:]),  # the cluster's spark-submit and master
+        cwd=entry,
         env=spark_env(SSP_TEST_GATE=str(gate)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -261,6 +246,12 @@ def an_executor_killed_during_the_release_is_retried_with_the_same_bits_and_one_
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0, err[-4000:]
+    assert_ran_on_both_workers(cluster, "ssp-stats", err)
+    apps = {executor["appid"] for _, executor in cluster.executors_of("ssp-stats")}
+    unpacked = [
+        path for app in apps for path in cluster.folder.glob(f"worker-*/{app}/*/{shipping.ENV_NAME}/bin/python")
+    ]
+    assert {path.parents[4].name for path in unpacked} == {"worker-0", "worker-1"}, unpacked
     assert "Lost executor" in err or "ExecutorLostFailure" in err, err[-4000:]
     assert_same_statistics(run, str(runs["local"]))
     ledger = Ledger.open(str(Path(run) / "ledger.parquet"))
