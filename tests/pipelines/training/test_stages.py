@@ -1,6 +1,9 @@
-"""The end-to-end training run: quality and metrics on the bundled data; resume, seed reuse, stage
-commands, coverage and the ranking protocol on a small synthetic data set (their properties do not
-depend on the data's size)."""
+"""The end-to-end training run: quality and metrics on the bundled data, on Spark; resume, seed reuse,
+stage commands, coverage and the ranking protocol on a small synthetic data set (their properties do
+not depend on the data's size), on the local engine, which releases Spark's bits
+(tests/pipelines/engines/test_local.py), except the stage commands: a DAG's tasks, on Spark. The
+resumed run and the stage commands are compared with one whole run of the same settings and seed
+(`reference`)."""
 
 import json
 import os
@@ -91,10 +94,28 @@ def tensorboard_scalars(folder) -> dict:
 
 
 def small(out, data, **kwargs):
+    """The small data set's settings, on the local engine unless given."""
+    kwargs = {"engine": "local", **kwargs}
     return settings.TrainConfig.create(data=data, out=str(out), epsilon=5.0, outer_steps=2, epochs=3, dim=8, **kwargs)
 
 
-def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeypatch, small_data):
+SEED = bytes(range(7, 39))  # the seed of the runs compared with `reference`
+
+
+def seed_file(path) -> str:
+    """A seed file of its own holding SEED (a seed file serves one ledger)."""
+    return SeedFile.create(str(path), SEED).path
+
+
+@pytest.fixture(scope="module")
+def reference(small_data, tmp_path_factory):
+    """One whole run of `small` settings with SEED, in one process: (its folder, its metrics)."""
+    folder = tmp_path_factory.mktemp("reference")
+    metrics = stages.run(small(folder / "run", small_data, seed_file=seed_file(folder / "seed")), progress=False)
+    return folder / "run", metrics
+
+
+def test_interrupted_run_resumes_without_spending_twice(tmp_path, monkeypatch, small_data, reference):
     calls = {"n": 0}
     real_train = ssp.train
 
@@ -105,13 +126,14 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
         return real_train(*args, **kwargs)
 
     monkeypatch.setattr(ssp, "train", dies_in_step_two)
+    seed = seed_file(tmp_path / "seed")
     with pytest.raises(KeyboardInterrupt):
-        stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
+        stages.run(small(tmp_path / "run", small_data, seed_file=seed), progress=False)
     manifest = json.load(open(tmp_path / "run" / "manifest.json"))
     assert manifest["steps_done"] == [1] and manifest["status"] == "running"
     step1 = open(tmp_path / "run" / "step-1" / "item_embeddings.parquet" / "part-00000.parquet", "rb").read()
     monkeypatch.setattr(ssp, "train", real_train)
-    metrics = stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
+    metrics = stages.run(small(tmp_path / "run", small_data, seed_file=seed), progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/stats/r0", "step-2/stats/r0"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
@@ -122,39 +144,39 @@ def test_interrupted_run_resumes_without_spending_twice(spark, tmp_path, monkeyp
     manifest["prepared"]["at"] -= 3600
     manifest["step_done_at"] = {step: at - 3600 for step, at in manifest["step_done_at"].items()}
     (tmp_path / "run" / "manifest.json").write_text(json.dumps(manifest))
-    again = stages.run(small(tmp_path / "run", small_data), spark=spark, progress=False)
+    again = stages.run(small(tmp_path / "run", small_data, seed_file=seed), progress=False)
     assert again["test_rmse"] == metrics["test_rmse"] and again["seconds"] < 600
     # a run with other settings in the same directory is refused
     with pytest.raises(ValueError, match=r"holds a run with other settings \(epsilon\)"):
-        stages.run(
-            small(tmp_path / "run", small_data).replace(epsilon=1.0),
-            spark=spark,
-            progress=False,
-        )
+        stages.run(small(tmp_path / "run", small_data, seed_file=seed).replace(epsilon=1.0), progress=False)
 
-    # the run's seed reproduces its releases byte for byte in a new directory (in a seed file of its own: one serves one
-    # ledger)
-    seed = SeedFile.create(
-        str(tmp_path / "seed-again"), SeedFile.load(str(tmp_path / "run" / "private" / "seed")).seed
-    ).path
-    again = stages.run(small(tmp_path / "again", small_data, seed_file=seed), spark=spark, progress=False)
+    # the resumed run's releases are byte for byte those of the run made in one go with its seed (`reference`)
+    whole, whole_metrics = reference
     for step in (1, 2):
         folder = tmp_path / "run" / f"step-{step}" / "stats" / "resample-0.parquet"
+        assert sorted(os.listdir(folder)) == sorted(os.listdir(whole / f"step-{step}" / "stats" / "resample-0.parquet"))
         for name in os.listdir(folder):
             assert (
                 open(folder / name, "rb").read()
-                == open(tmp_path / "again" / f"step-{step}" / "stats" / "resample-0.parquet" / name, "rb").read()
+                == open(whole / f"step-{step}" / "stats" / "resample-0.parquet" / name, "rb").read()
             )
-    assert again["test_rmse"] == pytest.approx(metrics["test_rmse"], abs=1e-9)
+    assert whole_metrics["test_rmse"] == pytest.approx(metrics["test_rmse"], abs=1e-9)
 
 
-def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
+def test_holdout_zero_is_the_production_mode(tmp_path, small_data):
     """--holdout 0: every row trains, and evaluate records the run (epsilon, releases, timings) and
     says there is no held-out data instead of reporting test metrics."""
     config = settings.TrainConfig.create(
-        data=small_data, out=str(tmp_path / "run"), epsilon=5.0, outer_steps=1, epochs=3, dim=8, holdout=0.0
+        data=small_data,
+        out=str(tmp_path / "run"),
+        epsilon=5.0,
+        outer_steps=1,
+        epochs=3,
+        dim=8,
+        holdout=0.0,
+        engine="local",
     )
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     split = json.load(open(tmp_path / "run" / "private" / "split" / "split.json"))
     assert split["holdout"] == 0.0 and split["sizes"]["train"]["rows"] == SMALL_USERS * SMALL_RATINGS  # every rating
     assert split["sizes"]["valid"]["rows"] == split["sizes"]["test"]["rows"] == 0
@@ -175,10 +197,8 @@ def test_holdout_zero_is_the_production_mode(spark, tmp_path, small_data):
         small(tmp_path / "bad", small_data, holdout=1.0)
 
 
-def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(spark, tmp_path, small_data):
-    metrics = stages.run(
-        small(tmp_path / "run", small_data, protocol="recall", encoder="id"), spark=spark, progress=False
-    )
+def test_recall_protocol_trains_an_id_encoder_on_top_items_by_dp_count(tmp_path, small_data):
+    metrics = stages.run(small(tmp_path / "run", small_data, protocol="recall", encoder="id"), progress=False)
     assert 0.0 <= metrics["test_recall_at_20"] <= 1.0 and 0.0 <= metrics["valid_recall_at_20"] <= 1.0
     # every ranking metric, the model's and DP popularity's, in metrics.json and in the summary
     recorded = json.load(open(tmp_path / "run" / "metrics.json"))
@@ -254,7 +274,7 @@ def test_the_dimension_and_the_weights_follow_the_protocol():
         settings.TrainConfig.create(weight_exponent=float("nan"))
 
 
-def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, tmp_path, small_data):
+def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(tmp_path, small_data):
     """AM-SSP's statistics cover the items whose DP count is at least stats_threshold * N/S
     (N/S = 2 sqrt(d) z, from the run's planned multiplier z); the stats job reads exactly their
     rows, the user update every row; the items left out keep what their public features say."""
@@ -263,7 +283,7 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
 
     config = small(tmp_path / "run", small_data, stats_threshold=4.0)
     run = Run(config.out)
-    stages.run(config, spark=spark, progress=False)
+    stages.run(config, progress=False)
     counts = storage.read_table(run.counts)
     tau = 4.0 * 2 * np.sqrt(config.encoder_dim) * prepare.ledger_multiplier(run.ledger)  # d = 8 and the bias coordinate
     covered = counts["item_id"].to_numpy()[counts["count"].to_numpy() >= tau]
@@ -313,7 +333,7 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(spark, t
 
 
 def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and_spends_nothing_on_them(
-    spark, tmp_path, small_data, caplog
+    tmp_path, small_data, caplog
 ):
     """No item's DP count clears the threshold (here an absurd one; in practice small data, a low
     epsilon, many resamples): the run does not fail after its counts were spent; it releases no
@@ -321,7 +341,7 @@ def test_a_run_whose_statistics_would_cover_nothing_keeps_its_starting_point_and
     from pipelines.training.run_dir import Run
 
     config = small(tmp_path / "run", small_data, stats_threshold=1e6)
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     run = Run(config.out)
     assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean"]
     assert metrics["epsilon_spent"] < config.epsilon and np.isfinite(metrics["test_rmse"])
@@ -375,9 +395,10 @@ def test_the_starting_point_is_the_principal_directions_of_the_features_weighted
         settings.TrainConfig.create(encoder_init="pca")
 
 
-def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys, small_data):
+def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, capsys, small_data, reference):
     """What the DAG does: one command per stage against one run directory, the later ones given only
-    --run (and --step); the stats job gets its flags. Same releases and metrics as run()."""
+    --run (and --step), on Spark; the stats job gets its flags. Same releases and metrics as run()
+    with the same seed (`reference`, on the local engine)."""
     from pipelines.releases import stats_job
     from pipelines.training.run_dir import Run
     from ssp import cli
@@ -393,7 +414,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         return capsys.readouterr().err.strip().splitlines()[-1]
 
     assert "holds no run" in ssp_error("item-update", "--run", run, "--step", "1")
-    ssp_ok("train", "--stage", "prepare", "--out", run, *flags)
+    ssp_ok("train", "--stage", "prepare", "--out", run, *flags, "--seed-file", seed_file(tmp_path / "seed"))
     assert (
         not (tmp_path / "staged" / "metrics.json").exists() and (tmp_path / "staged" / "step-0" / "checkpoint").is_dir()
     )
@@ -404,7 +425,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     assert "with --run give --step S" in ssp_error("stats", "--run", run)
     assert "one of the run's outer steps 1..2, got 3" in ssp_error("stats", "--run", run, "--step", "3")
     assert "give --interactions, --user-embeddings" in ssp_error("stats", "--dim", "8")
-    config = settings.TrainConfig.create(data=small_data, out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8)
+    config = settings.TrainConfig.create(
+        data=small_data, out=run, epsilon=5.0, outer_steps=steps, epochs=3, dim=8, seed_file=str(tmp_path / "seed")
+    )
     data_items = storage.join(run, "train_items.parquet")  # the catalog the statistics cover
     for s in range(1, steps + 1):
         ssp_ok("user-update", "--run", run, "--step", str(s))
@@ -437,7 +460,9 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
             "0",  # the run plans no Gram release (ratings)
             "--ledger",
             storage.join(run, "ledger.parquet"),
-        ]  # the run's ledger keeps its data source's account
+            "--seed-file",
+            str(tmp_path / "seed"),
+        ]  # the run's ledger keeps its data source's account, its seed file the noise's seed
         parsed = cli.build_parser().parse_args(["stats", *flags])
         assert stats_job.StatsJob.from_args(parsed) == stats_stage.stats_job_for(Run(run), config, s, data_items)
         staged = cli.build_parser().parse_args(
@@ -484,14 +509,11 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
     )
 
     staged = json.load(open(tmp_path / "staged" / "metrics.json"))
-    seed = SeedFile.create(
-        str(tmp_path / "seed-whole"), SeedFile.load(str(tmp_path / "staged" / "private" / "seed")).seed
-    ).path  # one ledger a seed file
-    whole = stages.run(small(tmp_path / "whole", small_data, seed_file=seed), spark=spark, progress=False)
+    whole_run, whole = reference
     assert staged["test_rmse"] == pytest.approx(whole["test_rmse"], abs=1e-9)
     for name in ("ledger.parquet",):
         assert [row["name"] for row in Ledger.open(str(tmp_path / "staged" / name)).rows] == [
-            row["name"] for row in Ledger.open(str(tmp_path / "whole" / name)).rows
+            row["name"] for row in Ledger.open(str(whole_run / name)).rows
         ]
     assert staged["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and set(staged["step_seconds"]) == {"1", "2"}
 
