@@ -1,4 +1,6 @@
-"""The comparators under `ssp train`: DP-ALS, DP-CMF and AM-DPSGD on the bundled data, same pipeline."""
+"""The comparators under `ssp train`: DP-ALS, DP-CMF and AM-DPSGD on the bundled data, same pipeline,
+on the local engine (it releases the Spark engine's bits: tests/pipelines/engines/test_local.py; the
+item updates read only released tables, whichever engine released them)."""
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from trainer.solve import ridge_solve
 
 
 def small(out, **kwargs):
-    return settings.TrainConfig.create(out=str(out), outer_steps=2, epochs=2, **kwargs)
+    return settings.TrainConfig.create(out=str(out), outer_steps=2, epochs=2, engine="local", **kwargs)
 
 
 def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -23,13 +25,13 @@ def vectors(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("biases", [False, True])
-def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
+def test_dp_als_without_noise_is_plain_als(tmp_path, biases):
     """Noise off, DP-ALS equals weighted-lambda ALS computed here from the exact training rows; with
     biases, each user's [u, b_u] against [v, 1] on y - b_j, and each item's [v, b_j] against [u, 1]
     on y - b_u (the bias coordinate c = --bias-coordinate without clipping; the item's bias is c times its
     coefficient)."""
     config = small(tmp_path / "run", non_private=True, item_update="als", encoder="id", dim=4, biases=biases)
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     run = run_dir.Run(config.out)
     rows = storage.read_table(run.centred)
     users, items, labels = rows["user_id"].to_numpy(), rows["item_id"].to_numpy(), rows["label"].to_numpy()
@@ -73,13 +75,12 @@ def test_dp_als_without_noise_is_plain_als(spark, tmp_path, biases):
 
 
 @pytest.mark.parametrize("biases", [False, True])
-def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, small_data):
+def test_dp_cmf_with_feature_weight_zero_is_dp_als(tmp_path, biases, small_data):
     """mu = 0 drops the feature term: DP-CMF is DP-ALS, biases included (DP-ALS is checked by hand above)."""
     als = stages.run(
         small(
             tmp_path / "als", data=small_data, non_private=True, item_update="als", encoder="id", dim=4, biases=biases
         ),
-        spark=spark,
         progress=False,
     )
     cmf0 = stages.run(
@@ -93,7 +94,6 @@ def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, smal
             feature_weight=0.0,
             biases=biases,
         ),
-        spark=spark,
         progress=False,
     )
     assert cmf0["test_rmse"] == pytest.approx(als["test_rmse"], abs=1e-9)
@@ -107,7 +107,6 @@ def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, smal
         return
     cmf = stages.run(
         small(tmp_path / "cmf", data=small_data, epsilon=5.0, item_update="cmf", encoder="id"),
-        spark=spark,
         progress=False,
     )
     assert np.isfinite(cmf["test_rmse"]) and cmf["epsilon_spent"] == pytest.approx(5.0, rel=1e-6)
@@ -116,7 +115,7 @@ def test_dp_cmf_with_feature_weight_zero_is_dp_als(spark, tmp_path, biases, smal
     ).exists()  # projected once per step
 
 
-def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
+def test_am_dpsgd_spends_the_budget_through_the_ledger(tmp_path):
     """AM-DPSGD plans its sampling over the DP number of users released with the counts: the exact
     number appears nowhere outside RUN/private/ (manifest, ledger event, logs)."""
     import json
@@ -131,7 +130,7 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     config = small(
         tmp_path / "run", epsilon=5.0, item_update="dpsgd", dpsgd_epochs=1.0, dpsgd_batch_size=64, seed_file=seed
     )
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     ledger = Ledger.open(str(tmp_path / "run" / "ledger.parquet"))
     assert [row["name"] for row in ledger.rows] == ["counts", "mean", "step-1/dpsgd", "step-2/dpsgd"]
     assert metrics["epsilon_spent"] == pytest.approx(5.0, rel=1e-6) and metrics["epsilon_spent"] <= 5.0
@@ -163,7 +162,7 @@ def test_am_dpsgd_spends_the_budget_through_the_ledger(spark, tmp_path):
     assert np.isfinite(metrics["test_rmse"]) and metrics["test_rmse"] < 1.5
 
 
-def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(spark, tmp_path):
+def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(tmp_path):
     """With biases AM-DPSGD fits [Clip(u), c] . [v, b] to the label less the user's bias, as the
     statistics do: non-private, the items' biases it writes follow their mean residual y - b_u."""
     from privacy.seeds import SeedFile
@@ -172,9 +171,15 @@ def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(sp
         str(tmp_path / "seed"), bytes(range(32))
     ).path  # DP-SGD's sampling is drawn from the run's seed
     config = settings.TrainConfig.create(
-        out=str(tmp_path / "run"), non_private=True, item_update="dpsgd", outer_steps=1, dim=4, seed_file=seed
+        out=str(tmp_path / "run"),
+        non_private=True,
+        item_update="dpsgd",
+        outer_steps=1,
+        dim=4,
+        seed_file=seed,
+        engine="local",
     )
-    stages.run(config, spark=spark, progress=False)
+    stages.run(config, progress=False)
     run = run_dir.Run(config.out)
     catalog, item_v = vectors(run.item_embeddings(1), 6)
     assert np.all(item_v[:, 5] == 1)
@@ -193,7 +198,7 @@ def unit_rms(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.sqrt(np.mean(np.sum(vectors**2, axis=1)))
 
 
-def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
+def test_dp_als_solves_from_the_mean_of_the_resamples(tmp_path):
     """With R resamples the budget pays for R noisy copies: DP-ALS uses their mean (1/R of the noise
     variance, and a noise ridge floor 1/sqrt(R) as high), not only the last copy."""
     from pipelines.releases import stats_job
@@ -208,8 +213,9 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
         encoder="id",
         dim=4,
         biases=False,
+        engine="local",
     )
-    stages.run(config, spark=spark, progress=False)
+    stages.run(config, progress=False)
     run = run_dir.Run(config.out)
     tables = stats_job.stats_tables(run.stats(1))
     assert len(tables) == 2 and [row["name"] for row in Ledger.open(run.ledger).rows] == [
@@ -245,7 +251,7 @@ def test_dp_als_solves_from_the_mean_of_the_resamples(spark, tmp_path):
     assert not np.allclose(got, last_only[space.index_of(items)], rtol=1e-4, atol=1e-5)
 
 
-def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
+def test_dp_item_mean_is_the_posterior_mean_of_its_release(tmp_path):
     """--item-update item-mean on the bundled data: every user is [1, 0] (no embedding, no bias), so
     each step's release holds each item's weighted count and label sum alone (d = 1, the bias
     coordinate), and the items are [b_j, 1] with b_j the posterior mean trainer.item_mean computes
@@ -254,10 +260,10 @@ def test_dp_item_mean_is_the_posterior_mean_of_its_release(spark, tmp_path):
     from trainer.features import FeatureSpace
 
     config = settings.TrainConfig.create(
-        out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1
+        out=str(tmp_path / "run"), epsilon=20.0, item_update="item-mean", encoder="id", outer_steps=1, engine="local"
     )
     assert (config.embedding_dim, config.encoder_dim, config.vector_dim) == (0, 1, 2)
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     run = run_dir.Run(config.out)
     assert [row["name"] for row in Ledger.open(run.ledger).rows] == ["counts", "mean", "step-1/stats/r0"]
     _, users = vectors(run.user_embeddings(None), 2)
