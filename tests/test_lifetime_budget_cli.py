@@ -1,7 +1,9 @@
 """The lifetime budget of a named data source, through the installed `ssp`, as an operator runs it:
 next week's rows (some added, some removed, one user gone) charge the same account and are refused
 at its cap; the same rows under a second name are refused; a run folder copied with `cp -r` whose
-copy makes a release on other inputs is charged for it."""
+copy makes a release on other inputs is charged for it. The commands that release or are refused
+run as subprocesses; the ingests and user updates that only set the stage run through
+`ssp.cli.main`, the function the command runs (each process would cost a Python start)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pyarrow.parquet as pq
 
 from privacy.lifetime_budget import BudgetAccount, accounts_home
 from schemas import storage
+from ssp import cli
 from tests.test_hostile_cli import assert_refused, ssp
 
 USERS, ITEMS = 80, 30
@@ -35,7 +38,7 @@ def week(folder: Path, name: str, users: range, seed: int) -> Path:
 
 def ingested(folder: Path, log: Path, source: str) -> Path:
     out = folder / f"data-{log.stem}-{source}"
-    result = ssp(
+    command = [
         "ingest",
         "--interactions",
         log,
@@ -56,8 +59,8 @@ def ingested(folder: Path, log: Path, source: str) -> Path:
         source,
         "--out",
         out,
-    )
-    assert result.returncode == 0, result.stderr
+    ]
+    assert cli.main([*map(str, command), "-q"]) == 0
     return out
 
 
@@ -95,7 +98,7 @@ def test_a_copied_run_folders_release_on_other_inputs_is_charged(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)  # cp -r, as an operator would
     for run in (original, copy):
-        assert ssp("user-update", "--run", run, "--step", 1, "--engine", "local").returncode == 0
+        assert cli.main(["user-update", "--run", str(run), "--step", "1", "--engine", "local", "-q"]) == 0
     rows = storage.read_table(str(copy / "private" / "stats_rows.parquet"))  # the copy's inputs: one user fewer
     gone = pc.min(rows["user_id"]).as_py()
     storage.write_table(rows.filter(pc.not_equal(rows["user_id"], gone)), str(copy / "private" / "stats_rows.parquet"))
