@@ -79,8 +79,9 @@ def planted_tables(folder: Path, users: int = 500, items: int = 160, seed: int =
 
 
 @pytest.fixture(scope="module")
-def published(spark, tmp_path_factory):
-    """The planted tables ingested, trained (ranking protocol, implicit feedback) and published."""
+def published(tmp_path_factory):
+    """The planted tables ingested, trained (ranking protocol, implicit feedback; on the local engine,
+    which releases the Spark engine's bits: tests/pipelines/engines/test_local.py) and published."""
     root = tmp_path_factory.mktemp("own-data")
     clicks, products = planted_tables(root / "raw")
     assert (
@@ -108,9 +109,16 @@ def published(spark, tmp_path_factory):
         == 0
     )
     config = settings.TrainConfig.create(
-        data=str(root / "data"), out=str(root / "run"), protocol="recall", epsilon=8.0, outer_steps=2, epochs=3, dim=8
+        data=str(root / "data"),
+        out=str(root / "run"),
+        protocol="recall",
+        epsilon=8.0,
+        outer_steps=2,
+        epochs=3,
+        dim=8,
+        engine="local",
     )
-    metrics = stages.run(config, spark=spark, progress=False)
+    metrics = stages.run(config, progress=False)
     publish(Run(str(root / "run")), str(root / "published"))
     return root, metrics
 
