@@ -114,8 +114,8 @@ def test_bad_input_is_one_line_error_with_status_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
-def test_split_accepts_a_movielens_folder(tmp_path, capsys):
+def test_split_accepts_a_movielens_folder(spark, tmp_path, capsys):
+    """On the default engine, Spark: the test session's (`spark`), which the command uses as it finds it."""
     assert cli.main(["split", "--protocol", "rmse", "--out", str(tmp_path / "split")]) == 0
     out = capsys.readouterr().out
     assert (

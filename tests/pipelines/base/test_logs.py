@@ -37,8 +37,8 @@ def counts(tmp_path, *flags):
     )
 
 
-@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
-def test_default_shows_progress_quiet_hides_it_verbose_adds_the_releases(tmp_path, capsys):
+def test_default_shows_progress_quiet_hides_it_verbose_adds_the_releases(spark, tmp_path, capsys):
+    """On the default engine, Spark: the test session's (`spark`), which the command uses as it finds it."""
     assert counts(tmp_path / "a") == 0
     out, err = capsys.readouterr()
     assert "counts: release 0, noise multiplier" in err and "released DP counts of 3 items" in out

@@ -591,11 +591,11 @@ def test_make_split_recall_round_trip(tmp_path):
     assert document["sizes"]["train"] == {"rows": 25 * 11, "users": 25}
 
 
-@pytest.mark.spark  # an `ssp` that starts Spark (the default engine)
-def test_the_positives_follow_the_declared_rating_scale_or_the_flag(tmp_path):
+def test_the_positives_follow_the_declared_rating_scale_or_the_flag(spark, tmp_path):
     """On a 1..10 scale the positives are the top 30% (above 7.3: 8, 9, 10), not "above 3.5"; on
     MovieLens' 0.5..5 (and data that declares no scale) 4 and up, as the papers'. --positive-threshold
-    overrides it; implicit feedback keeps every row and refuses the flag. Checked through `ssp split`."""
+    overrides it; implicit feedback keeps every row and refuses the flag. Checked through `ssp split`,
+    on the default engine: the test session's Spark (`spark`), which the command uses as it finds it."""
     from ssp import cli
 
     assert splits.scale_threshold((1.0, 10.0)) == pytest.approx(7.3) and splits.POSITIVE_THRESHOLD == pytest.approx(
