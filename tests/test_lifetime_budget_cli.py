@@ -60,7 +60,7 @@ def ingested(folder: Path, log: Path, source: str) -> Path:
         "--out",
         out,
     ]
-    assert cli.main([*map(str, command), "-q"]) == 0
+    assert cli.main([*map(str, command)]) == 0
     return out
 
 
@@ -98,7 +98,7 @@ def test_a_copied_run_folders_release_on_other_inputs_is_charged(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)  # cp -r, as an operator would
     for run in (original, copy):
-        assert cli.main(["user-update", "--run", str(run), "--step", "1", "--engine", "local", "-q"]) == 0
+        assert cli.main(["user-update", "--run", str(run), "--step", "1", "--engine", "local"]) == 0
     rows = storage.read_table(str(copy / "private" / "stats_rows.parquet"))  # the copy's inputs: one user fewer
     gone = pc.min(rows["user_id"]).as_py()
     storage.write_table(rows.filter(pc.not_equal(rows["user_id"], gone)), str(copy / "private" / "stats_rows.parquet"))

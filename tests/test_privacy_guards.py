@@ -13,8 +13,10 @@ twin through the whole `ssp train` is marked slow (`-m slow`); `ssp counts` and 
 `--engine local` (tests/pipelines prove the engines make the same releases; the installed `ssp stats`
 on Beam: tests/pipelines/releases/test_bias_stats.py). The refusal of each invalid setting is checked
 through `ssp.cli.main`, the function the command runs, and one of them through the command itself.
-The tests that only read a prepared run share one (`prepared`); one that changes it works on a copy,
-which keeps the run's seed file, ledger id and budget account, as any copy of a run folder does.
+The data set, the shared prepared run and the runs that only charge an account before a refusal are
+made through `ssp.cli.main` in this process. The tests that only read a prepared run share one
+(`prepared`); one that changes it works on a copy, which keeps the run's seed file, ledger id and
+budget account, as any copy of a run folder does.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ def ssp(*args, check=True):
     return result
 
 
+def in_process(*args):
+    """`ssp args` through `ssp.cli.main`, the function the command runs: for the runs and data sets
+    that set the stage (each process would cost a Python start), not for what is checked."""
+    from ssp import cli
+
+    assert cli.main([*map(str, args)]) == 0
+
+
 def refused(*args, pattern):
     """`ssp args` exits 2 with one error line matching `pattern` and no traceback."""
     result = ssp(*args, check=False)
@@ -64,7 +74,7 @@ def refused(*args, pattern):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("guards") / "data"
-    ssp("synth", "--users", 150, "--items", 60, "--ratings-per-user", 8, "--out", folder)
+    in_process("synth", "--users", 150, "--items", 60, "--ratings-per-user", 8, "--out", folder)
     return str(folder)
 
 
@@ -89,12 +99,8 @@ def prepared(data, tmp_path_factory):
     """One run of `data` prepared with PREPARED settings (counts and mean released), for the tests
     that only read it; a test that changes it copies it first."""
     run = tmp_path_factory.mktemp("guards-prepared") / "run"
-    ssp("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED)
+    in_process("train", "--stage", "prepare", "--data", data, "--out", run, *PREPARED)
     return str(run)
-
-
-def prepare(data, out, *flags, check=True):
-    return ssp("train", "--stage", "prepare", "--data", data, "--out", out, *FAST, *flags, check=check)
 
 
 def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, prepared, tmp_path):
@@ -444,7 +450,20 @@ def test_the_budget_account_composes_runs_and_refuses_past_its_cap(data, tmp_pat
         (accounting.epsilon_of(per_run * 2, 1e-5, kind) + accounting.epsilon_of(per_run * 3, 1e-5, kind)) / 2, 3
     )
     for run in ("a", "b"):
-        prepare(data, tmp_path / run, "--budget-account", account, "--account-cap", cap)
+        in_process(
+            "train",
+            "--stage",
+            "prepare",
+            "--data",
+            data,
+            "--out",
+            tmp_path / run,
+            *FAST,
+            "--budget-account",
+            account,
+            "--account-cap",
+            cap,
+        )
     events = [event for run in ("a", "b") for event in Ledger.open(str(tmp_path / run / "ledger.parquet")).events()]
     held = BudgetAccount.open(account)
     reference = (
