@@ -10,7 +10,9 @@ where it does not; the file-size limit is `ulimit -f` (RLIMIT_FSIZE) in the chil
 Each `ssp` process costs ~1.5 s to start and one that starts Spark several seconds more, so Spark and
 Beam run only in the cases about their own errors: elsewhere `--engine local`, a stage command that
 reads the run before its engine starts (`ssp stats --run`), inputs written here rather than computed
-by a Spark job, and the whole-run cases on Spark in the slow set (`-m slow`) with a fast twin.
+by a Spark job, and the whole-run cases on Spark in the slow set (`-m slow`) with a fast twin. What
+only sets the stage of a case (the shared data set and run, an earlier data set a case must keep
+whole) is made through `ssp.cli.main` in this process.
 """
 
 from __future__ import annotations
@@ -100,11 +102,18 @@ def movielens_copy(folder: Path, ratings_rows: int | None = None) -> Path:
     return folder
 
 
+def in_process(*args) -> None:
+    """`ssp args` through `ssp.cli.main`, the function the command runs, for what sets the stage of a
+    case (an `ssp` process costs ~1.5 s): the data sets and runs below, an earlier data set."""
+    from ssp import cli
+
+    assert cli.main([*map(str, args)]) == 0
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hostile") / "ds"
-    result = ssp("ingest", "--out", out)
-    assert result.returncode == 0, result.stderr
+    in_process("ingest", "--out", out)
     return out
 
 
@@ -112,8 +121,7 @@ def dataset(tmp_path_factory) -> Path:
 def prepared(tmp_path_factory, dataset) -> Path:
     """A run whose first stage is done (split, DP counts and mean released), for the stage commands."""
     run = tmp_path_factory.mktemp("hostile-run") / "run"
-    result = ssp("train", "--data", dataset, "--out", run, "--epsilon", 5, "--stage", "prepare")
-    assert result.returncode == 0, result.stderr[-3000:]
+    in_process("train", "--data", dataset, "--out", run, "--epsilon", 5, "--stage", "prepare")
     return run
 
 
@@ -240,7 +248,7 @@ def test_a_read_only_output_is_refused_in_one_line(read_only, dataset):
 def test_a_failed_reingest_on_a_full_disk_keeps_the_earlier_data_set_whole(small_disk, tmp_path):
     disk = small_disk(1200)  # room for one data set of a few thousand ratings, not for two
     small = movielens_copy(tmp_path / "small", ratings_rows=3000)
-    assert ssp("ingest", "--source", small, "--out", disk / "ds").returncode == 0
+    in_process("ingest", "--source", small, "--out", disk / "ds")
     before = snapshot(disk / "ds")
     assert_refused(
         ssp("ingest", "--out", disk / "ds"), "No space left on device", disk / "ds"
@@ -269,7 +277,7 @@ def test_a_full_disk_during_training_is_one_line_and_the_ledger_stays_readable(s
 def test_a_file_size_limit_is_one_line_and_the_earlier_data_set_stays_whole(tmp_path):
     out = tmp_path / "ds"
     small = movielens_copy(tmp_path / "small", ratings_rows=2000)
-    assert ssp("ingest", "--source", small, "--out", out).returncode == 0
+    in_process("ingest", "--source", small, "--out", out)
     before = snapshot(out)
     assert_refused(ssp("ingest", "--out", out, fsize=200_000), "File too large")
     assert snapshot(out) == before and leftovers(tmp_path) == []
@@ -438,7 +446,7 @@ def test_a_data_set_without_a_declared_scale_is_checked_against_the_runs_range(t
 def test_a_successful_write_removes_the_staging_that_killed_writes_left(tmp_path):
     source = movielens_copy(tmp_path / "src", ratings_rows=500)
     out = tmp_path / "ds"
-    assert ssp("ingest", "--source", source, "--out", out).returncode == 0
+    in_process("ingest", "--source", source, "--out", out)
     (out / ".interactions.parquet.tmp-0123").mkdir()
     (out / ".interactions.parquet.tmp-0123" / "part-00000.parquet").write_bytes(b"half")
     (out / "manifest.json.tmp-4567").write_text("{")
