@@ -30,7 +30,9 @@ def test_two_processes_releasing_into_one_ledger_get_distinct_indices_and_every_
     path = str(tmp_path / "run" / "ledger.parquet")
     Ledger.create(path, 10.0, 1e-5)
     SeedFile.create(release.default_seed_path(path))  # the run's seed, created once before the writers start
-    context = multiprocessing.get_context("fork")
+    # fresh interpreters, as two commands would be: a fork of this process copies whatever locks its
+    # threads (gRPC's, Arrow's, a JVM gateway's) held at that moment, and a child could wait on one forever
+    context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     writers = [context.Process(target=_release_many, args=(path, name, barrier)) for name in ("a", "b")]
     for writer in writers:
@@ -154,7 +156,9 @@ def test_two_runs_charging_one_budget_account_at_once_lose_no_charge(tmp_path):
 
     account = str(tmp_path / "account.json")
     BudgetAccount.open_or_create(account, cap=None, delta=1e-5)
-    context = multiprocessing.get_context("fork")
+    # fresh interpreters, as two commands would be: a fork of this process copies whatever locks its
+    # threads (gRPC's, Arrow's, a JVM gateway's) held at that moment, and a child could wait on one forever
+    context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     runs = [
         context.Process(target=_charge_many, args=(account, str(tmp_path / name / "ledger.parquet"), barrier))
