@@ -731,7 +731,7 @@ BUDGET_REFUSED = {  # flags -> the error, for `ssp counts`, `ssp stats` and `ssp
     "count share 0": (["--epsilon", "1", "--count-share", "0"], r"count share must be in \(0, 1\)"),
     "mean share nan": (
         ["--epsilon", "1", "--mean-share", "nan"],
-        r"mean and gram shares must be >= 0|--mean-share must be a finite number, got nan",
+        r"mean, gram and item gram shares must be >= 0|--mean-share must be a finite number, got nan",
     ),
 }
 JOB_REFUSED = {
