@@ -132,12 +132,15 @@ class Size:
     of the shared releases (mean, Gram). There are as many background users as canaries, each with 5
     ratings at the bottom of the range, so that the DP mean stays low and a canary's centred label
     is beyond the label clip. The federated product has `federated` canaries of one item each: its
-    round simulates every client, whose vector spans the catalog. The item Gram covers the first
+    round simulates every client, whose vector spans the catalog; its background users rate
+    MEAN_RATINGS items each, so that its few users' DP mean stays far below the canaries' label
+    (their embeddings, solved from it, must lie beyond the clip). The item Gram covers the first
     `item_gram` canaries (ITEM_GRAM_ITEMS items each): its release is dense over its items."""
 
     canaries: int
     items_per_canary: int = 4
     background_items: int = 50
+    background_ratings: int = 5
     trials: int = 400
     federated: int = 1000
     item_gram: int = 2000
@@ -145,7 +148,13 @@ class Size:
     def of(self, config) -> Size:
         """The size of `config`'s product."""
         return (
-            dataclasses.replace(self, canaries=self.federated, items_per_canary=1)
+            dataclasses.replace(
+                self,
+                canaries=self.federated,
+                items_per_canary=1,
+                background_items=max(self.background_items, MEAN_RATINGS),
+                background_ratings=MEAN_RATINGS,
+            )
             if config.engine == "federated"
             else self
         )
@@ -273,7 +282,11 @@ def write_data(folder: str, size: Size, member: np.ndarray, *, settings, labels,
     rng = np.random.default_rng(seed)
     users, items, values = [], [], []
     for user in range(1, size.canaries + 1):
-        rated = rng.choice(np.arange(1, size.background_items + 1), size=min(5, size.background_items), replace=False)
+        rated = rng.choice(
+            np.arange(1, size.background_items + 1),
+            size=min(size.background_ratings, size.background_items),
+            replace=False,
+        )
         users += [user] * rated.size
         items += rated.tolist()
         values += [labels[0]] * rated.size
