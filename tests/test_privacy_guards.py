@@ -13,10 +13,11 @@ twin through the whole `ssp train` is marked slow (`-m slow`); `ssp counts` and 
 `--engine local` (tests/pipelines prove the engines make the same releases; the installed `ssp stats`
 on Beam: tests/pipelines/releases/test_bias_stats.py). The refusal of each invalid setting is checked
 through `ssp.cli.main`, the function the command runs, and one of them through the command itself.
-The data set, the shared prepared run and the runs that only charge an account before a refusal are
-made through `ssp.cli.main` in this process. The tests that only read a prepared run share one
-(`prepared`); one that changes it works on a copy, which keeps the run's seed file, ledger id and
-budget account, as any copy of a run folder does.
+The data set, the shared prepared run, the runs that only charge an account before a refusal and the
+releases whose numbers are compared (the noise of copied runs, a reproduced release) are made through
+`ssp.cli.main` in this process; every refusal goes through the installed command. The tests that
+only read a prepared run share one (`prepared`); one that changes it works on a copy, which keeps
+the run's seed file, ledger id and budget account, as any copy of a run folder does.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def test_another_runs_seed_is_refused_before_anything_is_written(data, smaller, 
     assert not (tmp_path / "again").exists()
     assert SeedFile.load(seed).releases == bound.releases
     # the same seed in a seed file of its own (a fixed seed: the tests' option) reproduces the releases exactly
-    ssp(
+    in_process(
         "train",
         "--stage",
         "prepare",
@@ -247,7 +248,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
         prepared,
         tmp_path / "less",
     )  # the full data's run is the shared one (PREPARED: --stats-threshold 1)
-    ssp("train", "--stage", "prepare", "--data", smaller, "--out", less_run, *PREPARED)
+    in_process("train", "--stage", "prepare", "--data", smaller, "--out", less_run, *PREPARED)
 
     def rows(path):
         table = storage.read_table(str(path))
@@ -373,14 +374,14 @@ def featureless_catalog(tmp_path):
     (folder / "movies.csv").write_text(
         "movieId,title,genres\n" + "".join(f"{i},Movie {i} (2000),Drama\n" for i in range(1, 9))
     )
-    ssp("ingest", "--source", folder, "--out", tmp_path / "data", "--public-features", "year")
+    in_process("ingest", "--source", folder, "--out", tmp_path / "data", "--public-features", "year")
     import pyarrow.parquet as pq
 
     assert pq.read_schema(
         next((tmp_path / "data" / "items.parquet").glob("*.parquet"))
     ).metadata  # ingested with one family
     # a data set whose only declared family is dropped: build it by ingesting with an empty declaration
-    ssp(
+    in_process(
         "ingest", "--source", folder, "--out", tmp_path / "bare", "--public-features", ""
     )  # an empty declaration is a catalog without features
     return tmp_path / "bare"
@@ -517,7 +518,7 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
     )
     budget = ["--noise-multiplier", "1", "--outer-steps", "1", "--mean-share", "0", "--gram-share", "0"]
     run = tmp_path / "run"
-    ssp(
+    in_process(
         "counts",
         "--interactions",
         paths["interactions"],
@@ -534,7 +535,7 @@ def test_a_copied_run_folder_gives_different_noise_to_neighbouring_data(tmp_path
     shutil.copytree(run, tmp_path / "copy")  # a backup, `cp -r run run-try2`, a snapshot: before release 1
 
     def stats(folder, inputs, out="stats"):
-        ssp(
+        in_process(
             "stats",
             "--interactions",
             inputs["interactions"],
@@ -582,7 +583,7 @@ def test_a_release_without_noise_is_refused_on_a_capped_account(tmp_path):
 
     paths = write_inputs(tmp_path / "in", [(1, 10, 4.0), (2, 10, 3.0)], {1: [0.5, 0.5], 2: [0.1, 0.2]}, {10: 2.0}, [10])
     account = tmp_path / "accounts" / "shop.json"
-    ssp(
+    in_process(
         "counts",
         "--interactions",
         paths["interactions"],
@@ -635,8 +636,8 @@ def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, bud
     shutil.copytree(tmp_path / "in", tmp_path / "copy")
     os.symlink(tmp_path / "in", tmp_path / "link")
 
-    def counts(folder, out, *flags, check=True):
-        return ssp(
+    def counts(folder, out, *flags):
+        in_process(
             "counts",
             "--interactions",
             os.path.join(folder, "interactions.parquet"),
@@ -649,7 +650,6 @@ def test_a_data_source_keeps_one_account_whatever_happens_to_paths(tmp_path, bud
             "--engine",
             "local",
             *flags,
-            check=check,
         )
 
     counts(tmp_path / "in", tmp_path / "a")
