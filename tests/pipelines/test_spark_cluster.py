@@ -19,6 +19,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -42,14 +44,38 @@ NODE_CONF = {"spark.pyspark.python": VENV_PYTHON}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as running:
-        yield running
+def background():
+    """Two threads that start the cluster and build the shipment while the runs are made (the cluster's
+    start is mostly waiting on its JVMs, the shipment's on gzip): neither waits for the other."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cluster-setup") as pool:
+        yield pool
 
 
 @pytest.fixture(scope="module")
-def shipment(tmp_path_factory) -> shipping.Shipment:
-    return shipping.build(tmp_path_factory.mktemp("dist"))
+def cluster_started(tmp_path_factory, background) -> Future:
+    """The standalone cluster, starting in the background; stopped at the module's end."""
+    stack = ExitStack()
+    started = background.submit(stack.enter_context, standalone_cluster(tmp_path_factory.mktemp("spark-cluster")))
+    yield started
+    wait([started])
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def shipment_built(tmp_path_factory, background) -> Future:
+    """`ssp spark-package`'s shipment, building in the background."""
+    return background.submit(shipping.build, tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_started, shipment_built, runs):
+    """The started cluster, once the runs are made (the shipment goes on building)."""
+    return cluster_started.result()
+
+
+@pytest.fixture(scope="module")
+def shipment(shipment_built) -> shipping.Shipment:
+    return shipment_built.result()
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +124,13 @@ def assert_same_statistics(run: str, reference: str) -> None:
 
 
 @pytest.mark.cluster
-def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster, shipment, runs, tmp_path):
+def test_the_spark_jobs_run_on_a_standalone_cluster_with_the_local_bits(cluster, shipment_built, runs, tmp_path):
     """One test for the two applications, so that one test worker starts the cluster once (the
-    suite's workers steal tests from each other): the documented user update, and the shipped stats
-    line with an executor killed during its release."""
+    suite's workers steal tests from each other): the documented user update (while the shipment
+    is still building), and the shipped stats line with an executor killed during its release."""
     user_update_runs_on_the_cluster(cluster, runs, tmp_path / "user-update")
     the_shipped_line_runs_the_stats_job_from_a_folder_holding_only_its_script_through_a_killed_executor(
-        cluster, shipment, runs, tmp_path / "shipped"
+        cluster, shipment_built.result(), runs, tmp_path / "shipped"
     )
 
 
