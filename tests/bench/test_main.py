@@ -64,7 +64,17 @@ def counted(monkeypatch):
     return calls
 
 
-def test_quick_commands_on_an_ml1m_folder_share_cells_and_resume(tmp_path, spark, counted):
+@pytest.fixture
+def local_cells(monkeypatch):
+    """The cells' runs on the local engine (Spark's bits, tests/pipelines/engines/test_local.py), for the
+    tests of what the harness does with many cells: a tiny run on the local engine takes a fraction of
+    its time on Spark (the bench still finds the session's Spark, which its stages are handed). The
+    single-cell tests below train on Spark, as the bench does."""
+    real = training.train_config
+    monkeypatch.setattr(training, "train_config", lambda *args: real(*args).replace(engine="local"))
+
+
+def test_quick_commands_on_an_ml1m_folder_share_cells_and_resume(tmp_path, spark, counted, local_cells):
     data, out = str(write_ml1m(tmp_path / "ml-1m")), str(tmp_path / "out")
     common = ["--data", data, "--out", out, "--quick", "--seeds", "1", "--no-progress"]
     methods = ["--methods", "nonprivate-als", "als", "ssp"]
@@ -151,7 +161,7 @@ def test_recall_protocol_time_to_quality_with_defaults(tmp_path, spark, counted)
     assert "Recall@20" in report and "defaults" in report and "**Ratio:** not computed" in report
 
 
-def test_transfer_mode_on_generated_data_sets(tmp_path, spark, counted, monkeypatch):
+def test_transfer_mode_on_generated_data_sets(tmp_path, spark, counted, local_cells, monkeypatch):
     """--tune-on A --data B, 1 trial per method: the studies run on A only, B runs the settings chosen on A."""
     from pipelines.data import synth
 
