@@ -176,6 +176,8 @@ def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(tm
         item_update="dpsgd",
         outer_steps=1,
         dim=4,
+        dpsgd_epochs=1.0,
+        dpsgd_batch_size=256,  # one pass in 256-row steps: a twentieth of the defaults' steps, as close a fit
         seed_file=seed,
         engine="local",
     )
@@ -190,7 +192,7 @@ def test_am_dpsgd_with_biases_fits_the_item_bias_to_what_the_user_bias_leaves(tm
     counts = np.bincount(items, minlength=catalog.size)
     rated = counts >= 50
     item_means = np.bincount(items, residual, minlength=catalog.size)[rated] / counts[rated]
-    assert np.corrcoef(item_v[rated, 4], item_means)[0, 1] > 0.75  # 0.85 here; an item bias DP-SGD cannot move stays 0
+    assert np.corrcoef(item_v[rated, 4], item_means)[0, 1] > 0.75  # 0.89 here; an item bias DP-SGD cannot move stays 0
 
 
 def unit_rms(vectors: np.ndarray) -> np.ndarray:
