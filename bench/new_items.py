@@ -52,7 +52,8 @@ from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings
 from trainer import evaluate, metrics
-from trainer.features import FeatureSpace, feature_matrix
+from trainer.feature_popularity import popularity_by_features
+from trainer.features import FeatureSpace
 from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
 
 NAME = "new-items"
@@ -137,22 +138,6 @@ def positives(
         axis=0,
     )
     return pairs[:, 0], pairs[:, 1]
-
-
-def popularity_by_features(space, counts: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """Each new item's score (catalog order over the `new` mask): the mean, over its feature values
-    shared with at least one trained item (every item outside `new`), of the mean DP count (`counts`,
-    catalog order) of the trained items that have that value; the trained items' mean count for a new
-    item that shares none. `space` a trainer.features.FeatureSpace of the public families."""
-    has = (feature_matrix(space) > 0).astype(np.float64).tocsr()
-    trained, fresh = has[~new], has[new]
-    counts = np.asarray(counts, dtype=np.float64)
-    sharing = np.asarray(trained.sum(axis=0)).ravel()
-    value_mean = np.divide(trained.T @ counts[~new], sharing, out=np.zeros(sharing.size), where=sharing > 0)
-    shared = fresh.multiply((sharing > 0)[None, :]).tocsr()
-    n_shared = np.asarray(shared.sum(axis=1)).ravel()
-    total = shared @ value_mean
-    return np.where(n_shared > 0, total / np.maximum(n_shared, 1), counts[~new].mean())
 
 
 def fold_in(config, history: tuple[np.ndarray, np.ndarray, np.ndarray], vectors: np.ndarray):

@@ -243,9 +243,20 @@ def test_a_new_catalog_item_is_embedded_from_its_features_and_scored(published, 
         )
     )
     embedded = model.embed_new_items(twin)
-    assert (
-        embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded)) and embedded[0, 8] == 0
-    )  # d, then no DP count in the popularity column
+    assert embedded.shape == (1, 8 + 1) and np.all(np.isfinite(embedded))  # d, then the popularity column
+    # the column: the twin's popularity by features, the mean over its values of the mean DP count of the
+    # catalog items holding each (the price by its published bucket), on the column's scale
+    count = dict(zip(model.item_ids.tolist(), np.maximum(model.popularity, 1.0), strict=True))
+    counts = np.array([count[item] for item in products["product"].to_pylist()])
+    brand, tags, year, price = (products[name].to_pylist() for name in ("brand", "tags", "year", "price"))
+    means = [counts[[b == brand[0] for b in brand]].mean(), counts[[y == year[0] for y in year]].mean()]
+    means += [counts[[tag in bag for bag in tags]].mean() for tag in set(tags[0])]
+    buckets = model.feature_popularity.filter(pa.compute.equal(model.feature_popularity["family"], "price"))
+    (bucket,) = [row for row in buckets.to_pylist() if row["low"] <= price[0] < row["high"]]
+    in_bucket = [p is not None and bucket["low"] <= p < bucket["high"] for p in price]
+    assert bucket["mean_count"] == pytest.approx(counts[in_bucket].mean())
+    scale = model.vectors[0, 8] / max(model.popularity[0], 1.0)
+    assert embedded[0, 8] == pytest.approx(scale * np.mean([*means, bucket["mean_count"]]), rel=1e-9)
     # a user who clicked only items of the twin's brand gets the twin among their recommendations' scores
     same = products.filter(pa.compute.equal(products["brand"], products["brand"][0]))["product"].to_numpy()[:5]
     (tmp_path / "history.csv").write_text("user_id,item_id\n" + "".join(f"7,{item}\n" for item in same))

@@ -39,7 +39,7 @@ from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.tables import validate_item_embeddings
-from trainer import metrics
+from trainer import feature_popularity, metrics
 from trainer.evaluate import popularity_position, user_item_mask, with_popularity
 from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
 
@@ -107,6 +107,7 @@ class PublishedModel:
     vectors: np.ndarray  # float64, (items, d), plus the popularity column when model.json says so
     settings: dict
     popularity: np.ndarray | None = None  # the DP counts in catalog order (None: a publication without counts.parquet)
+    feature_popularity: pa.Table | None = None  # mean DP count per feature value (trainer.feature_popularity)
 
     @classmethod
     def load(cls, path: str) -> PublishedModel:
@@ -151,11 +152,15 @@ class PublishedModel:
                     "the run again"
                 )
             vectors = with_popularity(vectors, popularity, settings.get("biases", False))
-        return cls(path, item_ids, vectors, settings, popularity)
+        by_features = storage.join(path, feature_popularity.FILE)
+        means = storage.read_table(by_features) if storage.exists(by_features) else None
+        return cls(path, item_ids, vectors, settings, popularity, means)
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
         """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
-        through the published encoder's `embed_features` signature (0 in the popularity column)."""
+        through the published encoder's `embed_features` signature; in the popularity column, their
+        popularity by features (trainer.feature_popularity) on the column's scale (0 for a publication
+        without it)."""
         import tensorflow as tf
 
         from trainer.features import value_strings
@@ -181,14 +186,15 @@ class PublishedModel:
         with storage.read_folder(storage.join(self.path, "encoder")) as local:
             embed = tf.saved_model.load(local).signatures["embed_features"]
             embedded = embed(**inputs)["embedding"].numpy().astype(np.float64)
-        # a new item has no DP count: nothing in the popularity column
         missing = self.vectors.shape[1] - embedded.shape[1]
-        return np.insert(
-            embedded,
-            [popularity_position(embedded.shape[1], self.settings.get("biases", False))] * missing,
-            0.0,
-            axis=1,
-        )
+        at = popularity_position(embedded.shape[1], self.settings.get("biases", False))
+        column = np.zeros(items.num_rows)
+        if missing and self.feature_popularity is not None:  # the column is the DP counts times one scale
+            scale = self.vectors[0, at] / max(self.popularity[0], 1.0)
+            column = scale * feature_popularity.score_new_items(
+                self.feature_popularity, items, families, float(np.maximum(self.popularity, 1.0).mean())
+            )
+        return np.insert(embedded, [at] * missing, column[:, None] if missing else 0.0, axis=1)
 
     def fold_in(
         self, users: np.ndarray, positions: np.ndarray, labels: np.ndarray | None

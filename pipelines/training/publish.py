@@ -4,10 +4,12 @@ What is published: `encoder/` (SavedModel, signatures `embed` and `embed_feature
 `recommender/` (SavedModel for TF Serving, signatures `recommend` and `similar_items`: trainer.serving;
 not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings,
 for `ssp recommend`), for a ranking model whose fold-in uses a popularity column the DP counts
-release (`counts.parquet`), and `privacy.json` (the ledger's budget, every release and the epsilon
-spent, and the run's privacy settings) with `privacy.md`, the same for a reviewer to read
-(privacy.report). All are computed from DP releases and public item features only. Never published:
-`RUN/private/`, and `metrics.json` (an evaluation on held-out private ratings, not a DP release).
+release (`counts.parquet`) and with public features the catalog's mean DP count per feature
+value (`feature_popularity.parquet`, a new item's popularity column), and `privacy.json` (the
+ledger's budget, every release and the epsilon spent, and the run's privacy settings) with
+`privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases
+and public item features only. Never published: `RUN/private/`, and `metrics.json` (an evaluation
+on held-out private ratings, not a DP release).
 
 Refused, with nothing written, unless every outer step is done and the final encoder and item
 embeddings exist, a shipped `counts.parquet` is the counts release the ledger recorded (not, say,
@@ -43,6 +45,7 @@ from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.errors import UserError
+from trainer import feature_popularity
 
 PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
@@ -147,6 +150,21 @@ def privacy_report(run: Run) -> str:
     return text
 
 
+def feature_popularity_table(run: Run, settings: dict):
+    """The catalog's mean DP count per public feature value (trainer.feature_popularity), from the
+    counts release and the run's public catalog."""
+    import numpy as np
+
+    from trainer.features import FeatureSpace
+
+    items = storage.read_table(run.prepared()["prepared"]["items"])
+    space = FeatureSpace.from_items(items, use_item_id=False, families=list(settings["feature_families"]))
+    released = storage.read_table(run.counts, columns=["item_id", "count"])
+    counts = np.ones(space.size)  # the release's floor for an item it lacks, as the fold-in's column
+    counts[space.index_of(released["item_id"].to_numpy())] = released["count"].to_numpy()
+    return feature_popularity.table(space, counts)
+
+
 def model_settings(run: Run) -> dict:
     """model.json: what a client needs to solve a user's side from the published item embeddings as
     the run's evaluation does (trainer.recommend): public settings, the released DP mean rating and
@@ -244,6 +262,9 @@ def publish(run: Run, dest: str) -> dict:
         )  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         contents = ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+        if settings["popularity_column"] and settings["feature_families"]:  # a new item's popularity column
+            storage.write_table(feature_popularity_table(run, settings), storage.join(staging, feature_popularity.FILE))
+            contents.append(feature_popularity.FILE)
         if (
             settings["loss"] != "logistic"
         ):  # the user side for TF Serving (a logistic fold-in is Newton's method: ssp recommend only)
