@@ -476,10 +476,11 @@ class SSP:
         "statistics are mostly noise",
         valid=NON_NEGATIVE,
     )
-    residual_penalty: float = setting(
-        3.0,
+    residual_penalty: float | None = setting(
+        None,
         "penalty on each item's residual, in units of the most one user adds to an item's statistics plus the "
         "noise's spectral norm: larger keeps rare items at their public features",
+        rule="3 for --protocol rmse, 0.1 for recall",
         valid=NON_NEGATIVE,
     )
 
