@@ -294,7 +294,7 @@ RULES = (  # in the order they are applied: a rule reads the settings chosen bef
     ("lambda_u", lambda config: 0.01 if _rated(config) else user_solves.DEFAULT_LAMBDA_U),
     ("user_prior", lambda config: 20.0 if _rated(config) else 0.0),  # a light user's embedding shrunk the most
     ("item_id_feature", lambda config: True),
-    # a ranked item's residual is its taste beyond its features' (docs/results.md#ranking's-residual-penalty)
+    # a ranked item's residual is its taste beyond its features' (docs/results.md#rankings-residual-penalty)
     ("residual_penalty", lambda config: 3.0 if config.protocol == "rmse" else 0.1),
     ("gravity", lambda config: 0.1 if config.protocol == "recall" and config.loss == "square" else 0.0),
     # a ranked user is scored against every item: the unobserved ones weigh more than in training's solves
