@@ -18,36 +18,42 @@ CLEAN_CLIENT = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-request = json.load(open(sys.argv[2]))
-model = tf.saved_model.load(sys.argv[1])
-inputs = {"item_ids": tf.constant(request["item_ids"], tf.int64), "k": tf.constant(request["k"], tf.int32)}
-if "labels" in request:
-    inputs["labels"] = tf.constant(request["labels"], tf.float32)
-out = model.signatures["recommend"](**inputs)
-similar = model.signatures["similar_items"](
-    item_ids=tf.constant(request["similar"], tf.int64), k=tf.constant(2, tf.int32)
-)
+answers = []
+for model_path, request_path in zip(sys.argv[1::2], sys.argv[2::2]):
+    request = json.load(open(request_path))
+    model = tf.saved_model.load(model_path)
+    inputs = {"item_ids": tf.constant(request["item_ids"], tf.int64), "k": tf.constant(request["k"], tf.int32)}
+    if "labels" in request:
+        inputs["labels"] = tf.constant(request["labels"], tf.float32)
+    out = model.signatures["recommend"](**inputs)
+    similar = model.signatures["similar_items"](
+        item_ids=tf.constant(request["similar"], tf.int64), k=tf.constant(2, tf.int32)
+    )
+    answers.append(
+        {
+            "item_ids": out["item_ids"].numpy().tolist(),
+            "scores": np.nan_to_num(out["scores"].numpy(), nan=-1e300).tolist(),
+            "similar": similar["item_ids"].numpy().tolist(),
+            "similar_scores": similar["scores"].numpy().tolist(),
+        }
+    )
 assert not any(name.split(".")[0] in ("trainer", "pipelines", "privacy", "schemas") for name in sys.modules)
-json.dump(
-    {
-        "item_ids": out["item_ids"].numpy().tolist(),
-        "scores": np.nan_to_num(out["scores"].numpy(), nan=-1e300).tolist(),
-        "similar": similar["item_ids"].numpy().tolist(),
-        "similar_scores": similar["scores"].numpy().tolist(),
-    },
-    sys.stdout,
-)
+json.dump(answers, sys.stdout)
 """
 
 
-def serve(path, request: dict) -> dict:
-    """The serving model's answer, from a fresh Python that imports TensorFlow alone."""
-    (path / "request.json").write_text(json.dumps(request))
+def serve(paths: list, requests: list[dict]) -> list[dict]:
+    """The serving models' answers (the model in each PATH/model, to its request), from one fresh
+    Python that imports TensorFlow alone (its import is most of the process's seconds)."""
+    args = []
+    for path, request in zip(paths, requests, strict=True):
+        (path / "request.json").write_text(json.dumps(request))
+        args += [str(path / "model"), str(path / "request.json")]
     done = subprocess.run(
-        [sys.executable, "-c", CLEAN_CLIENT, str(path / "model"), str(path / "request.json")],
+        [sys.executable, "-c", CLEAN_CLIENT, *args],
         capture_output=True,
         text=True,
-        cwd=str(path),
+        cwd=str(paths[0]),
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,8 +70,9 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_serving_signature_gives_ssp_recommends_top_k_in_a_clean_tensorflow(tmp_path, layout):
+def exported(tmp_path, layout: str) -> dict:
+    """A published model of `layout` exported for serving, and a request of three users to it."""
+    tmp_path.mkdir()
     spec = LAYOUTS[layout]
     rng = np.random.default_rng(len(layout))
     n, d = 40, 4
@@ -117,22 +124,49 @@ def test_the_serving_signature_gives_ssp_recommends_top_k_in_a_clean_tensorflow(
     if spec["protocol"] == "rmse":
         request["labels"] = [lab + [0.0] * (width - len(lab)) for lab in labels]
         rows["label"] = [x for lab in labels for x in lab]
-    served = serve(tmp_path, request)
-    expected = model.recommend(pa.table(rows), k=6, exclude_seen=True)
-    for user in range(len(histories)):
+    return dict(
+        folder=tmp_path,
+        model=model,
+        request=request,
+        rows=rows,
+        item_ids=item_ids,
+        vectors=vectors,
+        counts=counts,
+        d=d,
+        n=len(histories),
+    )
+
+
+def test_the_serving_signature_gives_ssp_recommends_top_k_in_a_clean_tensorflow(tmp_path):
+    """Every layout's model, served by one clean TensorFlow process (its import is most of its time)."""
+    cases = {layout: exported(tmp_path / f"layout-{k}", layout) for k, layout in enumerate(LAYOUTS)}
+    answers = serve([case["folder"] for case in cases.values()], [case["request"] for case in cases.values()])
+    for (layout, case), served in zip(cases.items(), answers, strict=True):
+        check_served(layout, case, served)
+
+
+def check_served(layout: str, case: dict, served: dict) -> None:
+    """The clean TensorFlow's answer `served` is trainer.recommend's for `layout`'s model and request."""
+    model, request, item_ids, vectors, counts, d = (
+        case[key] for key in ("model", "request", "item_ids", "vectors", "counts", "d")
+    )
+    expected = model.recommend(pa.table(case["rows"]), k=6, exclude_seen=True)
+    for user in range(case["n"]):
         mine = expected.filter(pa.compute.equal(expected["user_id"], user))
         assert served["item_ids"][user] == mine["item_id"].to_pylist(), (layout, user)
-        np.testing.assert_allclose(served["scores"][user], mine["score"].to_numpy(), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(
+            served["scores"][user], mine["score"].to_numpy(), rtol=1e-9, atol=1e-9, err_msg=layout
+        )
     # the new user: the DP popularity ranking
-    assert served["item_ids"][2] == item_ids[np.argsort(-counts, kind="stable")[:6]].tolist()
+    assert served["item_ids"][2] == item_ids[np.argsort(-counts, kind="stable")[:6]].tolist(), layout
     # similar items: by the cosine of the trained directions, the item itself left out
     unit = vectors[:, :d] / np.linalg.norm(vectors[:, :d], axis=1, keepdims=True)
     for row, item in enumerate(request["similar"]):
         at = int(np.searchsorted(item_ids, item))
         cosine = unit @ unit[at]
         cosine[at] = -np.inf
-        assert served["similar"][row] == item_ids[np.argsort(-cosine, kind="stable")[:2]].tolist()
-        np.testing.assert_allclose(served["similar_scores"][row], np.sort(cosine)[::-1][:2], rtol=1e-9)
+        assert served["similar"][row] == item_ids[np.argsort(-cosine, kind="stable")[:2]].tolist(), layout
+        np.testing.assert_allclose(served["similar_scores"][row], np.sort(cosine)[::-1][:2], rtol=1e-9, err_msg=layout)
 
 
 def test_fewer_items_than_k_come_back_as_minus_one_and_bad_labels_or_ids_are_refused(tmp_path):
