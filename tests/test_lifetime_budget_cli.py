@@ -1,9 +1,10 @@
 """The lifetime budget of a named data source, through the installed `ssp`, as an operator runs it:
 next week's rows (some added, some removed, one user gone) charge the same account and are refused
 at its cap; the same rows under a second name are refused; a run folder copied with `cp -r` whose
-copy makes a release on other inputs is charged for it. The commands that release or are refused
-run as subprocesses; the ingests and user updates that only set the stage run through
-`ssp.cli.main`, the function the command runs (each process would cost a Python start)."""
+copy makes a release on other inputs is charged for it. The refusals, and the original run's release
+beside its copy's, run as subprocesses; the ingests, the first runs and the user updates that only set
+the stage, and the copy's release, run through `ssp.cli.main`, the function the command runs (each
+process would cost a Python start)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,17 @@ def ingested(folder: Path, log: Path, source: str) -> Path:
     return out
 
 
+PREPARE = ("train", "--stage", "prepare", "--engine", "local", "--dim", 4)
+
+
 def prepare(data: Path, run: Path, *flags) -> object:
-    return ssp("train", "--stage", "prepare", "--data", data, "--out", run, "--engine", "local", "--dim", 4, *flags)
+    """The prepare stage through the installed `ssp` (for the refusals)."""
+    return ssp(*PREPARE, "--data", data, "--out", run, *flags)
+
+
+def prepared(data: Path, run: Path, *flags) -> None:
+    """The prepare stage through `ssp.cli.main` (a run whose releases set the stage)."""
+    assert cli.main([*map(str, (*PREPARE, "--data", data, "--out", run, *flags))]) == 0
 
 
 def account_of(source: str) -> BudgetAccount:
@@ -77,7 +87,7 @@ def test_a_named_source_composes_every_weeks_rows_and_refuses_at_its_cap(tmp_pat
     # next week: user 0 gone, user USERS new, every other user's rows drawn again
     second = ingested(tmp_path, week(tmp_path, "week2", range(1, USERS + 1), seed=2), "shop")
     shares = ("--count-share", 0.5, "--mean-share", 0.45)  # the prepare stage spends most of each run's epsilon
-    assert prepare(first, tmp_path / "run1", "--epsilon", 1, *shares, "--account-cap", 1.2).returncode == 0
+    prepared(first, tmp_path / "run1", "--epsilon", 1, *shares, "--account-cap", 1.2)
     spent = account_of("shop").epsilon()
     assert 0.8 < spent < 1.2
     refused = prepare(second, tmp_path / "run2", "--epsilon", 1, *shares)
@@ -94,7 +104,7 @@ def test_a_named_source_composes_every_weeks_rows_and_refuses_at_its_cap(tmp_pat
 def test_a_copied_run_folders_release_on_other_inputs_is_charged(tmp_path):
     data = ingested(tmp_path, week(tmp_path, "week1", range(USERS), seed=1), "shop")
     original = tmp_path / "original"
-    assert prepare(data, original, "--epsilon", 2).returncode == 0
+    prepared(data, original, "--epsilon", 2)
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)  # cp -r, as an operator would
     for run in (original, copy):
@@ -103,8 +113,8 @@ def test_a_copied_run_folders_release_on_other_inputs_is_charged(tmp_path):
     gone = pc.min(rows["user_id"]).as_py()
     storage.write_table(rows.filter(pc.not_equal(rows["user_id"], gone)), str(copy / "private" / "stats_rows.parquet"))
     charges = len(account_of("shop").document["charges"])
-    for run in (original, copy):
-        result = ssp("stats", "--run", run, "--step", 1, "--engine", "local")
-        assert result.returncode == 0, result.stderr
+    result = ssp("stats", "--run", original, "--step", 1, "--engine", "local")
+    assert result.returncode == 0, result.stderr
+    assert cli.main(["stats", "--run", str(copy), "--step", "1", "--engine", "local"]) == 0
     after = account_of("shop").document["charges"]
     assert len(after) == charges + 2  # the copy's release was on other inputs: charged as a second release
