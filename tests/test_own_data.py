@@ -410,3 +410,33 @@ def test_a_regression_run_on_implicit_feedback_is_refused_before_any_release(pub
             settings.TrainConfig.create(data=str(root / "data"), out=str(tmp_path / "run"), epsilon=8.0), progress=False
         )
     assert not (tmp_path / "run" / "ledger.parquet").exists()
+
+
+def test_a_new_item_whose_number_feature_is_not_a_number_is_one_line_naming_its_row(published, tmp_path):
+    """Through the installed `ssp recommend`: refused before the encoder reads it (exit 2, one line, nothing
+    written), as a catalog row is at ingest."""
+    root, _ = published
+    (tmp_path / "history.csv").write_text("user_id,item_id\n7,1000\n")
+    (tmp_path / "new.csv").write_text("item_id,brand,tags,year,price\n5000,b,x,2020,9.5\n5001,b,x,2020,cheap\n")
+    out = tmp_path / "recs.csv"
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ssp")),
+            "recommend",
+            "--model",
+            str(root / "published"),
+            "--history",
+            str(tmp_path / "history.csv"),
+            "--new-items",
+            str(tmp_path / "new.csv"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and not out.exists(), done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "ssp recommend: error: the new items' 'price' column is a number feature, but row 2 holds 'cheap'"
+    ]

@@ -76,7 +76,7 @@ def score_new_items(means: pa.Table, items: pa.Table, families: dict, fallback: 
     for name, kind in families.items():
         of = means.filter(pc.equal(means["family"], name))
         if kind == "numeric":
-            numbers = _numbers(items, name)
+            numbers = numbers_of(items, name)
             low, high = (of[column].to_numpy(zero_copy_only=False) for column in ("low", "high"))
             inside = (numbers[:, None] >= low[None, :]) & (numbers[:, None] < high[None, :])
             hit = inside.any(axis=1)
@@ -91,12 +91,18 @@ def score_new_items(means: pa.Table, items: pa.Table, families: dict, fallback: 
     return np.where(found > 0, total / np.maximum(found, 1), fallback)
 
 
-def _numbers(items: pa.Table, name: str) -> np.ndarray:
-    """A numeric feature column as floats (NaN where empty), refusing a value that is not a number."""
+def numbers_of(items: pa.Table, name: str) -> np.ndarray:
+    """A number feature column of new items as floats (NaN where empty), refusing, with its row, a
+    value that is not a number."""
+    values = [None if value is None or str(value).strip() == "" else value for value in items[name].to_pylist()]
+    for row, value in enumerate(values):
+        if not _is_number(value):
+            raise UserError(f"the new items' {name!r} column is a number feature, but row {row + 1} holds {value!r}")
+    return pc.cast(pa.array(values), pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def _is_number(value) -> bool:
     try:
-        column = pc.cast(items[name], pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise UserError(
-            f"the new items' {name!r} column is a number feature, but holds values that are not numbers"
-        ) from None
-    return column.to_numpy(zero_copy_only=False).astype(np.float64)
+        return value is None or np.isfinite(pa.scalar(value).cast(pa.float64()).as_py())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False

@@ -176,6 +176,9 @@ class PublishedModel:
                 f"the new items lack the feature column(s) {', '.join(missing)} (the model's families: "
                 f"{', '.join(families)})"
             )
+        for name, kind in families.items():  # a number the encoder's signature cannot read: refused, named
+            if kind == "numeric":
+                feature_popularity.numbers_of(items, name)
         inputs = {}
         for name in families:
             rows = value_strings(items, name)

@@ -50,7 +50,7 @@ def test_the_published_table_scores_new_items_as_the_catalog_would():
         {
             "item_id": [30, 31, 32, 33],
             "genres": [["A", "A"], ["B", "Z"], ["Z"], []],  # a bag's repeated value counts once; Z is unknown
-            "length": pa.array(["1.5", None, "100", None]),  # as a CSV gives them: text
+            "length": pa.array(["1.5", None, "100", " "]),  # as a CSV gives them: text
         }
     )
     fallback = float(counts.mean())
@@ -63,6 +63,6 @@ def test_the_published_table_scores_new_items_as_the_catalog_would():
 def test_a_number_feature_that_is_not_a_number_is_named():
     items = catalog([(1, ["A"], 1.0), (2, ["B"], 2.0)])
     table = feature_popularity.table(FeatureSpace.from_items(items, use_item_id=False), np.array([1.0, 2.0]))
-    new = pa.table({"item_id": [3], "genres": [["A"]], "length": ["long"]})
-    with pytest.raises(UserError, match="'length' column is a number feature"):
+    new = pa.table({"item_id": [3, 4], "genres": [["A"], ["B"]], "length": ["2.5", "long"]})
+    with pytest.raises(UserError, match="'length' column is a number feature, but row 2 holds 'long'"):
         feature_popularity.score_new_items(table, new, FAMILIES, 1.5)
