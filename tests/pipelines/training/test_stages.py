@@ -21,15 +21,18 @@ from tests.pipelines.conftest import SMALL_ITEMS, SMALL_RATINGS, SMALL_USERS
 from trainer import curves, ssp
 
 
-def test_non_private_run_reaches_the_als_regime(spark, tmp_path):
+def test_non_private_run_reaches_the_als_regime(tmp_path):
+    """On the local engine (Spark's bits: tests/pipelines/engines/test_local.py; whole runs on Spark:
+    there and tests/pipelines/training/test_train_gcs.py)."""
     assert (
         settings.TrainConfig.create(non_private=True).outer_steps == settings.NON_PRIVATE_OUTER_STEPS
     )  # no budget to split: until it converges
     # near the default 30 here (0.8645 against 0.8622 at 30 and 0.8632 at 10), in a sixth of the item updates' time
     epochs = 5
     metrics = stages.run(
-        settings.TrainConfig.create(out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs),
-        spark=spark,
+        settings.TrainConfig.create(
+            out=str(tmp_path / "run"), non_private=True, outer_steps=2, epochs=epochs, engine="local"
+        ),
         progress=False,
     )
     # Plain ALS: 0.904 on this split (seed 1234); 0.880, 0.881, 0.897 with split seeds 1, 2, 3, and 0.878
