@@ -135,7 +135,9 @@ def installed_release(engine, folder, interactions):
     "way, engine",
     [
         *(("in-process", engine) for engine in ("local", "spark", "beam")),
-        ("installed", "local"),
+        # the command's flags to the job: through Beam by default; the other engines' installed twins run
+        # with -m slow (each engine's job: in-process above)
+        pytest.param("installed", "local", marks=pytest.mark.slow),
         pytest.param("installed", "spark", marks=pytest.mark.slow),  # a JVM of its own
         ("installed", "beam"),
     ],
