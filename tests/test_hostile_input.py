@@ -841,11 +841,11 @@ def test_impossible_privacy_parameters_are_refused_before_anything_is_written(
     assert snapshot(run) == before  # the run's ledger and seed are untouched
 
 
-def test_absurd_budgets_are_refused_and_large_ones_caught_by_the_ledger_check(spark, tmp_path, capsys):
+def test_absurd_budgets_are_refused_and_large_ones_caught_by_the_ledger_check(tmp_path, capsys):
     """epsilon 10^6 protects no one and is refused before anything; epsilon 50 or delta 0.5 are
     numbers a run can be given: the ledger records them as they are, and the check that guards
     publishing (`ssp privacy --max-epsilon/--max-delta`, the DAG's check_privacy) refuses them.
-    (`spark`: the counts' default engine runs on the test session's.)"""
+    (The counts on the local engine: the budget is checked and recorded before any engine runs.)"""
     paths = write_tables(tmp_path, [(1, 10, 4.0), (2, 10, 3.0)], {1: [1.0, 0.0]}, [10, 20])
     refused(
         capsys,
@@ -872,6 +872,8 @@ def test_absurd_budgets_are_refused_and_large_ones_caught_by_the_ledger_check(sp
         tmp_path / "big-eps",
         "--epsilon",
         "50",
+        "--engine",
+        "local",
     )
     refused(
         capsys,
@@ -894,6 +896,8 @@ def test_absurd_budgets_are_refused_and_large_ones_caught_by_the_ledger_check(sp
         "1",
         "--delta",
         "0.5",
+        "--engine",
+        "local",
     )
     refused(
         capsys,
