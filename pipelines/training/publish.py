@@ -3,13 +3,11 @@
 What is published: `encoder/` (SavedModel, signatures `embed` and `embed_features`),
 `recommender/` (SavedModel for TF Serving, signatures `recommend` and `similar_items`: trainer.serving;
 not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings,
-for `ssp recommend`), for a ranking model whose fold-in uses a popularity column the DP counts
-release (`counts.parquet`) and with public features the catalog's mean DP count per feature
-value (`feature_popularity.parquet`, a new item's popularity column), and `privacy.json` (the
-ledger's budget, every release and the epsilon spent, and the run's privacy settings) with
-`privacy.md`, the same for a reviewer to read (privacy.report). All are computed from DP releases
-and public item features only. Never published: `RUN/private/`, and `metrics.json` (an evaluation
-on held-out private ratings, not a DP release).
+for `ssp recommend`), the DP counts release (`counts.parquet`) and for a ranking model with features
+`feature_popularity.parquet` (a new item's popularity column: trainer.feature_popularity),
+`privacy.json` (the ledger's budget, releases and epsilon spent, the privacy settings) and
+`privacy.md` (privacy.report). All come from DP releases and public item features only. Never
+published: `RUN/private/`, `metrics.json` (an evaluation on held-out private rows).
 
 Refused, with nothing written, unless every outer step is done and the final encoder and item
 embeddings exist, a shipped `counts.parquet` is the counts release the ledger recorded (not, say,
@@ -20,8 +18,8 @@ against a ledger edited, replaced or shared with another run.
 
 Atomic: a local destination is assembled in a hidden sibling folder and renamed into place; on
 gs:// the files are written in place and the publication is committed by `DEST/_PUBLISHED`,
-uploaded last (consumers wait for it, as table readers wait for `_SUCCESS`). Publishing the same
-run again to the same destination does nothing; a destination holding another publication is refused.
+uploaded last (consumers wait for it, as table readers wait for `_SUCCESS`). Publishing a run again
+to its destination does nothing; a destination holding another publication is refused.
 
 Privacy: only released tables and public features leave the run; `private/` and metrics.json never
 do, and a run whose ledger spent more than its budget is refused.
