@@ -27,21 +27,27 @@ SCHEMA = pa.schema(
 FILE = "feature_popularity.parquet"
 
 
-def value_means(space: FeatureSpace, counts: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mean of `counts` over the `known` items holding each column of feature_matrix(space), how
-    many known items hold it)."""
-    has = (feature_matrix(space) > 0).astype(np.float64).tocsr()[known]
-    sharing = np.asarray(has.sum(axis=0)).ravel()
-    total = has.T @ np.asarray(counts, dtype=np.float64)[known]
+def value_means(has, counts: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean of `counts` over the `known` items holding each feature value, how many known items
+    hold it); `has`: which item holds which value (`holds`)."""
+    held = has[known]
+    sharing = np.asarray(held.sum(axis=0)).ravel()
+    total = held.T @ np.asarray(counts, dtype=np.float64)[known]
     return np.divide(total, sharing, out=np.zeros(sharing.size), where=sharing > 0), sharing
+
+
+def holds(space: FeatureSpace):
+    """Items x feature values (the columns of feature_matrix(space)), 1 where the item holds the value."""
+    return (feature_matrix(space) > 0).astype(np.float64).tocsr()
 
 
 def popularity_by_features(space: FeatureSpace, counts: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Each `new` item's score (catalog order over the mask): the mean, over its feature values held
     by at least one other item, of those items' mean count; the other items' mean count for a new
     item that shares none."""
-    means, sharing = value_means(space, counts, ~new)
-    fresh = (feature_matrix(space) > 0).astype(np.float64).tocsr()[new].multiply((sharing > 0)[None, :]).tocsr()
+    has = holds(space)
+    means, sharing = value_means(has, counts, ~new)
+    fresh = has[new].multiply((sharing > 0)[None, :]).tocsr()
     shared = np.asarray(fresh.sum(axis=1)).ravel()
     fallback = float(np.asarray(counts, dtype=np.float64)[~new].mean())
     return np.where(shared > 0, (fresh @ means) / np.maximum(shared, 1), fallback)
@@ -49,7 +55,7 @@ def popularity_by_features(space: FeatureSpace, counts: np.ndarray, new: np.ndar
 
 def table(space: FeatureSpace, counts: np.ndarray) -> pa.Table:
     """The catalog's mean count per feature value (every value some item holds), as published."""
-    means, sharing = value_means(space, counts, np.ones(space.size, bool))
+    means, sharing = value_means(holds(space), counts, np.ones(space.size, bool))
     bounds = {}
     for family in feature_families(space):
         if family.boundaries is not None:

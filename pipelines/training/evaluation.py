@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from pipelines.training.prepare import prepared_rating_range
-from pipelines.training.run_dir import Run, config_of, require_steps
+from pipelines.training.run_dir import Run, catalog_counts, config_of, require_steps
 from pipelines.training.settings import TrainConfig
 from privacy.ledger import Ledger
 from schemas import storage
@@ -115,14 +115,6 @@ def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
     if config.protocol != "recall" or not config.popularity_column:
         return None
     return catalog_counts(run, space)
-
-
-def catalog_counts(run: Run, space) -> np.ndarray:
-    """The run's DP counts release in catalog order (1, the release's floor, for an item it lacks)."""
-    table = storage.read_table(run.counts, columns=["item_id", "count"])
-    counts = np.ones(space.size)
-    counts[space.index_of(table["item_id"].to_numpy())] = table["count"].to_numpy()
-    return counts
 
 
 def _evaluate(

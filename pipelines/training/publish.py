@@ -37,7 +37,7 @@ import uuid
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
 from pipelines.releases.stats_job import RELEASE_SUMMARY
-from pipelines.training.run_dir import Run, config_of, existing_run_lock, require_steps
+from pipelines.training.run_dir import Run, catalog_counts, config_of, existing_run_lock, require_steps
 from privacy import report
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -151,16 +151,11 @@ def privacy_report(run: Run) -> str:
 def feature_popularity_table(run: Run, settings: dict):
     """The catalog's mean DP count per public feature value (trainer.feature_popularity), from the
     counts release and the run's public catalog."""
-    import numpy as np
-
     from trainer.features import FeatureSpace
 
     items = storage.read_table(run.prepared()["prepared"]["items"])
     space = FeatureSpace.from_items(items, use_item_id=False, families=list(settings["feature_families"]))
-    released = storage.read_table(run.counts, columns=["item_id", "count"])
-    counts = np.ones(space.size)  # the release's floor for an item it lacks, as the fold-in's column
-    counts[space.index_of(released["item_id"].to_numpy())] = released["count"].to_numpy()
-    return feature_popularity.table(space, counts)
+    return feature_popularity.table(space, catalog_counts(run, space))
 
 
 def model_settings(run: Run) -> dict:

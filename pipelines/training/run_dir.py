@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+import numpy as np
+
 from pipelines.base.lock import run_lock
 from pipelines.releases.counts import COUNTS_TABLE
 from pipelines.training.settings import TrainConfig, check_recorded
@@ -206,3 +208,11 @@ def existing_run_lock(run_dir: str):
     Run(run_dir).read_manifest()
     with run_lock(run_dir):
         yield
+
+
+def catalog_counts(run: Run, space) -> np.ndarray:
+    """The run's DP counts release in catalog order (1, the release's floor, for an item it lacks)."""
+    table = storage.read_table(run.counts, columns=["item_id", "count"])
+    counts = np.ones(space.size)
+    counts[space.index_of(table["item_id"].to_numpy())] = table["count"].to_numpy()
+    return counts
