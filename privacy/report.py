@@ -229,8 +229,8 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         "releases, a budget account "
         "that is missing, replaced or lacks the run's charges, and a release without noise on a capped account are "
         "refused before "
-        "anything is released. The data source's account is found by the content of its interactions through the "
-        "account registry, "
+        "anything is released. The data source's account is found by its name (`--data-source`), or by the content "
+        "of its interactions when it has none, through the account registry, "
         "which is the root of trust: it must be kept where it cannot be deleted unnoticed (a versioned bucket with a "
         "retention policy).",
         "- **Checks before the first release.** A run stops before anything is released on exact properties of its "
