@@ -136,6 +136,16 @@ class ItemEncoder(tf.keras.Model):
         if self._residual is not None:
             self._residual.assign(self._residual * factor)
 
+    def transform(self, matrix: np.ndarray) -> None:
+        """Map every embedding v to v @ `matrix` (dim x dim; a features encoder: its output layer and
+        its residuals are linear in v)."""
+        self(tf.zeros([1], tf.int64))  # builds the layers of a fresh encoder
+        matrix = tf.constant(np.asarray(matrix), self._dense.kernel.dtype)
+        self._dense.kernel.assign(self._dense.kernel @ matrix)
+        self._dense.bias.assign(tf.linalg.matvec(matrix, self._dense.bias, transpose_a=True))
+        if self._residual is not None:
+            self._residual.assign(self._residual @ matrix)
+
     def init_principal(self, weights: np.ndarray) -> int:
         """Set the shared encoder to the top-d principal directions of the catalog's public feature
         vectors x_j (each family's bag of values averaged, `trainer.features.feature_matrix`, and a

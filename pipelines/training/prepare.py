@@ -125,20 +125,35 @@ def prepare_engine(engine: Engine, rows: int, local_rows: int = LOCAL_PREPARE_RO
 
 
 def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) -> None:
-    """The item embeddings' start from the item Gram's directions (`positions`' rows): an id encoder's
-    vectors (zero on the other items), or a features encoder's residuals on those items, so that
-    they start at the directions scaled to the features' root-mean-square norm there."""
+    """The item embeddings' start from the item Gram's directions (`positions`' rows; its kept
+    directions first, zero columns after): an id encoder's vectors (zero on the other items); a
+    features encoder's output mapped so that its first coordinates are the features' best linear
+    guess of those directions (scaled to the features' root-mean-square norm there) and the others
+    what the features say beyond them, every item in the same coordinates, the Gram's items
+    starting at its directions through their residuals. No kept direction: the start stays."""
     if not model.has_residual:
         vectors = np.zeros((model.space.size, directions.shape[1]))
         vectors[positions] = directions
         model.set_item_vectors(vectors)
         return
-    shared = model.embed_all(shared=True)[positions, : directions.shape[1]]
+    d = directions.shape[1]
+    kept = int(np.sum(np.any(directions != 0, axis=0)))
+    if kept == 0:
+        return
+    features = model.embed_all(shared=True)[:, :d]
+    shared = features[positions]
     size = np.sqrt(np.mean(np.sum(directions**2, axis=1)))
-    scale = np.sqrt(np.mean(np.sum(shared**2, axis=1))) / size if size > 0 else 0.0
-    model.set_residuals(
-        positions, np.c_[directions * scale - shared, np.zeros((positions.size, model.dim - shared.shape[1]))]
-    )
+    target = directions[:, :kept] * np.sqrt(np.mean(np.sum(shared**2, axis=1))) / size
+    guess = np.linalg.lstsq(shared, target, rcond=None)[0]  # d x kept: the taste the features predict
+    along = np.linalg.lstsq(features @ guess, features, rcond=None)[0]  # the features' part the guess explains
+    beyond = np.eye(d) - guess @ along
+    _, _, rows = np.linalg.svd(features @ beyond, full_matrices=False)
+    matrix = np.eye(model.dim)
+    matrix[:d, :d] = np.c_[guess, beyond @ rows[: d - kept].T]
+    model.transform(matrix)
+    residuals = np.zeros((positions.size, model.dim))
+    residuals[:, :kept] = target - shared @ guess
+    model.set_residuals(positions, residuals)
 
 
 def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:

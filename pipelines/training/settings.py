@@ -48,6 +48,7 @@ STATS_UPDATES = ("ssp", "als", "cmf", "item-mean")  # the item updates that trai
 FIXED_UPDATES = ("gram", "none")  # the items are fixed at the start: no statistics, no item update
 BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
+RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 __all__ = ["ENCODER_INITS", "ITEM_UPDATES", "LOSSES", "NON_PRIVATE_OUTER_STEPS", "TrainConfig"]
@@ -278,6 +279,19 @@ def _outer_steps(config: TrainConfig) -> int:
     return 1 if config.item_update == "ssp" and config.biases else release.DEFAULT_OUTER_STEPS
 
 
+def _item_gram_share(config: TrainConfig) -> float:
+    """The item Gram's share: all the budget beside the counts for its own model; for a private
+    ranking AM-SSP with the item id, RANKING_ITEM_GRAM_SHARE as its start (its taste directions
+    are where the statistics begin; docs/results.md#the-item-grams-start); else none (the
+    federated engine's clients release statistics only)."""
+    if config.item_update == "gram":
+        return 1.0 - config.count_share
+    ranking_ssp = config.protocol == "recall" and config.item_update == "ssp" and config.encoder == "features"
+    if ranking_ssp and config.item_id_feature and not config.non_private and config.engine != "federated":
+        return RANKING_ITEM_GRAM_SHARE
+    return 0.0
+
+
 def _rated(config: TrainConfig) -> bool:
     """Ratings with biases: where the user ridge with a fixed part was measured (ranking keeps its own)."""
     return bool(config.biases) and config.protocol == "rmse"
@@ -290,10 +304,10 @@ RULES = (  # in the order they are applied: a rule reads the settings chosen bef
     ("weight_exponent", lambda config: 0.0 if config.protocol == "recall" else -0.25),  # ranking hits popular items
     ("biases", _biases),
     ("outer_steps", _outer_steps),
-    ("item_gram_share", lambda config: 1.0 - config.count_share if config.item_update == "gram" else 0.0),
     ("lambda_u", lambda config: 0.01 if _rated(config) else user_solves.DEFAULT_LAMBDA_U),
     ("user_prior", lambda config: 20.0 if _rated(config) else 0.0),  # a light user's embedding shrunk the most
     ("item_id_feature", lambda config: True),
+    ("item_gram_share", _item_gram_share),
     # a ranked item's residual is its taste beyond its features' (docs/results.md#rankings-residual-penalty)
     ("residual_penalty", lambda config: 3.0 if config.protocol == "rmse" else 0.1),
     ("gravity", lambda config: 0.1 if config.protocol == "recall" and config.loss == "square" else 0.0),

@@ -73,6 +73,22 @@ def test_the_gram_model_plans_counts_and_the_item_gram_and_nothing_else():
     assert [group.name for group in config.privacy().plan()] == ["counts", "item_gram"]
 
 
+@pytest.mark.parametrize(
+    "settings, share",
+    [
+        ({"protocol": "recall"}, 0.5),  # a private ranking AM-SSP starts from the item Gram
+        ({"protocol": "recall", "item_id_feature": False}, 0.0),  # nothing to hold the Gram's directions
+        ({"protocol": "recall", "non_private": True}, 0.0),
+        ({"protocol": "recall", "engine": "federated"}, 0.0),  # its clients release statistics only
+        ({"protocol": "recall", "encoder": "id"}, 0.0),
+        ({"protocol": "recall", "item_update": "als", "encoder": "id"}, 0.0),
+        ({}, 0.0),  # ratings
+    ],
+)
+def test_the_item_grams_share_by_default(settings, share):
+    assert TrainConfig.create(epsilon=5, **settings).item_gram_share == share
+
+
 def test_an_item_gram_share_beside_the_statistics_plans_both():
     config = TrainConfig.create(epsilon=5, protocol="recall", item_gram_share=0.4)
     plan = {group.name: group.share for group in config.privacy().plan()}
@@ -80,35 +96,55 @@ def test_an_item_gram_share_beside_the_statistics_plans_both():
     assert plan["stats"] == pytest.approx(1 - plan["counts"] - plan["gram"] - 0.4)
 
 
-def test_a_features_encoder_starts_from_the_directions_on_the_gram_items_and_from_its_features_elsewhere():
-    """The start from the item Gram sets the residuals of its items so that their embeddings are the
-    directions, scaled to the features' root-mean-square norm there; the other items keep the
-    features' embeddings."""
+def _features_encoder(dim: int):
     import pyarrow as pa
 
     from pipelines.training.model import build_encoder
-    from pipelines.training.prepare import start_from_directions
     from schemas.tables import items_schema
 
     items = pa.table(
         {
-            "item_id": np.arange(1, 9),
-            "title": [f"t{i}" for i in range(8)],
-            "genres": [["a"], ["b"], ["a", "b"], ["c"]] * 2,
+            "item_id": np.arange(1, 13),
+            "title": [f"t{i}" for i in range(12)],
+            "genres": [["a"], ["b"], ["a", "b"], ["c"], ["d"], ["c", "e"]] * 2,
         },
         schema=items_schema({"genres": "multivalent"}),
     )
-    config = TrainConfig.create(epsilon=5, protocol="recall", dim=3)
-    space, model = build_encoder(config, items)
-    before = model.embed_all()
-    positions = np.array([1, 4, 6])
-    directions = np.random.default_rng(0).normal(size=(3, 3))
+    return build_encoder(TrainConfig.create(epsilon=5, protocol="recall", dim=dim), items)[1]
+
+
+@pytest.mark.parametrize("kept", [3, 2])
+def test_a_features_encoder_starts_at_the_directions_on_the_gram_items_in_one_map_of_its_features(kept):
+    """The start from the item Gram: the Gram's items start at its kept directions (scaled to the
+    features' root-mean-square norm there), and every item's features embedding goes through one
+    invertible linear map (nothing the features said is lost, every item in the same coordinates)."""
+    from pipelines.training.prepare import start_from_directions
+
+    model = _features_encoder(dim=3)
+    before = model.embed_all(shared=True)
+    positions = np.array([1, 4, 6, 9])
+    directions = np.random.default_rng(0).normal(size=(4, 3))
+    directions[:, kept:] = 0.0
     start_from_directions(model, positions, directions)
     after = model.embed_all()
     scale = np.sqrt(np.mean(np.sum(before[positions] ** 2, axis=1)) / np.mean(np.sum(directions**2, axis=1)))
-    np.testing.assert_allclose(after[positions], directions * scale, atol=1e-5)
-    others = np.setdiff1d(np.arange(8), positions)
-    np.testing.assert_allclose(after[others], before[others], atol=1e-6)
+    np.testing.assert_allclose(after[positions, :kept], directions[:, :kept] * scale, atol=1e-5)
+    shared = model.embed_all(shared=True)
+    others = np.setdiff1d(np.arange(12), positions)
+    np.testing.assert_allclose(after[others], shared[others], atol=1e-6)  # no residual beyond the Gram's items
+    biased = np.c_[before, np.ones(12)]  # the output layer is affine: one map of [features, 1]
+    mapping = np.linalg.lstsq(biased, shared, rcond=None)[0]
+    np.testing.assert_allclose(biased @ mapping, shared, atol=1e-5)
+    assert np.linalg.matrix_rank(shared, tol=1e-6) == np.linalg.matrix_rank(before, tol=1e-6)
+
+
+def test_a_features_encoder_keeps_its_start_when_no_direction_stands_above_the_noise():
+    from pipelines.training.prepare import start_from_directions
+
+    model = _features_encoder(dim=3)
+    before = model.embed_all()
+    start_from_directions(model, np.array([1, 4]), np.zeros((2, 3)))
+    np.testing.assert_allclose(model.embed_all(), before)
 
 
 def test_removing_a_user_from_the_raw_input_moves_the_item_gram_by_that_users_term_only(tmp_path):
