@@ -1,10 +1,10 @@
 """`ssp audit`: an empirical privacy audit of the releases `ssp train` makes by default, with canary users.
 
 What is audited is enumerated from the runs' own plans: for each product (ratings: `ssp train`'s
-defaults; ranking: `--protocol recall`'s; the DP per-item mean: `--item-update item-mean`;
-federated: `--engine federated --no-biases`; AM-DPSGD: `--item-update dpsgd`; the DP item Gram:
-`--protocol recall --item-update gram --encoder id`; AM-SSP with it: `--protocol recall
---item-gram-share 0.5`) the audit makes `TrainConfig.create(epsilon=..., **product)` and audits
+defaults; ranking: `--protocol recall`'s, AM-SSP starting from the item Gram; the DP per-item mean:
+`--item-update item-mean`; federated: `--engine federated --no-biases`; AM-DPSGD: `--item-update
+dpsgd`; the DP item Gram: `--protocol recall --item-update gram --encoder id`; ranking's statistics
+alone: `--protocol recall --item-gram-share 0`) the audit makes `TrainConfig.create(epsilon=..., **product)` and audits
 every release group of `config.privacy(units).multipliers()` (counts, mean, gram, item_gram, stats,
 dpsgd) with that config's own statistics settings (`config.settings()`: its d, clip_u, clip_y,
 weight exponent, bias coordinate k, confidences), so a default that changes is audited as it is. A
@@ -113,7 +113,6 @@ CANARY_ITEMS = 1_000_000
 CANARY_NORM = 10.0  # a canary's embedding norm, in units of clip_u: beyond the clip
 CANARY_BIAS = -1.0  # a canary's user bias (biased models): its label less it is further beyond clip_y
 MEAN_RATINGS = 50  # a mean canary's ratings: the mean's per-user cap (pipelines.releases.mean.DEFAULT_USER_CAP)
-ITEM_GRAM_SHARE = 0.5  # AM-SSP's item Gram start: the share docs/results.md measured it at
 PRODUCTS = {  # `ssp train`'s defaults per protocol, the DP per-item mean, federated, AM-DPSGD, the item Gram
     "ratings": {},
     "ranking": {"protocol": "recall"},
@@ -121,7 +120,7 @@ PRODUCTS = {  # `ssp train`'s defaults per protocol, the DP per-item mean, feder
     "federated": {"engine": "federated", "biases": False},  # the round has no biases yet
     "dpsgd": {"item_update": "dpsgd"},
     "gram": {"protocol": "recall", "item_update": "gram", "encoder": "id"},
-    "ranking-item-gram": {"protocol": "recall", "item_gram_share": ITEM_GRAM_SHARE},
+    "ranking-statistics": {"protocol": "recall", "item_gram_share": 0.0},  # no item Gram start (federated's plan)
 }
 ITEM_GRAM_ITEMS = 2  # a covered canary's items in the item Gram: x = 1 / sqrt(2) on each, so an unscaled row doubles it
 

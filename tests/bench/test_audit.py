@@ -115,7 +115,8 @@ def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, mon
         "ranking: stats step 1",
         "ranking: stats step 2",
         "ranking: stats steps 1-2 (difference)",
-        "ranking: counts and stats composed",
+        "ranking: item gram",
+        "ranking: counts, stats and item gram composed",
         f"ranking: gram ({audit.QUICK.trials} releases)",
         "item-mean: counts",
         "item-mean: stats step 1",
@@ -216,15 +217,16 @@ def test_the_audit_follows_the_plan(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_ssp_audit_quick_passes_on_am_ssp_with_the_item_gram(capsys, tmp_path, monkeypatch):
-    """AM-SSP with `--item-gram-share` (its statistics, the users' Gram and the item Gram in one plan)
-    on the local engine (the in-suite path of the item Gram: the gram product)."""
+def test_ssp_audit_quick_passes_on_rankings_statistics_alone(capsys, tmp_path, monkeypatch):
+    """Ranking without the item Gram's start (`--item-gram-share 0`: the federated engine's plan, its
+    statistics and the users' Gram) on the local engine."""
     cached_accounting.install(monkeypatch)
-    args = "--quick --seed 3 -q --engine local --trials 20 --products ranking-item-gram".split()
+    args = "--quick --seed 3 -q --engine local --trials 20 --products ranking-statistics".split()
     code, stdout = ssp_audit(capsys, *args, "--work", str(tmp_path / "work"))
     assert code == 0, stdout
     rows = _table(stdout)
-    assert {"ranking-item-gram: item gram", "ranking-item-gram: counts, stats and item gram composed"} <= set(rows)
+    assert {"ranking-statistics: stats step 2", "ranking-statistics: counts and stats composed"} <= set(rows)
+    assert "ranking-statistics: item gram" not in rows
     assert all(bound <= claimed for claimed, bound in rows.values())
 
 
@@ -252,7 +254,7 @@ def test_item_gram_plants_are_found(tmp_path):
         ("embedding-clip", ("ratings",), {"ratings: stats step 1"}),
         ("label-clip", ("ratings",), {"ratings: stats step 1"}),
         ("weights", ("ratings",), {"ratings: stats step 1"}),
-        ("halved-noise", ("ranking",), {"ranking: stats step 1", "ranking: stats step 2"}),
+        ("halved-noise", ("ranking",), {"ranking: stats step 1"}),
         ("shared-noise", ("ranking",), {"ranking: stats steps 1-2 (difference)"}),
         ("seed-copy", ("ratings",), {"ratings: seed-file copy, stats step 1"}),
     ],
