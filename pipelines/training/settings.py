@@ -396,7 +396,12 @@ def checked(config: TrainConfig) -> TrainConfig:
         raise UserError("--shares-users-with names another data source than --data-source")
     if None not in (config.rating_min, config.rating_max) and not config.rating_min < config.rating_max:
         raise UserError(f"rating range must have min < max, got [{config.rating_min}, {config.rating_max}]")
-    config.privacy()  # validates the budget and plan
+    plan = config.privacy().plan()  # validates the budget and plan
+    if config.item_update in STATS_UPDATES and "stats" not in {group.name for group in plan}:
+        raise UserError(
+            f"--item-update {config.item_update} trains from released statistics, but the other releases' "
+            "shares leave none of the budget for them: lower --item-gram-share or --count-share"
+        )
     release.check_bounds(config.settings(), not config.non_private, config.max_items_per_user, config.dpsgd_clip)
     return config
 

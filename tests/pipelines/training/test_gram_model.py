@@ -60,6 +60,7 @@ def test_the_gram_model_spends_the_budget_on_counts_and_one_item_gram_and_embeds
         ({"item_update": "gram", "protocol": "recall", "encoder": "id", "item_gram_share": 0.0}, "a positive"),
         ({"item_gram_share": 0.3}, "use it with --protocol recall"),
         ({"protocol": "recall", "item_gram_share": 0.3, "item_id_feature": False}, "drop --no-item-id-feature"),
+        ({"protocol": "recall", "item_gram_share": 0.85}, "none of the budget for them"),
     ],
 )
 def test_settings_the_gram_model_cannot_run_are_refused(settings, refusal):
