@@ -566,6 +566,17 @@ def test_a_bad_feature_column_is_one_line_naming_the_row_and_leaves_no_data_set(
         assert not (tmp_path / "data").exists()
 
 
+def test_a_bad_play_count_is_one_line_naming_the_row_and_leaves_no_data_set(tmp_path):
+    (tmp_path / "plays.csv").write_text("listener,sku,plays\n1,10,3\n2,20,0\n")
+    (tmp_path / "catalog.csv").write_text("sku\n10\n20\n")
+    flags = ["--catalog", tmp_path / "catalog.csv", "--item-col", "sku", "--features", "", "--out", tmp_path / "data"]
+    result = ssp(
+        "ingest", "--interactions", tmp_path / "plays.csv", "--user-col", "listener", "--count-col", "plays", *flags
+    )
+    assert_refused(result, tmp_path / "plays.csv", "row 2", "'plays'", "a count must be a number >= 1")
+    assert not (tmp_path / "data").exists()
+
+
 def test_an_empty_output_path_is_refused(tmp_path):
     assert_refused(ssp("ingest", "--out", ""), "--out is empty")
 

@@ -270,8 +270,9 @@ class PublishedModel:
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
-        positions = np.searchsorted(self.item_ids, items[keep])
-        solved_users, solved = self.fold_in(users[keep], positions, labels[keep] if labels is not None else None)
+        solved_users, solved = self.fold_in(
+            *self._pairs(users[keep], items[keep], labels[keep] if labels is not None else None)
+        )
         catalog_ids, vectors = self.item_ids, self.vectors
         if new_items is not None and new_items.num_rows:
             added = keyed(new_items, "the new items", {"item_id": "item_id"})["item_id"].to_numpy()
@@ -327,6 +328,19 @@ class PublishedModel:
                 )
             )
         return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
+
+    def _pairs(
+        self, users: np.ndarray, items: np.ndarray, labels: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(users, catalog positions, labels) to fold in from history rows: for implicit feedback one
+        row per (user, item) whose label is its rows' counts summed (a label is a count, 1 without
+        one), as training's split counts repeated plays; the rows as they are otherwise."""
+        positions = np.searchsorted(self.item_ids, items)
+        if self.settings.get("confidence_alpha") is None:
+            return users, positions, labels
+        pairs, at = np.unique(np.c_[users, positions], axis=0, return_inverse=True)
+        counts = np.ones(users.size) if labels is None else labels
+        return pairs[:, 0], pairs[:, 1], np.bincount(at.ravel(), weights=counts, minlength=pairs.shape[0])
 
     def _labels(self, history: pa.Table, source: str) -> np.ndarray | None:
         """The history's labels (None without a label column), each finite and, for a ratings model,

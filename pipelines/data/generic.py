@@ -4,7 +4,8 @@ canonical data set folder (not only MovieLens).
 Reads a table of (user, item[, label][, time]) rows and a catalog of items, in Parquet or CSV (a
 file or a folder of parts), on a local disk or gs://, with the columns named as they are in the
 table; interactions are streamed in record batches, the catalog is read whole. Ids must be
-integers; without a label column the data are implicit feedback (every row a positive, label 1.0),
+integers; without a label column the data are implicit feedback (every row a positive, label 1.0,
+or the count column's number of times the pair met),
 with one the labels must lie on the declared `rating_scale`; timestamps become int64 epoch seconds;
 catalog features are declared with their kind (`bag`, `value`, `number`). Every check refuses the
 input naming the file, the column, the row and the value. docs/own-data.md ("Your own tables") has
@@ -50,12 +51,14 @@ _TO_SECONDS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 @dataclass(frozen=True)
 class Columns:
-    """Which columns of the input tables hold what. `label` None: implicit feedback. The catalog's
-    item ids are in its `item` column, as in the interactions table."""
+    """Which columns of the input tables hold what. `label` None: implicit feedback, where `count`
+    (None: 1 per row) is how many times a row's user and item met. The catalog's item ids are in
+    its `item` column, as in the interactions table."""
 
     user: str = "user_id"
     item: str = "item_id"
     label: str | None = None
+    count: str | None = None
     timestamp: str | None = None
     title: str | None = None
 
@@ -263,6 +266,20 @@ def _labels(column: pa.Array, name: str, part: _Part) -> pa.Array:
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_decimal(column.type):
         return column.cast(pa.float64())
     raise IngestError(f"{part.file}: column {name!r} has type {column.type}; labels must be numbers")
+
+
+def _counts(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """A count column (implicit feedback) as float64 numbers >= 1, each row's weight in rows of one."""
+    counts = _labels(column, name, part)
+    values = counts.to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~(values >= 1) | ~np.isfinite(values))  # NaN (a null) fails both
+    if bad.size:
+        shown = "empty" if counts[int(bad[0])].as_py() is None else f"{values[bad[0]]:g}"
+        raise IngestError(
+            f"{part.at(int(bad[0]))}: column {name!r} holds {shown}; a count must be a number >= 1 (how many "
+            "times the user met the item; drop the rows of items never met)"
+        )
+    return counts
 
 
 # seconds, ISO 8601 (UTC), ISO 8601 with an offset
@@ -522,9 +539,14 @@ def iter_interactions(
     source: str, columns: Columns, rating_scale: tuple[float, float] | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Stream the interactions table as canonical batches (user_id, item_id, label, timestamp).
-    Without a label column every label is 1.0 (implicit feedback); with `rating_scale` a label
+    Without a label column the label is the count column's value, or 1.0 (implicit feedback); with `rating_scale` a label
     outside it is refused, naming the file, the row and the value."""
-    names = {"user_id": columns.user, "item_id": columns.item, "label": columns.label, "timestamp": columns.timestamp}
+    names = {
+        "user_id": columns.user,
+        "item_id": columns.item,
+        "label": columns.label or columns.count,
+        "timestamp": columns.timestamp,
+    }
     for part, batch in _table_batches(source, [name for name in names.values() if name]):
         n = batch.num_rows
         table = pa.table(
@@ -533,6 +555,8 @@ def iter_interactions(
                 "item_id": _ids(batch.column(columns.item), columns.item, part),
                 "label": _labels(batch.column(columns.label), columns.label, part)
                 if columns.label
+                else _counts(batch.column(columns.count), columns.count, part)
+                if columns.count
                 else pa.array(np.ones(n)),
                 "timestamp": _timestamps(batch.column(columns.timestamp), columns.timestamp, part)
                 if columns.timestamp
@@ -580,6 +604,11 @@ def ingest(
     if unknown_items not in UNKNOWN_ITEM_POLICIES:
         raise UserError(f"unknown_items must be one of {UNKNOWN_ITEM_POLICIES}, got {unknown_items!r}")
     features = _declared(features)
+    if columns.label is not None and columns.count is not None:
+        raise IngestError(
+            "--count-col is for implicit feedback (plays, clicks): with --label-col the rows are ratings, "
+            "each counted once; give one of them"
+        )
     if columns.label is None and rating_scale is not None:
         raise IngestError(
             "--rating-scale needs --label-col: without a label column the data are implicit feedback "
@@ -643,8 +672,9 @@ def ingest(
     if not columns.label:
         logs.log(
             "implicit feedback: every row is kept; a (user, item) pair that comes more than once (repeated "
-            "plays) is one positive, its "
-            "repeats its confidence in training (ssp train --confidence-alpha; 0 counts it once)"
+            "plays) is one positive whose count, "
+            + ("its rows' counts summed" if columns.count else "its number of rows")
+            + ", sets its confidence in training and serving (ssp train --confidence-alpha; 0 counts it once)"
         )
     batches = known_rows()
     try:

@@ -254,6 +254,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--protocol recall only",
     )
     table.add_argument(
+        "--count-col",
+        default=None,
+        metavar="NAME",
+        help="interactions column holding how many times each row's user and item met (plays, "
+        "clicks: numbers >= 1) in an aggregated log; implicit feedback only, a row with count c weighs as c "
+        "rows of one (default: none, every row counts once)",
+    )
+    table.add_argument(
         "--timestamp-col",
         default=None,
         metavar="NAME",
@@ -283,7 +291,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-TABLE_ONLY = ("catalog", "features", "label_col", "timestamp_col", "title_col")
+TABLE_ONLY = ("catalog", "features", "label_col", "count_col", "timestamp_col", "title_col")
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -334,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
             user=args.user_col,
             item=args.item_col,
             label=args.label_col,
+            count=args.count_col,
             timestamp=args.timestamp_col,
             title=args.title_col,
         )

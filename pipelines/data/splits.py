@@ -128,8 +128,8 @@ def _parts(uniform: np.ndarray, holdout: float) -> np.ndarray:
 def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     """Validated interactions in canonical row order (sorted by user, item, timestamp, label), one
     row per (user, item): a repeated rating keeps only its latest (the last in that order); with
-    `count_repeats` (implicit feedback, every label 1) the kept row's label is how many times the
-    pair came, the confidence the ranking protocol weighs it by (trainer.solve.confidence).
+    `count_repeats` (implicit feedback, each label a count: 1 per row, or `ssp ingest --count-col`'s) the
+    kept row's label is how many times the pair came, its rows' counts summed, the confidence the ranking protocol weighs it by (trainer.solve.confidence).
     User-local: the privacy bounds count each (user, item) pair once."""
     table = validate_interactions(interactions)
     if table.num_rows == 0:
@@ -149,11 +149,12 @@ def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     if last.all():
         return table
     kept = table.filter(pa.array(last))
-    # each pair's rows are contiguous: its count is the gap between its last row and the previous pair's
+    # each pair's rows are contiguous, from the row after the previous pair's last: its count is their labels' sum
     if count_repeats:
-        ends = np.flatnonzero(last)
-        repeats = np.diff(np.r_[-1, ends]).astype(np.float64)
-        kept = kept.set_column(kept.column_names.index("label"), "label", pa.array(repeats))
+        starts = np.r_[0, np.flatnonzero(last)[:-1] + 1]
+        repeats = np.add.reduceat(table["label"].to_numpy(), starts)
+        at = kept.column_names.index("label")
+        kept = kept.set_column(at, kept.schema.field(at), pa.array(repeats))
     return kept
 
 

@@ -77,6 +77,26 @@ def test_the_ranking_protocol_folds_in_positives_and_excludes_every_seen_item(tm
     np.testing.assert_allclose(u, [[0.0, 0.5]])
 
 
+def test_an_implicit_models_history_counts_a_users_rows_of_one_item_as_training_does(tmp_path):
+    """One row per play, one row with its play count as label, and the fold-in of the counts agree;
+    weighing each row once (the rows as they came) would not."""
+    path = publication(tmp_path, "recall")
+    storage.write_json(
+        {**storage.read_json(storage.join(path, "model.json")), "confidence_alpha": 1.0},
+        storage.join(path, "model.json"),
+    )
+    model = PublishedModel.load(path)
+    plays = pa.table({"user_id": [5, 5, 5, 5], "item_id": [10, 20, 10, 10]})
+    counted = pa.table({"user_id": [5, 5], "item_id": [20, 10], "label": [1.0, 3.0]})
+    _, u = model.fold_in(np.array([5, 5]), np.array([0, 1]), np.array([3.0, 1.0]))
+    _, once = model.fold_in(np.array([5, 5, 5, 5]), np.array([0, 1, 0, 0]), np.ones(4))
+    assert not np.allclose(u, once)
+    expected = u[0] @ [1.0, 1.0]  # item 30, the only unseen one
+    for history in (plays, counted):
+        top = model.recommend(history, k=1)
+        assert top["item_id"].to_pylist() == [30] and top["score"].to_pylist() == pytest.approx([expected])
+
+
 def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path):
     model = PublishedModel.load(publication(tmp_path, "recall", counts=[1.0, 2.0, 2.0]))
     # the trained columns' RMS norm is sqrt(2) (Frobenius 2, d 2) and the counts' norm 3: column sqrt(2)/3 (1, 2, 2)

@@ -87,7 +87,14 @@ def test_parquet_implicit_feedback_gives_exact_tables(tables, tmp_path):
     assert items.schema.field("brand").type == pa.string() and items.schema.field("year").type == pa.int64()
     m = data.manifest
     assert m["source"] == interactions and m["catalog"] == catalog and m["layout"] == "table"
-    assert m["columns"] == {"user": "customer", "item": "product", "label": None, "timestamp": "ts", "title": "name"}
+    assert m["columns"] == {
+        "user": "customer",
+        "item": "product",
+        "label": None,
+        "count": None,
+        "timestamp": "ts",
+        "title": "name",
+    }
     assert m["feedback"] == "implicit" and "rating_scale" not in m
     assert m["unknown_items"] == {"policy": "fail"}
     assert m["public_features"] == {"tags": "multivalent", "brand": "univalent", "year": "univalent"}
@@ -456,6 +463,46 @@ def test_implicit_recall_split_keeps_every_row(tmp_path):
     assert sizes["test_history"]["users"] == 1 and sizes["test_history"]["rows"] + sizes["test_targets"]["rows"] == 23
     for name in splits.HELDOUT_PARTS:
         assert set(storage.read_table(str(tmp_path / "held" / f"{name}.parquet"))["label"].to_pylist()) <= {1.0}
+
+
+def test_a_count_column_trains_as_that_many_rows_of_one(tmp_path):
+    """An aggregated log (user, item, plays) and the same log with one row per play give the same
+    split, labels the summed counts; a count below 1 or not a number is refused naming the row."""
+    counted = [(u, i, 1 + (u * 7 + i) % 4) for u in range(3, 30) for i in range(u + 2)]
+    catalog = write_csv(tmp_path / "c.csv", "item_id\n" + "".join(f"{i}\n" for i in range(60)))
+    aggregated = write_csv(
+        tmp_path / "a.csv", "listener,item_id,plays\n" + "".join(f"{u},{i},{c}\n" for u, i, c in counted)
+    )
+    per_play = write_csv(
+        tmp_path / "p.csv", "user_id,item_id\n" + "".join(f"{u},{i}\n" for u, i, c in counted for _ in range(c))
+    )
+    columns = generic.Columns(user="listener", count="plays")
+    tables = {}
+    for name, source, given in (("aggregated", aggregated, columns), ("per_play", per_play, generic.Columns())):
+        data = generic.ingest(source, catalog, str(tmp_path / f"data-{name}"), "", columns=given)
+        splits.make_split(data, "recall", str(tmp_path / f"split-{name}"), holdout=0.2, engine=LocalEngine())
+        tables[name] = [
+            storage.read_table(str(tmp_path / f"split-{name}" / f"{part}.parquet")).drop(["timestamp"])
+            for part in ("train", *splits.HELDOUT_PARTS)
+        ]
+    assert data.manifest["ratings"] == sum(c for _, _, c in counted)
+    for mine, theirs in zip(tables["aggregated"], tables["per_play"], strict=True):
+        assert mine.equals(theirs)
+    assert set(tables["aggregated"][0]["label"].to_pylist()) == {1.0, 2.0, 3.0, 4.0}
+    for bad, shown in (("0", "0"), ("-2", "-2"), ("", "empty"), ("x", "'x'")):
+        source = write_csv(tmp_path / "bad.csv", f"listener,item_id,plays\n3,1,2\n3,2,{bad}\n")
+        with pytest.raises(IngestError, match=f"bad.csv, row 2: column 'plays' holds {shown}"):
+            generic.ingest(source, catalog, str(tmp_path / "bad"), "", columns=columns)
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(IngestError, match="--count-col is for implicit feedback"):
+        generic.ingest(
+            aggregated,
+            catalog,
+            str(tmp_path / "bad"),
+            "",
+            columns=generic.Columns(label="plays", count="plays"),
+            rating_scale=(1, 5),
+        )
 
 
 def test_explicit_data_keep_the_rating_threshold(tmp_path):
