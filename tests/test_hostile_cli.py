@@ -140,6 +140,10 @@ def test_the_plan_is_the_runs_before_anything_is_read_or_spent(tmp_path, dataset
             result.stdout,
         )
     assert "m = 9742 catalog items" in result.stdout and "N/S = " in result.stdout
+    assert result.stdout.startswith("plan (nothing read but the catalog's size, nothing spent)")
+    alone = ssp("train", "--epsilon", 5, "--plan")
+    assert alone.returncode == 0 and alone.stdout.startswith("plan (no data set read (no --data: no catalog size)")
+    assert "catalog items" not in alone.stdout
     assert sorted(p.name for p in registry.rglob("*")) == accounts  # no account made or charged
     assert_refused(ssp("train", "--plan", "--epsilon", -1), "epsilon")
 

@@ -60,6 +60,8 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
     user_id and item_id as int64, each checked first: present, integer ids, no empty value. Anything
     else is one ValueError naming `source`, the column and the row."""
     flags = {"user_id": "--user-col", "item_id": "--item-col"}
+    if table.num_rows == 0:
+        raise UserError(f"{source} holds no rows (a header alone?): give one row per interaction")
     for name, column in columns.items():
         if column not in table.column_names:
             raise UserError(

@@ -84,7 +84,7 @@ class Recommender(tf.Module):
         self.bias_ridge = float(bias_ridge) if self.biased and not self.fixed_bias else 0.0
         self.lam, self.prior = float(settings["lambda_u"]), float(settings.get("user_prior") or 0.0)
         self.dp_mean = float(settings["dp_mean"]) if self.ratings else 0.0
-        self.low, self.high = (float(x) for x in settings["rating_range"])
+        self.low, self.high = (float(x) for x in settings["rating_range"]) if self.ratings else (-np.inf, np.inf)
         self.popularity = constant(popularity if popularity is not None else np.zeros(item_ids.size))
         width = embedding_width(settings)
         unit = vectors[:, :width] / np.maximum(np.linalg.norm(vectors[:, :width], axis=1, keepdims=True), 1e-12)

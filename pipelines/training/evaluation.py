@@ -244,8 +244,9 @@ def describe(metrics: dict) -> str:
             baseline = metrics["test_popularity_recall_at_20"]
             sliced = ", ".join("-" if v is None else f"{v:.4f}" for v in metrics["test_popularity_recall_at_20_sliced"])
             below = "; the model is BELOW it" if metrics["test_recall_at_20"] < baseline else ""
+            line = "popularity (exact counts: a non-private run)" if metrics["non_private"] else "DP popularity"
             lines.append(
-                f"  DP popularity (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: "
+                f"  {line} (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: "
                 f"{sliced}; {_others(metrics, 'test_popularity_')}"
             )
     eps = metrics["epsilon_spent"]

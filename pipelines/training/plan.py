@@ -76,8 +76,9 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
         )
     privacy = config.privacy()
     multipliers = privacy.multipliers()
+    read = "nothing read but the catalog's size" if catalog_items else "no data set read (no --data: no catalog size)"
     lines = [
-        f"plan (nothing read but the catalog's size, nothing spent): user-level epsilon {config.epsilon:g}, delta "
+        f"plan ({read}, nothing spent): user-level epsilon {config.epsilon:g}, delta "
         f"{config.delta:g}, "
         f"{privacy.accountant.upper()} accountant, {config.outer_steps} outer step(s) x {config.resamples} resample(s)",
         "",

@@ -183,7 +183,7 @@ def model_settings(run: Run) -> dict:
         "user_prior": settings.user_prior,  # the user ridge's fixed part (trainer.solve.ridge_solve's prior)
         "gravity": settings.fold_in_gravity,  # the fold-in's (a served user is ranked as evaluation ranked)
         "dp_mean": None if recall else prepared["mean"],
-        "rating_range": list(prepared_rating_range(prepared)),
+        "rating_range": None if recall else list(prepared_rating_range(prepared)),  # a ranking scores no rating
         "positive_threshold": storage.read_json(storage.join(run.split, SPLIT_MANIFEST)).get("positive_threshold")
         if recall
         else None,

@@ -219,7 +219,7 @@ def one_error_line(result: subprocess.CompletedProcess, *names: str) -> None:
 
 
 def test_bad_histories_and_new_items_are_one_line_through_the_installed_command(tmp_path):
-    """An empty item id (a user with no history), string ids, a rating outside the model's scale, a
+    """An empty item id (a user with no history), a header alone, string ids, a rating outside the model's scale, a
     --new-items table keyed by another column, an --out that is neither .csv nor .parquet."""
     model = publication(tmp_path / "published")
     (tmp_path / "empty.csv").write_text("user_id,item_id,label\n1,10,4\n2,,3\n")
@@ -229,6 +229,10 @@ def test_bad_histories_and_new_items_are_one_line_through_the_installed_command(
         "row 2",
         "item_id",
         "empty value",
+    )
+    (tmp_path / "header.csv").write_text("user_id,item_id,label\n")
+    one_error_line(
+        installed_ssp("recommend", "--model", model, "--history", tmp_path / "header.csv"), "header.csv", "no rows"
     )
     (tmp_path / "strings.csv").write_text("user_id,item_id,label\nann,10,4\n")
     one_error_line(

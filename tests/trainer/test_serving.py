@@ -91,7 +91,7 @@ def exported(tmp_path, layout: str) -> dict:
         "user_prior": 2.0,
         "gravity": spec["gravity"],
         "dp_mean": 3.5 if spec["protocol"] == "rmse" else None,
-        "rating_range": [0.5, 5.0],
+        "rating_range": [0.5, 5.0] if spec["protocol"] == "rmse" else None,  # as publish writes it
         "positive_threshold": None,
         "encoder": "features",
         "feature_families": {},

@@ -103,3 +103,7 @@ def test_the_summary_prints_every_ranking_metric_of_the_model_and_of_dp_populari
     ]
     below = evaluation.describe(_ranking_metrics(recall_at_20=0.05)).splitlines()[3]
     assert "test Recall@20 0.0617; the model is BELOW it" in below
+    exact = evaluation.describe({**_ranking_metrics(), "non_private": True}).splitlines()[3]
+    assert exact.startswith(
+        "  popularity (exact counts: a non-private run) (the run's counts release): test Recall@20 0.0617;"
+    )
