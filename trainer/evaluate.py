@@ -94,6 +94,7 @@ def ranking_report(
     loss: str = "square",
     bias_ridge: float | None = None,
     confidence: bool = False,
+    at: tuple[int, ...] = (),
 ) -> dict:
     """The ranking metrics of held-out users (trainer.metrics.ranking_metrics: Recall@20, Recall@50,
     NDCG@100, coverage of the top 20, Recall@20 per popularity bucket): (users, positions, labels)
@@ -101,7 +102,7 @@ def ranking_report(
     are folded in as the model was trained: a ridge solve (with `gravity`, and `bias_ridge` for a
     model with biases: ridge_solve's), or for the logistic loss its solve with every catalog item a
     negative (trainer.solve.logistic_solve). `confidence`: the history's labels are the rows'
-    confidences (ridge_solve's)."""
+    confidences (ridge_solve's); `at`: the metrics at those cut-offs too (ranking_metrics')."""
     h_users, h_positions, h_labels = history
     t_users, t_positions = targets
     if loss == "logistic":
@@ -130,7 +131,7 @@ def ranking_report(
                 user_item_mask(chunk, t_users, t_positions, item_vectors.shape[0]),
             )
 
-    return metrics.ranking_metrics(blocks(), item_buckets, buckets)
+    return metrics.ranking_metrics(blocks(), item_buckets, buckets, at)
 
 
 def popularity_ranking_report(
@@ -138,6 +139,7 @@ def popularity_ranking_report(
     targets: tuple[np.ndarray, np.ndarray],
     counts: np.ndarray,
     item_buckets: np.ndarray,
+    at: tuple[int, ...] = (),
 ) -> dict:
     """`ranking_report` of DP popularity: every catalog item ranked by its DP count (`counts`, catalog
     order, floored at 1 by the release), the history's items left out. It is ranking_report itself
@@ -149,7 +151,7 @@ def popularity_ranking_report(
         raise UserError("every catalog item needs a positive DP count (the counts release floors them at 1)")
     (users, positions), (t_users, t_positions) = history, targets
     return ranking_report(
-        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets=item_buckets
+        (users, positions, np.ones(users.size)), (t_users, t_positions), vectors, 1.0, item_buckets=item_buckets, at=at
     )
 
 

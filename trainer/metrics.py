@@ -13,9 +13,12 @@ k are the first k of the top 100. For a user with at least one target:
 
 each averaged over those users. Catalog coverage of the top k: the share of the catalog's items
 that are in the top k of at least one such user (history items that fill a short list excluded).
+Precision@k: the targets among the top k, divided by k; AP@k: the sum of Precision@r at the rank r
+of each target in the top k, divided by min(k, number of targets) (MAP@k its mean).
 `ranking_metrics` computes the protocol's four (Recall@20, Recall@50, NDCG@100, coverage of the
-top 20) and Recall@20 per popularity bucket in one pass over blocks of users: the one definition
-that `ssp train`, `ssp evaluate` and the benchmarks share.
+top 20), Recall@20 per popularity bucket and, at any list of k (`ssp evaluate --metrics-at`), Recall,
+Precision, NDCG, MAP and coverage in one pass over blocks of users: the one definition that `ssp
+train`, `ssp evaluate` and the benchmarks share.
 
 Privacy: computed on held-out rows on the trusted side; not a release.
 """
@@ -151,6 +154,24 @@ def ndcg_of_ranking(ranked: np.ndarray, targets: np.ndarray, k: int) -> np.ndarr
     return ndcg
 
 
+def precision_of_ranking(ranked: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """Per-user Precision@k of a `ranked_top_k` ranking: hits / k; NaN for users without targets."""
+    precision = _hits(ranked, targets, k).sum(axis=1) / k
+    return np.where(targets.any(axis=1), precision, np.nan)
+
+
+def average_precision_of_ranking(ranked: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """Per-user AP@k of a `ranked_top_k` ranking: the sum of Precision@r at each hit's rank r <= k,
+    over min(k, |targets|) (MAP@k is its mean); NaN for users without targets."""
+    hits = _hits(ranked, targets, k)
+    at_hits = hits * np.cumsum(hits, axis=1) / np.arange(1, hits.shape[1] + 1)
+    n_targets = targets.sum(axis=1)
+    average = np.full(targets.shape[0], np.nan)
+    has = n_targets > 0
+    average[has] = at_hits[has].sum(axis=1) / np.minimum(k, n_targets[has])
+    return average
+
+
 def covered_by_ranking(ranked: np.ndarray, history: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
     """Boolean per item: in the top k of a `ranked_top_k` ranking of some user with a target (a history
     item that fills a short list is not recommended, so not covered)."""
@@ -207,23 +228,44 @@ def catalog_coverage(scores: np.ndarray, history: np.ndarray, targets: np.ndarra
     return float(covered_by_ranking(ranked_top_k(scores, history, k), history, targets, k).mean())
 
 
-def ranking_metrics(blocks: Iterable[tuple], item_buckets: np.ndarray | None = None, buckets: int = 0) -> dict:
+AT_K = {  # `ranking_metrics(at=...)`'s metrics at each cut-off k (key prefix -> per-user metric)
+    "recall": recall_of_ranking,
+    "precision": precision_of_ranking,
+    "ndcg": ndcg_of_ranking,
+    "map": average_precision_of_ranking,
+}
+
+
+def at_k_keys(at: Iterable[int]) -> list[str]:
+    """The keys `ranking_metrics(at=at)` adds: each AT_K metric and the coverage at each k."""
+    return [f"{name}_at_{k}" for k in at for name in (*AT_K, "coverage")]
+
+
+def ranking_metrics(
+    blocks: Iterable[tuple], item_buckets: np.ndarray | None = None, buckets: int = 0, at: Iterable[int] = ()
+) -> dict:
     """The ranking protocol's metrics (RANKING's keys) over `blocks` of users, (scores, history,
     targets) each as `recall_at_k_per_user` takes them, from one ranking per block: the means over
     every block's users with a target, coverage over the union of their top 20s; "users": how many
     were evaluated; "sliced": Recall@20 restricted to the targets of each of `buckets` item buckets
     (`item_buckets`, a bucket per item), over the users with a target there (None for a bucket
-    without any)."""
+    without any); with `at`, every AT_K metric and the coverage at each of those k too."""
+    at = sorted({_k(k) for k in at})
     per_user = {"recall_at_20": [], "recall_at_50": [], "ndcg_at_100": []}
+    per_user.update({f"{name}_at_{k}": [] for k in at for name in AT_K})
     sliced = [[] for _ in range(buckets)]
-    covered = False
+    covered = dict.fromkeys(sorted({20, *at}), False)
     for block in blocks:
         scores, history, targets = checked(*block)
-        ranked = ranked_top_k(scores, history, _DEPTH)
+        ranked = ranked_top_k(scores, history, max([_DEPTH, *at]))
         per_user["recall_at_20"].append(recall_of_ranking(ranked, targets, 20))
         per_user["recall_at_50"].append(recall_of_ranking(ranked, targets, 50))
         per_user["ndcg_at_100"].append(ndcg_of_ranking(ranked, targets, 100))
-        covered = covered | covered_by_ranking(ranked, history, targets, 20)
+        for k in at:
+            for name, metric in AT_K.items():
+                per_user[f"{name}_at_{k}"].append(metric(ranked, targets, k))
+        for k in covered:
+            covered[k] = covered[k] | covered_by_ranking(ranked, history, targets, k)
         for b in range(buckets):
             sliced[b].append(recall_of_ranking(ranked, targets & (item_buckets == b)[None, :], 20))
     recall = np.concatenate(per_user["recall_at_20"]) if per_user["recall_at_20"] else np.array([np.nan])
@@ -233,7 +275,7 @@ def ranking_metrics(blocks: Iterable[tuple], item_buckets: np.ndarray | None = N
     bucketed = [np.concatenate(parts) for parts in sliced]
     return {
         **means,
-        "coverage_at_20": float(np.mean(covered)),
+        **{f"coverage_at_{k}": float(np.mean(items)) for k, items in covered.items()},
         "sliced": [float(np.nanmean(b)) if (~np.isnan(b)).any() else None for b in bucketed],
         "users": int(np.sum(~np.isnan(recall))),
     }

@@ -65,6 +65,14 @@ def add_stage_arguments(parser: argparse.ArgumentParser, step: bool) -> None:
         parser.add_argument("--step", type=int, required=True, help="outer step s (1..S)")
 
 
+def metrics_at(text: str) -> tuple[int, ...]:
+    """`--metrics-at`'s cut-offs: positive integers separated by commas."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(f"must be positive integers separated by commas (e.g. 10,20,50), got {text!r}")
+    return tuple(sorted({int(part) for part in parts}))
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The run's settings: the flags, over the --config file's settings (args.explicit: the flags
     given on the command line), over the defaults."""
@@ -138,6 +146,6 @@ def item_update_main(args: argparse.Namespace) -> int:
 def evaluate_main(args: argparse.Namespace) -> int:
     """`ssp evaluate --run RUN`."""
     with existing_run_lock(args.run):
-        metrics = evaluate(Run(args.run))
+        metrics = evaluate(Run(args.run), args.metrics_at)
     print(describe(metrics))
     return 0

@@ -20,14 +20,14 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings, validate_user_embeddings
-from trainer.metrics import RANKING
+from trainer.metrics import AT_K, RANKING, at_k_keys
 from trainer.solve import confidence, user_bias_ridge
 
 
-def evaluate(run: Run) -> dict:
+def evaluate(run: Run, metrics_at: tuple[int, ...] = ()) -> dict:
     """Last stage: valid and test metrics of the finished run (trusted side: held-out private
     ratings and the final user embeddings), with the ledger's epsilon and the steps' curves
-    (trainer.curves); writes RUN/metrics.json."""
+    (trainer.curves); a ranking's metrics also at each cut-off of `metrics_at`; writes RUN/metrics.json."""
     from trainer import curves
     from trainer.features import FeatureSpace
 
@@ -69,6 +69,7 @@ def evaluate(run: Run) -> dict:
         counts=popularity if config.popularity_column else None,
         popularity=popularity,
         confidence_alpha=prepared.get("confidence_alpha"),
+        at=metrics_at,
     )
     ledger = Ledger.open(run.ledger)
     done_at = manifest.get("step_done_at", {})
@@ -131,6 +132,7 @@ def _evaluate(
     counts: np.ndarray | None = None,
     popularity: np.ndarray | None = None,
     confidence_alpha: float | None = None,
+    at: tuple[int, ...] = (),
 ) -> dict:
     """Valid and test metrics of the protocol, overall and by popularity bucket (trusted side);
     predicted ratings are limited to `ratings`, the run's rating range; a ranking fold-in gets
@@ -204,12 +206,14 @@ def _evaluate(
                 loss=config.loss,
                 bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
                 confidence=config.loss == "square",
+                at=at,
             )
-            metrics.update({f"{part}_{key}": report[key] for key in RANKING})
+            keys = [*RANKING, *at_k_keys(at)]
+            metrics.update({f"{part}_{key}": report[key] for key in keys})
             metrics[f"{part}_recall_at_20_sliced"] = report["sliced"]
             if popularity is not None:  # the baseline, free: the run's own counts release
-                baseline = evaluate.popularity_ranking_report(held_out, aimed, popularity, buckets)
-                metrics.update({f"{part}_popularity_{key}": baseline[key] for key in RANKING})
+                baseline = evaluate.popularity_ranking_report(held_out, aimed, popularity, buckets, at)
+                metrics.update({f"{part}_popularity_{key}": baseline[key] for key in keys})
                 metrics[f"{part}_popularity_recall_at_20_sliced"] = baseline["sliced"]
         metrics["sliced"] = {"valid": metrics["valid_recall_at_20_sliced"], "test": metrics["test_recall_at_20_sliced"]}
     return metrics
@@ -218,6 +222,12 @@ def _evaluate(
 def _others(metrics: dict, prefix: str) -> str:
     """The ranking metrics beside Recall@20, as `describe` prints them (Recall@50, NDCG@100, coverage@20)."""
     return ", ".join(f"{name} {metrics[prefix + key]:.4f}" for key, name in list(RANKING.items())[1:])
+
+
+def _at_k(metrics: dict, prefix: str, k: int) -> str:
+    """The metrics at cut-off k (`ssp evaluate --metrics-at`), as `describe` prints them."""
+    names = {"recall": "Recall", "precision": "Precision", "ndcg": "NDCG", "map": "MAP", "coverage": "coverage"}
+    return ", ".join(f"{names[name]} {metrics[f'{prefix}{name}_at_{k}']:.4f}" for name in (*AT_K, "coverage"))
 
 
 def describe(metrics: dict) -> str:
@@ -249,6 +259,10 @@ def describe(metrics: dict) -> str:
                 f"  {line} (the run's counts release): test Recall@20 {baseline:.4f}{below}; same fifths: "
                 f"{sliced}; {_others(metrics, 'test_popularity_')}"
             )
+        for k in sorted(int(key.removeprefix("test_map_at_")) for key in metrics if key.startswith("test_map_at_")):
+            popular = f"test_popularity_map_at_{k}" in metrics  # with the popularity line above
+            popular = f" ({line}: {_at_k(metrics, 'test_popularity_', k)})" if popular else ""
+            lines.append(f"test at {k}: {_at_k(metrics, 'test_', k)}{popular}")
     eps = metrics["epsilon_spent"]
     guarantee = (
         "no privacy (non-private run)"

@@ -328,3 +328,40 @@ def test_rmse_errors():
         rmse([], [])
     with pytest.raises(ValueError, match="finite"):
         rmse([np.nan], [1.0])
+
+
+def test_precision_and_map_at_k_by_hand_and_every_cut_off_in_the_same_pass():
+    """One user, items ranked 0, 1, 2, 3, 4 (scores falling), targets {0, 2, 5}: at k = 3 hits at ranks
+    1 and 3: Precision 2/3, AP (1/1 + 2/3) / min(3, 3) = 5/9, Recall 2/3; at k = 1: Precision 1,
+    AP 1, Recall 1 (min(1, 3) = 1). Item 5 is ranked last (score 0), below item 4."""
+    scores = np.array([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    history = np.zeros((1, 6), dtype=bool)
+    targets = _mask(1, 6, {0: {0, 2, 5}})
+    report = ranking_metrics([(scores, history, targets)], at=[3, 1, 3])
+    assert report["precision_at_3"] == pytest.approx(2 / 3) and report["map_at_3"] == pytest.approx(5 / 9)
+    assert report["recall_at_3"] == pytest.approx(2 / 3) and report["coverage_at_3"] == pytest.approx(3 / 6)
+    assert (report["precision_at_1"], report["map_at_1"], report["recall_at_1"]) == (1.0, 1.0, 1.0)
+    assert report["ndcg_at_3"] == pytest.approx((1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3) + 1 / math.log2(4)))
+    assert set(metrics.at_k_keys([1, 3])) <= set(report) and "precision_at_20" not in report
+    # the protocol's own metrics are the same with or without extra cut-offs
+    plain = ranking_metrics([(scores, history, targets)])
+    assert {key: report[key] for key in plain} == plain
+    with pytest.raises(Exception, match="k must be a positive integer"):
+        ranking_metrics([(scores, history, targets)], at=[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 30))
+def test_metrics_at_k_agree_with_the_per_user_functions_and_their_bounds(seed, k):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(6, 30))
+    history = rng.random((6, 30)) < 0.2
+    targets = (rng.random((6, 30)) < 0.2) & ~history
+    if not targets.any():
+        targets[0, np.flatnonzero(~history[0])[0]] = True
+    report = ranking_metrics([(scores, history, targets)], at=[k])
+    assert report[f"recall_at_{k}"] == pytest.approx(recall_at_k(scores, history, targets, k))
+    assert report[f"ndcg_at_{k}"] == pytest.approx(ndcg_at_k(scores, history, targets, k))
+    assert report[f"coverage_at_{k}"] == pytest.approx(catalog_coverage(scores, history, targets, k))
+    assert 0 <= report[f"map_at_{k}"] <= report[f"recall_at_{k}"] + 1e-12  # each hit's precision is at most 1
+    assert 0 <= report[f"precision_at_{k}"] <= 1

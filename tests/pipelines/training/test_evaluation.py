@@ -1,6 +1,10 @@
 """The evaluate stage's ranking metrics on a hand-made split (no training: nothing trained, so the
 fold-in ranks by the popularity column) and the summary it prints."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -103,7 +107,37 @@ def test_the_summary_prints_every_ranking_metric_of_the_model_and_of_dp_populari
     ]
     below = evaluation.describe(_ranking_metrics(recall_at_20=0.05)).splitlines()[3]
     assert "test Recall@20 0.0617; the model is BELOW it" in below
+    at_10 = {
+        f"test_{name}_at_10": value
+        for name, value in zip(
+            ("recall", "precision", "ndcg", "map", "coverage"), (0.1, 0.2, 0.3, 0.4, 0.5), strict=True
+        )
+    }
+    popular = {key.replace("test_", "test_popularity_"): value / 10 for key, value in at_10.items()}
+    line = evaluation.describe({**_ranking_metrics(), **at_10, **popular}).splitlines()[4]
+    assert line == (
+        "test at 10: Recall 0.1000, Precision 0.2000, NDCG 0.3000, MAP 0.4000, coverage 0.5000 (DP popularity: "
+        "Recall 0.0100, Precision 0.0200, NDCG 0.0300, MAP 0.0400, coverage 0.0500)"
+    )
     exact = evaluation.describe({**_ranking_metrics(), "non_private": True}).splitlines()[3]
     assert exact.startswith(
         "  popularity (exact counts: a non-private run) (the run's counts release): test Recall@20 0.0617;"
     )
+
+
+@pytest.mark.parametrize("bad", ["0", "10,x", ",", "-5"])
+def test_bad_cut_offs_are_one_line_through_the_installed_command(tmp_path, bad):
+    result = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "ssp"),
+            "evaluate",
+            "--run",
+            str(tmp_path),
+            f"--metrics-at={bad}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "argument --metrics-at: must be positive integers separated by commas" in result.stderr.splitlines()[-1]
