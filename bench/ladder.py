@@ -520,20 +520,30 @@ def ials(split: RankingSplit, seed: int = 0) -> dict:
 
 
 def ease(split: RankingSplit) -> dict:
-    """EASE (Steck 2019) of the training positives, lambda picked on validation users."""
-    x = np.zeros((split.train_users, split.items))
-    x[split.train_user, split.train_item] = 1.0
-    gram = x.T @ x
+    """EASE (Steck 2019) of the training positives, lambda picked on validation users. Solved over
+    the items with a training positive only (an item without one has a zero column, so zero
+    weights to and from it: the same scores), the users x items matrix kept sparse."""
+    from scipy import sparse
+
+    trained = np.unique(split.train_item)
+    x = sparse.csr_matrix(
+        (np.ones(split.train_item.size), (split.train_user, np.searchsorted(trained, split.train_item))),
+        shape=(split.train_users, trained.size),
+    )
+    gram = (x.T @ x).toarray()
     best = None
     for lam in EASE_LAMBDAS:
-        p = np.linalg.inv(gram + lam * np.eye(split.items))
+        p = np.linalg.inv(gram + lam * np.eye(trained.size))
         weights = -p / np.diag(p)[None, :]
         np.fill_diagonal(weights, 0.0)
 
         def score(h_user, h_item, users, *, weights=weights):
-            history = np.zeros((users, split.items))
-            history[h_user, h_item] = 1.0
-            return history @ weights
+            kept = np.isin(h_item, trained)
+            history = np.zeros((users, trained.size))
+            history[h_user[kept], np.searchsorted(trained, h_item[kept])] = 1.0
+            scores = np.zeros((users, split.items))
+            scores[:, trained] = history @ weights
+            return scores
 
         held = {name: _held_scores(split, name, score) for name in ("valid", "test")}
         if best is None or held["valid"]["recall_at_20"] > best[0]["valid"]:

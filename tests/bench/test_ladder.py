@@ -202,3 +202,9 @@ def test_ease_scores_a_history_by_its_items_co_occurrences():
     result = ladder.ease(ladder.RankingSplit(5, train_user, train_item, 20, held))
     assert result["test"] == result["valid"] == 1.0 and result["lambda"] in ladder.EASE_LAMBDAS
     assert result["ranking"]["test"]["ndcg_at_100"] == pytest.approx(1.0)
+    # items without a training positive (5, 6; 6 in a history) score 0 and change nothing else
+    wider = {name: (np.array([0, 1, 1]), np.array([0, 2, 6]), *held[name][2:]) for name in held}
+    other = ladder.ease(ladder.RankingSplit(7, train_user, train_item, 20, wider))
+    assert other["lambda"] == result["lambda"]
+    for key in ("recall_at_20", "recall_at_50", "ndcg_at_100"):
+        assert other["ranking"]["test"][key] == pytest.approx(result["ranking"]["test"][key])
