@@ -351,13 +351,20 @@ class PublishedModel:
             return None
         labels = history["label"].to_numpy(zero_copy_only=False).astype(np.float64)
         bad = ~np.isfinite(labels)
+        counts = self.settings.get("confidence_alpha") is not None  # implicit feedback: a label is a count
         if self.settings["protocol"] == "rmse":
             low, high = self.settings["rating_range"]
             bad |= (labels < low) | (labels > high)
+            rule = f" (the model's rating scale is {low:g}..{high:g})"
+        elif counts:
+            bad |= labels < 1
+            rule = " (an implicit-feedback model reads a label as a count: a number >= 1)"
+        else:
+            rule = " (a label must be a finite number)"
         if bad.any():
             row = int(np.argmax(bad))
-            scale = f" (the model's rating scale is {low:g}..{high:g})" if self.settings["protocol"] == "rmse" else ""
-            raise UserError(f"{source}: row {row + 1} has label {history['label'][row].as_py()!r}{scale}")
+            shown = "empty" if history["label"][row].as_py() is None else f"{labels[row]:g}"
+            raise UserError(f"{source}: row {row + 1} has label {shown}{rule}")
         return labels
 
 

@@ -32,7 +32,7 @@ from pipelines.data.datasets import Dataset, is_dataset, open_dataset, require_d
 from privacy.lifetime_budget import check_source_name
 from schemas import storage
 from schemas.errors import UserError
-from schemas.tables import MULTIVALENT, item_features
+from schemas.tables import MULTIVALENT, NUMERIC, item_features
 
 BUNDLED = str(Path(__file__).resolve().parent / "ml-latest-small")
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
@@ -152,6 +152,14 @@ def describe(dataset: Dataset) -> str:
             lines.append(
                 f"    {name:<7} multivalent, {len(values):,} distinct values, "
                 f"{pc.mean(lengths).as_py() or 0:.2f} per item, {covered:,} items with any"
+            )
+        elif kind == NUMERIC:
+            low, high = pc.min_max(column).values()
+            lines.append(
+                f"    {name:<7} number from {low.as_py():g} to {high.as_py():g} (bucketed by the catalog's deciles), "
+                f"{len(column) - column.null_count:,} items known"
+                if column.null_count < len(column)
+                else f"    {name:<7} number, no item known"
             )
         else:
             lines.append(

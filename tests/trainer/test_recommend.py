@@ -95,6 +95,11 @@ def test_an_implicit_models_history_counts_a_users_rows_of_one_item_as_training_
     for history in (plays, counted):
         top = model.recommend(history, k=1)
         assert top["item_id"].to_pylist() == [30] and top["score"].to_pylist() == pytest.approx([expected])
+    for bad, shown in ((0.5, "0.5"), (float("nan"), "nan"), (None, "empty")):
+        with pytest.raises(
+            ValueError, match=f"the history: row 2 has label {shown} \\(an implicit-feedback model reads"
+        ):
+            model.recommend(pa.table({"user_id": [5, 5], "item_id": [10, 20], "label": [2.0, bad]}))
 
 
 def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path):

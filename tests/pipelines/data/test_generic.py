@@ -334,6 +334,17 @@ def test_values_and_numbers_read_the_same_from_csv_and_parquet(tmp_path):
     assert generic.read_catalog(whole, columns, "size:value")["size"].to_pylist() == [9, 10]
 
 
+def test_the_ingest_summary_gives_a_number_features_range(tmp_path):
+    catalog = write_csv(tmp_path / "c.csv", "sku,price,brand\n10,9.5,acme\n20,,bolt\n30,120,acme\n")
+    clicks = write_csv(tmp_path / "i.csv", "user_id,sku\n1,10\n2,30\n")
+    data = generic.ingest(
+        clicks, catalog, str(tmp_path / "data"), "price:number,brand:value", columns=generic.Columns(item="sku")
+    )
+    summary = ingest.describe(data)
+    assert "    price   number from 9.5 to 120 (bucketed by the catalog's deciles), 2 items known" in summary
+    assert "    brand   univalent, 2 distinct values, 3 items known" in summary
+
+
 def test_bad_values_and_numbers_are_named(tmp_path):
     columns = generic.Columns(item="sku")
     for text, spec, pattern in (
