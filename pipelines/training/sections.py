@@ -333,7 +333,7 @@ class Model:
     gravity: float | None = setting(
         None,
         "implicit-feedback weight alpha on the users' DP Gram matrix",
-        rule="0.1 for --protocol recall with the square loss, else 0",
+        rule="for --protocol recall with the square loss 0.1 (1 for --non-private), else 0",
         valid=NON_NEGATIVE,
     )
     model_seed: int = setting(

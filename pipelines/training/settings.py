@@ -49,6 +49,7 @@ FIXED_UPDATES = ("gram", "none")  # the items are fixed at the start: no statist
 BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
+NON_PRIVATE_GRAVITY = 1.0  # a non-private ranking run's training gravity (implicit ALS's weight of an unobserved item)
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
 __all__ = ["ENCODER_INITS", "ITEM_UPDATES", "LOSSES", "NON_PRIVATE_OUTER_STEPS", "TrainConfig"]
@@ -292,6 +293,15 @@ def _item_gram_share(config: TrainConfig) -> float:
     return 0.0
 
 
+def _gravity(config: TrainConfig) -> float:
+    """Implicit feedback (ranking, the square loss): every unobserved item weighs NON_PRIVATE_GRAVITY
+    against the observed ones in a non-private run, as implicit ALS weighs them; under noise 0.1
+    (the users' Gram is a release: docs/results.md#the-fold-ins-gravity)."""
+    if config.protocol != "recall" or config.loss != "square":
+        return 0.0
+    return NON_PRIVATE_GRAVITY if config.non_private else 0.1
+
+
 def _rated(config: TrainConfig) -> bool:
     """Ratings with biases: where the user ridge with a fixed part was measured (ranking keeps its own)."""
     return bool(config.biases) and config.protocol == "rmse"
@@ -310,7 +320,7 @@ RULES = (  # in the order they are applied: a rule reads the settings chosen bef
     ("item_gram_share", _item_gram_share),
     # a ranked item's residual is its taste beyond its features' (docs/results.md#rankings-residual-penalty)
     ("residual_penalty", lambda config: 3.0 if config.protocol == "rmse" else 0.1),
-    ("gravity", lambda config: 0.1 if config.protocol == "recall" and config.loss == "square" else 0.0),
+    ("gravity", _gravity),
     # a ranked user is scored against every item: the unobserved ones weigh more than in training's solves
     ("fold_in_gravity", lambda config: FOLD_IN_GRAVITY if config.gravity > 0 else config.gravity),
     # an id embedding outside the top items would be fitted to noise alone; features fall back on features

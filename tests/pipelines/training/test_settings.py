@@ -112,6 +112,10 @@ def test_a_ranked_users_fold_in_has_its_own_gravity():
     )  # no gravity model: none in its fold-in
     assert settings.TrainConfig.create(protocol="recall", fold_in_gravity=0.3).fold_in_gravity == 0.3
     assert settings.TrainConfig.create(protocol="rmse").fold_in_gravity == 0.0
+    exact = settings.TrainConfig.create(protocol="recall", non_private=True)  # implicit ALS's weights
+    assert (
+        (exact.gravity, exact.fold_in_gravity) == (settings.NON_PRIVATE_GRAVITY, settings.FOLD_IN_GRAVITY) == (1.0, 1.0)
+    )
     assert parsed("--protocol", "recall", "--fold-in-gravity", "2").fold_in_gravity == 2.0
     with pytest.raises(ValueError, match="--fold-in-gravity must be >= 0"):
         settings.TrainConfig.create(protocol="recall", fold_in_gravity=-1.0)
