@@ -15,8 +15,8 @@ Signatures (`export`):
   history's positives (what the user chose); a ratings model's labels must lie on its scale.
 - `similar_items(item_ids: int64[n], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`:
   each item's k nearest catalog items by the cosine of their embeddings (the trained directions,
-  not the bias pair or the popularity column), itself left out; an id outside the catalog is an
-  error naming it.
+  not the bias pair or the popularity column), itself left out; an id outside the catalog gets a
+  row of id -1, score NaN (the other rows are answered).
 
 Privacy: built from the publication alone (DP releases and public features); the history stays
 with the client.
@@ -153,21 +153,21 @@ class Recommender(tf.Module):
         }
 
     def similar(self, item_ids: tf.Tensor, k: tf.Tensor) -> dict:
+        """Each item's k nearest items by cosine; an id outside the catalog gets a row of -1 (scores
+        NaN), the others their answer."""
         positions = self.lookup.lookup(item_ids)
-        check = tf.debugging.Assert(
-            tf.reduce_all(positions >= 0),
-            ["item ids not in the catalog of this model:", tf.boolean_mask(item_ids, positions < 0)],
-            summarize=20,
-        )
-        with tf.control_dependencies([check]):
-            positions = tf.identity(positions)
+        known = positions >= 0
+        positions = tf.maximum(positions, 0)
         cosine = tf.matmul(tf.gather(self.unit_embeddings, positions), self.unit_embeddings, transpose_b=True)
         n_items = tf.shape(self.unit_embeddings)[0]
         cosine = tf.where(
             tf.one_hot(positions, n_items, on_value=True, off_value=False), tf.constant(-np.inf, tf.float64), cosine
         )
         best, at = tf.math.top_k(cosine, tf.minimum(k, n_items - 1))
-        return {"item_ids": tf.gather(self.item_ids, at), "scores": best}
+        return {
+            "item_ids": tf.where(known[:, None], tf.gather(self.item_ids, at), tf.constant(-1, tf.int64)),
+            "scores": tf.where(known[:, None], best, tf.constant(np.nan, tf.float64)),
+        }
 
 
 def export(item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity: np.ndarray | None, path: str) -> None:

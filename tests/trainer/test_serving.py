@@ -199,5 +199,8 @@ def test_fewer_items_than_k_come_back_as_minus_one_and_bad_labels_or_ids_are_ref
         model.signatures["recommend"](
             item_ids=tf.constant([[10]], tf.int64), labels=tf.constant([[40.0]]), k=tf.constant(2)
         )
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in the catalog of this model[\s\S]*777"):
-        model.signatures["similar_items"](item_ids=tf.constant([10, 777], tf.int64), k=tf.constant(1))
+    # an id outside the catalog gets its own row of -1, the others their answer
+    similar = model.signatures["similar_items"](item_ids=tf.constant([10, 777], tf.int64), k=tf.constant(1))
+    assert similar["item_ids"].numpy().tolist() == [[30], [-1]]
+    np.testing.assert_allclose(similar["scores"].numpy()[0], [1 / np.sqrt(2)])
+    assert np.isnan(similar["scores"].numpy()[1]).all()
