@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,9 +30,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 from schemas import storage  # noqa: E402
+from schemas.progress import bar as progress_bar  # noqa: E402
 
 RESULTS = "results.json"
 REPORT = "report.md"
@@ -71,7 +70,7 @@ class Results:
         """The value of every cell (parameters), computing (with a progress bar, `desc` or the
         experiment's name) only the missing ones."""
         values = []
-        with tqdm(cells, desc=desc or experiment, unit="cell", file=sys.stderr, disable=not progress) as bar:
+        with progress_bar(cells, desc=desc or experiment, unit="cell", enabled=progress) as bar:
             for params in bar:
                 value = self.get(experiment, params)
                 if value is None:

@@ -28,14 +28,13 @@ from __future__ import annotations
 import csv
 import math
 import os
-import sys
 
 import numpy as np
-from tqdm import tqdm
 
 from bench import harness, training
 from schemas import storage
 from schemas.errors import UserError
+from schemas.progress import bar as progress_bar
 from trainer.metrics import RANKING
 
 NAME = "privacy-utility"
@@ -165,12 +164,11 @@ def gather(ctx: harness.Context, size: dict, names: list[str], data: str, tune_o
     cells are all recorded are returned."""
     pairs = groups(names, size)
     out = {}
-    with tqdm(
+    with progress_bar(
         total=len(pairs) * size["trials"],
         desc=f"{NAME}: tuning" + ("" if mode_of(data, tune_on) == "direct" else " (transfer)"),
         unit="trial",
-        file=sys.stderr,
-        disable=not (compute and ctx.progress),
+        enabled=compute and ctx.progress,
     ) as bar:
         for pair in pairs:
             trials = study(

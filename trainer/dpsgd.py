@@ -26,7 +26,6 @@ and the steps are accounted in the run's ledger as one release.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -35,11 +34,11 @@ import tensorflow as tf
 from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads, layer_registry
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions.embedding import embedding_layer_computation
 from tensorflow_privacy.privacy.optimizers.clip_and_aggregate_gradients import clip_and_aggregate_gradients
-from tqdm import tqdm
 
 from privacy.accounting import dpsgd_event, dpsgd_schedule
 from privacy.clipping import check_bound, clip_labels, clip_rows
 from schemas.errors import UserError
+from schemas.progress import bar as progress_bar
 from trainer.encoder import ItemEncoder
 
 UNITS = ("user", "example")
@@ -160,7 +159,7 @@ def train(
     q, steps = schedule(count, config)
     step = _make_step(model, config, noise_multiplier, count, noise)
     start = time.perf_counter()
-    for _ in tqdm(range(steps), desc="dpsgd", unit="step", file=sys.stderr, disable=not progress, mininterval=2.0):
+    for _ in progress_bar(range(steps), desc="dpsgd", unit="step", enabled=progress, mininterval=2.0):
         sampled = np.flatnonzero(sample_rng.random(slots) < q)
         step(*data.batch(sampled[sampled < data.count]))
     event = dpsgd_event(noise_multiplier, q, steps)

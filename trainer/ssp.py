@@ -25,7 +25,6 @@ import collections
 import dataclasses
 import math
 import os
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import tensorflow as tf
-from tqdm import tqdm
 
 from privacy import quadratic
 from privacy.accumulator import packed_size, project_psd, unpack_upper, upper_indices
@@ -41,6 +39,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix, matrix_to_list_column
 from schemas.errors import UserError
 from schemas.ids import IdIndex
+from schemas.progress import bar as progress_bar
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
 
@@ -440,7 +439,7 @@ def train(
     rng = np.random.default_rng(config.seed)
     losses = []
     decoded: dict = {}  # shuffled_chunks' cache: a small table is read, decoded and converted once, not once per epoch
-    bar = tqdm(range(config.epochs), desc="ssp", unit="epoch", file=sys.stderr, disable=not progress, mininterval=2.0)
+    bar = progress_bar(range(config.epochs), desc="ssp", unit="epoch", enabled=progress, mininterval=2.0)
     for epoch in bar:
         path = tables[epoch * len(tables) // config.epochs]
         total, count = 0.0, 0

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from tqdm import tqdm
+from schemas.progress import bar as progress_bar
 
 from pipelines.base import logs
 from pipelines.data.datasets import Dataset, write_dataset
@@ -628,12 +628,8 @@ def ingest(
     unknown = {"rows": 0, "items": np.empty(0, np.int64), "seen": 0}
 
     def known_rows() -> Iterator[pa.RecordBatch]:
-        with tqdm(
-            desc=f"ingest {interactions}",
-            unit=" rows",
-            unit_scale=True,
-            disable=not logs.bars(progress),
-            file=sys.stderr,
+        with progress_bar(
+            desc=f"ingest {interactions}", unit=" rows", unit_scale=True, enabled=logs.bars(progress)
         ) as bar:
             for batch in iter_interactions(interactions, columns, rating_scale):
                 bar.update(batch.num_rows)

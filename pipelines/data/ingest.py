@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm import tqdm
+from schemas.progress import bar as progress_bar
 
 from pipelines.base import logs
 from pipelines.data import generic, movielens
@@ -63,12 +63,8 @@ def ingest(
 
     def known_ratings() -> Iterator[pa.RecordBatch]:
         # closed (its line ended) before any error is printed
-        with tqdm(
-            desc=f"ingest {layout.ratings}",
-            unit=" ratings",
-            unit_scale=True,
-            disable=not logs.bars(progress),
-            file=sys.stderr,
+        with progress_bar(
+            desc=f"ingest {layout.ratings}", unit=" ratings", unit_scale=True, enabled=logs.bars(progress)
         ) as bar:
             for batch in movielens.iter_ratings(source, scale=rating_scale):
                 bar.update(batch.num_rows)

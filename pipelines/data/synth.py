@@ -318,7 +318,7 @@ def generate(
     params = _check_params(
         users, items, ratings_per_user, 1.0 if alpha is None else alpha, seed, 8 if rank is None else rank
     )
-    from tqdm import tqdm
+    from schemas.progress import bar as progress_bar
 
     catalog = _Catalog(params["items"], params["seed"])
     v = item_factors(catalog, params["rank"], params["seed"])
@@ -328,13 +328,8 @@ def generate(
         "generator": {**params, "version": GENERATOR_VERSION},
         "rating_scale": [MIN_RATING, MAX_RATING],
     }
-    with tqdm(
-        total=params["users"],
-        unit="user",
-        desc="synth",
-        file=sys.stderr,
-        disable=not logs.bars(progress),
-        unit_scale=True,
+    with progress_bar(
+        total=params["users"], unit="user", desc="synth", enabled=logs.bars(progress), unit_scale=True
     ) as bar:
         return write_dataset(out, catalog.table(), _interaction_batches(params, v, p, bar), manifest)
 
@@ -353,7 +348,7 @@ def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, ra
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
-    from tqdm import tqdm
+    from schemas.progress import bar as progress_bar
 
     if like == "plays":
         model = synth_plays._PlaysModel(users, seed)
@@ -377,13 +372,8 @@ def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, ra
         "generator": {"like": like, "users": users, "items": model.items, "seed": seed, "version": version, **extra},
         **scale,
     }
-    with tqdm(
-        total=users,
-        unit="user",
-        desc=f"synth ({like})",
-        file=sys.stderr,
-        disable=not logs.bars(progress),
-        unit_scale=True,
+    with progress_bar(
+        total=users, unit="user", desc=f"synth ({like})", enabled=logs.bars(progress), unit_scale=True
     ) as bar:
         batches = synth_plays._plays_batches(model, seed, bar) if like == "plays" else _ml_batches(model, seed, bar)
         return write_dataset(out, model.table(), batches, manifest)
