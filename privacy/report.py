@@ -139,6 +139,11 @@ def federated_trust(max_dropout: float, neighbours: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _factor(epsilon: float) -> str:
+    """e^epsilon in words: how much more likely any outcome can be with one user's data than without."""
+    return f"e^{epsilon:g} = {math.exp(epsilon):,.3g}" if epsilon < 700 else f"e^{epsilon:g}"
+
+
 def render(ledger: Ledger, settings: dict, public_features: dict | list | None, run: str) -> str:
     """The Markdown report of the run at `run` (see the module docstring)."""
     budget = ledger.budget
@@ -156,7 +161,8 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         + (
             f"Neighbouring data sets differ by all the {rows} of one user, added or removed. Whatever one user's "
             "whole history is, "
-            "the run's outputs are almost as likely without it: within a factor e^epsilon, plus delta. (User level "
+            "the run's outputs are almost as likely without it: within a factor e^epsilon "
+            f"({_factor(budget['epsilon'])} here), plus delta. (User level "
             "implies example level "
             "with the same epsilon and delta.)"
             if unit == "user"

@@ -128,6 +128,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
     assert (
         "**Unit of privacy: user.**" in report
         and "**epsilon 1, delta 1e-05**" in report
+        and "within a factor e^epsilon (e^1 = 2.72 here), plus delta" in report
         and f"Spent: epsilon {spent:.4g} of 1" in report
     )
     assert "| 0 | `counts` |" in report and f"Gaussian, noise multiplier {8:.4g}" in report and "genres, year" in report
