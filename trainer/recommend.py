@@ -44,6 +44,7 @@ from trainer.evaluate import popularity_position, user_item_mask, with_popularit
 from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_ridge
 
 MODEL_SETTINGS = "model.json"
+TITLES = "titles.parquet"  # a publication's (item_id, title) of the catalog items with a title
 LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
 RECOMMENDATIONS = pa.schema(
     [
@@ -110,6 +111,7 @@ class PublishedModel:
     settings: dict
     popularity: np.ndarray | None = None  # the DP counts in catalog order (None: a publication without counts.parquet)
     feature_popularity: pa.Table | None = None  # mean DP count per feature value (trainer.feature_popularity)
+    titles: pa.Table | None = None  # (item_id, title) of the catalog's titled items (None: the catalog has none)
 
     @classmethod
     def load(cls, path: str) -> PublishedModel:
@@ -156,7 +158,9 @@ class PublishedModel:
             vectors = with_popularity(vectors, popularity, settings.get("biases", False))
         by_features = storage.join(path, feature_popularity.FILE)
         means = storage.read_table(by_features) if storage.exists(by_features) else None
-        return cls(path, item_ids, vectors, settings, popularity, means)
+        titled = storage.join(path, TITLES)
+        titles = storage.read_table(titled, columns=["item_id", "title"]) if storage.exists(titled) else None
+        return cls(path, item_ids, vectors, settings, popularity, means, titles)
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
         """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
@@ -329,7 +333,20 @@ class PublishedModel:
                     else "every score 0 (this publication ships no DP counts; publish the run again)"
                 )
             )
-        return pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
+        table = pa.concat_tables(out) if out else RECOMMENDATIONS.empty_table()
+        return self._titled(table, new_items)
+
+    def _titled(self, table: pa.Table, new_items: pa.Table | None) -> pa.Table:
+        """`table` with a `title` column (null where an item has none) when the publication ships
+        titles or the new items carry a `title` column; as it is otherwise."""
+        parts = [self.titles] if self.titles is not None else []
+        if new_items is not None and "title" in new_items.column_names:
+            parts.append(new_items.select(["item_id", "title"]))
+        if not parts:
+            return table
+        ids = pa.array(np.concatenate([part["item_id"].to_numpy() for part in parts]))
+        names = pa.concat_arrays([pc.cast(part["title"], pa.string()).combine_chunks() for part in parts])
+        return table.append_column("title", pc.take(names, pc.index_in(table["item_id"], ids)))
 
     def _pairs(
         self, users: np.ndarray, items: np.ndarray, labels: np.ndarray | None
@@ -420,6 +437,11 @@ def _bags_from_csv(items: pa.Table, families: dict) -> pa.Table:
     return items
 
 
+def _csv_field(text: str) -> str:
+    """`text` as one CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break."""
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith((".csv", ".parquet")):
         raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
@@ -439,7 +461,12 @@ def run(args: argparse.Namespace) -> int:
             storage.write_table_file(table, args.out)
         print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}")
     else:
-        sys.stdout.write("user_id,rank,item_id,score\n")
-        for user, rank, item, score in zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names), strict=True):
-            sys.stdout.write(f"{user},{rank},{item},{score:.6g}\n")
+        titled = "title" in table.column_names
+        sys.stdout.write("user_id,rank,item_id,score" + (",title" if titled else "") + "\n")
+        titles = table["title"].to_pylist() if titled else [None] * table.num_rows
+        for (user, rank, item, score), title in zip(
+            zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names), strict=True), titles, strict=True
+        ):
+            shown = "" if not titled else "," + ("" if title is None else _csv_field(title))
+            sys.stdout.write(f"{user},{rank},{item},{score:.6g}{shown}\n")
     return 0

@@ -4,7 +4,8 @@ What is published: `encoder/` (SavedModel, signatures `embed` and `embed_feature
 `recommender/` (SavedModel for TF Serving, signatures `recommend` and `similar_items`: trainer.serving;
 not for a logistic-loss model), `item_embeddings.parquet`, `model.json` (the user side's settings,
 for `ssp recommend`), the DP counts release (`counts.parquet`) and for a ranking model with features
-`feature_popularity.parquet` (a new item's popularity column: trainer.feature_popularity),
+`feature_popularity.parquet` (a new item's popularity column: trainer.feature_popularity), the
+catalog's titles where it has them (`titles.parquet`, shown by `ssp recommend`),
 `privacy.json` (the ledger's budget, releases and epsilon spent, the privacy settings) and
 `privacy.md` (privacy.report). All come from DP releases and public item features only. Never
 published: `RUN/private/`, `metrics.json` (an evaluation on held-out private rows).
@@ -34,6 +35,9 @@ import posixpath
 import shutil
 import uuid
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pipelines.data.datasets import open_dataset
 from pipelines.releases.release import check_counts_release, check_ledger_complete
 from pipelines.releases.stats_job import RELEASE_SUMMARY
@@ -44,6 +48,7 @@ from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.errors import UserError
 from trainer import feature_popularity
+from trainer.recommend import TITLES
 
 PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
@@ -146,6 +151,12 @@ def privacy_report(run: Run) -> str:
         neighbours = storage.read_json(first)["federated"]["neighbours"] if storage.exists(first) else None
         text += report.federated_trust(config["federated_max_dropout"], neighbours)
     return text
+
+
+def catalog_titles(run: Run) -> pa.Table:
+    """(item_id, title) of the catalog's items that have a title (public, as the features)."""
+    items = storage.read_table(run.prepared()["prepared"]["items"], columns=["item_id", "title"])
+    return items.filter(pc.is_valid(items["title"]))
 
 
 def feature_popularity_table(run: Run, settings: dict):
@@ -255,6 +266,10 @@ def publish(run: Run, dest: str) -> dict:
         )  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         contents = ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+        titles = catalog_titles(run)
+        if titles.num_rows:  # public: the catalog's declared titles, shown beside recommendations
+            storage.write_table(titles, storage.join(staging, TITLES))
+            contents.append(TITLES)
         if settings["popularity_column"] and settings["feature_families"]:  # a new item's popularity column
             storage.write_table(feature_popularity_table(run, settings), storage.join(staging, feature_popularity.FILE))
             contents.append(feature_popularity.FILE)

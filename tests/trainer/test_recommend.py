@@ -102,6 +102,32 @@ def test_an_implicit_models_history_counts_a_users_rows_of_one_item_as_training_
             model.recommend(pa.table({"user_id": [5, 5], "item_id": [10, 20], "label": [2.0, bad]}))
 
 
+def test_recommendations_carry_the_catalogs_titles_and_the_stdout_csv_quotes_them(tmp_path, capsys):
+    path = publication(tmp_path, "recall")
+    storage.write_table(
+        pa.table({"item_id": [30, 10], "title": ['Heat, "the film"', "Up"]}), storage.join(path, "titles.parquet")
+    )
+    model = PublishedModel.load(path)
+    top = model.recommend(pa.table({"user_id": [1], "item_id": [20]}), k=2)
+    assert top["item_id"].to_pylist() == [30, 10] and top["title"].to_pylist() == ['Heat, "the film"', "Up"]
+    untitled = model.recommend(pa.table({"user_id": [1], "item_id": [10]}), k=2)
+    assert untitled["item_id"].to_pylist() == [30, 20] and untitled["title"].to_pylist() == ['Heat, "the film"', None]
+    assert (
+        "title"
+        not in PublishedModel.load(publication(tmp_path / "plain", "recall"))
+        .recommend(pa.table({"user_id": [1], "item_id": [20]}), k=2)
+        .column_names
+    )
+    history = tmp_path / "history.csv"
+    history.write_text("user_id,item_id\n1,20\n")
+    result = installed_ssp("recommend", "--model", path, "--history", history, "--k", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == "user_id,rank,item_id,score,title"
+    first, second = result.stdout.splitlines()[1:]
+    assert first.startswith("1,1,30,") and first.endswith(',"Heat, ""the film"""')
+    assert second.startswith("1,2,10,") and second.endswith(",Up")
+
+
 def test_a_ranking_model_folds_in_with_the_dp_counts_as_one_more_column(tmp_path):
     model = PublishedModel.load(publication(tmp_path, "recall", counts=[1.0, 2.0, 2.0]))
     # the trained columns' RMS norm is sqrt(2) (Frobenius 2, d 2) and the counts' norm 3: column sqrt(2)/3 (1, 2, 2)

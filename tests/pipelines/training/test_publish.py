@@ -35,6 +35,9 @@ def finished_run(
     run = Run(root)
     data = run.private("data")
     storage.write_json({"public_features": ["genres", "year"]}, storage.join(data, DATA_MANIFEST))
+    storage.write_table(
+        pa.table({"item_id": [1, 2, 3], "title": ["One", None, "Three"]}), storage.join(data, "items.parquet")
+    )
     config = {
         "outer_steps": 2,
         "epsilon": epsilon,
@@ -98,6 +101,7 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
         "privacy.json",
         "privacy.md",
         "recommender",
+        "titles.parquet",
     ]
     assert marker["contents"] == [
         "counts.parquet",
@@ -107,7 +111,10 @@ def test_publishes_encoder_embeddings_and_privacy_summary_only(tmp_path):
         "privacy.json",
         "privacy.md",
         "recommender/",
+        "titles.parquet",
     ]
+    titles = storage.read_table(str(tmp_path / "out" / "titles.parquet"))  # the catalog's titled items only
+    assert titles.to_pylist() == [{"item_id": 1, "title": "One"}, {"item_id": 3, "title": "Three"}]
     assert sorted(marker["encoder_files"]) == [
         "encoder/_SUCCESS",
         "encoder/saved_model.pb",
