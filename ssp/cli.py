@@ -226,15 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json"
     )
     train_commands.add_stage_arguments(evaluate_cmd, step=False)
-    evaluate_cmd.add_argument(
-        "--metrics-at",
-        type=train_commands.metrics_at,
-        default=(),
-        metavar="K,...",
-        help="a ranking run: also Recall, Precision, NDCG, MAP and catalog coverage at each cut-off k, "
-        "the model's and DP popularity's (e.g. 10,20,50; default: the protocol's Recall@20, Recall@50, "
-        "NDCG@100 and coverage@20 only)",
-    )
+    train_commands.add_metrics_at(evaluate_cmd)
     evaluate_cmd.set_defaults(handler=train_commands.evaluate_main)
 
     publish_cmd = commands.add_parser(

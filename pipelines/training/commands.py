@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "read, "
         "nothing is spent",
     )
+    add_metrics_at(parser)
     parser.add_argument(
         "--stage",
         choices=STAGES,
@@ -63,6 +64,19 @@ def add_stage_arguments(parser: argparse.ArgumentParser, step: bool) -> None:
     )
     if step:
         parser.add_argument("--step", type=int, required=True, help="outer step s (1..S)")
+
+
+def add_metrics_at(parser: argparse.ArgumentParser) -> None:
+    """`--metrics-at` of `ssp train` and `ssp evaluate`."""
+    parser.add_argument(
+        "--metrics-at",
+        type=metrics_at,
+        default=(),
+        metavar="K,...",
+        help="a ranking run: also Recall, Precision, NDCG, MAP and catalog coverage at each cut-off k, the model's "
+        "and DP popularity's (e.g. 10,20,50; default: the protocol's Recall@20, Recall@50, NDCG@100 and "
+        "coverage@20 only)",
+    )
 
 
 def metrics_at(text: str) -> tuple[int, ...]:
@@ -131,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
             prepare(config, engine=engine)
         print(f"prepared {config.out}; next: `ssp user-update --run {config.out} --step 1`")
         return 0
-    print(describe(run(config)))
+    print(describe(run(config, metrics_at=args.metrics_at)))
     return 0
 
 

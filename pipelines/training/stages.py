@@ -42,7 +42,9 @@ from pipelines.training.settings import FIXED_UPDATES, TrainConfig
 from pipelines.training.stats_stage import covers_items, release_stats, run_engine
 
 
-def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool = False) -> dict:
+def run(
+    config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool = False, metrics_at: tuple[int, ...] = ()
+) -> dict:
     """Run (or resume) the whole training in this process; returns the metrics written to RUN/metrics.json.
 
     The same stages a scheduler runs as separate tasks, on the run's engine (with `spark`, a Spark
@@ -87,5 +89,5 @@ def run(config: TrainConfig, spark=None, progress: bool = True, count_jobs: bool
             with timed("final_user_update"):
                 user_stage.run_step(engine, layout.root, None)
         with timed("evaluation"):
-            metrics = evaluate(layout)
+            metrics = evaluate(layout, metrics_at)
         return metrics

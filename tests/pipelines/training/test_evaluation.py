@@ -125,13 +125,13 @@ def test_the_summary_prints_every_ranking_metric_of_the_model_and_of_dp_populari
     )
 
 
-@pytest.mark.parametrize("bad", ["0", "10,x", ",", "-5"])
-def test_bad_cut_offs_are_one_line_through_the_installed_command(tmp_path, bad):
+@pytest.mark.parametrize("command, bad", [("evaluate", "0"), ("evaluate", "10,x"), ("evaluate", ","), ("train", "-5")])
+def test_bad_cut_offs_are_one_line_through_the_installed_command(tmp_path, command, bad):
     result = subprocess.run(
         [
             os.path.join(os.path.dirname(sys.executable), "ssp"),
-            "evaluate",
-            "--run",
+            command,
+            "--run" if command == "evaluate" else "--out",
             str(tmp_path),
             f"--metrics-at={bad}",
         ],
