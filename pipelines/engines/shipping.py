@@ -288,13 +288,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="dist", help="folder to write them to (default: %(default)s)")
     parser.add_argument(
         "--python",
-        default=default_python(),
+        default=None,
         help=f"absolute path of the nodes' Python {PYTHON_VERSION}, which the environment's bin/python "
-        "links to (default: this machine's base interpreter, %(default)s)",
+        "links to (default: this machine's base interpreter)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """`ssp spark-package`: build, then print what was built and the spark-submit line."""
-    print(report(build(args.out, args.python)))
+    print(report(build(args.out, args.python or default_python())))
     return 0
