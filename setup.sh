@@ -12,7 +12,7 @@ for candidate in python3.11 python3; do
   fi
 done
 if [ -z "$python" ]; then
-  echo "setup: Python 3.11 is required (TensorFlow 2.15 and TF-Privacy 0.9 support no newer Python); none found on PATH." >&2
+  echo "setup: Python 3.11 is required (TF-Privacy 0.9 declares Python < 3.12 and imports TensorFlow's removed estimator; what 3.12 takes: CONTRIBUTING.md); none found on PATH." >&2
   exit 1
 fi
 
