@@ -282,12 +282,17 @@ def _outer_steps(config: TrainConfig) -> int:
 
 def _item_gram_share(config: TrainConfig) -> float:
     """The item Gram's share: all the budget beside the counts for its own model; for a private
-    ranking AM-SSP with the item id, RANKING_ITEM_GRAM_SHARE as its start (its taste directions
+    ranking AM-SSP (the square loss) with the item id, RANKING_ITEM_GRAM_SHARE as its start (its taste directions
     are where the statistics begin; docs/results.md#the-item-grams-start); else none (the
     federated engine's clients release statistics only)."""
     if config.item_update == "gram":
         return 1.0 - config.count_share
-    ranking_ssp = config.protocol == "recall" and config.item_update == "ssp" and config.encoder == "features"
+    ranking_ssp = (
+        config.protocol == "recall"
+        and config.item_update == "ssp"
+        and config.encoder == "features"
+        and config.loss == "square"  # SSP-convex's logistic loss was not measured with the start
+    )
     if ranking_ssp and config.item_id_feature and not config.non_private and config.engine != "federated":
         return RANKING_ITEM_GRAM_SHARE
     return 0.0

@@ -83,6 +83,7 @@ def test_the_gram_model_plans_counts_and_the_item_gram_and_nothing_else():
         ({"protocol": "recall", "engine": "federated"}, 0.0),  # its clients release statistics only
         ({"protocol": "recall", "encoder": "id"}, 0.0),
         ({"protocol": "recall", "item_update": "als", "encoder": "id"}, 0.0),
+        ({"protocol": "recall", "loss": "logistic"}, 0.0),  # SSP-convex: not measured with the start
         ({}, 0.0),  # ratings
     ],
 )

@@ -492,6 +492,7 @@ def test_stages_as_separate_commands_equal_the_one_process_run(spark, tmp_path, 
         "privacy.json",
         "privacy.md",
         "recommender",
+        "titles.parquet",  # the synthetic catalog's titles
     ]
     report = (tmp_path / "published" / "privacy.md").read_text()
     assert report == open(os.path.join(run, "privacy.md")).read()  # written by evaluate, shipped by publish
