@@ -481,7 +481,7 @@ class SSP:
         None,
         "penalty on each item's residual, in units of the most one user adds to an item's statistics plus the "
         "noise's spectral norm: larger keeps rare items at their public features",
-        rule="3 for --protocol rmse, 0.1 for recall",
+        rule="3 for --protocol rmse (10 for --non-private), 0.1 for recall",
         valid=NON_NEGATIVE,
     )
 

@@ -49,6 +49,9 @@ FIXED_UPDATES = ("gram", "none")  # the items are fixed at the start: no statist
 BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
+NON_PRIVATE_RESIDUAL_PENALTY = (
+    10.0  # a non-private ratings run's residual penalty (docs/results.md#the-non-private-ratings-line)
+)
 NON_PRIVATE_GRAVITY = 1.0  # a non-private ranking run's training gravity (implicit ALS's weight of an unobserved item)
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
@@ -307,6 +310,15 @@ def _gravity(config: TrainConfig) -> float:
     return NON_PRIVATE_GRAVITY if config.non_private else 0.1
 
 
+def _residual_penalty(config: TrainConfig) -> float:
+    """Ratings hold an item's residual near its features (NON_PRIVATE_RESIDUAL_PENALTY without noise,
+    where nothing else shrinks a rare item's fit); a ranked item's residual is its taste beyond its
+    features' (docs/results.md#rankings-residual-penalty)."""
+    if config.protocol != "rmse":
+        return 0.1
+    return NON_PRIVATE_RESIDUAL_PENALTY if config.non_private else 3.0
+
+
 def _rated(config: TrainConfig) -> bool:
     """Ratings with biases: where the user ridge with a fixed part was measured (ranking keeps its own)."""
     return bool(config.biases) and config.protocol == "rmse"
@@ -323,8 +335,7 @@ RULES = (  # in the order they are applied: a rule reads the settings chosen bef
     ("user_prior", lambda config: 20.0 if _rated(config) else 0.0),  # a light user's embedding shrunk the most
     ("item_id_feature", lambda config: True),
     ("item_gram_share", _item_gram_share),
-    # a ranked item's residual is its taste beyond its features' (docs/results.md#rankings-residual-penalty)
-    ("residual_penalty", lambda config: 3.0 if config.protocol == "rmse" else 0.1),
+    ("residual_penalty", _residual_penalty),
     ("gravity", _gravity),
     # a ranked user is scored against every item: the unobserved ones weigh more than in training's solves
     ("fold_in_gravity", lambda config: FOLD_IN_GRAVITY if config.gravity > 0 else config.gravity),

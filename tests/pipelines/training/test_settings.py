@@ -121,6 +121,14 @@ def test_a_ranked_users_fold_in_has_its_own_gravity():
         settings.TrainConfig.create(protocol="recall", fold_in_gravity=-1.0)
 
 
+def test_a_non_private_ratings_run_holds_its_residuals_harder():
+    """Without noise nothing else shrinks a rare item's fit: NON_PRIVATE_RESIDUAL_PENALTY, not 3."""
+    rated = settings.TrainConfig.create(protocol="rmse", non_private=True)
+    assert rated.residual_penalty == settings.NON_PRIVATE_RESIDUAL_PENALTY == 10.0
+    assert settings.TrainConfig.create(protocol="rmse").residual_penalty == 3.0
+    assert settings.TrainConfig.create(protocol="recall", non_private=True).residual_penalty == 0.1
+
+
 def test_a_negative_fold_in_gravity_is_one_line_through_the_installed_command(tmp_path):
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
     result = subprocess.run(
