@@ -463,10 +463,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         titled = "title" in table.column_names
         sys.stdout.write("user_id,rank,item_id,score" + (",title" if titled else "") + "\n")
-        titles = table["title"].to_pylist() if titled else [None] * table.num_rows
-        for (user, rank, item, score), title in zip(
-            zip(*(table[name].to_pylist() for name in RECOMMENDATIONS.names), strict=True), titles, strict=True
-        ):
-            shown = "" if not titled else "," + ("" if title is None else _csv_field(title))
-            sys.stdout.write(f"{user},{rank},{item},{score:.6g}{shown}\n")
+        for row in table.to_pylist():
+            title = "," + _csv_field(row["title"] or "") if titled else ""
+            sys.stdout.write(f"{row['user_id']},{row['rank']},{row['item_id']},{row['score']:.6g}{title}\n")
     return 0

@@ -539,8 +539,8 @@ def iter_interactions(
     source: str, columns: Columns, rating_scale: tuple[float, float] | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Stream the interactions table as canonical batches (user_id, item_id, label, timestamp).
-    Without a label column the label is the count column's value, or 1.0 (implicit feedback); with `rating_scale` a label
-    outside it is refused, naming the file, the row and the value."""
+    Without a label column the label is the count column's value, or 1.0 (implicit feedback); with
+    `rating_scale` a label outside it is refused, naming the file, the row and the value."""
     names = {
         "user_id": columns.user,
         "item_id": columns.item,

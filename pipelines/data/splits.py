@@ -128,8 +128,9 @@ def _parts(uniform: np.ndarray, holdout: float) -> np.ndarray:
 def _canonical(interactions: pa.Table, count_repeats: bool = False) -> pa.Table:
     """Validated interactions in canonical row order (sorted by user, item, timestamp, label), one
     row per (user, item): a repeated rating keeps only its latest (the last in that order); with
-    `count_repeats` (implicit feedback, each label a count: 1 per row, or `ssp ingest --count-col`'s) the
-    kept row's label is how many times the pair came, its rows' counts summed, the confidence the ranking protocol weighs it by (trainer.solve.confidence).
+    `count_repeats` (implicit feedback, each label a count: 1 per row, or `ssp ingest
+    --count-col`'s) the kept row's label is how many times the pair came, its rows' counts summed:
+    the confidence the ranking protocol weighs it by (trainer.solve.confidence).
     User-local: the privacy bounds count each (user, item) pair once."""
     table = validate_interactions(interactions)
     if table.num_rows == 0:

@@ -260,8 +260,11 @@ def describe(metrics: dict) -> str:
                 f"{sliced}; {_others(metrics, 'test_popularity_')}"
             )
         for k in sorted(int(key.removeprefix("test_map_at_")) for key in metrics if key.startswith("test_map_at_")):
-            popular = f"test_popularity_map_at_{k}" in metrics  # with the popularity line above
-            popular = f" ({line}: {_at_k(metrics, 'test_popularity_', k)})" if popular else ""
+            popular = (  # beside the popularity line above
+                f" ({line}: {_at_k(metrics, 'test_popularity_', k)})"
+                if f"test_popularity_map_at_{k}" in metrics
+                else ""
+            )
             lines.append(f"test at {k}: {_at_k(metrics, 'test_', k)}{popular}")
     eps = metrics["epsilon_spent"]
     guarantee = (

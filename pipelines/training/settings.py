@@ -49,9 +49,7 @@ FIXED_UPDATES = ("gram", "none")  # the items are fixed at the start: no statist
 BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
-NON_PRIVATE_RESIDUAL_PENALTY = (
-    10.0  # a non-private ratings run's residual penalty (docs/results.md#the-non-private-ratings-line)
-)
+NON_PRIVATE_RESIDUAL_PENALTY = 10.0  # a non-private ratings run's (docs/results.md#the-non-private-ratings-line)
 NON_PRIVATE_GRAVITY = 1.0  # a non-private ranking run's training gravity (implicit ALS's weight of an unobserved item)
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
