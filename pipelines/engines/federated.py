@@ -157,7 +157,7 @@ def plan_round(job: stats_job.StatsJob, multiplier: float, clients: int, max_dro
     )  # every client's most, plus 40 std of noise
     wanted = 2.0**QUANTISATION_BITS * low / (multiplier * min(sensitivity)) if multiplier > 0 else ring_bound
     scale = 2.0 ** math.floor(math.log2(min(wanted, ring_bound)))
-    neighbours = secagg.neighbour_count(dp_units(job.counts))
+    neighbours = secagg.neighbour_count(high)  # the DP count can fall far below the clients: its high end cannot
     if multiplier == 0:
         return Plan(clients, min_clients, noise_clients, items, d, scale, 0.0, (0.0, 0.0), neighbours)
     parts = [

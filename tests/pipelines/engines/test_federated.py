@@ -243,6 +243,26 @@ def test_removing_a_user_moves_the_round_by_its_own_vector_and_noise_share_only(
     assert np.abs(totals[0] - totals[1] - vector - share).max() <= 1 / plan.scale + 1e-9 * np.abs(vector).max()
 
 
+@pytest.mark.parametrize("drawn", [1, 2, 5])
+def test_a_dp_count_drawn_far_below_the_clients_still_gives_every_client_its_neighbours(
+    prepared_run, monkeypatch, drawn
+):
+    """The DP number of units is noisy (std 30 here, for 60 clients): a draw of 1, 2 or 5 must still
+    plan a graph in which every client's secret is shared with at least t neighbours, so that a round
+    without dropouts unmasks every client (the neighbours come from the count's high end)."""
+    job = federated_job(prepared_run)
+    catalog, broadcast = federated.broadcast_of(job)
+    clients = np.unique(storage.read_table(prepared_run.centred)["user_id"].to_numpy())
+    monkeypatch.setattr(federated, "dp_units", lambda path: drawn)
+    plan = federated.plan_round(job.stats, 1.0, clients.size, 0.1, catalog.size)
+    graph = secagg.neighbours(clients, federated.public_round_seed(ROUND_SECRET), plan.neighbours)
+    assert min(len(near) for near in graph.values()) >= secagg.threshold(plan.neighbours) >= 2
+    result = federated.round_sums(
+        job, broadcast, plan, round_secret=ROUND_SECRET, graph=graph, dropped=frozenset(), options=None
+    )
+    assert result.unrecovered == [] and result.survivors == clients.size
+
+
 def test_a_round_with_more_dropouts_than_planned_is_refused_and_publishes_nothing(prepared_run):
     run = prepared_run
     job = federated_job(run, dropout=0.4, max_dropout=0.1)

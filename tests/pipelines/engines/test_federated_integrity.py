@@ -102,10 +102,8 @@ def test_the_published_release_holds_no_exact_client_count(finished):
     summary = json.loads((finished / "run" / "step-1" / "stats" / "release.json").read_text())
     block = summary["federated"]
     assert not {"clients", "min_clients", "survivors", "dropped", "share_variance"} & set(block)
-    assert block["dp_units"] == dp_units(run.counts) and block["neighbours"] == secagg.neighbour_count(
-        block["dp_units"]
-    )
-    low, _ = federated.planned_population(run.counts)  # the noise's clients come from the DP count, not the clients
+    low, high = federated.planned_population(run.counts)  # the noise's clients come from the DP count, not the clients
+    assert block["dp_units"] == dp_units(run.counts) and block["neighbours"] == secagg.neighbour_count(high)
     assert block["noise_clients"] == math.ceil((1 - block["max_dropout"]) * low) and low <= clients
     metadata = storage.read_schema(str(finished / "run" / "step-1" / "stats" / "resample-0.parquet")).metadata or {}
     assert not any(b"client" in key for key in metadata)
