@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.transforms.window import GlobalWindows
 
 from pipelines.base import logs
@@ -394,6 +394,20 @@ def build(pipeline: beam.Pipeline, job: stats_job.StatsJob, manifests: str | Non
     return noised | "WriteStats" >> WriteStatsParts(settings, job.releases, job.staged_writes(), job.shards, manifests)
 
 
+LOCAL_RUNNER = "FnApiRunner"  # what Beam's DirectRunner runs our pipelines on, named so that it downloads nothing
+
+
+def pinned(options: PipelineOptions | None) -> PipelineOptions:
+    """`options` (none: the DirectRunner) with the DirectRunner named as its in-process engine: Beam's
+    DirectRunner first tries to download and start the Prism runner (a binary from GitHub), a
+    download at run time and, where it succeeds, another engine than the one tested."""
+    options = options or PipelineOptions([])
+    standard = options.view_as(StandardOptions)
+    if standard.runner in (None, "DirectRunner", "SwitchingDirectRunner"):
+        standard.runner = LOCAL_RUNNER
+    return options
+
+
 def run(job: stats_job.StatsJob, pipeline_options: PipelineOptions | None = None) -> dict:
     """Prepare the releases, compute and write them with Beam, commit; returns the step summary."""
     if job.settings.loss != "square":
@@ -402,7 +416,7 @@ def run(job: stats_job.StatsJob, pipeline_options: PipelineOptions | None = None
     manifests = storage.join(job.out, f"{MANIFESTS}{uuid.uuid4().hex}")
     try:
         try:
-            with beam.Pipeline(options=pipeline_options or PipelineOptions([])) as pipeline:
+            with beam.Pipeline(options=pinned(pipeline_options)) as pipeline:
                 build(pipeline, job, manifests)
         except BaseException:
             _discard_parts(job, manifests)

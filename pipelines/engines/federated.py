@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipelines.base import logs
 from pipelines.base.lock import release_lock
-from pipelines.engines.beam_release import ReadTable, rows_by_user
+from pipelines.engines.beam_release import ReadTable, pinned, rows_by_user
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.releases import release, stats_job
 from pipelines.releases.counts import dp_units, dp_units_std
@@ -597,7 +597,7 @@ def round_sums(
             fs.rm(inner)
             return values
 
-        with beam.Pipeline(options=options or PipelineOptions([])) as pipeline:
+        with beam.Pipeline(options=pinned(options)) as pipeline:
             solve = (
                 pipeline
                 | "ReadSolveRows" >> ReadTable(job.solve_rows, ["user_id", "item_id", "label"])

@@ -37,7 +37,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.data import splits
 from pipelines.data.chunks import users_together
-from pipelines.engines.beam_release import ReadTable
+from pipelines.engines.beam_release import ReadTable, pinned
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import weighted_sums_of, write_centred_parts
 from privacy.accumulator import packed_size
@@ -114,7 +114,7 @@ class BeamEngine:
         with tempfile.TemporaryDirectory(prefix="ssp-beam-") as local:
             path = storage.join(self.scratch or local, f".collected-{uuid.uuid4().hex}.json")
             try:
-                with beam.Pipeline(options=self.options or PipelineOptions([])) as pipeline:
+                with beam.Pipeline(options=pinned(self.options)) as pipeline:
                     _ = (
                         build(pipeline)
                         | "Gather" >> beam.combiners.ToList()

@@ -95,3 +95,20 @@ def test_runner_gives_sparks_release(spark, tmp_path, runner):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert np.all(np.array(beam["b"].to_pylist())[-1] != 0)  # item 60 has no rows: its row is the (shared) noise alone
     assert len(storage.table_files(str(tmp_path / "beam" / "resample-0.parquet"))) == 3  # shards 0, 1, 2 by item_id % 3
+
+
+@pytest.mark.parametrize("flags", [[], ["--runner", "DirectRunner"]])
+def test_the_direct_runner_runs_in_process_and_downloads_no_prism(flags, caplog):
+    """Beam's DirectRunner first tries to download the Prism runner from GitHub; the engines' pipelines
+    name its in-process FnApiRunner instead (any other runner is left as given)."""
+    import apache_beam as beam
+
+    caplog.set_level("INFO", logger="apache_beam")
+    options = beam_release.pinned(PipelineOptions(flags))
+    with beam.Pipeline(options=options) as pipeline:
+        _ = pipeline | beam.Create([1, 2, 3]) | beam.CombineGlobally(sum) | beam.Map(lambda total: total == 6)
+    assert options.get_all_options()["runner"] == "FnApiRunner"
+    assert not [record for record in caplog.records if "prism" in record.getMessage().lower()]
+    assert beam_release.pinned(PipelineOptions(["--runner", "PortableRunner"])).get_all_options()["runner"] == (
+        "PortableRunner"
+    )
