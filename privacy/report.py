@@ -35,6 +35,12 @@ def _covers(name: str, settings: dict) -> tuple[str, str]:
             "fixed cap",
             "set by the cap and the public rating range (pipelines/releases/mean.py)",
         )
+    if name == "item_gram":  # one unit-norm indicator row per user: x_u x_u^T has packed L2 norm <= ||x_u||^2 = 1
+        return (
+            "the item Gram: for each pair of the most popular items (by DP count), how many users interacted with "
+            "both, each user's row scaled to unit norm",
+            "||x_u||^2 = 1 (x_u the user's unit-norm indicator row over those items)",
+        )
     if name.endswith("/gram"):  # one unweighted row per user, [Clip(u)] or with biases [Clip(u), k Gamma_u]
         k = settings.get("bias_coordinate", 2.0) if settings.get("biases") else 0.0
         return (

@@ -50,6 +50,9 @@ def test_the_gram_model_spends_the_budget_on_counts_and_one_item_gram_and_embeds
     vectors = np.stack(embeddings["embedding"].to_numpy(zero_copy_only=False))
     embedded = embeddings["item_id"].to_numpy()[np.any(vectors != 0, axis=1)]
     assert embedded.size > 0 and set(embedded.tolist()) <= set(items.tolist())  # the top items only, by DP count
+    report = (run / "privacy.md").read_text()  # every release says what it covers and one user's most
+    assert "| `item_gram` | the item Gram: for each pair of the most popular items" in report
+    assert "||x_u||^2 = 1" in report and "a release of the run" not in report
 
 
 @pytest.mark.parametrize(
