@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the project on a fresh machine: check Python 3.11 and Java 17, create .venv, install the
-# locked dependency set (requirements.lock) and the project itself (editable). Safe to re-run: an
-# up-to-date .venv is left as it is.
+# locked dependency set (requirements.lock) and the project itself (editable); with --tests also the
+# tests' system package (Debian's chromium, as root). Safe to re-run: an up-to-date .venv is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -21,6 +21,16 @@ if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
   echo "setup: Java 17 or newer is required by Spark (pyspark 4.3) but ${java_major:+only Java $java_major was }${java_major:-no java was }found." >&2
   echo "       On Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless, or set JAVA_HOME and PATH to a JDK 17." >&2
   exit 1
+fi
+
+if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1; then  # the report page's test opens it headless
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium for the tests (about a minute)..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: the tests open RUN/report.html in a headless Chromium: install chromium (apt-get install chromium, as root)." >&2
+    exit 1
+  fi
 fi
 
 stamp=.venv/.installed

@@ -18,7 +18,7 @@ from privacy.clipping import biased_row_clip
 from privacy.ledger import Ledger
 
 
-def _covers(name: str, settings: dict) -> tuple[str, str]:
+def covers(name: str, settings: dict) -> tuple[str, str]:
     """(what a release covers, the most one user changes it: its L2 sensitivity) by release name."""
     wbar, clip_u, clip_y = settings.get("wbar"), settings.get("clip_u"), settings.get("clip_y")
     if name == "counts":
@@ -188,12 +188,12 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in ledger.rows:
-        covers, sensitivity = _covers(row["name"], settings)
+        covered, sensitivity = covers(row["name"], settings)
         mechanism = (
             f"Gaussian, noise multiplier {row['noise_multiplier']:.4g}" if row["noise_multiplier"] > 0 else "no noise"
         )
         lines.append(
-            f"| {row['release']} | `{row['name']}` | {covers} | {mechanism} | {sensitivity} | "
+            f"| {row['release']} | `{row['name']}` | {covered} | {mechanism} | {sensitivity} | "
             f"{row['epsilon_spent']:.4g} |"
         )
     lines += [

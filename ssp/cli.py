@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     item_cmd.set_defaults(handler=train_commands.item_update_main)
 
     evaluate_cmd = commands.add_parser(
-        "evaluate", help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json"
+        "evaluate",
+        help="evaluate a finished run (test/valid metrics, epsilon spent) into RUN/metrics.json and RUN/report.html",
     )
     train_commands.add_stage_arguments(evaluate_cmd, step=False)
     train_commands.add_metrics_at(evaluate_cmd)

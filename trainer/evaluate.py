@@ -103,21 +103,11 @@ def ranking_report(
     model with biases: ridge_solve's), or for the logistic loss its solve with every catalog item a
     negative (trainer.solve.logistic_solve). `confidence`: the history's labels are the rows'
     confidences (ridge_solve's); `at`: the metrics at those cut-offs too (ranking_metrics')."""
-    h_users, h_positions, h_labels = history
+    h_users, h_positions, _ = history
     t_users, t_positions = targets
-    if loss == "logistic":
-        users, solved = logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
-    else:
-        users, solved = ridge_solve(
-            h_users,
-            item_vectors[h_positions],
-            h_labels,
-            lambda_u,
-            scale_by_rows=True,
-            gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None,
-            bias_ridge=bias_ridge,
-            confidence=confidence,
-        )
+    users, solved = fold_in(
+        history, item_vectors, lambda_u, gravity=gravity, loss=loss, bias_ridge=bias_ridge, confidence=confidence
+    )
     evaluated = np.intersect1d(users, np.unique(t_users))
     if evaluated.size == 0:
         raise UserError("no held-out user has both a history and targets")
@@ -132,6 +122,33 @@ def ranking_report(
             )
 
     return metrics.ranking_metrics(blocks(), item_buckets, buckets, at)
+
+
+def fold_in(
+    history: tuple[np.ndarray, np.ndarray, np.ndarray],
+    item_vectors: np.ndarray,
+    lambda_u: float,
+    *,
+    gravity: float = 0.0,
+    loss: str = "square",
+    bias_ridge: float | None = None,
+    confidence: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(users, their vectors) of held-out users folded in on their history (users, positions, labels),
+    as `ranking_report` folds them in."""
+    h_users, h_positions, h_labels = history
+    if loss == "logistic":
+        return logistic_solve(h_users, item_vectors[h_positions], item_vectors, lambda_u)
+    return ridge_solve(
+        h_users,
+        item_vectors[h_positions],
+        h_labels,
+        lambda_u,
+        scale_by_rows=True,
+        gravity=gravity * (item_vectors.T @ item_vectors) if gravity > 0 else None,
+        bias_ridge=bias_ridge,
+        confidence=confidence,
+    )
 
 
 def popularity_ranking_report(

@@ -102,6 +102,7 @@ def evaluate(run: Run, metrics_at: tuple[int, ...] = ()) -> dict:
         [run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final
     )
     storage.write_json(metrics, run.path("metrics.json"))
+    _write_report(run, manifest, config, metrics, space, item_vectors, popularity)
     if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
         from pipelines.training.publish import privacy_report
 
@@ -109,6 +110,121 @@ def evaluate(run: Run, metrics_at: tuple[int, ...] = ()) -> dict:
     manifest["status"] = "done"
     run.write_manifest(manifest)
     return metrics
+
+
+def _write_report(
+    run: Run, manifest: dict, config: TrainConfig, metrics: dict, space, item_vectors, popularity
+) -> None:
+    """RUN/report.html (pipelines.training.run_report), from the metrics just computed."""
+    from pipelines.training import run_report
+    from pipelines.training.publish import catalog_titles, public_settings
+
+    prepared = manifest["prepared"]
+    examples = (
+        []
+        if "no_heldout_data" in metrics
+        else example_recommendations(
+            config,
+            space,
+            split_dir=run.split,
+            item_vectors=item_vectors,
+            counts=popularity if config.popularity_column else None,
+            final_users=run.user_embeddings(None),
+            mean=prepared["mean"],
+            ratings=prepared_rating_range(prepared),
+            confidence_alpha=prepared.get("confidence_alpha"),
+        )
+    )
+    titles = catalog_titles(run)
+    page = run_report.render(
+        run.root.rstrip("/").rsplit("/", 1)[-1],
+        metrics,
+        Ledger.open(run.ledger),
+        public_settings(run, manifest, ("dpsgd_clip",)),
+        examples,
+        dict(zip(titles["item_id"].to_pylist(), titles["title"].to_pylist(), strict=True)),
+    )
+    storage.StagedFile(page.encode(), run.path("report.html")).publish()
+
+
+def example_recommendations(
+    config: TrainConfig,
+    space,
+    *,
+    split_dir: str,
+    item_vectors: np.ndarray,
+    counts: np.ndarray | None,
+    final_users: str,
+    mean: float,
+    ratings: tuple[float, float],
+    confidence_alpha: float | None,
+    users: int = 3,
+    k: int = 10,
+) -> list[dict]:
+    """The top k of the first `users` test users (by id), as the evaluation scores them, each with its
+    history (item, label; highest label first) and its recommendations (item, score, its held-out
+    label or None): a ranking's users folded in on their test history, a ratings user's final
+    embedding scored against every item it has no training rating of."""
+    from trainer import evaluate
+
+    def top(scores: np.ndarray, seen: np.ndarray, held: dict) -> list:
+        scores = scores.copy()
+        scores[seen] = -np.inf
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [(int(space.item_ids[j]), float(scores[j]), held.get(int(space.item_ids[j]))) for j in order]
+
+    examples = []
+    if config.protocol == "rmse":
+        table = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim)
+        known = table["user_id"].to_numpy()
+        vectors = list_column_to_matrix(table["embedding"], config.vector_dim, "user embedding")
+        test = storage.read_table(storage.join(split_dir, "test.parquet")).to_pandas()
+        train = storage.read_table(storage.join(split_dir, "train.parquet"), columns=["user_id", "item_id", "label"])
+        train = train.to_pandas()
+        for user in np.intersect1d(test["user_id"].to_numpy(), known)[:users]:
+            mine = train[train.user_id == user].sort_values("label", ascending=False, kind="stable")
+            scores = np.clip(vectors[np.flatnonzero(known == user)[0]] @ item_vectors.T + mean, *ratings)
+            held = dict(zip(*(test[test.user_id == user][c].tolist() for c in ("item_id", "label")), strict=True))
+            seen = space.index_of(mine["item_id"].to_numpy())
+            examples.append(
+                {
+                    "user": int(user),
+                    "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
+                    "recommended": top(scores, seen, held),
+                }
+            )
+        return examples
+    history = storage.read_table(storage.join(split_dir, "test_history.parquet")).to_pandas()
+    targets = storage.read_table(storage.join(split_dir, "test_targets.parquet")).to_pandas()
+    chosen = np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy())[:users]
+    rows = history[history.user_id.isin(chosen)]
+    vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts, config.biases)
+    labels = rows["label"].to_numpy()
+    solved_users, solved = evaluate.fold_in(
+        (
+            rows["user_id"].to_numpy(),
+            space.index_of(rows["item_id"].to_numpy()),
+            np.ones(labels.size) if confidence_alpha is None else confidence(labels, confidence_alpha),
+        ),
+        vectors,
+        config.lambda_u,
+        gravity=config.fold_in_gravity,
+        loss=config.loss,
+        bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
+        confidence=config.loss == "square",
+    )
+    for user in chosen:
+        mine = rows[rows.user_id == user].sort_values("label", ascending=False, kind="stable")
+        held = {int(item): 1.0 for item in targets[targets.user_id == user]["item_id"]}
+        scores = solved[np.searchsorted(solved_users, user)] @ vectors.T
+        examples.append(
+            {
+                "user": int(user),
+                "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
+                "recommended": top(scores, space.index_of(mine["item_id"].to_numpy()), held),
+            }
+        )
+    return examples
 
 
 def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:

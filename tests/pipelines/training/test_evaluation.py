@@ -28,7 +28,7 @@ def _write(folder, part, history, targets):
         )
 
 
-def test_the_ranking_protocol_records_every_ranking_metric_for_the_model_and_dp_popularity(tmp_path):
+def _hand_split(tmp_path) -> str:
     split = str(tmp_path)
     storage.write_table(pa.table({"item_id": np.repeat(CATALOG, 3)}), f"{split}/train.parquet")
     # valid: user 1 ranks 104..125 (targets 104, 124, 125 at ranks 0, 20, 21), user 2 ranks 101..109,
@@ -41,6 +41,11 @@ def test_the_ranking_protocol_records_every_ranking_metric_for_the_model_and_dp_
         [(3, i) for i in range(101, 106)] + [(4, 125)],
         [(3, 125), (4, 120), (4, 121), (4, 122), (4, 123), (5, 101)],
     )
+    return split
+
+
+def test_the_ranking_protocol_records_every_ranking_metric_for_the_model_and_dp_popularity(tmp_path):
+    split = _hand_split(tmp_path)
     config = TrainConfig.create(protocol="recall", data=split, out=split, dim=2)
     counts = 130.0 - CATALOG
     metrics = evaluation._evaluate(
@@ -75,6 +80,31 @@ def test_the_ranking_protocol_records_every_ranking_metric_for_the_model_and_dp_
             assert metrics[f"{part}_{key}"] == pytest.approx(value), (part, key)
             assert metrics[f"{part}_popularity_{key}"] == pytest.approx(value), (part, key)
         assert len(metrics[f"{part}_recall_at_20_sliced"]) == 5
+
+
+def test_example_recommendations_are_each_test_users_top_k_without_its_history_marking_its_targets(tmp_path):
+    split = _hand_split(tmp_path)
+    config = TrainConfig.create(protocol="recall", data=split, out=split, dim=2)
+    examples = evaluation.example_recommendations(
+        config,
+        FeatureSpace(CATALOG, []),
+        split_dir=split,
+        item_vectors=np.zeros((CATALOG.size, 2)),  # ranked by the counts column alone: by id
+        counts=130.0 - CATALOG,
+        final_users=f"{split}/none.parquet",
+        mean=0.0,
+        ratings=(0.0, 1.0),
+        confidence_alpha=None,
+        k=20,
+    )
+    assert [example["user"] for example in examples] == [3, 4]  # user 5 has no history
+    assert [item for item, _ in examples[0]["history"]] == list(range(101, 106))
+    tops = [[item for item, _, _ in example["recommended"]] for example in examples]
+    assert tops == [list(range(106, 126)), list(range(101, 121))]
+    marked = [[item for item, _, held in example["recommended"] if held is not None] for example in examples]
+    assert marked == [[125], [120]]
+    scores = [score for _, score, _ in examples[0]["recommended"]]
+    assert scores == sorted(scores, reverse=True) and scores[0] > 0
 
 
 def _ranking_metrics(**test) -> dict:
