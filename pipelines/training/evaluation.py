@@ -167,37 +167,39 @@ def example_recommendations(
     embedding scored against every item it has no training rating of."""
     from trainer import evaluate
 
-    def top(scores: np.ndarray, seen: np.ndarray, held: dict) -> list:
+    def shown(mine, scores, held) -> dict:
+        mine = mine.sort_values("label", ascending=False, kind="stable")
         scores = scores.copy()
-        scores[seen] = -np.inf
+        scores[space.index_of(mine["item_id"].to_numpy())] = -np.inf  # the history is never recommended
         order = np.argsort(-scores, kind="stable")[:k]
-        return [(int(space.item_ids[j]), float(scores[j]), held.get(int(space.item_ids[j]))) for j in order]
+        return {
+            "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
+            "recommended": [
+                (int(space.item_ids[j]), float(scores[j]), held.get(int(space.item_ids[j]))) for j in order
+            ],
+        }
 
-    examples = []
+    def path(name: str) -> str:
+        return storage.join(split_dir, f"{name}.parquet")
+
     if config.protocol == "rmse":
-        table = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim)
-        known = table["user_id"].to_numpy()
-        vectors = list_column_to_matrix(table["embedding"], config.vector_dim, "user embedding")
-        test = storage.read_table(storage.join(split_dir, "test.parquet")).to_pandas()
-        train = storage.read_table(storage.join(split_dir, "train.parquet"), columns=["user_id", "item_id", "label"])
-        train = train.to_pandas()
-        for user in np.intersect1d(test["user_id"].to_numpy(), known)[:users]:
-            mine = train[train.user_id == user].sort_values("label", ascending=False, kind="stable")
-            scores = np.clip(vectors[np.flatnonzero(known == user)[0]] @ item_vectors.T + mean, *ratings)
-            held = dict(zip(*(test[test.user_id == user][c].tolist() for c in ("item_id", "label")), strict=True))
-            seen = space.index_of(mine["item_id"].to_numpy())
-            examples.append(
-                {
-                    "user": int(user),
-                    "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
-                    "recommended": top(scores, seen, held),
-                }
-            )
-        return examples
-    history = storage.read_table(storage.join(split_dir, "test_history.parquet")).to_pandas()
-    targets = storage.read_table(storage.join(split_dir, "test_targets.parquet")).to_pandas()
-    chosen = np.intersect1d(history["user_id"].to_numpy(), targets["user_id"].to_numpy())[:users]
-    rows = history[history.user_id.isin(chosen)]
+        chosen = np.intersect1d(_user_ids(path("test")), _user_ids(final_users))[:users]
+        table = _rows_of(final_users, chosen, None).sort_values("user_id")
+        vectors = np.stack(table["embedding"].to_numpy()) if len(table) else np.zeros((0, config.vector_dim))
+        test, train = (_rows_of(path(name), chosen) for name in ("test", "train"))
+        return [
+            {
+                "user": int(user),
+                **shown(
+                    train[train.user_id == user],
+                    np.clip(vector @ item_vectors.T + mean, *ratings),
+                    dict(zip(*(test[test.user_id == user][c].tolist() for c in ("item_id", "label")), strict=True)),
+                ),
+            }
+            for user, vector in zip(chosen, vectors, strict=True)
+        ]
+    chosen = np.intersect1d(_user_ids(path("test_history")), _user_ids(path("test_targets")))[:users]
+    rows, targets = (_rows_of(path(name), chosen) for name in ("test_history", "test_targets"))
     vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts, config.biases)
     labels = rows["label"].to_numpy()
     solved_users, solved = evaluate.fold_in(
@@ -213,18 +215,36 @@ def example_recommendations(
         bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
         confidence=config.loss == "square",
     )
-    for user in chosen:
-        mine = rows[rows.user_id == user].sort_values("label", ascending=False, kind="stable")
-        held = {int(item): 1.0 for item in targets[targets.user_id == user]["item_id"]}
-        scores = solved[np.searchsorted(solved_users, user)] @ vectors.T
-        examples.append(
-            {
-                "user": int(user),
-                "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
-                "recommended": top(scores, space.index_of(mine["item_id"].to_numpy()), held),
-            }
-        )
-    return examples
+    return [
+        {
+            "user": int(user),
+            **shown(
+                rows[rows.user_id == user],
+                solved[np.searchsorted(solved_users, user)] @ vectors.T,
+                {int(item): 1.0 for item in targets[targets.user_id == user]["item_id"]},
+            ),
+        }
+        for user in chosen
+    ]
+
+
+def _user_ids(path: str) -> np.ndarray:
+    """The distinct user ids of a table, streamed."""
+    parts = [np.unique(batch.column("user_id").to_numpy()) for batch in storage.iter_batches(path, ["user_id"])]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+
+def _rows_of(path: str, users: np.ndarray, columns: tuple[str, ...] | None = ("user_id", "item_id", "label")):
+    """The rows of `users` in a table (`columns`, None: all), streamed (memory: theirs and one
+    batch), as a DataFrame."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = pa.array(users, pa.int64())
+    batches = storage.iter_batches(path, list(columns) if columns else None)
+    return pa.Table.from_batches(
+        [batch.filter(pc.is_in(batch.column("user_id"), wanted)) for batch in batches]
+    ).to_pandas()
 
 
 def fold_in_counts(run: Run, config: TrainConfig, space) -> np.ndarray | None:
