@@ -9,6 +9,7 @@ Privacy: output for the operator on the trusted side, not a release.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -55,6 +56,19 @@ def configure(verbosity: int) -> None:
     logging.getLogger("py4j").setLevel(
         logging.INFO if verbosity > 0 else logging.CRITICAL
     )  # its gateway's teardown traces after Ctrl-C
+
+
+@contextlib.contextmanager
+def progress_hidden():
+    """Progress lines hidden inside (warnings shown; with -v, everything): work nested in a command
+    that reports its own progress."""
+    level = LOGGER.level
+    if level == logging.INFO:
+        LOGGER.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(level)
 
 
 def log(message: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipelines.base import logs
 from pipelines.training.evaluation import describe, evaluate
 from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
@@ -47,6 +48,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "read, "
         "nothing is spent",
     )
+    parser.add_argument(
+        "--forecast-users",
+        type=_positive,
+        metavar="N",
+        help="with --plan: also forecast the quality, from a synthetic log of N users run through the same pipeline "
+        "at half, the requested and twice the epsilon (items with statistics, the test metric against DP popularity "
+        "or the DP mean; minutes, nothing spent)",
+    )
+    parser.add_argument(
+        "--forecast-history",
+        type=_positive,
+        metavar="L",
+        help="with --forecast-users and a MovieLens-like log: the users' mean history length (default: the "
+        "generator's, MovieLens-1M's 166)",
+    )
+    parser.add_argument(
+        "--forecast-like",
+        choices=("movielens", "plays"),
+        help="with --forecast-users: the synthetic log's generator (default: plays for --protocol recall, movielens "
+        "for ratings)",
+    )
     add_metrics_at(parser)
     parser.add_argument(
         "--stage",
@@ -77,6 +99,12 @@ def add_metrics_at(parser: argparse.ArgumentParser) -> None:
         "and DP popularity's (e.g. 10,20,50; default: the protocol's Recall@20, Recall@50, NDCG@100 and "
         "coverage@20 only)",
     )
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def metrics_at(text: str) -> tuple[int, ...]:
@@ -126,6 +154,43 @@ def check_data(args: argparse.Namespace) -> None:
         )
 
 
+def check_forecast(args: argparse.Namespace, config: TrainConfig) -> None:
+    """The forecast flags' refusals (pipelines.training.forecast.checked), before the plan prints."""
+    from pipelines.training import forecast
+
+    if not args.forecast_users:
+        raise UserError("--forecast-history and --forecast-like go with --forecast-users")
+    if config.non_private:
+        raise UserError("--forecast-users forecasts a private run's quality: leave out --non-private")
+    forecast.checked(config.epsilon, config.protocol, args.forecast_history, args.forecast_like)
+
+
+def forecast_of(args: argparse.Namespace, config: TrainConfig, catalog: int | None) -> str:
+    """`--plan --forecast-users`: the run's settings, each rule applied again at each epsilon, on the
+    forecast's synthetic log (pipelines.training.forecast)."""
+    import copy
+
+    from pipelines.training import forecast
+
+    def config_at(epsilon: float, data: str, out: str) -> TrainConfig:
+        at = copy.copy(args)
+        at.epsilon, at.data, at.out, at.engine, at.data_source, at.shares_users_with = (
+            epsilon,
+            data,
+            out,
+            "local",
+            None,
+            None,
+        )
+        return config_from_args(at)
+
+    logs.log(f"forecast: a synthetic log of {args.forecast_users:,} users, 3 runs (this takes a while)")
+    result = forecast.forecast(
+        config_at, config.epsilon, config.protocol, args.forecast_users, args.forecast_history, args.forecast_like
+    )
+    return forecast.describe(result, config.epsilon, catalog)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.plan:  # the settings and the public catalog's size only: --data may be left out
         from pipelines.data.datasets import is_dataset, open_dataset
@@ -133,8 +198,15 @@ def main(args: argparse.Namespace) -> int:
 
         data = args.data
         catalog = open_dataset(data).manifest.get("items") if data and is_dataset(data) else None
-        print(plan.describe(config_from_args(args), catalog))
+        config = config_from_args(args)
+        if args.forecast_users or args.forecast_history or args.forecast_like:  # refused before anything is printed
+            check_forecast(args, config)
+        print(plan.describe(config, catalog), flush=True)
+        if args.forecast_users:
+            print(forecast_of(args, config, catalog))
         return 0
+    if args.forecast_users or args.forecast_history or args.forecast_like:
+        raise UserError("--forecast-users, --forecast-history and --forecast-like go with --plan")
     check_data(args)
     config = config_from_args(args)
     if args.stage == "prepare":
