@@ -5,3 +5,5 @@ Engines are imported lazily inside the jobs that use them: importing this packag
 
 Privacy: the subpackages say theirs; every release goes through pipelines.releases.
 """
+
+import schemas  # noqa: F401  (its warning filter, before Beam or gcsfs is imported)

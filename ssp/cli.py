@@ -17,15 +17,12 @@ import math
 import os
 import re
 import sys
-import warnings
 
 from schemas.errors import UserError
 
 # TensorFlow's native log, before it is imported: 2.15 logs three spurious "Unable to register cuDNN/cuFFT/cuBLAS
 # factory" errors at every import. Its real failures reach us as Python exceptions; set 0 to see its log.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# google-api-core (under Beam and gcsfs) warns at every import that it will drop this Python in 2027
-warnings.filterwarnings("ignore", category=FutureWarning, module="google.api_core")
 
 # The imports below come after the environment set-up above on purpose (TensorFlow reads its log
 # level at import): E402 is expected there.

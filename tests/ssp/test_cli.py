@@ -293,3 +293,12 @@ def test_a_negative_or_absurd_setting_gets_its_ranges_message_from_the_installed
         timeout=120,
     )
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(f"ssp train: error: {message}")
+
+
+@pytest.mark.parametrize("entry", [["-m", "bench", "--help"], ["-m", "pipelines.beam_stats", "--help"]])
+def test_entry_points_print_no_python_support_notice(entry):
+    """google-api-core's FutureWarning about this Python's end of support (at every import, under
+    Beam and gcsfs) is not shown to a command's user."""
+    result = subprocess.run([sys.executable, *entry], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage:" in result.stdout
+    assert "FutureWarning" not in result.stderr, result.stderr[-2000:]
