@@ -24,6 +24,8 @@ from schemas.tables import INTERACTIONS, item_features, validate_interactions, v
 
 INTERACTIONS_TABLE = "interactions.parquet"
 ITEMS_TABLE = "items.parquet"
+ITEM_KEYS_TABLE = "item_keys.parquet"  # a catalog with text ids: (item_id, item_key), public as the catalog
+ITEM_KEYS = pa.schema([("item_id", pa.int64()), ("item_key", pa.string())])
 MANIFEST = "manifest.json"
 
 
@@ -41,6 +43,11 @@ class Dataset:
     @property
     def items(self) -> str:
         return storage.join(self.path, ITEMS_TABLE)
+
+    @property
+    def item_keys(self) -> str | None:
+        """The (item_id, item_key) table of a catalog whose ids are text; None for integer ids."""
+        return storage.join(self.path, ITEM_KEYS_TABLE) if self.manifest.get("ids", {}).get("item") == "text" else None
 
 
 def is_dataset(path: str) -> bool:
@@ -110,8 +117,15 @@ def require_dataset_target(out: str) -> None:
     )
 
 
-def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.RecordBatch], manifest: dict) -> Dataset:
-    """Validate and write a data set: items, streamed interactions, then the manifest.
+def write_dataset(
+    out: str,
+    items: pa.Table,
+    interaction_batches: Iterable[pa.RecordBatch],
+    manifest: dict,
+    item_keys: pa.Table | None = None,
+) -> Dataset:
+    """Validate and write a data set: items (and the `item_keys` of a catalog with text ids),
+    streamed interactions, then the manifest.
 
     Interactions are validated batch by batch and must refer to catalog items only. No file splits
     a user's consecutive rows; when the rows came in user_id order (synth's, MovieLens' ratings
@@ -134,6 +148,7 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
         storage.join(out, INTERACTIONS_TABLE), INTERACTIONS, together="user_id", in_order=USERS_TOGETHER
     )
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
+    key_table = storage.TableWriter(storage.join(out, ITEM_KEYS_TABLE), ITEM_KEYS) if item_keys is not None else None
     try:
         for batch in interaction_batches:
             table = validate_interactions(pa.Table.from_batches([batch]))
@@ -150,6 +165,9 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
         interactions.seal()
         item_table.write(items)
         item_table.seal()
+        if key_table is not None:
+            key_table.write(item_keys.select(ITEM_KEYS.names).cast(ITEM_KEYS).sort_by("item_id"))
+            key_table.seal()
         full_manifest = {
             **manifest,
             "public_features": item_features(items.schema),
@@ -161,6 +179,8 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     except BaseException:
         interactions.abort()
         item_table.abort()
+        if key_table is not None:
+            key_table.abort()
         left = {posixpath.basename(path) for path in fs.ls(folder, detail=False)} if fs.isdir(folder) else None
         if created and left is not None and left <= {storage.PRIVATE_MARK}:
             fs.rm(folder, recursive=True)  # a failed write leaves no new folder behind
@@ -168,5 +188,9 @@ def write_dataset(out: str, items: pa.Table, interaction_batches: Iterable[pa.Re
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
     interactions.commit()
     item_table.commit()
+    if key_table is not None:
+        key_table.commit()
+    else:
+        storage.remove(storage.join(out, ITEM_KEYS_TABLE))  # an earlier data set's keys in this folder
     staged_manifest.publish()
     return Dataset(out, full_manifest)

@@ -3,8 +3,9 @@ canonical data set folder (not only MovieLens).
 
 Reads a table of (user, item[, label][, time]) rows and a catalog of items, in Parquet or CSV (a
 file or a folder of parts), on a local disk or gs://, with the columns named as they are in the
-table; interactions are streamed in record batches, the catalog is read whole. Ids must be
-integers; without a label column the data are implicit feedback (every row a positive, label 1.0,
+table; interactions are streamed in record batches, the catalog is read whole. Ids are integers
+or text (a text catalog numbered in key order, its map public; a text user id hashed alone, so that
+each user's id depends on its own only); without a label column the data are implicit feedback (every row a positive, label 1.0,
 or the count column's number of times the pair met),
 with one the labels must lie on the declared `rating_scale`; timestamps become int64 epoch seconds;
 catalog features are declared with their kind (`bag`, `value`, `number`). Every check refuses the
@@ -14,13 +15,17 @@ every rule.
 Privacy: the interactions table is private user data. The catalog's declared feature columns (and
 the title) are declared PUBLIC by the run (`--features`) and the manifest records the declaration:
 declare only columns that no user wrote (a column derived from users' behaviour, such as a
-popularity or a tag list written by users, is not public).
+popularity or a tag list written by users, is not public). User ids are mapped user by user (a
+text id by a hash of itself alone), item keys from the public catalog: removing a user from the log
+removes exactly its rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import posixpath
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -46,6 +51,7 @@ BAG_SEPARATOR = "|"
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
 RESERVED = ("item_id", "title")  # the canonical items columns: no feature family may take their names
 BATCH_SIZE = 1 << 16
+DECIMAL = re.compile(r"[+-]?[0-9]+")  # a text id that is an integer
 _TO_SECONDS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 
@@ -213,8 +219,7 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
     text = part.csv and _is_text(column.type)
     if not (text or pa.types.is_integer(column.type)):
         raise IngestError(
-            f"{part.file}: column {name!r} has type {column.type}; ids must be integers (map the ids "
-            "to 64-bit integers before ingesting)"
+            f"{part.file}: column {name!r} has type {column.type}; ids must be integers or text"
         )
     if column.null_count:
         raise IngestError(
@@ -240,6 +245,46 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
             "64 bits "
             "(map the ids to 64-bit integers before ingesting)"
         ) from None
+
+
+def _text_ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
+    """An id column as text keys (trimmed in CSV); an integer column as its decimal text."""
+    column = _decoded(column)
+    if pa.types.is_integer(column.type):
+        column = column.cast(pa.string())
+    elif not _is_text(column.type):
+        raise IngestError(f"{part.file}: column {name!r} has type {column.type}; ids must be integers or text")
+    if column.null_count:
+        raise IngestError(
+            f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is "
+            "empty; every row needs an id"
+        )
+    return pc.utf8_trim_whitespace(column) if part.csv else column
+
+
+def user_key_id(key: str) -> int:
+    """The 64-bit id of a text user id that is not a decimal integer: a hash of that id alone, so
+    each user's id depends on nothing but its own (two ids sharing a hash, about 1 in 2^64 a pair,
+    would train as one user, whose whole contribution is still bounded)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=b"ssp-user-id").digest(), "big", signed=True)
+
+
+def _user_ids(column: pa.Array, name: str, part: _Part) -> tuple[pa.Array, bool]:
+    """(int64 user ids, whether any was text): integers as they are, a text id that is a decimal
+    integer within 64 bits as that integer (as a batch of such ids alone would be read), any other
+    text id by `user_key_id`."""
+    try:
+        return _ids(column, name, part), False
+    except IngestError:
+        if not _is_text(_decoded(column).type):
+            raise
+    text = _text_ids(column, name, part)
+    distinct = pc.unique(text)
+    values = [
+        int(key) if DECIMAL.fullmatch(key) and -(2**63) <= int(key) < 2**63 else user_key_id(key)
+        for key in distinct.to_pylist()
+    ]
+    return pa.array(np.array(values, np.int64)[pc.index_in(text, distinct).to_numpy()]), True
 
 
 def _parses(text: str, convert) -> bool:
@@ -494,14 +539,39 @@ def _title(column: pa.Array, name: str, part: _Part) -> pa.Array:
         ) from None
 
 
+def _catalog_ids(chunks: list[tuple[_Part, pa.Array]], name: str, catalog: str) -> tuple[pa.ChunkedArray, pa.Array | None]:
+    """(item ids, the sorted text keys or None): integer ids as they are; text ids (any that is not
+    an integer) numbered 1..m in their sorted order, the catalog being public."""
+    try:
+        return pa.chunked_array([_ids(column, name, part) for part, column in chunks], pa.int64()), None
+    except IngestError:
+        if not all(_is_text(_decoded(column).type) for _, column in chunks):
+            raise
+        text = pa.chunked_array([_text_ids(column, name, part) for part, column in chunks], pa.string())
+    keys = pc.unique(text).sort()
+    if len(keys) < len(text):
+        counts = pc.value_counts(text)
+        repeated = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+        raise IngestError(f"{catalog}: column {name!r} holds {repeated!r} more than once; item ids must be unique")
+    return pc.add(pc.index_in(text, keys).cast(pa.int64()), 1), keys
+
+
 def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str) -> pa.Table:
     """The items table from a catalog table: ids, titles (null without a title column) and the
     declared feature columns, one item per catalog row."""
+    return read_keyed_catalog(catalog, columns, features)[0]
+
+
+def read_keyed_catalog(
+    catalog: str, columns: Columns, features: dict[str, str] | str
+) -> tuple[pa.Table, pa.Array | None]:
+    """`read_catalog`'s items table, and the sorted text keys of a catalog whose ids are text (item
+    id i is keys[i - 1]; None for integer ids)."""
     features = _declared(features)
     wanted = [columns.item] + ([columns.title] if columns.title else []) + list(features)
     ids, titles, raw = [], [], {name: [] for name in features}
     for part, batch in _table_batches(catalog, wanted):
-        ids.append(_ids(batch.column(columns.item), columns.item, part))
+        ids.append((part, batch.column(columns.item)))
         titles.append(
             _title(batch.column(columns.title), columns.title, part)
             if columns.title
@@ -513,7 +583,8 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
             )
     if not ids:
         raise IngestError(f"{catalog} holds no items (the catalog is empty)")
-    data = {"item_id": pa.chunked_array(ids, pa.int64()), "title": pa.chunked_array(titles, pa.string())}
+    item_ids, keys = _catalog_ids(ids, columns.item, catalog)
+    data = {"item_id": item_ids, "title": pa.chunked_array(titles, pa.string())}
     univalent = {}
     for name, family in features.items():
         if family == MULTIVALENT:
@@ -526,7 +597,7 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
             data[name] = pa.chunked_array(chunks, chunks[0].type)
     items = pa.Table.from_pydict(data, schema=items_schema(features, univalent))
     try:
-        return validate_items(items).combine_chunks()
+        return validate_items(items).combine_chunks(), keys
     except SchemaError as exc:
         column = columns.item if exc.column == "item_id" else exc.column
         raise IngestError(
@@ -536,11 +607,21 @@ def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str)
 
 
 def iter_interactions(
-    source: str, columns: Columns, rating_scale: tuple[float, float] | None = None
+    source: str,
+    columns: Columns,
+    rating_scale: tuple[float, float] | None = None,
+    item_keys: pa.Array | None = None,
+    seen: dict | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Stream the interactions table as canonical batches (user_id, item_id, label, timestamp).
     Without a label column the label is the count column's value, or 1.0 (implicit feedback); with
-    `rating_scale` a label outside it is refused, naming the file, the row and the value."""
+    `rating_scale` a label outside it is refused, naming the file, the row and the value. User ids
+    that are text become `user_key_id`s; with the catalog's `item_keys` the item column is looked up
+    there (an unknown key: item id 0). `seen` collects whether a user id was text ("text_users") and
+    the distinct unknown item keys met ("unknown_keys")."""
+    seen = {} if seen is None else seen
+    seen.setdefault("text_users", False)
+    seen.setdefault("unknown_keys", set())
     names = {
         "user_id": columns.user,
         "item_id": columns.item,
@@ -549,10 +630,20 @@ def iter_interactions(
     }
     for part, batch in _table_batches(source, [name for name in names.values() if name]):
         n = batch.num_rows
+        users, text = _user_ids(batch.column(columns.user), columns.user, part)
+        seen["text_users"] |= text
+        if item_keys is None:
+            items = _ids(batch.column(columns.item), columns.item, part)
+        else:
+            keys = _text_ids(batch.column(columns.item), columns.item, part)
+            positions = pc.index_in(keys, item_keys)
+            if positions.null_count:
+                seen["unknown_keys"].update(pc.unique(keys.filter(positions.is_null())).to_pylist())
+            items = pc.fill_null(pc.add(positions.cast(pa.int64()), 1), 0)
         table = pa.table(
             {
-                "user_id": _ids(batch.column(columns.user), columns.user, part),
-                "item_id": _ids(batch.column(columns.item), columns.item, part),
+                "user_id": users,
+                "item_id": items,
                 "label": _labels(batch.column(columns.label), columns.label, part)
                 if columns.label
                 else _counts(batch.column(columns.count), columns.count, part)
@@ -623,15 +714,16 @@ def ingest(
         low, high = rating_scale
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise UserError(f"--rating-scale must be two finite numbers MIN < MAX, got {low:g} {high:g}")
-    items = read_catalog(catalog, columns, features)
+    items, item_keys = read_keyed_catalog(catalog, columns, features)
     known_ids = np.sort(items["item_id"].to_numpy())
     unknown = {"rows": 0, "items": np.empty(0, np.int64), "seen": 0}
+    seen: dict = {}
 
     def known_rows() -> Iterator[pa.RecordBatch]:
         with progress_bar(
             desc=f"ingest {interactions}", unit=" rows", unit_scale=True, enabled=logs.bars(progress)
         ) as bar:
-            for batch in iter_interactions(interactions, columns, rating_scale):
+            for batch in iter_interactions(interactions, columns, rating_scale, item_keys, seen):
                 bar.update(batch.num_rows)
                 unknown["seen"] += batch.num_rows
                 ids = batch.column("item_id").to_numpy()
@@ -646,12 +738,14 @@ def ingest(
             raise IngestError(f"{interactions} holds no interactions")
         if unknown["rows"]:
             # write_dataset reads the manifest only after the last batch, so this lands in it
-            manifest["unknown_items"].update(dropped_ratings=unknown["rows"], dropped_items=int(unknown["items"].size))
+            dropped = len(seen["unknown_keys"]) if item_keys is not None else int(unknown["items"].size)
+            manifest["unknown_items"].update(dropped_ratings=unknown["rows"], dropped_items=dropped)
+        manifest["ids"]["user"] = "text" if seen["text_users"] else "integer"
         if unknown["rows"] and unknown_items == "fail":
+            example = repr(min(seen["unknown_keys"])) if item_keys is not None else unknown["items"][0]
             raise IngestError(
-                f"{interactions}: {unknown['rows']} interaction(s) refer to {unknown['items'].size} item(s) missing "
-                "from the catalog "
-                f"{catalog} (e.g. {unknown['items'][0]}); rerun with --unknown-items drop to drop them"
+                f"{interactions}: {unknown['rows']} interaction(s) refer to {dropped} item(s) missing from the catalog "
+                f"{catalog} (e.g. {example}); rerun with --unknown-items drop to drop them"
             )
 
     manifest = {
@@ -661,6 +755,7 @@ def ingest(
         "columns": asdict(columns),
         "feedback": "explicit" if columns.label else "implicit",
         "unknown_items": {"policy": unknown_items},
+        "ids": {"item": "integer" if item_keys is None else "text"},
         **({"data_source": data_source} if data_source is not None else {}),
     }
     if columns.label:
@@ -674,6 +769,7 @@ def ingest(
         )
     batches = known_rows()
     try:
-        return write_dataset(out, items, batches, manifest)
+        keys = None if item_keys is None else pa.table({"item_id": pa.array(np.arange(1, len(item_keys) + 1)), "item_key": item_keys})
+        return write_dataset(out, items, batches, manifest, keys)
     finally:
         batches.close()  # its progress bar ends its line now, before an error of the write is printed

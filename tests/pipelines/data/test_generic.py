@@ -2,6 +2,7 @@
 implicit feedback, exact expected tables and manifests, bad input, and the ranking split of an
 implicit-feedback data set (every row a positive, row-local)."""
 
+import hashlib
 import json
 import os
 
@@ -177,8 +178,12 @@ def test_folder_of_parquet_parts(tables, tmp_path):
         {"user_id": 8, "item_id": 100, "label": 1.0, "timestamp": 7},
     ]
     pq.write_table(pa.table({"customer": ["u9"], "product": [100], "ts": [8]}), parts / "part-00002.parquet")
+    data = generic.ingest(str(parts), catalog, str(tmp_path / "text"), FEATURES, columns=COLUMNS)  # a text user id
+    assert storage.read_table(data.interactions)["user_id"].to_pylist() == [7, 7, 8, generic.user_key_id("u9")]
+    assert data.manifest["ids"] == {"user": "text", "item": "integer"} and data.item_keys is None
+    pq.write_table(pa.table({"customer": [9.5], "product": [100], "ts": [8]}), parts / "part-00002.parquet")
     with pytest.raises(
-        IngestError, match=r"part-00002.parquet: column 'customer' has type string; ids must be integers"
+        IngestError, match=r"part-00002.parquet: column 'customer' has type double; ids must be integers or text"
     ):
         generic.ingest(str(parts), catalog, str(tmp_path / "bad"), FEATURES, columns=COLUMNS)
     assert not (tmp_path / "bad").exists()
@@ -214,39 +219,60 @@ def test_missing_columns_name_the_column_the_file_and_what_exists(tables, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_ids_must_be_integers(tables, tmp_path):
+def test_ids_are_integers_or_text_each_user_id_by_itself(tables, tmp_path):
+    """A text user id that is not an integer becomes a 64-bit hash of itself alone (user-local); a
+    decimal one stays that integer, in a batch with text ids as in one without; other types and
+    empty ids are refused."""
     _, catalog = tables
-    strings = tmp_path / "strings.parquet"
-    pq.write_table(pa.table({"customer": ["alice"], "product": [100]}), strings)
-    with pytest.raises(IngestError, match=r"column 'customer' has type string; ids must be integers"):
-        generic.ingest(
-            str(strings),
-            catalog,
-            str(tmp_path / "out"),
-            FEATURES,
-            columns=generic.Columns(user="customer", item="product"),
-        )
+    columns = generic.Columns(user="customer", item="product")
+    text = write_csv(tmp_path / "text.csv", "customer,product\n1,100\nbob,100\n 007 ,200\n")
+    data = generic.ingest(text, catalog, str(tmp_path / "text"), FEATURES, columns=columns)
+    ids = storage.read_table(data.interactions)["user_id"].to_pylist()
+    assert sorted(ids) == sorted([1, generic.user_key_id("bob"), 7]) and generic.user_key_id("bob") not in (1, 7)
+    assert generic.user_key_id("bob") == int.from_bytes(
+        hashlib.blake2b(b"bob", digest_size=8, person=b"ssp-user-id").digest(), "big", signed=True
+    )
+    alone = write_csv(tmp_path / "alone.csv", "customer,product\n1,100\n7,200\n")  # integers alone: the same ids
+    together = storage.read_table(
+        generic.ingest(alone, catalog, str(tmp_path / "alone"), FEATURES, columns=columns).interactions
+    )
+    assert sorted(together["user_id"].to_pylist()) == [1, 7]
     floats = tmp_path / "floats.parquet"
     pq.write_table(pa.table({"customer": [1], "product": [100.0]}), floats)
-    with pytest.raises(IngestError, match=r"column 'product' has type double; ids must be integers"):
-        generic.ingest(
-            str(floats),
-            catalog,
-            str(tmp_path / "out"),
-            FEATURES,
-            columns=generic.Columns(user="customer", item="product"),
-        )
-    text = write_csv(tmp_path / "text.csv", "customer,product\n1,100\nbob,100\n")
-    with pytest.raises(IngestError, match=r"text.csv, row 2: column 'customer' holds 'bob'; ids must be integers"):
-        generic.ingest(
-            text, catalog, str(tmp_path / "out"), FEATURES, columns=generic.Columns(user="customer", item="product")
-        )
+    with pytest.raises(IngestError, match=r"column 'product' has type double; ids must be integers or text"):
+        generic.ingest(str(floats), catalog, str(tmp_path / "out"), FEATURES, columns=columns)
     empty = write_csv(tmp_path / "empty.csv", "customer,product\n1,100\n,100\n")
     with pytest.raises(IngestError, match=r"empty.csv, row 2: column 'customer' is empty"):
-        generic.ingest(
-            empty, catalog, str(tmp_path / "out"), FEATURES, columns=generic.Columns(user="customer", item="product")
-        )
+        generic.ingest(empty, catalog, str(tmp_path / "out"), FEATURES, columns=columns)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_catalog_with_text_ids_numbers_them_in_key_order_and_maps_the_interactions(tmp_path):
+    catalog = write_csv(tmp_path / "c.csv", "sku,name\nsku-B,Bee\nsku-A,Ay\n0042,Zero\n")
+    log = write_csv(tmp_path / "l.csv", "who,sku\nu1,sku-A\nu1,0042\nu2,sku-B\n")
+    columns = generic.Columns(user="who", item="sku", title="name")
+    data = generic.ingest(log, catalog, str(tmp_path / "out"), "", columns=columns)
+    keys = storage.read_table(data.item_keys)
+    assert keys.to_pydict() == {
+        "item_id": [1, 2, 3],
+        "item_key": ["0042", "sku-A", "sku-B"],
+    }  # text: 0042 keeps its zeros
+    assert storage.read_table(data.items).to_pydict()["title"] == ["Zero", "Ay", "Bee"]
+    table = storage.read_table(data.interactions)
+    by_user = sorted(zip(table["user_id"].to_pylist(), table["item_id"].to_pylist(), strict=True))
+    u1, u2 = generic.user_key_id("u1"), generic.user_key_id("u2")
+    assert by_user == sorted([(u1, 2), (u1, 1), (u2, 3)])
+    assert data.manifest["ids"] == {"user": "text", "item": "text"}
+    unknown = write_csv(tmp_path / "u.csv", "who,sku\nu1,sku-A\nu2,sku-Z\nu3,sku-Y\n")
+    with pytest.raises(
+        IngestError, match=r"2 interaction\(s\) refer to 2 item\(s\) missing from the catalog .* \(e.g. 'sku-Y'\)"
+    ):
+        generic.ingest(unknown, catalog, str(tmp_path / "bad"), "", columns=columns)
+    dropped = generic.ingest(unknown, catalog, str(tmp_path / "drop"), "", columns=columns, unknown_items="drop")
+    assert dropped.manifest["unknown_items"] == {"policy": "drop", "dropped_ratings": 2, "dropped_items": 2}
+    twice = write_csv(tmp_path / "twice.csv", "sku,name\nsku-A,Ay\nsku-A,Ay\n")
+    with pytest.raises(IngestError, match=r"column 'sku' holds 'sku-A' more than once; item ids must be unique"):
+        generic.ingest(log, twice, str(tmp_path / "bad"), "", columns=columns)
 
 
 def test_labels_must_be_finite_numbers_on_the_scale(tables, tmp_path):
