@@ -388,7 +388,7 @@ def test_the_recommend_signature_serves_ssp_recommends_top_k_from_plain_tensorfl
     served = json.loads(served.stdout)
     assert len(served) == len(histories) > 20
     for user, items in served.items():
-        assert items == top.filter(pa.compute.equal(top["user_id"], int(user)))["item_id"].to_pylist(), user
+        assert items == top.filter(pa.compute.equal(top["customer"], int(user)))["product"].to_pylist(), user
 
 
 def test_a_bad_history_is_one_clear_line(published, tmp_path, capsys):

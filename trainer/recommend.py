@@ -45,6 +45,7 @@ from trainer.solve import confidence, logistic_solve, ridge_solve, user_bias_rid
 
 MODEL_SETTINGS = "model.json"
 TITLES = "titles.parquet"  # a publication's (item_id, title) of the catalog items with a title
+ITEM_KEYS = "item_keys.parquet"  # a publication's (item_id, item_key) when the catalog's ids are text
 LOGGER = logging.getLogger("ssp")  # the commands' progress logger (pipelines.base.logs sets its verbosity)
 RECOMMENDATIONS = pa.schema(
     [
@@ -76,6 +77,11 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
             )
         if pa.types.is_floating(values.type) and pc.all(pc.equal(pc.floor(values), values)).as_py() is not False:
             values = pc.cast(values, pa.int64())
+        if pa.types.is_string(values.type):  # a CSV's ids are read as text: integers when they all are
+            try:
+                values = pc.cast(pc.utf8_trim_whitespace(values), pa.int64())
+            except pa.ArrowInvalid:
+                pass
         if not pa.types.is_integer(values.type):
             example = values[0].as_py() if len(values) else None
             raise UserError(
@@ -87,14 +93,20 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
     return table
 
 
-def read_user_table(path: str) -> pa.Table:
-    """A Parquet or CSV file (or a folder of Parquet parts), local or gs://, as an Arrow table."""
+def read_user_table(path: str, ids: tuple[str, ...] = ()) -> pa.Table:
+    """A Parquet or CSV file (or a folder of Parquet parts), local or gs://, as an Arrow table; a
+    CSV's `ids` columns read as text (an id such as 007 keeps its zeros)."""
     fs, inner = storage.filesystem(path)
     if not fs.exists(inner):
         raise FileNotFoundError(f"{path} does not exist")
     if inner.endswith(".csv"):
         with fs.open(inner, "rb") as handle:
-            return pacsv.read_csv(handle)
+            return pacsv.read_csv(
+                handle,
+                convert_options=pacsv.ConvertOptions(
+                    column_types=dict.fromkeys(ids, pa.string()), strings_can_be_null=True
+                ),
+            )
     try:
         return pq.read_table(inner, filesystem=fs)
     except pa.ArrowInvalid as exc:
@@ -112,6 +124,7 @@ class PublishedModel:
     popularity: np.ndarray | None = None  # the DP counts in catalog order (None: a publication without counts.parquet)
     feature_popularity: pa.Table | None = None  # mean DP count per feature value (trainer.feature_popularity)
     titles: pa.Table | None = None  # (item_id, title) of the catalog's titled items (None: the catalog has none)
+    item_keys: pa.Array | None = None  # the catalog's text ids, sorted: item id i is item_keys[i - 1] (None: integers)
 
     @classmethod
     def load(cls, path: str) -> PublishedModel:
@@ -160,7 +173,17 @@ class PublishedModel:
         means = storage.read_table(by_features) if storage.exists(by_features) else None
         titled = storage.join(path, TITLES)
         titles = storage.read_table(titled, columns=["item_id", "title"]) if storage.exists(titled) else None
-        return cls(path, item_ids, vectors, settings, popularity, means, titles)
+        keyed_by = storage.join(path, ITEM_KEYS)
+        keys = (
+            storage.read_table(keyed_by).sort_by("item_id")["item_key"].combine_chunks()
+            if storage.exists(keyed_by)
+            else None
+        )
+        return cls(path, item_ids, vectors, settings, popularity, means, titles, keys)
+
+    def key_of(self, item_ids: np.ndarray) -> np.ndarray:
+        """The catalog's text ids of `item_ids` (a publication with `item_keys`)."""
+        return np.asarray(self.item_keys.to_pylist(), object)[np.asarray(item_ids) - 1]
 
     def embed_new_items(self, items: pa.Table) -> np.ndarray:
         """Embeddings (float64, rows of `items`) of items from their public feature columns alone,
@@ -405,11 +428,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also recommend the items already in a user's history (by default they are "
         "left out, as the evaluation does)",
     )
-    parser.add_argument("--user-col", default="user_id", help="the history's user id column (default: %(default)s)")
+    parser.add_argument(
+        "--user-col",
+        default="user_id",
+        help="the history's user id column, any ids (the recommendations name it and its ids) (default: %(default)s)",
+    )
     parser.add_argument(
         "--item-col",
         default="item_id",
-        help="the item id column of the history and of --new-items (default: %(default)s)",
+        help="the item id column of the history and of --new-items: the catalog's ids, integers or text (the "
+        "recommendations name it and give the catalog's ids) (default: %(default)s)",
     )
     parser.add_argument(
         "--new-items",
@@ -418,12 +446,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        help="write the recommendations (user_id, rank, item_id, score) to this file, CSV or Parquet as its name ends "
-        "(.csv, .parquet), instead of printing them as CSV. The score: for a ratings model the predicted rating on "
-        "the model's "
-        "scale; for a ranking model u . v, whose order alone means something; for a user with no catalog item in the "
-        "history "
-        "(who gets the DP popularity ranking) the item's DP count",
+        help="write the recommendations (user, rank, item, score; the history's column names) to this file, CSV or "
+        "Parquet as its name ends (.csv, .parquet), instead of printing them as CSV. The score: for a ratings "
+        "model the predicted rating on the model's scale; for a ranking model u . v, whose order alone means "
+        "something; for a user with no catalog item in the history (who gets the DP popularity ranking) the "
+        "item's DP count",
     )
 
 
@@ -442,16 +469,74 @@ def _csv_field(text: str) -> str:
     return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
 
 
+def _text(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Ids as text: integers in decimal, text trimmed."""
+    return pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else pc.cast(values, pa.string())
+
+
+def _integer_like(values: pa.ChunkedArray) -> bool:
+    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+        return True
+    return bool(
+        pa.types.is_string(values.type) and pc.all(pc.match_substring_regex(_text(values), r"^[+-]?[0-9]+$")).as_py()
+    )
+
+
+def coded_users(table: pa.Table, column: str) -> tuple[pa.Table, pa.Array | None]:
+    """The history with text user ids replaced by int64 codes, and the distinct ids to map the codes
+    back (None: integer ids, kept as they are). The ids stay on this machine either way."""
+    if column not in table.column_names or table[column].null_count or _integer_like(table[column]):
+        return table, None  # `keyed` refuses a missing column or an empty id, naming them
+    distinct = pc.unique(table[column])
+    codes = pc.index_in(table[column], distinct).cast(pa.int64())
+    return table.set_column(table.column_names.index(column), column, codes), distinct
+
+
+def keyed_items(
+    table: pa.Table, column: str, keys: pa.Array | None, first: int = 1
+) -> tuple[pa.Table, pa.Array | None]:
+    """With a catalog of text ids (`keys`, sorted): the table's item column as the model's item ids
+    (id i is keys[i - 1]; an id outside the catalog: 0, ignored as any unknown item) and its text;
+    `first` > 1: the column holds new items, numbered from `first` instead."""
+    if keys is None or column not in table.column_names or table[column].null_count:
+        return table, None
+    text = _text(table[column])
+    if first > 1:
+        known = pc.is_in(text, keys)
+        if pc.any(known).as_py():
+            raise UserError(f"new item {text.filter(known)[0].as_py()!r} is already in the model's catalog")
+        ids = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
+    else:
+        ids = pc.fill_null(pc.add(pc.index_in(text, keys).cast(pa.int64()), 1), 0)
+    return table.set_column(table.column_names.index(column), column, ids), text.combine_chunks()
+
+
+def own_ids(table: pa.Table, users: pa.Array | None, keys: pa.Array | None, user_col: str, item_col: str) -> pa.Table:
+    """Recommendations in the history's own ids and column names."""
+    if users is not None:
+        table = table.set_column(0, "user_id", pc.take(users, table["user_id"]))
+    if keys is not None:
+        table = table.set_column(2, "item_id", pc.take(keys, pc.subtract(table["item_id"], 1)))
+    return table.rename_columns([user_col, "rank", item_col, *table.column_names[3:]])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith((".csv", ".parquet")):
         raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
-    history = keyed(read_user_table(args.history), args.history, {"user_id": args.user_col, "item_id": args.item_col})
-    new_items = None
+    history, users = coded_users(read_user_table(args.history, (args.user_col, args.item_col)), args.user_col)
+    history, _ = keyed_items(history, args.item_col, model.item_keys)
+    history = keyed(history, args.history, {"user_id": args.user_col, "item_id": args.item_col})
+    new_items, keys = None, model.item_keys
     if args.new_items:
-        new_items = keyed(read_user_table(args.new_items), args.new_items, {"item_id": args.item_col})
+        new_items = read_user_table(args.new_items, (args.item_col,))
+        if keys is not None:
+            new_items, added = keyed_items(new_items, args.item_col, keys, first=len(keys) + 1)
+            keys = pa.concat_arrays([keys, added]) if added is not None else keys
+        new_items = keyed(new_items, args.new_items, {"item_id": args.item_col})
         new_items = _bags_from_csv(new_items, model.settings.get("feature_families") or {})
     table = model.recommend(history, args.k, not args.include_seen, new_items, source=args.history)
+    table = own_ids(table, users, keys, args.user_col, args.item_col)
     if args.out:
         if args.out.endswith(".csv"):
             sink = io.BytesIO()
@@ -459,11 +544,16 @@ def run(args: argparse.Namespace) -> int:
             storage.StagedFile(sink.getvalue(), args.out).publish()
         else:
             storage.write_table_file(table, args.out)
-        print(f"wrote {table.num_rows} recommendations for {len(pc.unique(table['user_id']))} user(s) to {args.out}")
+        print(
+            f"wrote {table.num_rows} recommendations for {len(pc.unique(table[args.user_col]))} user(s) to {args.out}"
+        )
     else:
         titled = "title" in table.column_names
-        sys.stdout.write("user_id,rank,item_id,score" + (",title" if titled else "") + "\n")
+        sys.stdout.write(
+            f"{_csv_field(args.user_col)},rank,{_csv_field(args.item_col)},score" + (",title" if titled else "") + "\n"
+        )
         for row in table.to_pylist():
             title = "," + _csv_field(row["title"] or "") if titled else ""
-            sys.stdout.write(f"{row['user_id']},{row['rank']},{row['item_id']},{row['score']:.6g}{title}\n")
+            user, item = (_csv_field(str(row[name])) for name in (args.user_col, args.item_col))
+            sys.stdout.write(f"{user},{row['rank']},{item},{row['score']:.6g}{title}\n")
     return 0

@@ -12,11 +12,13 @@ Signatures (`export`):
   the predicted rating for a ratings model (clipped to its scale), a relative score for a ranking
   model. A user with no catalog item in the history gets the DP popularity ranking (score: the DP
   count). Where fewer than k items remain, the rest are id -1, score NaN. A ranking model takes the
-  history's positives (what the user chose); a ratings model's labels must lie on its scale.
+  history's positives; a ratings model's labels must lie on its scale.
 - `similar_items(item_ids: int64[n], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`:
   each item's k nearest catalog items by the cosine of their embeddings (the trained directions,
   not the bias pair or the popularity column), itself left out; an id outside the catalog gets a
   row of id -1, score NaN (the other rows are answered).
+
+A text catalog's ids are served as they are: strings in and out, "" in place of -1.
 
 Privacy: built from the publication alone (DP releases and public features); the history stays
 with the client.
@@ -43,7 +45,14 @@ class Recommender(tf.Module):
     """The publication's item vectors (with the popularity column, as trainer.recommend loads them)
     and its fold-in, as TensorFlow functions over batches of users."""
 
-    def __init__(self, item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity: np.ndarray | None):
+    def __init__(
+        self,
+        item_ids: np.ndarray,
+        vectors: np.ndarray,
+        settings: dict,
+        popularity: np.ndarray | None,
+        keys: np.ndarray | None = None,
+    ):
         super().__init__()
         if settings.get("loss") == "logistic":
             raise UserError(
@@ -64,17 +73,19 @@ class Recommender(tf.Module):
         ridge_kind = np.zeros(free.size)
         if self.biased and not self.fixed_bias:
             ridge_kind[-1] = 1.0  # the user's bias: its own fixed ridge
+        ids = (
+            np.asarray(item_ids, np.int64) if keys is None else np.asarray(keys, object).astype(str)
+        )  # a catalog with text ids is served in them
+        self.missing = tf.constant(-1, tf.int64) if keys is None else tf.constant("", tf.string)
         self.lookup = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(
-                tf.constant(item_ids, tf.int64), tf.range(item_ids.size, dtype=tf.int64)
-            ),
+            tf.lookup.KeyValueTensorInitializer(tf.constant(ids), tf.range(item_ids.size, dtype=tf.int64)),
             default_value=-1,
         )
 
         def constant(array):  # variables: no 2 GB graph limit
             return tf.Variable(np.asarray(array, np.float64), trainable=False)
 
-        self.item_ids = tf.Variable(np.asarray(item_ids, np.int64), trainable=False)
+        self.item_ids = tf.Variable(tf.constant(ids), trainable=False)
         self.vectors = constant(vectors)
         self.free_vectors = constant(vectors[:, free])
         self.item_bias = constant(vectors[:, -2] if self.biased else np.zeros(item_ids.size))
@@ -148,7 +159,7 @@ class Recommender(tf.Module):
         best, at = tf.math.top_k(scores, tf.minimum(k, n_items))  # ties: the lower catalog position first
         valid = best > -np.inf
         return {
-            "item_ids": tf.where(valid, tf.gather(self.item_ids, at), tf.constant(-1, tf.int64)),
+            "item_ids": tf.where(valid, tf.gather(self.item_ids, at), self.missing),
             "scores": tf.where(valid, tf.gather(shown, at, batch_dims=1), tf.constant(np.nan, tf.float64)),
         }
 
@@ -165,15 +176,24 @@ class Recommender(tf.Module):
         )
         best, at = tf.math.top_k(cosine, tf.minimum(k, n_items - 1))
         return {
-            "item_ids": tf.where(known[:, None], tf.gather(self.item_ids, at), tf.constant(-1, tf.int64)),
+            "item_ids": tf.where(known[:, None], tf.gather(self.item_ids, at), self.missing),
             "scores": tf.where(known[:, None], best, tf.constant(np.nan, tf.float64)),
         }
 
 
-def export(item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity: np.ndarray | None, path: str) -> None:
-    """Write the serving SavedModel (see the module docstring) at `path`, local or gs://, atomically."""
-    module = Recommender(item_ids, vectors, settings, popularity)
-    history = tf.TensorSpec([None, None], tf.int64, name="item_ids")
+def export(
+    item_ids: np.ndarray,
+    vectors: np.ndarray,
+    settings: dict,
+    popularity: np.ndarray | None,
+    path: str,
+    keys: np.ndarray | None = None,
+) -> None:
+    """Write the serving SavedModel (see the module docstring) at `path`, local or gs://, atomically;
+    with `keys` (each item's text id, in `item_ids`' order) the signatures take and return them."""
+    module = Recommender(item_ids, vectors, settings, popularity, keys)
+    id_type = tf.int64 if keys is None else tf.string
+    history = tf.TensorSpec([None, None], id_type, name="item_ids")
     k = tf.TensorSpec([], tf.int32, name="k")
     if module.ratings:
 
@@ -186,7 +206,7 @@ def export(item_ids: np.ndarray, vectors: np.ndarray, settings: dict, popularity
         def recommend(item_ids, k):
             return module.top_k(item_ids, tf.zeros(tf.shape(item_ids), tf.float64), k)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="item_ids"), k])
+    @tf.function(input_signature=[tf.TensorSpec([None], id_type, name="item_ids"), k])
     def similar_items(item_ids, k):
         return module.similar(item_ids, k)
 

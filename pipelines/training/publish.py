@@ -48,7 +48,7 @@ from privacy.seeds import SeedFile
 from schemas import storage
 from schemas.errors import UserError
 from trainer import feature_popularity
-from trainer.recommend import TITLES
+from trainer.recommend import ITEM_KEYS, TITLES
 
 PUBLISHED = "_PUBLISHED"
 TOLERANCE = 1e-9  # relative slack of the budget comparison, as the ledger's
@@ -266,6 +266,10 @@ def publish(run: Run, dest: str) -> dict:
         )  # the DP counts release: a ranking fold-in's column, a new user's ranking
         storage.StagedFile(privacy_report(run).encode(), storage.join(staging, "privacy.md")).publish()
         contents = ["counts.parquet", "encoder/", "item_embeddings.parquet", "model.json", "privacy.json", "privacy.md"]
+        keys = open_dataset(run.prepared()["prepared"]["data"]).item_keys
+        if keys is not None:  # a catalog with text ids: the map back to them (public, as the catalog)
+            _copy_table(keys, storage.join(staging, ITEM_KEYS))
+            contents.append(ITEM_KEYS)
         titles = catalog_titles(run)
         if titles.num_rows:  # public: the catalog's declared titles, shown beside recommendations
             storage.write_table(titles, storage.join(staging, TITLES))
@@ -286,6 +290,7 @@ def publish(run: Run, dest: str) -> dict:
                 model.settings,
                 model.popularity,
                 storage.join(staging, serving.SERVING_FOLDER),
+                None if model.item_keys is None else model.key_of(model.item_ids),
             )
             contents.append(serving.SERVING_FOLDER + "/")
         marker = {

@@ -265,12 +265,12 @@ def test_bad_histories_and_new_items_are_one_line_through_the_installed_command(
     one_error_line(
         installed_ssp("recommend", "--model", model, "--history", tmp_path / "header.csv"), "header.csv", "no rows"
     )
-    (tmp_path / "strings.csv").write_text("user_id,item_id,label\nann,10,4\n")
+    (tmp_path / "strings.csv").write_text("user_id,item_id,label\nann,sku-10,4\n")  # a catalog of integer ids
     one_error_line(
         installed_ssp("recommend", "--model", model, "--history", tmp_path / "strings.csv"),
         "strings.csv",
-        "'user_id'",
-        "'ann'",
+        "'item_id'",
+        "'sku-10'",
         "not integer ids",
     )
     (tmp_path / "scale.csv").write_text("user_id,item_id,label\n1,10,4\n1,20,40\n")
@@ -326,7 +326,7 @@ def test_own_column_names_csv_out_seen_items_and_a_new_user_through_the_installe
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "top.csv").read_text().splitlines() == [
-        '"user_id","rank","item_id","score"',
+        '"customer","rank","sku","score"',  # the history's own column names
         "7,1,30,3.5",
         "7,2,20,3",  # u = (0.5, 0): DP mean 3 + u . v, item 10 (seen) left out
         "8,1,20,9",
@@ -354,7 +354,7 @@ def test_own_column_names_csv_out_seen_items_and_a_new_user_through_the_installe
     )
     assert verbose.returncode == 0 and "items outside the catalog: 98, 99" in verbose.stderr
     assert verbose.stdout.splitlines() == [
-        "user_id,rank,item_id,score",
+        "customer,rank,sku,score",  # the history's own column names
         "7,1,10,3.5",
         "8,1,20,9",
     ]  # item 10 ties 30 at 3.5, the smaller id first
