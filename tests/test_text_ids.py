@@ -7,6 +7,7 @@ the raw log leaves every other user's ingested rows as they were."""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -66,6 +67,8 @@ def test_text_ids_train_publish_recommend_and_serve_in_the_users_own_ids(tmp_pat
     run, published = tmp_path / "run", tmp_path / "published"
     argv = ["train", "--data", str(data), "--out", str(run), "--protocol", "recall", "--epsilon", "8"]
     assert cli.main([*argv, "--engine", "local", "-q"]) == 0
+    shown = re.findall(r"<small>\(([^)]*)\)</small>", (run / "report.html").read_text())  # the examples' items
+    assert len(shown) >= 10 and set(shown) <= set(skus)  # named by the catalog's own ids
     assert cli.main(["publish", "--run", str(run), "--to", str(published)]) == 0
     assert (published / "item_keys.parquet").exists()
     (tmp_path / "history.csv").write_text(

@@ -116,6 +116,7 @@ def _write_report(
     run: Run, manifest: dict, config: TrainConfig, metrics: dict, space, item_vectors, popularity
 ) -> None:
     """RUN/report.html (pipelines.training.run_report), from the metrics just computed."""
+    from pipelines.data.datasets import open_dataset
     from pipelines.training import run_report
     from pipelines.training.publish import catalog_titles, public_settings
 
@@ -136,6 +137,8 @@ def _write_report(
         )
     )
     titles = catalog_titles(run)
+    keyed = open_dataset(prepared["data"]).item_keys
+    keys = storage.read_table(keyed) if keyed is not None else None
     page = run_report.render(
         run.root.rstrip("/").rsplit("/", 1)[-1],
         metrics,
@@ -143,6 +146,7 @@ def _write_report(
         public_settings(run, manifest, ("dpsgd_clip",)),
         examples,
         dict(zip(titles["item_id"].to_pylist(), titles["title"].to_pylist(), strict=True)),
+        None if keys is None else dict(zip(keys["item_id"].to_pylist(), keys["item_key"].to_pylist(), strict=True)),
     )
     storage.StagedFile(page.encode(), run.path("report.html")).publish()
 

@@ -162,7 +162,7 @@ def _budget(ledger: Ledger, settings: dict, non_private: bool) -> list[str]:
     ]
 
 
-def _examples(examples: list[dict], titles: dict, ratings: bool) -> list[str]:
+def _examples(examples: list[dict], titles: dict, ratings: bool, keys: dict) -> list[str]:
     out = ["<h2>Example recommendations</h2>"]
     if not examples:
         return out + ["<p>No held-out user to show.</p>"]
@@ -170,8 +170,8 @@ def _examples(examples: list[dict], titles: dict, ratings: bool) -> list[str]:
     out.append(f'<p class="note">Held-out test users; <span class="hit">&#10003;</span> marks {held}.</p>')
 
     def name(item) -> str:
-        title = titles.get(item)
-        return f"{_e(title)} <small>({_e(item)})</small>" if title is not None else f"item {_e(item)}"
+        title, key = titles.get(item), keys.get(item, item)
+        return f"{_e(title)} <small>({_e(key)})</small>" if title is not None else f"item {_e(key)}"
 
     for example in examples:
         seen = ", ".join(
@@ -208,9 +208,18 @@ def _plain_words(metrics: dict, ledger: Ledger) -> list[str]:
     ]
 
 
-def render(run_name: str, metrics: dict, ledger: Ledger, settings: dict, examples: list[dict], titles: dict) -> str:
+def render(
+    run_name: str,
+    metrics: dict,
+    ledger: Ledger,
+    settings: dict,
+    examples: list[dict],
+    titles: dict,
+    keys: dict | None = None,
+) -> str:
     """The page, from the run's metrics.json contents, ledger, public settings (privacy.report's),
-    example recommendations (evaluation.example_recommendations) and the catalog's titles by item id."""
+    example recommendations (evaluation.example_recommendations), the catalog's titles by item id
+    and, for a catalog with text ids, its keys by item id."""
     guarantee = (
         "non-private"
         if metrics["non_private"]
@@ -222,7 +231,7 @@ def render(run_name: str, metrics: dict, ledger: Ledger, settings: dict, example
         "Private to the run's operator: built from held-out user data.</p>",
         *_quality(metrics),
         *_budget(ledger, settings, metrics["non_private"]),
-        *_examples(examples, titles, metrics["protocol"] == "rmse"),
+        *_examples(examples, titles, metrics["protocol"] == "rmse", keys or {}),
         *_plain_words(metrics, ledger),
     ]
     return (
