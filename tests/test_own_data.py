@@ -440,3 +440,68 @@ def test_a_new_item_whose_number_feature_is_not_a_number_is_one_line_naming_its_
     assert done.stderr.strip().splitlines() == [
         "ssp recommend: error: the new items' 'price' column is a number feature, but row 2 holds 'cheap'"
     ]
+
+
+COUNTS_CLIENT = """
+import json, sys
+import tensorflow as tf
+histories = json.load(open(sys.argv[2]))
+model = tf.saved_model.load(sys.argv[1])
+width = max(len(items) for items, _ in histories.values())
+items = [row + [-1] * (width - len(row)) for row, _ in histories.values()]
+counts = [row + [1.0] * (width - len(row)) for _, row in histories.values()]
+with_counts = model.signatures["recommend_with_counts"](
+    item_ids=tf.constant(items, tf.int64), counts=tf.constant(counts, tf.float32), k=tf.constant(10)
+)
+once = model.signatures["recommend"](item_ids=tf.constant(items, tf.int64), k=tf.constant(10))
+json.dump([dict(zip(histories, out["item_ids"].numpy().tolist())) for out in (with_counts, once)], sys.stdout)
+"""
+
+
+def test_repeated_plays_weigh_the_same_in_the_serving_signature_as_in_ssp_recommend(published, tmp_path):
+    """A history of one row per play (`ssp recommend` sums a pair's rows into its count) and the same
+    history given once per item with its count to `recommend_with_counts` get the same top 10; the
+    counts matter (`recommend`, each item once, ranks some users otherwise)."""
+    root, _ = published
+    history = storage.read_table(str(root / "run" / "private" / "split" / "test_history.parquet"))
+    users, items = history["user_id"].to_numpy(), history["item_id"].to_numpy()
+    plays = {}
+    for user in np.unique(users):
+        mine = items[users == user]
+        plays[str(user)] = (
+            mine.tolist(),
+            [1.0 + 6.0 * (position == 0) + 2.0 * (position == 1) for position in range(mine.size)],
+        )
+    rows = [
+        (int(user), item)
+        for user, (mine, counts) in plays.items()
+        for item, n in zip(mine, counts, strict=True)
+        for _ in range(int(n))
+    ]
+    pq.write_table(
+        pa.table({"customer": [u for u, _ in rows], "product": [i for _, i in rows]}), tmp_path / "plays.parquet"
+    )
+    ssp = Path(sys.executable).with_name("ssp")
+    done = subprocess.run(
+        [str(ssp), "recommend", "--model", str(root / "published"), "--history", str(tmp_path / "plays.parquet")]
+        + ["--user-col", "customer", "--item-col", "product", "--k", "10", "--out", str(tmp_path / "top.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    top = pa.csv.read_csv(tmp_path / "top.csv")
+    (tmp_path / "plays.json").write_text(json.dumps(plays))
+    served = subprocess.run(
+        [sys.executable, "-c", COUNTS_CLIENT, str(root / "published" / "recommender"), str(tmp_path / "plays.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    with_counts, once = json.loads(served.stdout)
+    assert len(with_counts) == len(plays) > 20
+    for user, items in with_counts.items():
+        assert items == top.filter(pa.compute.equal(top["customer"], int(user)))["product"].to_pylist(), user
+    assert any(once[user] != with_counts[user] for user in plays)

@@ -13,6 +13,9 @@ Signatures (`export`):
   model. A user with no catalog item in the history gets the DP popularity ranking (score: the DP
   count). Where fewer than k items remain, the rest are id -1, score NaN. A ranking model takes the
   history's positives; a ratings model's labels must lie on its scale.
+- `recommend_with_counts(item_ids, counts: float32[n, L], k)` (an implicit-feedback model): each
+  item of a history once, with how many times the user met it; each weighs its confidence, as
+  `ssp recommend` weighs repeated rows (`recommend` counts each item once).
 - `similar_items(item_ids: int64[n], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`:
   each item's k nearest catalog items by the cosine of their embeddings (the trained directions,
   not the bias pair or the popularity column), itself left out; an id outside the catalog gets a
@@ -68,6 +71,9 @@ class Recommender(tf.Module):
             else np.zeros((vectors.shape[1],) * 2)
         )
         self.ratings = settings["protocol"] == "rmse"
+        alpha = None if self.ratings else settings.get("confidence_alpha")  # implicit feedback: a count's confidence
+        self.counted = alpha is not None
+        self.alpha = float(alpha or 0.0)
         self.biased = bias_ridge is not None
         self.fixed_bias = bias_ridge is not None and np.isinf(bias_ridge)
         ridge_kind = np.zeros(free.size)
@@ -102,10 +108,16 @@ class Recommender(tf.Module):
         self.unit_embeddings = constant(unit)
 
     def fold_in(self, positions: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """(user vectors [n, D] as the item vectors' layout expects, whether the user had a catalog item [n])."""
+        """(user vectors [n, D] as the item vectors' layout expects, whether the user had a catalog item [n]);
+        a ranking model's `labels` are the items' counts (1: once), each row weighing its confidence."""
         known = positions >= 0
         mask = tf.cast(known, tf.float64)
-        rows = tf.gather(self.free_vectors, tf.maximum(positions, 0)) * mask[..., None]
+        if self.ratings or not self.counted:
+            weight = tf.ones_like(labels)
+        else:  # trainer.solve.confidence: (1 + alpha log(1 + count)) / (1 + alpha log 2)
+            weight = (1.0 + self.alpha * tf.math.log1p(labels)) / (1.0 + self.alpha * np.log(2.0))
+        mask_rows = mask * tf.sqrt(weight)
+        rows = tf.gather(self.free_vectors, tf.maximum(positions, 0)) * mask_rows[..., None]
         targets = (labels - self.dp_mean if self.ratings else tf.ones_like(labels)) - tf.gather(
             self.item_bias, tf.maximum(positions, 0)
         )
@@ -113,7 +125,7 @@ class Recommender(tf.Module):
         strength = self.prior + self.lam * count
         ridge = (1.0 - self.ridge_kind) * strength[:, None] + self.ridge_kind * self.bias_ridge
         gram = tf.einsum("bli,blj->bij", rows, rows) + tf.linalg.diag(ridge) + self.gravity
-        rhs = tf.einsum("bli,bl->bi", rows, targets * mask) + self.gravity_rhs
+        rhs = tf.einsum("bli,bl->bi", rows, targets * mask_rows) + self.gravity_rhs
         solved = tf.linalg.solve(gram, rhs[..., None])[..., 0]
         ones = tf.ones_like(solved[:, :1])
         if self.fixed_bias:  # [u, 1, 0]: every user's bias held at 0
@@ -124,6 +136,13 @@ class Recommender(tf.Module):
 
     def top_k(self, item_ids: tf.Tensor, labels: tf.Tensor, k: tf.Tensor) -> dict:
         positions = self.lookup.lookup(item_ids)
+        if not self.ratings:  # counts: at least 1 each
+            given = tf.boolean_mask(labels, positions >= 0)
+            check = tf.debugging.Assert(
+                tf.reduce_all(given >= 1.0), ["a count below 1:", tf.boolean_mask(given, given < 1.0)], summarize=10
+            )
+            with tf.control_dependencies([check]):
+                labels = tf.identity(labels)
         if self.ratings:
             given = tf.boolean_mask(labels, positions >= 0)
             check = tf.debugging.Assert(
@@ -195,6 +214,7 @@ def export(
     id_type = tf.int64 if keys is None else tf.string
     history = tf.TensorSpec([None, None], id_type, name="item_ids")
     k = tf.TensorSpec([], tf.int32, name="k")
+    signatures = {}
     if module.ratings:
 
         @tf.function(input_signature=[history, tf.TensorSpec([None, None], tf.float32, name="labels"), k])
@@ -204,7 +224,13 @@ def export(
 
         @tf.function(input_signature=[history, k])
         def recommend(item_ids, k):
-            return module.top_k(item_ids, tf.zeros(tf.shape(item_ids), tf.float64), k)
+            return module.top_k(item_ids, tf.ones(tf.shape(item_ids), tf.float64), k)
+
+        @tf.function(input_signature=[history, tf.TensorSpec([None, None], tf.float32, name="counts"), k])
+        def recommend_with_counts(item_ids, counts, k):
+            return module.top_k(item_ids, tf.cast(counts, tf.float64), k)
+
+        signatures["recommend_with_counts"] = recommend_with_counts
 
     @tf.function(input_signature=[tf.TensorSpec([None], id_type, name="item_ids"), k])
     def similar_items(item_ids, k):
@@ -215,5 +241,10 @@ def export(
         tf.saved_model.save(
             module,
             local,
-            signatures={"recommend": recommend, "similar_items": similar_items, "serving_default": recommend},
+            signatures={
+                "recommend": recommend,
+                "similar_items": similar_items,
+                "serving_default": recommend,
+                **signatures,
+            },
         )

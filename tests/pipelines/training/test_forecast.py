@@ -67,9 +67,23 @@ def test_the_forecast_warns_when_the_requested_epsilon_is_at_or_below_the_baseli
         (["--plan", "--forecast-users", "0"], "--forecast-users: must be a positive integer"),
     ],
 )
-def test_misplaced_forecast_flags_are_one_line_from_the_installed_command(tmp_path, flags, message):
+def test_misplaced_forecast_flags_are_one_line(tmp_path, capsys, flags, message):
+    """Each refusal in this process (nothing printed on stdout: the plan too is refused; argparse's
+    own refusal exits)."""
+    try:
+        code = cli.main(["train", *[str(tmp_path) if flag == "DATA" else flag for flag in flags]])
+    except SystemExit as exit:
+        code = exit.code
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err.strip().splitlines()[-1]
+
+
+def test_a_misplaced_forecast_flag_is_one_line_from_the_installed_command():
     installed = os.path.join(os.path.dirname(sys.executable), "ssp")
-    argv = [installed, "train", *[str(tmp_path) if flag == "DATA" else flag for flag in flags]]
+    argv = [installed, "train", "--plan", "--protocol", "rmse", "--forecast-users", "300", "--forecast-like", "plays"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert message in result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ssp train: error: --forecast-like plays is a play log (implicit feedback): forecast it with --protocol recall"
+    )
