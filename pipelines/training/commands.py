@@ -154,6 +154,17 @@ def check_data(args: argparse.Namespace) -> None:
         )
 
 
+# The run's own resources, never a forecast's: its data source, seed file and budget account.
+NOT_FORECAST = (
+    "data_source",
+    "shares_users_with",
+    "seed_file",
+    "budget_account",
+    "account_cap",
+    "account_window_days",
+)
+
+
 def check_forecast(args: argparse.Namespace, config: TrainConfig) -> None:
     """The forecast flags' refusals (pipelines.training.forecast.checked), before the plan prints."""
     from pipelines.training import forecast
@@ -173,15 +184,11 @@ def forecast_of(args: argparse.Namespace, config: TrainConfig, catalog: int | No
     from pipelines.training import forecast
 
     def config_at(epsilon: float, data: str, out: str) -> TrainConfig:
+        own = {"epsilon": epsilon, "data": data, "out": out, "engine": "local", **dict.fromkeys(NOT_FORECAST)}
         at = copy.copy(args)
-        at.epsilon, at.data, at.out, at.engine, at.data_source, at.shares_users_with = (
-            epsilon,
-            data,
-            out,
-            "local",
-            None,
-            None,
-        )
+        for name, value in own.items():
+            setattr(at, name, value)
+        at.explicit = set(getattr(args, "explicit", set())) | set(own)  # over a --config file's settings too
         return config_from_args(at)
 
     logs.log(f"forecast: a synthetic log of {args.forecast_users:,} users, 3 runs (this takes a while)")

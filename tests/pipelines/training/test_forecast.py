@@ -21,6 +21,10 @@ def test_a_forecast_runs_the_pipeline_on_a_synthetic_log_and_spends_nothing(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the forecast's folder goes, to see it removed
     monkeypatch.chdir(tmp_path)
     argv = ["train", "--plan", "--epsilon", "4", "--forecast-users", "300", "--forecast-history", "20"]
+    own = tmp_path.parent / f"{tmp_path.name}-own"  # the operator's: a --config file naming data and out, a seed
+    own.mkdir()
+    (own / "run.toml").write_text(f'data = "{own / "data"}"\nout = "{own / "run"}"\n')
+    argv += ["--config", str(own / "run.toml"), "--seed-file", str(own / "seed")]
     assert cli.main([*argv, "--forecast-like", "movielens"]) == 0
     out = capsys.readouterr().out
     rows = re.findall(r"^\| (\S+) \| (\d+) \((\d+)%\) \| (\S+) \| (\S+) \| (\S+) \|$", out, re.MULTILINE)
@@ -30,7 +34,7 @@ def test_a_forecast_runs_the_pipeline_on_a_synthetic_log_and_spends_nothing(
         assert float(gap) == pytest.approx(float(model) - float(baseline), abs=2e-4)
     assert "a synthetic movielens log of 300 users" in out
     assert not [name for name in os.listdir(tmp_path) if name.startswith("ssp-forecast-")]  # TensorFlow's are its own
-    assert os.listdir(budget_account_registry) == []
+    assert os.listdir(budget_account_registry) == [] and sorted(os.listdir(own)) == ["run.toml"]
 
 
 def test_the_forecast_warns_when_the_requested_epsilon_is_at_or_below_the_baseline():
