@@ -23,7 +23,7 @@ if [ -z "$java_major" ] || [ "$java_major" -lt 17 ]; then
   exit 1
 fi
 
-if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1; then  # the report page's test opens it headless
+if [ "${1:-}" = "--tests" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then  # the report page's test opens it headless
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing Debian's chromium for the tests (about a minute)..." >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -26,6 +26,7 @@ import argparse
 import io
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,13 +76,11 @@ def keyed(table: pa.Table, source: str, columns: dict[str, str]) -> pa.Table:
             raise UserError(
                 f"{source}: row {pc.index(pc.is_null(values), True).as_py() + 1} has no {column} (an empty value)"
             )
+        trimmed = pc.utf8_trim_whitespace(values) if pa.types.is_string(values.type) else None
+        if trimmed is not None and pc.all(pc.match_substring_regex(trimmed, r"^[+-]?[0-9]+(\.0*)?$")).as_py():
+            values = pc.cast(trimmed, pa.float64() if pc.any(pc.match_substring(trimmed, ".")).as_py() else pa.int64())
         if pa.types.is_floating(values.type) and pc.all(pc.equal(pc.floor(values), values)).as_py() is not False:
             values = pc.cast(values, pa.int64())
-        if pa.types.is_string(values.type):  # a CSV's ids are read as text: integers when they all are
-            try:
-                values = pc.cast(pc.utf8_trim_whitespace(values), pa.int64())
-            except pa.ArrowInvalid:
-                pass
         if not pa.types.is_integer(values.type):
             example = values[0].as_py() if len(values) else None
             raise UserError(
@@ -104,7 +103,7 @@ def read_user_table(path: str, ids: tuple[str, ...] = ()) -> pa.Table:
             return pacsv.read_csv(
                 handle,
                 convert_options=pacsv.ConvertOptions(
-                    column_types=dict.fromkeys(ids, pa.string()), strings_can_be_null=True
+                    column_types=dict.fromkeys(ids, pa.string()), strings_can_be_null=True, null_values=[""]
                 ),
             )
     try:
@@ -270,6 +269,7 @@ class PublishedModel:
         exclude_seen: bool = True,
         new_items: pa.Table | None = None,
         source: str = "the history",
+        names: Callable[[np.ndarray], list] = list,
     ) -> pa.Table:
         """The top-k items (RECOMMENDATIONS: user_id, rank from 1, item_id, score) of every user in
         `history` (columns user_id, item_id and, for a regression model or explicit feedback, label;
@@ -280,7 +280,7 @@ class PublishedModel:
         history. History items missing from the catalog are ignored and counted on stderr (listed
         with -v); a user left with nothing to fold in gets the DP popularity ranking. A ratings
         model refuses a label outside its rating scale. `new_items` (item_id and the feature
-        columns) are embedded and ranked too."""
+        columns) are embedded and ranked too. `names`: the user's own ids of item ids, for messages."""
         if k < 1:
             raise UserError(f"--k must be a positive number of items, got {k}")
         history = keyed(history, source, {"user_id": "user_id", "item_id": "item_id"})
@@ -295,7 +295,7 @@ class PublishedModel:
                 f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
                 + ("" if LOGGER.isEnabledFor(logging.DEBUG) else " (-v lists them)")
             )
-            LOGGER.debug(f"items outside the catalog: {', '.join(map(str, unknown))}")
+            LOGGER.debug(f"items outside the catalog: {', '.join(map(str, names(unknown)))}")
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
@@ -475,11 +475,16 @@ def _text(values: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _integer_like(values: pa.ChunkedArray) -> bool:
-    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+    """Whether ids are integers: an integer or whole-float column, or text that reads as int64 and
+    back unchanged (007, or an id beyond 64 bits, stays text)."""
+    if pa.types.is_integer(values.type):
         return True
-    return bool(
-        pa.types.is_string(values.type) and pc.all(pc.match_substring_regex(_text(values), r"^[+-]?[0-9]+$")).as_py()
-    )
+    if pa.types.is_floating(values.type):
+        return pc.all(pc.equal(pc.floor(values), values)).as_py() is not False
+    try:
+        return pc.all(pc.equal(pc.cast(pc.cast(_text(values), pa.int64()), pa.string()), _text(values))).as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
 
 
 def coded_users(table: pa.Table, column: str) -> tuple[pa.Table, pa.Array | None]:
@@ -487,8 +492,9 @@ def coded_users(table: pa.Table, column: str) -> tuple[pa.Table, pa.Array | None
     back (None: integer ids, kept as they are). The ids stay on this machine either way."""
     if column not in table.column_names or table[column].null_count or _integer_like(table[column]):
         return table, None  # `keyed` refuses a missing column or an empty id, naming them
-    distinct = pc.unique(table[column])
-    codes = pc.index_in(table[column], distinct).cast(pa.int64())
+    text = _text(table[column])  # trimmed, as ingest trims them
+    distinct = pc.unique(text)
+    codes = pc.index_in(text, distinct).cast(pa.int64())
     return table.set_column(table.column_names.index(column), column, codes), distinct
 
 
@@ -506,8 +512,10 @@ def keyed_items(
         if pc.any(known).as_py():
             raise UserError(f"new item {text.filter(known)[0].as_py()!r} is already in the model's catalog")
         ids = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
-    else:
-        ids = pc.fill_null(pc.add(pc.index_in(text, keys).cast(pa.int64()), 1), 0)
+    else:  # an id outside the catalog: -1, -2, ... by distinct key (ignored as any unknown item, counted apart)
+        ids = pc.add(pc.index_in(text, keys).cast(pa.int64()), 1)
+        unknown = pc.unique(text.filter(pc.is_null(ids)))
+        ids = pc.fill_null(ids, pc.negate(pc.add(pc.index_in(text, unknown).cast(pa.int64()), 1)))
     return table.set_column(table.column_names.index(column), column, ids), text.combine_chunks()
 
 
@@ -525,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
     history, users = coded_users(read_user_table(args.history, (args.user_col, args.item_col)), args.user_col)
-    history, _ = keyed_items(history, args.item_col, model.item_keys)
+    history, given = keyed_items(history, args.item_col, model.item_keys)
     history = keyed(history, args.history, {"user_id": args.user_col, "item_id": args.item_col})
     new_items, keys = None, model.item_keys
     if args.new_items:
@@ -535,7 +543,14 @@ def run(args: argparse.Namespace) -> int:
             keys = pa.concat_arrays([keys, added]) if added is not None else keys
         new_items = keyed(new_items, args.new_items, {"item_id": args.item_col})
         new_items = _bags_from_csv(new_items, model.settings.get("feature_families") or {})
-    table = model.recommend(history, args.k, not args.include_seen, new_items, source=args.history)
+    ids = history["item_id"].to_numpy()
+
+    def names(unknown: np.ndarray) -> list:  # a text catalog's ids as the history wrote them
+        return (
+            list(unknown) if given is None else [given[int(np.flatnonzero(ids == item)[0])].as_py() for item in unknown]
+        )
+
+    table = model.recommend(history, args.k, not args.include_seen, new_items, source=args.history, names=names)
     table = own_ids(table, users, keys, args.user_col, args.item_col)
     if args.out:
         if args.out.endswith(".csv"):

@@ -13,9 +13,8 @@ Signatures (`export`):
   model. A user with no catalog item in the history gets the DP popularity ranking (score: the DP
   count). Where fewer than k items remain, the rest are id -1, score NaN. A ranking model takes the
   history's positives; a ratings model's labels must lie on its scale.
-- `recommend_with_counts(item_ids, counts: float32[n, L], k)` (an implicit-feedback model): each
-  item of a history once, with how many times the user met it; each weighs its confidence, as
-  `ssp recommend` weighs repeated rows (`recommend` counts each item once).
+- `recommend_with_counts(item_ids, counts: float32[n, L], k)` (implicit feedback): each history
+  item once with its count, weighed as `ssp recommend` weighs repeated rows.
 - `similar_items(item_ids: int64[n], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`:
   each item's k nearest catalog items by the cosine of their embeddings (the trained directions,
   not the bias pair or the popularity column), itself left out; an id outside the catalog gets a
@@ -226,11 +225,13 @@ def export(
         def recommend(item_ids, k):
             return module.top_k(item_ids, tf.ones(tf.shape(item_ids), tf.float64), k)
 
-        @tf.function(input_signature=[history, tf.TensorSpec([None, None], tf.float32, name="counts"), k])
-        def recommend_with_counts(item_ids, counts, k):
-            return module.top_k(item_ids, tf.cast(counts, tf.float64), k)
+        if module.counted:  # implicit feedback: an item's count weighs its confidence
 
-        signatures["recommend_with_counts"] = recommend_with_counts
+            @tf.function(input_signature=[history, tf.TensorSpec([None, None], tf.float32, name="counts"), k])
+            def recommend_with_counts(item_ids, counts, k):
+                return module.top_k(item_ids, tf.cast(counts, tf.float64), k)
+
+            signatures["recommend_with_counts"] = recommend_with_counts
 
     @tf.function(input_signature=[tf.TensorSpec([None], id_type, name="item_ids"), k])
     def similar_items(item_ids, k):

@@ -106,7 +106,7 @@ def require_dataset_target(out: str) -> None:
         if {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
             return
     elif all(
-        name in (ITEMS_TABLE, INTERACTIONS_TABLE, storage.PRIVATE_MARK) or ".tmp-" in name
+        name in (ITEMS_TABLE, INTERACTIONS_TABLE, ITEM_KEYS_TABLE, storage.PRIVATE_MARK) or ".tmp-" in name
         for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))
     ):
         # a data set's write that was killed: its private mark, tables or staging, no manifest yet (the next

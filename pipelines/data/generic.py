@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -51,7 +52,7 @@ BAG_SEPARATOR = "|"
 UNKNOWN_ITEM_POLICIES = ("fail", "drop")
 RESERVED = ("item_id", "title")  # the canonical items columns: no feature family may take their names
 BATCH_SIZE = 1 << 16
-DECIMAL = re.compile(r"[+-]?[0-9]+")  # a text id that is an integer
+DECIMAL = r"^[+-]?[0-9]+$"  # a text id that is an integer
 _TO_SECONDS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 
@@ -228,6 +229,13 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
         )
     if text:
         column = pc.utf8_trim_whitespace(column)
+        decimal = pc.match_substring_regex(column, DECIMAL).to_numpy(zero_copy_only=False)
+        if not decimal.all():  # Arrow's cast would also read 0x10: an id is read one way, whatever the batch
+            row = int(np.flatnonzero(~decimal)[0])
+            raise IngestError(
+                f"{part.at(row)}: column {name!r} holds {column[row].as_py()!r}; ids must be integers that fit in "
+                "64 bits (or text)"
+            )
     try:
         return column.cast(pa.int64())
     except pa.ArrowInvalid:
@@ -259,7 +267,11 @@ def _text_ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
             f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is "
             "empty; every row needs an id"
         )
-    return pc.utf8_trim_whitespace(column) if part.csv else column
+    column = pc.utf8_trim_whitespace(column) if part.csv else column
+    blank = pc.equal(column, "").to_numpy(zero_copy_only=False)
+    if blank.any():
+        raise IngestError(f"{part.at(_first(blank))}: column {name!r} is empty; every row needs an id")
+    return column
 
 
 def user_key_id(key: str) -> int:
@@ -281,7 +293,7 @@ def _user_ids(column: pa.Array, name: str, part: _Part) -> tuple[pa.Array, bool]
     text = _text_ids(column, name, part)
     distinct = pc.unique(text)
     values = [
-        int(key) if DECIMAL.fullmatch(key) and -(2**63) <= int(key) < 2**63 else user_key_id(key)
+        int(key) if re.fullmatch(DECIMAL, key) and -(2**63) <= int(key) < 2**63 else user_key_id(key)
         for key in distinct.to_pylist()
     ]
     return pa.array(np.array(values, np.int64)[pc.index_in(text, distinct).to_numpy()]), True
@@ -544,10 +556,11 @@ def _catalog_ids(chunks: list[tuple[_Part, pa.Array]], name: str, catalog: str) 
     an integer) numbered 1..m in their sorted order, the catalog being public."""
     try:
         return pa.chunked_array([_ids(column, name, part) for part, column in chunks], pa.int64()), None
-    except IngestError:
+    except IngestError as why:
         if not all(_is_text(_decoded(column).type) for _, column in chunks):
             raise
         text = pa.chunked_array([_text_ids(column, name, part) for part, column in chunks], pa.string())
+        logs.log(f"{catalog}: item ids read as text keys, numbered in their sorted order ({why})")
     keys = pc.unique(text).sort()
     if len(keys) < len(text):
         counts = pc.value_counts(text)
@@ -556,17 +569,12 @@ def _catalog_ids(chunks: list[tuple[_Part, pa.Array]], name: str, catalog: str) 
     return pc.add(pc.index_in(text, keys).cast(pa.int64()), 1), keys
 
 
-def read_catalog(catalog: str, columns: Columns, features: dict[str, str] | str) -> pa.Table:
-    """The items table from a catalog table: ids, titles (null without a title column) and the
-    declared feature columns, one item per catalog row."""
-    return read_keyed_catalog(catalog, columns, features)[0]
-
-
 def read_keyed_catalog(
     catalog: str, columns: Columns, features: dict[str, str] | str
 ) -> tuple[pa.Table, pa.Array | None]:
-    """`read_catalog`'s items table, and the sorted text keys of a catalog whose ids are text (item
-    id i is keys[i - 1]; None for integer ids)."""
+    """The items table from a catalog table (ids, titles, null without a title column, and the
+    declared feature columns, one item per catalog row), and the sorted text keys of a catalog
+    whose ids are text (item id i is keys[i - 1]; None for integer ids)."""
     features = _declared(features)
     wanted = [columns.item] + ([columns.title] if columns.title else []) + list(features)
     ids, titles, raw = [], [], {name: [] for name in features}
@@ -620,6 +628,7 @@ def iter_interactions(
     there (an unknown key: item id 0). `seen` collects whether a user id was text ("text_users") and
     the distinct unknown item keys met ("unknown_keys")."""
     seen = {} if seen is None else seen
+    lookup = None if item_keys is None else pd.Index(item_keys.to_numpy(zero_copy_only=False))  # hashed once
     seen.setdefault("text_users", False)
     seen.setdefault("unknown_keys", set())
     names = {
@@ -635,11 +644,11 @@ def iter_interactions(
         if item_keys is None:
             items = _ids(batch.column(columns.item), columns.item, part)
         else:
-            keys = _text_ids(batch.column(columns.item), columns.item, part)
-            positions = pc.index_in(keys, item_keys)
-            if positions.null_count:
-                seen["unknown_keys"].update(pc.unique(keys.filter(positions.is_null())).to_pylist())
-            items = pc.fill_null(pc.add(positions.cast(pa.int64()), 1), 0)
+            keys = _text_ids(batch.column(columns.item), columns.item, part).to_numpy(zero_copy_only=False)
+            positions = lookup.get_indexer(keys)  # -1: not in the catalog
+            if (positions < 0).any():
+                seen["unknown_keys"].update(np.unique(keys[positions < 0]).tolist())
+            items = pa.array(np.where(positions >= 0, positions + 1, 0))
         table = pa.table(
             {
                 "user_id": users,

@@ -403,7 +403,8 @@ def pinned(options: PipelineOptions | None) -> PipelineOptions:
     download at run time and, where it succeeds, another engine than the one tested."""
     options = options or PipelineOptions([])
     standard = options.view_as(StandardOptions)
-    if standard.runner in (None, "DirectRunner", "SwitchingDirectRunner"):
+    named = str(standard.runner or "direct").rsplit(".", 1)[-1].lower().removesuffix("runner")
+    if named in ("direct", "switchingdirect"):
         standard.runner = LOCAL_RUNNER
     return options
 

@@ -102,13 +102,13 @@ def evaluate(run: Run, metrics_at: tuple[int, ...] = ()) -> dict:
         [run.step(s) for s in range(1, config.outer_steps + 1)], run.path("tensorboard", "run"), final
     )
     storage.write_json(metrics, run.path("metrics.json"))
-    _write_report(run, manifest, config, metrics, space, item_vectors, popularity)
     if not config.non_private:  # the report of what the run released (a non-private run has no guarantee to report)
         from pipelines.training.publish import privacy_report
 
         storage.StagedFile(privacy_report(run).encode(), run.path("privacy.md")).publish()
     manifest["status"] = "done"
     run.write_manifest(manifest)
+    _write_report(run, manifest, config, metrics, space, item_vectors, popularity)  # the run is whole before it
     return metrics
 
 
@@ -176,6 +176,7 @@ def example_recommendations(
         scores = scores.copy()
         scores[space.index_of(mine["item_id"].to_numpy())] = -np.inf  # the history is never recommended
         order = np.argsort(-scores, kind="stable")[:k]
+        order = order[np.isfinite(scores[order])]  # fewer than k items outside the history: those only
         return {
             "history": list(zip(mine.item_id.tolist(), mine.label.tolist(), strict=True)),
             "recommended": [

@@ -237,6 +237,12 @@ def test_ids_are_integers_or_text_each_user_id_by_itself(tables, tmp_path):
         generic.ingest(alone, catalog, str(tmp_path / "alone"), FEATURES, columns=columns).interactions
     )
     assert sorted(together["user_id"].to_pylist()) == [1, 7]
+    hexadecimal = write_csv(tmp_path / "hex.csv", "customer,product\n0x10,100\n")  # alone: text, as beside text
+    alone = generic.ingest(hexadecimal, catalog, str(tmp_path / "hex"), FEATURES, columns=columns)
+    assert storage.read_table(alone.interactions)["user_id"].to_pylist() == [generic.user_key_id("0x10")]
+    blank = write_csv(tmp_path / "blank.csv", "customer,product\nann,100\n   ,100\n")
+    with pytest.raises(IngestError, match=r"blank.csv, row 2: column 'customer' is empty"):
+        generic.ingest(blank, catalog, str(tmp_path / "out"), FEATURES, columns=columns)
     floats = tmp_path / "floats.parquet"
     pq.write_table(pa.table({"customer": [1], "product": [100.0]}), floats)
     with pytest.raises(IngestError, match=r"column 'product' has type double; ids must be integers or text"):
@@ -355,9 +361,9 @@ def test_values_and_numbers_read_the_same_from_csv_and_parquet(tmp_path):
         {"item_id": 40, "title": None, "price": None, "size": "11.5", "brand": None},
     ]
     for catalog in (csv, str(parquet)):
-        items = generic.read_catalog(catalog, columns, "price:number,size:value,brand:value")
+        items = generic.read_keyed_catalog(catalog, columns, "price:number,size:value,brand:value")[0]
         assert rows(items) == expected and items.schema.field("price").type == pa.float64(), catalog
-    assert generic.read_catalog(whole, columns, "size:value")["size"].to_pylist() == [9, 10]
+    assert generic.read_keyed_catalog(whole, columns, "size:value")[0]["size"].to_pylist() == [9, 10]
 
 
 def test_the_ingest_summary_gives_a_number_features_range(tmp_path):
@@ -389,11 +395,11 @@ def test_bad_values_and_numbers_are_named(tmp_path):
     ):
         catalog = write_csv(tmp_path / "catalog.csv", text)
         with pytest.raises(IngestError, match=pattern):
-            generic.read_catalog(catalog, columns, spec)
+            generic.read_keyed_catalog(catalog, columns, spec)[0]
     parquet = tmp_path / "bags.parquet"
     pq.write_table(pa.table({"sku": [10], "price": [["9"]]}), parquet)
     with pytest.raises(IngestError, match=r"number column 'price' has type list<element: string>; give numbers"):
-        generic.read_catalog(str(parquet), columns, "price:number")
+        generic.read_keyed_catalog(str(parquet), columns, "price:number")[0]
 
 
 def test_bad_catalogs(tables, tmp_path):
