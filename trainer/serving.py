@@ -4,15 +4,12 @@ sends a user's history and gets the top k, with no Python of this project at ser
 Signatures (`export`):
 - `recommend(item_ids: int64[n, L], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`
   (a ratings model also takes `labels: float32[n, L]`, the user's ratings on the model's scale):
-  each row of `item_ids` is one user's history, padded with any id outside the catalog (-1; such ids
-  are ignored, as `ssp recommend` ignores them). The user is folded in exactly as `ssp recommend`
-  and the run's evaluation fold them in (trainer.solve.ridge_solve: the weighted-lambda ridge with
-  its prior, the gravity, the bias pair, the popularity column), every item of the history is left
-  out, and the best k remaining items come back, best first, ties by catalog position. The score is
-  the predicted rating for a ratings model (clipped to its scale), a relative score for a ranking
-  model. A user with no catalog item in the history gets the DP popularity ranking (score: the DP
-  count). Where fewer than k items remain, the rest are id -1, score NaN. A ranking model takes the
-  history's positives; a ratings model's labels must lie on its scale.
+  each row of `item_ids` is one user's history, padded with -1 (ids outside the catalog are
+  ignored). The user is folded in exactly as `ssp recommend` and the evaluation fold them in
+  (trainer.solve.ridge_solve), the history is left out, and the best k items come back, ties by
+  catalog position: a ratings model's predicted rating (clipped to its scale), a ranking model's
+  relative score. A user with no catalog item gets the DP popularity ranking (score: the DP
+  count). Where fewer than k items remain, the rest are id -1, score NaN.
 - `recommend_with_counts(item_ids, counts: float32[n, L], k)` (implicit feedback): each history
   item once with its count, weighed as `ssp recommend` weighs repeated rows.
 - `similar_items(item_ids: int64[n], k: int32[]) -> {"item_ids": int64[n, k], "scores": float64[n, k]}`:
