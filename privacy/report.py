@@ -17,6 +17,10 @@ import math
 from privacy.clipping import biased_row_clip
 from privacy.ledger import Ledger
 
+# Settings that concern one kind of release (key -> the end of its ledger names): the report lists them
+# only for a run that made it.
+RELEASE_SETTINGS = {"mean_share": "mean", "gram_share": "/gram", "item_gram_share": "item_gram", "dpsgd_clip": "/dpsgd"}
+
 
 def covers(name: str, settings: dict) -> tuple[str, str]:
     """(what a release covers, the most one user changes it: its L2 sensitivity) by release name."""
@@ -277,6 +281,12 @@ def render(ledger: Ledger, settings: dict, public_features: dict | list | None, 
             f"{account.epsilon():.4g} at delta "
             f"{account.delta:g} ({cap}) over {len(account.counted())} releases of every run on these users it lists."
         )
+    names = [row["name"] for row in ledger.rows]
+    shown = {  # a release's own setting only where the run made that release
+        key: value
+        for key, value in settings.items()
+        if key not in RELEASE_SETTINGS or any(name.endswith(RELEASE_SETTINGS[key]) for name in names)
+    }
     lines += ["", "## Settings", "", "| setting | value |", "| --- | --- |"]
-    lines += [f"| `{key}` | {value} |" for key, value in sorted(settings.items())]
+    lines += [f"| `{key}` | {value} |" for key, value in sorted(shown.items())]
     return "\n".join(lines) + "\n"

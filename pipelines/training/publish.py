@@ -67,6 +67,7 @@ PUBLIC_SETTINGS = (
     "count_share",
     "mean_share",
     "gram_share",
+    "item_gram_share",
     "dim",
     "encoder",
     "item_update",

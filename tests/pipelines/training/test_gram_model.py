@@ -53,6 +53,9 @@ def test_the_gram_model_spends_the_budget_on_counts_and_one_item_gram_and_embeds
     report = (run / "privacy.md").read_text()  # every release says what it covers and one user's most
     assert "| `item_gram` | the item Gram: for each pair of the most popular items" in report
     assert "||x_u||^2 = 1" in report and "a release of the run" not in report
+    settings = report[report.index("## Settings") :]  # a release's own setting only where the run made it
+    assert "| `item_gram_share` | 0.9 |" in settings
+    assert not any(f"`{name}`" in settings for name in ("mean_share", "gram_share", "dpsgd_clip"))
 
 
 @pytest.mark.parametrize(
