@@ -67,8 +67,14 @@ def test_text_ids_train_publish_recommend_and_serve_in_the_users_own_ids(tmp_pat
     run, published = tmp_path / "run", tmp_path / "published"
     argv = ["train", "--data", str(data), "--out", str(run), "--protocol", "recall", "--epsilon", "8"]
     assert cli.main([*argv, "--engine", "local", "-q"]) == 0
-    shown = re.findall(r"<small>\(([^)]*)\)</small>", (run / "report.html").read_text())  # the examples' items
+    page = (run / "report.html").read_text()
+    shown = re.findall(r"<small>\(([^)]*)\)</small>", page)  # the examples' items
     assert len(shown) >= 10 and set(shown) <= set(skus)  # named by the catalog's own ids
+    users = re.findall(r"<h3>User ([^<]*)</h3>", page)  # and the users by theirs (the data set's private map)
+    assert len(users) == 3 and all(re.fullmatch(r"cust-\d{4}|5\d{3}", user) for user in users), users
+    named = storage.read_table(str(data / "user_keys.parquet"))
+    assert sorted(named["user_key"].to_pylist()) == sorted(f"cust-{u:04d}" for u in range(240) if u % 3)
+    assert named["user_id"].to_pylist() == [generic.user_key_id(key) for key in named["user_key"].to_pylist()]
     assert cli.main(["publish", "--run", str(run), "--to", str(published)]) == 0
     assert (published / "item_keys.parquet").exists()
     (tmp_path / "history.csv").write_text(

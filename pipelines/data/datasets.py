@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.data.chunks import USERS_TOGETHER
 from schemas import storage
@@ -26,6 +27,8 @@ INTERACTIONS_TABLE = "interactions.parquet"
 ITEMS_TABLE = "items.parquet"
 ITEM_KEYS_TABLE = "item_keys.parquet"  # a catalog with text ids: (item_id, item_key), public as the catalog
 ITEM_KEYS = pa.schema([("item_id", pa.int64()), ("item_key", pa.string())])
+USER_KEYS_TABLE = "user_keys.parquet"  # (user_id, user_key) of the users whose text ids were hashed: PRIVATE
+USER_KEYS = pa.schema([("user_id", pa.int64()), ("user_key", pa.string())])
 MANIFEST = "manifest.json"
 
 
@@ -43,6 +46,11 @@ class Dataset:
     @property
     def items(self) -> str:
         return storage.join(self.path, ITEMS_TABLE)
+
+    @property
+    def user_keys(self) -> str | None:
+        """The private (user_id, user_key) table of the users whose text ids were hashed; None if none were."""
+        return storage.join(self.path, USER_KEYS_TABLE) if self.manifest.get("ids", {}).get("user") == "text" else None
 
     @property
     def item_keys(self) -> str | None:
@@ -106,7 +114,8 @@ def require_dataset_target(out: str) -> None:
         if {"ratings", "public_features"} <= set(storage.read_json(manifest)):  # a data set's (a run's has "config")
             return
     elif all(
-        name in (ITEMS_TABLE, INTERACTIONS_TABLE, ITEM_KEYS_TABLE, storage.PRIVATE_MARK) or ".tmp-" in name
+        name in (ITEMS_TABLE, INTERACTIONS_TABLE, ITEM_KEYS_TABLE, USER_KEYS_TABLE, storage.PRIVATE_MARK)
+        or ".tmp-" in name
         for name in (posixpath.basename(path.rstrip("/")) for path in fs.ls(folder))
     ):
         # a data set's write that was killed: its private mark, tables or staging, no manifest yet (the next
@@ -149,9 +158,16 @@ def write_dataset(
     )
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
     key_table = storage.TableWriter(storage.join(out, ITEM_KEYS_TABLE), ITEM_KEYS) if item_keys is not None else None
+    user_table = storage.TableWriter(storage.join(out, USER_KEYS_TABLE), USER_KEYS)
+    users_keyed = False
     try:
         for batch in interaction_batches:
-            table = validate_interactions(pa.Table.from_batches([batch]))
+            table = pa.Table.from_batches([batch])
+            if "user_key" in table.column_names:  # the batch's hashed users' own ids, each once
+                named = table.select(["user_id", "user_key"]).filter(pc.is_valid(table["user_key"]))
+                user_table.write(named.group_by(["user_id", "user_key"]).aggregate([]).cast(USER_KEYS))
+                users_keyed, table = True, table.drop_columns(["user_key"])
+            table = validate_interactions(table)
             ids = table["item_id"].to_numpy()
             unknown = ids[~np.isin(ids, catalog)]
             if unknown.size:
@@ -168,6 +184,7 @@ def write_dataset(
         if key_table is not None:
             key_table.write(item_keys.select(ITEM_KEYS.names).cast(ITEM_KEYS).sort_by("item_id"))
             key_table.seal()
+        user_table.seal()
         full_manifest = {
             **manifest,
             "public_features": item_features(items.schema),
@@ -181,6 +198,7 @@ def write_dataset(
         item_table.abort()
         if key_table is not None:
             key_table.abort()
+        user_table.abort()
         left = {posixpath.basename(path) for path in fs.ls(folder, detail=False)} if fs.isdir(folder) else None
         if created and left is not None and left <= {storage.PRIVATE_MARK}:
             fs.rm(folder, recursive=True)  # a failed write leaves no new folder behind
@@ -188,9 +206,12 @@ def write_dataset(
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
     interactions.commit()
     item_table.commit()
-    if key_table is not None:
-        key_table.commit()
-    else:
-        storage.remove(storage.join(out, ITEM_KEYS_TABLE))  # an earlier data set's keys in this folder
+    for writer, name in ((key_table, ITEM_KEYS_TABLE), (user_table if users_keyed else None, USER_KEYS_TABLE)):
+        if writer is not None:
+            writer.commit()
+        else:
+            storage.remove(storage.join(out, name))  # an earlier data set's keys in this folder
+    if not users_keyed:
+        user_table.abort()
     staged_manifest.publish()
     return Dataset(out, full_manifest)

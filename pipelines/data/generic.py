@@ -281,22 +281,22 @@ def user_key_id(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8, person=b"ssp-user-id").digest(), "big", signed=True)
 
 
-def _user_ids(column: pa.Array, name: str, part: _Part) -> tuple[pa.Array, bool]:
-    """(int64 user ids, whether any was text): integers as they are, a text id that is a decimal
-    integer within 64 bits as that integer (as a batch of such ids alone would be read), any other
-    text id by `user_key_id`."""
+def _user_ids(column: pa.Array, name: str, part: _Part) -> tuple[pa.Array, pa.Array | None]:
+    """(int64 user ids, each row's text id where it was hashed, else null; None: no text id): integers
+    as they are, a text id that is a decimal integer within 64 bits as that integer (as a batch of
+    such ids alone would be read), any other text id by `user_key_id`."""
     try:
-        return _ids(column, name, part), False
+        return _ids(column, name, part), None
     except IngestError:
         if not _is_text(_decoded(column).type):
             raise
     text = _text_ids(column, name, part)
     distinct = pc.unique(text)
-    values = [
-        int(key) if re.fullmatch(DECIMAL, key) and -(2**63) <= int(key) < 2**63 else user_key_id(key)
-        for key in distinct.to_pylist()
-    ]
-    return pa.array(np.array(values, np.int64)[pc.index_in(text, distinct).to_numpy()]), True
+    integer = [bool(re.fullmatch(DECIMAL, key)) and -(2**63) <= int(key) < 2**63 for key in distinct.to_pylist()]
+    values = [int(key) if whole else user_key_id(key) for key, whole in zip(distinct.to_pylist(), integer, strict=True)]
+    at = pc.index_in(text, distinct).to_numpy()
+    hashed = ~np.array(integer, bool)[at]
+    return pa.array(np.array(values, np.int64)[at]), pc.if_else(pa.array(hashed), text, None)
 
 
 def _parses(text: str, convert) -> bool:
@@ -639,8 +639,8 @@ def iter_interactions(
     }
     for part, batch in _table_batches(source, [name for name in names.values() if name]):
         n = batch.num_rows
-        users, text = _user_ids(batch.column(columns.user), columns.user, part)
-        seen["text_users"] |= text
+        users, user_keys = _user_ids(batch.column(columns.user), columns.user, part)
+        seen["text_users"] |= user_keys is not None
         if item_keys is None:
             items = _ids(batch.column(columns.item), columns.item, part)
         else:
@@ -680,6 +680,8 @@ def iter_interactions(
                     "batch); "
                     "ingest it with `ssp ingest --rating-scale MIN MAX`"
                 )
+        if user_keys is not None:  # the hashed users' own ids, to the data set's private user_keys.parquet
+            table = table.append_column("user_key", user_keys)
         yield from table.to_batches()
 
 

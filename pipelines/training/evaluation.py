@@ -137,8 +137,12 @@ def _write_report(
         )
     )
     titles = catalog_titles(run)
-    keyed = open_dataset(prepared["data"]).item_keys
-    keys = storage.read_table(keyed) if keyed is not None else None
+    dataset = open_dataset(prepared["data"])
+    keys = storage.read_table(dataset.item_keys) if dataset.item_keys is not None else None
+    if dataset.user_keys is not None and examples:  # the examples' users by their own ids (private, as the page)
+        named = _rows_of(dataset.user_keys, np.array([e["user"] for e in examples]), ("user_id", "user_key"))
+        own = dict(zip(named["user_id"].tolist(), named["user_key"].tolist(), strict=True))
+        examples = [{**e, "user": own.get(e["user"], e["user"])} for e in examples]
     page = run_report.render(
         run.root.rstrip("/").rsplit("/", 1)[-1],
         metrics,
