@@ -101,6 +101,7 @@ import pyarrow as pa
 from scipy import special, stats
 
 from pipelines.base import logs
+from privacy import lifetime_budget
 from schemas.errors import UserError
 
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the one-run test's guesses: the top and bottom k = f m / 2 scores
@@ -406,25 +407,6 @@ class Scored:
     claimed: float
     seconds: float
     gaussian: bool = True
-
-
-@contextlib.contextmanager
-def throwaway_registry(folder: str):
-    """$SSP_BUDGET_ACCOUNTS set to `folder` for the block: the audit's accounts never reach the
-    machine's registry."""
-    import os
-
-    from privacy.lifetime_budget import ACCOUNTS_ENV
-
-    before = os.environ.get(ACCOUNTS_ENV)
-    os.environ[ACCOUNTS_ENV] = folder
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ACCOUNTS_ENV, None)
-        else:
-            os.environ[ACCOUNTS_ENV] = before
 
 
 def release_stats(engine, job) -> None:
@@ -969,7 +951,7 @@ def audit(
         name for name, config in configs.items() if config.engine != "federated" and config.item_update in STATS_UPDATES
     ]
     registry = storage.join(work, "budget-accounts")
-    with throwaway_registry(registry), planted(plant):
+    with lifetime_budget.registry_at(registry), planted(plant):
         if plant:
             logs.log(f"audit: planted defect: {plant}")
         for name, config in configs.items():  # the seed-file copy: in the first product with central statistics

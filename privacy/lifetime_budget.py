@@ -25,6 +25,7 @@ delete it unnoticed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -47,6 +48,21 @@ ACCOUNTS_ENV = "SSP_BUDGET_ACCOUNTS"  # the registry folder of the data sources'
 def accounts_home() -> str:
     """The registry folder: $SSP_BUDGET_ACCOUNTS, or ~/.ssp/budget-accounts."""
     return os.environ.get(ACCOUNTS_ENV) or os.path.join(os.path.expanduser("~"), ".ssp", "budget-accounts")
+
+
+@contextlib.contextmanager
+def registry_at(folder: str):
+    """$SSP_BUDGET_ACCOUNTS set to `folder` for the block (an audit's or a forecast's throwaway
+    accounts never reach the machine's registry), as it was afterwards."""
+    before = os.environ.get(ACCOUNTS_ENV)
+    os.environ[ACCOUNTS_ENV] = folder
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ACCOUNTS_ENV, None)
+        else:
+            os.environ[ACCOUNTS_ENV] = before
 
 
 def private_registry() -> str:

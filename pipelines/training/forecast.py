@@ -15,7 +15,6 @@ ledgers and a budget-account registry of their own in a temporary folder, remove
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import tempfile
@@ -25,26 +24,12 @@ from pipelines.base import logs
 from pipelines.data import synth
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import TrainConfig
-from privacy.lifetime_budget import ACCOUNTS_ENV
+from privacy.lifetime_budget import registry_at
 from schemas import storage
 from schemas.errors import UserError
 
 FACTORS = (0.5, 1.0, 2.0)  # the epsilons forecast, as multiples of the requested one
 LIKES = {"recall": "plays", "rmse": "movielens"}  # the generator by protocol, unless chosen
-
-
-@contextlib.contextmanager
-def _own_registry(folder: str):
-    """The synthetic runs' budget accounts in `folder`, never in the operator's registry."""
-    before = os.environ.get(ACCOUNTS_ENV)
-    os.environ[ACCOUNTS_ENV] = folder
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ACCOUNTS_ENV]
-        else:
-            os.environ[ACCOUNTS_ENV] = before
 
 
 def checked(epsilon: float, protocol: str, history: int | None, like: str | None) -> str:
@@ -73,7 +58,7 @@ def forecast(
     from pipelines.training.stages import run
 
     like = checked(epsilon, protocol, history, like)
-    with tempfile.TemporaryDirectory(prefix="ssp-forecast-") as folder, _own_registry(os.path.join(folder, "accounts")):
+    with tempfile.TemporaryDirectory(prefix="ssp-forecast-") as folder, registry_at(os.path.join(folder, "accounts")):
         data = os.path.join(folder, "data")
         with logs.progress_hidden():
             dataset = synth.generate(data, users=users, ratings_per_user=history, like=like)
