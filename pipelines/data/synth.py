@@ -291,9 +291,9 @@ def generate(
     `items`, sampled with popularity exponent `alpha` (default 1.0); ratings come from a planted
     rank-`rank` (default 8) model whose item factors depend on the public features.
 
-    `like="movielens"`: the MovieLens-1M-calibrated generator; `users` (default 6040) is the only
-    size, the catalog and every user's number of ratings follow from it, and `items`, `alpha` and
-    `rank` must be left out (`ratings_per_user` rescales the activity). `like="plays"`: the play log
+    `like="movielens"`: the MovieLens-1M-calibrated generator; `users` (default 6040) sets the
+    catalog and every user's number of ratings, `alpha` and `rank` must be left out
+    (`ratings_per_user` rescales the activity, `items` replaces the catalog's size). `like="plays"`: the play log
     calibrated to the Taste Profile subset (implicit feedback, a row per play); `users` (default
     3500) is the only size. Same parameters and seed, same tables.
     `progress` shows a bar on stderr.
@@ -337,8 +337,8 @@ def generate(
 def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, rank, progress) -> Dataset:
     if like not in LIKES:
         raise UserError(f"like must be one of {', '.join(LIKES)}, got {like!r}")
-    set_by_like = (("items", items), ("alpha", alpha), ("rank", rank)) + (
-        (("ratings_per_user", ratings_per_user),) if like == "plays" else ()
+    set_by_like = (("alpha", alpha), ("rank", rank)) + (
+        (("ratings_per_user", ratings_per_user), ("items", items)) if like == "plays" else ()
     )
     for name, value in set_by_like:
         if value is not None:
@@ -362,9 +362,11 @@ def _generate_like(out, like, *, users, items, ratings_per_user, alpha, seed, ra
             1.0
             if ratings_per_user is None
             else _check_positive_int("ratings_per_user", ratings_per_user) / ML_MEAN_ACTIVITY,
+            None if items is None else _check_positive_int("items", items),
         )
         version = ML_GENERATOR_VERSION
         extra = {} if ratings_per_user is None else {"mean_ratings_per_user": ratings_per_user}
+        extra |= {} if items is None else {"catalog_given": True}
         # the MovieLens scale; this generator's whole stars 1..5 lie within it
         scale = {"rating_scale": [MIN_RATING, MAX_RATING]}
     manifest = {
@@ -428,7 +430,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="M",
         help="number of catalog items (item ids 1..M); required without --like; with --like it is set by N "
         f"(sub-linear catalog growth): movielens {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g}, plays "
-        f"{synth_plays.TP_SONGS:,} x (N/{synth_plays.TP_USERS:,})^{synth_plays.PLAYS_CATALOG_GROWTH:g}",
+        f"{synth_plays.TP_SONGS:,} x (N/{synth_plays.TP_USERS:,})^{synth_plays.PLAYS_CATALOG_GROWTH:g}; "
+        "--like movielens takes a given M too (another data set's shape: ML10M's 10,677 movies for 69,878 users)",
     )
     parser.add_argument(
         "--ratings-per-user",

@@ -142,9 +142,9 @@ def _bag_mean(offsets: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> n
 class _MovieLensModel:
     """The catalog, item parameters and selection mixture of the MovieLens-like generator."""
 
-    def __init__(self, users: int, seed: int, activity_scale: float = 1.0):
+    def __init__(self, users: int, seed: int, activity_scale: float = 1.0, items: int | None = None):
         self.users, self.activity_scale = users, activity_scale
-        self.items = catalog_size(users)
+        self.items = catalog_size(users) if items is None else items  # a given catalog: another data set's shape
         m = self.items
         rng = _rng(seed, _ML_CATALOG)
         # Genres: 1..5 per movie, drawn successively with ML_GENRE_WEIGHTS (exponential keys).

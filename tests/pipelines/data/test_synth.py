@@ -675,7 +675,7 @@ def test_movielens_is_streamed_chunk_by_chunk_and_deterministic(tmp_path, monkey
 
 def test_movielens_rejects_the_sizes_it_sets(tmp_path):
     for kwargs, name in [
-        ({"items": 10}, "items"),
+        ({"items": 0}, "items"),
         ({"ratings_per_user": 0}, "ratings_per_user"),
         ({"alpha": 1.0}, "alpha"),
         ({"rank": 4}, "rank"),
@@ -708,6 +708,27 @@ def test_movielens_ratings_per_user_rescales_the_activity_keeping_its_shape(tmp_
         fewer.manifest["generator"]["mean_ratings_per_user"] == 20
         and "mean_ratings_per_user" not in full.manifest["generator"]
     )
+
+
+def test_movielens_takes_another_data_sets_catalog_size(tmp_path):
+    """`items` gives the catalog another shape's size (ML10M's 10,677 movies for 69,878 users, in
+    small here): every id within it, the popularity still heavy-tailed; left out, the same tables."""
+    given = synth.generate(str(tmp_path / "given"), like="movielens", users=400, items=900, seed=3, ratings_per_user=40)
+    items = read_table(given.items)["item_id"].to_numpy()
+    rated = read_table(given.interactions, columns=["item_id"])["item_id"].to_numpy()
+    assert items.tolist() == list(range(1, 901)) and rated.min() >= 1 and rated.max() <= 900
+    assert given.manifest["generator"]["items"] == 900 and given.manifest["generator"]["catalog_given"]
+    counts = np.sort(np.bincount(rated, minlength=901)[1:])[::-1]
+    assert counts[:90].sum() > 0.4 * counts.sum()  # the top 10% of the catalog takes a large share
+    own = synth.generate(str(tmp_path / "own"), like="movielens", users=400, seed=3, ratings_per_user=40)
+    again = synth.generate(str(tmp_path / "again"), like="movielens", users=400, seed=3, ratings_per_user=40)
+    assert read_table(own.interactions).equals(read_table(again.interactions))
+    assert (
+        own.manifest["generator"]["items"] == synth_movielens.catalog_size(400)
+        and "catalog_given" not in own.manifest["generator"]
+    )
+    with pytest.raises(ValueError, match=r"\bitems\b is set by like='plays'"):
+        synth.generate(str(tmp_path / "plays"), like="plays", users=100, items=50)
 
 
 def test_cli_like_movielens(tmp_path, capsys):
