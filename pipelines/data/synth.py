@@ -471,8 +471,8 @@ def _check_args(args: argparse.Namespace) -> None:
         if missing:
             raise UserError(f"{', '.join(missing)} required (or give --like movielens or --like plays)")
         return
-    set_by_like = (("--items", args.items), ("--alpha", args.alpha), ("--rank", args.rank)) + (
-        (("--ratings-per-user", args.ratings_per_user),) if args.like == "plays" else ()
+    set_by_like = (("--alpha", args.alpha), ("--rank", args.rank)) + (
+        (("--ratings-per-user", args.ratings_per_user), ("--items", args.items)) if args.like == "plays" else ()
     )
     extra = [flag for flag, value in set_by_like if value is not None]
     if extra:

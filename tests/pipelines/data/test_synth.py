@@ -507,7 +507,7 @@ def test_cli_rejects_bad_or_missing_options(argv, capsys):
         (["--out", "x"], "--users, --items, --ratings-per-user required"),
         (["--items", "2", "--ratings-per-user", "1", "--out", "x"], "--users required"),
         (["--users", "5", "--items", "2", "--out", "x"], "--ratings-per-user required"),
-        (["--like", "movielens", "--items", "10", "--out", "x"], "--items cannot be combined with --like movielens"),
+        (["--like", "plays", "--items", "10", "--out", "x"], "--items cannot be combined with --like plays"),
         (["--like", "movielens", "--ratings-per-user", "3", "--alpha", "1", "--out", "x"], "--alpha cannot"),
         (["--like", "movielens", "--rank", "4", "--out", "x"], "--rank cannot"),
     ],
@@ -737,6 +737,10 @@ def test_cli_like_movielens(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "200 users" in out and f"{synth_movielens.catalog_size(200):,} items" in out
     assert open_dataset(str(tmp_path / "d")).manifest["generator"]["like"] == "movielens"
+    args = _parser().parse_args(
+        ["--like", "movielens", "--users", "200", "--items", "333", "--out", str(tmp_path / "e")]
+    )
+    assert synth.run(args) == 0 and "333 items" in capsys.readouterr().out
 
 
 def test_synthetic_interactions_declare_whole_users_in_order(tmp_path):
