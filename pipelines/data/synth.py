@@ -400,7 +400,7 @@ def _number(kind: type, minimum: float, what: str):
     return parse
 
 
-_positive_int = _number(int, 1, "a positive integer")
+positive_int = _number(int, 1, "a positive integer")
 _non_negative_int = _number(int, 0, "a non-negative integer")
 _non_negative_float = _number(float, 0.0, "a finite number >= 0")
 
@@ -419,14 +419,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--users",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="number of users (user ids 1..N); required without --like; default 6040 with --like movielens, "
         f"{synth_plays.PLAYS_USERS} with --like plays",
     )
     parser.add_argument(
         "--items",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="number of catalog items (item ids 1..M); required without --like; with --like it is set by N "
         f"(sub-linear catalog growth): movielens {ML_ITEMS:,} x (N/{ML_USERS:,})^{CATALOG_GROWTH:g}, plays "
@@ -435,7 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ratings-per-user",
-        type=_positive_int,
+        type=positive_int,
         metavar="K",
         help="distinct items each user rates (at most M); the data set has N*K ratings; required without --like; "
         "with --like movielens every user has their own number, drawn from MovieLens-1M's activity "
@@ -459,7 +459,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random seed; same seed, same data (default %(default)s)",
     )
     parser.add_argument(
-        "--rank", type=_positive_int, metavar="R", help="rank of the planted rating model (default 8; not with --like)"
+        "--rank", type=positive_int, metavar="R", help="rank of the planted rating model (default 8; not with --like)"
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pipelines.base import logs
+from pipelines.data.synth import positive_int
 from pipelines.training.evaluation import describe, evaluate
 from pipelines.training.item_update import item_update
 from pipelines.training.prepare import prepare, run_directory
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--forecast-users",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="with --plan: also forecast the quality, from a synthetic log of N users run through the same pipeline "
         "at half, the requested and twice the epsilon (items with statistics, the test metric against DP popularity "
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--forecast-history",
-        type=_positive,
+        type=positive_int,
         metavar="L",
         help="with --forecast-users and a MovieLens-like log: the users' mean history length (default: the "
         "generator's, MovieLens-1M's 166)",
@@ -99,12 +100,6 @@ def add_metrics_at(parser: argparse.ArgumentParser) -> None:
         "and DP popularity's (e.g. 10,20,50; default: the protocol's Recall@20, Recall@50, NDCG@100 and "
         "coverage@20 only)",
     )
-
-
-def _positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def metrics_at(text: str) -> tuple[int, ...]:

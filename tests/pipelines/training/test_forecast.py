@@ -68,7 +68,7 @@ def test_the_forecast_warns_when_the_requested_epsilon_is_at_or_below_the_baseli
         ),
         (["--plan", "--forecast-history", "20"], "--forecast-history and --forecast-like go with --forecast-users"),
         (["--plan", "--non-private", "--forecast-users", "300"], "leave out --non-private"),
-        (["--plan", "--forecast-users", "0"], "--forecast-users: must be a positive integer"),
+        (["--plan", "--forecast-users", "0"], "--forecast-users: expected a positive integer, got '0'"),
     ],
 )
 def test_misplaced_forecast_flags_are_one_line(tmp_path, capsys, flags, message):
