@@ -210,19 +210,15 @@ def example_recommendations(
     chosen = np.intersect1d(_user_ids(path("test_history")), _user_ids(path("test_targets")))[:users]
     rows, targets = (_rows_of(path(name), chosen) for name in ("test_history", "test_targets"))
     vectors = item_vectors if counts is None else evaluate.with_popularity(item_vectors, counts, config.biases)
-    labels = rows["label"].to_numpy()
     solved_users, solved = evaluate.fold_in(
         (
             rows["user_id"].to_numpy(),
             space.index_of(rows["item_id"].to_numpy()),
-            np.ones(labels.size) if confidence_alpha is None else confidence(labels, confidence_alpha),
+            _history_weights(rows["label"].to_numpy(), confidence_alpha),
         ),
         vectors,
         config.lambda_u,
-        gravity=config.fold_in_gravity,
-        loss=config.loss,
-        bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
-        confidence=config.loss == "square",
+        **_fold_in_settings(config),
     )
     return [
         {
@@ -235,6 +231,22 @@ def example_recommendations(
         }
         for user in chosen
     ]
+
+
+def _fold_in_settings(config: TrainConfig) -> dict:
+    """How a held-out ranking user is folded in (trainer.evaluate.fold_in's settings), by the metrics
+    and the report's examples alike."""
+    return {
+        "gravity": config.fold_in_gravity,
+        "loss": config.loss,
+        "bias_ridge": user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
+        "confidence": config.loss == "square",
+    }
+
+
+def _history_weights(labels: np.ndarray, confidence_alpha: float | None) -> np.ndarray:
+    """A fold-in history's row weights: each row's confidence (implicit feedback), else 1."""
+    return np.ones(labels.size) if confidence_alpha is None else confidence(labels, confidence_alpha)
 
 
 def _user_ids(path: str) -> np.ndarray:
@@ -336,22 +348,14 @@ def _evaluate(
                 }
             held_out = (history["user_id"].to_numpy(), space.index_of(history["item_id"].to_numpy()))
             aimed = (targets["user_id"].to_numpy(), space.index_of(targets["item_id"].to_numpy()))
-            weights = (
-                np.ones(history.num_rows)
-                if confidence_alpha is None
-                else confidence(history["label"].to_numpy(), confidence_alpha)
-            )
             report = evaluate.ranking_report(
-                (*held_out, weights),
+                (*held_out, _history_weights(history["label"].to_numpy(), confidence_alpha)),
                 aimed,
                 vectors,
                 config.lambda_u,
                 item_buckets=buckets,
-                gravity=config.fold_in_gravity,
-                loss=config.loss,
-                bias_ridge=user_bias_ridge(config.protocol, config.biases, config.lambda_bias),
-                confidence=config.loss == "square",
                 at=at,
+                **_fold_in_settings(config),
             )
             keys = [*RANKING, *at_k_keys(at)]
             metrics.update({f"{part}_{key}": report[key] for key in keys})
