@@ -81,13 +81,14 @@ def test_text_ids_train_publish_recommend_and_serve_in_the_users_own_ids(tmp_pat
         "customer,sku\ncust-0001,SKU-001\ncust-0001,00004\n5003,SKU-002\n5003,00008\n5003,SKU-005\nnewbie,NOPE\n"
     )
     done = subprocess.run(
-        [SSP, "recommend", "--model", str(published), "--history", str(tmp_path / "history.csv")]
+        [SSP, "recommend", "-v", "--model", str(published), "--history", str(tmp_path / "history.csv")]
         + ["--user-col", "customer", "--item-col", "sku", "--k", "5", "--out", str(tmp_path / "top.csv")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "items outside the catalog: NOPE" in done.stderr  # named as the history wrote it
     top = pacsv.read_csv(
         tmp_path / "top.csv",
         convert_options=pacsv.ConvertOptions(column_types={"customer": "string", "sku": "string"}),

@@ -295,7 +295,8 @@ class PublishedModel:
                 f"{(~known).sum()} history row(s) name {unknown.size} item(s) outside the model's catalog: ignored"
                 + ("" if LOGGER.isEnabledFor(logging.DEBUG) else " (-v lists them)")
             )
-            LOGGER.debug(f"items outside the catalog: {', '.join(map(str, names(unknown)))}")
+            if LOGGER.isEnabledFor(logging.DEBUG):
+                LOGGER.debug(f"items outside the catalog: {', '.join(map(str, names(unknown)))}")
         keep = known.copy()  # the rows the user side is solved from
         if self.settings["protocol"] == "recall" and labels is not None and threshold is not None:
             keep &= labels > threshold
@@ -502,8 +503,9 @@ def keyed_items(
     table: pa.Table, column: str, keys: pa.Array | None, first: int = 1
 ) -> tuple[pa.Table, pa.Array | None]:
     """With a catalog of text ids (`keys`, sorted): the table's item column as the model's item ids
-    (id i is keys[i - 1]; an id outside the catalog: 0, ignored as any unknown item) and its text;
-    `first` > 1: the column holds new items, numbered from `first` instead."""
+    (id i is keys[i - 1]; the j-th distinct id outside the catalog: -j, ignored as any unknown item)
+    and those unknown ids in that order; `first` > 1: the column holds new items, numbered from
+    `first` instead, and the second value is their ids."""
     if keys is None or column not in table.column_names or table[column].null_count:
         return table, None
     text = _text(table[column])
@@ -511,12 +513,12 @@ def keyed_items(
         known = pc.is_in(text, keys)
         if pc.any(known).as_py():
             raise UserError(f"new item {text.filter(known)[0].as_py()!r} is already in the model's catalog")
-        ids = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64))
-    else:  # an id outside the catalog: -1, -2, ... by distinct key (ignored as any unknown item, counted apart)
+        ids, named = pa.array(np.arange(first, first + table.num_rows, dtype=np.int64)), text.combine_chunks()
+    else:
         ids = pc.add(pc.index_in(text, keys).cast(pa.int64()), 1)
-        unknown = pc.unique(text.filter(pc.is_null(ids)))
-        ids = pc.fill_null(ids, pc.negate(pc.add(pc.index_in(text, unknown).cast(pa.int64()), 1)))
-    return table.set_column(table.column_names.index(column), column, ids), text.combine_chunks()
+        named = pc.unique(text.filter(pc.is_null(ids)))
+        ids = pc.fill_null(ids, pc.negate(pc.add(pc.index_in(text, named).cast(pa.int64()), 1)))
+    return table.set_column(table.column_names.index(column), column, ids), named
 
 
 def own_ids(table: pa.Table, users: pa.Array | None, keys: pa.Array | None, user_col: str, item_col: str) -> pa.Table:
@@ -533,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
     history, users = coded_users(read_user_table(args.history, (args.user_col, args.item_col)), args.user_col)
-    history, given = keyed_items(history, args.item_col, model.item_keys)
+    history, unknown = keyed_items(history, args.item_col, model.item_keys)
     history = keyed(history, args.history, {"user_id": args.user_col, "item_id": args.item_col})
     new_items, keys = None, model.item_keys
     if args.new_items:
@@ -543,12 +545,9 @@ def run(args: argparse.Namespace) -> int:
             keys = pa.concat_arrays([keys, added]) if added is not None else keys
         new_items = keyed(new_items, args.new_items, {"item_id": args.item_col})
         new_items = _bags_from_csv(new_items, model.settings.get("feature_families") or {})
-    ids = history["item_id"].to_numpy()
 
-    def names(unknown: np.ndarray) -> list:  # a text catalog's ids as the history wrote them
-        return (
-            list(unknown) if given is None else [given[int(np.flatnonzero(ids == item)[0])].as_py() for item in unknown]
-        )
+    def names(items: np.ndarray) -> list:  # ids outside a text catalog as the history wrote them (-j: the j-th)
+        return list(items) if unknown is None else [unknown[-int(item) - 1].as_py() for item in items]
 
     table = model.recommend(history, args.k, not args.include_seen, new_items, source=args.history, names=names)
     table = own_ids(table, users, keys, args.user_col, args.item_col)
