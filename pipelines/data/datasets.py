@@ -158,15 +158,16 @@ def write_dataset(
     )
     item_table = storage.TableWriter(storage.join(out, ITEMS_TABLE), items.schema)
     key_table = storage.TableWriter(storage.join(out, ITEM_KEYS_TABLE), ITEM_KEYS) if item_keys is not None else None
-    user_table = storage.TableWriter(storage.join(out, USER_KEYS_TABLE), USER_KEYS)
-    users_keyed = False
+    user_table = None  # made by the first batch that carries hashed users' own ids
     try:
         for batch in interaction_batches:
             table = pa.Table.from_batches([batch])
             if "user_key" in table.column_names:  # the batch's hashed users' own ids, each once
                 named = table.select(["user_id", "user_key"]).filter(pc.is_valid(table["user_key"]))
+                if user_table is None:
+                    user_table = storage.TableWriter(storage.join(out, USER_KEYS_TABLE), USER_KEYS)
                 user_table.write(named.group_by(["user_id", "user_key"]).aggregate([]).cast(USER_KEYS))
-                users_keyed, table = True, table.drop_columns(["user_key"])
+                table = table.drop_columns(["user_key"])
             table = validate_interactions(table)
             ids = table["item_id"].to_numpy()
             unknown = ids[~np.isin(ids, catalog)]
@@ -184,7 +185,8 @@ def write_dataset(
         if key_table is not None:
             key_table.write(item_keys.select(ITEM_KEYS.names).cast(ITEM_KEYS).sort_by("item_id"))
             key_table.seal()
-        user_table.seal()
+        if user_table is not None:
+            user_table.seal()
         full_manifest = {
             **manifest,
             "public_features": item_features(items.schema),
@@ -198,7 +200,8 @@ def write_dataset(
         item_table.abort()
         if key_table is not None:
             key_table.abort()
-        user_table.abort()
+        if user_table is not None:
+            user_table.abort()
         left = {posixpath.basename(path) for path in fs.ls(folder, detail=False)} if fs.isdir(folder) else None
         if created and left is not None and left <= {storage.PRIVATE_MARK}:
             fs.rm(folder, recursive=True)  # a failed write leaves no new folder behind
@@ -206,12 +209,10 @@ def write_dataset(
     storage.remove(storage.join(out, MANIFEST))  # the folder is incomplete until the new manifest lands
     interactions.commit()
     item_table.commit()
-    for writer, name in ((key_table, ITEM_KEYS_TABLE), (user_table if users_keyed else None, USER_KEYS_TABLE)):
+    for writer, name in ((key_table, ITEM_KEYS_TABLE), (user_table, USER_KEYS_TABLE)):
         if writer is not None:
             writer.commit()
         else:
             storage.remove(storage.join(out, name))  # an earlier data set's keys in this folder
-    if not users_keyed:
-        user_table.abort()
     staged_manifest.publish()
     return Dataset(out, full_manifest)
