@@ -214,6 +214,13 @@ def _decoded(column: pa.Array) -> pa.Array:
 # Column conversions (each error names the file, the row and the column as the input names it)
 
 
+def _refuse_empty(empty: pa.Array, name: str, part: _Part) -> None:
+    """Refuse an id column where `empty` (null, or blank text) holds, naming the first such row."""
+    mask = empty.to_numpy(zero_copy_only=False)
+    if mask.any():
+        raise IngestError(f"{part.at(_first(mask))}: column {name!r} is empty; every row needs an id")
+
+
 def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
     """An id column as int64: an integer type, or (CSV) text holding integers."""
     column = _decoded(column)
@@ -222,11 +229,7 @@ def _ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
         raise IngestError(
             f"{part.file}: column {name!r} has type {column.type}; ids must be integers or text"
         )
-    if column.null_count:
-        raise IngestError(
-            f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is "
-            "empty; every row needs an id"
-        )
+    _refuse_empty(column.is_null(), name, part)
     if text:
         column = pc.utf8_trim_whitespace(column)
         decimal = pc.match_substring_regex(column, DECIMAL).to_numpy(zero_copy_only=False)
@@ -262,15 +265,9 @@ def _text_ids(column: pa.Array, name: str, part: _Part) -> pa.Array:
         column = column.cast(pa.string())
     elif not _is_text(column.type):
         raise IngestError(f"{part.file}: column {name!r} has type {column.type}; ids must be integers or text")
-    if column.null_count:
-        raise IngestError(
-            f"{part.at(_first(column.is_null().to_numpy(zero_copy_only=False)))}: column {name!r} is "
-            "empty; every row needs an id"
-        )
+    _refuse_empty(column.is_null(), name, part)
     column = pc.utf8_trim_whitespace(column) if part.csv else column
-    blank = pc.equal(column, "").to_numpy(zero_copy_only=False)
-    if blank.any():
-        raise IngestError(f"{part.at(_first(blank))}: column {name!r} is empty; every row needs an id")
+    _refuse_empty(pc.equal(column, ""), name, part)
     return column
 
 
@@ -292,8 +289,9 @@ def _user_ids(column: pa.Array, name: str, part: _Part) -> tuple[pa.Array, pa.Ar
             raise
     text = _text_ids(column, name, part)
     distinct = pc.unique(text)
-    integer = [bool(re.fullmatch(DECIMAL, key)) and -(2**63) <= int(key) < 2**63 for key in distinct.to_pylist()]
-    values = [int(key) if whole else user_key_id(key) for key, whole in zip(distinct.to_pylist(), integer, strict=True)]
+    keys = distinct.to_pylist()
+    integer = [bool(re.fullmatch(DECIMAL, key)) and -(2**63) <= int(key) < 2**63 for key in keys]
+    values = [int(key) if whole else user_key_id(key) for key, whole in zip(keys, integer, strict=True)]
     at = pc.index_in(text, distinct).to_numpy()
     hashed = ~np.array(integer, bool)[at]
     return pa.array(np.array(values, np.int64)[at]), pc.if_else(pa.array(hashed), text, None)
