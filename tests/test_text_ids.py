@@ -101,6 +101,16 @@ def test_text_ids_train_publish_recommend_and_serve_in_the_users_own_ids(tmp_pat
     assert sorted(by_user) == ["5003", "cust-0001", "newbie"] and all(len(v) == 5 for v in by_user.values())
     assert set().union(*by_user.values()) <= set(skus)
     assert not {"SKU-001", "00004"} & set(by_user["cust-0001"]) and not {"SKU-002", "00008"} & set(by_user["5003"])
+    (tmp_path / "new.csv").write_text("sku,brand\nSKU-001,b1\n")  # a new item that is a catalog key already
+    again = subprocess.run(
+        [SSP, "recommend", "--model", str(published), "--history", str(tmp_path / "history.csv")]
+        + ["--user-col", "customer", "--item-col", "sku", "--new-items", str(tmp_path / "new.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 2 and again.stdout == "" and "Traceback" not in again.stderr, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines()[-1].endswith("new item 'SKU-001' is already in the model's catalog")
     histories = {"cust-0001": ["SKU-001", "00004"], "5003": ["SKU-002", "00008", "SKU-005"]}
     (tmp_path / "histories.json").write_text(json.dumps(histories))
     served = subprocess.run(
@@ -127,3 +137,24 @@ def test_removing_one_customer_leaves_every_other_customers_ingested_rows(tmp_pa
     gone = int(removed) if removed.isdigit() else generic.user_key_id(removed)
     assert [row for row in rows[0] if row[0] != gone] == rows[1]
     assert len(rows[0]) > len(rows[1])
+
+
+def test_a_text_catalog_with_a_repeated_key_is_one_line_from_the_installed_ingest(tmp_path):
+    shop(tmp_path)
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text(catalog.read_text() + "SKU-001,Again,b1\n")
+    done = subprocess.run(
+        [SSP, "ingest", "--interactions", str(tmp_path / "clicks.csv"), "--catalog", str(catalog)]
+        + ["--user-col", "customer", "--item-col", "sku", "--title-col", "name", "--features", "brand:value"]
+        + ["--out", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("column 'sku' holds 'SKU-001' more than once; item ids must be unique")
+    )
+    assert not (tmp_path / "data").exists()  # nothing written
