@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,6 +65,11 @@ class Cluster:
     web: str  # the master's web UI, whose /json/ lists workers and applications
     folder: Path  # logs and the workers' work directories
 
+    @property
+    def scratch(self) -> Path:
+        """The executors' temporary folder (a shipped archive is downloaded there before it is unpacked)."""
+        return self.folder / "scratch"
+
     def state(self) -> dict:
         return get_json(f"{self.web}/json/")
 
@@ -85,7 +91,8 @@ class Cluster:
 
     def command(self, *args, conf: dict[str, str] | None = None) -> list[str]:
         """`spark-submit --master MASTER [--conf k=v ...] ARGS`, as a cluster user writes it."""
-        conf = {"spark.executor.extraJavaOptions": FAST_JVM, "spark.driver.extraJavaOptions": FAST_JVM, **(conf or {})}
+        executor = f"{FAST_JVM} -Djava.io.tmpdir={self.scratch}"  # what a killed executor leaves, in the folder
+        conf = {"spark.executor.extraJavaOptions": executor, "spark.driver.extraJavaOptions": FAST_JVM, **(conf or {})}
         confs = [part for key, value in conf.items() for part in ("--conf", f"{key}={value}")]
         return [str(BIN / "spark-submit"), "--master", self.master, *confs, *map(str, args)]
 
@@ -143,6 +150,7 @@ def standalone_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: s
             str(web),
         )
         cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", folder)
+        cluster.scratch.mkdir(exist_ok=True)
         _wait(lambda: cluster.state()["status"] == "ALIVE", "the master", daemons)
         for k in range(workers):
             work = folder / f"worker-{k}"
@@ -167,6 +175,17 @@ def standalone_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: s
     finally:
         for daemon in daemons:
             _stop_group(daemon)
+        _drop_executor_files(folder)
+        shutil.rmtree(folder / "scratch", ignore_errors=True)
+
+
+def _drop_executor_files(folder: Path) -> None:
+    """What each executor unpacked and copied into its work folder (a shipped environment is about
+    600 MB an executor), its stdout and stderr kept for a failure's diagnosis."""
+    for executor in folder.glob("worker-*/app-*/*"):
+        for entry in executor.iterdir():
+            if entry.name not in ("stdout", "stderr"):
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def _wait(ready, what: str, daemons: list[subprocess.Popen]) -> None:
