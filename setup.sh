@@ -40,7 +40,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "setup: creating .venv with $("$python" --version) and the locked dependencies (about a minute)..." >&2
 "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock
+# --no-cache-dir: pip's cache would keep a second copy of every wheel (about 2.7 GB) beside the venv.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-compile -r requirements.lock
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 # Bytecode for every installed module, on every core (pip compiles one file at a time): about 20 s here.
 # Without it, where PYTHONDONTWRITEBYTECODE is set (as in many images) every process compiles
