@@ -22,8 +22,10 @@ the trusted zone (docs/operations.md).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -199,6 +201,7 @@ def ship_project(spark) -> None:
     if not os.path.isdir(os.path.dirname(pipelines.__file__)):
         return
     folder = tempfile.mkdtemp(prefix="ssp-py-files-")
+    atexit.register(shutil.rmtree, folder, True)  # served to the executors for the session's life
     archive = project_zip(os.path.join(folder, "ssp_project.zip"))
     spark.sparkContext.addPyFile(archive)
 
