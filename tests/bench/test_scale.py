@@ -103,7 +103,12 @@ def test_the_largest_size_runs_am_ssp_alone():
         100_000: list(scale.METHODS),
         1_000_000: list(scale.METHODS),
         10_000_000: ["ssp"],
+        69_878: list(scale.METHODS),  # the MovieLens-10M shape
     }
+    shape = [params for params in scale.cells(quick=False) if params["users"] == 69_878]
+    assert {(params["items"], params["ratings_per_user"]) for params in shape} == {(10_677, 143)}
+    grid = [params for params in scale.cells(quick=False) if params["users"] != 69_878]
+    assert all("items" not in params for params in grid)  # the grid's cells keep their keys (the stored results)
     assert [params["users"] for params in scale.ladder_cells(quick=False)] == [10_000, 100_000, 1_000_000]
 
 
