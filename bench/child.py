@@ -43,7 +43,7 @@ def run_measured(code: str, payload: dict) -> dict:
     return {**json.loads(child.stdout.strip().splitlines()[-1]), "wall_seconds": time.perf_counter() - started}
 
 
-def _processes() -> dict[int, tuple[int, str]]:
+def processes() -> dict[int, tuple[int, str]]:
     """{pid: (parent pid, command name)} of every process now running."""
     found = {}
     for entry in os.listdir("/proc"):
@@ -58,7 +58,7 @@ def _processes() -> dict[int, tuple[int, str]]:
     return found
 
 
-def _memory_kib(pid: int) -> tuple[int, int]:
+def memory_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of a process in KiB, (0, 0) once it is gone."""
     values = {"VmRSS:": 0, "VmHWM:": 0}
     try:
@@ -99,7 +99,7 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
     )
     reader.start()
     while reader.is_alive():
-        table = _processes()
+        table = processes()
         kinds = {child.pid: "driver"}
         changed = True  # a child may be listed before its parent: repeat until every descendant is classified
         while changed:
@@ -113,7 +113,7 @@ def run_tree_measured(code: str, payload: dict, interval: float = 0.5) -> dict:
                 changed = True
         alive_workers = 0
         for pid, kind in kinds.items():
-            rss, hwm = _memory_kib(pid)
+            rss, hwm = memory_kib(pid)
             if hwm:
                 peaks[pid] = (kind, max(hwm, peaks.get(pid, (kind, 0))[1]))
             if kind == "worker":

@@ -30,7 +30,8 @@ import shutil
 
 import numpy as np
 
-from bench import harness, phase_limits, time_to_quality, training
+from bench import harness, phase_limits, phase_memory, time_to_quality, training
+from bench.child import memory_kib
 from pipelines.data import synth
 from pipelines.data.datasets import is_dataset, open_dataset
 from pipelines.training import settings, stages
@@ -197,9 +198,16 @@ def run_cell(out: str, params: dict) -> dict:
     os.makedirs(os.path.dirname(root), exist_ok=True)
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log:
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
-        metrics = stages.run(config, spark=spark, progress=False, count_jobs=True)
+        before = memory_kib(os.getpid())[0] / 1024
+        with phase_memory.sampled() as samples:
+            metrics = stages.run(config, spark=spark, progress=False, count_jobs=True)
         steps = training.trajectory(Run(root), config)
     recorded = Run(root).read_manifest()
+    memory = {"driver_before_mib": before, "phases": {}}
+    for name, peak in phase_memory.phase_peaks(samples, recorded["seconds"]).items():
+        phase = memory["phases"].setdefault(name.split("/")[-1], {"driver_mib": 0.0, "all_mib": 0.0})
+        for key in phase:  # the largest over the outer steps
+            phase[key] = max(phase[key], peak[key])
     walls, kernels = phase_seconds(recorded, spark.sparkContext.defaultParallelism)
     jobs = dict.fromkeys(PHASES, 0)
     for name, count in recorded.get("spark_jobs", {}).items():
@@ -217,6 +225,7 @@ def run_cell(out: str, params: dict) -> dict:
         "work": done,
         "outer_steps": config.outer_steps,
         "trajectory": steps,
+        "memory": memory,
     }
 
 
@@ -429,6 +438,15 @@ def run(ctx: harness.Context) -> harness.Section:
                 ]
             )
     section.table(["users", "method", *[f"{p}: kernel of wall (s)" for p in KERNELS]], kernels)
+    memory = memory_rows(by_size)
+    if memory:
+        section.text(
+            "**Peak memory by phase** (resident set in MiB, sampled every 0.25 s, as driver / all: the driver is "
+            "the bench's Python process, which runs the stages and the trainer; all adds what runs under it, "
+            "Spark's JVM and its Python workers; the driver's resident set before the run is its baseline)."
+        )
+        section.table(["users", "method", "driver before (MiB)", *[f"{p} (MiB)" for p in PHASES]], memory)
+        section.text(memory_verdict(by_size))
     measured = [users for users in sorted(by_size) if (by_size[users].get("ssp") or {}).get("work")]
     if measured:
         written = [users for users in measured if is_dataset(size_data_path(ctx.out, users))]
@@ -482,6 +500,48 @@ def run(ctx: harness.Context) -> harness.Section:
     return section
 
 
+def memory_rows(by_size: dict[int, dict[str, dict]]) -> list[list[str]]:
+    rows = []
+    for users in sorted(by_size):
+        for name, cell in sorted(by_size[users].items()):
+            if "memory" in cell:
+                phases = cell["memory"]["phases"]
+                rows.append(
+                    [
+                        f"{users:,}",
+                        training.METHODS[name].label,
+                        f"{cell['memory']['driver_before_mib']:.0f}",
+                        *[
+                            f"{phases[p]['driver_mib']:.0f} / {phases[p]['all_mib']:.0f}" if p in phases else "-"
+                            for p in PHASES
+                        ],
+                    ]
+                )
+    return rows
+
+
+def driver_peak(cell: dict) -> float:
+    return max((phase["driver_mib"] for phase in cell["memory"]["phases"].values()), default=0.0)
+
+
+def memory_verdict(by_size: dict[int, dict[str, dict]]) -> str:
+    """The driver's peak (AM-SSP) at the two largest sizes of the grid that have one: flat within
+    MEMORY_GROWTH and under DRIVER_LIMIT_MIB?"""
+    sizes = sorted(u for u in by_size if not is_shape(u) and "memory" in by_size[u].get("ssp", {}))
+    if len(sizes) < 2:
+        return "**Memory.** The driver's growth needs two sizes with AM-SSP's memory measured."
+    small, large = (driver_peak(by_size[u]["ssp"]) for u in sizes[-2:])
+    growth = large / small - 1
+    flat = growth <= MEMORY_GROWTH and large < DRIVER_LIMIT_MIB
+    return (
+        f"**Memory.** AM-SSP's driver peaks at {small:,.0f} MiB at {sizes[-2]:,} users and {large:,.0f} MiB at "
+        f"{sizes[-1]:,} ({growth:+.0%}): {'within' if flat else 'outside'} the goal of at most "
+        f"{MEMORY_GROWTH:.0%} growth and under {DRIVER_LIMIT_MIB / 1024:g} GiB."
+    )
+
+
+MEMORY_GROWTH = 0.2  # the driver's peak may grow this much from the second-largest size to the largest
+DRIVER_LIMIT_MIB = 4096.0
 QUALITY = ("item-mean", "none", "ssp", "dpsgd")  # the private columns of the quality table, at EPSILON
 
 
