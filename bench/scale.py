@@ -306,7 +306,8 @@ def plot_curves(by_size: dict[int, dict[str, dict]]):
                 label=f"{training.METHODS[name].label}, steps 0..{len(points) - 1}",
             )
         ax.set_xscale("log")
-        harness.finish(ax, f"{users:,} users", "wall time since the run started (s)", "test RMSE (stars)")
+        title = f"MovieLens-10M shape: {users:,} users" if is_shape(users) else f"{users:,} users"
+        harness.finish(ax, title, "wall time since the run started (s)", "test RMSE (stars)")
     return fig
 
 
