@@ -170,6 +170,13 @@ class Run:
         timings[phase] = timings.get(phase, 0.0) + seconds
         self.write_manifest(manifest)
 
+    def record_start(self, phase: str, at: float) -> None:
+        """When a stage last started (`time.time()`), in the manifest's `phase_started_at`: with `seconds`,
+        where each stage sits in the run's timeline (the manifest's keys are sorted, not in run order)."""
+        manifest = self.read_manifest()
+        manifest.setdefault("phase_started_at", {})[phase] = at
+        self.write_manifest(manifest)
+
     def mark_step_done(self, s: int) -> dict:
         """Record outer step s as complete (its item update is written); returns the manifest."""
         manifest = self.read_manifest()

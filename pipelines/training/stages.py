@@ -49,7 +49,8 @@ def run(
 
     The same stages a scheduler runs as separate tasks, on the run's engine (with `spark`, a Spark
     engine uses that session; else it opens one when a stage first needs it);
-    each stage's wall time goes into the manifest's `seconds` (Run.record_seconds).
+    each stage's wall time goes into the manifest's `seconds` (Run.record_seconds), its start into
+    `phase_started_at` (Run.record_start).
     With `count_jobs` (a benchmark's measure) each stage's number of Spark jobs goes into
     `spark_jobs`; off by default: reading Spark's status leaves Java proxies whose collection,
     should a Ctrl-C land in it, would swallow the interrupt.
@@ -60,9 +61,10 @@ def run(
 
         @contextmanager
         def timed(phase: str):
-            started, jobs = time.perf_counter(), jobs_started() if count_jobs else 0
+            begun, started, jobs = time.time(), time.perf_counter(), jobs_started() if count_jobs else 0
             yield
             layout.record_seconds(phase, time.perf_counter() - started)
+            layout.record_start(phase, begun)
             if count_jobs:
                 layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 

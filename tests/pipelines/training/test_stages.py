@@ -595,3 +595,21 @@ def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_n
     assert digested.count(interactions) == 1
     account = Ledger.open(prepare.Run(config.out).ledger).budget["account"]
     assert account == BudgetAccount.for_source(seeds.content_digest_table(interactions)).path
+
+
+def test_a_run_records_where_each_phase_starts(reference):
+    """Each stage's start beside its wall time (Run.record_start): the run's timeline, stage after
+    stage, which the manifest's sorted keys do not give."""
+    run, _ = reference
+    manifest = storage.read_json(str(run / "manifest.json"))
+    starts, seconds = manifest["phase_started_at"], manifest["seconds"]
+    assert set(starts) == set(seconds)
+    order = sorted(starts, key=starts.get)
+    assert order == [
+        "prepare",
+        *[f"step-{s}/{phase}" for s in (1, 2) for phase in ("user_update", "stats", "item_update")],
+        "final_user_update",
+        "evaluation",
+    ]
+    for earlier, later in zip(order, order[1:], strict=False):  # one after the other, none overlapping
+        assert starts[earlier] + seconds[earlier] <= starts[later] + 1e-3
