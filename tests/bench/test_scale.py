@@ -187,17 +187,17 @@ def _memory(driver_peaks: dict[str, float]) -> dict:
 def test_the_drivers_peak_is_judged_at_the_two_largest_sizes_of_the_grid():
     by_size = {
         10_000: {"ssp": {**_cell(2e5, 0.95, [1, 2], [1.0, 0.95], {}), "memory": _memory({"prepare": 9000.0})}},
-        1_000_000: {"ssp": {**_cell(2e7, 0.92, [1, 2], [1.0, 0.92], {}), "memory": _memory({"prepare": 2000.0})}},
+        1_000_000: {"ssp": {**_cell(2e7, 0.92, [1, 2], [1.0, 0.92], {}), "memory": _memory({"prepare": 2500.0})}},
         10_000_000: {
-            "ssp": {**_cell(2e8, 0.91, [1, 2], [1.0, 0.91], {}), "memory": _memory({"stats": 1500, "evaluation": 2300})}
+            "ssp": {**_cell(2e8, 0.91, [1, 2], [1.0, 0.91], {}), "memory": _memory({"stats": 1500, "evaluation": 2800})}
         },
         69_878: {"ssp": {**_cell(1e7, 0.9, [1, 2], [1.0, 0.9], {}), "memory": _memory({"prepare": 9999.0})}},
     }
-    verdict = scale.memory_verdict(by_size)  # 2,000 then 2,300 MiB: +15%, under 4 GiB (10^4 and the shape aside)
-    assert "2,000 MiB at 1,000,000 users and 2,300 MiB at 10,000,000 (+15%): within" in verdict
-    by_size[10_000_000]["ssp"]["memory"] = _memory({"evaluation": 2500.0})
+    verdict = scale.memory_verdict(by_size)  # 2,000 then 2,300 MiB above the 500 before: +15% (10^4, the shape aside)
+    assert "2,000 MiB above its baseline at 1,000,000 users and 2,300 MiB at 10,000,000 (+15%): within" in verdict
+    by_size[10_000_000]["ssp"]["memory"] = _memory({"evaluation": 3000.0})
     assert "(+25%): outside" in scale.memory_verdict(by_size)
     rows = scale.memory_rows(by_size)
     assert rows[-1][:4] == ["10,000,000", "AM-SSP", "500", "-"]  # no sample in prepare
-    assert rows[-1][3 + scale.PHASES.index("evaluation")] == "2500 / 3500"
+    assert rows[-1][3 + scale.PHASES.index("evaluation")] == "3000 / 4000"
     assert "needs two sizes" in scale.memory_verdict({10_000: by_size[10_000]})
