@@ -184,8 +184,12 @@ def _drop_executor_files(folder: Path) -> None:
     600 MB an executor), its stdout and stderr kept for a failure's diagnosis."""
     for executor in folder.glob("worker-*/app-*/*"):
         for entry in executor.iterdir():
-            if entry.name not in ("stdout", "stderr"):
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            if entry.name in ("stdout", "stderr"):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)  # an executor's own shutdown may be deleting it too
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def _wait(ready, what: str, daemons: list[subprocess.Popen]) -> None:
