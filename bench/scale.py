@@ -357,9 +357,8 @@ def run(ctx: harness.Context) -> harness.Section:
     section.text(
         "**The paper's MovieLens-10M shape** ("
         + "; ".join(f"`--users {u} --items {m} --ratings-per-user {k}`" for u, m, k in PAPER_SHAPES)
-        + "): both methods, AM-DPSGD with the settings tuned at 10^5 users x 20 ratings (not tuned at the shape: "
-        "its row cap `max_items_per_user` keeps 21 of a user's ratings a step), no ladder; its own panel in the "
-        "curves and its own line in the goals below."
+        + "): both methods, AM-DPSGD with the settings tuned at 10^5 users x 20 ratings (not yet tuned at the "
+        "shape), no ladder; its own panel in the curves and its own line in the goals below."
     )
     quality = quality_rows(by_size, ladders)
     section.table(
