@@ -95,10 +95,6 @@ def data_set(out: str, users: int, ratings_per_user: int = RATINGS_PER_USER, ite
     return path
 
 
-def cell_data(out: str, params: dict) -> str:
-    return data_set(out, params["users"], params["ratings_per_user"], params.get("items"))
-
-
 def _size_args(users: int) -> tuple:
     shape = next((shape for shape in PAPER_SHAPES if shape.users == users), None)
     return (users,) if shape is None else (users, shape.ratings_per_user, shape.items)
@@ -186,7 +182,7 @@ def phase_seconds(manifest: dict, parallelism: int) -> tuple[dict, dict]:
 
 def run_cell(out: str, params: dict) -> dict:
     """Train one cell on the bench's shared Spark session; its phases, kernels and trajectory."""
-    data = cell_data(out, params)
+    data = size_data(out, params["users"])
     root = os.path.join(out, "runs", hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16])
     shutil.rmtree(root, ignore_errors=True)
     config = settings.TrainConfig.create(
