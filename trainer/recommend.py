@@ -441,6 +441,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "recommendations name it and give the catalog's ids) (default: %(default)s)",
     )
     parser.add_argument(
+        "--label-col",
+        help="for a model trained on ratings: the history's rating column (default: label)",
+    )
+    parser.add_argument(
+        "--count-col",
+        help="for a model trained on implicit feedback: the history's column of counts (plays of the item, "
+        "numbers >= 1), summed per user and item as ssp ingest --count-col does (default: label; without one "
+        "each row counts once)",
+    )
+    parser.add_argument(
         "--new-items",
         help="Parquet or CSV of catalog items added after training (the item id and the model's public feature "
         "columns; a bag's values separated by |): embedded from their features alone and ranked with the rest",
@@ -530,11 +540,40 @@ def own_ids(table: pa.Table, users: pa.Array | None, keys: pa.Array | None, user
     return table.rename_columns([user_col, "rank", item_col, *table.column_names[3:]])
 
 
+def with_label(history: pa.Table, args: argparse.Namespace, settings: dict) -> pa.Table:
+    """The history with its rating or count column (--label-col, --count-col) named `label`; for an
+    implicit model without one, a note on stderr names the columns left unread (each row counts once)."""
+    implicit = settings.get("confidence_alpha") is not None
+    if implicit and args.label_col:
+        raise UserError(
+            "--label-col: this model was trained on implicit feedback (counts): name the column with --count-col"
+        )
+    if not implicit and args.count_col:
+        raise UserError("--count-col: this model was trained on ratings: name the rating column with --label-col")
+    column, flag = (args.count_col, "--count-col") if implicit else (args.label_col, "--label-col")
+    if column is None:
+        unread = [name for name in history.column_names if name not in (args.user_col, args.item_col, "label")]
+        if implicit and unread and "label" not in history.column_names:
+            LOGGER.warning(
+                f"{args.history}: column(s) {', '.join(unread)} not read, each row counts once (a column of counts "
+                "is named with --count-col)"
+            )
+        return history
+    if column not in history.column_names:
+        raise UserError(
+            f"{flag} {column}: {args.history} has no such column (columns: {', '.join(history.column_names)})"
+        )
+    if "label" in history.column_names and column != "label":
+        history = history.drop_columns(["label"])
+    return history.rename_columns(["label" if name == column else name for name in history.column_names])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith((".csv", ".parquet")):
         raise UserError(f"--out {args.out}: name a .csv or a .parquet file (the format follows the extension)")
     model = PublishedModel.load(args.model)
-    history, users = coded_users(read_user_table(args.history, (args.user_col, args.item_col)), args.user_col)
+    history = with_label(read_user_table(args.history, (args.user_col, args.item_col)), args, model.settings)
+    history, users = coded_users(history, args.user_col)
     history, unknown = keyed_items(history, args.item_col, model.item_keys)
     history = keyed(history, args.history, {"user_id": args.user_col, "item_id": args.item_col})
     new_items, keys = None, model.item_keys

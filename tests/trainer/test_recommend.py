@@ -102,6 +102,47 @@ def test_an_implicit_models_history_counts_a_users_rows_of_one_item_as_training_
             model.recommend(pa.table({"user_id": [5, 5], "item_id": [10, 20], "label": [2.0, bad]}))
 
 
+def test_a_histories_count_column_is_named_with_count_col_and_an_unread_one_is_said_through_the_installed_command(
+    tmp_path,
+):
+    """--count-col plays: the same top item and score as one row per play; without it the column is
+    named as unread on stderr and each row counts once; --label-col on an implicit model and an
+    unknown column are one error line."""
+    path = publication(tmp_path / "published", "recall")
+    storage.write_json(
+        {**storage.read_json(storage.join(path, "model.json")), "confidence_alpha": 1.0},
+        storage.join(path, "model.json"),
+    )
+    (tmp_path / "plays.csv").write_text("listener,track\n5,10\n5,20\n5,10\n5,10\n")
+    (tmp_path / "counted.csv").write_text("listener,track,plays\n5,20,1\n5,10,3\n")
+    ids = ("--user-col", "listener", "--item-col", "track")
+    per_play = installed_ssp("recommend", "--model", path, "--history", tmp_path / "plays.csv", *ids, "--k", 1)
+    counted = installed_ssp(
+        "recommend", "--model", path, "--history", tmp_path / "counted.csv", *ids, "--k", 1, "--count-col", "plays"
+    )
+    assert per_play.returncode == counted.returncode == 0, per_play.stderr + counted.stderr
+    _, u = PublishedModel.load(path).fold_in(np.array([5, 5]), np.array([0, 1]), np.array([3.0, 1.0]))
+    expected = f"5,1,30,{u[0] @ [1.0, 1.0]:.6g}"  # item 30, the only unseen one
+    assert per_play.stdout.splitlines() == counted.stdout.splitlines() == ["listener,rank,track,score", expected]
+    unread = installed_ssp("recommend", "--model", path, "--history", tmp_path / "counted.csv", *ids, "--k", 1)
+    assert unread.returncode == 0 and "column(s) plays not read, each row counts once" in unread.stderr
+    assert unread.stdout.splitlines()[1] != expected
+    one_error_line(
+        installed_ssp(
+            "recommend", "--model", path, "--history", tmp_path / "counted.csv", *ids, "--label-col", "plays"
+        ),
+        "--label-col",
+        "implicit feedback",
+        "--count-col",
+    )
+    one_error_line(
+        installed_ssp("recommend", "--model", path, "--history", tmp_path / "counted.csv", *ids, "--count-col", "n"),
+        "--count-col n",
+        "no such column",
+        "plays",
+    )
+
+
 def test_recommendations_carry_the_catalogs_titles_and_the_stdout_csv_quotes_them(tmp_path, capsys):
     path = publication(tmp_path, "recall")
     storage.write_table(
