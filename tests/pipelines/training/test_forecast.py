@@ -37,12 +37,14 @@ def test_a_forecast_runs_the_pipeline_on_a_synthetic_log_and_spends_nothing(
     assert os.listdir(budget_account_registry) == [] and sorted(os.listdir(own)) == ["run.toml"]
 
 
-def test_the_forecast_warns_when_the_requested_epsilon_is_at_or_below_the_baseline():
+def test_the_forecast_warns_when_the_requested_epsilon_is_below_or_within_noise_of_the_baseline():
     def result(model, baseline, protocol="recall"):
         rows = [{"epsilon": e, "covered": 10, "model": model, "baseline": baseline} for e in (0.5, 1.0, 2.0)]
         return {"like": "plays", "users": 3500, "items": 1000, "rows": rows, "protocol": protocol}
 
     assert "WARNING" not in forecast.describe(result(0.20, 0.15), 1.0, None)
+    near = forecast.describe(result(0.155, 0.15), 1.0, None)  # +0.005: within one run's noise (0.01)
+    assert "WARNING: at epsilon 1 the model is forecast within the forecast's noise of DP popularity (+0.0050" in near
     below = forecast.describe(result(0.14, 0.15), 1.0, 2000)
     assert "WARNING: at epsilon 1 the model is forecast at or BELOW DP popularity (-0.0100)" in below
     assert "| 1 | 10 (1%) | 0.1400 | 0.1500 | -0.0100 |" in below and "your catalog of 2,000" in below
