@@ -558,7 +558,8 @@ def _catalog_ids(chunks: list[tuple[_Part, pa.Array]], name: str, catalog: str) 
         if not all(_is_text(_decoded(column).type) for _, column in chunks):
             raise
         text = pa.chunked_array([_text_ids(column, name, part) for part, column in chunks], pa.string())
-        logs.log(f"{catalog}: item ids read as text keys, numbered in their sorted order ({why})")
+        first = str(why).split(";")[0]  # where the first id that is not an integer is, without the refusal's rule
+        logs.log(f"{catalog}: item ids read as text keys, numbered in their sorted order ({first})")
     keys = pc.unique(text).sort()
     if len(keys) < len(text):
         counts = pc.value_counts(text)
