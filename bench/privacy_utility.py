@@ -104,9 +104,15 @@ def study(
     metric = training.METRICS[protocol]
     seed = training.study_seed(name, epsilon) if seed is None else seed
     history, trials = [], []
-    for t in range(size["trials"] if training.search_space(name, size["caps"]) else 1):  # nothing to tune: one trial
+    for t in range(size["trials"] if training.search_space(name, size["caps"], protocol) else 1):  # one if untuned
         draw = training.suggest(
-            name, seed, history, size["caps"], metric.lower_is_better, size.get("startup", training.STARTUP_TRIALS)
+            name,
+            seed,
+            history,
+            size["caps"],
+            metric.lower_is_better,
+            size.get("startup", training.STARTUP_TRIALS),
+            protocol,
         )
         params = training.cell_params(data, protocol, name, epsilon, training.cell_config(name, size["base"], draw), t)
         value = results.get(NAME, params)
@@ -544,7 +550,7 @@ def report(ctx: harness.Context, collected: dict, rows: list[dict], figure: str 
             [
                 training.METHODS[n].label,
                 training.METHODS[n].overrides,
-                training.describe_space(training.search_space(n, collected["size"]["caps"])),
+                training.describe_space(training.search_space(n, collected["size"]["caps"], ctx.protocol)),
             ]
             for n in collected["methods"]
         ],

@@ -184,6 +184,8 @@ _DPSGD = {
     "dpsgd_batch_size": Choice((32, 64, 128, 256, 512)),
 }
 _CMF = {"feature_weight": Range(0.03, 30.0, log=True), "feature_ridge": Range(0.03, 30.0, log=True)}
+_ITEM_GRAM = {"item_gram_share": Range(0.0, 0.8)}  # AM-SSP's start from the DP item Gram: a ranking's release
+RANKING_ONLY = set(_ITEM_GRAM)  # fields tuned under the recall protocol only (a ratings run refuses them)
 
 METHODS: dict[str, Method] = {
     "nonprivate-ssp": Method(
@@ -229,7 +231,7 @@ METHODS: dict[str, Method] = {
     "ssp": Method(
         "AM-SSP",
         {"item_update": "ssp", "encoder": "features"},
-        {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD},
+        {**_USER, **_RIDGE, **_NOISE_RIDGE, **_RESIDUAL, **_ANCHOR, **_CLIPS, **_COUNTS, **_SGD, **_ITEM_GRAM},
     ),
     # the baseline every model must beat on ratings (last: the methods' colours keep their order)
     "item-mean": Method(
@@ -283,10 +285,13 @@ def select(names: list[str] | None) -> list[str]:
     return [name for name in METHODS if names is None or name in names]
 
 
-def search_space(name: str, caps: dict) -> dict:
-    """The method's tunable fields (those TrainConfig has), each within `caps` (field -> largest value)."""
+def search_space(name: str, caps: dict, protocol: str = "rmse") -> dict:
+    """The method's tunable fields under `protocol` (those TrainConfig has), each within `caps`
+    (field -> largest value)."""
     return {
-        key: dim.capped(caps[key]) if key in caps else dim for key, dim in METHODS[name].space.items() if key in _FIELDS
+        key: dim.capped(caps[key]) if key in caps else dim
+        for key, dim in METHODS[name].space.items()
+        if key in _FIELDS and (protocol == "recall" or key not in RANKING_ONLY)
     }
 
 
@@ -310,7 +315,7 @@ def tuned_values(name: str, config: dict, caps: dict, epsilon: float | None = No
     effective = settings.TrainConfig.create(**run, **{key: value for key, value in config.items() if key in _FIELDS})
     values = {
         key: getattr(effective, key)
-        for key, dim in search_space(name, caps).items()
+        for key, dim in search_space(name, caps, protocol).items()
         if dim.contains(getattr(effective, key))
     }
     return {
@@ -326,17 +331,19 @@ def suggest(
     caps: dict,
     lower_is_better: bool,
     startup: int = STARTUP_TRIALS,
+    protocol: str = "rmse",
 ) -> dict:
     """The draw (tuned field -> value) of trial len(history) of a study: {} (the method's defaults)
     for trial 0; then Optuna's (multivariate) TPE given the finished trials `history`, pairs of
     (tuned values, validation metric or None for a failed trial), seeded by (seed, trial number);
-    the first `startup` trials are seeded random draws. The same arguments give the same draw."""
+    the first `startup` trials are seeded random draws, over the space under `protocol`. The same
+    arguments give the same draw."""
     if not history:
         return {}
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = search_space(name, caps)
+    space = search_space(name, caps, protocol)
     if not space:
         return {}
     distributions = {key: dim.distribution() for key, dim in space.items()}

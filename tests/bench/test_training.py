@@ -140,10 +140,12 @@ def test_search_spaces_contain_the_named_ranges():
     # ranges hold the method's defaults: trial 0 is a point of the space the sampler is told
     for name in training.METHODS:
         config = training.cell_config(name, {}, {})
-        protocol = training.METHODS[name].protocols[0]
-        assert (
-            training.tuned_values(name, config, {}, protocol=protocol).keys() == training.search_space(name, {}).keys()
-        ), name
+        for protocol in training.METHODS[name].protocols:
+            tuned = training.tuned_values(name, config, {}, protocol=protocol)
+            assert tuned.keys() == training.search_space(name, {}, protocol).keys(), (name, protocol)
+    # AM-SSP's share of the item Gram is tuned for a ranking (its default 0.5 inside), never for ratings
+    assert training.tuned_values("ssp", {}, {}, protocol="recall")["item_gram_share"] == 0.5
+    assert "item_gram_share" not in training.search_space("ssp", {}, "rmse")
 
 
 def test_dp_popularity_and_implicit_als_are_ranking_methods():
