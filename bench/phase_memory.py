@@ -3,7 +3,7 @@ everything under it (Spark's JVM in local mode and its Python workers), sampled 
 
 `sampled()` records (wall-clock time, the root's RSS, the rest of its process tree's RSS) every
 `interval` seconds while the block runs; `phase_peaks` cuts that timeline at the run's phases, each
-from its start (the manifest's `phase_started_at`, Run.record_start) for its wall time (`seconds`),
+from its start (the manifest's `phase_started_at`, Run.record_seconds) for its wall time (`seconds`),
 and returns each phase's peak. A peak shorter than the interval can fall between two samples.
 """
 

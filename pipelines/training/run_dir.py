@@ -160,21 +160,20 @@ class Run:
     def write_manifest(self, manifest: dict) -> None:
         storage.write_json(manifest, self.manifest_path)
 
-    def record_seconds(self, phase: str, seconds: float, kind: str = "seconds") -> None:
+    def record_seconds(
+        self, phase: str, seconds: float, kind: str = "seconds", started_at: float | None = None
+    ) -> None:
         """Add a stage's wall time to the manifest's `seconds` ({phase: seconds}; a stage that runs
         again after an interruption adds to its figure), or with kind "kernel_seconds" the seconds
         its tasks spent in the stage's kernel (summed over tasks), or with "spark_jobs" the Spark jobs it
-        started: where a run's time goes."""
+        started: where a run's time goes. `started_at` (`time.time()`): when the stage last started,
+        in `phase_started_at`, where each stage sits in the run's timeline (the keys are sorted, not
+        in run order)."""
         manifest = self.read_manifest()
         timings = manifest.setdefault(kind, {})
         timings[phase] = timings.get(phase, 0.0) + seconds
-        self.write_manifest(manifest)
-
-    def record_start(self, phase: str, at: float) -> None:
-        """When a stage last started (`time.time()`), in the manifest's `phase_started_at`: with `seconds`,
-        where each stage sits in the run's timeline (the manifest's keys are sorted, not in run order)."""
-        manifest = self.read_manifest()
-        manifest.setdefault("phase_started_at", {})[phase] = at
+        if started_at is not None:
+            manifest.setdefault("phase_started_at", {})[phase] = started_at
         self.write_manifest(manifest)
 
     def mark_step_done(self, s: int) -> dict:

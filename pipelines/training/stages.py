@@ -49,8 +49,8 @@ def run(
 
     The same stages a scheduler runs as separate tasks, on the run's engine (with `spark`, a Spark
     engine uses that session; else it opens one when a stage first needs it);
-    each stage's wall time goes into the manifest's `seconds` (Run.record_seconds), its start into
-    `phase_started_at` (Run.record_start).
+    each stage's wall time goes into the manifest's `seconds` and its start into `phase_started_at`
+    (Run.record_seconds).
     With `count_jobs` (a benchmark's measure) each stage's number of Spark jobs goes into
     `spark_jobs`; off by default: reading Spark's status leaves Java proxies whose collection,
     should a Ctrl-C land in it, would swallow the interrupt.
@@ -63,8 +63,7 @@ def run(
         def timed(phase: str):
             begun, started, jobs = time.time(), time.perf_counter(), jobs_started() if count_jobs else 0
             yield
-            layout.record_seconds(phase, time.perf_counter() - started)
-            layout.record_start(phase, begun)
+            layout.record_seconds(phase, time.perf_counter() - started, started_at=begun)
             if count_jobs:
                 layout.record_seconds(phase, jobs_started() - jobs, "spark_jobs")
 

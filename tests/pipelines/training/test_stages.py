@@ -598,7 +598,7 @@ def test_prepare_reads_the_interactions_digest_once_and_charges_the_account_it_n
 
 
 def test_a_run_records_where_each_phase_starts(reference):
-    """Each stage's start beside its wall time (Run.record_start): the run's timeline, stage after
+    """Each stage's start beside its wall time (Run.record_seconds): the run's timeline, stage after
     stage, which the manifest's sorted keys do not give."""
     run, _ = reference
     manifest = storage.read_json(str(run / "manifest.json"))
