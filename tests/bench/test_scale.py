@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bench import harness, scale
+from bench import harness, scale, training
 
 
 def test_phases_sum_outer_steps_and_kernels_divide_spark_task_seconds_by_parallelism():
@@ -74,6 +74,21 @@ def test_time_to_the_worse_final_rmse_and_the_ratio():
     assert scale.summarize({1000: {"ssp": by_size[1000]["ssp"]}}) == {}  # one method alone: nothing to compare
 
 
+def test_at_the_ranking_shape_the_worse_final_is_the_lower_recall():
+    by_size = {
+        136_677: {
+            "ssp": _cell(2e7, 0.30, [40, 60, 90], [0.20, 0.28, 0.30], {}),
+            "dpsgd": _cell(2e7, 0.25, [40, 400, 800], [0.20, 0.22, 0.25], {}),
+        }
+    }
+    # target 0.25 (AM-DPSGD's final, the lower Recall@20); AM-SSP is above it at its first step (60 s)
+    assert scale.summarize(by_size)[136_677] == {
+        "target": 0.25,
+        "times": {"ssp": 60.0, "dpsgd": 800.0},
+        "ratio": 800 / 60,
+    }
+
+
 def test_growth_is_the_log_log_slope_of_the_outer_steps_time_against_rows():
     steps = {p: 1.0 for p in scale.KERNELS}
     by_size = {
@@ -88,7 +103,9 @@ def test_growth_is_the_log_log_slope_of_the_outer_steps_time_against_rows():
 
 
 def test_each_method_runs_its_own_item_update():
-    configs = {params["method"]: params["config"] for params in scale.cells(quick=False)}
+    configs = {
+        params["method"]: params["config"] for params in scale.cells(quick=False) if not scale.is_shape(params["users"])
+    }
     # AM-DPSGD with the best trial of its tuning at 10^5 users (bench/results/dpsgd-tune-100k): batch 256, one epoch
     assert configs["ssp"]["item_update"] == "ssp" and configs["dpsgd"]["item_update"] == "dpsgd"
     assert (configs["dpsgd"]["dpsgd_batch_size"], configs["dpsgd"]["dpsgd_epochs"]) == (256, 1)
@@ -104,10 +121,19 @@ def test_the_largest_size_runs_am_ssp_alone():
         1_000_000: list(scale.METHODS),
         10_000_000: ["ssp"],
         69_878: list(scale.METHODS),  # the MovieLens-10M shape
+        136_677: ["ssp", "dpsgd", "none"],  # the MovieLens-20M shape, ranked: no DP per-item mean
     }
     shape = [params for params in scale.cells(quick=False) if params["users"] == 69_878]
     assert {(params["items"], params["ratings_per_user"]) for params in shape} == {(10_677, 143)}
-    grid = [params for params in scale.cells(quick=False) if params["users"] != 69_878]
+    assert all("protocol" not in params for params in shape)  # the stored MovieLens-10M cells keep their keys
+    ranking = [params for params in scale.cells(quick=False) if params["users"] == 136_677]
+    assert {(params["items"], params["ratings_per_user"], params["protocol"]) for params in ranking} == {
+        (20_108, 144, "recall")
+    }
+    # at the ranking shape every method at its defaults: AM-DPSGD's TUNED settings were chosen on ratings
+    assert all(params["config"] == training.METHODS[params["method"]].overrides for params in ranking)
+    assert scale.protocol_of(136_677) == "recall" and scale.protocol_of(69_878) == scale.protocol_of(10_000) == "rmse"
+    grid = [params for params in scale.cells(quick=False) if not scale.is_shape(params["users"])]
     assert all("items" not in params for params in grid)  # the grid's cells keep their keys (the stored results)
     assert [params["users"] for params in scale.ladder_cells(quick=False)] == [10_000, 100_000, 1_000_000]
 
@@ -138,7 +164,7 @@ def test_the_report_from_stored_cells(tmp_path):
         results.put(scale.NAME, params, {"item_mean": 0.98, "mf": 0.88})
     section = scale.run(harness.Context(str(tmp_path), True, 1, results, progress=False))
     text = section.markdown()
-    assert "| 1,000 | 0.9500 | 10 | 900 | 90.0x |" in text and "meets the 30x goal" in text
+    assert "| 1,000 | RMSE 0.9500 | 10 | 900 | 90.0x |" in text and "meets the 30x goal" in text
     # the quality table: ladder lines, then the DP per-item mean, the starting point, AM-SSP, AM-DPSGD
     assert "| 1,000 | 0.9800 | 0.8800 | 0.9900 | 1.0100 | 0.9000 | 0.9500 |" in text
     assert "AM-SSP's test RMSE falls as the users grow: 0.9300 at 300 users, 0.9000 at 1,000" in text
