@@ -53,7 +53,7 @@ RATINGS_PER_USER = 20  # mean ratings per user at every size
 # 2 x 10^7 ratings, Recall@20 with training on the top 10% of items by DP count).
 Shape = namedtuple("Shape", "users items ratings_per_user protocol", defaults=("rmse",))
 PAPER_SHAPES = (Shape(69_878, 10_677, 143), Shape(136_677, 20_108, 144, "recall"))
-RACE = ("ssp", "dpsgd")  # timed against each other (time to the same RMSE)
+RACE = ("ssp", "dpsgd")  # timed against each other (time to the same test metric)
 METHODS = RACE + ("item-mean", "none")  # and the private baselines each size's quality is read against
 RANKING_METHODS = RACE + ("none",)  # a ranking shape's (the DP per-item mean predicts ratings)
 # AM-SSP: its defaults (they won the privacy-utility search on the 6,040-user MovieLens-like set,
