@@ -548,10 +548,10 @@ def item_gram_items(size: Size) -> np.ndarray:
     return np.r_[np.arange(1, size.background_items + 1), own.reshape(-1)]
 
 
-def item_gram_release(engine, interactions: str, items: np.ndarray, out: str, ledger_path: str) -> None:
-    """The product's dp_item_gram into the run's ledger and seed file, its exact sums on the audit's
-    engine: the Spark engine on the session (its item_gram_sums in Spark's Python workers), or the
-    local one."""
+def item_gram_release(engine, interactions: str, items: np.ndarray, out: str, ledger_path: str, name: str) -> None:
+    """The product's dp_item_gram as release `name` (the item Gram or its second part) into the
+    run's ledger and seed file, its exact sums on the audit's engine: the Spark engine on the session
+    (its item_gram_sums in Spark's Python workers), or the local one."""
     from pipelines.engines.local import LocalEngine
     from pipelines.engines.prepare_spark import SparkEngine
     from pipelines.releases import release
@@ -560,7 +560,7 @@ def item_gram_release(engine, interactions: str, items: np.ndarray, out: str, le
 
     rows = LocalEngine() if engine == "local" or engine is None else SparkEngine(engine)
     seeds = release.open_seed_file(None, ledger_path)
-    dp_item_gram(interactions, items, out, Ledger.open(ledger_path), seeds, engine=rows)
+    dp_item_gram(interactions, items, out, Ledger.open(ledger_path), seeds, engine=rows, name=name)
 
 
 def item_gram_scores(path: str, size: Size, std: float) -> np.ndarray:
@@ -580,7 +580,8 @@ def item_gram_scores(path: str, size: Size, std: float) -> np.ndarray:
     return llr(released, np.full(released.shape, 1.0 / k), std)
 
 
-AUDITED_GROUPS = ("counts", "mean", "gram", "item_gram", "stats", "dpsgd")
+AUDITED_GROUPS = ("counts", "mean", "gram", "item_gram", "item_gram_more", "stats", "dpsgd")
+ITEM_GRAM_PARTS = {"item_gram": "item gram", "item_gram_more": "second item gram"}
 
 
 def audit_product(
@@ -595,7 +596,7 @@ def audit_product(
     copy: bool,
 ) -> dict[str, Scored]:
     """Make one product's releases with the canaries and score them: {row name: Scored}."""
-    from pipelines.releases import item_gram, release
+    from pipelines.releases import release
     from pipelines.releases.counts import dp_counts, dp_units
     from pipelines.releases.gram import dp_gram
     from pipelines.releases.mean import centred, dp_mean
@@ -660,10 +661,11 @@ def audit_product(
         )["mean"]
     rows = storage.join(folder, "data", "stats-rows.parquet")
     storage.write_table(centred(storage.read_table(tables.interactions), dp, config.protocol, None), rows)
-    if "item_gram" in multipliers:  # made in prepare, before the steps
-        started = time.perf_counter()
-        item_gram_release(engine, rows, item_gram_items(size), storage.join(run, "item_gram"), ledger_path)
-        seconds["item_gram"] = time.perf_counter() - started
+    for part in ITEM_GRAM_PARTS:  # made in prepare, before the steps (the second part as a second Gram release)
+        if part in multipliers:
+            started = time.perf_counter()
+            item_gram_release(engine, rows, item_gram_items(size), storage.join(run, "item_gram"), ledger_path, part)
+            seconds[part] = time.perf_counter() - started
     if copy:
         shutil.copytree(run, twin)  # the seed-file copy: the run folder before its first stats release
 
@@ -728,7 +730,7 @@ def audit_product(
     # scores (outside any plant: the caller scores after the releases)
     ledger = Ledger.open(ledger_path)
     accountant, delta = ledger.budget["accountant"], ledger.budget["delta"]
-    groups, multipliers = set(multipliers), ledger.budget["multipliers"]  # the plan's groups; the run's multipliers
+    groups, multipliers = set(multipliers), ledger.multipliers  # the plan's groups; the run's multipliers
 
     def claimed(events) -> float:
         return accounting.epsilon_of(events, delta, accountant)
@@ -790,13 +792,14 @@ def audit_product(
             composed += sum(out[f"{name}: {kind} step {s}"].scores for s in range(1, steps + 1))
             events += step_events
             parts.append(kind)
-    if "item_gram" in multipliers:  # scores of the covered canaries, on their own entries (Gaussian noise)
-        scores = item_gram_scores(storage.join(run, "item_gram", item_gram.TABLE), size, multipliers["item_gram"])
-        event = accounting.gaussian_event(multipliers["item_gram"])
-        out[f"{name}: item gram"] = Scored(scores, member[: scores.size], claimed([event]), seconds["item_gram"])
-        composed[: scores.size] += scores
-        events.append(event)
-        parts.append("item gram")
+    for part, label in ITEM_GRAM_PARTS.items():  # scores of the covered canaries, on their own entries (Gaussian noise)
+        if part in multipliers:
+            scores = item_gram_scores(storage.join(run, "item_gram", f"{part}.parquet"), size, multipliers[part])
+            event = accounting.gaussian_event(multipliers[part])
+            out[f"{name}: {label}"] = Scored(scores, member[: scores.size], claimed([event]), seconds[part])
+            composed[: scores.size] += scores
+            events.append(event)
+            parts.append(label)
     out[f"{name}: {', '.join(parts[:-1])} and {parts[-1]} composed"] = Scored(
         composed,
         member,

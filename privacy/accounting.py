@@ -218,11 +218,14 @@ def stats_plan(
     mean_share: float = 0.0,
     gram_share: float = 0.0,
     item_gram_share: float = 0.0,
+    item_gram_parts: int = 1,
 ) -> list[Group]:
     """The AM-SSP plan: the count release, optionally the DP mean rating (a sum and a count: two
-    events), one users' Gram matrix per outer step (the implicit-feedback "gravity") and one item
+    events), one users' Gram matrix per outer step (the implicit-feedback "gravity") and the item
     Gram, then S x R stats tables of two events (A and b) each with the share left (none when
-    nothing is left: a run whose items come from the item Gram alone)."""
+    nothing is left: a run whose items come from the item Gram alone). With `item_gram_parts` 2 the
+    item Gram's share is halved between "item_gram" and "item_gram_more", a second release or, once
+    the first is seen, the statistics' (`settle_item_gram`)."""
     for name, value in (("outer steps", outer_steps), ("resamples", resamples)):
         if not isinstance(value, int) or value < 1:
             raise UserError(f"{name} must be a positive integer, got {value}")
@@ -239,8 +242,12 @@ def stats_plan(
         plan.append(Group("mean", mean_share, 2))
     if gram_share > 0:
         plan.append(Group("gram", gram_share, outer_steps))
+    if item_gram_parts not in (1, 2):
+        raise UserError(f"the item Gram is released in 1 or 2 parts, got {item_gram_parts}")
     if item_gram_share > 0:
-        plan.append(Group("item_gram", item_gram_share, 1))
+        plan.append(Group("item_gram", item_gram_share / item_gram_parts, 1))
+        if item_gram_parts == 2:
+            plan.append(Group("item_gram_more", item_gram_share / 2, 1))
     stats_share = 1 - count_share - others
     return plan + ([Group("stats", stats_share, 2 * outer_steps * resamples)] if stats_share > 1e-12 else [])
 
@@ -325,6 +332,37 @@ def calibrate_dpsgd(
         1.0,
     )  # a Poisson-sampled event needs z > 0: a bracket above 0
     return multipliers
+
+
+def settle_item_gram(
+    multipliers: dict[str, float], plan: list[Group], epsilon: float | None, delta: float, accountant: str
+) -> dict[str, float]:
+    """The plan's multipliers once "item_gram_more" goes to the statistics instead of a second item
+    Gram release: the stats multiplier recalibrated with every other group fixed, to spend (epsilon,
+    delta) exactly (as `calibrate_dpsgd` does); without a target epsilon (an explicit noise multiplier),
+    the Gaussian budgets added, sum of events / z^2 kept. Every event is Gaussian, so the total is the
+    same whichever way the second part goes, and the choice may follow the first part's release
+    (Gaussian DP's fully adaptive composition)."""
+    import dp_accounting
+
+    settled = {name: value for name, value in multipliers.items() if name != "item_gram_more"}
+    stats = next(group for group in plan if group.name == "stats")
+    more, planned = multipliers["item_gram_more"], multipliers["stats"]
+    if more == 0 or planned == 0:  # a non-private run: nothing to move
+        return settled
+    if epsilon is None:
+        settled["stats"] = math.sqrt(stats.events / (stats.events / planned**2 + 1 / more**2))
+        return settled
+    others = [group for group in plan if group.name not in ("stats", "item_gram_more")]
+    fixed = [gaussian_event(settled[group.name], group.events) for group in others]
+    settled["stats"] = _calibrate(
+        lambda z: dp_accounting.ComposedDpEvent(fixed + [gaussian_event(z, stats.events)]),
+        epsilon,
+        delta,
+        accountant,
+        planned,
+    )
+    return settled
 
 
 def event_to_json(event: dp_accounting.DpEvent) -> dict:

@@ -212,6 +212,24 @@ class Ledger:
         )
         storage.write_table_file(validate_ledger(table), self.path)
 
+    @property
+    def multipliers(self) -> dict[str, float]:
+        """The noise multiplier of each release group: the plan's, or as `settle` revised them."""
+        return self.budget.get("settled") or self.budget["multipliers"]
+
+    def settle(self, multipliers: dict[str, float]) -> None:
+        """Revise the plan's multipliers once, after a release its choice follows (the item Gram's
+        second part: accounting.settle_item_gram); the same revision again is a no-op. The revised
+        plan must spend no more than the budget: the caller calibrates it so."""
+        if self.budget.get("settled") == multipliers:
+            return
+        if "settled" in self.budget:
+            raise ReleaseConflictError(
+                f"{self.path}: the run's plan was already settled as {self.budget['settled']}, not {multipliers}"
+            )
+        self.budget["settled"] = dict(multipliers)
+        self.save()
+
     def events(self) -> list[dp_accounting.DpEvent]:
         return [accounting.event_from_json(json.loads(row["event"])) for row in self.rows]
 

@@ -39,10 +39,16 @@ def covers(name: str, settings: dict) -> tuple[str, str]:
             "fixed cap",
             "set by the cap and the public rating range (pipelines/releases/mean.py)",
         )
-    if name == "item_gram":  # one unit-norm indicator row per user: x_u x_u^T has packed L2 norm <= ||x_u||^2 = 1
+    if name in ("item_gram", "item_gram_more"):  # one unit-norm indicator row per user: x_u x_u^T has L2 norm <= 1
+        second = (
+            " (its second part, fresh noise, pooled with the first: made because the first kept directions beyond "
+            "popularity above its noise; else that share goes to the statistics)"
+            if name == "item_gram_more"
+            else ""
+        )
         return (
             "the item Gram: for each pair of the most popular items (by DP count), how many users interacted with "
-            "both, each user's row scaled to unit norm",
+            f"both, each user's row scaled to unit norm{second}",
             "||x_u||^2 = 1 (x_u the user's unit-norm indicator row over those items)",
         )
     if name.endswith("/gram"):  # one unweighted row per user, [Clip(u)] or with biases [Clip(u), k Gamma_u]

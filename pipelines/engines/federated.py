@@ -473,7 +473,7 @@ def run(job: FederatedJob, pipeline_options: PipelineOptions | None = None) -> d
             f"{ledger.budget['accountant']!r}; start the run with the federated engine, whose accountant is "
             f"{ACCOUNTANT!r}"
         )
-    multiplier = ledger.budget["multipliers"]["stats"]
+    multiplier = ledger.multipliers["stats"]
     plan = plan_round(central, multiplier, int(clients.size), job.max_dropout, int(catalog.size))
     round_secret = job.round_secret or os.urandom(32)
     round_seed = public_round_seed(round_secret)

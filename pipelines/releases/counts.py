@@ -190,7 +190,7 @@ def dp_counts(
     seeds = release.open_seed_file(seed_file, ledger_path)
     key = sampling_key(seeds.seed)
     exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
-    multiplier = ledger.budget["multipliers"]["counts"]
+    multiplier = ledger.multipliers["counts"]
     sensitivity = sensitivity_of(unit, max_items_per_user)
     description = {
         "unit": unit,

@@ -40,7 +40,7 @@ def dp_gram(user_embeddings: str, ledger: Ledger, seeds: SeedFile, settings: Sta
         u = list_column_to_matrix(batch.column("embedding"), dim + 1 if bias else dim, "user embedding")
         x = biased_user_rows(u, settings)[0] if bias else clip_rows(u, settings.clip_u)
         gram += x.T @ x
-    multiplier = ledger.budget["multipliers"].get("gram", 0.0)
+    multiplier = ledger.multipliers.get("gram", 0.0)
     rho = settings.noise_clips()[0] if bias else settings.clip_u  # the rows' norm bound
     description = {
         "clip_u": settings.clip_u,

@@ -8,6 +8,9 @@ entry, every pair of the K items, whether anyone interacted with it or not) is (
 principal directions above the noise carry the users' taste: `principal_directions` keeps those whose
 released eigenvalue stands clearly above the noise's spectral norm, about 2 z sqrt(K) (public), and
 gives them as item embeddings, a model on its own (`--item-update gram`) or a start for the item update.
+A run that also trains from statistics releases it in two halves: the second (`item_gram_more`, fresh
+noise, `pooled` with the first) only when the first keeps directions beyond the leading one, else
+that share goes to the statistics (pipelines.training.prepare.released_item_gram).
 
 The exact sums are `item_gram_sums` of chunks of complete users, run by the run's engine (local,
 Spark, Beam: pipelines.engines.engine); this module adds the noise and writes the release.
@@ -31,7 +34,6 @@ from schemas import storage
 from schemas.errors import UserError
 
 RELEASE = "item_gram"
-TABLE = "item_gram.parquet"
 KEEP_ABOVE = 1.25  # a direction is kept when its released eigenvalue is this far above the noise's edge
 SCHEMA = pa.schema([("item_id", pa.int64()), ("row", pa.list_(pa.float64()))])
 
@@ -57,12 +59,13 @@ def dp_item_gram(
     interactions: str, items: np.ndarray, out: str, ledger, seeds, *, engine, name: str = RELEASE
 ) -> np.ndarray:
     """Release the item Gram of `interactions` over the sorted catalog `items` (chosen from the DP
-    counts) into `<out>/item_gram.parquet`; returns it (K x K, symmetric)."""
+    counts) as the ledger's release `name` (its group's multiplier) into `<out>/<name>.parquet`;
+    returns it (K x K, symmetric)."""
     items = np.asarray(items, dtype=np.int64)
     if items.size == 0 or np.any(items[1:] <= items[:-1]):
         raise UserError("the item Gram needs a non-empty, sorted list of distinct items")
     exact = engine.item_gram_sums(interactions, items)
-    multiplier = ledger.budget["multipliers"][RELEASE]
+    multiplier = ledger.multipliers[name]
     description = {"items": int(items.size), "inputs": {"interactions": seeds.digest_table(interactions)}}
     index = release.make_release(ledger, seeds, name, accounting.gaussian_event(multiplier), description)
     packed = exact
@@ -75,8 +78,8 @@ def dp_item_gram(
     table = pa.Table.from_arrays(
         [pa.array(items), pa.array(list(gram), type=pa.list_(pa.float64()))], schema=SCHEMA.with_metadata(metadata)
     )
-    storage.write_table(table, storage.join(out, TABLE))
-    logs.log(f"item gram: release {index}, {items.size} items, noise multiplier {multiplier:.4g}")
+    storage.write_table(table, storage.join(out, f"{name}.parquet"))
+    logs.log(f"{name.replace('_', ' ')}: release {index}, {items.size} items, noise multiplier {multiplier:.4g}")
     return gram
 
 
@@ -88,10 +91,26 @@ def read_item_gram(path: str) -> tuple[np.ndarray, np.ndarray, float]:
     return table["item_id"].to_numpy(), np.asarray(rows, dtype=np.float64), float(metadata[b"noise_multiplier"])
 
 
+def pooled(releases: list[tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
+    """(G, z) of independent releases (G_i, z_i) of the same Gram pooled by inverse-variance weights:
+    the noise of one release whose 1 / z^2 is the sum of theirs (an exact one, z 0, is itself)."""
+    exact = [gram for gram, multiplier in releases if multiplier == 0]
+    if exact:
+        return exact[0], 0.0
+    precision = sum(1.0 / multiplier**2 for _, multiplier in releases)
+    return sum(gram / multiplier**2 for gram, multiplier in releases) / precision, 1.0 / np.sqrt(precision)
+
+
 def noise_bound(multiplier: float, k: int) -> float:
     """About the spectral norm of the release's noise (a symmetric K x K matrix of N(0, z^2)
     entries): 2 z sqrt(K), from public quantities."""
     return 2.0 * multiplier * np.sqrt(k)
+
+
+def kept_directions(gram: np.ndarray, multiplier: float) -> int:
+    """How many of the released `gram`'s eigenvalues stand above KEEP_ABOVE times `noise_bound`."""
+    bound = noise_bound(multiplier, gram.shape[0])
+    return int(np.sum(np.linalg.eigvalsh(gram) > KEEP_ABOVE * bound)) if bound > 0 else gram.shape[0]
 
 
 def principal_directions(gram: np.ndarray, multiplier: float, dim: int) -> np.ndarray:

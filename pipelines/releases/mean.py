@@ -101,7 +101,7 @@ def dp_mean(
     total, count = engine.mean_sums(interactions, (low, high), unit, user_cap)
     middle, half = (low + high) / 2, (high - low) / 2
     scale = user_cap if unit == "user" else 1.0
-    multiplier = ledger.budget["multipliers"].get("mean", 0.0)
+    multiplier = ledger.multipliers.get("mean", 0.0)
     event = accounting.gaussian_event(multiplier, 2)
     description = {
         "unit": unit,

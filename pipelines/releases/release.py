@@ -65,6 +65,7 @@ class PrivacySettings:
     mean_share: float = DEFAULT_MEAN_SHARE
     gram_share: float = DEFAULT_GRAM_SHARE
     item_gram_share: float = 0.0
+    item_gram_parts: int = 1  # 2: the item Gram's second half is settled after its first (accounting.settle_item_gram)
     dpsgd: tuple[float, int] | str | None = (
         None  # AM-DPSGD: (sampling probability, steps) per outer step, in place of stats releases; or DPSGD_PENDING
     )
@@ -106,7 +107,13 @@ class PrivacySettings:
     def plan(self) -> list[accounting.Group]:
         """The release groups this budget plans (accounting.stats_plan)."""
         return accounting.stats_plan(
-            self.outer_steps, self.resamples, self.count_share, self.mean_share, self.gram_share, self.item_gram_share
+            self.outer_steps,
+            self.resamples,
+            self.count_share,
+            self.mean_share,
+            self.gram_share,
+            self.item_gram_share,
+            self.item_gram_parts,
         )
 
     def multipliers(self) -> dict[str, float]:
@@ -137,6 +144,10 @@ class PrivacySettings:
                 accountant=self.accountant,
             )
         return accounting.calibrate(self.epsilon, self.delta, plan, self.accountant)
+
+    def item_gram_to_stats(self) -> dict[str, float]:
+        """The multipliers once the item Gram's second part goes to the statistics (accounting.settle_item_gram)."""
+        return accounting.settle_item_gram(self.multipliers(), self.plan(), self.epsilon, self.delta, self.accountant)
 
     def open_ledger(self, path: str, unit: str, interactions: str | None = None) -> Ledger:
         """The run's ledger at `path`, created with this budget if new (checked if not). A new

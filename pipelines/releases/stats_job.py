@@ -299,7 +299,7 @@ class StatsJob:
             self.ledger_path, self.settings.unit, self.interactions
         )  # a new ledger charges its data source's account
         release.check_counts_release(ledger, seeds, self.counts, digests["counts"])
-        multiplier = ledger.budget["multipliers"]["stats"]
+        multiplier = ledger.multipliers["stats"]
         event = accounting.gaussian_event(multiplier, 2)  # A and b
         description = {"settings": self.settings.to_json(), "inputs": digests}
         self.releases = []

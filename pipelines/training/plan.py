@@ -48,6 +48,12 @@ def _rows(
             what = f"(1 + k^2) Gamma_u^2 = {sensitivity:.4g}"
         elif name == "item_gram":
             sensitivity, what = 1.0, "1 (each user's row over the top items at unit norm)"
+        elif name == "item_gram_more":
+            sensitivity, what = (
+                1.0,
+                "1; a second item Gram release when the first keeps directions beyond popularity above its noise, "
+                "else this share goes to the statistics (their multiplier recalibrated, lower)",
+            )
         elif name == "dpsgd":
             sensitivity, what = config.dpsgd_clip, f"the gradient clip C = {config.dpsgd_clip:g}"
         else:

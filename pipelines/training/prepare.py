@@ -27,9 +27,9 @@ from pipelines.base.lock import run_lock
 from pipelines.data import ingest, splits
 from pipelines.engines.engine import Engine
 from pipelines.engines.local import LocalEngine
-from pipelines.releases import release
+from pipelines.releases import item_gram, release
 from pipelines.releases.counts import dp_counts, dp_units
-from pipelines.releases.item_gram import dp_item_gram, principal_directions
+from pipelines.releases.item_gram import dp_item_gram
 from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
@@ -156,9 +156,38 @@ def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) 
     model.set_residuals(positions, residuals)
 
 
+def released_item_gram(
+    config: TrainConfig, run: Run, counts: pa.Table, privacy: release.PrivacySettings, seeds, engine: Engine
+) -> tuple[np.ndarray, np.ndarray]:
+    """(items, directions): the DP item Gram over the top items by DP count and its principal
+    directions above the noise. Planned in two parts (a run with statistics), the second part
+    follows the first: a second Gram release pooled with it when the first keeps a direction beyond
+    the leading one (popularity's), else the statistics' noise multiplier, recalibrated to the rest
+    of the budget (accounting.settle_item_gram)."""
+    items = np.sort(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy()))
+    gram = dp_item_gram(run.centred, items, run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine)
+    multiplier = ledger_multiplier(run.ledger, item_gram.RELEASE)
+    second = "item_gram_more"
+    if second in Ledger.open(run.ledger).multipliers:
+        kept = item_gram.kept_directions(gram, multiplier)
+        if kept > 1:
+            ledger = Ledger.open(run.ledger)
+            more = dp_item_gram(run.centred, items, run.item_gram_dir, ledger, seeds, engine=engine, name=second)
+            gram, multiplier = item_gram.pooled([(gram, multiplier), (more, ledger_multiplier(run.ledger, second))])
+            logs.log(f"item gram: its first part keeps {kept} directions, so the second part is on it too (pooled)")
+        else:
+            planned = ledger_multiplier(run.ledger)
+            Ledger.open(run.ledger).settle(privacy.item_gram_to_stats())
+            logs.log(
+                f"item gram: its first part keeps {kept} direction(s), no taste beyond popularity, so the second part "
+                f"goes to the statistics (noise multiplier {planned:.4g} -> {ledger_multiplier(run.ledger):.4g})"
+            )
+    return items, item_gram.principal_directions(gram, multiplier, config.dim)
+
+
 def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:
     """The noise multiplier of a release group (the statistics') the run's budget planned."""
-    return float(Ledger.open(ledger_path).budget["multipliers"][group])
+    return float(Ledger.open(ledger_path).multipliers[group])
 
 
 def confidence_alpha_of(config: TrainConfig, manifest: dict) -> float | None:
@@ -423,11 +452,16 @@ def prepare(
         )
     alpha = confidence_alpha_of(config, data.manifest)
     outputs = [(run.centred, keep_items)]  # the user update's rows
+    if config.item_gram_share > 0:  # the item Gram first: it may settle the statistics' noise before their catalog
+        engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
+        outputs = []
+        gram_items, directions = released_item_gram(config, run, counts, privacy, seeds, engine)
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
         outputs.append((run.stats_rows, covered))  # the stats job's rows
-    engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
+    if outputs:
+        engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
     if (
         config.encoder == "features" and config.encoder_init == "principal"
     ):  # from public features and the DP counts only
@@ -438,10 +472,7 @@ def prepare(
             f"initial encoder: the {rank} principal directions of the public features (weighted by DP counts)"
             + (f", {config.dim - rank} random ones beyond their rank" if rank < config.dim else "")
         )
-    if config.item_gram_share > 0:  # the users' co-occurrences over the top items by DP count
-        gram_items = np.sort(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy()))
-        gram = dp_item_gram(run.centred, gram_items, run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine)
-        directions = principal_directions(gram, ledger_multiplier(run.ledger, "item_gram"), config.dim)
+    if config.item_gram_share > 0:
         start_from_directions(model, space.index_of(gram_items), directions)
         logs.log(
             f"item embeddings: {int(np.any(directions != 0, axis=0).sum())} principal directions of the DP item "

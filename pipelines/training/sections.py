@@ -188,7 +188,8 @@ class Budget:
         "share of the budget spent on the DP item Gram (the users' co-occurrences over the top items: "
         "--item-update gram's model)",
         rule="all the budget the counts leave for --item-update gram; 0.5 for a private ranking AM-SSP (the square "
-        "loss) with the item id (the start of its statistics); 0 otherwise",
+        "loss) with the item id (the start of its statistics); 0 otherwise. With statistics it is released in two "
+        "halves, the second on the statistics when the first shows no taste beyond popularity",
         valid=NON_NEGATIVE,
     )
     max_items_per_user: int = setting(

@@ -144,6 +144,7 @@ class TrainConfig:
             mean_share=mean_share,
             gram_share=gram_share,
             item_gram_share=self.item_gram_share,
+            item_gram_parts=2 if self.item_gram_share > 0 and self.item_update in STATS_UPDATES else 1,
             dpsgd=dpsgd,
         )
         accountant = engines.ENGINES[self.engine].accountant  # federated: Skellam noise, on integer RDP orders

@@ -116,7 +116,8 @@ def test_ssp_audit_quick_passes_on_the_product(in_process, capsys, tmp_path, mon
         "ranking: stats step 2",
         "ranking: stats steps 1-2 (difference)",
         "ranking: item gram",
-        "ranking: counts, stats and item gram composed",
+        "ranking: second item gram",  # the plan's second part of the item Gram's share, as a second release
+        "ranking: counts, stats, item gram and second item gram composed",
         f"ranking: gram ({audit.QUICK.trials} releases)",
         "item-mean: counts",
         "item-mean: stats step 1",

@@ -283,6 +283,40 @@ def test_dpsgd_calibration_spends_the_budget_and_keeps_the_other_groups():
     )
 
 
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_the_item_grams_second_part_settled_on_the_statistics_spends_the_same_budget(accountant):
+    """Either way the second half of the item Gram's share goes, the run spends its epsilon: as a
+    second Gram release (the plan's multipliers) or in the statistics' four events (recalibrated,
+    the counts, users' Gram and first item Gram kept)."""
+    plan = acct.stats_plan(2, 1, count_share=0.1, gram_share=0.05, item_gram_share=0.5, item_gram_parts=2)
+    assert [(group.name, group.share) for group in plan][2:4] == [("item_gram", 0.25), ("item_gram_more", 0.25)]
+    planned = acct.calibrate(5.0, 1e-5, plan, accountant)
+    settled = acct.settle_item_gram(planned, plan, 5.0, 1e-5, accountant)
+    assert set(settled) == {"counts", "gram", "item_gram", "stats"} and settled["stats"] < planned["stats"]
+    assert all(settled[name] == planned[name] for name in ("counts", "gram", "item_gram"))
+
+    def spent(multipliers):
+        return acct.epsilon_of(
+            [acct.gaussian_event(multipliers[group.name], group.events) for group in plan if group.name in multipliers],
+            1e-5,
+            accountant,
+        )
+
+    assert spent(planned) == pytest.approx(5.0, rel=1e-4) and spent(settled) == pytest.approx(5.0, rel=1e-4)
+    assert spent(settled) <= 5.0
+
+
+def test_the_item_grams_second_part_without_a_target_adds_its_gaussian_budget_to_the_statistics():
+    plan = acct.stats_plan(2, 1, item_gram_share=0.4, item_gram_parts=2)
+    settled = acct.settle_item_gram({group.name: 3.0 for group in plan}, plan, None, 1e-5, "pld")
+    assert settled == {
+        "counts": 3.0,
+        "item_gram": 3.0,
+        "stats": pytest.approx(3.0 * math.sqrt(4 / 5)),
+    }  # 4/z'^2 = 5/3^2
+    assert acct.settle_item_gram({group.name: 0.0 for group in plan}, plan, None, 1e-5, "pld")["stats"] == 0.0
+
+
 def test_dpsgd_calibration_of_a_non_private_run_is_zero_noise():
     plan = acct.stats_plan(2)
     assert acct.calibrate_dpsgd(math.inf, 1e-5, plan, outer_steps=2, sampling_probability=0.1, steps=10) == {

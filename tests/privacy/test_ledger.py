@@ -241,6 +241,24 @@ def test_open_or_create_reopens_with_multipliers_none(path):
         Ledger.open_or_create(path, epsilon=1.0, delta=DELTA, multipliers={"counts": 2.0})
 
 
+def test_a_settled_plan_gives_its_multipliers_once(path):
+    ledger = Ledger.create(path, 5.0, DELTA, multipliers={"counts": 2.0, "item_gram_more": 1.5, "stats": 3.0})
+    assert ledger.multipliers == {"counts": 2.0, "item_gram_more": 1.5, "stats": 3.0}
+    ledger.settle({"counts": 2.0, "stats": 2.5})
+    ledger.settle({"counts": 2.0, "stats": 2.5})  # the same again (a resumed run): nothing changes
+    reopened = Ledger.open(path)
+    assert reopened.multipliers == {"counts": 2.0, "stats": 2.5}
+    assert reopened.budget["multipliers"]["stats"] == 3.0  # the plan stays as planned
+    with pytest.raises(ReleaseConflictError, match="already settled"):
+        reopened.settle({"counts": 2.0, "stats": 2.4})
+    assert (
+        Ledger.open_or_create(path, epsilon=5.0, delta=DELTA, multipliers=ledger.budget["multipliers"]).multipliers[
+            "stats"
+        ]
+        == 2.5
+    )
+
+
 def test_next_index(path):
     ledger = Ledger.create(path, 1.0, DELTA)
     assert ledger.next_index("counts") == 0

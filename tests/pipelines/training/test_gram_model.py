@@ -100,8 +100,44 @@ def test_the_item_grams_share_by_default(settings, share):
 def test_an_item_gram_share_beside_the_statistics_plans_both():
     config = TrainConfig.create(epsilon=5, protocol="recall", item_gram_share=0.4)
     plan = {group.name: group.share for group in config.privacy().plan()}
-    assert list(plan) == ["counts", "gram", "item_gram", "stats"] and plan["item_gram"] == 0.4
+    assert list(plan) == ["counts", "gram", "item_gram", "item_gram_more", "stats"]
+    assert plan["item_gram"] == plan["item_gram_more"] == 0.2
     assert plan["stats"] == pytest.approx(1 - plan["counts"] - plan["gram"] - 0.4)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "second"),
+    [(0.5, "stats"), (50.0, "item_gram")],  # at 0.5 on 300 users no taste stands above the noise; at 50 all of it
+)
+def test_the_item_grams_second_part_follows_what_the_first_kept(tmp_path, epsilon, second):
+    """Prepare releases the first half of the item Gram's share, then the second half as another
+    Gram release when the first keeps directions beyond popularity, else gives it to the statistics:
+    the ledger's settled multipliers; either way the run's plan composes to its epsilon, and a
+    resumed prepare makes the same choice."""
+    from privacy import accounting
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert cli.main(["synth", "--users", "300", "--items", "120", "--ratings-per-user", "15", "--out", str(data)]) == 0
+    flags = ["train", "--stage", "prepare", "--data", str(data), "--out", str(run), "--protocol", "recall"]
+    flags += ["--epsilon", str(epsilon), "--engine", "local", "-q"]
+    assert cli.main(flags) == 0
+    ledger = Ledger.open(str(run / "ledger.parquet"))
+    names = [row["name"] for row in ledger.rows]
+    config = TrainConfig.create(epsilon=epsilon, protocol="recall")
+    if second == "stats":
+        assert names == ["counts", "item_gram"] and "settled" in ledger.budget
+        assert ledger.multipliers["stats"] == pytest.approx(config.privacy().item_gram_to_stats()["stats"])
+        assert ledger.multipliers["stats"] < ledger.budget["multipliers"]["stats"]
+    else:
+        assert names == ["counts", "item_gram", "item_gram_more"] and "settled" not in ledger.budget
+        assert (run / "item_gram" / "item_gram_more.parquet").exists()
+    rest = [
+        accounting.gaussian_event(ledger.multipliers["gram"], 2),
+        accounting.gaussian_event(ledger.multipliers["stats"], 4),
+    ]
+    assert accounting.epsilon_of(ledger.events() + rest, 1e-5) == pytest.approx(epsilon, rel=1e-3)
+    assert cli.main(flags) == 0  # resumed: the same releases, the same choice
+    assert Ledger.open(str(run / "ledger.parquet")).rows == ledger.rows
 
 
 def _features_encoder(dim: int):
