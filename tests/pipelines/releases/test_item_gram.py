@@ -11,7 +11,9 @@ from pipelines.engines.local import LocalEngine
 from pipelines.releases.item_gram import (
     dp_item_gram,
     item_gram_sums,
+    kept_directions,
     noise_bound,
+    pooled,
     principal_directions,
     read_item_gram,
 )
@@ -106,14 +108,25 @@ def test_an_unsorted_item_list_is_refused_before_anything_is_released(tmp_path):
 
 
 def test_the_directions_kept_are_those_above_the_noise_scaled_by_what_stands_above_it():
-    """A Gram with eigenvalues 100, 30, 9 and 0 over 4 items at z = 2: the noise bound is 2 z sqrt(4) = 8,
-    a direction is kept above 1.25 x 8 = 10 (9 is not), scaled by sqrt(100 - 8) and sqrt(30 - 8); the
-    third column is zero. Without noise every direction up to dim is kept."""
+    """A Gram with eigenvalues 100, 30, 7 and 0 over 4 items at z = 2: the noise bound is 2 z sqrt(4) = 8,
+    a direction is kept above it (7 is not), scaled by sqrt(100 - 8) and sqrt(30 - 8); the third
+    column is zero. Without noise every direction up to dim is kept."""
     basis = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 4)))[0]
-    gram = basis @ np.diag([100.0, 30.0, 9.0, 0.0]) @ basis.T
+    gram = basis @ np.diag([100.0, 30.0, 7.0, 0.0]) @ basis.T
     assert noise_bound(2.0, 4) == 8.0
+    assert kept_directions(gram, 2.0) == 2 and kept_directions(gram, 0.0) == 4
     embeddings = principal_directions(gram, 2.0, 3)
     assert not embeddings[:, 2].any()
     np.testing.assert_allclose(np.abs(embeddings[:, :2]), np.abs(basis[:, :2] * np.sqrt([92.0, 22.0])), atol=1e-9)
     exact = principal_directions(gram, 0.0, 3)
-    np.testing.assert_allclose(np.abs(exact), np.abs(basis[:, :3] * np.sqrt([100.0, 30.0, 9.0])), atol=1e-9)
+    np.testing.assert_allclose(np.abs(exact), np.abs(basis[:, :3] * np.sqrt([100.0, 30.0, 7.0])), atol=1e-9)
+
+
+def test_two_releases_pool_by_inverse_variance():
+    """z 1 and z 2: weights 1 and 1/4, so 2 and 5 pool to (2 + 5/4) / (5/4) = 2.6 at z = 1 / sqrt(5/4);
+    an exact release (z 0) is itself."""
+    gram, multiplier = pooled([(np.full((2, 2), 2.0), 1.0), (np.full((2, 2), 5.0), 2.0)])
+    np.testing.assert_allclose(gram, np.full((2, 2), 2.6))
+    assert multiplier == pytest.approx(1 / np.sqrt(1.25))
+    exact, zero = pooled([(np.ones((2, 2)), 0.0), (np.zeros((2, 2)), 1.0)])
+    assert zero == 0.0 and np.array_equal(exact, np.ones((2, 2)))
