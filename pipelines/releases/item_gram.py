@@ -34,6 +34,9 @@ from schemas import storage
 from schemas.errors import UserError
 
 RELEASE = "item_gram"
+# a direction is kept when its released eigenvalue is this far above the noise's edge: in the spiked
+# model, more than half of its energy on the true direction (principal_directions)
+KEEP_ABOVE = 3 / (2 * np.sqrt(2))
 SCHEMA = pa.schema([("item_id", pa.int64()), ("row", pa.list_(pa.float64()))])
 
 
@@ -107,22 +110,23 @@ def noise_bound(multiplier: float, k: int) -> float:
 
 
 def kept_directions(gram: np.ndarray, multiplier: float) -> int:
-    """How many of the released `gram`'s eigenvalues stand above `noise_bound`."""
+    """How many of the released `gram`'s eigenvalues stand above KEEP_ABOVE times `noise_bound`."""
     bound = noise_bound(multiplier, gram.shape[0])
-    return int(np.sum(np.linalg.eigvalsh(gram) > bound)) if bound > 0 else gram.shape[0]
+    return int(np.sum(np.linalg.eigvalsh(gram) > KEEP_ABOVE * bound)) if bound > 0 else gram.shape[0]
 
 
 def principal_directions(gram: np.ndarray, multiplier: float, dim: int) -> np.ndarray:
     """(K x dim) item embeddings: the at most `dim` principal directions of the released `gram`
-    whose eigenvalue is above `noise_bound`, each scaled by the root of its eigenvalue less the
-    bound (the noise's share removed: a direction near the edge counts little); zero columns where
-    fewer stand above it. In the spiked model (a direction of strength theta plus symmetric noise of
-    edge 2 z sqrt(K)) the released eigenvalue is theta + z^2 K / theta and the released direction
-    keeps 1 - z^2 K / theta^2 of its energy on the true one: above the edge, some of it."""
+    whose eigenvalue is above KEEP_ABOVE times `noise_bound`, each scaled by the root of its
+    eigenvalue less the bound (the noise's share removed); zero columns where fewer stand above it.
+    In the spiked model (a direction of strength theta plus symmetric noise of edge 2 z sqrt(K)) the
+    released eigenvalue is theta + z^2 K / theta and the released direction keeps 1 - z^2 K / theta^2
+    of its energy on the true one: more than half from theta = sqrt(2) z sqrt(K), where the released
+    eigenvalue is 3 / (2 sqrt(2)) (about 1.06) times the edge."""
     values, vectors = np.linalg.eigh(gram)
     order = np.argsort(-values)[:dim]
     bound = noise_bound(multiplier, gram.shape[0])
-    kept = order[values[order] > bound] if bound > 0 else order
+    kept = order[values[order] > KEEP_ABOVE * bound] if bound > 0 else order
     embeddings = np.zeros((gram.shape[0], dim))
     embeddings[:, : kept.size] = vectors[:, kept] * np.sqrt(np.maximum(values[kept] - bound, 0.0))
     return embeddings

@@ -108,18 +108,19 @@ def test_an_unsorted_item_list_is_refused_before_anything_is_released(tmp_path):
 
 
 def test_the_directions_kept_are_those_above_the_noise_scaled_by_what_stands_above_it():
-    """A Gram with eigenvalues 100, 30, 7 and 0 over 4 items at z = 2: the noise bound is 2 z sqrt(4) = 8,
-    a direction is kept above it (7 is not), scaled by sqrt(100 - 8) and sqrt(30 - 8); the third
-    column is zero. Without noise every direction up to dim is kept."""
+    """A Gram with eigenvalues 100, 30, 8.4 and 0 over 4 items at z = 2: the noise bound is 2 z sqrt(4) = 8,
+    a direction is kept above 3 / (2 sqrt(2)) x 8 = 8.49 (8.4 is not), scaled by sqrt(100 - 8) and
+    sqrt(30 - 8); the third column is zero. Without noise every direction up to dim is kept."""
     basis = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 4)))[0]
-    gram = basis @ np.diag([100.0, 30.0, 7.0, 0.0]) @ basis.T
+    gram = basis @ np.diag([100.0, 30.0, 8.4, 0.0]) @ basis.T
     assert noise_bound(2.0, 4) == 8.0
-    assert kept_directions(gram, 2.0) == 2 and kept_directions(gram, 0.0) == 4
+    assert kept_directions(gram, 2.0) == 2 and kept_directions(gram, 2.0 * 8.4 / 8.5) == 3  # 8.4 just above
+    assert kept_directions(gram, 0.0) == 4
     embeddings = principal_directions(gram, 2.0, 3)
     assert not embeddings[:, 2].any()
     np.testing.assert_allclose(np.abs(embeddings[:, :2]), np.abs(basis[:, :2] * np.sqrt([92.0, 22.0])), atol=1e-9)
     exact = principal_directions(gram, 0.0, 3)
-    np.testing.assert_allclose(np.abs(exact), np.abs(basis[:, :3] * np.sqrt([100.0, 30.0, 7.0])), atol=1e-9)
+    np.testing.assert_allclose(np.abs(exact), np.abs(basis[:, :3] * np.sqrt([100.0, 30.0, 8.4])), atol=1e-9)
 
 
 def test_two_releases_pool_by_inverse_variance():
