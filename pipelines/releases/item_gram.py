@@ -110,9 +110,10 @@ def noise_bound(multiplier: float, k: int) -> float:
 
 
 def kept_directions(gram: np.ndarray, multiplier: float) -> int:
-    """How many of the released `gram`'s eigenvalues stand above KEEP_ABOVE times `noise_bound`."""
+    """How many of the released `gram`'s eigenvalues stand above `noise_bound`: the directions it
+    detects (in the spiked model, each with some energy on a true one), kept or not."""
     bound = noise_bound(multiplier, gram.shape[0])
-    return int(np.sum(np.linalg.eigvalsh(gram) > KEEP_ABOVE * bound)) if bound > 0 else gram.shape[0]
+    return int(np.sum(np.linalg.eigvalsh(gram) > bound)) if bound > 0 else gram.shape[0]
 
 
 def principal_directions(gram: np.ndarray, multiplier: float, dim: int) -> np.ndarray:

@@ -161,9 +161,9 @@ def released_item_gram(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(items, directions): the DP item Gram over the top items by DP count and its principal
     directions above the noise. Planned in two parts (a run with statistics), the second part
-    follows the first: a second Gram release pooled with it when the first keeps a direction beyond
-    the leading one (popularity's), else the statistics' noise multiplier, recalibrated to the rest
-    of the budget (accounting.settle_item_gram)."""
+    follows the first: a second Gram release pooled with it when the first detects a direction
+    beyond the leading one (popularity's) above the noise's edge, else the statistics' noise
+    multiplier, recalibrated to the rest of the budget (accounting.settle_item_gram)."""
     items = np.sort(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy()))
     gram = dp_item_gram(run.centred, items, run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine)
     multiplier = ledger_multiplier(run.ledger, item_gram.RELEASE)
@@ -174,12 +174,12 @@ def released_item_gram(
             ledger = Ledger.open(run.ledger)
             more = dp_item_gram(run.centred, items, run.item_gram_dir, ledger, seeds, engine=engine, name=second)
             gram, multiplier = item_gram.pooled([(gram, multiplier), (more, ledger_multiplier(run.ledger, second))])
-            logs.log(f"item gram: its first part keeps {kept} directions, so the second part is on it too (pooled)")
+            logs.log(f"item gram: its first part detects {kept} directions, so the second part is on it too (pooled)")
         else:
             planned = ledger_multiplier(run.ledger)
             Ledger.open(run.ledger).settle(privacy.item_gram_to_stats())
             logs.log(
-                f"item gram: its first part keeps {kept} direction(s), no taste beyond popularity, so the second part "
+                f"item gram: its first part detects {kept} direction(s), no taste beyond popularity: the second part "
                 f"goes to the statistics (noise multiplier {planned:.4g} -> {ledger_multiplier(run.ledger):.4g})"
             )
     return items, item_gram.principal_directions(gram, multiplier, config.dim)
