@@ -41,7 +41,7 @@ def covers(name: str, settings: dict) -> tuple[str, str]:
         )
     if name in ("item_gram", "item_gram_more"):  # one unit-norm indicator row per user: x_u x_u^T has L2 norm <= 1
         second = (
-            " (its second part, fresh noise, pooled with the first: made because the first kept directions beyond "
+            " (its second part, fresh noise, pooled with the first: made because the first detected directions beyond "
             "popularity above its noise; else that share goes to the statistics)"
             if name == "item_gram_more"
             else ""

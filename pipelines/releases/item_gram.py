@@ -9,7 +9,7 @@ principal directions above the noise carry the users' taste: `principal_directio
 released eigenvalue stands clearly above the noise's spectral norm, about 2 z sqrt(K) (public), and
 gives them as item embeddings, a model on its own (`--item-update gram`) or a start for the item update.
 A run that also trains from statistics releases it in two halves: the second (`item_gram_more`, fresh
-noise, `pooled` with the first) only when the first keeps directions beyond the leading one, else
+noise, `pooled` with the first) only when the first detects directions beyond the leading one, else
 that share goes to the statistics (pipelines.training.prepare.released_item_gram).
 
 The exact sums are `item_gram_sums` of chunks of complete users, run by the run's engine (local,

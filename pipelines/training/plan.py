@@ -51,7 +51,7 @@ def _rows(
         elif name == "item_gram_more":
             sensitivity, what = (
                 1.0,
-                "1; a second item Gram release when the first keeps directions beyond popularity above its noise, "
+                "1; a second item Gram release when the first detects directions beyond popularity above its noise, "
                 "else this share goes to the statistics (their multiplier recalibrated, lower)",
             )
         elif name == "dpsgd":

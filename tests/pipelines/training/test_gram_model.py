@@ -111,7 +111,7 @@ def test_an_item_gram_share_beside_the_statistics_plans_both():
 )
 def test_the_item_grams_second_part_follows_what_the_first_kept(tmp_path, epsilon, second):
     """Prepare releases the first half of the item Gram's share, then the second half as another
-    Gram release when the first keeps directions beyond popularity, else gives it to the statistics:
+    Gram release when the first detects directions beyond popularity, else gives it to the statistics:
     the ledger's settled multipliers; either way the run's plan composes to its epsilon, and a
     resumed prepare makes the same choice."""
     from privacy import accounting
