@@ -186,7 +186,7 @@ def released_item_gram(
 
 
 def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:
-    """The noise multiplier of a release group (the statistics') the run's budget planned."""
+    """The noise multiplier of a release group (the statistics') in the run's ledger: as planned, or settled."""
     return float(Ledger.open(ledger_path).multipliers[group])
 
 

@@ -109,7 +109,7 @@ def test_an_item_gram_share_beside_the_statistics_plans_both():
     ("epsilon", "second"),
     [(0.5, "stats"), (50.0, "item_gram")],  # at 0.5 on 300 users no taste stands above the noise; at 50 all of it
 )
-def test_the_item_grams_second_part_follows_what_the_first_kept(tmp_path, epsilon, second):
+def test_the_item_grams_second_part_follows_what_the_first_detected(tmp_path, epsilon, second):
     """Prepare releases the first half of the item Gram's share, then the second half as another
     Gram release when the first detects directions beyond popularity, else gives it to the statistics:
     the ledger's settled multipliers; either way the run's plan composes to its epsilon, and a
