@@ -165,22 +165,22 @@ def released_item_gram(
     beyond the leading one (popularity's) above the noise's edge, else the statistics' noise
     multiplier, recalibrated to the rest of the budget (accounting.settle_item_gram)."""
     items = np.sort(splits.top_items(counts["item_id"].to_numpy(), counts["count"].to_numpy()))
-    gram = dp_item_gram(run.centred, items, run.item_gram_dir, Ledger.open(run.ledger), seeds, engine=engine)
-    multiplier = ledger_multiplier(run.ledger, item_gram.RELEASE)
+    ledger = Ledger.open(run.ledger)
+    gram = dp_item_gram(run.centred, items, run.item_gram_dir, ledger, seeds, engine=engine)
+    multiplier = ledger.multipliers[item_gram.RELEASE]
     second = "item_gram_more"
-    if second in Ledger.open(run.ledger).multipliers:
+    if second in ledger.multipliers:
         kept = item_gram.kept_directions(gram, multiplier)
         if kept > 1:
-            ledger = Ledger.open(run.ledger)
             more = dp_item_gram(run.centred, items, run.item_gram_dir, ledger, seeds, engine=engine, name=second)
-            gram, multiplier = item_gram.pooled([(gram, multiplier), (more, ledger_multiplier(run.ledger, second))])
+            gram, multiplier = item_gram.pooled([(gram, multiplier), (more, ledger.multipliers[second])])
             logs.log(f"item gram: its first part detects {kept} directions, so the second part is on it too (pooled)")
         else:
-            planned = ledger_multiplier(run.ledger)
-            Ledger.open(run.ledger).settle(privacy.item_gram_to_stats())
+            planned = ledger.multipliers["stats"]
+            ledger.settle(privacy.item_gram_to_stats())
             logs.log(
                 f"item gram: its first part detects {kept} direction(s), no taste beyond popularity: the second part "
-                f"goes to the statistics (noise multiplier {planned:.4g} -> {ledger_multiplier(run.ledger):.4g})"
+                f"goes to the statistics (noise multiplier {planned:.4g} -> {ledger.multipliers['stats']:.4g})"
             )
     return items, item_gram.principal_directions(gram, multiplier, config.dim)
 
