@@ -167,43 +167,29 @@ class ItemEncoder(tf.keras.Model):
                 f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got "
                 f"shape {weights.shape}"
             )
-        x = public_inputs(self.space)
-        values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
-        rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
-        linear = self.linear_map()
-        if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
-            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
-                _output_rms(x, linear[:, rank:]), 1e-300
-            )
-        linear[:, :rank] = vectors[:, :rank]
-        self.set_linear_map(linear)
-        return rank
-
-    def linear_map(self) -> np.ndarray:
-        """The shared encoder as the linear map it is: W (feature values x d, then a row for the
-        bias) with shared outputs `public_inputs(space) @ W` (a bag's lookups are averaged, then a dense layer)."""
-        self._require_features()
-        self(tf.zeros([1], tf.int64))  # builds the dense layer
-        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
-        family_dim = kernel.shape[0] // len(self._families)
-        blocks = [
-            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
-            for k, (_, _, table) in enumerate(self._families)
-        ]
-        return np.vstack(blocks + [bias[None, :]]).astype(np.float64)
-
-    def set_linear_map(self, linear: np.ndarray) -> None:
-        """Make the shared encoder the linear map `linear` (as `linear_map` gives it): the family tables
-        hold its rows (the unknown value, row 0, embeds to zero), the dense layer stacked identities."""
-        self._require_features()
         self(tf.zeros([1], tf.int64))  # builds the dense layer
         kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
         family_dim = kernel.shape[0] // len(self._families)
         if family_dim < self.dim:
             raise UserError(
-                f"a linear map of the features needs family embeddings of at least d = {self.dim} dimensions, got "
+                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got "
                 f"{family_dim}"
             )
+        x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
+        values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
+        rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
+        # the encoder as it stands is linear in x: its map W (rows: feature values, then the bias)
+        blocks = [
+            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
+            for k, (_, _, table) in enumerate(self._families)
+        ]
+        linear = np.vstack(blocks + [bias[None, :]])
+        if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
+            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
+                _output_rms(x, linear[:, rank:]), 1e-300
+            )
+        linear[:, :rank] = vectors[:, :rank]
+        # family tables = the map's rows (row 0, the unknown value: zero), kernel = stacked identities
         identity, offset = np.zeros_like(kernel), 0
         for k, (_, _, table) in enumerate(self._families):
             rows = table.shape[0] - 1
@@ -214,10 +200,7 @@ class ItemEncoder(tf.keras.Model):
             offset += rows
         self._dense.kernel.assign(identity)
         self._dense.bias.assign(linear[offset].astype(bias.dtype))
-
-    def _require_features(self) -> None:
-        if self.kind != "features":
-            raise UserError("only the features encoder is a map of public features")
+        return rank
 
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
@@ -247,11 +230,6 @@ def _top_eigenvectors(gram: scipy.sparse.spmatrix, k: int) -> tuple[np.ndarray, 
         values, vectors = scipy.sparse.linalg.eigsh(gram.astype(np.float64), k=k, which="LA")
     order = np.argsort(values)[::-1][:k]
     return values[order], vectors[:, order]
-
-
-def public_inputs(space: FeatureSpace) -> scipy.sparse.csr_matrix:
-    """x_j of every catalog item: its feature values (each family's bag averaged, `feature_matrix`) and a constant 1."""
-    return scipy.sparse.hstack([feature_matrix(space), np.ones((space.size, 1))]).tocsr()
 
 
 def _output_rms(x: scipy.sparse.spmatrix, linear: np.ndarray) -> np.ndarray:

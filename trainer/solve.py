@@ -156,28 +156,3 @@ def logistic_solve(
         if np.abs(step).max(initial=0.0) < tolerance:
             break
     return unique, u
-
-
-RIDGE_GRID = np.logspace(-4, 4, 33)  # relative to the mean eigenvalue of x x^T
-
-
-def loo_ridge(x, targets: np.ndarray, grid: np.ndarray = RIDGE_GRID) -> np.ndarray:
-    """W minimising ||x W - targets||^2 + lam ||W||^2, with lam the one of `grid` (times the mean
-    eigenvalue of x x^T) whose leave-one-out error is least: each row predicted by the fit on the
-    others, in closed form (r_i / (1 - h_ii)) from one eigendecomposition of x x^T (rows x rows, so
-    x may have any number of columns). x: dense or scipy sparse, n rows; targets: n x k."""
-    targets = np.asarray(targets, dtype=np.float64)
-    kernel = np.asarray((x @ x.T).todense() if hasattr(x, "todense") else x @ x.T, dtype=np.float64)
-    values, vectors = np.linalg.eigh(kernel)
-    values = np.clip(values, 0.0, None)
-    rotated = vectors.T @ targets
-    best, best_error = None, np.inf
-    for lam in grid * max(float(np.mean(values)), 1e-300):
-        shrink = values / (values + lam)
-        fitted = vectors @ (shrink[:, None] * rotated)
-        leverage = np.einsum("ij,j,ij->i", vectors, shrink, vectors)
-        error = float(np.sum(((targets - fitted) / np.maximum(1.0 - leverage, 1e-12)[:, None]) ** 2))
-        if error < best_error:
-            best, best_error = lam, error
-    dual = vectors @ (rotated / (values + best)[:, None])  # (x x^T + lam I)^-1 targets
-    return np.asarray(x.T @ dual)

@@ -127,12 +127,10 @@ def prepare_engine(engine: Engine, rows: int, local_rows: int = LOCAL_PREPARE_RO
 def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) -> None:
     """The item embeddings' start from the item Gram's directions (`positions`' rows; its kept
     directions first, zero columns after): an id encoder's vectors (zero on the other items); a
-    features encoder's first coordinates the features' best linear guess of those directions (a
-    ridge fit on every public feature value, its ridge chosen by leave-one-out error; scaled to the
-    features' root-mean-square norm there), so an item the Gram never saw (a new one) is placed by
-    its artist, genre or tags, and its other coordinates the top directions of what the features
-    said beyond that guess, every item in the same coordinates, the Gram's items starting at its
-    directions through their residuals. No kept direction: the start stays."""
+    features encoder's output mapped so that its first coordinates are the features' best linear
+    guess of those directions (scaled to the features' root-mean-square norm there) and the others
+    what the features say beyond them, every item in the same coordinates, the Gram's items
+    starting at its directions through their residuals. No kept direction: the start stays."""
     if not model.has_residual:
         vectors = np.zeros((model.space.size, directions.shape[1]))
         vectors[positions] = directions
@@ -142,23 +140,19 @@ def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) 
     kept = int(np.sum(np.any(directions != 0, axis=0)))
     if kept == 0:
         return
-    from trainer.encoder import public_inputs
-    from trainer.solve import loo_ridge
-
-    x = public_inputs(model.space)
-    linear = model.linear_map()
-    features = x @ linear[:, :d]
+    features = model.embed_all(shared=True)[:, :d]
+    shared = features[positions]
     size = np.sqrt(np.mean(np.sum(directions**2, axis=1)))
-    target = directions[:, :kept] * np.sqrt(np.mean(np.sum(features[positions] ** 2, axis=1))) / size
-    guess = loo_ridge(x[positions], target)  # values x kept: the taste the features predict
-    guessed = x @ guess
-    along = np.linalg.lstsq(guessed, features, rcond=None)[0]  # the features' part the guess explains
-    beyond = linear[:, :d] - guess @ along
-    _, _, rows = np.linalg.svd(x @ beyond, full_matrices=False)
-    linear[:, :d] = np.c_[guess, beyond @ rows[: d - kept].T]
-    model.set_linear_map(linear)
+    target = directions[:, :kept] * np.sqrt(np.mean(np.sum(shared**2, axis=1))) / size
+    guess = np.linalg.lstsq(shared, target, rcond=None)[0]  # d x kept: the taste the features predict
+    along = np.linalg.lstsq(features @ guess, features, rcond=None)[0]  # the features' part the guess explains
+    beyond = np.eye(d) - guess @ along
+    _, _, rows = np.linalg.svd(features @ beyond, full_matrices=False)
+    matrix = np.eye(model.dim)
+    matrix[:d, :d] = np.c_[guess, beyond @ rows[: d - kept].T]
+    model.transform(matrix)
     residuals = np.zeros((positions.size, model.dim))
-    residuals[:, :kept] = target - guessed[positions]
+    residuals[:, :kept] = target - shared @ guess
     model.set_residuals(positions, residuals)
 
 

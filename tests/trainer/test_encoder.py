@@ -1,6 +1,5 @@
 """The features encoder's principal initialisation: items embedded by the DP-count-weighted principal
-directions of their public feature vectors (hand-computed feature matrix, numpy eigenvectors); the
-encoder as a linear map of those vectors."""
+directions of their public feature vectors (hand-computed feature matrix, numpy eigenvectors)."""
 
 import numpy as np
 import pyarrow as pa
@@ -72,17 +71,6 @@ def test_dimensions_beyond_the_features_rank_keep_random_directions_at_the_same_
     np.testing.assert_allclose(rms[rank:], np.mean(rms[:rank]), rtol=1e-5)
 
 
-def test_the_shared_encoder_is_the_linear_map_of_the_hand_computed_feature_vectors_it_is_set_to():
-    from trainer.encoder import public_inputs
-
-    encoder = ItemEncoder(FeatureSpace.from_items(ITEMS, use_item_id=True), dim=2)
-    np.testing.assert_allclose(public_inputs(encoder.space).toarray(), FEATURES, rtol=0, atol=1e-12)
-    linear = np.random.default_rng(5).normal(size=(FEATURES.shape[1], 2))
-    encoder.set_linear_map(linear)
-    np.testing.assert_allclose(encoder.embed_all(shared=True), FEATURES @ linear, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(encoder.linear_map(), linear, rtol=0, atol=1e-6)
-
-
 def test_bad_uses_are_refused():
     space = FeatureSpace.from_items(ITEMS)
     with pytest.raises(ValueError, match="one finite weight >= 0 per catalog item"):
@@ -93,8 +81,6 @@ def test_bad_uses_are_refused():
         ItemEncoder(space, dim=3, family_dim=2).init_principal(WEIGHTS)
     with pytest.raises(ValueError, match="only the features encoder"):
         ItemEncoder(space, dim=2, kind="id").init_principal(WEIGHTS)
-    with pytest.raises(ValueError, match="only the features encoder"):
-        ItemEncoder(space, dim=2, kind="id").linear_map()
 
 
 @pytest.mark.parametrize("ids", [[30, 10, 50, 20, 40], [3 << 60, -5, 7, 2**62, 0]])
