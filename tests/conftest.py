@@ -4,7 +4,9 @@ runs charge another's data sources, nor the machine's ~/.ssp)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +22,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gc
 # core, 24 s with one thread). Spark's Python workers get the same setting (pipelines.engines.spark).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ["SSP_BUDGET_ACCOUNTS"] = tempfile.mkdtemp(prefix="ssp-accounts-")  # session-scoped fixtures' runs
+atexit.register(shutil.rmtree, os.environ["SSP_BUDGET_ACCOUNTS"], ignore_errors=True)  # gone with this process
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
