@@ -137,12 +137,35 @@ def dpsgd_schedule(units: int, batch_size: int, epochs: float) -> tuple[float, i
     return batch_size / units, int(math.ceil(epochs * units / batch_size))
 
 
+MEMO_SIZE = 1024  # the accountings a process keeps (a run makes a few dozen distinct ones)
+_memo: dict = {}
+
+
+def _memoized(key: tuple, compute):
+    """compute(), made once per process for each key: `calibrate` and `epsilon_of` are pure
+    functions of their arguments (canonical events compose to the same epsilon to the last bit),
+    and a run asks the same ones many times (its plan's calibration from each stage, the ledger's
+    total after each release). The oldest answer goes first once MEMO_SIZE are kept; a failure is
+    not kept."""
+    if key not in _memo:
+        value = compute()
+        if len(_memo) >= MEMO_SIZE:
+            _memo.pop(next(iter(_memo)))
+        _memo[key] = value
+    return _memo[key]
+
+
 def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, accountant: str = DEFAULT_ACCOUNTANT) -> float:
     """Epsilon at `delta` of the composition of `events` (inf if any is not private), composed in
     their `canonical` form."""
+    events = canonical(events)
+    key = ("epsilon_of", json.dumps([event_to_json(event) for event in events]), delta, accountant)
+    return _memoized(key, lambda: _epsilon_of_canonical(events, delta, accountant))
+
+
+def _epsilon_of_canonical(events: list[dp_accounting.DpEvent], delta: float, accountant: str) -> float:
     import dp_accounting
 
-    events = canonical(events)
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in events):
         return math.inf
     if not events:
@@ -273,6 +296,14 @@ def calibrate(
     plan (PLD: from the RDP calibration, which is fast and close); epsilon = inf gives zeros (a
     non-private run).
     """
+    if epsilon != math.inf:
+        check_budget(epsilon, delta)
+    key = ("calibrate", epsilon, delta, tuple(plan), accountant)
+    # a copy: callers may change theirs (calibrate_dpsgd does)
+    return dict(_memoized(key, lambda: _calibrate_plan(epsilon, delta, plan, accountant)))
+
+
+def _calibrate_plan(epsilon: float, delta: float, plan: list[Group], accountant: str) -> dict[str, float]:
     import dp_accounting
 
     if epsilon == math.inf:

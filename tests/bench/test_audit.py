@@ -16,19 +16,17 @@ import pytest
 
 from bench import audit
 from pipelines.base import logs
-from tests.bench import cached_accounting
 
 SSP = os.path.join(os.path.dirname(sys.executable), "ssp")
 
 
 @pytest.fixture
-def in_process(spark, monkeypatch):
-    """For an audit in this process: the session's Spark active, PLD calibrations made once per plan
-    (tests/bench/cached_accounting.py), and the log level that `-q` sets put back afterwards."""
+def in_process(spark):
+    """For an audit in this process: the session's Spark active, and the log level that `-q` sets put
+    back afterwards."""
     from pyspark.sql import SparkSession
 
     assert SparkSession.getActiveSession() is not None  # else `ssp audit` would start, and stop, a session of its own
-    cached_accounting.install(monkeypatch)
     level = logs.LOGGER.level
     yield spark
     logs.LOGGER.setLevel(level)
@@ -148,13 +146,12 @@ def _cells(stdout: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.beam
-def test_ssp_audit_quick_passes_on_the_federated_product(capsys, tmp_path, monkeypatch):
+def test_ssp_audit_quick_passes_on_the_federated_product(capsys, tmp_path):
     """The federated round (a Beam pipeline, every user a client), its release in the run's ledger
     as `ssp train --engine federated` makes it; the product has canaries of its own, fewer."""
     from privacy import accounting
     from privacy.ledger import Ledger
 
-    cached_accounting.install(monkeypatch)
     work = tmp_path / "work"
     args = "--quick --seed 3 -q --engine local --trials 20 --products federated".split()
     code, stdout = ssp_audit(capsys, *args, "--work", str(work))
@@ -181,13 +178,12 @@ def test_ssp_audit_quick_passes_on_the_federated_product(capsys, tmp_path, monke
 
 
 @pytest.mark.slow
-def test_ssp_audit_quick_passes_on_the_dpsgd_product(capsys, tmp_path, monkeypatch):
+def test_ssp_audit_quick_passes_on_the_dpsgd_product(capsys, tmp_path):
     """AM-DPSGD's item updates (TensorFlow), each step's DP-SGD release in the run's ledger as
     `ssp train --item-update dpsgd` records it (the in-suite path: test_unnoised_dpsgd_is_found)."""
     from privacy import accounting
     from privacy.ledger import Ledger
 
-    cached_accounting.install(monkeypatch)
     work = tmp_path / "work"
     args = "--quick --seed 3 -q --engine local --trials 20 --products dpsgd".split()
     code, stdout = ssp_audit(capsys, *args, "--work", str(work))
@@ -218,10 +214,9 @@ def test_the_audit_follows_the_plan(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_ssp_audit_quick_passes_on_rankings_statistics_alone(capsys, tmp_path, monkeypatch):
+def test_ssp_audit_quick_passes_on_rankings_statistics_alone(capsys, tmp_path):
     """Ranking without the item Gram's start (`--item-gram-share 0`: the federated engine's plan, its
     statistics and the users' Gram) on the local engine."""
-    cached_accounting.install(monkeypatch)
     args = "--quick --seed 3 -q --engine local --trials 20 --products ranking-statistics".split()
     code, stdout = ssp_audit(capsys, *args, "--work", str(tmp_path / "work"))
     assert code == 0, stdout

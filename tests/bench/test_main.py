@@ -10,7 +10,6 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import privacy_utility, resampling, training
-from tests.bench import cached_accounting
 
 GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi"]
 
@@ -53,9 +52,7 @@ TINY_RESAMPLING = {
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Tiny sizes, and a record of every cell that really trains (the run itself untouched; its PLD
-    calibrations made once per plan: tests/bench/cached_accounting.py)."""
-    cached_accounting.install(monkeypatch)
+    """Tiny sizes, and a record of every cell that really trains (the run itself untouched)."""
     monkeypatch.setattr(privacy_utility, "sizes", lambda quick: TINY_PU)
     monkeypatch.setattr(resampling, "sizes", lambda quick: TINY_RESAMPLING)
     calls = []

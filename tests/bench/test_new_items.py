@@ -14,7 +14,6 @@ from pipelines.data.datasets import write_dataset
 from pipelines.training import settings
 from schemas import storage
 from schemas.errors import UserError
-from tests.bench import cached_accounting
 from trainer import evaluate, metrics
 from trainer.features import FeatureSpace
 
@@ -133,7 +132,6 @@ TINY = {"epsilons": [5.0], "methods": ["ssp"], "base": {"epochs": 2, "outer_step
 
 
 def test_the_experiment_end_to_end(movielens, tmp_path, monkeypatch, spark):
-    cached_accounting.install(monkeypatch)
     monkeypatch.setattr(new_items, "sizes", lambda quick: TINY)
     out = tmp_path / "out"
     argv = ["new-items", "--data", movielens.path, "--out", str(out), "--quick", "--seeds", "1", "--no-progress"]

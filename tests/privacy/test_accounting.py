@@ -497,3 +497,35 @@ def test_pld_falls_back_to_rdp_where_its_grid_would_be_huge():
     assert acct.epsilon_of(tiny, DELTA, "pld") == acct.epsilon_of(tiny, DELTA, "rdp")
     fine = [dp_accounting.GaussianDpEvent(acct.PLD_MIN_MULTIPLIER * 5)]
     assert acct.epsilon_of(fine, DELTA, "pld") < acct.epsilon_of(fine, DELTA, "rdp")
+
+
+def test_each_accounting_is_made_once_per_process_and_callers_get_copies(monkeypatch):
+    """The memo: the same canonical events (grouped differently) and the same plan are computed
+    once, their answers equal to a fresh accountant's; a changed copy leaves the memo as it was, and a
+    refusal is not kept."""
+    made = {"epsilon_of": 0, "calibrate": 0}
+    for name, key in (("_epsilon_of_canonical", "epsilon_of"), ("_calibrate_plan", "calibrate")):
+        real = getattr(acct, name)
+
+        def counted(*args, real=real, key=key):
+            made[key] += 1
+            return real(*args)
+
+        monkeypatch.setattr(acct, name, counted)
+    delta = 1.234567e-6  # a delta no other test asks for
+    grouped = [acct.gaussian_event(1.7, 3), acct.gaussian_event(2.9)]
+    unfolded = [acct.gaussian_event(2.9)] + [acct.gaussian_event(1.7)] * 3
+    first = acct.epsilon_of(grouped, delta)
+    assert acct.epsilon_of(unfolded, delta) == first and made["epsilon_of"] == 1
+    fresh = acct.make_accountant("pld")
+    fresh.compose(dp_accounting.ComposedDpEvent(acct.canonical(grouped)))
+    assert first == fresh.get_epsilon(delta)
+    plan = acct.stats_plan(2, count_share=0.1)
+    multipliers = acct.calibrate(3.0, delta, plan, "rdp")
+    multipliers["stats"] = 0.0
+    again = acct.calibrate(3.0, delta, plan, "rdp")
+    assert again["stats"] > 0 and made["calibrate"] == 1
+    assert again == dict(acct.calibrate(3.0, delta, list(plan), "rdp"))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="epsilon must be > 0"):
+            acct.calibrate(-1.0, delta, plan)
