@@ -160,7 +160,13 @@ class ItemEncoder(tf.keras.Model):
         Dimensions beyond the features' rank keep their random initialisation. Returns the number of
         principal dimensions set (min(d, rank)). The unknown value (id 0) embeds to zero, as
         `feature_matrix` drops it."""
-        weights = self._item_weights(weights, "principal initialisation")
+        self._require_features()
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise UserError(
+                f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got "
+                f"shape {weights.shape}"
+            )
         x = public_inputs(self.space)
         values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
         rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
@@ -186,7 +192,13 @@ class ItemEncoder(tf.keras.Model):
         trained shared encoder is a worse guess: its residuals carry what the statistics say of each
         item, so it keeps little of what sets one artist's items apart. Returns the number of items
         fitted (0: none moved, the encoder is left as it is)."""
-        weights = self._item_weights(weights, "the shared encoder's refit")
+        self._require_features()
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise UserError(
+                f"the shared encoder's refit needs one finite weight >= 0 per catalog item ({self.space.size}), got "
+                f"shape {weights.shape}"
+            )
         if self._residual is None:
             return 0
         outputs = self.embed_all()
@@ -237,17 +249,6 @@ class ItemEncoder(tf.keras.Model):
     def _require_features(self) -> None:
         if self.kind != "features":
             raise UserError("only the features encoder is a map of public features")
-
-    def _item_weights(self, weights: np.ndarray, use: str) -> np.ndarray:
-        """`weights` as float64, refused (naming `use`) unless one finite weight >= 0 per catalog item
-        of a features encoder."""
-        self._require_features()
-        weights = np.asarray(weights, dtype=np.float64)
-        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise UserError(
-                f"{use} needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}"
-            )
-        return weights
 
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
