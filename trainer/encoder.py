@@ -34,7 +34,6 @@ from schemas.errors import UserError
 from trainer.features import ITEM_ID_FAMILY, FeatureSpace, feature_families, feature_matrix
 
 ENCODERS = ("features", "id")
-REFIT_ITEMS = 4096  # refit_shared's items at most (a dense eigendecomposition of this size takes seconds)
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
 
 
@@ -179,7 +178,7 @@ class ItemEncoder(tf.keras.Model):
         self.set_linear_map(linear)
         return rank
 
-    def refit_shared(self, weights: np.ndarray, most: int = REFIT_ITEMS) -> int:
+    def refit_shared(self, weights: np.ndarray) -> int:
         """Make the shared encoder the best linear guess, from the public features, of the embeddings
         the private updates gave the catalog, and keep every catalog item's embedding as it is (its
         residual takes the difference): what `embed_features` gives a new item.
@@ -187,8 +186,7 @@ class ItemEncoder(tf.keras.Model):
         The guess: a ridge regression of the outputs v_j on x_j (`public_inputs`: every feature value,
         not the d principal directions), over the items whose residual is non-zero (those the private
         updates moved), item j weighted by weights[j] (its DP count: an item of many interactions has
-        the embedding of least noise; the `most` heaviest of them, which bounds the fit's one dense
-        eigendecomposition), the ridge chosen by leave-one-out error (`loo_ridge`). The
+        the embedding of least noise), the ridge chosen by leave-one-out error (`loo_ridge`). The
         trained shared encoder is a worse guess: its residuals carry what the statistics say of each
         item, so it keeps little of what sets one artist's items apart. Returns the number of items
         fitted (0: none moved, the encoder is left as it is)."""
@@ -205,7 +203,6 @@ class ItemEncoder(tf.keras.Model):
         moved = np.flatnonzero(np.any(self.residual_values() != 0, axis=1) & (weights > 0))
         if moved.size == 0:
             return 0
-        moved = np.sort(moved[np.argsort(-weights[moved], kind="stable")[:most]])
         self.set_linear_map(loo_ridge(public_inputs(self.space)[moved], outputs[moved], weights[moved]))
         self.set_residuals(np.arange(self.space.size), outputs - self.embed_all(shared=True))
         return int(moved.size)
@@ -297,11 +294,18 @@ def loo_ridge(x, targets: np.ndarray, weights: np.ndarray, grid: np.ndarray = RI
     root = np.sqrt(np.asarray(weights, dtype=np.float64))
     xw = scipy.sparse.csr_matrix(x).multiply(root[:, None]).tocsr()
     yw = root[:, None] * np.asarray(targets, dtype=np.float64)
-    by_rows = xw.shape[0] <= xw.shape[1]  # rows x rows: the left singular vectors directly
-    values, vectors = np.linalg.eigh((xw @ xw.T if by_rows else xw.T @ xw).toarray())
+    if xw.shape[0] <= xw.shape[1]:  # rows x rows: the left singular vectors directly
+        values, left = np.linalg.eigh((xw @ xw.T).toarray())
+    else:  # columns x columns: the right ones, then the left as x v / sigma
+        values, right = np.linalg.eigh((xw.T @ xw).toarray())
     keep = values > 1e-12 * max(values.max(initial=0.0), 1e-300)
-    values, vectors = values[keep], vectors[:, keep]
-    left = vectors if by_rows else np.asarray(xw @ vectors) / np.sqrt(values)  # else the right ones: x v / sigma
+    values = values[keep]
+    if xw.shape[0] <= xw.shape[1]:
+        left = left[:, keep]
+        right = np.asarray(xw.T @ left) / np.sqrt(values)
+    else:
+        right = right[:, keep]
+        left = np.asarray(xw @ right) / np.sqrt(values)
     rotated = left.T @ yw
     best, best_error = None, np.inf
     for lam in grid * float(np.mean(values)):
@@ -311,9 +315,7 @@ def loo_ridge(x, targets: np.ndarray, weights: np.ndarray, grid: np.ndarray = RI
         error = float(np.sum(((yw - fitted) / np.maximum(1.0 - leverage, 1e-12)[:, None]) ** 2))
         if error < best_error:
             best, best_error = lam, error
-    if by_rows:  # x^T (x x^T + lam)^-1 y, in the weighted rows
-        return np.asarray(xw.T @ (left @ (rotated / (values + best)[:, None])))
-    return vectors @ ((np.sqrt(values) / (values + best))[:, None] * rotated)
+    return right @ ((np.sqrt(values) / (values + best))[:, None] * rotated)
 
 
 def _output_rms(x: scipy.sparse.spmatrix, linear: np.ndarray) -> np.ndarray:

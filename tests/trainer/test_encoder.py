@@ -151,18 +151,6 @@ def test_the_refit_guesses_a_new_item_from_the_trained_items_that_share_its_feat
         assert error < 0.25 * np.linalg.norm(taste[artist]) < before_error
 
 
-def test_the_refit_fits_the_heaviest_moved_items_when_more_moved_than_it_fits():
-    encoder = ItemEncoder(FeatureSpace.from_items(ITEMS), dim=2)
-    encoder.set_residuals(np.arange(4), np.ones((4, 2)))  # items 10..40 moved, 50 not
-    outputs = encoder.embed_all()
-    assert encoder.refit_shared(WEIGHTS, most=2) == 2
-    heaviest = [0, 3]  # weights 10 and 7
-    x = public_inputs(encoder.space)
-    expected = x @ loo_ridge(x[heaviest], outputs[heaviest], WEIGHTS[heaviest])
-    np.testing.assert_allclose(encoder.embed_all(shared=True), expected, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(encoder.embed_all(), outputs, rtol=0, atol=1e-5)
-
-
 def test_the_refit_leaves_an_encoder_no_update_moved_or_without_residuals():
     for use_item_id in (True, False):
         encoder = ItemEncoder(FeatureSpace.from_items(ITEMS, use_item_id=use_item_id), dim=2)
