@@ -159,79 +159,37 @@ class ItemEncoder(tf.keras.Model):
         Dimensions beyond the features' rank keep their random initialisation. Returns the number of
         principal dimensions set (min(d, rank)). The unknown value (id 0) embeds to zero, as
         `feature_matrix` drops it."""
-        self._require_features()
+        if self.kind != "features":
+            raise UserError("only the features encoder has public features to initialise from")
         weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise UserError(
                 f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got "
                 f"shape {weights.shape}"
             )
-        x = public_inputs(self.space)
-        values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
-        rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
-        linear = self.linear_map()
-        if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
-            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
-                _output_rms(x, linear[:, rank:]), 1e-300
-            )
-        linear[:, :rank] = vectors[:, :rank]
-        self.set_linear_map(linear)
-        return rank
-
-    def refit_shared(self, weights: np.ndarray) -> int:
-        """Make the shared encoder the best linear guess, from the public features, of the embeddings
-        the private updates gave the catalog, and keep every catalog item's embedding as it is (its
-        residual takes the difference): what `embed_features` gives a new item.
-
-        The guess: a ridge regression of the outputs v_j on x_j (`public_inputs`: every feature value,
-        not the d principal directions), over the items whose residual is non-zero (those the private
-        updates moved), item j weighted by weights[j] (its DP count: an item of many interactions has
-        the embedding of least noise), the ridge chosen by leave-one-out error (`loo_ridge`). The
-        trained shared encoder is a worse guess: its residuals carry what the statistics say of each
-        item, so it keeps little of what sets one artist's items apart. Returns the number of items
-        fitted (0: none moved, the encoder is left as it is)."""
-        self._require_features()
-        weights = np.asarray(weights, dtype=np.float64)
-        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise UserError(
-                f"the shared encoder's refit needs one finite weight >= 0 per catalog item ({self.space.size}), got "
-                f"shape {weights.shape}"
-            )
-        if self._residual is None:
-            return 0
-        outputs = self.embed_all()
-        moved = np.flatnonzero(np.any(self.residual_values() != 0, axis=1) & (weights > 0))
-        if moved.size == 0:
-            return 0
-        self.set_linear_map(loo_ridge(public_inputs(self.space)[moved], outputs[moved], weights[moved]))
-        self.set_residuals(np.arange(self.space.size), outputs - self.embed_all(shared=True))
-        return int(moved.size)
-
-    def linear_map(self) -> np.ndarray:
-        """The shared encoder as the linear map it is: W (feature values x d, then a row for the
-        bias) with shared outputs `public_inputs(space) @ W` (a bag's lookups are averaged, then a dense layer)."""
-        self._require_features()
-        self(tf.zeros([1], tf.int64))  # builds the dense layer
-        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
-        family_dim = kernel.shape[0] // len(self._families)
-        blocks = [
-            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
-            for k, (_, _, table) in enumerate(self._families)
-        ]
-        return np.vstack(blocks + [bias[None, :]]).astype(np.float64)
-
-    def set_linear_map(self, linear: np.ndarray) -> None:
-        """Make the shared encoder the linear map `linear` (as `linear_map` gives it): the family tables
-        hold its rows (the unknown value, row 0, embeds to zero), the dense layer stacked identities."""
-        self._require_features()
         self(tf.zeros([1], tf.int64))  # builds the dense layer
         kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
         family_dim = kernel.shape[0] // len(self._families)
         if family_dim < self.dim:
             raise UserError(
-                f"a linear map of the features needs family embeddings of at least d = {self.dim} dimensions, got "
+                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got "
                 f"{family_dim}"
             )
+        x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
+        values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
+        rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
+        # the encoder as it stands is linear in x: its map W (rows: feature values, then the bias)
+        blocks = [
+            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
+            for k, (_, _, table) in enumerate(self._families)
+        ]
+        linear = np.vstack(blocks + [bias[None, :]])
+        if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
+            linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
+                _output_rms(x, linear[:, rank:]), 1e-300
+            )
+        linear[:, :rank] = vectors[:, :rank]
+        # family tables = the map's rows (row 0, the unknown value: zero), kernel = stacked identities
         identity, offset = np.zeros_like(kernel), 0
         for k, (_, _, table) in enumerate(self._families):
             rows = table.shape[0] - 1
@@ -242,10 +200,7 @@ class ItemEncoder(tf.keras.Model):
             offset += rows
         self._dense.kernel.assign(identity)
         self._dense.bias.assign(linear[offset].astype(bias.dtype))
-
-    def _require_features(self) -> None:
-        if self.kind != "features":
-            raise UserError("only the features encoder is a map of public features")
+        return rank
 
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
@@ -275,47 +230,6 @@ def _top_eigenvectors(gram: scipy.sparse.spmatrix, k: int) -> tuple[np.ndarray, 
         values, vectors = scipy.sparse.linalg.eigsh(gram.astype(np.float64), k=k, which="LA")
     order = np.argsort(values)[::-1][:k]
     return values[order], vectors[:, order]
-
-
-def public_inputs(space: FeatureSpace) -> scipy.sparse.csr_matrix:
-    """x_j of every catalog item: its feature values (each family's bag averaged, `feature_matrix`) and a constant 1."""
-    return scipy.sparse.hstack([feature_matrix(space), np.ones((space.size, 1))]).tocsr()
-
-
-RIDGE_GRID = np.logspace(-3, 1, 9)  # loo_ridge's choices, times the mean eigenvalue
-
-
-def loo_ridge(x, targets: np.ndarray, weights: np.ndarray, grid: np.ndarray = RIDGE_GRID) -> np.ndarray:
-    """W minimising sum_i weights_i ||x_i W - targets_i||^2 + lam ||W||^2, with lam the one of `grid`
-    (times the mean eigenvalue of the weighted Gram) whose weighted leave-one-out error is least: each
-    row predicted by the fit on the others, in closed form (r_i / (1 - h_ii)), from one thin SVD of
-    the weighted rows (the eigendecomposition of the smaller of x^T W x and W^1/2 x x^T W^1/2).
-    x: dense or scipy sparse, n rows, not all zero; targets: n x k; weights > 0."""
-    root = np.sqrt(np.asarray(weights, dtype=np.float64))
-    xw = scipy.sparse.csr_matrix(x).multiply(root[:, None]).tocsr()
-    yw = root[:, None] * np.asarray(targets, dtype=np.float64)
-    if xw.shape[0] <= xw.shape[1]:  # rows x rows: the left singular vectors directly
-        values, left = np.linalg.eigh((xw @ xw.T).toarray())
-    else:  # columns x columns: the right ones, then the left as x v / sigma
-        values, right = np.linalg.eigh((xw.T @ xw).toarray())
-    keep = values > 1e-12 * max(values.max(initial=0.0), 1e-300)
-    values = values[keep]
-    if xw.shape[0] <= xw.shape[1]:
-        left = left[:, keep]
-        right = np.asarray(xw.T @ left) / np.sqrt(values)
-    else:
-        right = right[:, keep]
-        left = np.asarray(xw @ right) / np.sqrt(values)
-    rotated = left.T @ yw
-    best, best_error = None, np.inf
-    for lam in grid * float(np.mean(values)):
-        shrink = values / (values + lam)
-        fitted = left @ (shrink[:, None] * rotated)
-        leverage = np.einsum("ij,j,ij->i", left, shrink, left)
-        error = float(np.sum(((yw - fitted) / np.maximum(1.0 - leverage, 1e-12)[:, None]) ** 2))
-        if error < best_error:
-            best, best_error = lam, error
-    return right @ ((np.sqrt(values) / (values + best))[:, None] * rotated)
 
 
 def _output_rms(x: scipy.sparse.spmatrix, linear: np.ndarray) -> np.ndarray:
