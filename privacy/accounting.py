@@ -304,11 +304,11 @@ def calibrate(
 
 
 def _calibrate_plan(epsilon: float, delta: float, plan: list[Group], accountant: str) -> dict[str, float]:
+    """`calibrate` itself, once its budget is checked."""
     import dp_accounting
 
     if epsilon == math.inf:
         return {group.name: 0.0 for group in plan}
-    check_budget(epsilon, delta)
     if accountant.startswith("rdp"):  # fast: dp-accounting's own bracket search
         total = dp_accounting.calibrate_dp_mechanism(
             lambda: make_accountant(accountant),
