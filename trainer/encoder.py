@@ -34,6 +34,7 @@ from schemas.errors import UserError
 from trainer.features import ITEM_ID_FAMILY, FeatureSpace, feature_families, feature_matrix
 
 ENCODERS = ("features", "id")
+REFIT_ITEMS = 4096  # refit_shared's items at most (a dense eigendecomposition of this size takes seconds)
 CHECKPOINT_PREFIX = "ckpt"  # the checkpoint's file prefix inside its folder
 
 
@@ -159,37 +160,75 @@ class ItemEncoder(tf.keras.Model):
         Dimensions beyond the features' rank keep their random initialisation. Returns the number of
         principal dimensions set (min(d, rank)). The unknown value (id 0) embeds to zero, as
         `feature_matrix` drops it."""
-        if self.kind != "features":
-            raise UserError("only the features encoder has public features to initialise from")
-        weights = np.asarray(weights, dtype=np.float64)
-        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise UserError(
-                f"principal initialisation needs one finite weight >= 0 per catalog item ({self.space.size}), got "
-                f"shape {weights.shape}"
-            )
-        self(tf.zeros([1], tf.int64))  # builds the dense layer
-        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
-        family_dim = kernel.shape[0] // len(self._families)
-        if family_dim < self.dim:
-            raise UserError(
-                f"principal initialisation needs family embeddings of at least d = {self.dim} dimensions, got "
-                f"{family_dim}"
-            )
-        x = scipy.sparse.hstack([feature_matrix(self.space), np.ones((self.space.size, 1))]).tocsr()
+        weights = self._item_weights(weights, "principal initialisation")
+        x = public_inputs(self.space)
         values, vectors = _top_eigenvectors(x.T @ scipy.sparse.diags(weights) @ x, self.dim)
         rank = int(np.sum(values > 1e-9 * max(values.max(initial=0.0), 1e-300)))
-        # the encoder as it stands is linear in x: its map W (rows: feature values, then the bias)
-        blocks = [
-            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
-            for k, (_, _, table) in enumerate(self._families)
-        ]
-        linear = np.vstack(blocks + [bias[None, :]])
+        linear = self.linear_map()
         if 0 < rank < self.dim:  # keep the random directions, at the principal ones' scale
             linear[:, rank:] *= np.mean(_output_rms(x, vectors[:, :rank])) / np.maximum(
                 _output_rms(x, linear[:, rank:]), 1e-300
             )
         linear[:, :rank] = vectors[:, :rank]
-        # family tables = the map's rows (row 0, the unknown value: zero), kernel = stacked identities
+        self.set_linear_map(linear)
+        return rank
+
+    def refit_shared(self, weights: np.ndarray, most: int = REFIT_ITEMS) -> int:
+        """Make the shared encoder the best linear guess, from the public features, of the embeddings
+        the private updates gave the catalog, and keep every catalog item's embedding as it is (its
+        residual takes the difference): what `embed_features` gives a new item.
+
+        The guess: a ridge regression of the outputs v_j on x_j (`public_inputs`: every feature value,
+        not the d principal directions), over the items whose residual is non-zero (those the private
+        updates moved), item j weighted by weights[j] (its DP count: an item of many interactions has
+        the embedding of least noise; the `most` heaviest of them, which bounds the fit's one dense
+        eigendecomposition), the ridge chosen by leave-one-out error (`loo_ridge`). The
+        trained shared encoder is often a worse guess: its residuals carry what the statistics say of
+        each item, so it keeps little of what sets one artist's items apart. Where it is not (its
+        weighted error on those items, their residuals' weighted norm, is at most the refit's
+        leave-one-out error: few items, or features that say little of them) it is kept. Returns the
+        number of items fitted (0: none moved, or the trained encoder kept)."""
+        weights = self._item_weights(weights, "the shared encoder's refit")
+        if self._residual is None:
+            return 0
+        outputs = self.embed_all()
+        moved = np.flatnonzero(np.any(self.residual_values() != 0, axis=1) & (weights > 0))
+        if moved.size == 0:
+            return 0
+        moved = np.sort(moved[np.argsort(-weights[moved], kind="stable")[:most]])
+        linear, loo_error = loo_ridge(public_inputs(self.space)[moved], outputs[moved], weights[moved])
+        trained_error = float(weights[moved] @ np.sum(np.square(self.residual_values()[moved]), axis=1))
+        if loo_error >= trained_error:
+            return 0
+        self.set_linear_map(linear)
+        self.set_residuals(np.arange(self.space.size), outputs - self.embed_all(shared=True))
+        return int(moved.size)
+
+    def linear_map(self) -> np.ndarray:
+        """The shared encoder as the linear map it is: W (feature values x d, then a row for the
+        bias) with shared outputs `public_inputs(space) @ W` (a bag's lookups are averaged, then a dense layer)."""
+        self._require_features()
+        self(tf.zeros([1], tf.int64))  # builds the dense layer
+        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
+        family_dim = kernel.shape[0] // len(self._families)
+        blocks = [
+            table.numpy()[1:] @ kernel[k * family_dim : (k + 1) * family_dim]
+            for k, (_, _, table) in enumerate(self._families)
+        ]
+        return np.vstack(blocks + [bias[None, :]]).astype(np.float64)
+
+    def set_linear_map(self, linear: np.ndarray) -> None:
+        """Make the shared encoder the linear map `linear` (as `linear_map` gives it): the family tables
+        hold its rows (the unknown value, row 0, embeds to zero), the dense layer stacked identities."""
+        self._require_features()
+        self(tf.zeros([1], tf.int64))  # builds the dense layer
+        kernel, bias = self._dense.kernel.numpy(), self._dense.bias.numpy()
+        family_dim = kernel.shape[0] // len(self._families)
+        if family_dim < self.dim:
+            raise UserError(
+                f"a linear map of the features needs family embeddings of at least d = {self.dim} dimensions, got "
+                f"{family_dim}"
+            )
         identity, offset = np.zeros_like(kernel), 0
         for k, (_, _, table) in enumerate(self._families):
             rows = table.shape[0] - 1
@@ -200,7 +239,21 @@ class ItemEncoder(tf.keras.Model):
             offset += rows
         self._dense.kernel.assign(identity)
         self._dense.bias.assign(linear[offset].astype(bias.dtype))
-        return rank
+
+    def _require_features(self) -> None:
+        if self.kind != "features":
+            raise UserError("only the features encoder is a map of public features")
+
+    def _item_weights(self, weights: np.ndarray, use: str) -> np.ndarray:
+        """`weights` as float64, refused (naming `use`) unless one finite weight >= 0 per catalog item
+        of a features encoder."""
+        self._require_features()
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (self.space.size,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise UserError(
+                f"{use} needs one finite weight >= 0 per catalog item ({self.space.size}), got shape {weights.shape}"
+            )
+        return weights
 
     def set_item_vectors(self, vectors: np.ndarray) -> None:
         """Id-only encoder: set every catalog item's embedding (catalog order), e.g. from a closed-form solve."""
@@ -230,6 +283,42 @@ def _top_eigenvectors(gram: scipy.sparse.spmatrix, k: int) -> tuple[np.ndarray, 
         values, vectors = scipy.sparse.linalg.eigsh(gram.astype(np.float64), k=k, which="LA")
     order = np.argsort(values)[::-1][:k]
     return values[order], vectors[:, order]
+
+
+def public_inputs(space: FeatureSpace) -> scipy.sparse.csr_matrix:
+    """x_j of every catalog item: its feature values (each family's bag averaged, `feature_matrix`) and a constant 1."""
+    return scipy.sparse.hstack([feature_matrix(space), np.ones((space.size, 1))]).tocsr()
+
+
+RIDGE_GRID = np.logspace(-3, 1, 9)  # loo_ridge's choices, times the mean eigenvalue
+
+
+def loo_ridge(x, targets: np.ndarray, weights: np.ndarray, grid: np.ndarray = RIDGE_GRID) -> tuple[np.ndarray, float]:
+    """W minimising sum_i weights_i ||x_i W - targets_i||^2 + lam ||W||^2, with lam the one of `grid`
+    (times the mean eigenvalue of the weighted Gram) whose weighted leave-one-out error is least: each
+    row predicted by the fit on the others, in closed form (r_i / (1 - h_ii)), from one thin SVD of
+    the weighted rows (the eigendecomposition of the smaller of x^T W x and W^1/2 x x^T W^1/2).
+    x: dense or scipy sparse, n rows, not all zero; targets: n x k; weights > 0."""
+    root = np.sqrt(np.asarray(weights, dtype=np.float64))
+    xw = scipy.sparse.csr_matrix(x).multiply(root[:, None]).tocsr()
+    yw = root[:, None] * np.asarray(targets, dtype=np.float64)
+    by_rows = xw.shape[0] <= xw.shape[1]  # rows x rows: the left singular vectors directly
+    values, vectors = np.linalg.eigh((xw @ xw.T if by_rows else xw.T @ xw).toarray())
+    keep = values > 1e-12 * max(values.max(initial=0.0), 1e-300)
+    values, vectors = values[keep], vectors[:, keep]
+    left = vectors if by_rows else np.asarray(xw @ vectors) / np.sqrt(values)  # else the right ones: x v / sigma
+    rotated = left.T @ yw
+    best, best_error = None, np.inf
+    for lam in grid * float(np.mean(values)):
+        shrink = values / (values + lam)
+        fitted = left @ (shrink[:, None] * rotated)
+        leverage = np.einsum("ij,j,ij->i", left, shrink, left)
+        error = float(np.sum(((yw - fitted) / np.maximum(1.0 - leverage, 1e-12)[:, None]) ** 2))
+        if error < best_error:
+            best, best_error = lam, error
+    if by_rows:  # x^T (x x^T + lam)^-1 y, in the weighted rows
+        return np.asarray(xw.T @ (left @ (rotated / (values + best)[:, None]))), best_error
+    return vectors @ ((np.sqrt(values) / (values + best))[:, None] * rotated), best_error
 
 
 def _output_rms(x: scipy.sparse.spmatrix, linear: np.ndarray) -> np.ndarray:

@@ -3,10 +3,13 @@
 After the step's stats release (pipelines.training.stats_stage), `item_update` fits the item
 encoder: the SSP trainer, or the DP-ALS / DP-CMF closed-form solves, from the released
 statistics (`_stats_update`), or AM-DPSGD's TF-Privacy trainer on the private rows
-(`_dpsgd_update`, no stats release). The last step exports the encoder and item embeddings.
+(`_dpsgd_update`, no stats release). The last step refits the shared features encoder to the
+embeddings the updates gave the catalog (what a new item gets from its features,
+trainer.encoder.ItemEncoder.refit_shared) and exports the encoder and item embeddings.
 
 Privacy: the SSP, ALS and CMF updates read only released tables (the statistics, the DP counts) and
-public features, never the interactions; DP-SGD reads the private rows under its own release.
+public features, never the interactions; DP-SGD reads the private rows under its own release. The
+refit reads the released embeddings and DP counts only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pipelines.releases import release, stats_core, stats_job
 from pipelines.releases.gram import dp_gram
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings
 from pipelines.training.prepare import ledger_multiplier
-from pipelines.training.run_dir import Run, config_of, require_steps
+from pipelines.training.run_dir import Run, catalog_counts, config_of, require_steps
 from pipelines.training.settings import FIXED_UPDATES, TrainConfig, release_units
 from pipelines.training.stats_stage import covers_items
 from privacy import accounting
@@ -175,6 +178,10 @@ def item_update(run: Run, step: int, progress: bool = True) -> dict:
     ):  # none, gram, or no item covered: the encoder stays as it started
         losses = _stats_update(run, config, step, space, model, progress)
     normalise_embeddings(model, config)
+    if step == config.outer_steps and config.encoder == "features":  # new items: the features' best guess
+        fitted = model.refit_shared(catalog_counts(run, space))
+        if fitted:
+            logs.log(f"new items: the shared encoder refit to the embeddings of the {fitted} items the updates moved")
     embeddings = item_embeddings_table(model, config)
     storage.write_table(embeddings, run.item_embeddings(step))
     encoders.write_checkpoint(model, run.checkpoint(step))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipelines.data import splits
-from pipelines.training import evaluation, prepare, settings, stages, stats_stage
+from pipelines.training import evaluation, prepare, run_dir, settings, stages, stats_stage
 from pipelines.training.model import build_encoder, item_vectors, normalise_embeddings, zero_item_biases
 from privacy.ledger import Ledger
 from privacy.seeds import SeedFile
@@ -307,10 +307,20 @@ def test_the_statistics_cover_the_items_whose_dp_count_clears_the_noise(tmp_path
     assert {row[1] for row in every} - set(covered.tolist())  # the user update keeps the other items' rows
     manifest = json.load(open(run.manifest_path))
     space, model = build_encoder(config, storage.read_table(manifest["prepared"]["items"]))
-    encoders.restore_checkpoint(model, run.checkpoint(config.outer_steps))
+    encoders.restore_checkpoint(model, run.checkpoint(config.outer_steps - 1))
     inside = np.isin(space.item_ids, covered)
     residuals = model.embed_all() - model.embed_all(shared=True)
     assert np.all(residuals[~inside] == 0) and np.abs(residuals[inside]).max() > 0
+    # the last step refits the shared encoder (what a new item gets) to the covered items' embeddings,
+    # unless the refit's leave-one-out error is no better than the trained encoder's residuals
+    encoders.restore_checkpoint(model, run.checkpoint(config.outer_steps))
+    outputs, shared, x = model.embed_all(), model.embed_all(shared=True), encoders.public_inputs(space)
+    counts = run_dir.catalog_counts(run, space)
+    linear, loo_error = encoders.loo_ridge(x[inside], outputs[inside], counts[inside])
+    if np.any(outputs[~inside] != shared[~inside]):  # refit: the others' residuals take the difference
+        np.testing.assert_allclose(shared, x @ linear, rtol=0, atol=1e-4 * np.abs(x @ linear).max())
+    else:
+        assert loo_error >= counts[inside] @ np.sum(np.square(outputs[inside] - shared[inside]), axis=1)
     # the default rule: 6 N/S for AM-SSP's features encoder when sqrt(m) (N/S) / sqrt(C n) > 0.15 with biases, else 1
     # N/S
     # (hand-computed: 100 items of DP count 50, so C = 5,000; n = 1,000 users)
