@@ -161,7 +161,7 @@ def test_the_experiment_end_to_end(movielens, tmp_path, monkeypatch, spark):
         )
         rankers = (
             "model",
-            "model_features_popularity",
+            "model_in_catalog",
             "popularity_by_features",
             "popularity_by_features_exact",
             "random",
