@@ -4,8 +4,9 @@ After the step's stats release (pipelines.training.stats_stage), `item_update` f
 encoder: the SSP trainer, or the DP-ALS / DP-CMF closed-form solves, from the released
 statistics (`_stats_update`), or AM-DPSGD's TF-Privacy trainer on the private rows
 (`_dpsgd_update`, no stats release). The last step refits the shared features encoder to the
-embeddings the updates gave the catalog (what a new item gets from its features,
-trainer.encoder.ItemEncoder.refit_shared) and exports the encoder and item embeddings.
+embeddings the updates gave the catalog where the refit guesses them better (what a new item gets
+from its features, trainer.encoder.ItemEncoder.refit_shared) and exports the encoder and item
+embeddings.
 
 Privacy: the SSP, ALS and CMF updates read only released tables (the statistics, the DP counts) and
 public features, never the interactions; DP-SGD reads the private rows under its own release. The
