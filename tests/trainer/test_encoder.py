@@ -116,22 +116,26 @@ def test_loo_ridge_picks_the_ridge_whose_refits_without_each_row_predict_it_best
     assert error == pytest.approx(min(errors), rel=1e-8)
 
 
+def artists_catalog(artists: np.ndarray) -> pa.Table:
+    """One item per entry of `artists` (its artist's number): artists 0 and 1 play rock, the others jazz."""
+    return pa.table(
+        {
+            "item_id": np.arange(1, artists.size + 1),
+            "title": [f"t{i}" for i in range(artists.size)],
+            "artist": artists,
+            "genres": [["rock"] if a < 2 else ["jazz"] for a in artists],
+        },
+        schema=items_schema({"artist": "univalent", "genres": "multivalent"}),
+    )
+
+
 def test_the_refit_guesses_a_new_item_from_the_trained_items_that_share_its_features():
     """Thirty items of three artists, their trained embeddings the artist's vector plus noise (held in
     the residuals); three items no update moved, one per artist. The refit keeps every catalog
     embedding and makes the shared encoder say, of each unmoved item, close to its artist's vector."""
     rng = np.random.default_rng(3)
     artists = np.repeat([0, 1, 2], 11)
-    items = pa.table(
-        {
-            "item_id": np.arange(1, 34),
-            "title": [f"t{i}" for i in range(33)],
-            "artist": artists,
-            "genres": [["rock"] if a < 2 else ["jazz"] for a in artists],
-        },
-        schema=items_schema({"artist": "univalent", "genres": "multivalent"}),
-    )
-    encoder = ItemEncoder(FeatureSpace.from_items(items), dim=4)
+    encoder = ItemEncoder(FeatureSpace.from_items(artists_catalog(artists)), dim=4)
     unmoved = np.arange(33) % 11 == 10
     taste = rng.normal(size=(3, 4)) * 3
     trained = taste[artists] + 0.3 * rng.normal(size=(33, 4))
@@ -171,17 +175,7 @@ def test_the_refit_is_declined_when_the_features_guess_the_moved_items_worse_tha
     encoder's weighted error on them (the residuals' weighted norm) is below the refit's leave-one-out
     error, so the encoder is left as it is."""
     rng = np.random.default_rng(5)
-    artists = np.repeat([0, 1, 2], 10)
-    items = pa.table(
-        {
-            "item_id": np.arange(1, 31),
-            "title": [f"t{i}" for i in range(30)],
-            "artist": artists,
-            "genres": [["rock"] if a < 2 else ["jazz"] for a in artists],
-        },
-        schema=items_schema({"artist": "univalent", "genres": "multivalent"}),
-    )
-    encoder = ItemEncoder(FeatureSpace.from_items(items), dim=4)
+    encoder = ItemEncoder(FeatureSpace.from_items(artists_catalog(np.repeat([0, 1, 2], 10))), dim=4)
     encoder.set_residuals(np.arange(30), 0.3 * rng.normal(size=(30, 4)))
     shared, catalog = encoder.embed_all(shared=True), encoder.embed_all()
     weights = rng.uniform(1.0, 50.0, 30)
