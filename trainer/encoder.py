@@ -298,7 +298,8 @@ def loo_ridge(x, targets: np.ndarray, weights: np.ndarray, grid: np.ndarray = RI
     (times the mean eigenvalue of the weighted Gram) whose weighted leave-one-out error is least: each
     row predicted by the fit on the others, in closed form (r_i / (1 - h_ii)), from one thin SVD of
     the weighted rows (the eigendecomposition of the smaller of x^T W x and W^1/2 x x^T W^1/2).
-    x: dense or scipy sparse, n rows, not all zero; targets: n x k; weights > 0."""
+    x: dense or scipy sparse, n rows, not all zero; targets: n x k; weights > 0. Returns W and its
+    weighted leave-one-out error."""
     root = np.sqrt(np.asarray(weights, dtype=np.float64))
     xw = scipy.sparse.csr_matrix(x).multiply(root[:, None]).tocsr()
     yw = root[:, None] * np.asarray(targets, dtype=np.float64)
