@@ -12,7 +12,8 @@ each operator would run is extracted as an argv list, exactly as the operator bu
   job name and labels the operator adds at execution).
 
 The project side (tests/infra/test_dag.py) checks those commands against the project's parsers.
-Usage: python airflow_export.py OUT.json DAG_FOLDER[:DAG_FOLDER ...] DATE [DATE ...]
+Usage: python airflow_export.py OUT.json DAG_FOLDER[:DAG_FOLDER ...] ENGINE[,ENGINE] DATE [DATE ...]
+(each engine the DAG's SSP_STATS_ENGINE while its folders are imported: one Airflow start for all)
 """
 
 from __future__ import annotations
@@ -121,9 +122,14 @@ def export(folder: str, date: str) -> dict:
 
 
 if __name__ == "__main__":
-    out, folders, *dates = sys.argv[1:]
-    # one folder: {date: export}; several, os.pathsep-separated: {folder: {date: export}} (one Airflow start)
+    out, folders, engines, *dates = sys.argv[1:]
+    # one folder: {date: export}; several, os.pathsep-separated: {folder: {date: export}}; several
+    # engines, comma-separated: {engine: that}
     each = folders.split(os.pathsep)
-    exported = {folder: {date: export(folder, date) for date in dates} for folder in each}
+    exported = {}
+    for engine in engines.split(","):
+        os.environ["SSP_STATS_ENGINE"] = engine  # read by the DAG file, which each DagBag imports anew
+        by_folder = {folder: {date: export(folder, date) for date in dates} for folder in each}
+        exported[engine] = by_folder if len(each) > 1 else by_folder[each[0]]
     with open(out, "w") as handle:
-        json.dump(exported if len(each) > 1 else exported[each[0]], handle, default=str)
+        json.dump(exported if "," in engines else exported[engines], handle, default=str)
