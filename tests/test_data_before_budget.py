@@ -103,6 +103,7 @@ def test_a_generated_data_set_is_refused_before_any_release_or_trains(case):
             epsilon=4.0,
             dim=2,
             epochs=1,
+            outer_steps=1,  # the refusals come before any release; one step trains the rest
             model_seed=case["seed"],
         )
         try:
