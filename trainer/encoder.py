@@ -191,13 +191,13 @@ class ItemEncoder(tf.keras.Model):
         weights = self._item_weights(weights, "the shared encoder's refit")
         if self._residual is None:
             return 0
-        outputs = self.embed_all()
-        moved = np.flatnonzero(np.any(self.residual_values() != 0, axis=1) & (weights > 0))
+        outputs, residuals = self.embed_all(), self.residual_values()
+        moved = np.flatnonzero(np.any(residuals != 0, axis=1) & (weights > 0))
         if moved.size == 0:
             return 0
         moved = np.sort(moved[np.argsort(-weights[moved], kind="stable")[:most]])
         linear, loo_error = loo_ridge(public_inputs(self.space)[moved], outputs[moved], weights[moved])
-        trained_error = float(weights[moved] @ np.sum(np.square(self.residual_values()[moved]), axis=1))
+        trained_error = float(weights[moved] @ np.sum(np.square(residuals[moved]), axis=1))
         if loo_error >= trained_error:
             return 0
         self.set_linear_map(linear)
