@@ -148,7 +148,7 @@ def run_cell(out: str, params: dict) -> dict:
                 dim=config.dim,
                 gravity=config.gravity,
             )
-    steps = training.trajectory(layout, config)
+    steps = training.trajectory(layout)
     manifest = open_dataset(data).manifest
     prepare_upload = (
         8 * manifest["items"] + 16

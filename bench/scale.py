@@ -223,7 +223,7 @@ def run_cell(out: str, params: dict) -> dict:
         before = memory_kib(os.getpid())[0] / 1024
         with phase_memory.sampled() as samples:
             metrics = stages.run(config, spark=spark, progress=False, count_jobs=True)
-        steps = training.trajectory(Run(root), config)
+        steps = training.trajectory(Run(root))
     recorded = Run(root).read_manifest()
     memory = {"driver_before_mib": before, "phases": {}}
     for name, peak in phase_memory.phase_peaks(samples, recorded["phase_started_at"], recorded["seconds"]).items():

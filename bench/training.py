@@ -51,7 +51,7 @@ import numpy as np
 
 from pipelines.data import ingest
 from pipelines.training import evaluation, prepare, sections, settings, stages
-from pipelines.training.run_dir import Run
+from pipelines.training.run_dir import Run, config_of
 from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
@@ -484,7 +484,7 @@ def run_cell(out: str, params: dict) -> dict:
     with open(os.path.join(out, "runs", "train.log"), "a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
         print(f"== {os.path.basename(root)} {params}", file=log, flush=True)
         metrics = stages.run(config, spark=spark(), progress=False)
-        steps = trajectory(Run(root), config)
+        steps = trajectory(Run(root))
     metric = METRICS[params["protocol"]].key
     spent = metrics["epsilon_spent"]
     value = {
@@ -651,13 +651,14 @@ def popularity_ranking(
     return out
 
 
-def trajectory(run: Run, config: settings.TrainConfig) -> list[dict]:
+def trajectory(run: Run) -> list[dict]:
     """Valid and test metric after each outer step s = 0..S (0: the initial encoder, public features
     only) against the wall time since the run started when step s was done. The users of step s
     are the user update made against step s's item embeddings: step s+1's, or the final one."""
     from trainer.features import FeatureSpace
 
     manifest = run.read_manifest()
+    config = config_of(run, manifest)  # d as prepare chose it
     prepared = manifest["prepared"]
     space = FeatureSpace(storage.read_table(prepared["items"], columns=["item_id"])["item_id"].to_numpy(), [])
     marks = [prepared["at"]] + [manifest["step_done_at"][str(s)] for s in range(1, config.outer_steps + 1)]

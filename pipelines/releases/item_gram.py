@@ -109,10 +109,11 @@ def noise_bound(multiplier: float, k: int) -> float:
     return 2.0 * multiplier * np.sqrt(k)
 
 
-def kept_directions(gram: np.ndarray, multiplier: float) -> int:
-    """How many of the released `gram`'s eigenvalues stand above `noise_bound`: the directions it
-    detects (in the spiked model, each with some energy on a true one), kept or not."""
-    bound = noise_bound(multiplier, gram.shape[0])
+def kept_directions(gram: np.ndarray, multiplier: float, above: float = 1.0) -> int:
+    """How many of the released `gram`'s eigenvalues stand above `above` times `noise_bound`: at 1
+    the directions it detects (in the spiked model, each with some energy on a true one), at
+    KEEP_ABOVE those `principal_directions` keeps."""
+    bound = above * noise_bound(multiplier, gram.shape[0])
     return int(np.sum(np.linalg.eigvalsh(gram) > bound)) if bound > 0 else gram.shape[0]
 
 

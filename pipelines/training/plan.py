@@ -16,7 +16,7 @@ import math
 
 from pipelines.releases import release
 from pipelines.releases.mean import DEFAULT_USER_CAP
-from pipelines.training.settings import TrainConfig, release_units
+from pipelines.training.settings import TrainConfig, dim_chosen_by_item_gram, release_units
 from privacy.clipping import biased_row_clip
 
 LOW_RATIO_THRESHOLD, HIGH_RATIO_THRESHOLD = 1.0, 6.0  # prepare.stats_threshold_of's rule, in units of N/S
@@ -108,7 +108,12 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
             f"Each item's A_j gets noise of spectral norm about N = 2 sqrt(d) z S = {noise:.4g} (S = {unit:.4g}, the "
             "most one user adds; "
             f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = "
-            f"{per_item:.4g} users.",
+            f"{per_item:.4g} users"
+            + (
+                " at this d; the item Gram's release sets d, 16 or 32 (--dim-from-item-gram)."
+                if dim_chosen_by_item_gram(config)
+                else "."
+            ),
         ]
         if config.item_update == "ssp" and config.encoder == "features":
             rule = (

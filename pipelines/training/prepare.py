@@ -33,7 +33,13 @@ from pipelines.releases.item_gram import dp_item_gram
 from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
-from pipelines.training.settings import STATS_UPDATES, TrainConfig, release_units
+from pipelines.training.settings import (
+    STATS_UPDATES,
+    TrainConfig,
+    dim_chosen_by_item_gram,
+    dim_from_item_gram,
+    release_units,
+)
 from privacy.ledger import Ledger
 from privacy.seeds import content_digest_table
 from schemas import storage
@@ -157,10 +163,10 @@ def start_from_directions(model, positions: np.ndarray, directions: np.ndarray) 
 
 
 def released_item_gram(
-    config: TrainConfig, run: Run, counts: pa.Table, privacy: release.PrivacySettings, seeds, engine: Engine
-) -> tuple[np.ndarray, np.ndarray]:
-    """(items, directions): the DP item Gram over the top items by DP count and its principal
-    directions above the noise. Planned in two parts (a run with statistics), the second part
+    run: Run, counts: pa.Table, privacy: release.PrivacySettings, seeds, engine: Engine
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """(items, G, z): the DP item Gram over the top items by DP count and its noise multiplier.
+    Planned in two parts (a run with statistics), the second part
     follows the first: a second Gram release pooled with it when the first detects a direction
     beyond the leading one (popularity's) above the noise's edge, else the statistics' noise
     multiplier, recalibrated to the rest of the budget (accounting.settle_item_gram)."""
@@ -182,7 +188,20 @@ def released_item_gram(
                 f"item gram: its first part detects {kept} direction(s), no taste beyond popularity: the second part "
                 f"goes to the statistics (noise multiplier {planned:.4g} -> {ledger.multipliers['stats']:.4g})"
             )
-    return items, item_gram.principal_directions(gram, multiplier, config.dim)
+    return items, gram, multiplier
+
+
+def with_dim_from_item_gram(config: TrainConfig, gram: np.ndarray, multiplier: float, items: pa.Table, built):
+    """(config, space, model) at the d the released item Gram chooses (`dim_from_item_gram` of the
+    directions it keeps above its noise), the encoder rebuilt if d changes (the same catalog and
+    settings the encoder was first built from, so it cannot fail where that build passed)."""
+    kept = item_gram.kept_directions(gram, multiplier, item_gram.KEEP_ABOVE)
+    dim = dim_from_item_gram(kept)
+    logs.log(f"item gram: keeps {kept} directions above its noise, so d = {dim} (--dim-from-item-gram)")
+    if dim == config.dim:
+        return config, *built
+    config = config.replace(dim=dim)
+    return config, *build_encoder(config, items)
 
 
 def ledger_multiplier(ledger_path: str, group: str = "stats") -> float:
@@ -455,7 +474,10 @@ def prepare(
     if config.item_gram_share > 0:  # the item Gram first: it may settle the statistics' noise before their catalog
         engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
         outputs = []
-        gram_items, directions = released_item_gram(config, run, counts, privacy, seeds, engine)
+        gram_items, gram, gram_multiplier = released_item_gram(run, counts, privacy, seeds, engine)
+        if dim_chosen_by_item_gram(config):
+            config, space, model = with_dim_from_item_gram(config, gram, gram_multiplier, items, (space, model))
+        directions = item_gram.principal_directions(gram, gram_multiplier, config.dim)
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
@@ -492,6 +514,7 @@ def prepare(
         "mean": mean,
         "rating_range": list(ratings),
         "units": units,
+        "dim": config.dim,
         "stats_cover": int(covered.size) if config.item_update in STATS_UPDATES else None,
         "dpsgd_multiplier": dpsgd_multiplier,
         "confidence_alpha": alpha,

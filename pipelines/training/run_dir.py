@@ -200,6 +200,8 @@ def config_of(run: Run, manifest: dict) -> TrainConfig:
     recorded = dict(manifest["config"])
     recorded.setdefault("biases", False)  # recorded before the model had biases: it has none
     recorded.setdefault("user_prior", 0.0)  # recorded before the user ridge had a fixed part
+    if manifest.get("prepared", {}).get("dim") is not None:  # as prepare chose it (--dim-from-item-gram)
+        recorded["dim"] = manifest["prepared"]["dim"]
     if recorded.pop("unit", "user") != "user":  # recorded by versions that had --unit
         raise UserError(
             f"{run.root} is an example-level run: training has no example-level mode (it was unsound); start a new run"

@@ -50,6 +50,7 @@ BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
 NON_PRIVATE_RESIDUAL_PENALTY = 10.0  # a non-private ratings run's (docs/results.md#the-non-private-ratings-line)
+DIM_32_FROM_KEPT = 64  # the item Gram's kept directions from which a run that starts from it takes d 32
 NON_PRIVATE_GRAVITY = 1.0  # a non-private ranking run's training gravity (implicit ALS's weight of an unobserved item)
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
@@ -256,6 +257,18 @@ def _dim(config: TrainConfig) -> int:
     return 16 if config.epsilon >= 5 else 8
 
 
+def dim_chosen_by_item_gram(config: TrainConfig) -> bool:
+    """Whether prepare takes d from the item Gram's release: --dim-from-item-gram where an item update
+    trained from statistics starts from the Gram."""
+    return bool(config.dim_from_item_gram) and config.item_gram_share > 0 and config.item_update in STATS_UPDATES
+
+
+def dim_from_item_gram(kept: int) -> int:
+    """d of a run that starts from the item Gram, from the number of directions its release keeps above
+    the noise: the steps fit 32 only where many stand out (docs/results.md#the-dimension-from-the-item-gram)."""
+    return 32 if kept >= DIM_32_FROM_KEPT else 16
+
+
 def _bias_coordinate(config: TrainConfig) -> float:
     """The item biases' share of the statistics' budget, k^2 / (1 + k^2), falls as the noise does."""
     return min(2.0, math.sqrt(20.0 / config.epsilon)) if 0 < config.epsilon < math.inf else 2.0  # bad: refused later
@@ -324,6 +337,7 @@ def _rated(config: TrainConfig) -> bool:
 
 
 RULES = (  # in the order they are applied: a rule reads the settings chosen before it
+    ("dim_from_item_gram", lambda config: config.dim is None),
     ("dim", _dim),
     ("clip_y", lambda config: 1.5 if config.protocol == "rmse" else 1.0),  # a ratings clip is a bias too; labels 1
     ("bias_coordinate", _bias_coordinate),

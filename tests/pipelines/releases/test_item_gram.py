@@ -11,6 +11,7 @@ from pipelines.engines.local import LocalEngine
 from pipelines.releases.item_gram import (
     dp_item_gram,
     item_gram_sums,
+    KEEP_ABOVE,
     kept_directions,
     noise_bound,
     pooled,
@@ -115,6 +116,7 @@ def test_the_directions_kept_are_those_above_the_noise_scaled_by_what_stands_abo
     gram = basis @ np.diag([100.0, 30.0, 8.4, 0.0]) @ basis.T
     assert noise_bound(2.0, 4) == 8.0
     assert kept_directions(gram, 2.0) == 3 and kept_directions(gram, 0.0) == 4  # detected: above the bound
+    assert kept_directions(gram, 2.0, KEEP_ABOVE) == 2  # kept: what principal_directions embeds
     embeddings = principal_directions(gram, 2.0, 3)
     assert not embeddings[:, 2].any()
     np.testing.assert_allclose(np.abs(embeddings[:, :2]), np.abs(basis[:, :2] * np.sqrt([92.0, 22.0])), atol=1e-9)

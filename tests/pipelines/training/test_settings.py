@@ -209,7 +209,7 @@ def test_every_setting_is_declared_once_with_its_help_range_and_flag():
     from pipelines.training import sections
 
     declared = [name for cls in sections.SECTIONS.values() for name in cls.__dataclass_fields__]
-    assert len(declared) == len(set(declared)) == len(sections.FLAGS) == 67
+    assert len(declared) == len(set(declared)) == len(sections.FLAGS) == 68
     actions = {
         action.dest: action for action in cli.build_parser()._subparsers._group_actions[0].choices["train"]._actions
     }
@@ -252,6 +252,17 @@ def test_defaults_are_chosen_by_a_pure_function_and_replace_chooses_them_again()
     assert chosen.replace(epsilon=20.0, dim=None).dim == 32  # None: its rule chooses it again
     with pytest.raises(TypeError, match="no setting 'epsilom'"):
         settings.TrainConfig.create(epsilom=5)
+
+
+def test_d_is_left_to_the_item_grams_release_only_where_dim_is_not_given():
+    """--dim-from-item-gram: on by its rule unless --dim is given; it applies where a trained item
+    update starts from the item Gram (a private ranking AM-SSP), and chooses 32 from 64 kept directions."""
+    chosen = settings.TrainConfig.create(protocol="recall", epsilon=5.0)
+    assert chosen.dim_from_item_gram and settings.dim_chosen_by_item_gram(chosen)
+    assert not settings.TrainConfig.create(protocol="recall", epsilon=5.0, dim=16).dim_from_item_gram
+    assert not settings.dim_chosen_by_item_gram(settings.TrainConfig.create(protocol="recall", non_private=True))
+    assert not settings.dim_chosen_by_item_gram(settings.TrainConfig.create(epsilon=5.0))  # ratings: no Gram
+    assert [settings.dim_from_item_gram(kept) for kept in (0, 63, 64, 500)] == [16, 16, 32, 32]
 
 
 def test_the_library_sets_no_attribute_of_a_frozen_object():
