@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from pipelines.engines.local import LocalEngine
 from pipelines.releases.item_gram import (
+    KEEP_ABOVE,
     dp_item_gram,
     item_gram_sums,
-    KEEP_ABOVE,
     kept_directions,
     noise_bound,
     pooled,
