@@ -110,7 +110,7 @@ def describe(config: TrainConfig, catalog_items: int | None) -> str:
             f"d = {config.encoder_dim}): an item's statistics rise above the noise from a DP count of about N/S = "
             f"{per_item:.4g} users"
             + (
-                " at this d; the item Gram's release sets d, 16 or 32 (--dim-from-item-gram)."
+                " at this d; d becomes 32 if the item Gram's release keeps many directions (--dim-from-item-gram)."
                 if dim_chosen_by_item_gram(config)
                 else "."
             ),

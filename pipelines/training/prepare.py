@@ -34,6 +34,7 @@ from pipelines.releases.mean import dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import (
+    DIM_32_FROM_KEPT,
     STATS_UPDATES,
     TrainConfig,
     dim_chosen_by_item_gram,
@@ -196,8 +197,11 @@ def with_dim_from_item_gram(config: TrainConfig, gram: np.ndarray, multiplier: f
     directions it keeps above its noise), the encoder rebuilt if d changes (the same catalog and
     settings the encoder was first built from, so it cannot fail where that build passed)."""
     kept = item_gram.kept_directions(gram, multiplier, item_gram.KEEP_ABOVE)
-    dim = dim_from_item_gram(kept)
-    logs.log(f"item gram: keeps {kept} directions above its noise, so d = {dim} (--dim-from-item-gram)")
+    dim = dim_from_item_gram(config.dim, kept)
+    logs.log(
+        f"item gram: keeps {kept} directions above its noise, so d = {dim} (--dim-from-item-gram: at least 32 from "
+        f"{DIM_32_FROM_KEPT})"
+    )
     if dim == config.dim:
         return config, *built
     config = config.replace(dim=dim)

@@ -320,14 +320,14 @@ class Model:
         None,
         "embedding dimension d",
         rule="32 for --non-private runs; private: for --protocol rmse 8 below --epsilon 5, 16 from 5; for recall 16 "
-        "below --epsilon 10, 32 from 10, or as --dim-from-item-gram chooses",
+        "below --epsilon 10, 32 from 10, or as --dim-from-item-gram raises it",
         valid=POSITIVE_INT,
     )
     dim_from_item_gram: bool | None = setting(
         None,
-        "a run whose item update starts from the DP item Gram's directions (--protocol recall) takes d from that "
-        "release: 32 where it keeps at least 64 directions above its noise (enough users for the steps to fit them), "
-        "else 16 (recorded in the run's manifest; post-processing of the release)",
+        "a run whose item update starts from the DP item Gram's directions (--protocol recall) raises d to 32 where "
+        "that release keeps at least 64 directions above its noise (enough users for the steps to fit them; "
+        "recorded in the run's manifest; post-processing of the release)",
         rule="on unless --dim is given",
     )
     biases: bool | None = setting(

@@ -50,7 +50,7 @@ BIASED_UPDATES = ("ssp", "als", "cmf", "dpsgd", "item-mean", "none")
 FOLD_IN_GRAVITY = 1.0  # implicit feedback: the gravity of a ranked user's fold-in
 RANKING_ITEM_GRAM_SHARE = 0.5  # a private ranking AM-SSP's item Gram start, of the whole budget
 NON_PRIVATE_RESIDUAL_PENALTY = 10.0  # a non-private ratings run's (docs/results.md#the-non-private-ratings-line)
-DIM_32_FROM_KEPT = 64  # the item Gram's kept directions from which a run that starts from it takes d 32
+DIM_32_FROM_KEPT = 64  # the item Gram's kept directions from which a run that starts from it takes d 32 or more
 NON_PRIVATE_GRAVITY = 1.0  # a non-private ranking run's training gravity (implicit ALS's weight of an unobserved item)
 ENGINES = tuple(engines.ENGINES)
 STAGES = ("all", "prepare")  # `ssp train --stage`: the later stages have their own commands
@@ -263,10 +263,10 @@ def dim_chosen_by_item_gram(config: TrainConfig) -> bool:
     return bool(config.dim_from_item_gram) and config.item_gram_share > 0 and config.item_update in STATS_UPDATES
 
 
-def dim_from_item_gram(kept: int) -> int:
-    """d of a run that starts from the item Gram, from the number of directions its release keeps above
-    the noise: the steps fit 32 only where many stand out (docs/results.md#the-dimension-from-the-item-gram)."""
-    return 32 if kept >= DIM_32_FROM_KEPT else 16
+def dim_from_item_gram(dim: int, kept: int) -> int:
+    """d of a run that starts from the item Gram: its rule's `dim`, raised to 32 where the release keeps
+    many directions above the noise (docs/results.md#the-dimension-from-the-item-gram)."""
+    return max(dim, 32) if kept >= DIM_32_FROM_KEPT else dim
 
 
 def _bias_coordinate(config: TrainConfig) -> float:

@@ -107,19 +107,21 @@ def test_an_item_gram_share_beside_the_statistics_plans_both():
 
 @pytest.mark.parametrize(
     ("epsilon", "second", "dim"),
-    [(0.5, "stats", ["--dim", "24"]), (50.0, "item_gram", [])],
+    [(0.5, "stats", ["--dim", "24"]), (50.0, "item_gram", ["--dim", "16", "--dim-from-item-gram"])],
 )  # at 0.5 on 300 users no taste stands above the noise; at 50 all of it
-def test_the_item_grams_second_part_follows_what_the_first_detected(tmp_path, epsilon, second, dim):
+def test_the_item_grams_second_part_follows_what_the_first_detected(tmp_path, monkeypatch, epsilon, second, dim):
     """Prepare releases the first half of the item Gram's share, then the second half as another
     Gram release when the first detects directions beyond popularity, else gives it to the statistics:
     the ledger's settled multipliers; either way the run's plan composes to its epsilon, and a
-    resumed prepare makes the same choice. Then d, in the manifest and the start's embeddings: the
-    one the released Gram's kept directions choose (at most 12 here: d 16, where epsilon 50's rule
-    alone would take 32), or --dim where it is given (24 here, where the rule would take 16)."""
+    resumed prepare makes the same choice. Then d, in the manifest and the start's embeddings: a
+    given --dim (24), or with --dim-from-item-gram the d the released Gram raises (from 16 to 32,
+    the threshold lowered to 1 for a catalog of 120 items), the encoder rebuilt at it."""
     from pipelines.releases import item_gram
+    from pipelines.training import settings
     from pipelines.training.run_dir import Run, config_of
-    from pipelines.training.settings import dim_from_item_gram
     from privacy import accounting
+
+    monkeypatch.setattr(settings, "DIM_32_FROM_KEPT", 1)
 
     data, run = tmp_path / "data", tmp_path / "run"
     assert cli.main(["synth", "--users", "300", "--items", "120", "--ratings-per-user", "15", "--out", str(data)]) == 0
@@ -130,10 +132,10 @@ def test_the_item_grams_second_part_follows_what_the_first_detected(tmp_path, ep
     gram, multiplier = item_gram.pooled([(g, z) for _, g, z in releases])
     kept = item_gram.kept_directions(gram, multiplier, item_gram.KEEP_ABOVE)
     assert kept <= releases[0][0].size == 12
-    expected = int(dim[1]) if dim else dim_from_item_gram(kept)
-    assert expected == (24 if dim else 16) and Run(str(run)).read_manifest()["prepared"]["dim"] == expected
+    raised = "--dim-from-item-gram" in dim
+    expected = settings.dim_from_item_gram(16, kept) if raised else 24
+    assert expected == (32 if raised else 24) and Run(str(run)).read_manifest()["prepared"]["dim"] == expected
     assert config_of(Run(str(run)), Run(str(run)).read_manifest()).dim == expected
-    assert TrainConfig.create(epsilon=epsilon, protocol="recall").dim == (16 if epsilon < 10 else 32)  # the rule's own
     start = storage.read_table(str(run / "step-0" / "item_embeddings.parquet"))
     assert {len(vector) for vector in start["embedding"].to_pylist()} == {expected}
     ledger = Ledger.open(str(run / "ledger.parquet"))
