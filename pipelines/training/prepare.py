@@ -38,7 +38,7 @@ from pipelines.training.settings import (
     STATS_UPDATES,
     TrainConfig,
     dim_chosen_by_item_gram,
-    dim_from_item_gram,
+    raised_dim,
     release_units,
 )
 from privacy.ledger import Ledger
@@ -193,11 +193,11 @@ def released_item_gram(
 
 
 def with_dim_from_item_gram(config: TrainConfig, gram: np.ndarray, multiplier: float, items: pa.Table, built):
-    """(config, space, model) at the d the released item Gram chooses (`dim_from_item_gram` of the
-    directions it keeps above its noise), the encoder rebuilt if d changes (the same catalog and
+    """(config, space, model) at the d the released item Gram gives (`raised_dim` by the directions
+    it keeps above its noise), the encoder rebuilt if d changes (the same catalog and
     settings the encoder was first built from, so it cannot fail where that build passed)."""
     kept = item_gram.kept_directions(gram, multiplier, item_gram.KEEP_ABOVE)
-    dim = dim_from_item_gram(config.dim, kept)
+    dim = raised_dim(config.dim, kept)
     logs.log(
         f"item gram: keeps {kept} directions above its noise, so d = {dim} (--dim-from-item-gram: at least 32 from "
         f"{DIM_32_FROM_KEPT})"

@@ -263,7 +263,7 @@ def dim_chosen_by_item_gram(config: TrainConfig) -> bool:
     return bool(config.dim_from_item_gram) and config.item_gram_share > 0 and config.item_update in STATS_UPDATES
 
 
-def dim_from_item_gram(dim: int, kept: int) -> int:
+def raised_dim(dim: int, kept: int) -> int:
     """d of a run that starts from the item Gram: its rule's `dim`, raised to 32 where the release keeps
     many directions above the noise (docs/results.md#the-dimension-from-the-item-gram)."""
     return max(dim, 32) if kept >= DIM_32_FROM_KEPT else dim

@@ -133,7 +133,7 @@ def test_the_item_grams_second_part_follows_what_the_first_detected(tmp_path, mo
     kept = item_gram.kept_directions(gram, multiplier, item_gram.KEEP_ABOVE)
     assert kept <= releases[0][0].size == 12
     raised = "--dim-from-item-gram" in dim
-    expected = settings.dim_from_item_gram(16, kept) if raised else 24
+    expected = settings.raised_dim(16, kept) if raised else 24
     assert expected == (32 if raised else 24) and Run(str(run)).read_manifest()["prepared"]["dim"] == expected
     assert config_of(Run(str(run)), Run(str(run)).read_manifest()).dim == expected
     start = storage.read_table(str(run / "step-0" / "item_embeddings.parquet"))

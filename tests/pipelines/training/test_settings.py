@@ -262,8 +262,8 @@ def test_d_is_left_to_the_item_grams_release_only_where_dim_is_not_given():
     assert not settings.TrainConfig.create(protocol="recall", epsilon=5.0, dim=16).dim_from_item_gram
     assert not settings.dim_chosen_by_item_gram(settings.TrainConfig.create(protocol="recall", non_private=True))
     assert not settings.dim_chosen_by_item_gram(settings.TrainConfig.create(epsilon=5.0))  # ratings: no Gram
-    assert [settings.dim_from_item_gram(16, kept) for kept in (0, 63, 64, 500)] == [16, 16, 32, 32]
-    assert settings.dim_from_item_gram(32, 3) == 32 and settings.dim_from_item_gram(64, 500) == 64  # raised only
+    assert [settings.raised_dim(16, kept) for kept in (0, 63, 64, 500)] == [16, 16, 32, 32]
+    assert settings.raised_dim(32, 3) == 32 and settings.raised_dim(64, 500) == 64  # raised only
 
 
 def test_the_library_sets_no_attribute_of_a_frozen_object():
