@@ -27,32 +27,67 @@ from trainer.solve import logistic_solve, ridge_solve
 BUCKETS = 5
 
 
+def item_counts(catalog: np.ndarray, item_batches) -> np.ndarray:
+    """Rows per catalog item (catalog order) over an iterable of item-id arrays, streamed; ids outside
+    the catalog are not counted."""
+    catalog = np.asarray(catalog)
+    index = IdIndex(catalog)
+    counts = np.zeros(catalog.size, np.int64)
+    for items in item_batches:
+        at, found = index.lookup(items)
+        counts += np.bincount(at[found], minlength=catalog.size)
+    return counts
+
+
 def popularity_buckets(catalog: np.ndarray, train_items: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
     """Bucket (0 = least popular) of every catalog item: equal-size groups by training count."""
+    return buckets_by_count(catalog, item_counts(catalog, [train_items]), buckets)
+
+
+def buckets_by_count(catalog: np.ndarray, counts: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
+    """`popularity_buckets` from the training count of every catalog item (catalog order)."""
     catalog = np.asarray(catalog)
-    at, found = IdIndex(np.sort(catalog)).lookup(train_items)
-    counts = np.bincount(at[found], minlength=catalog.size)[np.argsort(np.argsort(catalog))]
     order = np.lexsort((catalog, counts))  # ascending popularity, ties by id
     bucket = np.empty(catalog.size, np.int64)
     bucket[order] = np.arange(catalog.size) * buckets // max(catalog.size, 1)
     return bucket
 
 
-def rmse_report(predictions: np.ndarray, labels: np.ndarray, item_buckets: np.ndarray, buckets: int = BUCKETS) -> dict:
-    """Overall RMSE and RMSE per popularity bucket (None for a bucket without test rows)."""
-    sliced = []
-    for b in range(buckets):
-        rows = item_buckets == b
-        sliced.append(metrics.rmse(predictions[rows], labels[rows]) if rows.any() else None)
-    return {"rmse": metrics.rmse(predictions, labels), "sliced": sliced}
+def squared_errors(
+    predictions: np.ndarray, labels: np.ndarray, item_buckets: np.ndarray, buckets: int = BUCKETS
+) -> np.ndarray:
+    """(buckets, 2): each popularity bucket's sum of squared errors and number of rows, to be summed
+    over a table's batches and read by `rmse_report`."""
+    predictions = np.asarray(predictions, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(labels))):
+        raise UserError("predictions and labels must be finite")
+    errors = (predictions - labels) ** 2
+    return np.stack(
+        [np.bincount(item_buckets, weights=errors, minlength=buckets), np.bincount(item_buckets, minlength=buckets)],
+        axis=1,
+    ).astype(np.float64)
+
+
+def rmse_report(sums: np.ndarray) -> dict:
+    """Overall RMSE and RMSE per popularity bucket (None for a bucket without rows) from
+    `squared_errors` summed over the rows."""
+    total, rows = sums.sum(axis=0)
+    if rows == 0:
+        raise UserError("rmse of no predictions is undefined")
+    return {
+        "rmse": float(np.sqrt(total / rows)),
+        "sliced": [float(np.sqrt(error / n)) if n else None for error, n in sums],
+    }
 
 
 def predict_ratings(
-    user_ids, positions, user_table: tuple[np.ndarray, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range
+    user_ids, positions, user_table: tuple[IdIndex, np.ndarray], item_vectors: np.ndarray, mean: float, rating_range
 ) -> np.ndarray:
-    """u_k . v_j + mean for each (user, catalog position), the mean alone for unknown users."""
+    """u_k . v_j + mean for each (user, catalog position), the mean alone for unknown users;
+    `user_table` is (an index of the known users' ids, their vectors in that order)."""
     known_users, user_vectors = user_table
-    index, known = IdIndex(known_users).lookup(user_ids)
+    index, known = known_users.lookup(user_ids)
     scores = np.full(len(user_ids), mean, dtype=np.float64)
     scores[known] += np.einsum("nd,nd->n", user_vectors[index[known]], item_vectors[positions[known]])
     return np.clip(scores, *rating_range)

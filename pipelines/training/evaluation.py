@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pyarrow as pa
 
 from pipelines.training.prepare import prepared_rating_range
 from pipelines.training.run_dir import Run, catalog_counts, config_of, require_steps
@@ -249,6 +250,26 @@ def _history_weights(labels: np.ndarray, confidence_alpha: float | None) -> np.n
     return np.ones(labels.size) if confidence_alpha is None else confidence(labels, confidence_alpha)
 
 
+def _user_table(path: str, dim: int):
+    """The final user embeddings as (an IdIndex of their ids, their vectors in that order), read batch
+    by batch into arrays sized from the files' footers (validated as validate_user_embeddings does)."""
+    from schemas.errors import SchemaError
+    from schemas.ids import IdIndex
+
+    rows = sum(count for _, _, count in storage.row_groups(path))
+    ids, vectors, at = np.empty(rows, np.int64), np.empty((rows, dim)), 0
+    for batch in storage.iter_batches(path):
+        table = validate_user_embeddings(pa.Table.from_batches([batch]), dim=dim)
+        ids[at : at + table.num_rows] = table["user_id"].to_numpy()
+        vectors[at : at + table.num_rows] = list_column_to_matrix(table["embedding"], dim, "user embedding")
+        at += table.num_rows
+    ordered = np.sort(ids)
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if repeated.size:
+        raise SchemaError("user embeddings", f"value {ordered[repeated[0]]} appears more than once", "user_id")
+    return IdIndex(ids), vectors
+
+
 def _user_ids(path: str) -> np.ndarray:
     """The distinct user ids of a table, streamed."""
     parts = [np.unique(batch.column("user_id").to_numpy()) for batch in storage.iter_batches(path, ["user_id"])]
@@ -258,7 +279,6 @@ def _user_ids(path: str) -> np.ndarray:
 def _rows_of(path: str, users: np.ndarray, columns: tuple[str, ...] | None = ("user_id", "item_id", "label")):
     """The rows of `users` in a table (`columns`, None: all), streamed (memory: theirs and one
     batch), as a DataFrame."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     wanted = pa.array(users, pa.int64())
@@ -298,8 +318,9 @@ def _evaluate(
     with `confidence_alpha` (implicit feedback) a history row weighs its confidence as in training."""
     from trainer import evaluate
 
-    train = storage.read_table(train_rows, columns=["item_id"])
-    buckets = evaluate.popularity_buckets(space.item_ids, train["item_id"].to_numpy())
+    batches = storage.iter_batches(train_rows, ["item_id"])  # streamed: the driver's memory stays flat with the rows
+    counts = evaluate.item_counts(space.item_ids, (batch.column("item_id").to_numpy() for batch in batches))
+    buckets = evaluate.buckets_by_count(space.item_ids, counts)
     metrics = {"protocol": config.protocol, "non_private": config.non_private, "unit": unit, "holdout": config.holdout}
     if config.holdout == 0:  # production mode: every row trained, so there is nothing to evaluate on
         metrics["no_heldout_data"] = (
@@ -308,31 +329,26 @@ def _evaluate(
         )
         return metrics
     if config.protocol == "rmse":
-        users = validate_user_embeddings(storage.read_table(final_users), dim=config.vector_dim)
-        order = np.argsort(
-            users["user_id"].to_numpy(), kind="stable"
-        )  # the matrix reordered in numpy: Arrow's sort of a list column took 0.7 s at 10^6 users
-        user_table = (
-            users["user_id"].to_numpy()[order],
-            list_column_to_matrix(users["embedding"], config.vector_dim, "user embedding")[order],
-        )
+        user_table = _user_table(final_users, config.vector_dim)
         for part in ("valid", "test"):
-            rows = storage.read_table(storage.join(split_dir, f"{part}.parquet"))
-            if rows.num_rows == 0:  # a data set too small for its split: the model stands, unevaluated
+            model, baseline = np.zeros((evaluate.BUCKETS, 2)), np.zeros((evaluate.BUCKETS, 2))
+            rows = storage.iter_batches(storage.join(split_dir, f"{part}.parquet"), ["user_id", "item_id", "label"])
+            for batch in rows:
+                positions = space.index_of(batch.column("item_id").to_numpy())
+                labels = batch.column("label").to_numpy()
+                predictions = evaluate.predict_ratings(
+                    batch.column("user_id").to_numpy(), positions, user_table, item_vectors, mean, ratings
+                )
+                model += evaluate.squared_errors(predictions, labels, buckets[positions])
+                baseline += evaluate.squared_errors(np.full(labels.size, mean), labels, buckets[positions])
+            if not model[:, 1].any():  # a data set too small for its split: the model stands, unevaluated
                 return {**metrics, "no_heldout_data": f"the {part} split holds no rating: no test metrics"}
-            positions = space.index_of(rows["item_id"].to_numpy())
-            labels = rows["label"].to_numpy()
-            predictions = evaluate.predict_ratings(
-                rows["user_id"].to_numpy(), positions, user_table, item_vectors, mean, ratings
-            )
-            report = evaluate.rmse_report(predictions, labels, buckets[positions])
+            report = evaluate.rmse_report(model)
             metrics[f"{part}_rmse"] = report["rmse"]
             metrics[f"{part}_rmse_sliced"] = report["sliced"]
-            baseline = evaluate.rmse_report(
-                np.full(labels.size, mean), labels, buckets[positions]
-            )  # the DP mean, on the same slices
-            metrics[f"{part}_mean_predictor_rmse"] = baseline["rmse"]
-            metrics[f"{part}_mean_predictor_rmse_sliced"] = baseline["sliced"]
+            report = evaluate.rmse_report(baseline)  # the DP mean, on the same slices
+            metrics[f"{part}_mean_predictor_rmse"] = report["rmse"]
+            metrics[f"{part}_mean_predictor_rmse_sliced"] = report["sliced"]
         metrics["dp_mean"] = mean
         metrics["sliced"] = {"valid": metrics["valid_rmse_sliced"], "test": metrics["test_rmse_sliced"]}
     else:

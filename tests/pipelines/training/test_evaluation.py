@@ -12,6 +12,7 @@ import pytest
 from pipelines.training import evaluation
 from pipelines.training.settings import TrainConfig
 from schemas import storage
+from schemas.errors import SchemaError
 from trainer.features import FeatureSpace
 from trainer.metrics import RANKING
 
@@ -171,3 +172,62 @@ def test_bad_cut_offs_are_one_line_through_the_installed_command(tmp_path, comma
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "argument --metrics-at: must be positive integers separated by commas" in result.stderr.splitlines()[-1]
+
+
+def _rmse_split(tmp_path, users: dict) -> str:
+    """A hand-made ratings split written a few rows a file, so that every table is read in several batches."""
+    split = str(tmp_path)
+    train = np.repeat(np.arange(1, 6), np.arange(1, 6))  # item j has j training rows: item j in popularity fifth j-1
+    storage.write_table(pa.table({"item_id": train}), f"{split}/train.parquet", rows_per_file=4)
+    for part, rows in (
+        ("valid", [(10, 2, 3.0)]),
+        ("test", [(10, 1, 3.0), (20, 5, 4.0), (30, 2, 5.0), (40, 5, 1.0), (10, 3, 2.0)]),
+    ):
+        user, item, label = (np.array(column) for column in zip(*rows, strict=True))
+        storage.write_table(
+            pa.table({"user_id": user, "item_id": item, "label": label}), f"{split}/{part}.parquet", rows_per_file=2
+        )
+    ids = np.array(list(users), np.int64)
+    storage.write_table(
+        pa.table({"user_id": ids, "embedding": [list(v) for v in users.values()]}),
+        f"{split}/users.parquet",
+        rows_per_file=2,
+    )
+    return split
+
+
+def _evaluate_rmse(split):
+    return evaluation._evaluate(
+        TrainConfig.create(data=split, out=split, dim=2, biases=False),
+        FeatureSpace(np.arange(1, 6), []),
+        split_dir=split,
+        train_rows=f"{split}/train.parquet",
+        item_vectors=np.array([[0.1 * j, 0.05] for j in range(1, 6)]),
+        final_users=f"{split}/users.parquet",
+        mean=3.0,
+        unit="user",
+        ratings=(1.0, 5.0),
+    )
+
+
+def test_the_ratings_protocol_streams_every_table_to_the_rmse_of_each_popularity_fifth(tmp_path):
+    """u . v + mean clipped to the range, the mean for a user without an embedding (30); the tables are read a
+    batch at a time, and the sums over the batches give the hand-computed errors."""
+    metrics = _evaluate_rmse(_rmse_split(tmp_path, {10: [1.0, 0.0], 20: [0.0, 30.0], 40: [100.0, 0.0]}))
+    # test predictions 3.1, 4.5, 3 (user 30), 5 (53 clipped), 3.3: squared errors 0.01, 0.25, 4, 16, 1.69
+    assert metrics["test_rmse"] == pytest.approx(np.sqrt(21.95 / 5))
+    assert metrics["test_rmse_sliced"] == pytest.approx([0.1, 2.0, 1.3, None, np.sqrt(16.25 / 2)])
+    assert metrics["test_mean_predictor_rmse"] == pytest.approx(np.sqrt(10 / 5))
+    assert metrics["test_mean_predictor_rmse_sliced"] == pytest.approx([0.0, 2.0, 1.0, None, np.sqrt(5 / 2)])
+    assert metrics["valid_rmse"] == pytest.approx(0.2)
+
+
+def test_a_user_with_two_embeddings_in_different_files_is_refused(tmp_path):
+    split = _rmse_split(tmp_path, {10: [1.0, 0.0], 20: [0.0, 1.0], 10_000: [0.0, 0.0]})
+    storage.write_table(
+        pa.table({"user_id": np.array([10, 20, 10], np.int64), "embedding": [[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]]}),
+        f"{split}/users.parquet",
+        rows_per_file=2,
+    )
+    with pytest.raises(SchemaError, match="user embeddings: column 'user_id': value 10 appears more than once"):
+        _evaluate_rmse(split)
