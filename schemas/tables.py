@@ -159,6 +159,25 @@ def validate_user_embeddings(table: pa.Table, dim: int | None = None) -> pa.Tabl
     return _validate_embeddings(table, USER_EMBEDDINGS, "user_id", "user embeddings", dim)
 
 
+def validated_user_ids(batches, dim: int | None = None) -> np.ndarray:
+    """The user ids of user embeddings read as record batches, each validated as
+    `validate_user_embeddings` validates a table (rows counted across the batches) and no id twice
+    in the whole: the same checks and errors, without holding the vectors."""
+    ids, at = [], 0
+    for batch in batches:
+        try:
+            table = validate_user_embeddings(pa.Table.from_batches([batch]), dim)
+        except SchemaError as exc:
+            raise SchemaError(exc.table, exc.problem, exc.column, None if exc.row is None else exc.row + at) from None
+        ids.append(table["user_id"].to_numpy())
+        at += table.num_rows
+    if not ids:
+        validate_user_embeddings(USER_EMBEDDINGS.empty_table(), dim)
+    whole = pa.table({"user_id": np.concatenate(ids) if ids else np.zeros(0, np.int64)})
+    _require_unique(whole, "user_id", "user embeddings")
+    return whole["user_id"].to_numpy()
+
+
 def validate_item_embeddings(table: pa.Table, dim: int | None = None) -> pa.Table:
     """Item embeddings (released): one finite vector of a common length per item."""
     return _validate_embeddings(table, ITEM_EMBEDDINGS, "item_id", "item embeddings", dim)

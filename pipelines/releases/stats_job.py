@@ -48,7 +48,7 @@ from schemas.tables import (
     validate_counts,
     validate_interactions,
     validate_item_embeddings,
-    validate_user_embeddings,
+    validated_user_ids,
 )
 
 RELEASE_SUMMARY = "release.json"
@@ -192,13 +192,14 @@ class StatsJob:
                 f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must "
                 "cover the catalog"
             )
-        embeddings = _validated(
-            self.user_embeddings,
-            validate_user_embeddings,
-            storage.read_table(self.user_embeddings),
-            dim=self.settings.user_dim,
+        known_users = np.sort(
+            _validated(
+                self.user_embeddings,
+                validated_user_ids,
+                storage.iter_batches(self.user_embeddings),  # streamed: the vectors are not kept
+                dim=self.settings.user_dim,
+            )
         )
-        known_users = np.sort(embeddings["user_id"].to_numpy())
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         self.units = storage.row_groups(self.interactions)
         total = sum(rows for _, _, rows in self.units)  # from the files' footers
@@ -258,13 +259,14 @@ class StatsJob:
                 f"{known_users[user]} item {self.catalog[item]}; "
                 "each pair must appear once (its weight bounds the user's contribution)"
             )
+        del keys, same  # before the normalisers' terms: the driver's peak at 10^7 users is this pass
         count_of = counts.sort_by("item_id")
         self.catalog_counts = count_of["count"].to_numpy()[
             np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)
         ]
         if (
             self.settings.unit == "user" or self.settings.loss == "logistic"
-        ) and keys.size:  # the weights' per-user normalisers, for engines that group rows by item
+        ) and self.rows:  # the weights' per-user normalisers, for engines that group rows by item
             confidence = (
                 np.concatenate(confidences) if self.settings.confidence else None
             )  # in the rows' order, as user_at and item_at

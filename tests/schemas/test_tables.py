@@ -91,6 +91,32 @@ def test_embeddings_need_one_length_and_finite_values(sample_tables):
         t.validate_user_embeddings(table, dim=3)
 
 
+def test_user_ids_from_batches_refuse_what_the_whole_table_refuses_at_the_same_row():
+    """validated_user_ids reads the table a batch at a time and keeps only the ids: a bad row in a later
+    batch, and an id repeated across batches, get the error validate_user_embeddings gives the whole table."""
+    ids = np.array([5, 3, 9, 7, 1], np.int64)
+
+    def both(embedding, user_ids=ids):
+        whole = pa.table({"user_id": user_ids, "embedding": embedding})
+        errors = []
+        for check in (
+            lambda: t.validate_user_embeddings(whole, 2),
+            lambda: t.validated_user_ids(whole.to_batches(2), 2),
+        ):
+            with pytest.raises(SchemaError) as caught:
+                check()
+            errors.append(str(caught.value))
+        return errors
+
+    good = [[0.1, 0.2]] * 5
+    assert list(t.validated_user_ids(pa.table({"user_id": ids, "embedding": good}).to_batches(2), 2)) == list(ids)
+    bad_length, bad_value = (both(good[:3] + [row] + good[4:]) for row in ([0.1], [np.inf, 0.0]))
+    assert bad_length[0] == bad_length[1] and "row 3: has length 1, expected 2" in bad_length[0]
+    assert bad_value[0] == bad_value[1] and "row 3: holds a non-finite value" in bad_value[0]
+    repeated = both(good, np.array([5, 3, 9, 3, 1], np.int64))  # 3 in the first batch and the second
+    assert repeated[0] == repeated[1] and "row 3: value 3 appears more than once" in repeated[0]
+
+
 def test_counts_floor(sample_tables):
     table, _ = sample_tables["counts"]
     with pytest.raises(SchemaError, match="counts: column 'count', row 2: count 0.5 is below the floor of 1"):
