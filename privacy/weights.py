@@ -22,6 +22,7 @@ from schemas.errors import UserError
 from schemas.ids import IdIndex
 
 DEFAULT_EXPONENT = -0.25
+NORMALISER_CHUNK = 1 << 22  # rows per chunk of the normalisers' sums
 
 
 def _check(wbar: float, exponent: float, counts: np.ndarray) -> None:
@@ -86,13 +87,20 @@ def normalisers_at(
     counts = np.asarray(item_counts, dtype=np.float64)
     _check(1.0, exponent, counts)
     scales = counts**exponent
-    terms = (
-        np.square(scales)[item_at]
-        if confidence is None
-        else np.square(_confidence(confidence, np.shape(item_at)[0]) * scales[item_at])
-    )
-    present = np.bincount(positions, minlength=known_users.size) > 0
-    return known_users[present], np.bincount(positions, weights=terms, minlength=known_users.size)[present]
+    squares = np.square(scales)
+    rows = np.shape(item_at)[0]
+    confidence = None if confidence is None else _confidence(confidence, rows)
+    sums, present = np.zeros(known_users.size), np.zeros(known_users.size, bool)
+    for start in range(0, rows, NORMALISER_CHUNK):  # the rows' terms a chunk at a time: memory flat with the rows
+        at, items = positions[start : start + NORMALISER_CHUNK], item_at[start : start + NORMALISER_CHUNK]
+        terms = (
+            squares[items]
+            if confidence is None
+            else np.square(confidence[start : start + NORMALISER_CHUNK] * scales[items])
+        )
+        np.add.at(sums, at, terms)  # in the rows' order, as one bincount of every row adds them
+        present[at] = True
+    return known_users[present], sums[present]
 
 
 def user_level_weights(

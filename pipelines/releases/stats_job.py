@@ -203,9 +203,10 @@ class StatsJob:
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         self.units = storage.row_groups(self.interactions)
         total = sum(rows for _, _, rows in self.units)  # from the files' footers
+        positions = np.int32 if max(known_users.size, self.catalog.size) < 2**31 else np.int64  # half the bytes
         user_at, item_at = (
-            np.empty(total, np.int64),
-            np.empty(total, np.int64),
+            np.empty(total, positions),
+            np.empty(total, positions),
         )  # every row's user and item positions (sorted lookups), filled by the reading thread
         confidences = []  # per batch: the labels when they are confidences
         filled = 0
@@ -244,9 +245,9 @@ class StatsJob:
             embeddings_digest, counts_digest = others
         if filled != total:
             raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
-        keys = (
-            user_at * self.catalog.size + item_at
-        )  # a pair's key (kept apart from its parts: an integer division costs more than the sort)
+        keys = user_at.astype(np.int64)  # a pair's key (kept apart from its parts: a division costs more than the sort)
+        keys *= self.catalog.size
+        keys += item_at
         self.rows = int(keys.size)
         keys.sort(
             kind="stable"

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privacy import weights
 from privacy.weights import (
     DEFAULT_EXPONENT,
     example_level_weights,
@@ -161,15 +162,21 @@ def test_normalisers_with_known_users_equal_the_sorting_path():
     st.booleans(),
     st.floats(-2.0, 1.0),
     st.integers(0, 2**32 - 1),
+    st.integers(1, 64),
 )
-def test_normalisers_at_give_the_bits_of_the_per_row_formula(rows, users, items, confident, exponent, seed):
-    """Per item powers gathered per row give exactly what (c_i n_j^e)^2 per row, summed in row order, does."""
+def test_normalisers_at_give_the_bits_of_the_per_row_formula(rows, users, items, confident, exponent, seed, chunk):
+    """Per item powers gathered per row give exactly what (c_i n_j^e)^2 per row, summed in row order, does,
+    whatever the chunks the rows are summed in and with int32 positions (the stats job's)."""
     rng = np.random.default_rng(seed)
     known = np.sort(rng.choice(10 * users, users, replace=False))
-    positions, item_at = rng.integers(0, users, rows), rng.integers(0, items, rows)
+    positions, item_at = rng.integers(0, users, rows, dtype=np.int32), rng.integers(0, items, rows, dtype=np.int32)
     item_counts = 1.0 + rng.exponential(100.0, items)
     confidence = rng.uniform(0.1, 5.0, rows) if confident else None
-    got_users, got = normalisers_at(positions, item_at, item_counts, known, exponent, confidence)
+    whole, weights.NORMALISER_CHUNK = weights.NORMALISER_CHUNK, chunk
+    try:
+        got_users, got = normalisers_at(positions, item_at, item_counts, known, exponent, confidence)
+    finally:
+        weights.NORMALISER_CHUNK = whole
     terms = ((confidence if confident else np.ones(rows)) * item_counts[item_at] ** exponent) ** 2
     expected = np.zeros(users)
     for position, term in zip(positions, terms, strict=True):  # in the rows' order
