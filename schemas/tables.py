@@ -159,10 +159,10 @@ def validate_user_embeddings(table: pa.Table, dim: int | None = None) -> pa.Tabl
     return _validate_embeddings(table, USER_EMBEDDINGS, "user_id", "user embeddings", dim)
 
 
-def validated_user_ids(batches, dim: int | None = None) -> np.ndarray:
-    """The user ids of user embeddings read as record batches, each validated as
-    `validate_user_embeddings` validates a table (rows counted across the batches) and no id twice
-    in the whole: the same checks and errors, without holding the vectors."""
+def validated_user_batches(batches, dim: int | None = None):
+    """User embeddings read as record batches, each yielded as a table validated as
+    `validate_user_embeddings` validates the whole (rows counted across the batches), and no id twice
+    in the whole once the last is read: the same checks and errors, one batch in memory."""
     ids, at = [], 0
     for batch in batches:
         try:
@@ -171,11 +171,18 @@ def validated_user_ids(batches, dim: int | None = None) -> np.ndarray:
             raise SchemaError(exc.table, exc.problem, exc.column, None if exc.row is None else exc.row + at) from None
         ids.append(table["user_id"].to_numpy())
         at += table.num_rows
+        yield table
     if not ids:
         validate_user_embeddings(USER_EMBEDDINGS.empty_table(), dim)
-    whole = pa.table({"user_id": np.concatenate(ids) if ids else np.zeros(0, np.int64)})
-    _require_unique(whole, "user_id", "user embeddings")
-    return whole["user_id"].to_numpy()
+    _require_unique(
+        pa.table({"user_id": np.concatenate(ids) if ids else np.zeros(0, np.int64)}), "user_id", "user embeddings"
+    )
+
+
+def validated_user_ids(batches, dim: int | None = None) -> np.ndarray:
+    """The user ids of user embeddings read as record batches (`validated_user_batches`), without the vectors."""
+    ids = [table["user_id"].to_numpy() for table in validated_user_batches(batches, dim)]
+    return np.concatenate(ids) if ids else np.zeros(0, np.int64)
 
 
 def validate_item_embeddings(table: pa.Table, dim: int | None = None) -> pa.Table:

@@ -60,6 +60,11 @@ def squared_errors(
     over a table's batches and read by `rmse_report`."""
     predictions = np.asarray(predictions, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
+    if predictions.ndim != 1 or predictions.shape != labels.shape:
+        raise UserError(
+            f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and "
+            f"{labels.shape}"
+        )
     if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(labels))):
         raise UserError("predictions and labels must be finite")
     errors = (predictions - labels) ** 2

@@ -43,22 +43,6 @@ RANKING = {
 _DEPTH = 100  # the deepest cut-off of RANKING: one ranking of this many items per user serves all
 
 
-def rmse(predictions, labels) -> float:
-    """Root mean squared error between predictions and labels (1-D, same length, finite)."""
-    predictions = np.asarray(predictions, dtype=np.float64)
-    labels = np.asarray(labels, dtype=np.float64)
-    if predictions.ndim != 1 or predictions.shape != labels.shape:
-        raise UserError(
-            f"predictions and labels must be 1-D arrays of one length, got shapes {predictions.shape} and "
-            f"{labels.shape}"
-        )
-    if predictions.size == 0:
-        raise UserError("rmse of no predictions is undefined")
-    if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(labels))):
-        raise UserError("predictions and labels must be finite")
-    return float(np.sqrt(np.mean((predictions - labels) ** 2)))
-
-
 def _mask(name: str, mask, shape: tuple[int, ...]) -> np.ndarray:
     mask = np.asarray(mask)
     if mask.shape != shape:

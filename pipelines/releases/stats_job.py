@@ -203,10 +203,10 @@ class StatsJob:
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         self.units = storage.row_groups(self.interactions)
         total = sum(rows for _, _, rows in self.units)  # from the files' footers
-        positions = np.int32 if max(known_users.size, self.catalog.size) < 2**31 else np.int64  # half the bytes
+        position_type = np.int32 if max(known_users.size, self.catalog.size) < 2**31 else np.int64  # half the bytes
         user_at, item_at = (
-            np.empty(total, positions),
-            np.empty(total, positions),
+            np.empty(total, position_type),
+            np.empty(total, position_type),
         )  # every row's user and item positions (sorted lookups), filled by the reading thread
         confidences = []  # per batch: the labels when they are confidences
         filled = 0

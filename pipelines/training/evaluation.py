@@ -20,7 +20,7 @@ from privacy.ledger import Ledger
 from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
-from schemas.tables import validate_item_embeddings, validate_user_embeddings
+from schemas.tables import validate_item_embeddings, validated_user_batches
 from trainer.metrics import AT_K, RANKING, at_k_keys
 from trainer.solve import confidence, user_bias_ridge
 
@@ -252,21 +252,15 @@ def _history_weights(labels: np.ndarray, confidence_alpha: float | None) -> np.n
 
 def _user_table(path: str, dim: int):
     """The final user embeddings as (an IdIndex of their ids, their vectors in that order), read batch
-    by batch into arrays sized from the files' footers (validated as validate_user_embeddings does)."""
-    from schemas.errors import SchemaError
+    by batch into arrays sized from the files' footers (schemas.tables.validated_user_batches)."""
     from schemas.ids import IdIndex
 
     rows = sum(count for _, _, count in storage.row_groups(path))
     ids, vectors, at = np.empty(rows, np.int64), np.empty((rows, dim)), 0
-    for batch in storage.iter_batches(path):
-        table = validate_user_embeddings(pa.Table.from_batches([batch]), dim=dim)
+    for table in validated_user_batches(storage.iter_batches(path), dim):
         ids[at : at + table.num_rows] = table["user_id"].to_numpy()
         vectors[at : at + table.num_rows] = list_column_to_matrix(table["embedding"], dim, "user embedding")
         at += table.num_rows
-    ordered = np.sort(ids)
-    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
-    if repeated.size:
-        raise SchemaError("user embeddings", f"value {ordered[repeated[0]]} appears more than once", "user_id")
     return IdIndex(ids), vectors
 
 

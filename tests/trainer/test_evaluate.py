@@ -2,6 +2,8 @@
 counts exactly when the trained vectors carry nothing; the ranking report is trainer.metrics' on the
 folded-in scores."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -73,3 +75,32 @@ def test_the_ranking_report_is_trainer_metrics_on_the_folded_in_scores():
         assert report[key] == pytest.approx(expected[key])
     with pytest.raises(ValueError, match="no held-out user has both a history and targets"):
         evaluate.ranking_report(history, (np.array([5000]), np.array([0])), vectors, 0.5, item_buckets=buckets)
+
+
+def _rmse(predictions, labels) -> float:
+    predictions = np.asarray(predictions, dtype=np.float64)
+    return evaluate.rmse_report(evaluate.squared_errors(predictions, labels, np.zeros(predictions.shape, np.int64)))[
+        "rmse"
+    ]
+
+
+def test_rmse_hand_example():
+    # Errors -1, 0, -2, 4: squares 1, 0, 4, 16, mean 21/4 = 5.25.
+    assert _rmse([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 5.0, 0.0]) == pytest.approx(math.sqrt(5.25))
+    assert _rmse(np.array([3.5]), np.array([3.5])) == 0.0
+    # per bucket: 1 and 0 in bucket 0, 4 and 16 in bucket 2, nothing in the others
+    sums = evaluate.squared_errors(
+        np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 2.0, 5.0, 0.0]), np.array([0, 0, 2, 2])
+    )
+    assert evaluate.rmse_report(sums)["sliced"] == pytest.approx([math.sqrt(0.5), None, math.sqrt(10.0), None, None])
+
+
+def test_rmse_errors():
+    with pytest.raises(ValueError, match="one length"):
+        evaluate.squared_errors(np.array([1.0, 2.0]), np.array([1.0]), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="one length"):
+        evaluate.squared_errors(np.ones((2, 2)), np.ones((2, 2)), np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="no predictions"):
+        _rmse([], [])
+    with pytest.raises(ValueError, match="finite"):
+        _rmse([np.nan], [1.0])

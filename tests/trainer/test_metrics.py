@@ -18,7 +18,6 @@ from trainer.metrics import (
     ranking_metrics,
     recall_at_k,
     recall_at_k_per_user,
-    rmse,
     top_k_mask,
 )
 
@@ -311,23 +310,6 @@ def test_ranking_metrics_do_not_depend_on_the_blocks(ranking, cut):
     assert whole["recall_at_50"] == pytest.approx(recall_at_k(scores, history, targets, 50))
     assert whole["ndcg_at_100"] == pytest.approx(ndcg_at_k(scores, history, targets, 100))
     assert whole["coverage_at_20"] == pytest.approx(catalog_coverage(scores, history, targets, 20))
-
-
-def test_rmse_hand_example():
-    # Errors -1, 0, -2, 4: squares 1, 0, 4, 16, mean 21/4 = 5.25.
-    assert rmse([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 5.0, 0.0]) == pytest.approx(math.sqrt(5.25))
-    assert rmse(np.array([3.5]), np.array([3.5])) == 0.0
-
-
-def test_rmse_errors():
-    with pytest.raises(ValueError, match="one length"):
-        rmse([1.0, 2.0], [1.0])
-    with pytest.raises(ValueError, match="one length"):
-        rmse(np.ones((2, 2)), np.ones((2, 2)))
-    with pytest.raises(ValueError, match="no predictions"):
-        rmse([], [])
-    with pytest.raises(ValueError, match="finite"):
-        rmse([np.nan], [1.0])
 
 
 def test_precision_and_map_at_k_by_hand_and_every_cut_off_in_the_same_pass():

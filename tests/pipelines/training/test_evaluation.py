@@ -229,5 +229,5 @@ def test_a_user_with_two_embeddings_in_different_files_is_refused(tmp_path):
         f"{split}/users.parquet",
         rows_per_file=2,
     )
-    with pytest.raises(SchemaError, match="user embeddings: column 'user_id': value 10 appears more than once"):
+    with pytest.raises(SchemaError, match="user embeddings: column 'user_id', row 2: value 10 appears more than once"):
         _evaluate_rmse(split)
