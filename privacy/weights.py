@@ -81,26 +81,41 @@ def normalisers_at(
     confidence: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`user_normalisers` of rows given by positions: their users' in `known_users` (sorted) and
-    their items' in `item_counts` (DP counts), for a caller that has looked both up already. The
-    power n^e is taken once per item rather than once per row (the same bits: the same operation
-    on the same value), and each user's terms are added in the rows' order."""
-    counts = np.asarray(item_counts, dtype=np.float64)
-    _check(1.0, exponent, counts)
-    scales = counts**exponent
-    squares = np.square(scales)
-    rows = np.shape(item_at)[0]
-    confidence = None if confidence is None else _confidence(confidence, rows)
-    sums, present = np.zeros(known_users.size), np.zeros(known_users.size, bool)
-    for start in range(0, rows, NORMALISER_CHUNK):  # the rows' terms a chunk at a time: memory flat with the rows
-        at, items = positions[start : start + NORMALISER_CHUNK], item_at[start : start + NORMALISER_CHUNK]
+    their items' in `item_counts` (DP counts), for a caller that has looked both up already."""
+    sums = NormaliserSums(item_counts, known_users, exponent)
+    confidence = None if confidence is None else _confidence(confidence, np.shape(item_at)[0])
+    for start in range(0, np.shape(item_at)[0], NORMALISER_CHUNK):  # a chunk at a time: memory flat with the rows
+        chunk = slice(start, start + NORMALISER_CHUNK)
+        sums.add(positions[chunk], item_at[chunk], None if confidence is None else confidence[chunk])
+    return sums.result()
+
+
+class NormaliserSums:
+    """The users' normalisers summed batch by batch, for rows given by positions (`normalisers_at`).
+    The power n^e is taken once per item rather than once per row (the same bits: the same
+    operation on the same value), and each user's terms are added in the rows' order, so any
+    batching gives the bits of one sum over every row."""
+
+    def __init__(self, item_counts: np.ndarray, known_users: np.ndarray, exponent: float = DEFAULT_EXPONENT):
+        counts = np.asarray(item_counts, dtype=np.float64)
+        _check(1.0, exponent, counts)
+        self.scales = counts**exponent
+        self.squares = np.square(self.scales)
+        self.known_users = known_users
+        self.sums, self.present = np.zeros(known_users.size), np.zeros(known_users.size, bool)
+
+    def add(self, positions: np.ndarray, item_at: np.ndarray, confidence: np.ndarray | None = None) -> None:
         terms = (
-            squares[items]
+            self.squares[item_at]
             if confidence is None
-            else np.square(confidence[start : start + NORMALISER_CHUNK] * scales[items])
+            else np.square(_confidence(confidence, np.shape(item_at)[0]) * self.scales[item_at])
         )
-        np.add.at(sums, at, terms)  # in the rows' order, as one bincount of every row adds them
-        present[at] = True
-    return known_users[present], sums[present]
+        np.add.at(self.sums, positions, terms)  # in the rows' order, as one bincount of every row adds them
+        self.present[positions] = True
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the users with rows, their normalisers)."""
+        return self.known_users[self.present], self.sums[self.present]
 
 
 def user_level_weights(

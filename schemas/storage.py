@@ -31,7 +31,8 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 
 from schemas.errors import UserError
@@ -693,6 +694,17 @@ def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
             parts.append(pq.read_table(f, columns=columns, filesystem=arrow_fs))
     schema = parts[0].schema
     return pa.concat_tables([part.replace_schema_metadata(schema.metadata) for part in parts])
+
+
+def read_ahead(items: Iterable) -> Iterator:
+    """The items of an iterable, each next one produced in a thread while the caller works on the
+    last (Parquet's reads and numpy release the GIL)."""
+    iterator, done = iter(items), object()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upcoming = pool.submit(next, iterator, done)
+        while (item := upcoming.result()) is not done:
+            upcoming = pool.submit(next, iterator, done)
+            yield item
 
 
 def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,85 @@
+"""The statistics job's duplicate (user, item) pair check, in memory bounded by a bucket of keys.
+
+Each row's pair key (user position x catalog size + item position) goes to the bucket of its
+user's range of positions, BUCKET_KEYS keys a bucket on average (from the row count the files'
+footers declare). One bucket is kept in memory; more are spilled to a private temporary folder
+(mode 0700, removed when the check ends) and each is sorted alone: a pair's duplicates share its
+user and so its bucket. Buckets are checked in user order, so the example a refusal names is the
+smallest duplicated key, as one sort of every key would find.
+
+Privacy: the keys say who rated what; they never leave the driver's process and its temporary
+folder, and the check runs before any release.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+BUCKET_KEYS = 1 << 24  # keys per bucket on average (128 MiB of int64), and so the check's memory
+
+
+class PairKeys:
+    """Collect the rows' (user, item) positions batch by batch; `duplicates()` after the last."""
+
+    def __init__(self, rows: int, users: int, items: int):
+        self.users, self.items = users, items
+        self.buckets = max(1, -(-rows // BUCKET_KEYS))
+        self._kept: list[np.ndarray] = []  # one bucket: the keys in memory
+        self._folder = tempfile.TemporaryDirectory(prefix="ssp-pairs-") if self.buckets > 1 else None
+        self._files = (
+            [open(os.path.join(self._folder.name, f"{k}.keys"), "wb") for k in range(self.buckets)]
+            if self._folder
+            else []
+        )
+
+    def __enter__(self) -> PairKeys:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()
+        if self._folder is not None:
+            self._folder.cleanup()
+
+    def add(self, user_at: np.ndarray, item_at: np.ndarray) -> None:
+        """The keys of a batch of rows, given their user and item positions."""
+        keys = user_at.astype(np.int64)
+        keys *= self.items
+        keys += item_at
+        if not self._files:
+            self._kept.append(keys)
+            return
+        bucket = user_at.astype(np.int64) * self.buckets // max(self.users, 1)
+        if bucket.size and bucket.min() == bucket.max():  # sorted input: a batch is mostly in one bucket
+            keys.tofile(self._files[bucket[0]])
+            return
+        order = np.argsort(bucket, kind="stable")
+        ends = np.cumsum(np.bincount(bucket, minlength=self.buckets))
+        for k, (start, end) in enumerate(zip(np.r_[0, ends[:-1]], ends, strict=True)):
+            if end > start:
+                keys[order[start:end]].tofile(self._files[k])
+
+    def duplicates(self) -> tuple[int, tuple[int, int] | None]:
+        """(how many rows repeat an earlier row's pair, the smallest repeated pair as (user position,
+        item position), or None)."""
+        for file in self._files:
+            file.close()
+        count, first = 0, None
+        for k in range(self.buckets):
+            if self._files:
+                keys = np.fromfile(self._files[k].name, dtype=np.int64)
+            else:
+                keys = np.concatenate(self._kept) if self._kept else np.zeros(0, np.int64)
+                self._kept = []
+            keys.sort(kind="stable")  # adaptive: a run's rows come sorted by user and item
+            same = keys[1:] == keys[:-1]
+            count += int(same.sum())
+            if first is None and same.any():
+                first = divmod(int(keys[1:][same][0]), self.items)
+        return count, first
