@@ -335,12 +335,21 @@ class SeedFile:
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def mix64(h: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return h ^ (h >> np.uint64(31))
+def mix64(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic), into `out` (which may be
+    `h` itself) or a new array: in place, with one scratch array (a new array per operation costs
+    more than the operations)."""
+    if out is None:
+        out = np.array(h, dtype=np.uint64)
+    elif out is not h:
+        np.copyto(out, h)
+    scratch = np.empty_like(out)
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+        np.right_shift(out, np.uint64(shift), out=scratch)
+        np.bitwise_xor(out, scratch, out=out)
+        if factor is not None:
+            np.multiply(out, np.uint64(factor), out=out)
+    return out
 
 
 def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
@@ -378,7 +387,8 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
         if array.null_count:
             bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
     with np.errstate(over="ignore"):
-        return mix64(bits + salt64 * np.uint64(0x9E3779B97F4A7C15))
+        hashed = np.add(bits, salt64 * np.uint64(0x9E3779B97F4A7C15))  # a new array: bits may be Arrow's
+    return mix64(hashed, out=hashed)
 
 
 def content_digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
@@ -393,19 +403,21 @@ def content_digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
             names = batch.schema.names
         row = np.zeros(batch.num_rows, dtype=np.uint64)
         for salt, name in enumerate(batch.schema.names, start=1):
-            with np.errstate(over="ignore"):
-                row = mix64(row ^ _column_hash(batch.column(name), salt * 1000))
+            mix64(np.bitwise_xor(row, _column_hash(batch.column(name), salt * 1000), out=row), out=row)
         with np.errstate(over="ignore"):
             total = total + row.sum(dtype=np.uint64)
-            folded = folded + mix64(row ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64)
+            folded = folded + mix64(np.bitwise_xor(row, np.uint64(0xD6E8FEB86659FD93), out=row), out=row).sum(
+                dtype=np.uint64
+            )
         rows += batch.num_rows
     payload = json.dumps({"columns": names, "rows": rows, "sum": int(total), "mixed": int(folded)}).encode()
     return hashlib.sha256(payload).hexdigest()
 
 
 def content_digest_table(path: str) -> str:
-    """The unkeyed content digest of a stored table, streamed batch by batch."""
-    return content_digest_batches(storage.iter_batches(path))
+    """The unkeyed content digest of a stored table, streamed batch by batch (the next read beside
+    the last one's hashing)."""
+    return content_digest_batches(storage.read_ahead(storage.iter_batches(path)))
 
 
 # ---------------------------------------------------------------------------------------------
