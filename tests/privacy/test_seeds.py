@@ -348,3 +348,22 @@ def test_keyed_digest_equals_its_definition_row_by_column():
             total += x.sum(axis=0, dtype=np.uint64)
     payload = json.dumps({"columns": t.schema.names, "rows": t.num_rows, "sum": [int(v) for v in total]}).encode()
     assert seeds.keyed_digest_batches(batches, key) == hashlib.sha256(payload).hexdigest()
+
+
+def splitmix64_finaliser(x: int) -> int:
+    """The splitmix64 finaliser on one Python int (Steele, Lea and Flood 2014), modulo 2^64."""
+    mask = (1 << 64) - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_mix64_is_the_splitmix64_finaliser_in_place_or_into_a_new_array():
+    values = np.random.default_rng(7).integers(0, 2**63, 1000, dtype=np.int64).view(np.uint64) * np.uint64(2)
+    values[:3] = [0, 1, 2**64 - 1]
+    expected = np.array([splitmix64_finaliser(int(v)) for v in values], dtype=np.uint64)
+    given = values.copy()
+    assert np.array_equal(seeds.mix64(given), expected) and np.array_equal(given, values)  # the input untouched
+    out = np.empty_like(values)
+    assert seeds.mix64(values, out=out) is out and np.array_equal(out, expected)
+    assert seeds.mix64(given, out=given) is given and np.array_equal(given, expected)
