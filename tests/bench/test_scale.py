@@ -130,8 +130,15 @@ def test_the_largest_size_runs_am_ssp_alone():
     assert {(params["items"], params["ratings_per_user"], params["protocol"]) for params in ranking} == {
         (20_108, 144, "recall")
     }
-    # at both shapes every method at its defaults (the tuning at the MovieLens-10M shape chose them)
-    assert all(params["config"] == training.METHODS[params["method"]].overrides for params in shape + ranking)
+    # the MovieLens-10M shape: every method at its defaults (its tuning chose them); the ranking shape: the
+    # settings its tuning chose
+    assert all(params["config"] == training.METHODS[params["method"]].overrides for params in shape)
+    assert all(
+        params["config"]
+        == {**training.METHODS[params["method"]].overrides, **scale.TUNED_RANKING_SHAPE[params["method"]]}
+        for params in ranking
+    )
+    assert {params["config"].get("dpsgd_epochs") for params in ranking if params["method"] == "dpsgd"} == {1}
     assert scale.protocol_of(136_677) == "recall" and scale.protocol_of(69_878) == scale.protocol_of(10_000) == "rmse"
     grid = [params for params in scale.cells(quick=False) if not scale.is_shape(params["users"])]
     assert all("items" not in params for params in grid)  # the grid's cells keep their keys (the stored results)
