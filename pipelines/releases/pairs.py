@@ -49,13 +49,12 @@ class PairKeys:
 
     def add(self, user_at: np.ndarray, item_at: np.ndarray) -> None:
         """The keys of a batch of rows, given their user and item positions."""
-        keys = user_at.astype(np.int64)
-        keys *= self.items
-        keys += item_at
+        users = user_at.astype(np.int64)
+        keys = users * self.items + item_at
         if not self._files:
             self._kept.append(keys)
             return
-        bucket = user_at.astype(np.int64) * self.buckets // max(self.users, 1)
+        bucket = users * self.buckets // max(self.users, 1)
         if bucket.size and bucket.min() == bucket.max():  # sorted input: a batch is mostly in one bucket
             keys.tofile(self._files[bucket[0]])
             return
