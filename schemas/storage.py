@@ -132,6 +132,18 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, fsspec.implementations.local.LocalFileSystem)
 
 
+def encodings(schema: pa.Schema) -> dict:
+    """pq.ParquetWriter's options for a table of `schema`: its flat 32- and 64-bit integer columns
+    delta-encoded (ids in user and item order, timestamps: small differences, and no dictionary to
+    build), the other flat ones dictionary-encoded (labels: a few distinct values), nested ones
+    (vectors) plain."""
+    integers = [field.name for field in schema if field.type in (pa.int32(), pa.int64())]
+    return {
+        "use_dictionary": [field.name for field in schema if field.name not in integers],
+        "column_encoding": dict.fromkeys(integers, "DELTA_BINARY_PACKED"),
+    }
+
+
 class StagedWrite:
     """A table being written as part files, possibly by many processes, published by one commit.
 
@@ -160,11 +172,15 @@ class StagedWrite:
         return f"part-{index:05d}{self.suffix}.parquet"
 
     def open_part(self, index: int, schema: pa.Schema, **parquet_options) -> pq.ParquetWriter:
-        """A Parquet writer for part `index` (the caller closes it); options go to pq.ParquetWriter."""
+        """A Parquet writer for part `index` (the caller closes it); options go to pq.ParquetWriter,
+        `encodings(schema)` when none are given."""
         fs = self.fs
         _makedirs(self.directory) if self.local else fs.makedirs(self.directory, exist_ok=True)
         return pq.ParquetWriter(
-            posixpath.join(self.directory, self.part_name(index)), schema, filesystem=_arrow_fs(fs), **parquet_options
+            posixpath.join(self.directory, self.part_name(index)),
+            schema,
+            filesystem=_arrow_fs(fs),
+            **(parquet_options or encodings(schema)),
         )
 
     def write_part(self, index: int, table: pa.Table, **parquet_options) -> str:

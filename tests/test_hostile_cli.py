@@ -86,6 +86,11 @@ def snapshot(folder: Path) -> dict:
     }
 
 
+def kib_on_tmpfs(folder: Path) -> int:
+    """What the files under `folder` take on a tmpfs: whole 4 KiB pages."""
+    return sum(-(-p.stat().st_size // 4096) * 4 for p in folder.rglob("*") if p.is_file())
+
+
 def leftovers(folder: Path) -> list[str]:
     """Staging folders, temporary files and locks anywhere under `folder`."""
     return sorted(
@@ -249,9 +254,12 @@ def test_a_read_only_output_is_refused_in_one_line(read_only, dataset):
     assert sorted(p.name for p in read_only.iterdir()) == ["before"]
 
 
-def test_a_failed_reingest_on_a_full_disk_keeps_the_earlier_data_set_whole(small_disk, tmp_path):
-    disk = small_disk(1200)  # room for one data set of a few thousand ratings, not for two
+def test_a_failed_reingest_on_a_full_disk_keeps_the_earlier_data_set_whole(small_disk, dataset, tmp_path):
     small = movielens_copy(tmp_path / "small", ratings_rows=3000)
+    in_process("ingest", "--source", small, "--out", tmp_path / "probe")
+    disk = small_disk(
+        kib_on_tmpfs(tmp_path / "probe") + kib_on_tmpfs(dataset) // 2
+    )  # room for a data set of a few thousand ratings and half the bundled one, not for both
     in_process("ingest", "--source", small, "--out", disk / "ds")
     before = snapshot(disk / "ds")
     assert_refused(

@@ -130,6 +130,35 @@ def test_value_range_comes_from_the_statistics(tmp_path):
     assert storage.value_range(storage.table_files(path)[0], "user_id") == (-3, 12)
 
 
+def test_integer_columns_are_delta_encoded_labels_dictionary_encoded_vectors_plain(tmp_path):
+    import pyarrow.parquet as pq
+
+    from schemas.tables import INTERACTIONS, USER_EMBEDDINGS
+
+    interactions = pa.table(
+        {"user_id": [1, 1, 2], "item_id": [5, 9, 5], "label": [4.0, 4.0, 1.5], "timestamp": [3, None, 7]},
+        schema=INTERACTIONS,
+    )
+    embeddings = pa.table({"user_id": [1, 2], "embedding": [[0.5, 1.0], [2.0, -1.0]]}, schema=USER_EMBEDDINGS)
+    found = {}
+    for name, table in (("interactions", interactions), ("embeddings", embeddings)):
+        path = str(tmp_path / f"{name}.parquet")
+        storage.write_table(table, path)
+        assert storage.read_table(path).equals(table)
+        group = pq.ParquetFile(storage.table_files(path)[0]).metadata.row_group(0)
+        found |= {group.column(k).path_in_schema: set(group.column(k).encodings) for k in range(group.num_columns)}
+    for column in ("user_id", "item_id", "timestamp"):
+        assert "DELTA_BINARY_PACKED" in found[column] and "RLE_DICTIONARY" not in found[column], column
+    assert "RLE_DICTIONARY" in found["label"]
+    assert "RLE_DICTIONARY" not in found["embedding.list.element"]
+    assert storage.value_range(storage.table_files(str(tmp_path / "interactions.parquet"))[0], "user_id") == (1, 2)
+    staged = storage.StagedWrite(str(tmp_path / "given.parquet"))  # options given: those alone
+    with staged.open_part(0, INTERACTIONS, use_dictionary=True) as writer:
+        writer.write_table(interactions)
+    group = pq.ParquetFile(os.path.join(staged.directory, staged.part_name(0))).metadata.row_group(0)
+    assert "RLE_DICTIONARY" in group.column(0).encodings
+
+
 def test_failed_write_publishes_nothing_and_keeps_old_table(tmp_path):
     path = str(tmp_path / "t.parquet")
     storage.write_table(pa.table({"a": [1]}), path)
