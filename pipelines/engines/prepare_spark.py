@@ -299,7 +299,8 @@ class SparkEngine:
                 ids = chunk["user_id"].to_numpy()
                 users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
             ids = np.concatenate(users) if users else np.zeros(0, np.int64)
-            yield pa.record_batch({"at": np.arange(width), "value": total, "user": pa.nulls(width, pa.int64())})
+            at = np.flatnonzero(total)  # a count per catalog item is mostly zeros in one file
+            yield pa.record_batch({"at": at, "value": total[at], "user": pa.nulls(at.size, pa.int64())})
             yield pa.record_batch(
                 {"at": pa.nulls(ids.size, pa.int64()), "value": pa.nulls(ids.size, pa.float64()), "user": ids}
             )
