@@ -230,6 +230,7 @@ def dp_counts(
         "dp_units": released_units,
         "epsilon_spent": ledger.epsilon_spent(),
         "ledger": ledger_path,
+        "inputs": description["inputs"],  # the keyed digests, for a later release of the same tables
     }
     return summary
 

@@ -90,9 +90,11 @@ def dp_mean(
     *,
     user_cap: float = DEFAULT_USER_CAP,
     engine,
+    interactions_digest: str | None = None,
 ) -> dict:
     """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. The weighted
-    sums are computed on `engine` (pipelines.engines.engine)."""
+    sums are computed on `engine` (pipelines.engines.engine). `interactions_digest`: the table's
+    keyed digest under `seeds`, when a release of the same table just took it (prepare's counts)."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise UserError(f"rating range must be two finite numbers low < high, got {rating_range}")
@@ -107,7 +109,7 @@ def dp_mean(
         "unit": unit,
         "user_cap": user_cap,
         "rating_range": [low, high],
-        "inputs": {"interactions": seeds.digest_table(interactions)},
+        "inputs": {"interactions": interactions_digest or seeds.digest_table(interactions)},
     }
     index = release.make_release(ledger, seeds, "mean", event, description)
     z = standard_normal(seeds.release_seed(index), index, np.array([0]), 2)[0]

@@ -449,7 +449,7 @@ def prepare(
     )  # creates the run's budget (charging its data source's account), or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
-    dp_counts(
+    counted = dp_counts(
         train_rows,
         data.items,
         run.counts_dir,
@@ -467,7 +467,15 @@ def prepare(
         dpsgd_multiplier = config.privacy(units).multipliers()["dpsgd"]
     mean = 0.0
     if config.protocol == "rmse":
-        mean = dp_mean(train_rows, Ledger.open(run.ledger), seeds, ratings, unit, engine=engine)["mean"]
+        mean = dp_mean(
+            train_rows,
+            Ledger.open(run.ledger),
+            seeds,
+            ratings,
+            unit,
+            engine=engine,
+            interactions_digest=counted["inputs"]["interactions"],
+        )["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)
         keep_items = splits.top_items(

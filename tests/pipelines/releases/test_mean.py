@@ -82,3 +82,41 @@ def test_files_of_whole_users_give_the_same_sums_a_file_per_task_and_a_user_in_t
     )
     with pytest.raises(ValueError, match="a user's rows are in two of its files"):
         SparkEngine(spark).mean_sums(str(tmp_path / "torn.parquet"), RANGE, "user", 1.0)
+
+
+def test_a_digest_handed_over_binds_the_release_as_the_one_it_takes_itself(rows, tmp_path):
+    # prepare hands the mean the digest its counts release took of the same table: the release's
+    # binding (its fingerprint in the seed file) is the one the mean's own digest gives; another
+    # table's digest would bind another release
+    from pipelines.releases.counts import dp_counts
+
+    items = str(tmp_path / "items.parquet")
+    storage.write_table(pa.table({"item_id": [10, 20, 30]}), items)
+    seed = SeedFile.create(str(tmp_path / "seed")).seed
+    bound = {}
+    for name in ("handed", "taken", "other"):
+        ledger_path = str(tmp_path / name / "ledger.parquet")
+        privacy = PrivacySettings(epsilon=1.0, mean_share=0.2)
+        seeds = SeedFile.create(str(tmp_path / f"seed-{name}"), seed)
+        counted = dp_counts(
+            rows,
+            items,
+            str(tmp_path / name),
+            privacy,
+            ledger_path=ledger_path,
+            seed_file=seeds.path,
+            engine=LocalEngine(),
+        )
+        assert counted["inputs"]["interactions"] == seeds.digest_table(rows)
+        digest = {"handed": counted["inputs"]["interactions"], "taken": None, "other": counted["inputs"]["items"]}[name]
+        seeds = SeedFile.load(seeds.path)
+        index = dp_mean(
+            rows,
+            privacy.open_ledger(ledger_path, "user"),
+            seeds,
+            RANGE,
+            engine=LocalEngine(),
+            interactions_digest=digest,
+        )["release"]
+        bound[name] = SeedFile.load(seeds.path).releases[index]
+    assert bound["handed"] == bound["taken"] != bound["other"]
