@@ -191,43 +191,6 @@ def test_digest_independent_of_row_order_and_batching(digest, digest_batches):
     assert digest_batches(reversed([b for s in slices for b in s.to_batches()])) == d
 
 
-def test_keyed_digest_is_the_sum_of_each_rows_aes_cbc_mac(tmp_path):
-    # the module docstring's definition, row by row: the state starts at 0, each column's 16-byte
-    # block (a number's 64 bits and a null flag; a string's BLAKE2b-128) is XORed in and the state
-    # encrypted with AES-256 under the row key; the states' two 64-bit halves are summed mod 2^64
-    import hashlib
-
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-    rng = np.random.default_rng(3)
-    n = 300
-    table = pa.table(
-        {
-            "user_id": pa.array(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)),
-            "small": pa.array(rng.integers(-100, 100, n, dtype=np.int32)),
-            "label": pa.array([None if k % 7 == 0 else float(rng.standard_normal()) for k in range(n)]),
-            "timestamp": pa.array([None if k % 5 == 0 else k for k in range(n)], pa.int64()),
-            "name": pa.array([None if k % 11 == 0 else f"x{k}" for k in range(n)]),
-        }
-    )
-    aes = Cipher(algorithms.AES(seeds._hkdf(KEYED._digest_key(), b"rows")), modes.ECB()).encryptor()
-    total = [0, 0]
-    for row in table.to_pylist():
-        state = bytes(16)
-        for name, value in row.items():
-            if name == "name":
-                block = hashlib.blake2b(value.encode(), digest_size=16).digest() if value is not None else b"\xff" * 16
-            else:
-                bits = np.array([0 if value is None else value], np.float64 if name == "label" else np.int64)
-                flag = 2**64 - 1 if value is None else 0
-                block = bits.view(np.uint64).tobytes() + int(flag).to_bytes(8, "little")
-            state = aes.update(bytes(a ^ b for a, b in zip(state, block, strict=True)))
-        total = [(t + int.from_bytes(state[8 * k : 8 * k + 8], "little")) % 2**64 for k, t in enumerate(total)]
-    payload = json.dumps({"columns": table.column_names, "rows": n, "sum": total}).encode()
-    for chunk in (None, 1, 64):
-        assert KEYED.digest_batches(table.to_batches(max_chunksize=chunk)) == hashlib.sha256(payload).hexdigest()
-
-
 def test_digest_changes_when_one_value_changes(digest, digest_batches):
     t = sample_table()
     d = digest(t)
@@ -366,8 +329,9 @@ def test_load_or_new_writes_nothing_until_bound(tmp_path):
 
 
 def test_keyed_digest_equals_its_definition_row_by_column():
-    """The in-place, buffer-reusing chain (seeds._Chain) gives the bits of the definition: per row,
-    x <- AES(x ^ block) over the columns' blocks, from zero; the digest hashes the rows' sum."""
+    """The in-place, buffer-reusing chain (seeds._Chain, its number columns XORed in directly) gives
+    the bits of the definition: per row, x <- AES(x ^ block) over the columns' blocks
+    (`_value_blocks`, lists included), from zero; the digest hashes the rows' sum."""
     import hashlib
     import json
 
@@ -385,6 +349,44 @@ def test_keyed_digest_equals_its_definition_row_by_column():
             total += x.sum(axis=0, dtype=np.uint64)
     payload = json.dumps({"columns": t.schema.names, "rows": t.num_rows, "sum": [int(v) for v in total]}).encode()
     assert seeds.keyed_digest_batches(batches, key) == hashlib.sha256(payload).hexdigest()
+
+
+def test_keyed_digest_of_numbers_and_strings_from_first_principles():
+    """The blocks themselves, which the test above takes from `_value_blocks`: per row, in plain
+    Python, the state starts at 0, each column's 16-byte block (a number's 64 bits and a null flag;
+    a string's BLAKE2b-128) is XORed in and the state encrypted with AES-256 under the row key; the
+    states' two 64-bit halves are summed mod 2^64."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    rng = np.random.default_rng(3)
+    n = 300
+    table = pa.table(
+        {
+            "user_id": pa.array(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)),
+            "small": pa.array(rng.integers(-100, 100, n, dtype=np.int32)),
+            "label": pa.array([None if k % 7 == 0 else float(rng.standard_normal()) for k in range(n)]),
+            "timestamp": pa.array([None if k % 5 == 0 else k for k in range(n)], pa.int64()),
+            "name": pa.array([None if k % 11 == 0 else f"x{k}" for k in range(n)]),
+        }
+    )
+    aes = Cipher(algorithms.AES(seeds._hkdf(KEYED._digest_key(), b"rows")), modes.ECB()).encryptor()
+    total = [0, 0]
+    for row in table.to_pylist():
+        state = bytes(16)
+        for name, value in row.items():
+            if name == "name":
+                block = hashlib.blake2b(value.encode(), digest_size=16).digest() if value is not None else b"\xff" * 16
+            else:
+                bits = np.array([0 if value is None else value], np.float64 if name == "label" else np.int64)
+                flag = 2**64 - 1 if value is None else 0
+                block = bits.view(np.uint64).tobytes() + int(flag).to_bytes(8, "little")
+            state = aes.update(bytes(a ^ b for a, b in zip(state, block, strict=True)))
+        total = [(t + int.from_bytes(state[8 * k : 8 * k + 8], "little")) % 2**64 for k, t in enumerate(total)]
+    payload = json.dumps({"columns": table.column_names, "rows": n, "sum": total}).encode()
+    for chunk in (None, 1, 64):
+        assert KEYED.digest_batches(table.to_batches(max_chunksize=chunk)) == hashlib.sha256(payload).hexdigest()
 
 
 def splitmix64_finaliser(x: int) -> int:
