@@ -7,6 +7,8 @@ Privacy: conversions only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,16 +17,39 @@ from schemas.errors import UserError
 
 
 def list_column_to_matrix(column: pa.Array | pa.ChunkedArray, width: int, what: str) -> np.ndarray:
-    """A list<double> column whose lists all have `width` entries, as an (n, width) float64 array."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-    if column.null_count or (lengths.size and np.any(lengths != width)):
-        bad = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False) | (lengths != width))[0])
-        raise UserError(
-            f"{what} of row {bad} has {0 if column[bad].as_py() is None else lengths[bad]} entries, expected {width}"
-        )
-    return column.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, width)
+    """A list<double> column whose lists all have `width` entries, as an (n, width) float64 array:
+    one copy, filled chunk by chunk (a users' table at 10^7 rows is gigabytes)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    matrix = np.empty((len(column), width), dtype=np.float64)
+    start = 0
+    for chunk in chunks:
+        lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
+        if chunk.null_count or (lengths.size and np.any(lengths != width)):
+            bad = int(np.flatnonzero(chunk.is_null().to_numpy(zero_copy_only=False) | (lengths != width))[0])
+            raise UserError(
+                f"{what} of row {start + bad} has {0 if chunk[bad].as_py() is None else lengths[bad]} entries, "
+                f"expected {width}"
+            )
+        matrix[start : start + len(chunk)] = chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+        start += len(chunk)
+    return matrix
+
+
+def vectors_of_batches(
+    batches: Iterable[pa.RecordBatch | pa.Table], rows: int, id_column: str, width: int, what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, vectors) of an id column and a list<double> "embedding" column read batch by batch into
+    arrays of `rows` rows (the files' footers), so that no whole table is held beside them."""
+    ids, vectors, at = np.empty(rows, np.int64), np.empty((rows, width)), 0
+    for batch in batches:
+        if at + batch.num_rows > rows:
+            raise UserError(f"{what}s: more rows than the files' footers declare ({rows})")
+        ids[at : at + batch.num_rows] = batch.column(id_column).to_numpy()
+        vectors[at : at + batch.num_rows] = list_column_to_matrix(batch.column("embedding"), width, what)
+        at += batch.num_rows
+    if at != rows:
+        raise UserError(f"{what}s: {at} rows read where the files' footers declare {rows}")
+    return ids, vectors
 
 
 def matrix_to_list_column(matrix: np.ndarray) -> pa.ListArray:

@@ -18,7 +18,7 @@ from pipelines.training.run_dir import Run, catalog_counts, config_of, require_s
 from pipelines.training.settings import TrainConfig
 from privacy.ledger import Ledger
 from schemas import storage
-from schemas.arrays import list_column_to_matrix
+from schemas.arrays import list_column_to_matrix, vectors_of_batches
 from schemas.errors import UserError
 from schemas.tables import validate_item_embeddings, validated_user_batches
 from trainer.metrics import AT_K, RANKING, at_k_keys
@@ -256,11 +256,9 @@ def _user_table(path: str, dim: int):
     from schemas.ids import IdIndex
 
     rows = sum(count for _, _, count in storage.row_groups(path))
-    ids, vectors, at = np.empty(rows, np.int64), np.empty((rows, dim)), 0
-    for table in validated_user_batches(storage.iter_batches(path), dim):
-        ids[at : at + table.num_rows] = table["user_id"].to_numpy()
-        vectors[at : at + table.num_rows] = list_column_to_matrix(table["embedding"], dim, "user embedding")
-        at += table.num_rows
+    ids, vectors = vectors_of_batches(
+        validated_user_batches(storage.iter_batches(path), dim), rows, "user_id", dim, "user embedding"
+    )
     return IdIndex(ids), vectors
 
 

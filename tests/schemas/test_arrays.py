@@ -20,3 +20,17 @@ def test_bad_rows_are_named():
         list_column_to_matrix(pa.array([[1.0, 2.0], [3.0]]), 2, "embedding")
     with pytest.raises(ValueError, match="embedding of row 0 has 0 entries, expected 2"):
         list_column_to_matrix(pa.array([None, [3.0, 4.0]], pa.list_(pa.float64())), 2, "embedding")
+
+
+def test_a_chunked_column_fills_one_matrix_and_names_rows_across_chunks():
+    first, second = np.arange(6.0).reshape(2, 3), np.arange(6.0, 15.0).reshape(3, 3)
+    chunked = pa.chunked_array([matrix_to_list_column(first), matrix_to_list_column(second).slice(1, 2)])
+    matrix = list_column_to_matrix(chunked, 3, "v")
+    np.testing.assert_array_equal(matrix, np.vstack([first, second[1:]]))
+    assert matrix.flags.writeable and matrix.flags.c_contiguous
+    floats = pa.chunked_array(
+        [pa.array([[1.5, 2.5]], pa.list_(pa.float32())), pa.array([[3.0]], pa.list_(pa.float32()))]
+    )
+    with pytest.raises(ValueError, match="embedding of row 1 has 1 entries, expected 2"):
+        list_column_to_matrix(floats, 2, "embedding")
+    np.testing.assert_array_equal(list_column_to_matrix(floats.chunk(0), 2, "v"), [[1.5, 2.5]])
