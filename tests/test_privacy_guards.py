@@ -238,6 +238,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     D minus one user gives D's stats rows minus that user's."""
     from pipelines.engines.local import LocalEngine
     from pipelines.releases.counts import dp_units
+    from pipelines.releases.mean import CentredOutput
     from pipelines.training import prepare as prepare_stage
     from pipelines.training import run_dir
     from pipelines.training.run_dir import Run
@@ -274,7 +275,7 @@ def test_removing_a_user_from_the_raw_input_removes_only_their_rows_before_any_r
     again = tmp_path / "less-with-full-release.parquet"
     LocalEngine().write_centred(
         str(less_run / "private" / "split" / "train.parquet"),
-        [(str(again), covered)],
+        [CentredOutput(str(again), covered)],
         manifest["prepared"]["mean"],
         "rmse",
     )

@@ -19,12 +19,15 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from privacy import secure_aggregation
 from schemas.errors import UserError
+
+if TYPE_CHECKING:
+    from pipelines.releases.mean import CentredOutput
 
 
 class Engine(Protocol):
@@ -52,7 +55,7 @@ class Engine(Protocol):
     def write_centred(
         self,
         train: str,
-        outputs: list[tuple[str, np.ndarray | None]],
+        outputs: list[CentredOutput],
         mean: float,
         protocol: str,
         confidence_alpha: float | None = None,

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pipelines.data import splits
 from pipelines.engines import spark_stats, user_solves
 from pipelines.releases.counts import exact_aggregates, read_rows
-from pipelines.releases.mean import centred, kept, weighted_sums
+from pipelines.releases.mean import CentredOutput, centred, kept, weighted_sums
 from pipelines.releases.stats_core import shard_of
 from schemas import storage
 from schemas.errors import UserError
@@ -77,7 +77,7 @@ class LocalEngine:
     def write_centred(
         self,
         train: str,
-        outputs: list[tuple[str, np.ndarray | None]],
+        outputs: list[CentredOutput],
         mean: float,
         protocol: str,
         confidence_alpha: float | None = None,
@@ -86,7 +86,8 @@ class LocalEngine:
         the items it keeps)."""
         with ExitStack() as stack:
             writers = [
-                (stack.enter_context(storage.TableWriter(out, INTERACTIONS)), keep_items) for out, keep_items in outputs
+                (stack.enter_context(storage.TableWriter(output.path, INTERACTIONS)), output.keep_items)
+                for output in outputs
             ]
             for batch in storage.iter_batches(train):
                 every = centred(pa.Table.from_batches([batch]), mean, protocol, None, confidence_alpha)

@@ -39,7 +39,7 @@ from pipelines.data import splits
 from pipelines.data.chunks import users_together
 from pipelines.engines.beam_release import ReadTable, pinned
 from pipelines.releases.counts import exact_aggregates, row_problem
-from pipelines.releases.mean import weighted_sums_of, write_centred_parts
+from pipelines.releases.mean import CentredOutput, weighted_sums_of, write_centred_parts
 from privacy.accumulator import packed_size
 from privacy.seeds import mix64
 from schemas import storage
@@ -288,14 +288,14 @@ class BeamEngine:
     def write_centred(
         self,
         train: str,
-        outputs: list[tuple[str, np.ndarray | None]],
+        outputs: list[CentredOutput],
         mean: float,
         protocol: str,
         confidence_alpha: float | None = None,
     ) -> None:
         """`mean.centred` over every row of `train`, in one pass, written to each output (a path and
         the items it keeps), one part per input file."""
-        staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
+        staged = [(storage.StagedWrite(output.path), output) for output in outputs]
 
         def write(index: int, file: str) -> Iterator[list]:
             written = write_centred_parts(

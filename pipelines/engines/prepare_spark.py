@@ -24,7 +24,7 @@ from pipelines.data import splits
 from pipelines.data.chunks import complete_users, sorted_by_user, users_together
 from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
 from pipelines.releases.counts import exact_aggregates, row_problem
-from pipelines.releases.mean import weighted_sums_of, write_centred_parts
+from pipelines.releases.mean import CentredOutput, weighted_sums_of, write_centred_parts
 from privacy.accumulator import packed_size
 from schemas import storage
 from schemas.errors import UserError
@@ -318,7 +318,7 @@ class SparkEngine:
     def write_centred(
         self,
         train: str,
-        outputs: list[tuple[str, np.ndarray | None]],
+        outputs: list[CentredOutput],
         mean: float,
         protocol: str,
         confidence_alpha: float | None = None,
@@ -328,7 +328,7 @@ class SparkEngine:
         in order (the split's), a part per file, which then holds whole users in order too."""
         from pyspark import TaskContext
 
-        staged = [(storage.StagedWrite(out), keep_items) for out, keep_items in outputs]
+        staged = [(storage.StagedWrite(output.path), output) for output in outputs]
 
         def write(batches: Iterator[pa.RecordBatch], index: int, together: bool = False) -> Iterator[pa.RecordBatch]:
             written = write_centred_parts(

@@ -16,6 +16,11 @@ stats table, a row group at a time; the driver commits them. Shuffle volume is O
 The user embeddings (users x d, which bounds a task's memory) are read once per Python worker and
 release: Spark reuses workers across tasks.
 
+Rows that already lie by item shard (prepare writes the stats job's rows a row group per shard,
+stats_core.ITEM_SHARDS, and `StatsJob.prepare()` checked every row against that before the
+release) skip the map side and the shuffle: each reduce task reads its shards' row groups itself
+(`_by_declared_shards`), and sums them the same way, so the bits are the same.
+
 Privacy: the same as pipelines.releases.stats_job / privacy.accumulator: the noise is added after the sums
 are complete, to every catalog item, keyed by the release index the ledger gave.
 """
@@ -39,11 +44,12 @@ from pipelines.releases.stats_core import (
     item_user_order,
     release_metadata,
     shard_of,
+    shards_for,
     stats_table,
 )
 from privacy import accumulator, quadratic
 from schemas import storage
-from schemas.arrays import list_column_to_matrix
+from schemas.arrays import vectors_of_batches
 from schemas.ids import IdIndex
 from schemas.tables import STATS
 
@@ -56,9 +62,6 @@ CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigge
 ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
 READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
 READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
-ROWS_PER_PARTITION = (
-    2_000_000  # rows per reduce task, at most on average: its rows (24 bytes each) and their sort (about 0.2 GiB)
-)
 
 
 # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
@@ -67,29 +70,34 @@ _last_clipped: dict = {}  # the user vectors clipped last, by digest and setting
 
 
 def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
-    """(index of the sorted ids, their embeddings) of an embeddings table (users', or items' with
+    """(index of the ids, their embeddings) of an embeddings table (users', or items' with
     `id_column` "item_id") whose content digest (from prepare()) is `digest`; a worker's next task of
     the same release reuses them (the last two tables read are kept: a logistic release reads both)."""
     if digest not in _last_vectors:
-        table = storage.read_table(path)
-        ids = table[id_column].to_numpy()
-        order = np.argsort(ids)
         if len(_last_vectors) >= 2:
             _last_vectors.clear()
-        _last_vectors[digest] = (
-            IdIndex(ids[order]),
-            list_column_to_matrix(table["embedding"], d, id_column.replace("_id", " embedding"))[order],
-        )
+        _last_vectors[digest] = read_vectors(path, d, id_column)
     return _last_vectors[digest]
 
 
-def clipped_vectors(digest: str, vectors: np.ndarray, settings) -> tuple[np.ndarray, np.ndarray | None]:
-    """stats_core.clipped_users of the user embeddings with content digest `digest`; a worker's
-    next task of the same release reuses them (the last one is kept)."""
+def read_vectors(path: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
+    """(index of the ids, their embeddings) of an embeddings table, in file order, streamed."""
+    rows = sum(count for _, _, count in storage.row_groups(path))
+    batches = storage.read_ahead(storage.iter_batches(path, [id_column, "embedding"], READ_BATCH_ROWS))
+    ids, vectors = vectors_of_batches(batches, rows, id_column, d, id_column.replace("_id", " embedding"))
+    return IdIndex(ids), vectors
+
+
+def clipped_vectors(embeddings: tuple[str, str], settings) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
+    """(index of the users, stats_core.clipped_users of their embeddings) of the user embeddings
+    (path, content digest); a worker's next task of the same release reuses them (the last one is
+    kept, without the unclipped vectors: at 10^7 users each copy is 1.4 GiB)."""
+    path, digest = embeddings
     key = (digest, settings)
     if key not in _last_clipped:
         _last_clipped.clear()
-        _last_clipped[key] = clipped_users(vectors, settings)
+        owners, vectors = _last_vectors.get(digest) or read_vectors(path, settings.user_dim)
+        _last_clipped[key] = owners, clipped_users(vectors, settings)
     return _last_clipped[key]
 
 
@@ -201,8 +209,11 @@ def item_shard(
     order = item_user_order(users, rated)
     users, rated, labels = users[order], rated[order], labels[order]
     counts, normalisers = lookups.of(users, rated)
-    owners, vectors = embedding_vectors(*embeddings, settings.user_dim) if rated.size or expansion else (None, None)
-    clipped = clipped_vectors(embeddings[1], vectors, settings) if rated.size and not expansion else None
+    owners = vectors = clipped = None
+    if expansion:
+        owners, vectors = embedding_vectors(*embeddings, settings.user_dim)
+    elif rated.size:
+        owners, clipped = clipped_vectors(embeddings, settings)
     negatives = _negatives(settings, lookups, owners, vectors, *expansion) if expansion else None
     tables = [release_metadata(settings, spec, resample) for resample, spec in enumerate(specs)]
     writers = [
@@ -406,7 +417,20 @@ def row_lookups(job: stats_job.StatsJob) -> RowLookups:
 
 def shard_count(job: stats_job.StatsJob) -> int:
     """The release's item shards: the job's, or more when its rows need more reduce tasks' memory."""
-    return max(job.shards, -(-job.rows // ROWS_PER_PARTITION))
+    return shards_for(job.rows, job.shards)
+
+
+def read_shard(units: list[tuple[str, int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(users, items, labels) of the row groups `units`: one item shard's rows, as prepare() checked them."""
+    batches = [
+        batch
+        for file, group, _ in units
+        for batch in storage.iter_row_group(file, group, ["user_id", "item_id", "label"], READ_BATCH_ROWS)
+    ]
+    if not batches:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    rows = pa.Table.from_batches(batches)
+    return tuple(rows[name].to_numpy() for name in ("user_id", "item_id", "label"))
 
 
 def commit_written(job: stats_job.StatsJob, specs, written: list[dict]) -> dict:
@@ -434,14 +458,18 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     staged = job.staged_writes()
     settings = job.settings
     lookups = spark.sparkContext.broadcast(row_lookups(job))
-    needed = -(-job.rows // ROWS_PER_PARTITION)  # reduce tasks that memory asks for
+    embeddings, expansion = job_inputs(job)
+    forward_storage_settings(spark)
+    if job.unit_shards is not None and job.unit_shards[0] >= shard_count(job):
+        written = _by_declared_shards(job, spark, specs, staged, lookups, embeddings, expansion)
+        lookups.unpersist()
+        return commit_written(job, specs, [row.asDict() for row in written])
+    needed = shards_for(job.rows, 1)  # reduce tasks that memory asks for
     shards = shard_count(job)
     tasks = min(
         shards, max(needed, spark.sparkContext.defaultParallelism)
     )  # no more waves of reduce tasks than memory needs
     keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
-    embeddings, expansion = job_inputs(job)
-    forward_storage_settings(spark)
     units = job.units  # the row groups prepare() read the footers of
     read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
     blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(
@@ -466,3 +494,29 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     )
     lookups.unpersist()
     return commit_written(job, specs, [row.asDict() for row in written])
+
+
+def _by_declared_shards(job: stats_job.StatsJob, spark, specs, staged, lookups, embeddings, expansion) -> list:
+    """The reduce tasks alone, on interactions whose row groups each hold one item shard (checked by
+    `job.prepare()`): each task reads its shards' row groups, no map stage and no shuffle."""
+    shards, of_unit = job.unit_shards
+    units_of = [[unit for unit, shard in zip(job.units, of_unit, strict=True) if shard == k] for k in range(shards)]
+    tasks = min(shards, max(shards_for(job.rows, 1), spark.sparkContext.defaultParallelism))
+    settings = job.settings
+
+    def reduce(picked: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in picked:
+            for shard in batch.column("id").to_pylist():
+                yield from item_shard(
+                    settings,
+                    specs,
+                    staged,
+                    embeddings=embeddings,
+                    lookups=lookups.value,
+                    shards=shards,
+                    shard=shard,
+                    rows=read_shard(units_of[shard]),
+                    expansion=expansion,
+                )
+
+    return spark.range(0, shards, 1, tasks).mapInArrow(reduce, WRITTEN_DDL).collect()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,8 @@ import pyarrow as pa
 from pipelines.base import logs
 from pipelines.data.chunks import USERS_TOGETHER
 from pipelines.releases import release
-from privacy import accounting
+from pipelines.releases.stats_core import ITEM_SHARDS, shard_of
+from privacy import accounting, accumulator
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile
@@ -125,9 +127,21 @@ def dp_mean(
     }
 
 
+class CentredOutput(NamedTuple):
+    """Where an engine's `write_centred` puts `centred` rows: a table, the items it keeps (None:
+    all), and its parts' layout. `item_shards` S: each part's rows grouped by item shard
+    (stats_core.shard_of), a row group per shard, declared in the part's metadata
+    (stats_core.ITEM_SHARDS), so that the Spark stats job reads each shard's rows with no shuffle;
+    None: the input's order (engines that write one file keep that order either way)."""
+
+    path: str
+    keep_items: np.ndarray | None = None
+    item_shards: int | None = None
+
+
 def write_centred_parts(
     batches: Iterable[pa.RecordBatch],
-    outputs: list[tuple[storage.StagedWrite, np.ndarray | None]],
+    outputs: list[tuple[storage.StagedWrite, CentredOutput]],
     part: int,
     *,
     mean: float,
@@ -136,19 +150,28 @@ def write_centred_parts(
     users_together: bool = False,
 ) -> list[tuple[str, int] | None]:
     """`centred` rows of a stream of interaction batches, once, written as part `part` of each
-    output (a staged table and the items it keeps: `centred`'s `keep_items`) (an engine's task);
-    per output, (the part's file name, its rows), or None when no row is left. `users_together`:
-    the batches are one file's whole users in order, and so is each part (chunks.USERS_TOGETHER)."""
-    schema = INTERACTIONS.with_metadata(USERS_TOGETHER) if users_together else INTERACTIONS
+    output (a staged table and where it goes) (an engine's task); per output, (the part's file
+    name, its rows), or None when no row is left. `users_together`: the batches are one file's
+    whole users in order, and so is each part kept in that order (chunks.USERS_TOGETHER)."""
     writers, counts = [None] * len(outputs), [0] * len(outputs)
+    held: list[list[pa.Table]] = [[] for _ in outputs]  # the rows of outputs grouped by item shard, until the end
     for batch in batches:
         every = centred(pa.Table.from_batches([batch]).cast(INTERACTIONS), mean, protocol, None, confidence_alpha)
-        for k, (staged, keep_items) in enumerate(outputs):
-            table = kept(every, keep_items)
-            if table.num_rows:
-                writers[k] = writers[k] or staged.open_part(part, schema)
-                writers[k].write_table(table)
-                counts[k] += table.num_rows
+        for k, (staged, output) in enumerate(outputs):
+            table = kept(every, output.keep_items)
+            if not table.num_rows:
+                continue
+            counts[k] += table.num_rows
+            if output.item_shards:
+                held[k].append(table)
+                continue
+            schema = INTERACTIONS.with_metadata(USERS_TOGETHER) if users_together else INTERACTIONS
+            writers[k] = writers[k] or staged.open_part(part, schema)
+            writers[k].write_table(table)
+    for k, (staged, output) in enumerate(outputs):
+        if held[k]:
+            writers[k] = staged.open_part(part, INTERACTIONS.with_metadata({ITEM_SHARDS: b"%d" % output.item_shards}))
+            write_by_item_shard(writers[k], pa.concat_tables(held[k]), output.item_shards)
     for writer in writers:
         if writer is not None:
             writer.close()
@@ -156,3 +179,13 @@ def write_centred_parts(
         None if writer is None else (staged.part_name(part), count)
         for writer, (staged, _), count in zip(writers, outputs, counts, strict=True)
     ]
+
+
+def write_by_item_shard(writer, table: pa.Table, shards: int) -> None:
+    """The rows of `table` grouped by item shard (in their order within a shard), a row group per shard."""
+    shard = shard_of(table["item_id"].to_numpy(), shards)
+    order = accumulator.stable_order(shard)
+    cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+    table = table.take(order)
+    for k in np.flatnonzero(np.diff(cuts)):
+        writer.write_table(table.slice(cuts[k], cuts[k + 1] - cuts[k]))

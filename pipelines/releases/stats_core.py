@@ -24,6 +24,7 @@ from privacy import accumulator, quadratic
 from privacy.clipping import biased_row_clip, check_bound, clip_labels, row_scales
 from privacy.seeds import mix64
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
+from schemas import storage
 from schemas.arrays import matrix_to_list_column
 from schemas.errors import UserError
 from schemas.ids import IdIndex
@@ -33,6 +34,9 @@ UNITS = ("user", "example")
 LOSSES = ("square", *quadratic.LOSSES)
 # Noised statistics are incompressible and their min/max say nothing: Parquet writes them as they are
 STATS_PARQUET = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+CLIP_ROWS = 1 << 16  # users clipped at a time (`clipped_users`): temporaries of a few MiB
+ROWS_PER_SHARD = 2_000_000  # rows per item shard, at most on average: a reduce task's rows (24 bytes each) and sort
+ITEM_SHARDS = b"ssp.item_shards"  # a file's Parquet metadata: S, each of its row groups holds one item shard of S
 
 
 @dataclass(frozen=True)
@@ -178,12 +182,16 @@ def item_sums(
 
 def clipped_users(embeddings: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray | None]:
     """(each user's vector as the statistics read it, clipped to `noise_clips()[0]`; the users' biases,
-    which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`)."""
-    offsets = None
-    if settings.bias:
-        embeddings, offsets = biased_user_rows(embeddings, settings)
-    vectors = np.asarray(embeddings, dtype=np.float64)
-    return vectors * row_scales(vectors, settings.noise_clips()[0])[:, None], offsets
+    which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`).
+    Clipped CLIP_ROWS users at a time into the result, so that no full-size temporary is made."""
+    width = embeddings.shape[1] - (1 if settings.bias else 0)  # [u, 1, b_u] -> [Clip(u), c]
+    vectors, offsets = np.empty((len(embeddings), width)), np.empty(len(embeddings)) if settings.bias else None
+    for start in range(0, len(embeddings), CLIP_ROWS):
+        part = np.asarray(embeddings[start : start + CLIP_ROWS], dtype=np.float64)
+        if settings.bias:
+            part, offsets[start : start + CLIP_ROWS] = biased_user_rows(part, settings)
+        vectors[start : start + CLIP_ROWS] = part * row_scales(part, settings.noise_clips()[0])[:, None]
+    return vectors, offsets
 
 
 def row_weights(
@@ -234,6 +242,22 @@ class RowLookups:
         """(DP count of each row's item, normaliser of each row's user or None)."""
         counts = self.counts[self.catalog.positions(rated, "catalog item")]
         return counts, None if self.users is None else self.normalisers[self.users.positions(users, "user")]
+
+
+def shards_for(rows: int, shards: int) -> int:
+    """A release's item shards: `shards`, or more when `rows` need more reduce tasks' memory."""
+    return max(shards, -(-rows // ROWS_PER_SHARD))
+
+
+def declared_item_shards(path: str) -> int | None:
+    """S when every file of the table at `path` declares that each of its row groups holds the rows
+    of one item shard of S (ITEM_SHARDS, written by `mean.write_centred_parts`); else None. A
+    declaration is a claim: `StatsJob.prepare()` checks every row against it before any release."""
+    declared = {storage.file_metadata(file).get(ITEM_SHARDS) for file in storage.table_files(path)}
+    if len(declared) != 1 or None in declared:
+        return None
+    value = next(iter(declared))
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def shard_of(item_ids: np.ndarray, shards: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 `StatsJob.prepare()` runs on the driver before any engine work: it validates every input in one
 streamed pass (schemas, dimensions, every interaction's user has an embedding and its item is in
-the catalog and has a DP count, no duplicate (user, item) pair), digests the inputs, and makes the
+the catalog and has a DP count, no duplicate (user, item) pair, and a declared item-shard layout
+kept by every row: `ItemShardLayout`), digests the inputs, and makes the
 R releases of this step through the ledger (privacy budget) and the seed file (seed binding). The
 engine then computes the statistics and writes one part file per shard of each resample's table
 through `schemas.storage.StagedWrite`; `commit()` publishes the tables and the step summary.
@@ -35,7 +36,7 @@ import pyarrow as pa
 from pipelines.base import logs
 from pipelines.releases import release
 from pipelines.releases.pairs import PairKeys
-from pipelines.releases.stats_core import StatsSettings
+from pipelines.releases.stats_core import StatsSettings, declared_item_shards, shard_of
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
 from privacy.seeds import SeedFile
@@ -98,6 +99,9 @@ class StatsJob:
         default_factory=list
     )  # the interactions' (file, row group, rows), by prepare(): engines' work units
     normalisers: tuple[np.ndarray, np.ndarray] | None = None  # (user ids, sum of n^(2e) over each user's rows)
+    unit_shards: tuple[int, np.ndarray] | None = (
+        None  # by prepare(), when the files declare it and every row agrees: (S, each unit's item shard of S or -1)
+    )
     digests: dict[str, str] = field(default_factory=dict)  # content digests of the inputs, by prepare()
 
     def __post_init__(self):
@@ -204,6 +208,7 @@ class StatsJob:
             else None
         )  # the weights' per-user normalisers, for engines that group rows by item
         filled = 0
+        layout = ItemShardLayout.of(self.interactions, self.units, self.catalog)
 
         def checked_batches():
             nonlocal filled
@@ -223,6 +228,8 @@ class StatsJob:
                         f"user(s) of the interactions (e.g. {users[~known][0]})"
                     )
                 pairs.add(user_positions, item_positions)
+                if layout is not None:
+                    layout.check(item_positions, filled)
                 if normalisers is not None:
                     normalisers.add(
                         user_positions,
@@ -249,6 +256,7 @@ class StatsJob:
                 "each pair must appear once (its weight bounds the user's contribution)"
             )
         self.rows = filled
+        self.unit_shards = layout.result() if layout is not None else None
         if normalisers is not None and self.rows:
             self.normalisers = normalisers.result()
         digests = {
@@ -326,6 +334,42 @@ class StatsJob:
         }
         storage.write_json(summary, storage.join(self.out, RELEASE_SUMMARY))
         return summary
+
+
+class ItemShardLayout:
+    """The check of a table's declared layout (stats_core.ITEM_SHARDS: each row group one item shard
+    of S) against its rows, as prepare() reads them: kept only if every row agrees, so that an engine
+    may give each shard's row groups to a task as they are, with no shuffle."""
+
+    def __init__(self, shards: int, units: list[tuple[str, int, int]], catalog: np.ndarray):
+        self.shards = shards
+        self.ends = np.cumsum([rows for _, _, rows in units])  # each unit's end, in rows read
+        self.of_unit = np.full(len(units), -1)
+        self.catalog_shard = shard_of(catalog, shards)
+        self.agrees = True
+
+    @classmethod
+    def of(cls, path: str, units: list[tuple[str, int, int]], catalog: np.ndarray) -> ItemShardLayout | None:
+        shards = declared_item_shards(path)
+        return None if shards is None else cls(shards, units, catalog)
+
+    def check(self, item_positions: np.ndarray, start: int) -> None:
+        """The rows start, start + 1, ... (in `row_groups` order), by their items' catalog positions."""
+        shard = self.catalog_shard[item_positions]
+        first = int(np.searchsorted(self.ends, start, side="right"))
+        inside = self.ends[first : int(np.searchsorted(self.ends, start + shard.size, side="left"))] - start
+        for unit, part in enumerate(np.split(shard, inside), start=first):
+            if part.size:
+                low = part.min()
+                self.agrees &= bool(low == part.max() and self.of_unit[unit] in (-1, low))
+                self.of_unit[unit] = low
+
+    def result(self) -> tuple[int, np.ndarray] | None:
+        if not self.agrees:
+            logs.warn(
+                "the interactions' files declare item shards their rows do not keep: reading them through a shuffle"
+            )
+        return (self.shards, self.of_unit) if self.agrees else None
 
 
 JOB_FLAGS = (

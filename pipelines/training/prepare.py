@@ -27,10 +27,10 @@ from pipelines.base.lock import run_lock
 from pipelines.data import ingest, splits
 from pipelines.engines.engine import Engine
 from pipelines.engines.local import LocalEngine
-from pipelines.releases import item_gram, release
+from pipelines.releases import item_gram, release, stats_core
 from pipelines.releases.counts import dp_counts, dp_units
 from pipelines.releases.item_gram import dp_item_gram
-from pipelines.releases.mean import dp_mean
+from pipelines.releases.mean import CentredOutput, dp_mean
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import (
@@ -482,7 +482,7 @@ def prepare(
             counts["item_id"].to_numpy(), counts["count"].to_numpy(), config.train_item_fraction
         )
     alpha = confidence_alpha_of(config, data.manifest)
-    outputs = [(run.centred, keep_items)]  # the user update's rows
+    outputs = [CentredOutput(run.centred, keep_items)]  # the user update's rows
     if config.item_gram_share > 0:  # the item Gram first: it may settle the statistics' noise before their catalog
         engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
         outputs = []
@@ -493,7 +493,10 @@ def prepare(
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
-        outputs.append((run.stats_rows, covered))  # the stats job's rows
+        train_count = sum(rows for _, _, rows in storage.row_groups(train_rows))  # from the footers
+        outputs.append(
+            CentredOutput(run.stats_rows, covered, stats_core.shards_for(train_count, config.shards))
+        )  # the stats job's rows, by item shard
     if outputs:
         engine.write_centred(train_rows, outputs, mean, config.protocol, alpha)
     if (

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from pipelines import stats as stats_script  # the entry script
@@ -10,12 +11,14 @@ from pipelines.engines import spark_stats as stats
 from pipelines.engines.local import LocalEngine
 from pipelines.releases import stats_job
 from pipelines.releases.counts import dp_counts
+from pipelines.releases.mean import write_by_item_shard
 from pipelines.releases.release import PrivacySettings
-from pipelines.releases.stats_core import StatsSettings
+from pipelines.releases.stats_core import ITEM_SHARDS, StatsSettings
 from privacy.accumulator import unpack_upper
 from privacy.ledger import BudgetExceededError, Ledger
 from privacy.seeds import SeedFile, SeedReuseError
 from schemas import storage
+from schemas import tables as schemas
 from schemas.tables import stats_metadata, validate_stats
 from tests.pipelines.stats_inputs import expected_stats, registered, write_inputs
 
@@ -170,6 +173,71 @@ def test_budget_is_enforced_across_steps(spark, tmp_path):
         stats.run(make_job(paths, tmp_path / "s2", privacy, ledger_path=ledger, step=2), spark)
     assert not (tmp_path / "s2").exists() or not os.listdir(tmp_path / "s2")
     assert [row["name"] for row in Ledger.open(ledger).rows] == ["counts", "step-1/stats/r0"]
+
+
+def _write_by_item_shard(interactions, path, shards, declared, mixed=False):
+    """`interactions` as a table whose two files declare `declared` item shards and hold their rows
+    a row group per item shard of `shards` (the layout prepare writes: mean.write_by_item_shard);
+    `mixed`: one row group of the first file also holds a row of another shard."""
+    users, items, labels = (np.array(column) for column in zip(*interactions, strict=True))
+    table = pa.table(
+        {
+            "user_id": users,
+            "item_id": items,
+            "label": labels.astype(float),
+            "timestamp": np.zeros(users.size, np.int64),
+        },
+        schema=schemas.INTERACTIONS,
+    )
+    staged, names = storage.StagedWrite(path), []
+    for part, rows in enumerate((table.slice(0, table.num_rows // 2), table.slice(table.num_rows // 2))):
+        with staged.open_part(part, schemas.INTERACTIONS.with_metadata({ITEM_SHARDS: b"%d" % declared})) as writer:
+            if mixed and part == 0:
+                writer.write_table(rows.slice(0, 2))  # two rows whatever their shards
+                rows = rows.slice(2)
+            write_by_item_shard(writer, rows, shards)
+        names.append(staged.part_name(part))
+    staged.commit(names, table.num_rows)
+
+
+@pytest.mark.parametrize(
+    "shards, declared, mixed, straight",
+    [(4, 4, False, True), (4, 4, True, False), (2, 2, False, False), (4, 3, False, False)],
+)
+def test_declared_item_shards_skip_the_shuffle_and_give_the_same_bits(
+    spark, tmp_path, monkeypatch, shards, declared, mixed, straight
+):
+    # rows whose row groups each hold one item shard (as prepare writes the stats job's rows) go
+    # straight to the reduce tasks: the same statistics, bit for bit, as the shuffle gives the same
+    # rows in user order. A declaration the rows break (a mixed row group), or one of fewer shards
+    # than the job needs (2 < 4), or not the shard function's (3 declared, 4 written), is checked
+    # before the release and read through the shuffle instead
+    rng = np.random.default_rng(5)
+    catalog = list(range(100, 160))
+    pairs = sorted({(int(u), int(j)) for u, j in zip(rng.integers(0, 40, 400), rng.choice(catalog, 400), strict=True)})
+    interactions = [(u, j, float(rng.normal() * 2)) for u, j in pairs]
+    embeddings = {u: list(rng.normal(size=2)) for u in range(40)}
+    counts = {j: float(rng.integers(1, 30)) for j in catalog}
+    released, taken = {}, []
+    reduce_alone = stats._by_declared_shards
+    monkeypatch.setattr(stats, "_by_declared_shards", lambda *args: taken.append(1) or reduce_alone(*args))
+    for layout in ("by user", "by item shard"):
+        paths = write_inputs(tmp_path / layout, interactions, embeddings, counts, catalog)
+        if layout == "by item shard":
+            _write_by_item_shard(interactions, paths["interactions"], shards, declared, mixed)
+        seed = SeedFile.create(str(tmp_path / layout / "seed"), bytes(range(32))).path  # the same noise for both
+        job = make_job(paths, tmp_path / layout / "out", PrivacySettings(noise_multiplier=1.0), seed_file=seed)
+        stats.run(job, spark)
+        released[layout] = read_stats(str(tmp_path / layout / "out" / "resample-0.parquet"))
+        assert job.rows == len(interactions)
+    assert taken == ([1] if straight else [])
+    assert (job.unit_shards is None) == (mixed or declared != shards)  # the check before the release
+    if straight:
+        assert job.unit_shards[0] == 4 and set(job.unit_shards[1]) == {0, 1, 2, 3}
+    (items, a, b, _), (items_again, a_again, b_again, _) = released.values()
+    assert items == items_again == catalog
+    np.testing.assert_array_equal(a, a_again)
+    np.testing.assert_array_equal(b, b_again)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +120,27 @@ def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(
     np.testing.assert_array_equal(got[0], want[0])
     for g, w in zip(got[1:], want[1:], strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", [0.0, 1.5])
+def test_clipped_users_in_pieces_equal_the_whole_clip_bit_for_bit(monkeypatch, bias):
+    # users are clipped a piece at a time (no full-size temporaries); each row's arithmetic is the
+    # clip of the whole array's, so the bits are the same, and every norm is within the bound
+    from pipelines.releases import stats_core
+    from privacy.clipping import row_scales
+
+    settings_ = stats_core.StatsSettings(4, clip_u=0.9, clip_y=2.0, bias=bias)
+    vectors = np.random.default_rng(3).normal(size=(1001, settings_.user_dim)) * 2
+    embeddings, offsets = (
+        stats_core.biased_user_rows(vectors, settings_) if bias else (vectors, None)
+    )  # the whole array at once
+    whole = embeddings * row_scales(embeddings, settings_.noise_clips()[0])[:, None]
+    monkeypatch.setattr(stats_core, "CLIP_ROWS", 64)
+    pieces, piece_offsets = stats_core.clipped_users(vectors, settings_)
+    np.testing.assert_array_equal(pieces, whole)
+    assert np.all(np.linalg.norm(pieces, axis=1) <= settings_.noise_clips()[0] * (1 + 1e-12))
+    if bias:
+        np.testing.assert_array_equal(piece_offsets, offsets)
+        assert pieces.shape == (1001, settings_.user_dim - 1)
+    else:
+        assert piece_offsets is None and pieces.shape == vectors.shape

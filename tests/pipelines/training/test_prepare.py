@@ -15,7 +15,7 @@ from pipelines.data.synth import generate
 from pipelines.engines.local import LocalEngine
 from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.engines.prepare_spark import SparkEngine
-from pipelines.releases import counts, mean
+from pipelines.releases import counts, mean, stats_core
 from pipelines.releases.item_gram import item_gram_sums
 from pipelines.training import prepare, run_dir, settings
 from privacy.accumulator import unpack_upper
@@ -67,6 +67,19 @@ def _assert_whole_users_in_order(path):
         seen |= set(users.tolist())
 
 
+def _assert_one_item_shard_per_row_group(path, shards):
+    """The table declares stats_core.ITEM_SHARDS, and rightly: every row group's items are of one
+    shard, and a file's rows keep the input's order within a shard (here: by user)."""
+    assert stats_core.declared_item_shards(path) == shards and not users_together(path)
+    for file, group, rows in storage.row_groups(path):
+        table = pa.Table.from_batches(list(storage.iter_row_group(file, group)))
+        assert (
+            table.num_rows == rows > 0 and np.unique(stats_core.shard_of(table["item_id"].to_numpy(), shards)).size == 1
+        )
+        users = table["user_id"].to_numpy()
+        assert np.all(users[1:] >= users[:-1])
+
+
 @pytest.mark.parametrize("protocol, holdout", [("rmse", 0.2), ("recall", 0.2), ("recall", 0.0)])
 def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protocol, holdout):
     data = _dataset(tmp_path / "data", _ratings_with_repeats())
@@ -86,12 +99,18 @@ def test_the_split_on_an_engine_is_the_in_process_split(engine, tmp_path, protoc
     centred = str(
         tmp_path / engine.name / "centred.parquet"
     )  # written a part per file of the split's train: whole users in order too
-    engine.write_centred(str(tmp_path / engine.name / "train.parquet"), [(centred, None)], 3.0, protocol)
+    by_shard = str(tmp_path / engine.name / "by-shard.parquet")  # the stats job's rows: a row group per item shard
+    engine.write_centred(
+        str(tmp_path / engine.name / "train.parquet"),
+        [mean.CentredOutput(centred), mean.CentredOutput(by_shard, item_shards=3)],
+        3.0,
+        protocol,
+    )
     if engine.name != "local":
         _assert_whole_users_in_order(centred)
-    assert _rows(storage.read_table(centred)) == _rows(
-        mean.centred(storage.read_table(str(tmp_path / "local" / "train.parquet")), 3.0, protocol, None)
-    )
+        _assert_one_item_shard_per_row_group(by_shard, 3)
+    expected = _rows(mean.centred(storage.read_table(str(tmp_path / "local" / "train.parquet")), 3.0, protocol, None))
+    assert _rows(storage.read_table(centred)) == _rows(storage.read_table(by_shard)) == expected
     assert local["sizes"]["train"]["rows"] > 0 and (
         holdout == 0 or local["sizes"][splits.RATING_PARTS[1] if protocol == "rmse" else "test_targets"]["rows"] > 0
     )
