@@ -208,10 +208,11 @@ def test_declared_item_shards_skip_the_shuffle_and_give_the_same_bits(
     spark, tmp_path, monkeypatch, shards, declared, mixed, straight
 ):
     # rows whose row groups each hold one item shard (as prepare writes the stats job's rows) go
-    # straight to the reduce tasks: the same statistics, bit for bit, as the shuffle gives the same
-    # rows in user order. A declaration the rows break (a mixed row group), or one of fewer shards
-    # than the job needs (2 < 4), or not the shard function's (3 declared, 4 written), is checked
-    # before the release and read through the shuffle instead
+    # straight to the reduce tasks: the same statistics, bit for bit, as the shuffle gives of the
+    # same table, and as the same rows in user order give up to the users' normalisers' order of
+    # addition. A declaration the rows break (a mixed row group), or one of fewer shards than the
+    # job needs (2 < 4), or not the shard function's (3 declared, 4 written), is checked before the
+    # release and read through the shuffle instead
     rng = np.random.default_rng(5)
     catalog = list(range(100, 160))
     pairs = sorted({(int(u), int(j)) for u, j in zip(rng.integers(0, 40, 400), rng.choice(catalog, 400), strict=True)})
@@ -219,25 +220,33 @@ def test_declared_item_shards_skip_the_shuffle_and_give_the_same_bits(
     embeddings = {u: list(rng.normal(size=2)) for u in range(40)}
     counts = {j: float(rng.integers(1, 30)) for j in catalog}
     released, taken = {}, []
-    reduce_alone = stats._by_declared_shards
+    reduce_alone, layout_of = stats._by_declared_shards, stats_job.ItemShardLayout.of
     monkeypatch.setattr(stats, "_by_declared_shards", lambda *args: taken.append(1) or reduce_alone(*args))
-    for layout in ("by user", "by item shard"):
-        paths = write_inputs(tmp_path / layout, interactions, embeddings, counts, catalog)
-        if layout == "by item shard":
+    for run in ("by user", "by item shard", "by item shard, shuffled"):
+        paths = write_inputs(tmp_path / run, interactions, embeddings, counts, catalog)
+        if run != "by user":
             _write_by_item_shard(interactions, paths["interactions"], shards, declared, mixed)
-        seed = SeedFile.create(str(tmp_path / layout / "seed"), bytes(range(32))).path  # the same noise for both
-        job = make_job(paths, tmp_path / layout / "out", PrivacySettings(noise_multiplier=1.0), seed_file=seed)
+        monkeypatch.setattr(  # the last run's job ignores the declaration
+            stats_job.ItemShardLayout, "of", (lambda *args: None) if run.endswith("shuffled") else layout_of
+        )
+        seed = SeedFile.create(str(tmp_path / run / "seed"), bytes(range(32))).path  # the same noise for all
+        job = make_job(paths, tmp_path / run / "out", PrivacySettings(noise_multiplier=1.0), seed_file=seed)
         stats.run(job, spark)
-        released[layout] = read_stats(str(tmp_path / layout / "out" / "resample-0.parquet"))
+        released[run] = read_stats(str(tmp_path / run / "out" / "resample-0.parquet"))
         assert job.rows == len(interactions)
+        if run == "by item shard":
+            assert (job.unit_shards is None) == (mixed or declared != shards)  # the check before the release
+            if straight:
+                assert job.unit_shards[0] == 4 and set(job.unit_shards[1]) == {0, 1, 2, 3}
     assert taken == ([1] if straight else [])
-    assert (job.unit_shards is None) == (mixed or declared != shards)  # the check before the release
-    if straight:
-        assert job.unit_shards[0] == 4 and set(job.unit_shards[1]) == {0, 1, 2, 3}
-    (items, a, b, _), (items_again, a_again, b_again, _) = released.values()
-    assert items == items_again == catalog
-    np.testing.assert_array_equal(a, a_again)
-    np.testing.assert_array_equal(b, b_again)
+    (items, a, b, _), (items_direct, a_direct, b_direct, _), (items_shuffled, a_shuffled, b_shuffled, _) = (
+        released.values()
+    )
+    assert items == items_direct == items_shuffled == catalog
+    np.testing.assert_array_equal(a_direct, a_shuffled)
+    np.testing.assert_array_equal(b_direct, b_shuffled)
+    np.testing.assert_allclose(a_direct, a, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(b_direct, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -28,15 +28,18 @@ def brute_force(user_at: np.ndarray, item_at: np.ndarray) -> tuple[int, tuple[in
     st.integers(1, 30),
     st.integers(1, 64),
     st.integers(1, 50),
-    st.booleans(),
+    st.sampled_from(("any", "by user and item", "runs by user")),
     st.integers(0, 2**32 - 1),
 )
-def test_the_count_and_the_smallest_repeat_whatever_the_buckets(rows, users, items, bucket_keys, batch, ordered, seed):
+def test_the_count_and_the_smallest_repeat_whatever_the_buckets(rows, users, items, bucket_keys, batch, order, seed):
     rng = np.random.default_rng(seed)
     user_at, item_at = rng.integers(0, users, rows, dtype=np.int32), rng.integers(0, items, rows, dtype=np.int32)
-    if ordered:  # a run's rows: sorted by user and item
-        order = np.lexsort((item_at, user_at))
-        user_at, item_at = user_at[order], item_at[order]
+    if order == "by user and item":  # a run's centred rows
+        by = np.lexsort((item_at, user_at))
+        user_at, item_at = user_at[by], item_at[by]
+    if order == "runs by user":  # the stats rows: each item shard's rows by user (mean.write_by_item_shard)
+        by = np.lexsort((user_at, item_at % 3))
+        user_at, item_at = user_at[by], item_at[by]
     whole, pairs.BUCKET_KEYS = pairs.BUCKET_KEYS, bucket_keys
     try:
         with PairKeys(rows, users, items) as keys:
