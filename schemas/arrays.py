@@ -16,11 +16,13 @@ import pyarrow.compute as pc
 from schemas.errors import UserError
 
 
-def list_column_to_matrix(column: pa.Array | pa.ChunkedArray, width: int, what: str) -> np.ndarray:
-    """A list<double> column whose lists all have `width` entries, as an (n, width) float64 array:
-    one copy, filled chunk by chunk (a users' table at 10^7 rows is gigabytes)."""
+def list_column_to_matrix(
+    column: pa.Array | pa.ChunkedArray, width: int, what: str, out: np.ndarray | None = None
+) -> np.ndarray:
+    """A list<double> column whose lists all have `width` entries, as an (n, width) float64 array
+    (`out` when given): one copy, filled chunk by chunk (a users' table at 10^7 rows is gigabytes)."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    matrix = np.empty((len(column), width), dtype=np.float64)
+    matrix = np.empty((len(column), width), dtype=np.float64) if out is None else out
     start = 0
     for chunk in chunks:
         lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False)
@@ -45,7 +47,7 @@ def vectors_of_batches(
         if at + batch.num_rows > rows:
             raise UserError(f"{what}s: more rows than the files' footers declare ({rows})")
         ids[at : at + batch.num_rows] = batch.column(id_column).to_numpy()
-        vectors[at : at + batch.num_rows] = list_column_to_matrix(batch.column("embedding"), width, what)
+        list_column_to_matrix(batch.column("embedding"), width, what, out=vectors[at : at + batch.num_rows])
         at += batch.num_rows
     if at != rows:
         raise UserError(f"{what}s: {at} rows read where the files' footers declare {rows}")

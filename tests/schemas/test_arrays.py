@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas.arrays import list_column_to_matrix, matrix_to_list_column
+from schemas.arrays import list_column_to_matrix, matrix_to_list_column, vectors_of_batches
 
 
 def test_round_trips_are_exact():
@@ -34,3 +34,17 @@ def test_a_chunked_column_fills_one_matrix_and_names_rows_across_chunks():
     with pytest.raises(ValueError, match="embedding of row 1 has 1 entries, expected 2"):
         list_column_to_matrix(floats, 2, "embedding")
     np.testing.assert_array_equal(list_column_to_matrix(floats.chunk(0), 2, "v"), [[1.5, 2.5]])
+
+
+def test_vectors_of_batches_fill_arrays_sized_from_the_footers_and_refuse_other_counts():
+    batches = [
+        pa.record_batch({"user_id": [5, 3], "embedding": matrix_to_list_column(np.array([[1.0, 2.0], [3.0, 4.0]]))}),
+        pa.record_batch({"user_id": [9], "embedding": matrix_to_list_column(np.array([[5.0, 6.0]]))}),
+    ]
+    ids, vectors = vectors_of_batches(batches, 3, "user_id", 2, "user embedding")
+    np.testing.assert_array_equal(ids, [5, 3, 9])
+    np.testing.assert_array_equal(vectors, [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    with pytest.raises(ValueError, match="more rows than the files' footers declare"):
+        vectors_of_batches(batches, 2, "user_id", 2, "user embedding")
+    with pytest.raises(ValueError, match="3 rows read where the files' footers declare 4"):
+        vectors_of_batches(batches, 4, "user_id", 2, "user embedding")
