@@ -5,24 +5,22 @@ Map side: each task reads row groups of the interactions (schemas.storage, so lo
 gs:// alike) and packs their narrow rows (user, item, label) into one binary block per item shard
 (stats_core.shard_of, a fixed hash); the task reading the first row group also declares every
 shard with an empty block, so a shard without rows still gets its task. Spark shuffles the blocks
-(a few records per task and shard, not one per row: the JVM never touches a row) to the reduce
-tasks: one per shard, or fewer when the shards outnumber the cores (`partition_keys`; a task then
-works through its shards one after another). Reduce side: each task holds complete items: it looks up
-its rows' DP counts and, at user level, their users' weight normalisers (sums over all of a
-user's rows, computed by `StatsJob.prepare()` with `privacy.weights`) in a broadcast, turns the
+(a few records per task and shard: the JVM never touches a row) to the reduce tasks: one per
+shard, or fewer when the shards outnumber the cores (`partition_keys`: a task then takes several).
+Reduce side: each task holds complete items: it looks up its rows' DP counts and, at user level,
+their users' weight normalisers (sums over all of a user's rows, computed by `StatsJob.prepare()`
+with `privacy.weights`) in a broadcast, turns the
 rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
 the noise once to every item of the shard (rows or not) and writes its part of each resample's
 stats table, a row group at a time; the driver commits them. Shuffle volume is O(rows) x 24 bytes.
-The user embeddings (users x d, which bounds a task's memory) are read once per Python worker and
-release: Spark reuses workers across tasks.
+A Python worker keeps the release's clipped user vectors (users x d) for its next tasks.
 
-Rows that already lie by item shard (prepare writes the stats job's rows a row group per shard,
-stats_core.ITEM_SHARDS, and `StatsJob.prepare()` checked every row against that before the
-release) skip the map side and the shuffle: each reduce task reads its shards' row groups itself
-(`_by_declared_shards`), and sums them the same way, so the bits are the same.
+Rows already a row group per item shard (prepare's, stats_core.ITEM_SHARDS, checked row by row
+by `StatsJob.prepare()`) skip the map side and the shuffle: each reduce task reads its shards' row
+groups (`_by_declared_shards`) and sums them alike, to the same bits.
 
-Privacy: the same as pipelines.releases.stats_job / privacy.accumulator: the noise is added after the sums
-are complete, to every catalog item, keyed by the release index the ledger gave.
+Privacy: as pipelines.releases.stats_job / privacy.accumulator: the noise is added once the sums
+are complete, to every catalog item, keyed by the ledger's release index.
 """
 
 from __future__ import annotations
