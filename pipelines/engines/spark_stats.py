@@ -17,7 +17,7 @@ A Python worker keeps the release's clipped user vectors (users x d) for its nex
 
 Rows already a row group per item shard (prepare's, stats_core.ITEM_SHARDS, checked row by row
 by `StatsJob.prepare()`) skip the map side and the shuffle: each reduce task reads its shards' row
-groups (`_by_declared_shards`) and sums them alike, to the same bits.
+groups (`run`) and sums them alike, to the same bits.
 
 Privacy: as pipelines.releases.stats_job / privacy.accumulator: the noise is added once the sums
 are complete, to every catalog item, keyed by the ledger's release index.
@@ -26,7 +26,7 @@ are complete, to every catalog item, keyed by the ledger's release index.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -145,34 +145,16 @@ def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) 
 
 
 def item_shards(
-    settings,
-    specs,
-    staged,
-    *,
-    embeddings: tuple[str, str],
-    lookups: RowLookups,
-    shards: int,
-    batches: Iterator[pa.RecordBatch],
-    expansion: tuple[str, str] | None = None,
+    batches: Iterator[pa.RecordBatch], reduce_shard: Callable[[int, tuple], Iterator[pa.RecordBatch]]
 ) -> Iterator[pa.RecordBatch]:
     """Reduce side: the blocks of one or more item shards (each with its declaration, so that a
-    shard with no rows arrives too) -> each shard's noised statistics, written as its part of each table."""
+    shard with no rows arrives too) -> `reduce_shard(shard, rows)` of each (`item_shard`)."""
     received: dict[int, list[bytes]] = {}
     for batch in batches:
         for shard, block in zip(batch.column("shard").to_pylist(), batch.column("block").to_pylist(), strict=True):
             received.setdefault(shard, []).append(block)
     for shard in sorted(received):
-        yield from item_shard(
-            settings,
-            specs,
-            staged,
-            embeddings=embeddings,
-            lookups=lookups,
-            shards=shards,
-            shard=shard,
-            rows=decode_rows(received[shard]),
-            expansion=expansion,
-        )
+        yield from reduce_shard(shard, decode_rows(received[shard]))
 
 
 def item_shard(
@@ -458,63 +440,48 @@ def run(job: stats_job.StatsJob, spark) -> dict:
     lookups = spark.sparkContext.broadcast(row_lookups(job))
     embeddings, expansion = job_inputs(job)
     forward_storage_settings(spark)
-    if job.unit_shards is not None and job.unit_shards[0] >= shard_count(job):
-        written = _by_declared_shards(job, spark, specs, staged, lookups, embeddings, expansion)
-        lookups.unpersist()
-        return commit_written(job, specs, [row.asDict() for row in written])
-    needed = shards_for(job.rows, 1)  # reduce tasks that memory asks for
-    shards = shard_count(job)
+    declared = job.unit_shards is not None and job.unit_shards[0] >= shard_count(job)
+    shards = job.unit_shards[0] if declared else shard_count(job)
+
+    def reduce_shard(shard: int, rows: tuple) -> Iterator[pa.RecordBatch]:
+        return item_shard(
+            settings,
+            specs,
+            staged,
+            embeddings=embeddings,
+            lookups=lookups.value,
+            shards=shards,
+            shard=shard,
+            rows=rows,
+            expansion=expansion,
+        )
+
     tasks = min(
-        shards, max(needed, spark.sparkContext.defaultParallelism)
+        shards, max(shards_for(job.rows, 1), spark.sparkContext.defaultParallelism)
     )  # no more waves of reduce tasks than memory needs
-    keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
-    units = job.units  # the row groups prepare() read the footers of
-    read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
-    blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(
-        lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL
-    )
-    written = (
-        blocks.repartition(tasks, "key")
-        .mapInArrow(
-            lambda batches: item_shards(
-                settings,
-                specs,
-                staged,
-                embeddings=embeddings,
-                lookups=lookups.value,
-                shards=shards,
-                batches=batches,
-                expansion=expansion,
+    if declared:  # each reduce task reads its shards' row groups: no map side, no shuffle
+        units_of = [
+            [unit for unit, at in zip(job.units, job.unit_shards[1], strict=True) if at == k] for k in range(shards)
+        ]
+        written = spark.range(0, shards, 1, tasks).mapInArrow(
+            lambda picked: (
+                record
+                for batch in picked
+                for shard in batch.column("id").to_pylist()
+                for record in reduce_shard(shard, read_shard(units_of[shard]))
             ),
             WRITTEN_DDL,
         )
-        .collect()
-    )
+    else:
+        keys = partition_keys(tasks)[np.arange(shards) % tasks]  # shard k goes to task k mod tasks
+        units = job.units  # the row groups prepare() read the footers of
+        read_tasks = max(1, min(len(units), READ_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
+        blocks = spark.range(0, max(1, len(units)), 1, read_tasks).mapInArrow(
+            lambda picked: read_and_pack(units, picked, shards, keys), BLOCK_SCHEMA_DDL
+        )
+        written = blocks.repartition(tasks, "key").mapInArrow(
+            lambda batches: item_shards(batches, reduce_shard), WRITTEN_DDL
+        )
+    records = written.collect()
     lookups.unpersist()
-    return commit_written(job, specs, [row.asDict() for row in written])
-
-
-def _by_declared_shards(job: stats_job.StatsJob, spark, specs, staged, lookups, embeddings, expansion) -> list:
-    """The reduce tasks alone, on interactions whose row groups each hold one item shard (checked by
-    `job.prepare()`): each task reads its shards' row groups, no map stage and no shuffle."""
-    shards, of_unit = job.unit_shards
-    units_of = [[unit for unit, shard in zip(job.units, of_unit, strict=True) if shard == k] for k in range(shards)]
-    tasks = min(shards, max(shards_for(job.rows, 1), spark.sparkContext.defaultParallelism))
-    settings = job.settings
-
-    def reduce(picked: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in picked:
-            for shard in batch.column("id").to_pylist():
-                yield from item_shard(
-                    settings,
-                    specs,
-                    staged,
-                    embeddings=embeddings,
-                    lookups=lookups.value,
-                    shards=shards,
-                    shard=shard,
-                    rows=read_shard(units_of[shard]),
-                    expansion=expansion,
-                )
-
-    return spark.range(0, shards, 1, tasks).mapInArrow(reduce, WRITTEN_DDL).collect()
+    return commit_written(job, specs, [row.asDict() for row in records])

@@ -28,6 +28,7 @@ import pytest
 
 from pipelines.engines import shipping
 from pipelines.engines.prepare_spark import SparkEngine
+from pipelines.releases.stats_core import declared_item_shards
 from pipelines.training import user_stage
 from pipelines.training.prepare import prepare, run_directory
 from pipelines.training.run_dir import Run
@@ -80,12 +81,14 @@ def shipment(shipment_built) -> shipping.Shipment:
 
 @pytest.fixture(scope="module")
 def runs(small_data, spark, tmp_path_factory, module_budget_account_registry):
-    """A prepared run (`prepared`), its step-1 user embeddings from a local-mode Spark (`users`: a
-    copy of the run then), and that copy's step-1 statistics released in local mode (`local`)."""
+    """A run prepared on a local-mode Spark (`prepared`: its stats rows a row group per item shard,
+    as a large log's are), its step-1 user embeddings (`users`: a copy of the run then), and that
+    copy's step-1 statistics released in local mode (`local`)."""
     folder = tmp_path_factory.mktemp("cluster-runs")
     config = TrainConfig.create(data=small_data, out=str(folder / "prepared"), epsilon=8.0, outer_steps=2)
     with run_directory(config):
-        prepare(config, progress=False)
+        prepare(config, progress=False, engine=SparkEngine(spark), local_rows=0)
+    assert declared_item_shards(Run(str(folder / "prepared")).stats_rows) == config.shards
     shutil.copytree(folder / "prepared", folder / "local")
     user_stage.run_step(SparkEngine(spark), str(folder / "local"), 1)
     shutil.copytree(folder / "local", folder / "users")
@@ -188,20 +191,20 @@ def test_the_executor_environment_holds_only_what_the_tasks_import(shipment):
 
 GATE_WRAPPER = textwrap.dedent('''
     """Runs the stats entry script in the working folder (spark-submit's script, as copied there) with
-    its release's first item task held at a gate until it is killed."""
+    its release's first item shard held at a gate in its reduce task until it is killed."""
     import os, runpy, time
     from pipelines.engines import spark_stats  # from the shipped project zip (--py-files)
 
     GATE = os.environ["SSP_TEST_GATE"]
 
-    item_shards = spark_stats.item_shards
+    item_shard = spark_stats.item_shard
 
     def gated(*args, **kwargs):
         """The first task to claim the gate writes its Python worker's pid and waits to be killed."""
         try:
             claim = os.open(os.path.join(GATE, "claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            yield from item_shards(*args, **kwargs)
+            yield from item_shard(*args, **kwargs)
             return
         os.write(claim, str(os.getpid()).encode())
         os.close(claim)
@@ -210,9 +213,9 @@ GATE_WRAPPER = textwrap.dedent('''
             if time.monotonic() > deadline:
                 raise RuntimeError("the test never killed the gated task")
             time.sleep(0.05)
-        yield from item_shards(*args, **kwargs)
+        yield from item_shard(*args, **kwargs)
 
-    spark_stats.item_shards = gated  # pickled by value with the job's reduce function, which looks it up by name
+    spark_stats.item_shard = gated  # pickled by value with the job's reduce function, which looks it up by name
     runpy.run_path("stats.py", run_name="__main__")  # the script as spark-submit runs it; it exits with its status
 ''')
 

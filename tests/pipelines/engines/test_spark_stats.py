@@ -219,9 +219,9 @@ def test_declared_item_shards_skip_the_shuffle_and_give_the_same_bits(
     interactions = [(u, j, float(rng.normal() * 2)) for u, j in pairs]
     embeddings = {u: list(rng.normal(size=2)) for u in range(40)}
     counts = {j: float(rng.integers(1, 30)) for j in catalog}
-    released, taken = {}, []
-    reduce_alone, layout_of = stats._by_declared_shards, stats_job.ItemShardLayout.of
-    monkeypatch.setattr(stats, "_by_declared_shards", lambda *args: taken.append(1) or reduce_alone(*args))
+    released, shuffled = {}, []
+    keys_of, layout_of = stats.partition_keys, stats_job.ItemShardLayout.of
+    monkeypatch.setattr(stats, "partition_keys", lambda n: shuffled.append(n) or keys_of(n))  # the shuffle's plan
     for run in ("by user", "by item shard", "by item shard, shuffled"):
         paths = write_inputs(tmp_path / run, interactions, embeddings, counts, catalog)
         if run != "by user":
@@ -238,7 +238,9 @@ def test_declared_item_shards_skip_the_shuffle_and_give_the_same_bits(
             assert (job.unit_shards is None) == (mixed or declared != shards)  # the check before the release
             if straight:
                 assert job.unit_shards[0] == 4 and set(job.unit_shards[1]) == {0, 1, 2, 3}
-    assert taken == ([1] if straight else [])
+    assert len(shuffled) == (
+        2 if straight else 3
+    )  # "by user" and the forced shuffle always, by item shard if not straight
     (items, a, b, _), (items_direct, a_direct, b_direct, _), (items_shuffled, a_shuffled, b_shuffled, _) = (
         released.values()
     )
