@@ -102,14 +102,7 @@ class LocalEngine:
         lookups = spark_stats.row_lookups(job)
         shards = spark_stats.shard_count(job)
         embeddings, expansion = spark_stats.job_inputs(job)
-        columns = ["user_id", "item_id", "label"]
-        batches = [
-            batch
-            for file, group, _ in job.units
-            for batch in storage.iter_row_group(file, group, columns, spark_stats.READ_BATCH_ROWS)
-        ]
-        rows = pa.Table.from_batches(batches, pa.schema([INTERACTIONS.field(name) for name in columns]))
-        users, rated, labels = (rows[name].to_numpy() for name in columns)
+        users, rated, labels = spark_stats.read_shard(job.units)  # every row: one shard's reader reads them all
         shard = shard_of(rated, shards)
         written = []
         for k in range(shards):

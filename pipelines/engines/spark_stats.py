@@ -37,6 +37,7 @@ from pipelines.releases import stats_job
 from pipelines.releases.stats_core import (
     STATS_PARQUET,
     RowLookups,
+    by_shard,
     clipped_users,
     item_sums,
     item_user_order,
@@ -130,9 +131,7 @@ def pack_rows(batches: Iterator[pa.RecordBatch], shards: int, keys: np.ndarray) 
         if not batch.num_rows:
             continue
         users, rated, labels = (batch.column(name).to_numpy() for name in ("user_id", "item_id", "label"))
-        shard = shard_of(rated, shards)
-        order = accumulator.stable_argsort(shard)
-        cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+        order, cuts = by_shard(rated, shards)
         present = np.flatnonzero(np.diff(cuts))
         blocks = [
             encode_rows(users[rows], rated[rows], labels[rows])

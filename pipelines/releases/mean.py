@@ -24,8 +24,8 @@ import pyarrow as pa
 from pipelines.base import logs
 from pipelines.data.chunks import USERS_TOGETHER
 from pipelines.releases import release
-from pipelines.releases.stats_core import ITEM_SHARDS, shard_of
-from privacy import accounting, accumulator
+from pipelines.releases.stats_core import ITEM_SHARDS, by_shard
+from privacy import accounting
 from privacy.ledger import Ledger
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import SeedFile
@@ -153,6 +153,7 @@ def write_centred_parts(
     output (a staged table and where it goes) (an engine's task); per output, (the part's file
     name, its rows), or None when no row is left. `users_together`: the batches are one file's
     whole users in order, and so is each part kept in that order (chunks.USERS_TOGETHER)."""
+    schema = INTERACTIONS.with_metadata(USERS_TOGETHER) if users_together else INTERACTIONS
     writers, counts = [None] * len(outputs), [0] * len(outputs)
     held: list[list[pa.Table]] = [[] for _ in outputs]  # the rows of outputs grouped by item shard, until the end
     for batch in batches:
@@ -165,7 +166,6 @@ def write_centred_parts(
             if output.item_shards:
                 held[k].append(table)
                 continue
-            schema = INTERACTIONS.with_metadata(USERS_TOGETHER) if users_together else INTERACTIONS
             writers[k] = writers[k] or staged.open_part(part, schema)
             writers[k].write_table(table)
     for k, (staged, output) in enumerate(outputs):
@@ -183,9 +183,7 @@ def write_centred_parts(
 
 def write_by_item_shard(writer, table: pa.Table, shards: int) -> None:
     """The rows of `table` grouped by item shard (in their order within a shard), a row group per shard."""
-    shard = shard_of(table["item_id"].to_numpy(), shards)
-    order = accumulator.stable_order(shard)
-    cuts = np.searchsorted(shard[order], np.arange(shards + 1))
+    order, cuts = by_shard(table["item_id"].to_numpy(), shards)
     table = table.take(order)
     for k in np.flatnonzero(np.diff(cuts)):
         writer.write_table(table.slice(cuts[k], cuts[k + 1] - cuts[k]))

@@ -260,6 +260,14 @@ def declared_item_shards(path: str) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def by_shard(item_ids: np.ndarray, shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows' order grouped by item shard, each keeping the rows' order; cuts: shard k's rows
+    are order[cuts[k] : cuts[k + 1]])."""
+    shard = shard_of(item_ids, shards)
+    order = accumulator.stable_order(shard)
+    return order, np.searchsorted(shard[order], np.arange(shards + 1))
+
+
 def shard_of(item_ids: np.ndarray, shards: int) -> np.ndarray:
     """The item shard (0..shards-1) of each item id: a fixed hash, the same on every worker and run."""
     hashed = mix64(np.asarray(item_ids, dtype=np.int64).view(np.uint64))
