@@ -54,6 +54,7 @@ import numpy as np
 
 from schemas.errors import UserError
 from trainer.metrics import RANKING, ranking_metrics
+from trainer.solve import batched_solve
 
 try:  # BLAS threads only slow down thousands of tiny solves, badly so on a shared machine
     from threadpoolctl import threadpool_limits
@@ -290,7 +291,7 @@ class _Segments:
 def _solve(a: np.ndarray, b: np.ndarray, ridge: np.ndarray) -> np.ndarray:
     """Batched (a_s + ridge_s I)^-1 b_s."""
     d = a.shape[-1]
-    return np.linalg.solve(a + ridge[:, None, None] * np.eye(d), b[..., None])[..., 0]
+    return batched_solve(a + ridge[:, None, None] * np.eye(d), b)
 
 
 def _rmse(prediction: np.ndarray, truth: np.ndarray) -> float:

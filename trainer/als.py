@@ -22,6 +22,7 @@ from schemas import storage
 from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from trainer.features import FeatureSpace
+from trainer.solve import batched_solve
 from trainer.ssp import check_stats, diagonals
 
 
@@ -76,5 +77,5 @@ def solve_items(
         batch_size=batch_size,
         gravity=gravity,
     ):
-        vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
+        vectors[positions] = batched_solve(gram, b)
     return vectors

@@ -28,6 +28,7 @@ from schemas.arrays import list_column_to_matrix
 from schemas.errors import UserError
 from trainer.als import item_systems
 from trainer.features import FeatureSpace, feature_matrix
+from trainer.solve import batched_solve
 from trainer.ssp import check_stats, diagonals
 
 
@@ -182,7 +183,7 @@ def _item_pass(
         if use_features:
             gram = gram + shared
             b = b + pulled[positions]
-        vectors[positions] = np.linalg.solve(gram, b[..., None])[..., 0]
+        vectors[positions] = batched_solve(gram, b)
         seen[positions] = True
     if use_features:
         missing = np.flatnonzero(~seen)
@@ -190,5 +191,5 @@ def _item_pass(
             positions = missing[start : start + batch_size]
             scale = ridge_scale[positions] if ridge_scale is not None else np.ones(positions.size)
             gram = diagonals(ridge * scale, dim) + (gravity if gravity is not None else 0.0) + shared
-            vectors[positions] = np.linalg.solve(gram, pulled[positions][..., None])[..., 0]
+            vectors[positions] = batched_solve(gram, pulled[positions])
     return vectors

@@ -11,9 +11,19 @@ Privacy: the user update uses a user's own rows and released item embeddings onl
 from __future__ import annotations
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from privacy.accumulator import stable_argsort
 from schemas.errors import UserError
+
+
+def batched_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x with a[k] @ x[k] = b[k] for a batch of small systems a (..., d, d), b (..., d), on one BLAS
+    thread: OpenBLAS hands each small LAPACK solve to its threads, which costs more than the solve,
+    and far more while another process keeps the cores busy (docs/results.md, "Small solves on one
+    BLAS thread")."""
+    with threadpool_limits(1, user_api="blas"):
+        return np.linalg.solve(a, b[..., None])[..., 0]
 
 
 def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
@@ -115,7 +125,7 @@ def ridge_solve(
         gram = gram + gravity[np.ix_(free, free)]
         if bias_ridge is not None:
             rhs = rhs - gravity[free, -2]
-    solved = np.linalg.solve(gram, rhs[..., None])[..., 0]
+    solved = batched_solve(gram, rhs)
     if bias_ridge is None:
         return unique, solved
     u, b_u = (solved, np.zeros(unique.size)) if np.isinf(bias_ridge) else (solved[:, :-1], solved[:, -1])
@@ -151,7 +161,7 @@ def logistic_solve(
         np.add.at(gradient, group, (w_p[group] * slope_p)[:, None] * vectors)
         hessian = lam * np.eye(d) + ((w_n[:, None] * curve_n) @ outer_all).reshape(-1, d, d)
         np.add.at(hessian, group, (w_p[group] * curve_p)[:, None, None] * vectors[:, :, None] * vectors[:, None, :])
-        step = np.linalg.solve(hessian, gradient[..., None])[..., 0]
+        step = batched_solve(hessian, gradient)
         u -= step
         if np.abs(step).max(initial=0.0) < tolerance:
             break

@@ -42,6 +42,7 @@ from schemas.ids import IdIndex
 from schemas.progress import bar as progress_bar
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer.encoder import ItemEncoder
+from trainer.solve import batched_solve
 
 
 @dataclass(frozen=True)
@@ -487,7 +488,7 @@ def solve_residuals(
         rhs = b - np.einsum("bij,bj->bi", a, shared)
         if held is not None:
             rhs += np.einsum("bij,bj->bi", penalty, held[positions])
-        encoder.set_residuals(positions, np.linalg.solve(a + penalty, rhs[..., None])[..., 0])
+        encoder.set_residuals(positions, batched_solve(a + penalty, rhs))
 
 
 def _aligned_batches(paths: list[str], batch_size: int):

@@ -42,10 +42,22 @@ PYTHON_VERSION = "3.11"
 ENV_ARCHIVE = "ssp-executor-env.tar.gz"
 ENV_NAME = "env"  # the folder Spark unpacks the archive into, in each executor's working directory (--archives ...#env)
 # What the executors' tasks import, with their requirements: the tasks' own imports (numpy, pyarrow, scipy.sparse in
-# privacy.accumulator, attrs in privacy.accounting, cryptography for the noise's keystream, numba's kernels), the
+# privacy.accumulator, attrs in privacy.accounting, cryptography for the noise's keystream, numba's kernels,
+# threadpoolctl around the user update's solves), the
 # storage of gs:// tables (fsspec, gcsfs) and Spark's Python workers (pyspark, py4j: the workers import the nodes' own
 # python/lib/pyspark.zip first where their Spark has one, as Spark's distributions and pip's pyspark 4.3 do).
-EXECUTOR_DISTRIBUTIONS = ("numpy", "pyarrow", "scipy", "attrs", "cryptography", "numba", "fsspec", "gcsfs", "pyspark")
+EXECUTOR_DISTRIBUTIONS = (
+    "numpy",
+    "pyarrow",
+    "scipy",
+    "attrs",
+    "cryptography",
+    "numba",
+    "threadpoolctl",
+    "fsspec",
+    "gcsfs",
+    "pyspark",
+)
 # What the check imports: the jobs' task modules, the kernels they import inside tasks, gs:// storage, Spark's worker.
 EXECUTOR_MODULES = (
     "pipelines.engines.spark_stats",

@@ -2,9 +2,36 @@
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from trainer.normal_equations import normal_equations
-from trainer.solve import logistic_solve, ridge_solve
+from trainer.solve import batched_solve, logistic_solve, ridge_solve
+
+
+def _blas_threads() -> list[int]:
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+def test_batched_solves_run_on_one_blas_thread_and_give_the_systems_solutions(monkeypatch):
+    """Each system's solution, from numpy's solve called with every BLAS pool at one thread, and the
+    pools' threads as they were afterwards (two here: the suite's processes run with one)."""
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(40, 5, 5))
+    a, b = m @ m.transpose(0, 2, 1) + np.eye(5), rng.normal(size=(40, 5))
+    during, solve = [], np.linalg.solve
+
+    def spy(*args):
+        during.append(_blas_threads())
+        return solve(*args)
+
+    monkeypatch.setattr(np.linalg, "solve", spy)
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_threads()
+        x = batched_solve(a, b)
+        after = _blas_threads()
+    assert before == after == [2] * len(before) and during == [[1] * len(before)]
+    np.testing.assert_allclose(np.einsum("kij,kj->ki", a, x), b, atol=1e-12)
+    np.testing.assert_allclose(x[7], solve(a[7], b[7]), rtol=1e-12)
 
 
 def test_solves_match_the_normal_equations():
