@@ -352,6 +352,24 @@ def mix64(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def _value_bits(column: pa.Array) -> np.ndarray | None:
+    """A numeric column's values as 64-bit words (float64's or int64's bits; a null: a fixed word);
+    None for a list or string column."""
+    if pa.types.is_list(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return None
+    array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
+    data = (array.fill_null(0) if array.null_count else array).to_numpy(zero_copy_only=False)
+    bits = data.view(np.uint64) if data.dtype == np.float64 else data.astype(np.int64, copy=False).view(np.uint64)
+    if array.null_count:
+        bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
+    return bits
+
+
+def _salt_word(salt: int) -> np.uint64:
+    """What a column's salt adds to each of its values' words (modulo 2^64)."""
+    return np.uint64((salt * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+
+
 def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
     """One uint64 per row, from the column's values (nulls hash to a fixed value)."""
     salt64 = np.uint64(salt)
@@ -374,28 +392,28 @@ def _column_hash(column: pa.Array, salt: int) -> np.ndarray:
                 column.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(salt), hashed
             )
         return hashed
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    bits = _value_bits(column)
+    if bits is None:  # a string column
         values = [
             hashlib.blake2b(v.encode(), digest_size=8).digest() if v is not None else b"\0" * 8
             for v in column.to_pylist()
         ]
         bits = np.frombuffer(b"".join(values), dtype=np.uint64) if values else np.zeros(0, np.uint64)
-    else:
-        array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
-        data = (array.fill_null(0) if array.null_count else array).to_numpy(zero_copy_only=False)
-        bits = data.view(np.uint64) if data.dtype == np.float64 else data.astype(np.int64).view(np.uint64)
-        if array.null_count:
-            bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
     with np.errstate(over="ignore"):
-        hashed = np.add(bits, salt64 * np.uint64(0x9E3779B97F4A7C15))  # a new array: bits may be Arrow's
+        hashed = np.add(bits, _salt_word(salt))  # a new array: bits may be Arrow's
     return mix64(hashed, out=hashed)
+
+
+_FOLD = np.uint64(0xD6E8FEB86659FD93)
 
 
 def content_digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
     """The unkeyed order-independent digest of a table given as record batches (hex SHA-256 of
-    sums of 64-bit mixes): identifies content, resists no adversary."""
-    total = np.uint64(0)
-    folded = np.uint64(0)
+    sums of 64-bit mixes): identifies content, resists no adversary. A numeric column is mixed into
+    its rows' numbers by the compiled kernels (privacy.mixing) straight from its values."""
+    from privacy import mixing  # numba's import, on the first digest
+
+    total = folded = np.uint64(0)
     rows = 0
     names = None
     for batch in batches:
@@ -403,12 +421,15 @@ def content_digest_batches(batches: Iterable[pa.RecordBatch]) -> str:
             names = batch.schema.names
         row = np.zeros(batch.num_rows, dtype=np.uint64)
         for salt, name in enumerate(batch.schema.names, start=1):
-            mix64(np.bitwise_xor(row, _column_hash(batch.column(name), salt * 1000), out=row), out=row)
+            column = batch.column(name)
+            bits = _value_bits(column)
+            if bits is None:
+                mixing.absorb_hashes(row, _column_hash(column, salt * 1000))
+            else:
+                mixing.absorb_values(row, bits, _salt_word(salt * 1000))
+        batch_total, batch_folded = mixing.sums(row, _FOLD)
         with np.errstate(over="ignore"):
-            total = total + row.sum(dtype=np.uint64)
-            folded = folded + mix64(np.bitwise_xor(row, np.uint64(0xD6E8FEB86659FD93), out=row), out=row).sum(
-                dtype=np.uint64
-            )
+            total, folded = total + np.uint64(batch_total), folded + np.uint64(batch_folded)
         rows += batch.num_rows
     payload = json.dumps({"columns": names, "rows": rows, "sum": int(total), "mixed": int(folded)}).encode()
     return hashlib.sha256(payload).hexdigest()
