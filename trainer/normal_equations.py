@@ -1,4 +1,5 @@
-"""The user update's kernel, compiled: each key's ridge normal equations from its rows in one pass.
+"""The user update's kernels, compiled: each key's ridge normal equations from its rows in one
+pass, and their solves by Cholesky factors.
 
 For the rows i of a key g (consecutive rows), with z_i = r_i [v_i[free], y_i - v_i[offset]] (the
 solved coordinates of the item vector, the label less an offset coordinate such as the item bias,
@@ -57,11 +58,48 @@ def _normal_equations(
             rhs[g, p] = full[p, d]
 
 
+def _cholesky_solve(a: np.ndarray, b: np.ndarray, x: np.ndarray, solved: np.ndarray) -> None:
+    """x[k] <- a[k]^-1 b[k] by the Cholesky factor of a[k] (its lower triangle read), and solved[k]
+    whether a[k] has one (every pivot positive; x[k] is left as it was where not)."""
+    keys, d = b.shape
+    factor = np.empty((d, d))
+    y = np.empty(d)
+    for k in range(keys):
+        solved[k] = True
+        for j in range(d):
+            pivot = a[k, j, j]
+            for m in range(j):
+                pivot -= factor[j, m] * factor[j, m]
+            if not pivot > 0.0:
+                solved[k] = False
+                break
+            factor[j, j] = np.sqrt(pivot)
+            for i in range(j + 1, d):
+                t = a[k, i, j]
+                for m in range(j):
+                    t -= factor[i, m] * factor[j, m]
+                factor[i, j] = t / factor[j, j]
+        if not solved[k]:
+            continue
+        for i in range(d):
+            t = b[k, i]
+            for m in range(i):
+                t -= factor[i, m] * y[m]
+            y[i] = t / factor[i, i]
+        for i in range(d - 1, -1, -1):
+            t = y[i]
+            for m in range(i + 1, d):
+                t -= factor[m, i] * x[k, m]
+            x[k, i] = t / factor[i, i]
+
+
 normal_equations_kernel = numba.njit(nogil=True)(_normal_equations)
-with contextlib.suppress(
-    RuntimeError
-):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
-    normal_equations_kernel.enable_caching()
+cholesky_solve_kernel = numba.njit(nogil=True)(_cholesky_solve)
+for _kernel in (normal_equations_kernel, cholesky_solve_kernel):
+    with contextlib.suppress(
+        RuntimeError
+    ):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
+        _kernel.enable_caching()
 
 
 def normal_equations(
@@ -96,3 +134,18 @@ def normal_equations(
         rhs,
     )
     return gram, rhs
+
+
+def cholesky_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x with a[k] @ x[k] = b[k] for symmetric positive definite a (keys, d, d), b (keys, d): each
+    system by its Cholesky factor, compiled (faster than numpy's batched LU solves: docs/results.md);
+    a system without one (not positive definite in floating point) by numpy's solve, which refuses a
+    singular one."""
+    from trainer.solve import batched_solve
+
+    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
+    x, solved = np.zeros(b.shape), np.empty(b.shape[0], dtype=np.bool_)
+    cholesky_solve_kernel(a, b, x, solved)
+    if not solved.all():
+        x[~solved] = batched_solve(a[~solved], b[~solved])
+    return x

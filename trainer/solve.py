@@ -83,9 +83,13 @@ def ridge_solve(
     `prior` is added to every key's ridge on its vector (not its bias): a fixed prior precision,
     which weighs most for the keys with fewest rows. With `confidence` the labels are the rows'
     confidences (the ranking protocol): each row is a positive, label 1, weighing its confidence in
-    the squared error (Hu, Koren and Volinsky's weighted least squares).
+    the squared error (Hu, Koren and Volinsky's weighted least squares). Every system is symmetric
+    positive definite (its ridges are positive), solved by its Cholesky factor.
     """
-    from trainer.normal_equations import normal_equations  # numba's import, once a process, on the first solve
+    from trainer.normal_equations import (  # numba's import, once a process, on the first solve
+        cholesky_solve,
+        normal_equations,
+    )
 
     if not np.isfinite(lam) or lam <= 0:
         raise UserError(f"ridge regularisation lambda must be > 0, got {lam}")
@@ -125,7 +129,7 @@ def ridge_solve(
         gram = gram + gravity[np.ix_(free, free)]
         if bias_ridge is not None:
             rhs = rhs - gravity[free, -2]
-    solved = batched_solve(gram, rhs)
+    solved = cholesky_solve(gram, rhs)
     if bias_ridge is None:
         return unique, solved
     u, b_u = (solved, np.zeros(unique.size)) if np.isinf(bias_ridge) else (solved[:, :-1], solved[:, -1])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from trainer.normal_equations import normal_equations
+from trainer.normal_equations import cholesky_solve, normal_equations
 from trainer.solve import batched_solve, logistic_solve, ridge_solve
 
 
@@ -32,6 +32,21 @@ def test_batched_solves_run_on_one_blas_thread_and_give_the_systems_solutions(mo
     assert before == after == [2] * len(before) and during == [[1] * len(before)]
     np.testing.assert_allclose(np.einsum("kij,kj->ki", a, x), b, atol=1e-12)
     np.testing.assert_allclose(x[7], solve(a[7], b[7]), rtol=1e-12)
+
+
+def test_cholesky_solves_by_hand_and_falls_back_where_a_system_has_no_factor():
+    """[[4, 2], [2, 3]] x = [2, 1]: factor [[2, 0], [1, sqrt 2]], so y = [1, 0] and x = [0.5, 0].
+    An indefinite system ([[0, 1], [1, 0]]: no factor) is still solved, by numpy's LU; a singular
+    one is refused as numpy refuses it; random positive definite ones agree with numpy's solve."""
+    a = np.array([[[4.0, 2.0], [2.0, 3.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    x = cholesky_solve(a, np.array([[2.0, 1.0], [3.0, 5.0]]))
+    np.testing.assert_allclose(x, [[0.5, 0.0], [5.0, 3.0]], rtol=1e-15)
+    with pytest.raises(np.linalg.LinAlgError):
+        cholesky_solve(np.array([[[1.0, 1.0], [1.0, 1.0]]]), np.array([[1.0, 2.0]]))
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(200, 17, 17))
+    spd, b = m @ m.transpose(0, 2, 1) + 0.1 * np.eye(17), rng.normal(size=(200, 17))
+    np.testing.assert_allclose(cholesky_solve(spd, b), np.linalg.solve(spd, b[..., None])[..., 0], rtol=1e-9)
 
 
 def test_solves_match_the_normal_equations():
