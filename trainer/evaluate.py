@@ -93,9 +93,13 @@ def predict_ratings(
     `user_table` is (an index of the known users' ids, their vectors in that order)."""
     known_users, user_vectors = user_table
     index, known = known_users.lookup(user_ids)
-    scores = np.full(len(user_ids), mean, dtype=np.float64)
-    scores[known] += np.einsum("nd,nd->n", user_vectors[index[known]], item_vectors[positions[known]])
-    return np.clip(scores, *rating_range)
+    if known.all():  # the usual case: no masked copies of the rows
+        scores = np.einsum("nd,nd->n", user_vectors[index], item_vectors[positions])
+        scores += mean
+    else:
+        scores = np.full(len(user_ids), mean, dtype=np.float64)
+        scores[known] += np.einsum("nd,nd->n", user_vectors[index[known]], item_vectors[positions[known]])
+    return np.clip(scores, *rating_range, out=scores)
 
 
 def with_popularity(item_vectors: np.ndarray, counts: np.ndarray, biases: bool = False) -> np.ndarray:

@@ -7,7 +7,20 @@ import math
 import numpy as np
 import pytest
 
+from schemas.ids import IdIndex
 from trainer import evaluate, metrics
+
+
+def test_predicted_ratings_are_the_dot_products_plus_the_mean_within_the_range():
+    """Users 7 and 9 with vectors [1, 2] and [0, -1], items [1, 1] and [2, 0], mean 3, range 1..5:
+    7 on item 0 gives 3 + 3 = 6, limited to 5; 9 on item 1 gives 3 + 0 = 3; 9 on item 0 gives 2; an
+    unknown user (4) the mean alone. The same whether every user is known or not."""
+    users = (IdIndex(np.array([9, 7])), np.array([[0.0, -1.0], [1.0, 2.0]]))
+    items = np.array([[1.0, 1.0], [2.0, 0.0]])
+    known = evaluate.predict_ratings(np.array([7, 9, 9]), np.array([0, 1, 0]), users, items, 3.0, (1.0, 5.0))
+    np.testing.assert_array_equal(known, [5.0, 3.0, 2.0])
+    mixed = evaluate.predict_ratings(np.array([7, 4, 9]), np.array([0, 0, 0]), users, items, 3.0, (1.0, 5.0))
+    np.testing.assert_array_equal(mixed, [5.0, 3.0, 2.0])
 
 
 def test_the_popularity_column_is_the_dp_counts_at_the_trained_columns_rms_norm():
