@@ -735,6 +735,33 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
             )
 
 
+def iter_batches_holding(
+    path: str, column: str, values: np.ndarray, columns: list[str] | None = None, batch_size: int = 65_536
+) -> Iterator[pa.RecordBatch]:
+    """`iter_batches` of the row groups that may hold one of `values` in the integer `column`, as
+    their Parquet statistics tell (a row group without them is read): a few ids' rows without
+    reading the whole table. The batches hold other rows too; the caller filters them."""
+    wanted = np.sort(np.asarray(values, dtype=np.int64))
+    fs, files = _table_files(path)
+    arrow_fs = _arrow_fs(fs)
+    for f in files:
+        with _reading(f), arrow_fs.open_input_file(f) as handle:
+            parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20)
+            metadata = parquet.metadata
+            leaf = next(i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column)
+            groups = []
+            for group in range(metadata.num_row_groups):
+                stats = metadata.row_group(group).column(leaf).statistics
+                if stats is None or not stats.has_min_max:
+                    groups.append(group)
+                    continue
+                first = np.searchsorted(wanted, int(stats.min))
+                if first < wanted.size and wanted[first] <= int(stats.max):
+                    groups.append(group)
+            if groups:
+                yield from parquet.iter_batches(batch_size=batch_size, row_groups=groups, columns=columns)
+
+
 def row_groups(path: str) -> list[tuple[str, int, int]]:
     """(file, row group, rows) of every row group of a committed table, in order, the files as
     `table_files` gives them: work units for engines whose tasks read a table themselves."""

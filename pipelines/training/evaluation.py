@@ -270,11 +270,11 @@ def _user_ids(path: str) -> np.ndarray:
 
 def _rows_of(path: str, users: np.ndarray, columns: tuple[str, ...] | None = ("user_id", "item_id", "label")):
     """The rows of `users` in a table (`columns`, None: all), streamed (memory: theirs and one
-    batch), as a DataFrame."""
+    batch) from the row groups that may hold them, as a DataFrame."""
     import pyarrow.compute as pc
 
     wanted = pa.array(users, pa.int64())
-    batches = storage.iter_batches(path, list(columns) if columns else None)
+    batches = storage.iter_batches_holding(path, "user_id", users, list(columns) if columns else None)
     return pa.Table.from_batches(
         [batch.filter(pc.is_in(batch.column("user_id"), wanted)) for batch in batches]
     ).to_pandas()

@@ -124,6 +124,26 @@ def test_files_of_values_in_order_say_so_and_others_do_not(tmp_path):
     )
 
 
+def test_batches_holding_ids_read_only_the_row_groups_whose_statistics_allow_them(tmp_path):
+    """Three row groups of users 0-3, 4-7 and 8-11 (an embedding list column first, so the id is not
+    the first leaf): users 5 and 6 are read from the second group alone, users 3 and 9 from the
+    first and third, an id outside every range from none."""
+    path = str(tmp_path / "t.parquet")
+    schema = pa.schema([("embedding", pa.list_(pa.float64())), ("user_id", pa.int64())])
+    with storage.TableWriter(path, schema) as writer:
+        for start in (0, 4, 8):
+            users = list(range(start, start + 4))
+            writer.write(pa.table({"embedding": [[float(u)] for u in users], "user_id": users}, schema=schema))
+
+    def read(values):
+        batches = storage.iter_batches_holding(path, "user_id", np.array(values), ["user_id"])
+        return [u for batch in batches for u in batch.column("user_id").to_pylist()]
+
+    assert read([6, 5]) == [4, 5, 6, 7]
+    assert read([9, 3]) == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert read([42]) == []
+
+
 def test_value_range_comes_from_the_statistics(tmp_path):
     path = str(tmp_path / "t.parquet")
     storage.write_table(pa.table({"user_id": [7, -3, 12, 5], "x": [1.0, 2.0, 3.0, 4.0]}), path)
