@@ -15,11 +15,11 @@ retried task would release different noise.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
-import numba
 import numpy as np
+
+from privacy.compiled import kernel
 
 # ln 2 split so that e * _LN2_HI is exact for |e| < 2^20 (fdlibm's constants): the log table's ln(1/2)
 _LN2_HI = 6.93147180369123816490e-01
@@ -150,10 +150,5 @@ def _on_grid(
             out[i, j] = out[i, j] * grid
 
 
-box_muller = numba.njit(nogil=True)(_pairs)
-on_grid = numba.njit(nogil=True)(_on_grid)
-for _kernel in (box_muller, on_grid):
-    with contextlib.suppress(
-        RuntimeError
-    ):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
-        _kernel.enable_caching()
+box_muller = kernel(_pairs)
+on_grid = kernel(_on_grid)

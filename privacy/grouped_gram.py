@@ -25,14 +25,13 @@ accumulator's noise.
 
 from __future__ import annotations
 
-import contextlib
-
 import llvmlite.binding
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import get_cython_function_address, intrinsic
+
+from privacy.compiled import kernel
 
 GEMM_ROWS = 8  # groups with at least this many rows: gathered and multiplied by BLAS
 _AHEAD = 16  # rows prefetched ahead of the gather
@@ -144,13 +143,8 @@ def _counting_order(keys: np.ndarray, low: int, starts: np.ndarray, order: np.nd
         cursor[k] += 1
 
 
-grouped_gram_kernel = numba.njit(nogil=True)(_grouped_gram)
-counting_order_kernel = numba.njit(nogil=True)(_counting_order)
-with contextlib.suppress(
-    RuntimeError
-):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
-    grouped_gram_kernel.enable_caching()
-    counting_order_kernel.enable_caching()
+grouped_gram_kernel = kernel(_grouped_gram)
+counting_order_kernel = kernel(_counting_order)
 
 MAX_BINS_PER_KEY = (
     2  # the counting sort's table at most this many entries per key (and at least 2^16), else a radix argsort

@@ -9,10 +9,10 @@ identifies content without resisting an adversary.
 
 from __future__ import annotations
 
-import contextlib
-
 import numba
 import numpy as np
+
+from privacy.compiled import kernel
 
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
@@ -50,9 +50,6 @@ def _sums(row, fold):
     return total, folded
 
 
-absorb_values = numba.njit(nogil=True)(_absorb_values)
-absorb_hashes = numba.njit(nogil=True)(_absorb_hashes)
-sums = numba.njit(nogil=True)(_sums)
-for _kernel in (absorb_values, absorb_hashes, sums):
-    with contextlib.suppress(RuntimeError):  # read from a zip: no file to cache beside, compiled once a process
-        _kernel.enable_caching()
+absorb_values = kernel(_absorb_values)
+absorb_hashes = kernel(_absorb_hashes)
+sums = kernel(_sums)

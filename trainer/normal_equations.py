@@ -18,10 +18,9 @@ Privacy: the users' own solves on the trusted side; nothing is released.
 
 from __future__ import annotations
 
-import contextlib
-
-import numba
 import numpy as np
+
+from privacy.compiled import kernel
 
 
 def _normal_equations(
@@ -93,13 +92,8 @@ def _cholesky_solve(a: np.ndarray, b: np.ndarray, x: np.ndarray, solved: np.ndar
             x[k, i] = t / factor[i, i]
 
 
-normal_equations_kernel = numba.njit(nogil=True)(_normal_equations)
-cholesky_solve_kernel = numba.njit(nogil=True)(_cholesky_solve)
-for _kernel in (normal_equations_kernel, cholesky_solve_kernel):
-    with contextlib.suppress(
-        RuntimeError
-    ):  # read from a zip (spark-submit --py-files): no file to cache beside, compiled once a process
-        _kernel.enable_caching()
+normal_equations_kernel = kernel(_normal_equations)
+cholesky_solve_kernel = kernel(_cholesky_solve)
 
 
 def normal_equations(
