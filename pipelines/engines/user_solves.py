@@ -2,7 +2,7 @@
 
 Per user, `u_k = (sum v v^T + lambda_u n_k I)^-1 sum y v` over the user's n_k rows (weighted-lambda
 ALS), with the item embeddings table broadcast to every task; each partition (sorted by user)
-solves its users in batches with numpy (trainer.solve.ridge_solve) and writes its part of the user
+solves its users in batches (trainer.solve.ridge_solve, compiled kernels) and writes its part of the user
 embeddings table, which the driver commits. A table whose files each hold whole users in order (a
 run's centred rows: pipelines.data.chunks.USERS_TOGETHER) is read a file per task, with no
 shuffle. A run's user-update stage and the command are pipelines.training.user_stage.
