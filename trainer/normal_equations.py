@@ -128,18 +128,3 @@ def normal_equations(
         rhs,
     )
     return gram, rhs
-
-
-def cholesky_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """x with a[k] @ x[k] = b[k] for symmetric positive definite a (keys, d, d), b (keys, d): each
-    system by its Cholesky factor, compiled (faster than numpy's batched LU solves: docs/results.md);
-    a system without one (not positive definite in floating point) by numpy's solve, which refuses a
-    singular one."""
-    from trainer.solve import batched_solve
-
-    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
-    x, solved = np.zeros(b.shape), np.empty(b.shape[0], dtype=np.bool_)
-    cholesky_solve_kernel(a, b, x, solved)
-    if not solved.all():
-        x[~solved] = batched_solve(a[~solved], b[~solved])
-    return x

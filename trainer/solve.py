@@ -26,6 +26,21 @@ def batched_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.linalg.solve(a, b[..., None])[..., 0]
 
 
+def cholesky_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x with a[k] @ x[k] = b[k] for symmetric positive definite a (keys, d, d), b (keys, d): each
+    system by its Cholesky factor, compiled (trainer.normal_equations; faster than numpy's batched LU
+    solves: docs/results.md); a system without one (not positive definite in floating point) by
+    `batched_solve`, which refuses a singular one."""
+    from trainer.normal_equations import cholesky_solve_kernel  # numba's import, once a process
+
+    a, b = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
+    x, solved = np.zeros(b.shape), np.empty(b.shape[0], dtype=np.bool_)
+    cholesky_solve_kernel(a, b, x, solved)
+    if not solved.all():
+        x[~solved] = batched_solve(a[~solved], b[~solved])
+    return x
+
+
 def confidence(counts: np.ndarray, alpha: float) -> np.ndarray:
     """How much a (user, item) seen `counts` times weighs (implicit feedback): Hu, Koren and
     Volinsky's c = 1 + alpha log(1 + count), relative to one interaction, so that a single play,
@@ -86,10 +101,7 @@ def ridge_solve(
     the squared error (Hu, Koren and Volinsky's weighted least squares). Every system is symmetric
     positive definite (its ridges are positive), solved by its Cholesky factor.
     """
-    from trainer.normal_equations import (  # numba's import, once a process, on the first solve
-        cholesky_solve,
-        normal_equations,
-    )
+    from trainer.normal_equations import normal_equations  # numba's import, once a process, on the first solve
 
     if not np.isfinite(lam) or lam <= 0:
         raise UserError(f"ridge regularisation lambda must be > 0, got {lam}")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from trainer.normal_equations import cholesky_solve, normal_equations
-from trainer.solve import batched_solve, logistic_solve, ridge_solve
+from trainer.normal_equations import normal_equations
+from trainer.solve import batched_solve, cholesky_solve, logistic_solve, ridge_solve
 
 
 def _blas_threads() -> list[int]:
