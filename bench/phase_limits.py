@@ -40,10 +40,10 @@ def _bytes(*paths: str) -> int:
 
 def work(run: Run, data: str, steps: int, epochs: int) -> dict[str, dict[str, float]]:
     """{phase: {"bytes", "flops"}} of a finished run (outer steps summed), from its tables."""
-    rows = sum(count for _, _, count in storage.row_groups(run.centred))
-    stats_rows = sum(count for _, _, count in storage.row_groups(run.stats_rows))
-    users = sum(count for _, _, count in storage.row_groups(run.user_embeddings(None)))
-    items = sum(count for _, _, count in storage.row_groups(run.stats_items))
+    rows = storage.row_count(run.centred)
+    stats_rows = storage.row_count(run.stats_rows)
+    users = storage.row_count(run.user_embeddings(None))
+    items = storage.row_count(run.stats_items)
     d = (
         len(next(storage.iter_batches(run.user_embeddings(None), ["embedding"], batch_size=1)).column(0)[0]) + 1
     )  # with the bias coordinate

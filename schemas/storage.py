@@ -735,29 +735,39 @@ def iter_batches(path: str, columns: list[str] | None = None, batch_size: int = 
             )
 
 
+def row_count(path: str) -> int:
+    """The rows of a committed table, from its files' footers (no rows read)."""
+    return sum(rows for _, _, rows in row_groups(path))
+
+
+def _row_group_ranges(metadata: pq.FileMetaData, column: str) -> list[tuple[int, int] | None]:
+    """(smallest, largest) value of the integer `column` in each row group of a data file, from its
+    Parquet statistics; None for a row group without them."""
+    leaf = next(i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column)
+    ranges = []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(leaf).statistics
+        ranges.append((int(stats.min), int(stats.max)) if stats is not None and stats.has_min_max else None)
+    return ranges
+
+
 def iter_batches_holding(
     path: str, column: str, values: np.ndarray, columns: list[str] | None = None, batch_size: int = 65_536
 ) -> Iterator[pa.RecordBatch]:
     """`iter_batches` of the row groups that may hold one of `values` in the integer `column`, as
     their Parquet statistics tell (a row group without them is read): a few ids' rows without
     reading the whole table. The batches hold other rows too; the caller filters them."""
-    wanted = np.sort(np.asarray(values, dtype=np.int64))
+    wanted = np.asarray(values, dtype=np.int64)
     fs, files = _table_files(path)
     arrow_fs = _arrow_fs(fs)
     for f in files:
         with _reading(f), arrow_fs.open_input_file(f) as handle:
             parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 20)
-            metadata = parquet.metadata
-            leaf = next(i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column)
-            groups = []
-            for group in range(metadata.num_row_groups):
-                stats = metadata.row_group(group).column(leaf).statistics
-                if stats is None or not stats.has_min_max:
-                    groups.append(group)
-                    continue
-                first = np.searchsorted(wanted, int(stats.min))
-                if first < wanted.size and wanted[first] <= int(stats.max):
-                    groups.append(group)
+            groups = [
+                group
+                for group, extent in enumerate(_row_group_ranges(parquet.metadata, column))
+                if extent is None or np.any((wanted >= extent[0]) & (wanted <= extent[1]))
+            ]
             if groups:
                 yield from parquet.iter_batches(batch_size=batch_size, row_groups=groups, columns=columns)
 
@@ -782,16 +792,10 @@ def value_range(file: str, column: str) -> tuple[int, int] | None:
     Parquet statistics (no rows read); None when a row group has no statistics for it."""
     fs, inner = filesystem(file)
     with _reading(file), _arrow_fs(fs).open_input_file(inner) as handle:
-        metadata = pq.ParquetFile(handle).metadata
-    at = metadata.schema.to_arrow_schema().get_field_index(column)
-    lows, highs = [], []
-    for group in range(metadata.num_row_groups):
-        stats = metadata.row_group(group).column(at).statistics
-        if stats is None or not stats.has_min_max:
-            return None
-        lows.append(int(stats.min))
-        highs.append(int(stats.max))
-    return (min(lows), max(highs)) if lows else None
+        ranges = _row_group_ranges(pq.ParquetFile(handle).metadata, column)
+    if not ranges or None in ranges:
+        return None
+    return min(low for low, _ in ranges), max(high for _, high in ranges)
 
 
 def iter_row_group(

@@ -193,7 +193,7 @@ def shuffled_chunks(
         buffers = _decoded_buffers(path, encoder, config, ridge_scale, dtype)
         if convert is not None:
             buffers = map(convert, buffers)
-        items = sum(rows for _, _, rows in storage.row_groups(path)) if cache is not None else 0
+        items = storage.row_count(path) if cache is not None else 0
         if (
             cache is not None
             and items * (8 + (packed_size(d) + 2 * d) * np.dtype(dtype).itemsize) <= CACHED_TABLE_BYTES
@@ -357,7 +357,7 @@ def train(
     tables = stats_paths
     if config.psd_projection:
         tables = [project_table(path, _projected_path(path)) for path in stats_paths]
-    items = sum(rows for _, _, rows in storage.row_groups(tables[0]))  # the catalog the tables cover
+    items = storage.row_count(tables[0])  # the catalog the tables cover
     if config.batch_size is None:
         config = dataclasses.replace(config, batch_size=auto_batch_size(items, encoder.dim, config.shuffle_batches))
     steps = config.epochs * max(1, math.ceil(items / config.batch_size))

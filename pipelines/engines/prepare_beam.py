@@ -128,7 +128,7 @@ class BeamEngine:
         self, pipeline: beam.Pipeline, interactions: str, columns: list[str], order: tuple[str, ...] = ("user_id",)
     ) -> beam.PCollection:
         """(shard, rows of that shard's users sorted by `order`, as batches), about `shard_rows` rows each."""
-        rows = sum(count for _, _, count in storage.row_groups(interactions))
+        rows = storage.row_count(interactions)
         shards = max(1, math.ceil(rows / self.shard_rows))
         return (
             pipeline

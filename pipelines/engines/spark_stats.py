@@ -81,7 +81,7 @@ def embedding_vectors(path: str, digest: str, d: int, id_column: str = "user_id"
 
 def read_vectors(path: str, d: int, id_column: str = "user_id") -> tuple[IdIndex, np.ndarray]:
     """(index of the ids, their embeddings) of an embeddings table, in file order, streamed."""
-    rows = sum(count for _, _, count in storage.row_groups(path))
+    rows = storage.row_count(path)
     batches = storage.read_ahead(storage.iter_batches(path, [id_column, "embedding"], READ_BATCH_ROWS))
     ids, vectors = vectors_of_batches(batches, rows, id_column, d, id_column.replace("_id", " embedding"))
     return IdIndex(ids), vectors

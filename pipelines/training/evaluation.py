@@ -255,7 +255,7 @@ def _user_table(path: str, dim: int):
     by batch into arrays sized from the files' footers (schemas.tables.validated_user_batches)."""
     from schemas.ids import IdIndex
 
-    rows = sum(count for _, _, count in storage.row_groups(path))
+    rows = storage.row_count(path)
     ids, vectors = vectors_of_batches(
         validated_user_batches(storage.iter_batches(path), dim), rows, "user_id", dim, "user embedding"
     )

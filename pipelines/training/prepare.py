@@ -410,7 +410,7 @@ def prepare(
             "(--protocol rmse) has no ratings to predict; use --protocol recall"
         )
     ratings = rating_range(config, data)
-    engine = prepare_engine(engine, sum(rows for _, _, rows in storage.row_groups(data.interactions)), local_rows)
+    engine = prepare_engine(engine, storage.row_count(data.interactions), local_rows)
     if not storage.exists(storage.join(run.split, splits.SPLIT_MANIFEST)):
         splits.make_split(
             data,
@@ -493,7 +493,7 @@ def prepare(
     if config.item_update in STATS_UPDATES:
         covered = stats_catalog(config, counts, keep_items, ledger_multiplier(run.ledger), dp_units(run.counts))
         storage.write_table(items.filter(pa.array(np.isin(items["item_id"].to_numpy(), covered))), run.stats_items)
-        train_count = sum(rows for _, _, rows in storage.row_groups(train_rows))  # from the footers
+        train_count = storage.row_count(train_rows)
         outputs.append(
             CentredOutput(run.stats_rows, covered, stats_core.shards_for(train_count, config.shards))
         )  # the stats job's rows, by item shard

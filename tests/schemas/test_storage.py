@@ -139,6 +139,8 @@ def test_batches_holding_ids_read_only_the_row_groups_whose_statistics_allow_the
         batches = storage.iter_batches_holding(path, "user_id", np.array(values), ["user_id"])
         return [u for batch in batches for u in batch.column("user_id").to_pylist()]
 
+    assert storage.row_count(path) == 12  # from the footers
+    assert storage.value_range(storage.table_files(path)[0], "user_id") == (0, 11)
     assert read([6, 5]) == [4, 5, 6, 7]
     assert read([9, 3]) == [0, 1, 2, 3, 8, 9, 10, 11]
     assert read([42]) == []
