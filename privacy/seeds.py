@@ -506,16 +506,15 @@ def _value_blocks(column: pa.Array, list_key) -> list[np.ndarray]:
         lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         starts = np.cumsum(lengths) - lengths
         flat = column.flatten()
-        position = (np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lengths)).astype(np.uint64)
         summed = np.zeros((rows, 2), dtype=np.uint64)
         if len(flat):
-            x = np.zeros((len(flat), 2), dtype=np.uint64)
-            x[:, 1] = position
-            for block in _value_blocks(flat, list_key):  # CBC-MAC of (position, value) under the list key
-                x = _prf(list_key, x ^ block)
+            x = _list_value_prfs(flat, lengths, starts, list_key)
             filled = lengths > 0
             with np.errstate(over="ignore"):
-                summed[filled] = np.add.reduceat(x, starts[filled], axis=0)
+                if lengths.min() == lengths.max():  # lists of one length: a sum over the middle axis
+                    summed[:] = x.reshape(rows, -1, 2).sum(axis=1, dtype=np.uint64)
+                else:
+                    summed[filled] = np.add.reduceat(x, starts[filled], axis=0)
         head = np.zeros((rows, 2), dtype=np.uint64)
         head[:, 0] = lengths.astype(np.uint64)
         if column.null_count:
@@ -532,6 +531,30 @@ def _value_blocks(column: pa.Array, list_key) -> list[np.ndarray]:
     if flags is not None:
         block[:, 1] = flags
     return [block]
+
+
+def _list_value_prfs(flat: pa.Array, lengths: np.ndarray, starts: np.ndarray, list_key) -> np.ndarray:
+    """The PRF value of each list value (flattened: `flat`): the CBC-MAC under the list key of its
+    (position in its list, value) blocks. A number's one block is written straight into the buffer
+    that AES encrypts in place (no block arrays: they cost more than the AES)."""
+    x = np.empty(2 * len(flat) + 2, dtype=np.uint64)  # AES-ECB wants a block's room beyond the data
+    pairs = x[: 2 * len(flat)].reshape(-1, 2)
+    if lengths.min() == lengths.max():
+        pairs[:, 1].reshape(lengths.size, -1)[:] = np.arange(lengths[0], dtype=np.uint64)
+    else:
+        pairs[:, 1] = (np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lengths)).astype(np.uint64)
+    if _is_list(flat.type) or _is_text(flat.type):
+        pairs[:, 0] = 0
+        for block in _value_blocks(flat, list_key):
+            pairs[:] = _prf(list_key, pairs ^ block)
+        return pairs
+    pairs[:, 0], flags = _number_bits(flat)
+    if flags is not None:
+        np.bitwise_xor(pairs[:, 1], flags, out=pairs[:, 1])
+    written = list_key.update_into(memoryview(pairs).cast("B"), memoryview(x).cast("B"))
+    if written != 16 * len(flat):
+        raise RuntimeError(f"AES-ECB wrote {written} bytes of {16 * len(flat)}")
+    return pairs
 
 
 def _is_text(kind: pa.DataType) -> bool:

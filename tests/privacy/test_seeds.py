@@ -386,6 +386,51 @@ def test_keyed_digest_of_numbers_and_strings_from_first_principles():
         assert KEYED.digest_batches(table.to_batches(max_chunksize=chunk)) == hashlib.sha256(payload).hexdigest()
 
 
+@pytest.mark.parametrize("ragged", [False, True])
+def test_keyed_digest_of_list_columns_from_first_principles(ragged):
+    """A list's two blocks, in plain Python: its length and null flag; then the sum mod 2^64 of its
+    values' PRF values, each AES-256 under the list key of (the value's 64 bits, its position in the
+    list XOR its null flag). Lists of one length and ragged ones, null values and null lists."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 5, 60) if ragged else np.full(60, 3)
+    floats = [None if ragged and k % 9 == 0 else [float(v) for v in rng.normal(size=n)] for k, n in enumerate(lengths)]
+    if ragged:
+        floats[1] = [1.5, None, 2.0]
+    ints = [[int(v) for v in rng.integers(-50, 50, 2)] for _ in lengths]
+    table = pa.table(
+        {"embedding": pa.array(floats, pa.list_(pa.float64())), "pair": pa.array(ints, pa.list_(pa.int32()))}
+    )
+    key = KEYED._digest_key()
+    rows_aes = Cipher(algorithms.AES(seeds._hkdf(key, b"rows")), modes.ECB()).encryptor()
+    list_aes = Cipher(algorithms.AES(seeds._hkdf(key, b"list values")), modes.ECB()).encryptor()
+
+    def half(block: bytes, k: int) -> int:
+        return int.from_bytes(block[8 * k : 8 * k + 8], "little")
+
+    def block_of(a: int, b: int) -> bytes:
+        return a.to_bytes(8, "little") + b.to_bytes(8, "little")
+
+    total = [0, 0]
+    for row in table.to_pylist():
+        state = bytes(16)
+        for name, values in row.items():
+            summed = [0, 0]
+            for position, value in enumerate(values or []):
+                bits = np.array([0 if value is None else value], np.float64 if name == "embedding" else np.int64)
+                flag = 2**64 - 1 if value is None else 0
+                prf = list_aes.update(block_of(int(bits.view(np.uint64)[0]), position ^ flag))
+                summed = [(s + half(prf, k)) % 2**64 for k, s in enumerate(summed)]
+            head = block_of(len(values or []), 2**64 - 1 if values is None else 0)
+            for block in (head, block_of(*summed)):
+                state = rows_aes.update(bytes(a ^ b for a, b in zip(state, block, strict=True)))
+        total = [(t + half(state, k)) % 2**64 for k, t in enumerate(total)]
+    payload = json.dumps({"columns": table.column_names, "rows": table.num_rows, "sum": total}).encode()
+    for chunk in (None, 7):
+        assert KEYED.digest_batches(table.to_batches(max_chunksize=chunk)) == hashlib.sha256(payload).hexdigest()
+
+
 def splitmix64_finaliser(x: int) -> int:
     """The splitmix64 finaliser on one Python int (Steele, Lea and Flood 2014), modulo 2^64."""
     mask = (1 << 64) - 1
