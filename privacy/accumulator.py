@@ -91,9 +91,13 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
 def stable_order(keys: np.ndarray) -> np.ndarray:
     """`stable_argsort`'s order, by the compiled counting sort (privacy.grouped_gram.grouped_order)
     where the keys are integers over a dense range: for the callers that run the compiled kernels
-    anyway (importing numba costs a process about 0.4 s, which stable_argsort's callers are spared)."""
+    anyway (importing numba costs a process about 0.4 s, which stable_argsort's callers are spared).
+    Keys already in order (a table's rows by user) are not sorted again."""
     from privacy import grouped_gram
 
+    keys = np.asarray(keys)
+    if not np.any(keys[1:] < keys[:-1]):
+        return np.arange(keys.size)
     grouped = grouped_gram.grouped_order(keys)
     return grouped[0] if grouped is not None else stable_argsort(keys)
 

@@ -574,3 +574,14 @@ def test_grouped_sums_give_the_same_bits_through_either_sort():
     keys_s, a_s, b_s = acc.grouped_sums(sparse, rows)
     assert np.array_equal(keys_s, keys_d * 10**14)
     assert np.array_equal(a_d, a_s) and np.array_equal(b_d, b_s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-(10**15), 10**15), max_size=200), st.booleans())
+def test_the_stable_order_of_keys_already_in_order_is_the_identity(values, sparse_ties):
+    keys = np.sort(np.array(values + values[: len(values) // 2] if sparse_ties else values, dtype=np.int64))
+    order = acc.stable_order(keys)
+    assert np.array_equal(order, np.arange(keys.size)) and np.array_equal(order, np.argsort(keys, kind="stable"))
+    if keys.size > 1 and keys[0] != keys[-1]:  # one pair out of order: a sort again
+        swapped = keys[::-1].copy()
+        assert np.array_equal(acc.stable_order(swapped), np.argsort(swapped, kind="stable"))
