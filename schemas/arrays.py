@@ -7,7 +7,7 @@ Privacy: conversions only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -42,16 +42,26 @@ def vectors_of_batches(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids, vectors) of an id column and a list<double> "embedding" column read batch by batch into
     arrays of `rows` rows (the files' footers), so that no whole table is held beside them."""
-    ids, vectors, at = np.empty(rows, np.int64), np.empty((rows, width)), 0
+    ids, vectors = np.empty(rows, np.int64), np.empty((rows, width))
+    for part, batch in batches_in_place(batches, rows, what):
+        ids[part] = batch.column(id_column).to_numpy()
+        list_column_to_matrix(batch.column("embedding"), width, what, out=vectors[part])
+    return ids, vectors
+
+
+def batches_in_place(
+    batches: Iterable[pa.RecordBatch | pa.Table], rows: int, what: str
+) -> Iterator[tuple[slice, pa.RecordBatch | pa.Table]]:
+    """Each batch with the rows it fills of arrays sized `rows` (the files' footers); refuses a
+    table with more or fewer rows than that."""
+    at = 0
     for batch in batches:
         if at + batch.num_rows > rows:
             raise UserError(f"{what}s: more rows than the files' footers declare ({rows})")
-        ids[at : at + batch.num_rows] = batch.column(id_column).to_numpy()
-        list_column_to_matrix(batch.column("embedding"), width, what, out=vectors[at : at + batch.num_rows])
+        yield slice(at, at + batch.num_rows), batch
         at += batch.num_rows
     if at != rows:
         raise UserError(f"{what}s: {at} rows read where the files' footers declare {rows}")
-    return ids, vectors
 
 
 def matrix_to_list_column(matrix: np.ndarray) -> pa.ListArray:

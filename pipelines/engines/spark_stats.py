@@ -48,7 +48,7 @@ from pipelines.releases.stats_core import (
 )
 from privacy import accumulator, quadratic
 from schemas import storage
-from schemas.arrays import vectors_of_batches
+from schemas.arrays import batches_in_place, list_column_to_matrix, vectors_of_batches
 from schemas.ids import IdIndex
 from schemas.tables import STATS
 
@@ -95,9 +95,25 @@ def clipped_vectors(embeddings: tuple[str, str], settings) -> tuple[IdIndex, tup
     key = (digest, settings)
     if key not in _last_clipped:
         _last_clipped.clear()
-        owners, vectors = _last_vectors.get(digest) or read_vectors(path, settings.user_dim)
-        _last_clipped[key] = owners, clipped_users(vectors, settings)
+        _last_clipped[key] = read_clipped(path, settings)
     return _last_clipped[key]
+
+
+def read_clipped(path: str, settings) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
+    """`clipped_vectors` read from the table: each batch clipped as it is read, so that no unclipped
+    copy of the table is made."""
+    rows = storage.row_count(path)
+    ids, width = np.empty(rows, np.int64), settings.user_dim - (1 if settings.bias else 0)
+    vectors, offsets = np.empty((rows, width)), np.empty(rows) if settings.bias else None
+    batches = storage.read_ahead(storage.iter_batches(path, ["user_id", "embedding"], READ_BATCH_ROWS))
+    for part, batch in batches_in_place(batches, rows, "user embedding"):
+        ids[part] = batch.column("user_id").to_numpy()
+        clipped_users(
+            list_column_to_matrix(batch.column("embedding"), settings.user_dim, "user embedding"),
+            settings,
+            out=(vectors[part], None if offsets is None else offsets[part]),
+        )
+    return IdIndex(ids), (vectors, offsets)
 
 
 def read_and_pack(

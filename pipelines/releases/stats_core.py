@@ -180,12 +180,15 @@ def item_sums(
     )
 
 
-def clipped_users(embeddings: np.ndarray, settings: StatsSettings) -> tuple[np.ndarray, np.ndarray | None]:
+def clipped_users(
+    embeddings: np.ndarray, settings: StatsSettings, out: tuple[np.ndarray, np.ndarray | None] | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(each user's vector as the statistics read it, clipped to `noise_clips()[0]`; the users' biases,
-    which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`).
-    Clipped CLIP_ROWS users at a time into the result, so that no full-size temporary is made."""
+    which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`),
+    written into `out` when given. Clipped CLIP_ROWS users at a time, so that no full-size temporary
+    is made."""
     width = embeddings.shape[1] - (1 if settings.bias else 0)  # [u, 1, b_u] -> [Clip(u), c]
-    vectors, offsets = np.empty((len(embeddings), width)), np.empty(len(embeddings)) if settings.bias else None
+    vectors, offsets = out or (np.empty((len(embeddings), width)), np.empty(len(embeddings)) if settings.bias else None)
     for start in range(0, len(embeddings), CLIP_ROWS):
         part = np.asarray(embeddings[start : start + CLIP_ROWS], dtype=np.float64)
         if settings.bias:

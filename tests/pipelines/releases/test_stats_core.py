@@ -144,3 +144,29 @@ def test_clipped_users_in_pieces_equal_the_whole_clip_bit_for_bit(monkeypatch, b
         assert pieces.shape == (1001, settings_.user_dim - 1)
     else:
         assert piece_offsets is None and pieces.shape == vectors.shape
+
+
+@pytest.mark.parametrize("bias", [0.0, 1.5])
+def test_a_workers_users_are_clipped_as_read_to_the_bits_of_the_whole_clip(tmp_path, monkeypatch, bias):
+    # read_clipped clips each batch as it reads it, into one array: the same ids, vectors and
+    # offsets as reading the table and clipping it whole; a vector of the wrong length is refused
+    from pipelines.releases import stats_core
+    from schemas import storage
+    from schemas.arrays import matrix_to_list_column
+
+    settings_ = stats_core.StatsSettings(3, clip_u=0.8, clip_y=2.0, bias=bias)
+    vectors = np.random.default_rng(5).normal(size=(700, settings_.user_dim))
+    ids = np.random.default_rng(6).permutation(10**6)[:700]
+    path = str(tmp_path / "users.parquet")
+    table = pa.table({"user_id": ids, "embedding": matrix_to_list_column(vectors)})
+    storage.write_table(table, path, rows_per_file=256)  # three files
+    monkeypatch.setattr(stats, "READ_BATCH_ROWS", 100)  # several batches, across row groups
+    owners, (clipped, offsets) = stats.read_clipped(path, settings_)
+    whole, whole_offsets = stats_core.clipped_users(vectors, settings_)
+    np.testing.assert_array_equal(owners.ids, ids)
+    np.testing.assert_array_equal(clipped, whole)
+    assert (offsets is None) == (bias == 0.0) and (offsets is None or np.array_equal(offsets, whole_offsets))
+    short = table.set_column(1, "embedding", matrix_to_list_column(vectors[:, :-1]))
+    storage.write_table(short, path)
+    with pytest.raises(ValueError, match=f"user embedding of row 0 has {settings_.user_dim - 1} entries"):
+        stats.read_clipped(path, settings_)
