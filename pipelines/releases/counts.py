@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import hmac
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -189,14 +190,19 @@ def dp_counts(
     ledger = privacy.open_ledger(ledger_path, unit, interactions)  # a new run charges its data source's account
     seeds = release.open_seed_file(seed_file, ledger_path)
     key = sampling_key(seeds.seed)
-    exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs' digests while the engine aggregates
+        inputs = pool.submit(
+            lambda: {"interactions": seeds.digest_table(interactions), "items": seeds.digest_table(items)}
+        )
+        exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
+        digests = inputs.result()
     multiplier = ledger.multipliers["counts"]
     sensitivity = sensitivity_of(unit, max_items_per_user)
     description = {
         "unit": unit,
         "max_items_per_user": max_items_per_user if unit == "user" else None,
         "sensitivity": sensitivity,  # of the item counts with the number of units
-        "inputs": {"interactions": seeds.digest_table(interactions), "items": seeds.digest_table(items)},
+        "inputs": digests,
     }
     index = release.make_release(ledger, seeds, "counts", accounting.gaussian_event(multiplier), description)
     logs.log(f"counts: release {index}, noise multiplier {multiplier:.4g} (std {multiplier * sensitivity:.4g})")
