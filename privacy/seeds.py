@@ -540,7 +540,7 @@ def _list_value_prfs(flat: pa.Array, lengths: np.ndarray, starts: np.ndarray, li
     x = np.empty(2 * len(flat) + 2, dtype=np.uint64)  # AES-ECB wants a block's room beyond the data
     pairs = x[: 2 * len(flat)].reshape(-1, 2)
     if lengths.min() == lengths.max():
-        pairs[:, 1].reshape(lengths.size, -1)[:] = np.arange(lengths[0], dtype=np.uint64)
+        pairs.reshape(lengths.size, -1, 2)[:, :, 1] = np.arange(lengths[0], dtype=np.uint64)
     else:
         pairs[:, 1] = (np.arange(len(flat), dtype=np.int64) - np.repeat(starts, lengths)).astype(np.uint64)
     if _is_list(flat.type) or _is_text(flat.type):
