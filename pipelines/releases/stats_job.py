@@ -186,14 +186,18 @@ class StatsJob:
                 f"{self.counts}: no DP count for {missing.size} catalog item(s) (e.g. {missing[0]}); counts must "
                 "cover the catalog"
             )
-        known_users = np.sort(
-            _validated(
-                self.user_embeddings,
-                validated_user_ids,
-                storage.iter_batches(self.user_embeddings),  # streamed: the vectors are not kept
-                dim=self.settings.user_dim,
-            )
+        embeddings = ThreadPoolExecutor(max_workers=1)  # the user embeddings' checks and digest, beside the rows'
+        validated = embeddings.submit(
+            _validated,
+            self.user_embeddings,
+            validated_user_ids,
+            storage.iter_batches(self.user_embeddings),  # streamed: the vectors are not kept
+            dim=self.settings.user_dim,
         )
+        embeddings_digest = embeddings.submit(seeds.digest_table, self.user_embeddings)
+        embeddings.shutdown(wait=False)
+        plain = _plain_user_ids(self.user_embeddings)
+        known_users = np.sort(validated.result() if plain is None else plain)
         count_of = counts.sort_by("item_id")
         self.catalog_counts = count_of["count"].to_numpy()[
             np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)
@@ -242,9 +246,10 @@ class StatsJob:
         # the other tables' digests, and reading and checking ahead, beside the digest of the rows (numpy and Arrow
         # release the GIL)
         with pairs, ThreadPoolExecutor(max_workers=1) as pool:
-            others = pool.map(seeds.digest_table, (self.user_embeddings, self.counts))
+            counts_digest = pool.submit(seeds.digest_table, self.counts)
             interactions_digest = seeds.digest_batches(storage.read_ahead(checked_batches()))
-            embeddings_digest, counts_digest = others
+            validated.result()  # the embeddings' own refusal, if any (their ids were read alone: _plain_user_ids)
+            embeddings_digest, counts_digest = embeddings_digest.result(), counts_digest.result()
             if filled != total:
                 raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
             repeated, first = pairs.duplicates()
@@ -334,6 +339,18 @@ class StatsJob:
         }
         storage.write_json(summary, storage.join(self.out, RELEASE_SUMMARY))
         return summary
+
+
+def _plain_user_ids(path: str) -> np.ndarray | None:
+    """The user_id column of user embeddings read alone, when it is int64 without nulls (else None:
+    `validated_user_ids` reads the whole table and names the problem)."""
+    if not storage.table_files(path):
+        return None
+    schema = storage.read_schema(path)
+    if "user_id" not in schema.names or schema.field("user_id").type != pa.int64():
+        return None
+    ids = storage.read_table(path, columns=["user_id"])["user_id"]
+    return None if ids.null_count else ids.to_numpy()
 
 
 class ItemShardLayout:

@@ -329,3 +329,35 @@ def test_entry_point_errors_are_one_line(tmp_path, capsys):
     assert stats_script.main(args + ["--noise-multiplier", "0"]) == 2
     assert capsys.readouterr().err.strip() == "stats: error: table not found: z"
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+    "embeddings, message",
+    [
+        (
+            pa.table({"user_id": [1, 2, 3, 2], "embedding": [[3.0, 4.0], [0.5, -0.5], [0.0, 2.0], [1.0, 1.0]]}),
+            r"column 'user_id', row 3: value 2 appears more than once",
+        ),
+        (
+            pa.table(
+                {"user_id": pa.array([1, 2, None], pa.int64()), "embedding": [[3.0, 4.0], [0.5, -0.5], [0.0, 2.0]]}
+            ),
+            r"column 'user_id', row 2: is null",
+        ),
+        (
+            pa.table({"user_id": [1, 2, 3], "embedding": [[3.0, 4.0], [0.5, float("nan")], [0.0, 2.0]]}),
+            r"column 'embedding', row 1: holds a non-finite value \(nan\)",
+        ),
+    ],
+)
+def test_bad_user_embeddings_are_refused_before_any_release_while_the_rows_are_checked(tmp_path, embeddings, message):
+    # the embeddings are validated beside the pass over the rows (their ids read alone when they are
+    # plain int64 without nulls): the same refusals, before the ledger is opened
+    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    storage.remove(paths["user_embeddings"])
+    storage.write_table(embeddings, paths["user_embeddings"])
+    ledger = tmp_path / "ledger.parquet"
+    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), ledger_path=str(ledger))
+    with pytest.raises(ValueError, match=message):
+        job.prepare()
+    assert len(Ledger.open(str(ledger)).rows) == 1 and not (tmp_path / "out").exists()  # the counts' release alone
