@@ -512,7 +512,7 @@ def make_private_folder(path: str) -> None:
     fs, inner = filesystem(path)
     if not is_local(fs):
         return
-    os.makedirs(inner, exist_ok=True)
+    os.makedirs(inner, mode=PRIVATE_FOLDER, exist_ok=True)  # private from its creation: never seen open
     if os.path.exists(os.path.join(inner, PRIVATE_MARK)):  # made private before: all since inherited it
         os.chmod(inner, PRIVATE_FOLDER)
         return

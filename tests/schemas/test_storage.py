@@ -305,3 +305,15 @@ def test_the_emulator_ignores_generation_preconditions(gcs_path):
     assert storage.create_json({"id": "first"}, path) is True
     assert storage.create_json({"id": "second"}, path) is True
     assert storage.read_json(path) == {"id": "second"}
+
+
+def test_a_private_folder_is_private_from_its_creation(tmp_path, monkeypatch):
+    # a process checking the folder while another makes it never sees it open (four first runs of
+    # one data source racing to make the budget-account registry): its mode is 0700 before any chmod
+    import stat
+
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
+    folder = tmp_path / "registry"
+    storage.make_private_folder(str(folder))
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    storage.check_private(str(folder), "the registry")  # no refusal
