@@ -136,12 +136,22 @@ def encodings(schema: pa.Schema) -> dict:
     """pq.ParquetWriter's options for a table of `schema`: its flat 32- and 64-bit integer columns
     delta-encoded (ids in user and item order, timestamps: small differences, and no dictionary to
     build), the other flat ones dictionary-encoded (labels: a few distinct values), nested ones
-    (vectors) plain."""
+    (vectors) plain; a table of numbers alone (flat or lists) uncompressed, since snappy finds little
+    to take from delta-packed ids, dictionary indices or random doubles (docs/results.md), one with
+    text snappy."""
     integers = [field.name for field in schema if field.type in (pa.int32(), pa.int64())]
     return {
         "use_dictionary": [field.name for field in schema if field.name not in integers],
         "column_encoding": dict.fromkeys(integers, "DELTA_BINARY_PACKED"),
+        "compression": "none" if all(_of_numbers(field.type) for field in schema) else "snappy",
     }
+
+
+def _of_numbers(kind: pa.DataType) -> bool:
+    """Whether a column holds numbers, or lists of them."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _of_numbers(kind.value_type)
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
 class StagedWrite:

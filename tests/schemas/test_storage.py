@@ -153,6 +153,7 @@ def test_value_range_comes_from_the_statistics(tmp_path):
 
 
 def test_integer_columns_are_delta_encoded_labels_dictionary_encoded_vectors_plain(tmp_path):
+    # and a table of numbers alone (lists of numbers too) is written uncompressed, one with text with snappy
     import pyarrow.parquet as pq
 
     from schemas.tables import INTERACTIONS, USER_EMBEDDINGS
@@ -162,13 +163,22 @@ def test_integer_columns_are_delta_encoded_labels_dictionary_encoded_vectors_pla
         schema=INTERACTIONS,
     )
     embeddings = pa.table({"user_id": [1, 2], "embedding": [[0.5, 1.0], [2.0, -1.0]]}, schema=USER_EMBEDDINGS)
-    found = {}
-    for name, table in (("interactions", interactions), ("embeddings", embeddings)):
+    items = pa.table({"item_id": [5, 9], "title": ["a film", "another film"], "genres": [["Drama"], []]})
+    found, codecs = {}, {}
+    for name, table in (("interactions", interactions), ("embeddings", embeddings), ("items", items)):
         path = str(tmp_path / f"{name}.parquet")
         storage.write_table(table, path)
         assert storage.read_table(path).equals(table)
         group = pq.ParquetFile(storage.table_files(path)[0]).metadata.row_group(0)
         found |= {group.column(k).path_in_schema: set(group.column(k).encodings) for k in range(group.num_columns)}
+        codecs |= {
+            (name, group.column(k).path_in_schema): group.column(k).compression for k in range(group.num_columns)
+        }
+    assert {key for key, codec in codecs.items() if codec == "SNAPPY"} == {
+        ("items", "item_id"),
+        ("items", "title"),
+        ("items", "genres.list.element"),
+    } and set(codecs.values()) == {"SNAPPY", "UNCOMPRESSED"}
     for column in ("user_id", "item_id", "timestamp"):
         assert "DELTA_BINARY_PACKED" in found[column] and "RLE_DICTIONARY" not in found[column], column
     assert "RLE_DICTIONARY" in found["label"]
