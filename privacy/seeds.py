@@ -353,16 +353,12 @@ def mix64(h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def _value_bits(column: pa.Array) -> np.ndarray | None:
-    """A numeric column's values as 64-bit words (float64's or int64's bits; a null: a fixed word);
+    """A numeric column's values as 64-bit words (`_number_bits`' words; a null: a fixed word);
     None for a list or string column."""
-    if pa.types.is_list(column.type) or pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    if pa.types.is_list(column.type) or _is_text(column.type):
         return None
-    array = column.cast(pa.float64()) if pa.types.is_floating(column.type) else column.cast(pa.int64())
-    data = (array.fill_null(0) if array.null_count else array).to_numpy(zero_copy_only=False)
-    bits = data.view(np.uint64) if data.dtype == np.float64 else data.astype(np.int64, copy=False).view(np.uint64)
-    if array.null_count:
-        bits = np.where(array.is_null().to_numpy(zero_copy_only=False), np.uint64(0x9E3779B97F4A7C15), bits)
-    return bits
+    bits, flags = _number_bits(column)
+    return bits if flags is None else np.where(flags != 0, np.uint64(0x9E3779B97F4A7C15), bits)
 
 
 def _salt_word(salt: int) -> np.uint64:
