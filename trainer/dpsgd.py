@@ -39,10 +39,10 @@ from privacy.accounting import dpsgd_event, dpsgd_schedule
 from privacy.clipping import check_bound, clip_labels, clip_rows
 from schemas.errors import UserError
 from schemas.progress import bar as progress_bar
+from trainer import optimizers
 from trainer.encoder import ItemEncoder
 
 UNITS = ("user", "example")
-OPTIMIZERS = ("adam", "sgd")
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class DPSGDConfig:
     def __post_init__(self):
         if self.unit not in UNITS:
             raise UserError(f"unit must be one of {UNITS}, got {self.unit!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UserError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.optimizer not in optimizers.OPTIMIZERS:
+            raise UserError(f"optimizer must be one of {tuple(optimizers.OPTIMIZERS)}, got {self.optimizer!r}")
         for name in ("batch_size", "max_rows_per_user"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -313,9 +313,7 @@ def _make_step(
     model(tf.zeros([1], tf.int64))  # build every variable
     variables = model.trainable_variables
     clip = config.l2_norm_clip
-    optimizer = (tf.keras.optimizers.Adam if config.optimizer == "adam" else tf.keras.optimizers.SGD)(
-        config.learning_rate
-    )
+    optimizer = optimizers.compiled(config.optimizer, config.learning_rate)
     optimizer.build(variables)
     fast = clip != math.inf and config.fast_clipping
     classic = clip != math.inf and not config.fast_clipping

@@ -41,6 +41,7 @@ from schemas.errors import UserError
 from schemas.ids import IdIndex
 from schemas.progress import bar as progress_bar
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
+from trainer import optimizers
 from trainer.encoder import ItemEncoder
 from trainer.solve import batched_solve
 
@@ -366,7 +367,7 @@ def train(
         if config.cosine_decay
         else config.learning_rate
     )
-    optimizer = tf.keras.optimizers.Adam(rate)
+    optimizer = optimizers.compiled("adam", rate)
     encoder(tf.zeros([1], tf.int64))  # a layer not yet called creates its weights now
     optimizer.build(encoder.trainable_variables)  # and Adam its slots, before the step is traced
     dense = [w for w in encoder.trainable_variables if "kernel" in w.name]
