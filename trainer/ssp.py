@@ -43,7 +43,7 @@ from schemas.progress import bar as progress_bar
 from schemas.tables import ITEM_EMBEDDINGS, STATS, stats_metadata, validate_item_embeddings
 from trainer import optimizers
 from trainer.encoder import ItemEncoder
-from trainer.solve import batched_solve
+from trainer.solve import cholesky_solve
 
 
 @dataclass(frozen=True)
@@ -204,24 +204,6 @@ def shuffled_chunks(
         yield rng.permutation(len(buffer[0])), buffer
 
 
-def item_chunks(
-    path: str,
-    encoder: ItemEncoder,
-    config: SSPConfig,
-    rng: np.random.Generator,
-    *,
-    ridge_scale: np.ndarray | None = None,
-    cache: dict | None = None,
-    dtype=np.float64,
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """`shuffled_chunks`' buffers with their rows in their shuffled order: (catalog positions (n,),
-    packed A_j, b_j, ridge scales (n, d)), a chunk per buffer."""
-    for order, (positions, a, b, scale) in shuffled_chunks(
-        path, encoder, config, rng, ridge_scale=ridge_scale, cache=cache, dtype=dtype
-    ):
-        yield positions[order], a[order], b[order], scale[order]
-
-
 def _decoded_buffers(
     path: str, encoder: ItemEncoder, config: SSPConfig, ridge_scale: np.ndarray | None, dtype=np.float64
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -254,18 +236,21 @@ def item_batches(
     path: str,
     encoder: ItemEncoder,
     config: SSPConfig,
-    rng: np.random.Generator,
     ridge_scale: np.ndarray | None = None,
     gravity: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(catalog positions, A_j + ridge diag(scale_j) (+ gravity) (B, d, d), b_j (B, d)) minibatches
-    of `item_chunks`."""
-    d = encoder.dim
-    extra = gravity if gravity is not None else 0.0
-    for positions, a, b, scale in item_chunks(path, encoder, config, rng, ridge_scale=ridge_scale):
-        for start in range(0, positions.size, config.batch_size):
-            rows = slice(start, start + config.batch_size)
-            yield positions[rows], unpack_upper(a[rows], d) + config.ridge * diagonals(scale[rows], d) + extra, b[rows]
+    """(catalog positions, A_j + ridge diag(scale_j) (+ gravity) (B, d, d), b_j (B, d)) in the
+    table's order, batches of `config.batch_size`: the residual solve's matrices, their diagonal
+    added in place (no diagonal matrices built)."""
+    d, diagonal = encoder.dim, np.arange(encoder.dim)
+    for positions, packed, b, scale in _decoded_buffers(
+        path, encoder, dataclasses.replace(config, shuffle_batches=1), ridge_scale
+    ):
+        a = unpack_upper(packed, d)
+        a[:, diagonal, diagonal] += config.ridge * scale
+        if gravity is not None:
+            a += gravity
+        yield positions, a, b
 
 
 def dense_product(a):
@@ -481,15 +466,16 @@ def solve_residuals(
     path = tables[0]
     if len(tables) > 1:
         path = mean_table(tables, path.rstrip("/").removesuffix(".parquet") + ".mean.parquet")
-    d = encoder.dim
-    in_order = dataclasses.replace(config, shuffle_batches=1, batch_size=max(config.batch_size or 0, 2048))
-    for positions, a, b in item_batches(path, encoder, in_order, np.random.default_rng(0), ridge_scale, gravity):
+    d, diagonal = encoder.dim, np.arange(encoder.dim)
+    in_order = dataclasses.replace(config, batch_size=max(config.batch_size or 0, 2048))
+    for positions, a, b in item_batches(path, encoder, in_order, ridge_scale, gravity):
         shared = encoder.shared(tf.constant(positions)).numpy().astype(np.float64)
-        penalty = diagonals(residual_penalty[positions], d)
         rhs = b - np.einsum("bij,bj->bi", a, shared)
+        penalty = np.broadcast_to(residual_penalty[positions].reshape(positions.size, -1), (positions.size, d))
         if held is not None:
-            rhs += np.einsum("bij,bj->bi", penalty, held[positions])
-        encoder.set_residuals(positions, batched_solve(a + penalty, rhs))
+            rhs += penalty * held[positions]
+        a[:, diagonal, diagonal] += penalty
+        encoder.set_residuals(positions, cholesky_solve(a, rhs))
 
 
 def _aligned_batches(paths: list[str], batch_size: int):

@@ -376,16 +376,11 @@ def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(t
     gravity = rng.normal(size=(d, d))
     config = ssp.SSPConfig(ridge=0.5, batch_size=2)
     for scale in (rng.uniform(1, 3, size=5), rng.uniform(1, 3, size=(5, d))):
-        ((positions, packed, _, scales),) = ssp.item_chunks(
+        ((_, (positions, packed, _, scales)),) = ssp.shuffled_chunks(
             str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), ridge_scale=scale
-        )
+        )  # the buffer in the table's order, as `item_batches` reads it
         expected = np.concatenate(
-            [
-                batch[1]
-                for batch in ssp.item_batches(
-                    str(tmp_path / "s.parquet"), encoder, config, np.random.default_rng(0), scale, gravity
-                )
-            ]
+            [batch[1] for batch in ssp.item_batches(str(tmp_path / "s.parquet"), encoder, config, scale, gravity)]
         )
         v = rng.normal(size=(5, d))
         product = ssp.packed_product(
@@ -398,6 +393,14 @@ def test_the_trainers_products_are_the_item_batches_matrices_times_the_vectors(t
             expected[0],
             unpack_upper(a[positions[0]], d) + 0.5 * np.diag(np.broadcast_to(scale[positions[0]], (d,))) + gravity,
         )
+
+
+def _item_chunks(path, encoder, config, rng, *, ridge_scale=None, cache=None, dtype=np.float64):
+    """`shuffled_chunks`' buffers with their rows in their shuffled order, a chunk per buffer."""
+    for order, (positions, a, b, scale) in ssp.shuffled_chunks(
+        path, encoder, config, rng, ridge_scale=ridge_scale, cache=cache, dtype=dtype
+    ):
+        yield positions[order], a[order], b[order], scale[order]
 
 
 def five_item_stats(tmp_path, seed: int):
@@ -423,8 +426,8 @@ def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_rea
     monkeypatch.setattr(ssp, "_decoded_buffers", lambda *args: reads.append(1) or real(*args))
     wide, narrow, cache = np.random.default_rng(5), np.random.default_rng(5), {}
     for _epoch in range(3):
-        expected = list(ssp.item_chunks(path, encoder, config, wide, ridge_scale=scale))
-        got = list(ssp.item_chunks(path, encoder, config, narrow, ridge_scale=scale, cache=cache, dtype=np.float32))
+        expected = list(_item_chunks(path, encoder, config, wide, ridge_scale=scale))
+        got = list(_item_chunks(path, encoder, config, narrow, ridge_scale=scale, cache=cache, dtype=np.float32))
         assert len(got) == len(expected) == 1
         for g, e in zip(got[0], expected[0], strict=True):
             assert g.dtype == (np.int64 if e.dtype == np.int64 else np.float32)
@@ -435,7 +438,7 @@ def test_float32_chunks_are_the_float64_ones_converted_and_a_cached_table_is_rea
 def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunks_rows(tmp_path):
     """The trainer's feed (`shuffled_chunks` with a conversion to tensors): a cached table's buffers are
     converted once and reused by every epoch; gathering each buffer's rows by the epoch's order gives
-    `item_chunks`' shuffled chunks exactly, for the same random stream."""
+    `_item_chunks`' shuffled chunks exactly, for the same random stream."""
     path, encoder, config, rng = five_item_stats(tmp_path, 11)
     scale = rng.uniform(1, 3, size=(5, encoder.dim))
     conversions = []
@@ -452,7 +455,7 @@ def test_a_cached_chunk_is_converted_once_and_its_shuffle_gathers_the_item_chunk
         )
         first = first or buffer
         assert all(x is y for x, y in zip(buffer, first, strict=True))  # the same tensors every epoch
-        (chunk,) = ssp.item_chunks(path, encoder, config, expected, ridge_scale=scale, cache=None, dtype=np.float32)
+        (chunk,) = _item_chunks(path, encoder, config, expected, ridge_scale=scale, cache=None, dtype=np.float32)
         for tensor, rows in zip(buffer, chunk, strict=True):
             np.testing.assert_array_equal(tf.gather(tensor, order).numpy(), rows)
     assert len(conversions) == 1
