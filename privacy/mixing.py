@@ -1,7 +1,8 @@
 """The content digest's compiled kernels (privacy.seeds.content_digest_batches): splitmix64 mixing
 of a batch's columns into one number per row, and the batch's two sums of those numbers, in one
 pass each instead of numpy's pass per operation. The same wrapping uint64 arithmetic as
-privacy.seeds.mix64, so the digests keep their bits.
+privacy.seeds.mix64, so the digests keep their bits. The split's keyed row hash
+(pipelines.data.splits.row_uniform) absorbs its columns with `absorb_values` too.
 
 Privacy: the kernels hash values they are handed; they hold no key, and the digest they serve
 identifies content without resisting an adversary.

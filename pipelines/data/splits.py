@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from pipelines.data.chunks import USERS_TOGETHER, complete_users
 from pipelines.data.datasets import Dataset
-from privacy.seeds import mix64
+from privacy.mixing import absorb_values
 from schemas import storage
 from schemas.errors import UserError
 from schemas.tables import INTERACTIONS, validate_interactions
@@ -108,12 +108,13 @@ def row_uniform(seed: int, purpose: str, *columns: np.ndarray) -> np.ndarray:
     finaliser chained over the columns, top 53 bits), never on other rows or their order.
     """
     h = None
-    with np.errstate(over="ignore"):
-        for position, column in enumerate(columns, start=1):
-            values = np.ascontiguousarray(column, dtype=np.int64).view(np.uint64)
-            if h is None:
-                h = np.full(values.shape, _key(seed, purpose), dtype=np.uint64)
-            h = mix64(h ^ mix64(values + np.uint64((_GOLDEN * position) & 0xFFFFFFFFFFFFFFFF)))
+    for position, column in enumerate(columns, start=1):
+        values = np.ascontiguousarray(column, dtype=np.int64).view(np.uint64)
+        if h is None:
+            h = np.full(values.shape, _key(seed, purpose), dtype=np.uint64)
+        if values.shape != h.shape:
+            raise UserError(f"row_uniform's columns must be equally long, got {h.size} and {values.size} rows")
+        absorb_values(h, values, np.uint64((_GOLDEN * position) & 0xFFFFFFFFFFFFFFFF))  # compiled, in place
     if h is None:
         raise UserError("row_uniform needs at least one column")
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53

@@ -2,6 +2,7 @@
 fractions, determinism, and the Liang et al. rules."""
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from pipelines.data import splits
 from pipelines.data.datasets import open_dataset, write_dataset
 from pipelines.engines.local import LocalEngine
 from schemas import storage
+from schemas.errors import UserError
 from schemas.tables import INTERACTIONS, items_schema
 
 RATINGS_CSV = os.path.join(
@@ -233,6 +235,32 @@ def test_row_uniform_is_a_keyed_hash_of_the_row_alone():
     assert not np.array_equal(x, splits.row_uniform(10, "rmse-row", users, items))  # keyed by the seed
     assert not np.array_equal(x, splits.row_uniform(9, "recall-target", users, items))  # and by the purpose
     assert not np.array_equal(x, splits.row_uniform(9, "rmse-row", items, users))  # (u, i) is not (i, u)
+
+
+def _splitmix(x: int) -> int:
+    mask = 2**64 - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_row_uniform_is_the_documented_splitmix64_chain():
+    """The split's row hash from its definition, in Python integers: the key is the first 8 bytes
+    (little-endian) of BLAKE2b("ssp-split-v1/purpose/seed"); column k (from 1) is absorbed as
+    h <- mix(h ^ mix(value + k * golden)) with negative ids as their 64-bit two's complement; the
+    number is the top 53 bits over 2^53. The rows' parts follow from it (train below 1 - holdout)."""
+    users, items = np.array([5, 7, -3, 2**62]), np.array([1, 1, 2**40, -(2**63)])
+    key = int.from_bytes(hashlib.blake2b(b"ssp-split-v1/rmse-row/9", digest_size=8).digest(), "little")
+    golden, mask = 0x9E3779B97F4A7C15, 2**64 - 1
+    expected = []
+    for user, item in zip(users.tolist(), items.tolist(), strict=True):
+        h = key
+        for position, value in enumerate((user, item), start=1):
+            h = _splitmix(h ^ _splitmix(((value & mask) + position * golden) & mask))
+        expected.append((h >> 11) / 2.0**53)
+    assert splits.row_uniform(9, "rmse-row", users, items).tolist() == expected
+    with pytest.raises(UserError, match="equally long"):
+        splits.row_uniform(9, "rmse-row", users, items[:2])
 
 
 @pytest.mark.parametrize("holdout", [-0.1, 1.0, 1.5, float("nan"), float("inf"), "x"])
