@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from schemas.errors import UserError
 from schemas.ids import IdIndex
 from trainer import evaluate, metrics
 
@@ -21,6 +22,13 @@ def test_predicted_ratings_are_the_dot_products_plus_the_mean_within_the_range()
     np.testing.assert_array_equal(known, [5.0, 3.0, 2.0])
     mixed = evaluate.predict_ratings(np.array([7, 4, 9]), np.array([0, 0, 0]), users, items, 3.0, (1.0, 5.0))
     np.testing.assert_array_equal(mixed, [5.0, 3.0, 2.0])
+    for positions, vectors in (
+        (np.array([0, 2, 0]), items),
+        (np.array([0, -1, 0]), items),
+        (np.array([0]), items[:, :1]),
+    ):
+        with pytest.raises(UserError, match="one width"):  # read outside the arrays: refused, never guessed
+            evaluate.predict_ratings(np.array([7, 9, 9])[: positions.size], positions, users, vectors, 3.0, (1.0, 5.0))
 
 
 def test_the_popularity_column_is_the_dp_counts_at_the_trained_columns_rms_norm():
