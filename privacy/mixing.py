@@ -2,7 +2,8 @@
 of a batch's columns into one number per row, and the batch's two sums of those numbers, in one
 pass each instead of numpy's pass per operation. The same wrapping uint64 arithmetic as
 privacy.seeds.mix64, so the digests keep their bits. The split's keyed row hash
-(pipelines.data.splits.row_uniform) absorbs its columns with `absorb_values` too.
+(pipelines.data.splits.row_uniform) absorbs its columns with `absorb_values` too, and the item
+shards (pipelines.releases.stats_core.shard_of) are `mixed_modulo`.
 
 Privacy: the kernels hash values they are handed; they hold no key, and the digest they serve
 identifies content without resisting an adversary.
@@ -51,6 +52,13 @@ def _sums(row, fold):
     return total, folded
 
 
+def _mixed_modulo(values, count, out):
+    """out <- mix(values) mod count, elementwise."""
+    for i in range(values.size):
+        out[i] = _mix_kernel(values[i]) % count
+
+
 absorb_values = kernel(_absorb_values)
 absorb_hashes = kernel(_absorb_hashes)
 sums = kernel(_sums)
+mixed_modulo = kernel(_mixed_modulo)

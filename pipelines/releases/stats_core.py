@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from privacy import accumulator, quadratic
 from privacy.clipping import biased_row_clip, check_bound, clip_labels, row_scales
-from privacy.seeds import mix64
+from privacy.mixing import mixed_modulo
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas import storage
 from schemas.arrays import matrix_to_list_column
@@ -273,8 +273,10 @@ def by_shard(item_ids: np.ndarray, shards: int) -> tuple[np.ndarray, np.ndarray]
 
 def shard_of(item_ids: np.ndarray, shards: int) -> np.ndarray:
     """The item shard (0..shards-1) of each item id: a fixed hash, the same on every worker and run."""
-    hashed = mix64(np.asarray(item_ids, dtype=np.int64).view(np.uint64))
-    return (hashed % np.uint64(shards)).astype(np.int64)
+    values = np.ascontiguousarray(item_ids, dtype=np.int64)
+    shard = np.empty(values.shape, np.int64)
+    mixed_modulo(values.view(np.uint64), np.uint64(shards), shard)  # compiled: splitmix64, then the modulo
+    return shard
 
 
 def stats_table(items: np.ndarray, a_upper: np.ndarray, b: np.ndarray, metadata: dict[str, str]) -> pa.Table:

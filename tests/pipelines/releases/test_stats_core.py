@@ -20,6 +20,21 @@ def test_shard_of_is_a_balanced_function_of_the_item():
     assert np.all(shard_of(np.array([2**62, -(2**62)]), 7) < 7)
 
 
+def test_shard_of_is_splitmix64_of_the_id_modulo_the_shards():
+    """The fixed hash, from its definition in Python integers (a negative id as its 64-bit two's
+    complement), so that every worker and every run, old or new, shards an item alike."""
+    mask = 2**64 - 1
+
+    def splitmix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    ids = [0, 1, 7, 123_456_789, 2**63 - 1, -1, -(2**63)]
+    for shards in (1, 4, 7):
+        assert shard_of(np.array(ids), shards).tolist() == [splitmix(i & mask) % shards for i in ids]
+
+
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(0, 300), shards=st.integers(1, 9), seed=st.integers(0, 2**31))
 def test_packed_blocks_hold_each_row_once_in_its_shard(n, shards, seed):
