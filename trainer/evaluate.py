@@ -119,8 +119,8 @@ def predict_ratings(
 
 def _scores(users, positions, user_vectors, item_vectors, mean, low, high, out):
     """out[n] <- u . v + mean clipped to [low, high] for row n's user (its row of `user_vectors`; -1:
-    none, the mean alone) and item: one pass, no gathered copies of the rows' vectors (numpy's
-    gathers and einsum took twice as long at 10^7 users)."""
+    none, the mean alone) and item: one pass, no gathered copies of the rows' vectors
+    (docs/results.md, "Adam's update compiled on the CPU too")."""
     for n in range(out.size):
         score = mean
         if users[n] >= 0:
@@ -128,7 +128,7 @@ def _scores(users, positions, user_vectors, item_vectors, mean, low, high, out):
             for k in range(user_vectors.shape[1]):
                 dot += user_vectors[users[n], k] * item_vectors[positions[n], k]
             score += dot
-        out[n] = min(max(score, low), high)
+        out[n] = min(max(score, low), high) if score == score else score  # NaN stays NaN, as np.clip keeps it
 
 
 _scores_kernel = kernel(_scores)

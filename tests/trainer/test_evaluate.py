@@ -22,6 +22,13 @@ def test_predicted_ratings_are_the_dot_products_plus_the_mean_within_the_range()
     np.testing.assert_array_equal(known, [5.0, 3.0, 2.0])
     mixed = evaluate.predict_ratings(np.array([7, 4, 9]), np.array([0, 0, 0]), users, items, 3.0, (1.0, 5.0))
     np.testing.assert_array_equal(mixed, [5.0, 3.0, 2.0])
+    broken = (users[0], np.array([[np.nan, 0.0], [1.0, 2.0]]))  # a NaN is kept, for squared_errors to refuse
+    assert np.isnan(
+        evaluate.predict_ratings(np.array([9, 7]), np.array([0, 0]), broken, items, 3.0, (1.0, 5.0))
+    ).tolist() == [
+        True,
+        False,
+    ]
     for positions, vectors in (
         (np.array([0, 2, 0]), items),
         (np.array([0, -1, 0]), items),
