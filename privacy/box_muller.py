@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from privacy.compiled import kernel
+from schemas.compiled import kernel
 
 # ln 2 split so that e * _LN2_HI is exact for |e| < 2^20 (fdlibm's constants): the log table's ln(1/2)
 _LN2_HI = 6.93147180369123816490e-01

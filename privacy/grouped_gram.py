@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import get_cython_function_address, intrinsic
 
-from privacy.compiled import kernel
+from schemas.compiled import kernel
 
 GEMM_ROWS = 8  # groups with at least this many rows: gathered and multiplied by BLAS
 _AHEAD = 16  # rows prefetched ahead of the gather

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from privacy.compiled import kernel
+from schemas.compiled import kernel
 
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)

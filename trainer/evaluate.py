@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.compiled import kernel
+from schemas.compiled import kernel
 from schemas.errors import UserError
 from schemas.ids import IdIndex
 from trainer import metrics

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.compiled import kernel
+from schemas.compiled import kernel
 
 
 def _normal_equations(
