@@ -3,7 +3,8 @@
 The jobs join millions of rows with a table by id (each interaction with its user's embedding and
 its item's DP count). A binary search per row (np.searchsorted) costs a cache miss per probe;
 when the ids are dense enough (their span at most a few times their number, as MovieLens and
-most warehouse ids are), a position table indexed by `id - smallest id` finds each in one read.
+most warehouse ids are), a position table indexed by `id - smallest id` finds each in one read,
+in one compiled pass over the values.
 Sparse ids (hashes) fall back to the binary search. Both give the same positions.
 
 Privacy: lookups only.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.compiled import kernel
 from schemas.errors import UserError
 
 DENSE_SPAN_FACTOR = 8  # a position table at most this many times the number of ids (plus DENSE_SLACK)
@@ -51,14 +53,9 @@ class IdIndex:
             at = np.minimum(np.searchsorted(ordered, values), self.ids.size - 1)
             found = ordered[at] == values
             return (at if self._order is None else self._order[at]), found
-        if values.size == 0 or (values.min() >= self.low and values.max() <= self.high):
-            at = self._table[values - self.low]
-        else:  # compare before subtracting: far-off values would overflow int64
-            inside = (values >= self.low) & (values <= self.high)
-            at = np.full(values.size, -1, dtype=np.int64)
-            at[inside] = self._table[values[inside] - self.low]
-        found = at >= 0
-        return np.maximum(at, 0), found
+        at, found = np.empty(values.size, np.int64), np.empty(values.size, bool)
+        _table_lookup(self._table, self.low, self.high, np.ascontiguousarray(values), at, found)
+        return at, found
 
     def positions(self, values: np.ndarray, what: str = "id") -> np.ndarray:
         """Positions of values that must all be there; a ValueError names the first missing one."""
@@ -66,3 +63,15 @@ class IdIndex:
         if not found.all():
             raise UserError(f"{np.count_nonzero(~found)} {what}(s) not found, e.g. {np.asarray(values)[~found][0]}")
         return at
+
+
+@kernel
+def _table_lookup(table, low, high, values, at, found):
+    """at[i], found[i] <- the position of values[i] in the position table (0 and False when absent),
+    in one pass; a value is compared with the table's span before it is subtracted, so far-off
+    values cannot overflow."""
+    for i in range(values.size):
+        value = values[i]
+        position = table[value - low] if low <= value <= high else -1
+        found[i] = position >= 0
+        at[i] = max(position, 0)

@@ -41,6 +41,14 @@ def test_hand_example():
         index.positions(np.array([3, 4]), "user")
 
 
+def test_a_dense_table_refuses_values_at_the_int64_limits_without_wrapping():
+    index = IdIndex(np.arange(-3, 5))
+    assert index._table is not None
+    at, found = index.lookup(np.array([2**63 - 1, -(2**63), 4, -3, 5, -4]))
+    assert found.tolist() == [False, False, True, True, False, False]
+    assert at.tolist() == [0, 0, 7, 0, 0, 0]
+
+
 @settings(max_examples=150, deadline=None)
 @given(ids=st.sets(st.integers(-50, 400), max_size=60), values=st.lists(st.integers(-60, 420), max_size=80))
 def test_dense_matches_binary_search(ids, values):
