@@ -3,7 +3,8 @@ of a batch's columns into one number per row, and the batch's two sums of those 
 pass each instead of numpy's pass per operation. The same wrapping uint64 arithmetic as
 privacy.seeds.mix64, so the digests keep their bits. The split's keyed row hash
 (pipelines.data.splits.row_uniform) absorbs its columns with `absorb_values` too, and the item
-shards (pipelines.releases.stats_core.shard_of) are `mixed_modulo`.
+shards (pipelines.releases.stats_core.shard_of) are `mixed_modulo`. The keyed digest
+(privacy.seeds.keyed_digest_batches) sums each list's PRF values with `row_pair_sums`.
 
 Privacy: the kernels hash values they are handed; they hold no key, and the digest they serve
 identifies content without resisting an adversary.
@@ -58,7 +59,20 @@ def _mixed_modulo(values, count, out):
         out[i] = _mix_kernel(values[i]) % count
 
 
+def _row_pair_sums(pairs, width, out):
+    """out[r] <- the sums of pairs[r * width : (r + 1) * width] (uint64 pairs), each half modulo 2^64."""
+    for r in range(out.shape[0]):
+        first = np.uint64(0)
+        second = np.uint64(0)
+        for k in range(r * width, (r + 1) * width):
+            first += pairs[k, 0]
+            second += pairs[k, 1]
+        out[r, 0] = first
+        out[r, 1] = second
+
+
 absorb_values = kernel(_absorb_values)
 absorb_hashes = kernel(_absorb_hashes)
 sums = kernel(_sums)
 mixed_modulo = kernel(_mixed_modulo)
+row_pair_sums = kernel(_row_pair_sums)

@@ -507,8 +507,10 @@ def _value_blocks(column: pa.Array, list_key) -> list[np.ndarray]:
             x = _list_value_prfs(flat, lengths, starts, list_key)
             filled = lengths > 0
             with np.errstate(over="ignore"):
-                if lengths.min() == lengths.max():  # lists of one length: a sum over the middle axis
-                    summed[:] = x.reshape(rows, -1, 2).sum(axis=1, dtype=np.uint64)
+                if lengths.min() == lengths.max():  # lists of one length: each row's run of values summed
+                    from privacy import mixing  # numba's import, on the first digest
+
+                    mixing.row_pair_sums(x, int(lengths[0]), summed)
                 else:
                     summed[filled] = np.add.reduceat(x, starts[filled], axis=0)
         head = np.zeros((rows, 2), dtype=np.uint64)
