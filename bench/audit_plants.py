@@ -134,8 +134,16 @@ def _patches(defect: str) -> list[tuple[object, str, object]]:
         def no_scales(vectors, clip):
             return np.ones(np.shape(vectors)[0])
 
+        def unclipped_into(x, bound, out, head_bound=None, constant=0.0):
+            head = out.shape[1] - (0 if head_bound is None else 1)
+            out[:, :head] = x[:, :head]
+            if head_bound is not None:
+                out[:, head] = constant
+            return out
+
         return [
             (stats_core, "row_scales", no_scales),
+            (stats_core, "clip_rows_into", unclipped_into),
             (gram, "clip_rows", lambda rows, clip: np.asarray(rows, dtype=np.float64)),
         ]
     if defect == "label-clip":

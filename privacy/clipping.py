@@ -9,8 +9,11 @@ Privacy: a clipped vector's norm is at most its bound: the sensitivity of every 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from schemas.compiled import kernel
 from schemas.errors import UserError
 
 
@@ -43,6 +46,62 @@ def clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
     """Scale each row of `x` down to L2 norm at most `bound` (rows already inside are unchanged)."""
     x = np.asarray(x, dtype=np.float64)
     return x * row_scales(x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x, bound).reshape(x.shape[:-1] + (1,))
+
+
+def clip_rows_into(
+    x: np.ndarray, bound: float, out: np.ndarray, head_bound: float | None = None, constant: float = 0.0
+) -> np.ndarray:
+    """`out` <- each row of `x` clipped to `bound`, in one compiled pass with no temporaries. With
+    `head_bound` a row is first [Clip(x_head, head_bound), constant] (the head: the first out width
+    - 1 entries of x), then clipped to `bound`. Norms are summed in the row's order, so a row's bits
+    do not depend on the machine or on the rows around it."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or out.ndim != 2 or out.shape[0] != x.shape[0] or out.dtype != np.float64:
+        raise ValueError(f"clip of {x.shape} rows into a {out.dtype} array of {out.shape}")
+    head = out.shape[1] - (0 if head_bound is None else 1)
+    if head > x.shape[1]:
+        raise ValueError(f"rows of {x.shape[1]} entries have no head of {head}")
+    bound = check_bound("clip norm", bound, allow_inf=True)
+    head_bound = math.nan if head_bound is None else check_bound("clip norm", head_bound, allow_inf=True)
+    _clip_rows(x, head, head_bound, float(constant), bound, out)
+    return out
+
+
+@kernel
+def _norm(row):
+    """||row||_2, summed in order; squares that overflow are rescaled by the largest entry first."""
+    squared = 0.0
+    for value in row:
+        squared += value * value
+    if not math.isinf(squared):
+        return math.sqrt(squared)
+    largest = 0.0
+    for value in row:
+        largest = max(largest, abs(value))
+    squared = 0.0
+    for value in row:
+        squared += (value / largest) * (value / largest)
+    return largest * math.sqrt(squared)
+
+
+@kernel
+def _factor(norm, bound):
+    """min(1, bound / norm), as `row_scales` (a zero norm: 1)."""
+    return 1.0 if norm <= bound else bound / norm
+
+
+@kernel
+def _clip_rows(x, head, head_bound, constant, bound, out):
+    for i in range(x.shape[0]):
+        row = out[i]
+        scale = 1.0 if math.isnan(head_bound) else _factor(_norm(x[i, :head]), head_bound)
+        for j in range(head):
+            row[j] = x[i, j] * scale
+        if not math.isnan(head_bound):
+            row[head] = constant
+        scale = _factor(_norm(row), bound)
+        for j in range(row.size):
+            row[j] *= scale
 
 
 def clip_labels(y: np.ndarray, bound: float) -> np.ndarray:

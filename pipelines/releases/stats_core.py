@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from privacy import accumulator, quadratic
-from privacy.clipping import biased_row_clip, check_bound, clip_labels, row_scales
+from privacy.clipping import biased_row_clip, check_bound, clip_labels, clip_rows_into, row_scales
 from privacy.mixing import mixed_modulo
 from privacy.weights import DEFAULT_EXPONENT, example_level_weights, user_level_weights, weights_from_normalisers
 from schemas import storage
@@ -34,7 +34,6 @@ UNITS = ("user", "example")
 LOSSES = ("square", *quadratic.LOSSES)
 # Noised statistics are incompressible and their min/max say nothing: Parquet writes them as they are
 STATS_PARQUET = {"compression": "none", "use_dictionary": False, "write_statistics": False}
-CLIP_ROWS = 1 << 16  # users clipped at a time (`clipped_users`): temporaries of a few MiB
 ROWS_PER_SHARD = 2_000_000  # rows per item shard, at most on average: a reduce task's rows (24 bytes each) and sort
 ITEM_SHARDS = b"ssp.item_shards"  # a file's Parquet metadata: S, each of its row groups holds one item shard of S
 
@@ -185,15 +184,15 @@ def clipped_users(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(each user's vector as the statistics read it, clipped to `noise_clips()[0]`; the users' biases,
     which leave the label first, or None): `user_contributions`' vectors, once per user (`item_sums`),
-    written into `out` when given. Clipped CLIP_ROWS users at a time, so that no full-size temporary
-    is made."""
+    written into `out` when given, in one compiled pass (privacy.clipping.clip_rows_into)."""
     width = embeddings.shape[1] - (1 if settings.bias else 0)  # [u, 1, b_u] -> [Clip(u), c]
     vectors, offsets = out or (np.empty((len(embeddings), width)), np.empty(len(embeddings)) if settings.bias else None)
-    for start in range(0, len(embeddings), CLIP_ROWS):
-        part = np.asarray(embeddings[start : start + CLIP_ROWS], dtype=np.float64)
-        if settings.bias:
-            part, offsets[start : start + CLIP_ROWS] = biased_user_rows(part, settings)
-        vectors[start : start + CLIP_ROWS] = part * row_scales(part, settings.noise_clips()[0])[:, None]
+    bound = settings.noise_clips()[0]
+    if settings.bias:
+        clip_rows_into(embeddings, bound, vectors, head_bound=settings.clip_u, constant=settings.bias_scale)
+        offsets[:] = embeddings[:, -1]
+    else:
+        clip_rows_into(embeddings, bound, vectors)
     return vectors, offsets
 
 

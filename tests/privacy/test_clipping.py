@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from privacy.clipping import biased_row_clip, check_bound, clip_labels, clip_rows
+from privacy.clipping import biased_row_clip, check_bound, clip_labels, clip_rows, clip_rows_into
 
 
 def test_vector_outside_is_scaled_onto_the_sphere():
@@ -110,3 +110,21 @@ def test_biased_row_clip_bounds_the_clipped_vector_with_its_bias_coordinate():
     assert biased_row_clip(2.0, 0.75, has_embedding=False) == pytest.approx(1.5)
     rows = np.hstack([clip_rows(np.random.default_rng(0).normal(size=(50, 3)) * 10, 2.0), np.full((50, 1), 1.5)])
     assert np.linalg.norm(rows, axis=1).max() == pytest.approx(2.5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(x=hnp.arrays(np.float64, (7, 5), elements=st.floats(-1e6, 1e6)), bound=st.floats(1e-3, 1e3))
+def test_compiled_clip_agrees_with_clip_rows_and_keeps_the_bound(x, bound):
+    # one compiled pass with no temporaries: clip_rows' result up to the norm's rounding
+    out = clip_rows_into(x, bound, np.empty_like(x))
+    np.testing.assert_allclose(out, clip_rows(x, bound), rtol=1e-14, atol=0)
+    assert np.all(np.linalg.norm(out, axis=1) <= bound * (1 + 1e-12))
+
+
+def test_compiled_clip_refuses_arrays_that_do_not_fit():
+    with pytest.raises(ValueError, match="into a float64 array of"):
+        clip_rows_into(np.ones((3, 4)), 1.0, np.empty((2, 4)))
+    with pytest.raises(ValueError, match="no head of 5"):
+        clip_rows_into(np.ones((3, 4)), 1.0, np.empty((3, 6)), head_bound=1.0)
+    with pytest.raises(ValueError, match="clip norm must be"):
+        clip_rows_into(np.ones((3, 4)), -1.0, np.empty((3, 4)))

@@ -1,5 +1,7 @@
 """The Spark stats job's numpy parts: item shards, row blocks, and the groups a task noises and writes."""
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -137,28 +139,51 @@ def test_item_sums_from_one_vector_per_user_equal_the_rows_contributions(
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
+def _clipped_by_definition(row: list[float], bound: float) -> list[float]:
+    """Clip(row, bound) in Python floats: the norm summed in the row's order (rescaled by the largest
+    entry when the squares overflow), then min(1, bound / norm)."""
+    squares = sum((value * value for value in row), 0.0)
+    if math.isinf(squares):
+        largest = max(abs(value) for value in row)
+        norm = largest * math.sqrt(sum(((value / largest) * (value / largest) for value in row), 0.0))
+    else:
+        norm = math.sqrt(squares)
+    scale = 1.0 if norm <= bound else bound / norm
+    return [value * scale for value in row]
+
+
 @pytest.mark.parametrize("bias", [0.0, 1.5])
-def test_clipped_users_in_pieces_equal_the_whole_clip_bit_for_bit(monkeypatch, bias):
-    # users are clipped a piece at a time (no full-size temporaries); each row's arithmetic is the
-    # clip of the whole array's, so the bits are the same, and every norm is within the bound
+def test_clipped_users_are_their_definition_row_by_row_to_the_bit(bias):
+    # each user's vector is [Clip(u, clip_u), c] (with biases; u alone without) clipped to the noise's
+    # bound, its bias apart: the compiled pass gives the bits of that arithmetic done row by row
     from pipelines.releases import stats_core
-    from privacy.clipping import row_scales
 
     settings_ = stats_core.StatsSettings(4, clip_u=0.9, clip_y=2.0, bias=bias)
-    vectors = np.random.default_rng(3).normal(size=(1001, settings_.user_dim)) * 2
-    embeddings, offsets = (
-        stats_core.biased_user_rows(vectors, settings_) if bias else (vectors, None)
-    )  # the whole array at once
-    whole = embeddings * row_scales(embeddings, settings_.noise_clips()[0])[:, None]
-    monkeypatch.setattr(stats_core, "CLIP_ROWS", 64)
-    pieces, piece_offsets = stats_core.clipped_users(vectors, settings_)
-    np.testing.assert_array_equal(pieces, whole)
-    assert np.all(np.linalg.norm(pieces, axis=1) <= settings_.noise_clips()[0] * (1 + 1e-12))
+    vectors = np.random.default_rng(3).normal(size=(301, settings_.user_dim)) * 2
+    vectors[0] = 0.0  # a zero vector: nothing to scale
+    vectors[1, :2] = 1e200  # squares that overflow
+    vectors[2] *= 1e-3  # inside the clip: unchanged
+    clipped, offsets = stats_core.clipped_users(vectors, settings_)
+    bound = settings_.noise_clips()[0]
+    width = settings_.user_dim - (2 if bias else 0)  # u
+    for row, got in zip(vectors, clipped, strict=True):
+        if bias:
+            want = _clipped_by_definition(
+                [*_clipped_by_definition(row[:width].tolist(), settings_.clip_u), settings_.bias_scale], bound
+            )
+        else:
+            want = _clipped_by_definition(row.tolist(), bound)
+        np.testing.assert_array_equal(got, want)
+    assert np.all(np.linalg.norm(clipped, axis=1) <= bound * (1 + 1e-12))
+    np.testing.assert_allclose(np.linalg.norm(clipped[1, :width]), settings_.clip_u if bias else bound, rtol=1e-15)
+    np.testing.assert_array_equal(clipped[0, :width], 0.0)
+    np.testing.assert_array_equal(clipped[2, :width], vectors[2, :width])
     if bias:
-        np.testing.assert_array_equal(piece_offsets, offsets)
-        assert pieces.shape == (1001, settings_.user_dim - 1)
+        np.testing.assert_array_equal(clipped[:, width], settings_.bias_scale)
+        np.testing.assert_array_equal(offsets, vectors[:, -1])
+        assert clipped.shape == (301, settings_.user_dim - 1)
     else:
-        assert piece_offsets is None and pieces.shape == vectors.shape
+        assert offsets is None and clipped.shape == vectors.shape
 
 
 @pytest.mark.parametrize("bias", [0.0, 1.5])
