@@ -1,9 +1,9 @@
-"""The statistics job's duplicate (user, item) pair check, in memory bounded by a bucket of keys.
+"""The statistics job's duplicate (user, item) pair check, in memory bounded by two buckets of keys.
 
 Each row's pair key (user position x catalog size + item position) goes to the bucket of its
 user's range of positions, BUCKET_KEYS keys a bucket on average (from the row count the files'
 footers declare). One bucket is kept in memory; more are spilled to a private temporary folder
-(mode 0700, removed when the check ends) and each is sorted alone: a pair's duplicates share its
+(mode 0700, removed when the check ends) and each is sorted alone, two at a time: a pair's duplicates share its
 user and so its bucket. Buckets are checked in user order, so the example a refusal names is the
 smallest duplicated key, as one sort of every key would find.
 
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-BUCKET_KEYS = 1 << 24  # keys per bucket on average (128 MiB of int64), and so the check's memory
+BUCKET_KEYS = 1 << 24  # keys per bucket on average (128 MiB of int64; the check holds two at a time)
 
 
 class PairKeys:
@@ -68,20 +70,31 @@ class PairKeys:
 
     def duplicates(self) -> tuple[int, tuple[int, int] | None]:
         """(how many rows repeat an earlier row's pair, the smallest repeated pair as (user position,
-        item position), or None)."""
+        item position), or None). Two buckets are checked at a time (numpy's reads, sorts and
+        comparisons release the GIL), their results taken in user order."""
         for file in self._files:
             file.close()
         count, first = 0, None
-        for k in range(self.buckets):
-            if self._files:
-                keys = np.fromfile(self._files[k].name, dtype=np.int64)
-            else:
-                keys = np.concatenate(self._kept) if self._kept else np.zeros(0, np.int64)
-                self._kept = []
-            if np.any(keys[1:] < keys[:-1]):  # a run's rows by user and item come sorted: no sort at all
-                keys.sort()  # else numpy's quicksort (vectorised), several times timsort's speed on many runs
-            same = keys[1:] == keys[:-1]
-            count += int(same.sum())
-            if first is None and same.any():
-                first = divmod(int(keys[1:][same][0]), self.items)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            pending = deque(pool.submit(self._bucket_duplicates, k) for k in range(min(2, self.buckets)))
+            for k in range(self.buckets):
+                repeated, smallest = pending.popleft().result()
+                if k + 2 < self.buckets:
+                    pending.append(pool.submit(self._bucket_duplicates, k + 2))
+                count += repeated
+                first = smallest if first is None else first
         return count, first
+
+    def _bucket_duplicates(self, k: int) -> tuple[int, tuple[int, int] | None]:
+        """(repeated keys in bucket k, its smallest repeated pair or None)."""
+        if self._files:
+            keys = np.fromfile(self._files[k].name, dtype=np.int64)
+        else:
+            keys = np.concatenate(self._kept) if self._kept else np.zeros(0, np.int64)
+            self._kept = []
+        if np.any(keys[1:] < keys[:-1]):  # a run's rows by user and item come sorted: no sort at all
+            keys.sort()  # else numpy's quicksort (vectorised), several times timsort's speed on many runs
+        same = keys[1:] == keys[:-1]
+        if not same.any():
+            return 0, None
+        return int(same.sum()), divmod(int(keys[1:][same][0]), self.items)
