@@ -53,8 +53,15 @@ class IdIndex:
             at = np.minimum(np.searchsorted(ordered, values), self.ids.size - 1)
             found = ordered[at] == values
             return (at if self._order is None else self._order[at]), found
-        at, found = np.empty(values.size, np.int64), np.empty(values.size, bool)
-        _table_lookup(self._table, self.low, self.high, np.ascontiguousarray(values), at, found)
+        at, found = np.empty(values.shape, np.int64), np.empty(values.shape, bool)
+        _table_lookup(
+            self._table,
+            self.low,
+            self.high,
+            np.ascontiguousarray(values).reshape(-1),
+            at.reshape(-1),
+            found.reshape(-1),
+        )
         return at, found
 
     def positions(self, values: np.ndarray, what: str = "id") -> np.ndarray:

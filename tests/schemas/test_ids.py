@@ -97,3 +97,9 @@ def test_ids_in_any_order_give_positions_into_the_order_given(ids, probes, shuff
     at, found = IdIndex(ids).lookup(values)
     np.testing.assert_array_equal(found, np.isin(values, ids))
     np.testing.assert_array_equal(ids[at[found]], values[found])
+
+
+def test_values_of_any_shape_keep_it():
+    at, found = IdIndex(np.array([3, 5, 9])).lookup(np.array([[9, 3], [4, 5]]))
+    assert found.tolist() == [[True, True], [False, True]]
+    assert at[found].tolist() == [2, 0, 1]
