@@ -1,4 +1,5 @@
-"""numba's compile of the project's kernels (the noise, the statistics, the digests, the user update).
+"""numba's compile of the project's kernels (the noise, the statistics, the clip, the digests, the
+id lookups, the user update).
 
 Privacy: compiles code only.
 """
