@@ -168,13 +168,15 @@ class SeedFile:
 
     def digest_table(self, path: str) -> str:
         """The keyed (cryptographic) multiset digest of a stored table, for fingerprints."""
-        return keyed_digest_batches(storage.iter_batches(path), self._digest_key())
+        return keyed_digest_batches(storage.iter_batches(path), self.digest_key())
 
     def digest_batches(self, batches: Iterable[pa.RecordBatch]) -> str:
         """The keyed (cryptographic) multiset digest of a table given as record batches."""
-        return keyed_digest_batches(batches, self._digest_key())
+        return keyed_digest_batches(batches, self.digest_key())
 
-    def _digest_key(self) -> bytes:
+    def digest_key(self) -> bytes:
+        """The key of this seed's table digests (`keyed_digest_part`, for an engine's tasks): secret
+        like the seed."""
         return _hkdf(self.seed, DIGEST_KEY_INFO)
 
     def _save(self) -> None:
@@ -576,6 +578,13 @@ def _number_bits(column: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
 def keyed_digest_batches(batches: Iterable[pa.RecordBatch], key: bytes) -> str:
     """The keyed multiset digest of a table given as record batches (hex SHA-256 of the column
     names, the row count and the sum of the rows' PRF values; see the module docstring)."""
+    return keyed_digest_of([keyed_digest_part(batches, key)])
+
+
+def keyed_digest_part(batches: Iterable[pa.RecordBatch], key: bytes) -> tuple[list[str] | None, int, list[int]]:
+    """What some of a table's rows add to its keyed digest: (column names, None for no batch; rows;
+    the sum of their PRF values as two 64-bit halves). The sum is order-free, so the parts of a
+    table's files, taken anywhere, make its digest (`keyed_digest_of`)."""
     chain, list_key = _Chain(_ecb(_hkdf(key, b"rows"))), _ecb(_hkdf(key, b"list values"))
     total = np.zeros(2, dtype=np.uint64)
     rows, columns = 0, None
@@ -591,5 +600,15 @@ def keyed_digest_batches(batches: Iterable[pa.RecordBatch], key: bytes) -> str:
         with np.errstate(over="ignore"):  # each half summed alone: numpy sums pairs along axis 0 far slower
             total += np.array([x[:, 0].sum(dtype=np.uint64), x[:, 1].sum(dtype=np.uint64)])
         rows += batch.num_rows
-    payload = json.dumps({"columns": columns, "rows": rows, "sum": [int(v) for v in total]}).encode()
+    return columns, rows, [int(v) for v in total]
+
+
+def keyed_digest_of(parts: Iterable[tuple[list[str] | None, int, list[int]]]) -> str:
+    """The keyed digest of a table from the `keyed_digest_part`s of its rows (any split, any order)."""
+    columns, rows, total = None, 0, [0, 0]
+    for names, count, halves in parts:
+        columns = columns or names
+        rows += count
+        total = [(a + b) % 2**64 for a, b in zip(total, halves, strict=True)]
+    payload = json.dumps({"columns": columns, "rows": rows, "sum": total}).encode()
     return hashlib.sha256(payload).hexdigest()

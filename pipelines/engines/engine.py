@@ -28,6 +28,7 @@ from schemas.errors import UserError
 
 if TYPE_CHECKING:
     from pipelines.releases.mean import CentredOutput
+    from pipelines.releases.train_sums import TrainSums, TrainSumsRequest
 
 
 class Engine(Protocol):
@@ -49,6 +50,8 @@ class Engine(Protocol):
     def mean_sums(
         self, interactions: str, rating_range: tuple[float, float], unit: str, user_cap: float
     ) -> tuple[float, float]: ...
+
+    def train_sums(self, interactions: str, request: TrainSumsRequest) -> TrainSums: ...
 
     def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray: ...
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipelines.data import splits
 from pipelines.engines import spark_stats, user_solves
+from pipelines.releases import train_sums
 from pipelines.releases.counts import exact_aggregates, read_rows
 from pipelines.releases.mean import CentredOutput, centred, kept, weighted_sums
 from pipelines.releases.stats_core import shard_of
@@ -60,6 +61,10 @@ class LocalEngine:
         checked, self._checked = self._checked, None
         rows = checked[1] if checked is not None and checked[0] == interactions else read_rows(interactions, catalog)
         return exact_aggregates(*rows, catalog, unit, max_items_per_user, key)
+
+    def train_sums(self, interactions: str, request: train_sums.TrainSumsRequest) -> train_sums.TrainSums:
+        """The prepare stage's sums (pipelines.releases.train_sums), each operation in turn."""
+        return train_sums.one_by_one(self, interactions, request)
 
     def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
         """`item_gram.item_gram_sums` of every row at once."""

@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.data import splits
 from pipelines.data.chunks import users_together
 from pipelines.engines.beam_release import ReadTable, pinned
+from pipelines.releases import train_sums
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import CentredOutput, weighted_sums_of, write_centred_parts
 from privacy.accumulator import packed_size
@@ -245,6 +246,10 @@ class BeamEngine:
             return np.zeros(catalog.size), 0
         exact, units = found[0]
         return np.asarray(exact, dtype=np.float64), int(units)
+
+    def train_sums(self, interactions: str, request: train_sums.TrainSumsRequest) -> train_sums.TrainSums:
+        """The prepare stage's sums (pipelines.releases.train_sums), a pipeline per operation."""
+        return train_sums.one_by_one(self, interactions, request)
 
     def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
         """`item_gram.item_gram_sums` per shard of users, summed (equal to float64 rounding)."""

@@ -15,6 +15,7 @@ nothing itself (pipelines.releases.counts and pipelines.releases.mean noise the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,9 +24,11 @@ import pyarrow as pa
 from pipelines.data import splits
 from pipelines.data.chunks import complete_users, sorted_by_user, users_together
 from pipelines.engines.spark import forward_storage_settings, per_file, readable_tables
+from pipelines.releases import train_sums
 from pipelines.releases.counts import exact_aggregates, row_problem
 from pipelines.releases.mean import CentredOutput, weighted_sums_of, write_centred_parts
 from privacy.accumulator import packed_size
+from privacy.seeds import keyed_digest_of, keyed_digest_part
 from schemas import storage
 from schemas.errors import UserError
 from schemas.ids import IdIndex
@@ -50,6 +53,27 @@ def files_of_whole_users(interactions: str) -> list[str] | None:
     if any(high >= low for (_, high), (low, _) in zip(bounds, bounds[1:], strict=False)):
         return None
     return files
+
+
+TRAIN_SUMS_DDL = "at long, value double, user long, digest string, problem string"
+TRAIN_SUMS = pa.schema(
+    [
+        ("at", pa.int64()),  # a position of the sums: the counts, the number of units, the mean's two sums
+        ("value", pa.float64()),
+        ("user", pa.int64()),  # a user of the task's file
+        ("digest", pa.string()),  # a keyed digest part (JSON)
+        ("problem", pa.string()),  # the file's first bad row, as check_count_rows words it
+    ]
+)
+
+
+def _train_sums_rows(**columns) -> pa.RecordBatch:
+    """A batch of `SparkEngine.train_sums`' task rows: the given columns, the others null."""
+    rows = len(next(iter(columns.values())))
+    return pa.record_batch(
+        [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(rows, f.type) for f in TRAIN_SUMS],
+        schema=TRAIN_SUMS,
+    )
 
 
 class SparkEngine:
@@ -218,6 +242,81 @@ class SparkEngine:
             interactions, ["user_id", "item_id"], of_chunk, catalog.size + 1, "the counts would sample the user twice"
         )
         return totals[: catalog.size], int(totals[catalog.size])
+
+    def train_sums(self, interactions: str, request: train_sums.TrainSumsRequest) -> train_sums.TrainSums:
+        """The prepare stage's sums (pipelines.releases.train_sums). Of a table whose files declare
+        whole users in order, at user level (the split's train), one job: a task per file reads it
+        once, refuses its first bad row as `check_count_rows` does, takes its chunks' counts and
+        mean sums as `count_aggregates` and `mean_sums` do (the same per-file totals, added up in
+        the same order: the same bits) and its part of the keyed digest. Otherwise each operation
+        in turn."""
+        if request.unit != "user" or not users_together(interactions):
+            return train_sums.one_by_one(self, interactions, request)
+        catalog, mean_at = request.catalog, request.catalog.size + 1  # counts, units, then the mean's two sums
+
+        def of_chunk(chunk: pa.Table) -> np.ndarray:
+            exact, units = exact_aggregates(
+                chunk["user_id"].to_numpy(),
+                chunk["item_id"].to_numpy(),
+                catalog,
+                "user",
+                request.max_items_per_user,
+                request.sampling_key,
+            )
+            return np.r_[exact, units]
+
+        def mean_of(chunk: pa.Table) -> np.ndarray:
+            users, labels = chunk["user_id"].to_numpy(), chunk["label"].to_numpy()
+            return np.array(weighted_sums_of(users, labels, request.rating_range, "user", request.user_cap))
+
+        def task(index: int, file: str) -> Iterator[pa.RecordBatch]:
+            known, parts, problems = IdIndex(catalog), [], []
+
+            def checked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for batch in batches:
+                    problem = row_problem(batch, known)
+                    if problem:
+                        problems.append(problem)
+                        return
+                    parts.append(keyed_digest_part([batch], request.digest_key))
+                    yield batch
+
+            counts, mean, users = np.zeros(mean_at), np.zeros(2), []
+            for chunk in complete_users(sorted_by_user(checked(storage.iter_batches(file)), file)):
+                counts += of_chunk(chunk)
+                if request.rating_range is not None:
+                    mean += mean_of(chunk)
+                ids = chunk["user_id"].to_numpy()
+                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
+            if problems:
+                yield _train_sums_rows(problem=problems)
+                return
+            total = np.r_[counts, mean]
+            at = np.flatnonzero(total)  # a count per catalog item is mostly zeros in one file
+            yield _train_sums_rows(at=at, value=total[at])
+            yield _train_sums_rows(user=np.concatenate(users) if users else np.zeros(0, np.int64))
+            yield _train_sums_rows(digest=[json.dumps(part) for part in parts])
+
+        found = per_file(self.spark, storage.table_files(interactions), task, TRAIN_SUMS_DDL)
+        problems = found.filter(found["problem"].is_valid())["problem"].to_pylist()
+        if problems:
+            raise UserError(f"{interactions}: {sorted(problems)[0]}")
+        users = found.filter(found["user"].is_valid())["user"].to_numpy()
+        if np.unique(users).size != users.size:
+            raise UserError(
+                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; "
+                "the counts would sample the user twice"
+            )
+        sums = found.filter(found["at"].is_valid())
+        totals = np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=mean_at + 2)
+        parts = found.filter(found["digest"].is_valid())["digest"].to_pylist()
+        digest = keyed_digest_of(json.loads(part) for part in parts)
+        return train_sums.TrainSums(
+            totals[: catalog.size],
+            int(totals[catalog.size]),
+            None if request.rating_range is None else (float(totals[mean_at]), float(totals[mean_at + 1])),
+            digest,
+        )
 
     def item_gram_sums(self, interactions: str, items: np.ndarray) -> np.ndarray:
         """`item_gram.item_gram_sums` of chunks of complete users (one shuffle by user, or a task per

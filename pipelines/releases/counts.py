@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from pipelines.base import logs
 from pipelines.releases import release
+from pipelines.releases.train_sums import TrainSums
 from privacy import accounting
 from privacy.noise import add_noise, standard_normal
 from privacy.seeds import mix64
@@ -144,7 +145,9 @@ def exact_aggregates(
     pairs = np.unique(group.astype(np.int64) * catalog.size + positions)  # the distinct pairs, in (user, item) order
     group, positions = np.divmod(pairs, catalog.size)
     keep = _sampled(distinct[group], catalog[positions], group, max_items_per_user, key)
-    return np.bincount(positions[keep], minlength=catalog.size).astype(np.float64), int(np.unique(group[keep]).size)
+    kept_groups = group[keep]  # in order: one run per user with a kept pair
+    units = int(np.count_nonzero(kept_groups[1:] != kept_groups[:-1]) + 1) if kept_groups.size else 0
+    return np.bincount(positions[keep], minlength=catalog.size).astype(np.float64), units
 
 
 def _sampled(user_ids: np.ndarray, item_ids: np.ndarray, group: np.ndarray, max_items: int, key: int) -> np.ndarray:
@@ -177,25 +180,33 @@ def dp_counts(
     seed_file: str | None = None,
     *,
     engine,
+    sums: TrainSums | None = None,
 ) -> dict:
     """Release the DP counts of every catalog item into `<out>/counts.parquet`; returns a summary.
-    The exact counts are aggregated on `engine` (pipelines.engines.engine)."""
+    The exact counts are aggregated on `engine` (pipelines.engines.engine), or given: `sums`, the
+    prepare stage's of these rows under this run's seed (their rows checked when they were taken)."""
     if not isinstance(max_items_per_user, int) or max_items_per_user < 1:
         raise UserError(f"--max-items-per-user must be a positive integer, got {max_items_per_user}")
     if unit not in ("user", "example"):
         raise UserError(f"unit of privacy must be 'user' or 'example', got {unit!r}")
     ledger_path = ledger_path or storage.join(out, "ledger.parquet")
     catalog = np.sort(validate_catalog(storage.read_table(items, columns=["item_id"]))["item_id"].to_numpy())
-    engine.check_count_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
+    if sums is None:
+        engine.check_count_rows(interactions, catalog)  # bad input is refused before the ledger and seed are touched
     ledger = privacy.open_ledger(ledger_path, unit, interactions)  # a new run charges its data source's account
     seeds = release.open_seed_file(seed_file, ledger_path)
-    key = sampling_key(seeds.seed)
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs' digests while the engine aggregates
-        inputs = pool.submit(
-            lambda: {"interactions": seeds.digest_table(interactions), "items": seeds.digest_table(items)}
-        )
-        exact, units = engine.count_aggregates(interactions, catalog, unit, max_items_per_user, key)
-        digests = inputs.result()
+    if sums is not None:
+        exact, units = sums.counts, sums.units
+        digests = {"interactions": sums.digest, "items": seeds.digest_table(items)}
+    else:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs' digests while the engine aggregates
+            inputs = pool.submit(
+                lambda: {"interactions": seeds.digest_table(interactions), "items": seeds.digest_table(items)}
+            )
+            exact, units = engine.count_aggregates(
+                interactions, catalog, unit, max_items_per_user, sampling_key(seeds.seed)
+            )
+            digests = inputs.result()
     multiplier = ledger.multipliers["counts"]
     sensitivity = sensitivity_of(unit, max_items_per_user)
     description = {

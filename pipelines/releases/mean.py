@@ -43,7 +43,11 @@ def weighted_sums_of(
     low, high = rating_range
     labels = np.clip(labels, low, high) - (low + high) / 2  # in [-half, half]: half the sensitivity of raw labels
     if unit == "user":
-        _, inverse, per_user = np.unique(users, return_inverse=True, return_counts=True)
+        if users.size and np.all(users[1:] >= users[:-1]):  # complete users in order, as the engines' chunks come
+            first = np.r_[True, users[1:] != users[:-1]]
+            inverse, per_user = np.cumsum(first) - 1, np.diff(np.r_[np.flatnonzero(first), users.size])
+        else:
+            _, inverse, per_user = np.unique(users, return_inverse=True, return_counts=True)
         weights = np.minimum(1.0, user_cap / per_user[inverse])
     else:
         weights = np.ones(users.size)
@@ -93,16 +97,18 @@ def dp_mean(
     user_cap: float = DEFAULT_USER_CAP,
     engine,
     interactions_digest: str | None = None,
+    sums: tuple[float, float] | None = None,
 ) -> dict:
     """Release the DP mean label of `interactions`; returns {"mean", "release", ...}. The weighted
-    sums are computed on `engine` (pipelines.engines.engine). `interactions_digest`: the table's
-    keyed digest under `seeds`, when a release of the same table just took it (prepare's counts)."""
+    sums are computed on `engine` (pipelines.engines.engine), or given (`sums`: the prepare stage's,
+    pipelines.releases.train_sums). `interactions_digest`: the table's keyed digest under `seeds`,
+    when a release of the same table just took it (prepare's counts)."""
     low, high = rating_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise UserError(f"rating range must be two finite numbers low < high, got {rating_range}")
     if not math.isfinite(user_cap) or user_cap <= 0:
         raise UserError(f"the per-user cap of the mean must be > 0, got {user_cap}")
-    total, count = engine.mean_sums(interactions, (low, high), unit, user_cap)
+    total, count = sums if sums is not None else engine.mean_sums(interactions, (low, high), unit, user_cap)
     middle, half = (low + high) / 2, (high - low) / 2
     scale = user_cap if unit == "user" else 1.0
     multiplier = ledger.multipliers.get("mean", 0.0)

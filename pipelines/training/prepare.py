@@ -28,9 +28,10 @@ from pipelines.data import ingest, splits
 from pipelines.engines.engine import Engine
 from pipelines.engines.local import LocalEngine
 from pipelines.releases import item_gram, release, stats_core
-from pipelines.releases.counts import dp_counts, dp_units
+from pipelines.releases.counts import dp_counts, dp_units, sampling_key
 from pipelines.releases.item_gram import dp_item_gram
-from pipelines.releases.mean import CentredOutput, dp_mean
+from pipelines.releases.mean import DEFAULT_USER_CAP, CentredOutput, dp_mean
+from pipelines.releases.train_sums import TrainSumsRequest
 from pipelines.training.model import build_encoder, item_embeddings_table, normalise_embeddings, zero_item_biases
 from pipelines.training.run_dir import Run
 from pipelines.training.settings import (
@@ -45,7 +46,7 @@ from privacy.ledger import Ledger
 from privacy.seeds import content_digest_table
 from schemas import storage
 from schemas.errors import UserError
-from schemas.tables import item_features
+from schemas.tables import item_features, validate_catalog
 
 
 def _check_manifest(run: Run, config: TrainConfig) -> dict:
@@ -449,6 +450,18 @@ def prepare(
     )  # creates the run's budget (charging its data source's account), or checks it on resume
     seeds = release.open_seed_file(config.seed_file, run.ledger)
     seeds.bind_run(seeds.run_fingerprint(identity))  # before the first release is noised
+    sums = engine.train_sums(  # every row checked, and the counts' and mean's sums taken, before either release
+        train_rows,
+        TrainSumsRequest(
+            np.sort(validate_catalog(storage.read_table(data.items, columns=["item_id"]))["item_id"].to_numpy()),
+            unit,
+            config.max_items_per_user,
+            sampling_key(seeds.seed),
+            ratings if config.protocol == "rmse" else None,
+            DEFAULT_USER_CAP,
+            seeds.digest_key(),
+        ),
+    )
     counted = dp_counts(
         train_rows,
         data.items,
@@ -459,6 +472,7 @@ def prepare(
         run.ledger,
         seeds.path,
         engine=engine,
+        sums=sums,
     )
     counts = storage.read_table(run.counts)
     units = dpsgd_multiplier = None
@@ -475,6 +489,7 @@ def prepare(
             unit,
             engine=engine,
             interactions_digest=counted["inputs"]["interactions"],
+            sums=sums.mean_sums,
         )["mean"]
     keep_items = None
     if config.protocol == "recall":  # train on the top items by DP count (not exact counts)

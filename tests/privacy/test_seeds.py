@@ -10,6 +10,8 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privacy import seeds
 from schemas import storage
@@ -350,6 +352,23 @@ def test_keyed_digest_equals_its_definition_row_by_column():
     assert seeds.keyed_digest_batches(batches, key) == hashlib.sha256(payload).hexdigest()
 
 
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 300), max_size=5), order=st.randoms(use_true_random=False))
+def test_keyed_digest_parts_of_any_split_in_any_order_make_the_tables_digest(cuts, order):
+    """What an engine's tasks take of their files (`keyed_digest_part`) adds up, whatever the rows'
+    split into parts (empty parts included) and the parts' order, to the digest of the whole table;
+    a part left out does not."""
+    key = bytes(range(32))
+    t = sample_table(300, seed=5)
+    edges = [0, *sorted(cuts), t.num_rows]
+    pieces = [t.slice(a, b - a) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    parts = [seeds.keyed_digest_part(piece.to_batches(), key) for piece in pieces]
+    order.shuffle(parts)
+    whole = seeds.keyed_digest_batches(t.to_batches(), key)
+    assert seeds.keyed_digest_of(parts) == whole
+    assert seeds.keyed_digest_of([part for part in parts if part[1]][1:]) != whole
+
+
 def test_keyed_digest_of_numbers_and_strings_from_first_principles():
     """The blocks themselves, which the test above takes from `_value_blocks`: per row, in plain
     Python, the state starts at 0, each column's 16-byte block (a number's 64 bits and a null flag;
@@ -368,7 +387,7 @@ def test_keyed_digest_of_numbers_and_strings_from_first_principles():
             "name": pa.array([None if k % 11 == 0 else f"x{k}" for k in range(n)]),
         }
     )
-    aes = Cipher(algorithms.AES(seeds._hkdf(KEYED._digest_key(), b"rows")), modes.ECB()).encryptor()
+    aes = Cipher(algorithms.AES(seeds._hkdf(KEYED.digest_key(), b"rows")), modes.ECB()).encryptor()
     total = [0, 0]
     for row in table.to_pylist():
         state = bytes(16)
@@ -402,7 +421,7 @@ def test_keyed_digest_of_list_columns_from_first_principles(ragged):
     table = pa.table(
         {"embedding": pa.array(floats, pa.list_(pa.float64())), "pair": pa.array(ints, pa.list_(pa.int32()))}
     )
-    key = KEYED._digest_key()
+    key = KEYED.digest_key()
     rows_aes = Cipher(algorithms.AES(seeds._hkdf(key, b"rows")), modes.ECB()).encryptor()
     list_aes = Cipher(algorithms.AES(seeds._hkdf(key, b"list values")), modes.ECB()).encryptor()
 

@@ -1,10 +1,11 @@
 """The DP mean's weighted sums, by hand, and the same on Spark and Beam; the release for the same seed."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from pipelines.engines.local import LocalEngine
-from pipelines.releases.mean import dp_mean, weighted_sums
+from pipelines.releases.mean import dp_mean, weighted_sums, weighted_sums_of
 from pipelines.releases.release import PrivacySettings
 from privacy.seeds import SeedFile
 from schemas import storage
@@ -36,6 +37,19 @@ def test_each_user_adds_at_most_the_cap(rows):
         (2.25 - 1.75 + 1.25 - 2.25, 4.0)
     )  # under the cap: every rating 1
     assert weighted_sums(rows, RANGE, "example", 1.0) == pytest.approx((-0.5, 4.0))
+
+
+def test_users_out_of_order_weigh_as_users_in_order():
+    """The rows of the fixture shuffled (user 1's two rows apart): the same per-user weights, by
+    counting each user's rows whether or not they come together."""
+    users, labels = np.array([2, 1, 3, 1]), np.array([4.0, 5.0, 0.2, 1.0])
+    assert weighted_sums_of(users, labels, RANGE, "user", 1.0) == pytest.approx(
+        (0.5 * (2.25 - 1.75) + 1.25 - 2.25, 3.0)
+    )
+    in_order = np.argsort(users, kind="stable")
+    assert weighted_sums_of(users[in_order], labels[in_order], RANGE, "user", 1.0) == pytest.approx(
+        weighted_sums_of(users, labels, RANGE, "user", 1.0)
+    )
 
 
 @pytest.mark.parametrize("unit, cap", [("user", 1.0), ("user", 50.0), ("example", 1.0)])

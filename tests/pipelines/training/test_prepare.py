@@ -17,10 +17,11 @@ from pipelines.engines.prepare_beam import BeamEngine
 from pipelines.engines.prepare_spark import SparkEngine
 from pipelines.releases import counts, mean, stats_core
 from pipelines.releases.item_gram import item_gram_sums
+from pipelines.releases.train_sums import TrainSumsRequest
 from pipelines.training import prepare, run_dir, settings
 from privacy.accumulator import unpack_upper
 from privacy.ledger import Ledger
-from privacy.seeds import SeedFile
+from privacy.seeds import SeedFile, keyed_digest_batches
 from schemas import storage
 from schemas.tables import INTERACTIONS, items_schema
 
@@ -189,6 +190,66 @@ def test_count_aggregates_from_files_of_whole_users_are_the_same_and_a_user_in_t
         SparkEngine(spark).count_aggregates(str(tmp_path / "torn.parquet"), catalog, "user", 3, 12345)
     with pytest.raises(ValueError, match="the item Gram would scale the user twice"):
         SparkEngine(spark).item_gram_sums(str(tmp_path / "torn.parquet"), catalog)
+
+
+def _train_sums_request(catalog, rating_range=(0.5, 5.0)):
+    return TrainSumsRequest(catalog, "user", 3, 12345, rating_range, 2.0, b"k" * 32)
+
+
+@pytest.mark.parametrize("protocol", ["rmse", "recall"])
+def test_the_train_sums_on_an_engine_are_its_operations_one_by_one(engine, tmp_path, protocol):
+    """The prepare stage's sums of the split's train (whole users in order: Spark's one pass): the
+    exact counts and units of the whole table, the mean's sums of the engine's own `mean_sums` to
+    the bit (none for the ranking protocol), and the table's keyed digest."""
+    data = _dataset(tmp_path / "data", _ratings_with_repeats())
+    splits.make_split(data, "rmse", str(tmp_path / "split"), seed=11, holdout=0.2, engine=engine)
+    train = str(tmp_path / "split" / "train.parquet")
+    table = storage.read_table(train)
+    catalog = np.sort(storage.read_table(data.items)["item_id"].to_numpy())
+    rating_range = (0.5, 5.0) if protocol == "rmse" else None
+    got = engine.train_sums(train, _train_sums_request(catalog, rating_range))
+    exact, units = counts.exact_aggregates(
+        table["user_id"].to_numpy(), table["item_id"].to_numpy(), catalog, "user", 3, key=12345
+    )
+    assert np.array_equal(got.counts, exact) and got.units == units == 60
+    if protocol == "rmse":
+        assert got.mean_sums == engine.mean_sums(train, (0.5, 5.0), "user", 2.0)
+        assert got.mean_sums == pytest.approx(mean.weighted_sums(train, (0.5, 5.0), "user", 2.0), rel=1e-12)
+    else:
+        assert got.mean_sums is None
+    assert got.digest == keyed_digest_batches(storage.iter_batches(train), b"k" * 32)
+    assert got.digest != keyed_digest_batches(storage.iter_batches(train), b"j" * 32)
+
+
+def test_spark_train_sums_refuse_a_bad_row_and_a_user_in_two_files_in_their_one_pass(spark, tmp_path):
+    """The one pass refuses as the engine's `check_count_rows` does, in its words (an item missing
+    from the catalog, in the second file), and a user whose rows are in two files of whole users."""
+    from pipelines.data.chunks import USERS_TOGETHER
+
+    table = _ratings_with_repeats().sort_by([("user_id", "ascending")])
+    catalog = np.unique(table["item_id"].to_numpy())
+    start = int(np.searchsorted(table["user_id"].to_numpy(), np.unique(table["user_id"].to_numpy())[20]))
+    unknown = table.set_column(1, "item_id", pa.array(np.r_[table["item_id"].to_numpy()[:-1], 7777]))
+    for name, rows, edges in (
+        ("unknown", unknown, [0, start, table.num_rows]),
+        ("torn", table, [0, start + 2, table.num_rows]),
+    ):
+        staged = storage.StagedWrite(str(tmp_path / f"{name}.parquet"))
+        staged.commit(
+            [
+                staged.write_part(k, rows.slice(a, b - a).replace_schema_metadata(USERS_TOGETHER))
+                for k, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+            ],
+            rows.num_rows,
+        )
+    with pytest.raises(ValueError) as expected:
+        SparkEngine(spark).check_count_rows(str(tmp_path / "unknown.parquet"), catalog)
+    assert "items missing from the catalog (e.g. 7777)" in str(expected.value)
+    with pytest.raises(ValueError) as refused:
+        SparkEngine(spark).train_sums(str(tmp_path / "unknown.parquet"), _train_sums_request(catalog))
+    assert str(refused.value) == str(expected.value)
+    with pytest.raises(ValueError, match="a user's rows are in two of its files"):
+        SparkEngine(spark).train_sums(str(tmp_path / "torn.parquet"), _train_sums_request(catalog))
 
 
 @pytest.mark.parametrize("protocol", ["rmse", "recall"])
