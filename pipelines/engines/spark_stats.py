@@ -437,9 +437,10 @@ def commit_written(job: stats_job.StatsJob, specs, written: list[dict]) -> dict:
 
 
 def job_inputs(job: stats_job.StatsJob) -> tuple[tuple[str, str], tuple[str, str] | None]:
-    """(the user embeddings, the expansion points or None), each as (path, content digest)."""
-    return (job.user_embeddings, job.digests["user_embeddings"]), (
-        (job.expansion, job.digests["expansion"]) if job.expansion else None
+    """(the user embeddings, the expansion points or None), each as (path, content digest); a local
+    path made absolute, as the tasks read it from their own working folder (a cluster's executors)."""
+    return (storage.canonical(job.user_embeddings), job.digests["user_embeddings"]), (
+        (storage.canonical(job.expansion), job.digests["expansion"]) if job.expansion else None
     )
 
 

@@ -55,6 +55,19 @@ def read_stats(path):
     return table["item_id"].to_pylist(), np.array(table["a_upper"].to_pylist()), np.array(table["b"].to_pylist()), d
 
 
+def test_the_tasks_get_the_inputs_of_a_relative_run_as_absolute_paths(monkeypatch, tmp_path):
+    """An executor of a cluster reads from its own working folder: a run named by a relative path
+    (`--run RUN` from the folder that holds it) hands its tasks absolute paths."""
+    monkeypatch.chdir(tmp_path)
+    job = stats_job.StatsJob(
+        "rows", "run/users.parquet", "items", "counts", "out", SETTINGS, PrivacySettings(noise_multiplier=1.0)
+    )
+    job.digests = {"user_embeddings": "u", "expansion": "e"}
+    assert stats.job_inputs(job) == ((str(tmp_path / "run" / "users.parquet"), "u"), None)
+    job.expansion = "expansion.parquet"
+    assert stats.job_inputs(job)[1] == (str(tmp_path / "expansion.parquet"), "e")
+
+
 def test_partition_keys_are_computed_as_spark_hashes_them(spark):
     # Spark's own hash of ints (negative, zero, large) is ours, and each key of partition_keys(n)
     # lands in partition k when Spark repartitions by it
