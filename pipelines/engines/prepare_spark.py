@@ -76,6 +76,30 @@ def _train_sums_rows(**columns) -> pa.RecordBatch:
     )
 
 
+def _file_sums(batches: Iterator[pa.RecordBatch], file: str, of_chunk, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the sum of `of_chunk(chunk)`, `width` numbers, over the chunks of complete users of one
+    file's batches, which it declares sorted by user; the file's users), in a task."""
+    total, users = np.zeros(width), []
+    for chunk in complete_users(sorted_by_user(batches, file)):
+        total += of_chunk(chunk)
+        ids = chunk["user_id"].to_numpy()
+        users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
+    return total, np.concatenate(users) if users else np.zeros(0, np.int64)
+
+
+def _sums_of_files(found: pa.Table, interactions: str, width: int, broken: str) -> np.ndarray:
+    """The tasks' sums (`found`'s "at" and "value" rows: each file's nonzero entries) added up in
+    their order, after refusing a user found in two files ("user" rows): `broken` says what its two
+    partial histories would break."""
+    users = found.filter(found["user"].is_valid())["user"].to_numpy()
+    if np.unique(users).size != users.size:
+        raise UserError(
+            f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}"
+        )
+    sums = found.filter(found["at"].is_valid())
+    return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
+
+
 class SparkEngine:
     """Every operation of pipelines.engines.engine.Engine on a Spark session: `spark`, or a function
     that returns it (engines.spark.session_on_demand: opened when an operation first needs it)."""
@@ -255,19 +279,14 @@ class SparkEngine:
         catalog, mean_at = request.catalog, request.catalog.size + 1  # counts, units, then the mean's two sums
 
         def of_chunk(chunk: pa.Table) -> np.ndarray:
+            users = chunk["user_id"].to_numpy()
             exact, units = exact_aggregates(
-                chunk["user_id"].to_numpy(),
-                chunk["item_id"].to_numpy(),
-                catalog,
-                "user",
-                request.max_items_per_user,
-                request.sampling_key,
+                users, chunk["item_id"].to_numpy(), catalog, "user", request.max_items_per_user, request.sampling_key
             )
-            return np.r_[exact, units]
-
-        def mean_of(chunk: pa.Table) -> np.ndarray:
-            users, labels = chunk["user_id"].to_numpy(), chunk["label"].to_numpy()
-            return np.array(weighted_sums_of(users, labels, request.rating_range, "user", request.user_cap))
+            if request.rating_range is None:
+                return np.r_[exact, units, 0.0, 0.0]
+            labels = chunk["label"].to_numpy()
+            return np.r_[exact, units, weighted_sums_of(users, labels, request.rating_range, "user", request.user_cap)]
 
         def task(index: int, file: str) -> Iterator[pa.RecordBatch]:
             known, parts, problems = IdIndex(catalog), [], []
@@ -281,34 +300,20 @@ class SparkEngine:
                     parts.append(keyed_digest_part([batch], request.digest_key))
                     yield batch
 
-            counts, mean, users = np.zeros(mean_at), np.zeros(2), []
-            for chunk in complete_users(sorted_by_user(checked(storage.iter_batches(file)), file)):
-                counts += of_chunk(chunk)
-                if request.rating_range is not None:
-                    mean += mean_of(chunk)
-                ids = chunk["user_id"].to_numpy()
-                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
+            total, ids = _file_sums(checked(storage.iter_batches(file)), file, of_chunk, mean_at + 2)
             if problems:
                 yield _train_sums_rows(problem=problems)
                 return
-            total = np.r_[counts, mean]
-            at = np.flatnonzero(total)  # a count per catalog item is mostly zeros in one file
+            at = np.flatnonzero(total)
             yield _train_sums_rows(at=at, value=total[at])
-            yield _train_sums_rows(user=np.concatenate(users) if users else np.zeros(0, np.int64))
+            yield _train_sums_rows(user=ids)
             yield _train_sums_rows(digest=[json.dumps(part) for part in parts])
 
         found = per_file(self.spark, storage.table_files(interactions), task, TRAIN_SUMS_DDL)
         problems = found.filter(found["problem"].is_valid())["problem"].to_pylist()
         if problems:
             raise UserError(f"{interactions}: {sorted(problems)[0]}")
-        users = found.filter(found["user"].is_valid())["user"].to_numpy()
-        if np.unique(users).size != users.size:
-            raise UserError(
-                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; "
-                "the counts would sample the user twice"
-            )
-        sums = found.filter(found["at"].is_valid())
-        totals = np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=mean_at + 2)
+        totals = _sums_of_files(found, interactions, mean_at + 2, "the counts would sample the user twice")
         parts = found.filter(found["digest"].is_valid())["digest"].to_pylist()
         digest = keyed_digest_of(json.loads(part) for part in parts)
         return train_sums.TrainSums(
@@ -392,12 +397,7 @@ class SparkEngine:
         two partial histories would break."""
 
         def task(index: int, file: str) -> Iterator[pa.RecordBatch]:
-            total, users = np.zeros(width), []
-            for chunk in complete_users(sorted_by_user(storage.iter_batches(file, columns=columns), file)):
-                total += of_chunk(chunk)
-                ids = chunk["user_id"].to_numpy()
-                users.append(ids[np.r_[True, ids[1:] != ids[:-1]]])
-            ids = np.concatenate(users) if users else np.zeros(0, np.int64)
+            total, ids = _file_sums(storage.iter_batches(file, columns=columns), file, of_chunk, width)
             at = np.flatnonzero(total)  # a count per catalog item is mostly zeros in one file
             yield pa.record_batch({"at": at, "value": total[at], "user": pa.nulls(at.size, pa.int64())})
             yield pa.record_batch(
@@ -405,14 +405,7 @@ class SparkEngine:
             )
 
         found = per_file(self.spark, storage.table_files(interactions), task, "at long, value double, user long")
-        users = found.filter(found["user"].is_valid())["user"].to_numpy()
-        if np.unique(users).size != users.size:
-            raise UserError(
-                f"{interactions}: a user's rows are in two of its files, though each file declares whole users; "
-                f"{broken}"
-            )
-        sums = found.filter(found["at"].is_valid())
-        return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
+        return _sums_of_files(found, interactions, width, broken)
 
     def write_centred(
         self,
