@@ -453,7 +453,7 @@ def prepare(
     sums = engine.train_sums(  # every row checked, and the counts' and mean's sums taken, before either release
         train_rows,
         TrainSumsRequest(
-            np.sort(validate_catalog(storage.read_table(data.items, columns=["item_id"]))["item_id"].to_numpy()),
+            np.sort(validate_catalog(items.select(["item_id"]))["item_id"].to_numpy()),  # the catalog read above
             unit,
             config.max_items_per_user,
             sampling_key(seeds.seed),
