@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pipelines.data import splits
@@ -51,8 +52,8 @@ def _ratings_with_repeats(seed=0, users=60, items=80):
     )
 
 
-def _dataset(path, table):
-    catalog = np.unique(table["item_id"].to_numpy())
+def _dataset(path, table, catalog=None):
+    catalog = np.unique(table["item_id"].to_numpy()) if catalog is None else catalog
     items = pa.table({"item_id": catalog, "title": [f"item {i}" for i in catalog]}, schema=items_schema({}))
     write_dataset(str(path), items, table.to_batches(max_chunksize=500), {"source": "test"})
     return open_dataset(str(path))
@@ -219,6 +220,33 @@ def test_the_train_sums_on_an_engine_are_its_operations_one_by_one(engine, tmp_p
         assert got.mean_sums is None
     assert got.digest == keyed_digest_batches(storage.iter_batches(train), b"k" * 32)
     assert got.digest != keyed_digest_batches(storage.iter_batches(train), b"j" * 32)
+
+
+def test_removing_one_user_from_the_raw_input_moves_the_train_sums_by_that_users_own_terms(engine, tmp_path):
+    """Neighbouring data sets, one user (with a repeated pair and more than K = 3 items) removed from
+    the raw input, split and summed on the engine: everyone else's training rows are the same, the
+    counts move by that user's own sample of K items and the units by 1, the mean's sums by that
+    user's own capped terms, and the digest changes."""
+    table = _ratings_with_repeats()
+    catalog = np.unique(table["item_id"].to_numpy())
+    user = -7
+    sums, trains = {}, {}
+    for name, rows in (("full", table), ("without", table.filter(pc.not_equal(table["user_id"], user)))):
+        data = _dataset(tmp_path / name, rows, catalog)
+        splits.make_split(data, "rmse", str(tmp_path / name / "split"), seed=11, holdout=0.2, engine=engine)
+        trains[name] = storage.read_table(str(tmp_path / name / "split" / "train.parquet"))
+        sums[name] = engine.train_sums(str(tmp_path / name / "split" / "train.parquet"), _train_sums_request(catalog))
+    full_rows, mine = _rows(trains["full"]), [row for row in _rows(trains["full"]) if row[0] == user]
+    assert _rows(trains["without"]) == [row for row in full_rows if row[0] != user] and len(mine) > 3
+    own = trains["full"].filter(pc.equal(trains["full"]["user_id"], user))
+    users, items, labels = own["user_id"].to_numpy(), own["item_id"].to_numpy(), own["label"].to_numpy()
+    own_counts, own_units = counts.exact_aggregates(users, items, catalog, "user", 3, key=12345)
+    assert own_counts.sum() == 3 and own_units == 1
+    assert np.array_equal(sums["full"].counts - sums["without"].counts, own_counts)
+    assert sums["full"].units - sums["without"].units == 1
+    own_mean = mean.weighted_sums_of(users, labels, (0.5, 5.0), "user", 2.0)
+    assert np.subtract(sums["full"].mean_sums, sums["without"].mean_sums) == pytest.approx(own_mean, abs=1e-9)
+    assert sums["full"].digest != sums["without"].digest
 
 
 def test_spark_train_sums_refuse_a_bad_row_and_a_user_in_two_files_in_their_one_pass(spark, tmp_path):
