@@ -91,13 +91,15 @@ def _sums_of_files(found: pa.Table, interactions: str, width: int, broken: str) 
     """The tasks' sums (`found`'s "at" and "value" rows: each file's nonzero entries) added up in
     their order, after refusing a user found in two files ("user" rows): `broken` says what its two
     partial histories would break."""
-    users = found.filter(found["user"].is_valid())["user"].to_numpy()
-    if np.unique(users).size != users.size:
+    users = np.sort(found["user"].drop_null().to_numpy())  # the column alone: the table's other columns not copied
+    if np.any(users[1:] == users[:-1]):
         raise UserError(
             f"{interactions}: a user's rows are in two of its files, though each file declares whole users; {broken}"
         )
-    sums = found.filter(found["at"].is_valid())
-    return np.bincount(sums["at"].to_numpy(), weights=sums["value"].to_numpy(), minlength=width)
+    summed = found["at"].is_valid()
+    return np.bincount(
+        found["at"].filter(summed).to_numpy(), weights=found["value"].filter(summed).to_numpy(), minlength=width
+    )
 
 
 class SparkEngine:
