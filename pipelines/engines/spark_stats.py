@@ -13,7 +13,8 @@ with `privacy.weights`) in a broadcast, turns the
 rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
 the noise once to every item of the shard (rows or not) and writes its part of each resample's
 stats table, a row group at a time; the driver commits them. Shuffle volume is O(rows) x 24 bytes.
-A Python worker keeps the release's clipped user vectors (users x d) for its next tasks.
+A Python worker keeps the release's clipped user vectors (users x d) for its next tasks; the workers
+of one executor map one copy of them, written once into the executor's local folder.
 
 Rows already a row group per item shard (prepare's, stats_core.ITEM_SHARDS, checked row by row
 by `StatsJob.prepare()`) skip the map side and the shuffle: each reduce task reads its shards' row
@@ -25,6 +26,13 @@ are complete, to every catalog item, keyed by the ledger's release index.
 
 from __future__ import annotations
 
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +69,7 @@ CHUNK_ROWS = 32_768  # rows summed at a time within a task (whole items; a bigge
 ITEMS_PER_ROW_GROUP = 1024  # items noised and written at a time, at most (about 17 MiB of statistics at d=64)
 READ_BATCH_ROWS = 262_144  # rows per Arrow batch read, and so per round of blocks
 READ_TASKS_PER_CORE = 1  # row groups are read by at most this many tasks per core
+CLIPPED_PREFIX = "ssp-clipped-"  # an executor's shared copy of a release's clipped user vectors, and its lock
 
 
 # per Python worker (Spark reuses them across tasks): the embeddings tables read last, by content digest
@@ -90,29 +99,105 @@ def read_vectors(path: str, d: int, id_column: str = "user_id") -> tuple[IdIndex
 def clipped_vectors(embeddings: tuple[str, str], settings) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
     """(index of the users, stats_core.clipped_users of their embeddings) of the user embeddings
     (path, content digest); a worker's next task of the same release reuses them (the last one is
-    kept, without the unclipped vectors: at 10^7 users each copy is 1.4 GiB)."""
+    kept, without the unclipped vectors: at 10^7 users each copy is 1.4 GiB). The Python workers
+    of one Spark executor share one copy (`shared_clipped`)."""
     path, digest = embeddings
     key = (digest, settings)
     if key not in _last_clipped:
         _last_clipped.clear()
-        _last_clipped[key] = read_clipped(path, settings)
+        folder = executor_folder()
+        _last_clipped[key] = (
+            read_clipped(path, settings) if folder is None else shared_clipped(path, digest, settings, folder)
+        )
     return _last_clipped[key]
 
 
-def read_clipped(path: str, settings) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
+def executor_folder() -> str | None:
+    """The first local folder of this Spark Python worker's executor (SPARK_LOCAL_DIRS, which Spark
+    gives its workers for their spills: its shuffle files' folder, removed when the executor
+    stops), or None outside a Spark worker."""
+    folders = os.environ.get("SPARK_LOCAL_DIRS")
+    return folders.split(",")[0] if folders else None
+
+
+def shared_clipped(
+    path: str, digest: str, settings, folder: str
+) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
+    """`read_clipped`, made once per executor: under a lock in `folder`, the first of its workers to
+    need them writes them there (a folder renamed into place when complete, after removing the
+    copies of earlier releases), and every worker maps the same files, so that an executor's k
+    workers read the table and hold its clipped vectors once, not k times. The maps are copy on
+    write (nothing writes them) and stay valid after a later release removes their files.
+
+    Privacy: the clipped vectors are private, like the shuffle files Spark keeps in the same
+    folder: mode 0700, removed with it."""
+    name = CLIPPED_PREFIX + hashlib.sha256(json.dumps([digest, settings.to_json()]).encode()).hexdigest()[:32]
+    copy = os.path.join(folder, name)
+    lock = os.open(os.path.join(folder, CLIPPED_PREFIX + "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(copy):
+            for earlier in glob.glob(os.path.join(folder, CLIPPED_PREFIX + "*/")):  # other releases, or a torn write
+                shutil.rmtree(earlier, ignore_errors=True)
+            building = tempfile.mkdtemp(prefix=CLIPPED_PREFIX, dir=folder)
+            rows, width = storage.row_count(path), settings.user_dim - (1 if settings.bias else 0)
+            shapes = {"ids": ((rows,), np.int64), "vectors": ((rows, width), np.float64)}
+            if settings.bias:
+                shapes["offsets"] = ((rows,), np.float64)
+            arrays = {
+                key: np.lib.format.open_memmap(os.path.join(building, f"{key}.npy"), "w+", dtype, shape)
+                for key, (shape, dtype) in shapes.items()
+            }
+            read_clipped(path, settings, out=(arrays["ids"], arrays["vectors"], arrays.get("offsets")))
+            for array in arrays.values():
+                array.flush()
+            os.rename(building, copy)
+        mapped = {
+            key: np.asarray(np.load(os.path.join(copy, f"{key}.npy"), mmap_mode="c"))
+            for key in ("ids", "vectors", "offsets")
+            if key != "offsets" or settings.bias
+        }
+    finally:
+        os.close(lock)  # and so the lock
+    return IdIndex(mapped["ids"]), (mapped["vectors"], mapped.get("offsets"))
+
+
+def read_clipped(
+    path: str, settings, out: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
+) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
     """`clipped_vectors` read from the table: each batch clipped as it is read, so that no unclipped
-    copy of the table is made."""
-    rows = storage.row_count(path)
-    ids, width = np.empty(rows, np.int64), settings.user_dim - (1 if settings.bias else 0)
-    vectors, offsets = np.empty((rows, width)), np.empty(rows) if settings.bias else None
-    batches = storage.read_ahead(storage.iter_batches(path, ["user_id", "embedding"], READ_BATCH_ROWS))
-    for part, batch in batches_in_place(batches, rows, "user embedding"):
-        ids[part] = batch.column("user_id").to_numpy()
-        clipped_users(
-            list_column_to_matrix(batch.column("embedding"), settings.user_dim, "user embedding"),
-            settings,
-            out=(vectors[part], None if offsets is None else offsets[part]),
+    copy of the table is made, into `out` (ids, vectors, offsets or None) when given. The table's
+    files are read and clipped by a thread per core (Arrow, numpy's copies and the compiled clip
+    release the GIL): the first touch of gigabytes of new memory is what takes the time."""
+    groups = storage.row_groups(path)
+    files = list(dict.fromkeys(file for file, _, _ in groups))
+    ends = np.cumsum([sum(rows for file, _, rows in groups if file == name) for name in files], dtype=np.int64)
+    rows, width = int(ends[-1]) if files else 0, settings.user_dim - (1 if settings.bias else 0)
+    ids, vectors, offsets = out or (
+        np.empty(rows, np.int64),
+        np.empty((rows, width)),
+        np.empty(rows) if settings.bias else None,
+    )
+
+    def fill(k: int) -> None:
+        at = int(ends[k - 1]) if k else 0
+        batches = (
+            batch
+            for file, group, _ in groups
+            if file == files[k]
+            for batch in storage.iter_row_group(file, group, ["user_id", "embedding"], READ_BATCH_ROWS)
         )
+        for part, batch in batches_in_place(batches, int(ends[k]) - at, "user embedding"):
+            part = slice(at + part.start, at + part.stop)
+            ids[part] = batch.column("user_id").to_numpy()
+            clipped_users(
+                list_column_to_matrix(batch.column("embedding"), settings.user_dim, "user embedding"),
+                settings,
+                out=(vectors[part], None if offsets is None else offsets[part]),
+            )
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(len(files))))  # the first file's refusal first
     return IdIndex(ids), (vectors, offsets)
 
 

@@ -210,3 +210,83 @@ def test_a_workers_users_are_clipped_as_read_to_the_bits_of_the_whole_clip(tmp_p
     storage.write_table(short, path)
     with pytest.raises(ValueError, match=f"user embedding of row 0 has {settings_.user_dim - 1} entries"):
         stats.read_clipped(path, settings_)
+
+
+def _users_table(tmp_path, settings_, rows=700, seed=5):
+    from schemas import storage
+    from schemas.arrays import matrix_to_list_column
+
+    vectors = np.random.default_rng(seed).normal(size=(rows, settings_.user_dim))
+    ids = np.random.default_rng(seed + 1).permutation(10**6)[:rows]
+    path = str(tmp_path / f"users-{seed}.parquet")
+    storage.write_table(
+        pa.table({"user_id": ids, "embedding": matrix_to_list_column(vectors)}), path, rows_per_file=256
+    )
+    return path
+
+
+@pytest.mark.parametrize("bias", [0.0, 1.5])
+def test_an_executors_workers_share_one_copy_of_the_clipped_users_with_the_bits_of_their_own(
+    tmp_path, monkeypatch, bias
+):
+    # the first worker writes the copy into the executor's folder; the next maps it without reading
+    # the table; a new release replaces it, and the maps already made stay readable
+    import os
+    import stat
+
+    from pipelines.releases import stats_core
+
+    settings_ = stats_core.StatsSettings(3, clip_u=0.8, clip_y=2.0, bias=bias)
+    path, folder = _users_table(tmp_path, settings_), tmp_path / "executor"
+    folder.mkdir()
+    own_index, (own, own_offsets) = stats.read_clipped(path, settings_)
+    index, (shared, offsets) = stats.shared_clipped(path, "digest-1", settings_, str(folder))
+    np.testing.assert_array_equal(index.ids, own_index.ids)
+    np.testing.assert_array_equal(shared, own)
+    assert (offsets is None) == (bias == 0.0) and (offsets is None or np.array_equal(offsets, own_offsets))
+    (copy,) = [entry for entry in folder.iterdir() if entry.is_dir()]
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o700
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the table was read again")
+
+    monkeypatch.setattr(stats, "read_clipped", unread)
+    again_index, (again, _) = stats.shared_clipped(path, "digest-1", settings_, str(folder))
+    np.testing.assert_array_equal(again_index.ids, own_index.ids)
+    np.testing.assert_array_equal(again, own)
+    monkeypatch.undo()
+    other = _users_table(tmp_path, settings_, rows=300, seed=9)
+    _, (newer, _) = stats.shared_clipped(other, "digest-2", settings_, str(folder))
+    assert newer.shape[0] == 300 and [entry for entry in folder.iterdir() if entry.is_dir()] != [copy]
+    assert not copy.exists() and os.path.exists(folder / "ssp-clipped-lock")
+    np.testing.assert_array_equal(shared, own)  # mapped before its files were removed
+
+
+def test_workers_that_ask_at_once_wait_for_one_copy(tmp_path, monkeypatch):
+    # two workers of an executor ask for the same release's vectors at once: one reads the table,
+    # the other waits on the lock and maps what it wrote
+    import threading
+    import time
+
+    from pipelines.releases import stats_core
+
+    settings_ = stats_core.StatsSettings(3, clip_u=0.8, clip_y=2.0)
+    path, reads, results = _users_table(tmp_path, settings_), [], []
+    read = stats.read_clipped
+
+    def slow_read(*args, **kwargs):
+        reads.append(1)
+        time.sleep(0.3)  # the other worker asks meanwhile
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(stats, "read_clipped", slow_read)
+    workers = [
+        threading.Thread(target=lambda: results.append(stats.shared_clipped(path, "d", settings_, str(tmp_path))))
+        for _ in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(reads) == 1 and len(results) == 2
+    np.testing.assert_array_equal(results[0][1][0], results[1][1][0])
