@@ -7,7 +7,9 @@ Privacy: conversions only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +49,41 @@ def vectors_of_batches(
         ids[part] = batch.column(id_column).to_numpy()
         list_column_to_matrix(batch.column("embedding"), width, what, out=vectors[part])
     return ids, vectors
+
+
+def fill_by_file(
+    path: str,
+    fill: Callable[[slice, pa.RecordBatch], None],
+    what: str,
+    columns: list[str] | None = None,
+    batch_size: int = 65_536,
+) -> int:
+    """`fill(rows, batch)` for every record batch of the table at `path`, `rows` its slice of the
+    table's rows (in `storage.row_groups` order, counted from the files' footers: a file with more
+    or fewer rows is refused), into arrays the caller sized from `storage.row_count`. A thread per
+    core reads and fills a file at a time (Arrow's reads, numpy's copies and compiled kernels
+    release the GIL): filling gigabytes of new memory is mostly the first touch of its pages, which
+    threads share out. The first error in the table's order is raised. Returns the rows."""
+    from schemas import storage
+
+    groups = storage.row_groups(path)
+    files = list(dict.fromkeys(file for file, _, _ in groups))
+    ends = np.cumsum([sum(rows for file, _, rows in groups if file == name) for name in files], dtype=np.int64)
+
+    def fill_file(k: int) -> None:
+        start = int(ends[k - 1]) if k else 0
+        batches = (
+            batch
+            for file, group, _ in groups
+            if file == files[k]
+            for batch in storage.iter_row_group(file, group, columns, batch_size)
+        )
+        for part, batch in batches_in_place(batches, int(ends[k]) - start, what):
+            fill(slice(start + part.start, start + part.stop), batch)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 1))) as pool:
+        list(pool.map(fill_file, range(len(files))))  # the results in file order: the first file's error first
+    return int(ends[-1]) if files else 0
 
 
 def batches_in_place(

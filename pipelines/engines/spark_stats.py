@@ -56,7 +56,7 @@ from pipelines.releases.stats_core import (
 )
 from privacy import accumulator, quadratic
 from schemas import storage
-from schemas.arrays import batches_in_place, list_column_to_matrix, vectors_of_batches
+from schemas.arrays import fill_by_file, list_column_to_matrix, vectors_of_batches
 from schemas.ids import IdIndex
 from schemas.tables import STATS
 
@@ -165,39 +165,25 @@ def shared_clipped(
 def read_clipped(
     path: str, settings, out: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
 ) -> tuple[IdIndex, tuple[np.ndarray, np.ndarray | None]]:
-    """`clipped_vectors` read from the table: each batch clipped as it is read, so that no unclipped
-    copy of the table is made, into `out` (ids, vectors, offsets or None) when given. The table's
-    files are read and clipped by a thread per core (Arrow, numpy's copies and the compiled clip
-    release the GIL): the first touch of gigabytes of new memory is what takes the time."""
-    groups = storage.row_groups(path)
-    files = list(dict.fromkeys(file for file, _, _ in groups))
-    ends = np.cumsum([sum(rows for file, _, rows in groups if file == name) for name in files], dtype=np.int64)
-    rows, width = int(ends[-1]) if files else 0, settings.user_dim - (1 if settings.bias else 0)
+    """`clipped_vectors` read from the table (`fill_by_file`: a file per core), each batch clipped
+    as it is read, so that no unclipped copy of the table is made; into `out` (ids, vectors, offsets
+    or None) when given."""
+    rows, width = storage.row_count(path), settings.user_dim - (1 if settings.bias else 0)
     ids, vectors, offsets = out or (
         np.empty(rows, np.int64),
         np.empty((rows, width)),
         np.empty(rows) if settings.bias else None,
     )
 
-    def fill(k: int) -> None:
-        at = int(ends[k - 1]) if k else 0
-        batches = (
-            batch
-            for file, group, _ in groups
-            if file == files[k]
-            for batch in storage.iter_row_group(file, group, ["user_id", "embedding"], READ_BATCH_ROWS)
+    def fill(part: slice, batch: pa.RecordBatch) -> None:
+        ids[part] = batch.column("user_id").to_numpy()
+        clipped_users(
+            list_column_to_matrix(batch.column("embedding"), settings.user_dim, "user embedding"),
+            settings,
+            out=(vectors[part], None if offsets is None else offsets[part]),
         )
-        for part, batch in batches_in_place(batches, int(ends[k]) - at, "user embedding"):
-            part = slice(at + part.start, at + part.stop)
-            ids[part] = batch.column("user_id").to_numpy()
-            clipped_users(
-                list_column_to_matrix(batch.column("embedding"), settings.user_dim, "user embedding"),
-                settings,
-                out=(vectors[part], None if offsets is None else offsets[part]),
-            )
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 1))) as pool:
-        list(pool.map(fill, range(len(files))))  # the first file's refusal first
+    fill_by_file(path, fill, "user embedding", ["user_id", "embedding"], READ_BATCH_ROWS)
     return IdIndex(ids), (vectors, offsets)
 
 

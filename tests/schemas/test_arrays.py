@@ -48,3 +48,33 @@ def test_vectors_of_batches_fill_arrays_sized_from_the_footers_and_refuse_other_
         vectors_of_batches(batches, 2, "user_id", 2, "user embedding")
     with pytest.raises(ValueError, match="3 rows read where the files' footers declare 4"):
         vectors_of_batches(batches, 4, "user_id", 2, "user embedding")
+
+
+def test_a_table_is_filled_file_by_file_in_threads_each_row_in_its_place_and_the_first_error_in_table_order(
+    tmp_path,
+):
+    from schemas import storage
+    from schemas.arrays import fill_by_file
+
+    path = str(tmp_path / "rows.parquet")
+    ids = np.random.default_rng(3).permutation(1000)[:700]
+    with storage.TableWriter(path, pa.schema([("id", pa.int64())]), rows_per_file=150) as writer:
+        for start in range(0, 700, 40):  # row groups of at most 40 rows, in 5 files
+            writer.write(pa.table({"id": ids[start : start + 40]}))
+    assert len(storage.table_files(path)) == 5 and len(storage.row_groups(path)) > 5
+    filled = np.full(700, -1)
+
+    def fill(part, batch):
+        filled[part] = batch.column("id").to_numpy()
+
+    assert fill_by_file(path, fill, "row", batch_size=16) == 700
+    np.testing.assert_array_equal(filled, ids)  # every row where the table's order puts it
+
+    def refuse(part, batch):  # rows 160 and 600 (files 1 and 4) are bad: the first one is named
+        bad = [row for row in (160, 600) if part.start <= row < part.stop]
+        if bad:
+            raise ValueError(f"row {bad[0]} is bad")
+
+    for _ in range(5):
+        with pytest.raises(ValueError, match="row 160 is bad"):
+            fill_by_file(path, refuse, "row", batch_size=16)
