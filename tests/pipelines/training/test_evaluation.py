@@ -231,3 +231,20 @@ def test_a_user_with_two_embeddings_in_different_files_is_refused(tmp_path):
     )
     with pytest.raises(SchemaError, match="user embeddings: column 'user_id', row 2: value 10 appears more than once"):
         _evaluate_rmse(split)
+
+
+def test_a_bad_embedding_in_a_later_file_is_refused_with_its_row_in_the_whole_table(tmp_path):
+    # the files are read in threads, each batch validated alone: the row named is the table's
+    split = _rmse_split(tmp_path, {10: [1.0, 0.0], 20: [0.0, 1.0], 10_000: [0.0, 0.0]})
+    storage.write_table(
+        pa.table(
+            {
+                "user_id": np.array([10, 20, 30, 40], np.int64),
+                "embedding": [[1.0, 0.0], [0.0, 1.0], [2.0, 0.0], [np.nan, 0.0]],
+            }
+        ),
+        f"{split}/users.parquet",
+        rows_per_file=2,
+    )
+    with pytest.raises(SchemaError, match="user embeddings: column 'embedding', row 3: holds a non-finite value"):
+        _evaluate_rmse(split)
