@@ -8,13 +8,11 @@ shard with an empty block, so a shard without rows still gets its task. Spark sh
 (a few records per task and shard: the JVM never touches a row) to the reduce tasks: one per
 shard, or fewer when the shards outnumber the cores (`partition_keys`: a task then takes several).
 Reduce side: each task holds complete items: it looks up its rows' DP counts and, at user level,
-their users' weight normalisers (sums over all of a user's rows, computed by `StatsJob.prepare()`
-with `privacy.weights`) in a broadcast, turns the
-rows into clipped, weighted kernel rows, sums them per item (grouped GEMM, no per-row Python), adds
-the noise once to every item of the shard (rows or not) and writes its part of each resample's
-stats table, a row group at a time; the driver commits them. Shuffle volume is O(rows) x 24 bytes.
-A Python worker keeps the release's clipped user vectors (users x d) for its next tasks; the workers
-of one executor map one copy of them, written once into the executor's local folder.
+their users' weight normalisers (from `StatsJob.prepare()`) in a broadcast, sums the clipped,
+weighted rows per item (grouped GEMM, no per-row Python), adds the noise once to every item of the
+shard (rows or not) and writes its part of each resample's stats table, a row group at a time; the
+driver commits them. Shuffle volume is O(rows) x 24 bytes. An executor's Python workers map one
+copy of the release's clipped user vectors (users x d), written once into its local folder.
 
 Rows already a row group per item shard (prepare's, stats_core.ITEM_SHARDS, checked row by row
 by `StatsJob.prepare()`) skip the map side and the shuffle: each reduce task reads its shards' row
