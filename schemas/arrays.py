@@ -66,17 +66,18 @@ def fill_by_file(
     threads share out. The first error in the table's order is raised. Returns the rows."""
     from schemas import storage
 
-    groups = storage.row_groups(path)
-    files = list(dict.fromkeys(file for file, _, _ in groups))
-    ends = np.cumsum([sum(rows for file, _, rows in groups if file == name) for name in files], dtype=np.int64)
+    groups: dict[str, list[tuple[int, int]]] = {}  # each file's (row group, rows), in order
+    for file, group, rows in storage.row_groups(path):
+        groups.setdefault(file, []).append((group, rows))
+    files = list(groups)
+    ends = np.cumsum([sum(rows for _, rows in groups[file]) for file in files], dtype=np.int64)
 
     def fill_file(k: int) -> None:
         start = int(ends[k - 1]) if k else 0
         batches = (
             batch
-            for file, group, _ in groups
-            if file == files[k]
-            for batch in storage.iter_row_group(file, group, columns, batch_size)
+            for group, _ in groups[files[k]]
+            for batch in storage.iter_row_group(files[k], group, columns, batch_size)
         )
         for part, batch in batches_in_place(batches, int(ends[k]) - start, what):
             fill(slice(start + part.start, start + part.stop), batch)
