@@ -131,6 +131,7 @@ def shared_clipped(
     folder: mode 0700, removed with it."""
     name = CLIPPED_PREFIX + hashlib.sha256(json.dumps([digest, settings.to_json()]).encode()).hexdigest()[:32]
     copy = os.path.join(folder, name)
+    names = ["ids", "vectors", "offsets"] if settings.bias else ["ids", "vectors"]
     lock = os.open(os.path.join(folder, CLIPPED_PREFIX + "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -139,22 +140,19 @@ def shared_clipped(
                 shutil.rmtree(earlier, ignore_errors=True)
             building = tempfile.mkdtemp(prefix=CLIPPED_PREFIX, dir=folder)
             rows, width = storage.row_count(path), settings.user_dim - (1 if settings.bias else 0)
-            shapes = {"ids": ((rows,), np.int64), "vectors": ((rows, width), np.float64)}
-            if settings.bias:
-                shapes["offsets"] = ((rows,), np.float64)
+            types = {
+                "ids": (np.int64, (rows,)),
+                "vectors": (np.float64, (rows, width)),
+                "offsets": (np.float64, (rows,)),
+            }
             arrays = {
-                key: np.lib.format.open_memmap(os.path.join(building, f"{key}.npy"), "w+", dtype, shape)
-                for key, (shape, dtype) in shapes.items()
+                key: np.lib.format.open_memmap(os.path.join(building, f"{key}.npy"), "w+", *types[key]) for key in names
             }
             read_clipped(path, settings, out=(arrays["ids"], arrays["vectors"], arrays.get("offsets")))
             for array in arrays.values():
                 array.flush()
             os.rename(building, copy)
-        mapped = {
-            key: np.asarray(np.load(os.path.join(copy, f"{key}.npy"), mmap_mode="c"))
-            for key in ("ids", "vectors", "offsets")
-            if key != "offsets" or settings.bias
-        }
+        mapped = {key: np.asarray(np.load(os.path.join(copy, f"{key}.npy"), mmap_mode="c")) for key in names}
     finally:
         os.close(lock)  # and so the lock
     return IdIndex(mapped["ids"]), (mapped["vectors"], mapped.get("offsets"))
