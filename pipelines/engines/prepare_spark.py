@@ -312,11 +312,11 @@ class SparkEngine:
             yield _train_sums_rows(digest=[json.dumps(part) for part in parts])
 
         found = per_file(self.spark, storage.table_files(interactions), task, TRAIN_SUMS_DDL)
-        problems = found.filter(found["problem"].is_valid())["problem"].to_pylist()
+        problems = found["problem"].drop_null().to_pylist()
         if problems:
             raise UserError(f"{interactions}: {sorted(problems)[0]}")
         totals = _sums_of_files(found, interactions, mean_at + 2, "the counts would sample the user twice")
-        parts = found.filter(found["digest"].is_valid())["digest"].to_pylist()
+        parts = found["digest"].drop_null().to_pylist()
         digest = keyed_digest_of(json.loads(part) for part in parts)
         return train_sums.TrainSums(
             totals[: catalog.size],
