@@ -1,6 +1,9 @@
 """The statistics job's duplicate (user, item) pair check, in memory bounded by two buckets of keys.
 
-Each row's pair key (user position x catalog size + item position) goes to the bucket of its
+Rows that come, per item group, in strictly increasing (user, item) order (a run's own tables:
+files of increasing user ranges, each file's rows by user and item within an item shard) cannot
+repeat a pair, and `OrderedPairs` checks that order without keeping a key; other rows go to
+`PairKeys`. Each row's pair key (user position x catalog size + item position) goes to the bucket of its
 user's range of positions, BUCKET_KEYS keys a bucket on average (from the row count the files'
 footers declare). One bucket is kept in memory; more are spilled to a private temporary folder
 (mode 0700, removed when the check ends) and each is sorted alone, two at a time: a pair's
@@ -20,7 +23,54 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from schemas import storage
+
 BUCKET_KEYS = 1 << 24  # keys per bucket on average (128 MiB of int64; the check holds two at a time)
+
+
+class OrderedPairs:
+    """The order check: each batch's rows, per item group (`item_groups`: the group of each catalog
+    position; a pair's duplicates share its item and so its group), must continue that group's
+    strictly increasing keys. `duplicates()` is (0, None) when every row did, else None: then
+    the rows need `PairKeys`."""
+
+    def __init__(self, items: int, item_groups: np.ndarray):
+        self.items, self.item_groups = items, item_groups
+        self.last = np.full(int(item_groups.max(initial=0)) + 1, -1, np.int64)  # each group's largest key so far
+        self.holds = True
+
+    def __enter__(self) -> OrderedPairs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def add(self, user_at: np.ndarray, item_at: np.ndarray) -> None:
+        if not self.holds or not item_at.size:
+            return
+        keys = user_at.astype(np.int64) * self.items + item_at
+        group = self.item_groups[item_at]
+        turns = group[1:] != group[:-1]
+        if not np.all((keys[1:] > keys[:-1]) | turns):
+            self.holds = False
+            return
+        starts = np.r_[0, np.flatnonzero(turns) + 1]
+        ends = np.r_[starts[1:], keys.size] - 1
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):  # a few runs: a batch is one row group
+            if keys[start] <= self.last[group[start]]:
+                self.holds = False
+                return
+            self.last[group[start]] = keys[end]
+
+    def duplicates(self) -> tuple[int, None] | None:
+        return (0, None) if self.holds else None
+
+
+def files_in_user_order(path: str) -> bool:
+    """Whether the files' footers show their users in increasing, disjoint ranges, in the order a
+    table is read: what `OrderedPairs` needs of rows in several files."""
+    ranges = [storage.value_range(file, "user_id") for file in storage.table_files(path)]
+    return None not in ranges and all(high < low for (_, high), (low, _) in zip(ranges, ranges[1:], strict=False))
 
 
 class PairKeys:

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from pipelines.base import logs
 from pipelines.releases import release
-from pipelines.releases.pairs import PairKeys
+from pipelines.releases.pairs import OrderedPairs, PairKeys, files_in_user_order
 from pipelines.releases.stats_core import StatsSettings, declared_item_shards, shard_of
 from privacy import accounting
 from privacy.accumulator import NoiseSpec
@@ -205,7 +205,6 @@ class StatsJob:
         catalog_index, user_index = IdIndex(self.catalog), IdIndex(known_users)
         self.units = storage.row_groups(self.interactions)
         total = sum(rows for _, _, rows in self.units)  # from the files' footers
-        pairs = PairKeys(total, known_users.size, self.catalog.size)
         normalisers = (
             NormaliserSums(self.catalog_counts, known_users, self.settings.weight_exponent)
             if self.settings.unit == "user" or self.settings.loss == "logistic"
@@ -213,6 +212,11 @@ class StatsJob:
         )  # the weights' per-user normalisers, for engines that group rows by item
         filled = 0
         layout = ItemShardLayout.of(self.interactions, self.units, self.catalog)
+        pairs = (
+            OrderedPairs(self.catalog.size, layout.catalog_shard)
+            if layout is not None and files_in_user_order(self.interactions)
+            else PairKeys(total, known_users.size, self.catalog.size)
+        )  # a run's stats rows come in order: no key kept
 
         def checked_batches():
             nonlocal filled
@@ -252,7 +256,8 @@ class StatsJob:
             embeddings_digest, counts_digest = embeddings_digest.result(), counts_digest.result()
             if filled != total:
                 raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
-            repeated, first = pairs.duplicates()
+            found = pairs.duplicates()
+        repeated, first = found or self._spilled_duplicates(user_index, catalog_index, total)
         if repeated:
             user, item = first
             raise UserError(
@@ -281,6 +286,16 @@ class StatsJob:
                 )
             digests["expansion"] = seeds.digest_table(self.expansion)
         return digests
+
+    def _spilled_duplicates(self, user_index: IdIndex, catalog_index: IdIndex, total: int) -> tuple:
+        """`PairKeys.duplicates` of every row, read again: rows that broke `OrderedPairs`' order."""
+        with PairKeys(total, user_index.ids.size, catalog_index.ids.size) as pairs:
+            for batch in storage.read_ahead(storage.iter_batches(self.interactions, columns=["user_id", "item_id"])):
+                pairs.add(
+                    user_index.lookup(batch.column("user_id").to_numpy())[0],
+                    catalog_index.lookup(batch.column("item_id").to_numpy())[0],
+                )
+            return pairs.duplicates()
 
     def prepare(self) -> list[NoiseSpec]:
         """Check the inputs and make this step's R releases (ledger, seed binding); no output yet."""

@@ -12,6 +12,7 @@ from pipelines.engines.local import LocalEngine
 from pipelines.releases import stats_job
 from pipelines.releases.counts import dp_counts
 from pipelines.releases.mean import write_by_item_shard
+from pipelines.releases.pairs import files_in_user_order
 from pipelines.releases.release import PrivacySettings
 from pipelines.releases.stats_core import ITEM_SHARDS, StatsSettings
 from privacy.accumulator import unpack_upper
@@ -374,3 +375,42 @@ def test_bad_user_embeddings_are_refused_before_any_release_while_the_rows_are_c
     with pytest.raises(ValueError, match=message):
         job.prepare()
     assert len(Ledger.open(str(ledger)).rows) == 1 and not (tmp_path / "out").exists()  # the counts' release alone
+
+
+@pytest.mark.parametrize("change", ["none", "a repeated pair", "rows out of order"])
+def test_rows_in_order_are_checked_for_repeats_without_keeping_their_keys(tmp_path, monkeypatch, change):
+    # a run's stats rows (files of increasing user ranges, each item shard's rows by user and item)
+    # pass the duplicate check by their order alone; rows that break it (a repeat, or a user's items
+    # backwards) are read again and every key compared: a repeat is refused before any release
+    catalog = list(range(100, 112))
+    interactions = [(u, 100 + (3 * u + 5 * k) % 12, float(k)) for u in range(10) for k in range(4)]  # 4 items each
+    if change == "a repeated pair":
+        interactions.append((2, 106, 9.0))  # user 2's item 106, twice
+    interactions.sort(key=lambda row: (row[0], -row[1] if change == "rows out of order" else row[1]))
+    paths = write_inputs(
+        tmp_path, interactions, {u: [1.0, 0.5] for u in range(10)}, dict.fromkeys(catalog, 4.0), catalog
+    )
+    rows = pa.table(
+        dict(zip(("user_id", "item_id", "label"), map(list, zip(*interactions, strict=True)), strict=True))
+        | {"timestamp": [0] * len(interactions)},
+        schema=schemas.INTERACTIONS,
+    )
+    staged = storage.StagedWrite(paths["interactions"])
+    half = [user for user, _, _ in interactions].index(5)
+    for part, table in enumerate((rows.slice(0, half), rows.slice(half))):  # users 0-4, then 5-9
+        with staged.open_part(part, schemas.INTERACTIONS.with_metadata({ITEM_SHARDS: b"3"})) as writer:
+            write_by_item_shard(writer, table, 3)
+    staged.commit([staged.part_name(0), staged.part_name(1)], rows.num_rows)
+    assert files_in_user_order(paths["interactions"])
+    spilled, pair_keys = [], stats_job.PairKeys
+    monkeypatch.setattr(stats_job, "PairKeys", lambda *args: spilled.append(args) or pair_keys(*args))
+    ledger = tmp_path / "ledger.parquet"
+    job = make_job(paths, tmp_path / "out", PrivacySettings(noise_multiplier=1.0), ledger_path=str(ledger))
+    if change == "a repeated pair":
+        with pytest.raises(ValueError, match=r"1 duplicate \(user, item\) pair\(s\), e.g. user 2 item 106"):
+            job.prepare()
+        assert len(Ledger.open(str(ledger)).rows) == 1  # the counts' release alone
+    else:
+        job.prepare()
+        assert job.rows == len(interactions) and job.unit_shards[0] == 3
+    assert spilled == ([] if change == "none" else [(len(interactions), 10, 12)])
