@@ -31,8 +31,10 @@ class IdIndex:
         if self.ids.size:
             self.low, self.high = int(self.ids.min()), int(self.ids.max())
             if self.high - self.low <= DENSE_SPAN_FACTOR * self.ids.size + DENSE_SLACK:
-                self._table = np.full(self.high - self.low + 1, -1, dtype=np.int64)
-                self._table[self.ids - self.low] = np.arange(self.ids.size)
+                self._table = np.full(  # int32 where it holds every position: half the memory to touch
+                    self.high - self.low + 1, -1, dtype=np.int32 if self.ids.size < 2**31 else np.int64
+                )
+                _fill_table(self._table, self.ids, self.low)
             elif np.any(self.ids[1:] < self.ids[:-1]):
                 self._order = np.argsort(self.ids, kind="stable")
                 self._sorted = self.ids[self._order]  # once, not per lookup
@@ -70,6 +72,13 @@ class IdIndex:
         if not found.all():
             raise UserError(f"{np.count_nonzero(~found)} {what}(s) not found, e.g. {np.asarray(values)[~found][0]}")
         return at
+
+
+@kernel
+def _fill_table(table, ids, low):
+    """table[id - low] <- the position of each id, in one pass (no temporary arrays)."""
+    for i in range(ids.size):
+        table[ids[i] - low] = i
 
 
 @kernel

@@ -27,7 +27,9 @@ def check(ids: np.ndarray, values: np.ndarray) -> None:
 
 
 def test_dense_ids_use_a_position_table_and_sparse_ones_do_not():
-    assert IdIndex(np.arange(10, 1000, 3))._table is not None
+    dense = IdIndex(np.arange(10, 1000, 3))
+    assert dense._table.dtype == np.int32 and dense._table[[0, 1, 3, 987]].tolist() == [0, -1, 1, 329]
+    assert dense.lookup(np.array([13]))[0].dtype == np.int64  # positions are int64 whatever the table holds
     assert IdIndex(np.array([1, 2**40]))._table is None
 
 
