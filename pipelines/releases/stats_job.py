@@ -197,7 +197,9 @@ class StatsJob:
         embeddings_digest = embeddings.submit(seeds.digest_table, self.user_embeddings)
         embeddings.shutdown(wait=False)
         plain = _plain_user_ids(self.user_embeddings)
-        known_users = np.sort(validated.result() if plain is None else plain)
+        known_users = validated.result() if plain is None else plain
+        if np.any(known_users[1:] < known_users[:-1]):  # a run's user embeddings come sorted
+            known_users = np.sort(known_users)
         count_of = counts.sort_by("item_id")
         self.catalog_counts = count_of["count"].to_numpy()[
             np.searchsorted(count_of["item_id"].to_numpy(), self.catalog)
