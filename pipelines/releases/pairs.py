@@ -1,14 +1,14 @@
 """The statistics job's duplicate (user, item) pair check, in memory bounded by two buckets of keys.
 
-Rows that come, per item group, in strictly increasing (user, item) order (a run's own tables:
-files of increasing user ranges, each file's rows by user and item within an item shard) cannot
-repeat a pair, and `OrderedPairs` checks that order without keeping a key; other rows go to
-`PairKeys`. Each row's pair key (user position x catalog size + item position) goes to the bucket of its
-user's range of positions, BUCKET_KEYS keys a bucket on average (from the row count the files'
-footers declare). One bucket is kept in memory; more are spilled to a private temporary folder
-(mode 0700, removed when the check ends) and each is sorted alone, two at a time: a pair's
-duplicates share its user and so its bucket. Buckets are checked in user order, so the example a
-refusal names is the smallest duplicated key, as one sort of every key would find.
+Rows that come, per item group, in strictly increasing (user, item) order (a run's own stats
+rows: files of increasing user ranges, each item shard's rows by user and item) cannot repeat a
+pair: `OrderedPairs` checks that order without keeping a key. Other rows go to `PairKeys`: each
+row's pair key (user position x catalog size + item position) goes to the bucket of its user's
+range of positions, BUCKET_KEYS keys a bucket on average (from the row count the files' footers
+declare). One bucket is kept in memory; more are spilled to a private temporary folder (mode 0700,
+removed when the check ends) and each is sorted alone, two at a time: a pair's duplicates share
+its user and so its bucket. Buckets are checked in user order, so the example a refusal names is
+the smallest duplicated key, as one sort of every key would find.
 
 Privacy: the keys say who rated what; they never leave the driver's process and its temporary
 folder, and the check runs before any release.
