@@ -179,12 +179,6 @@ def validated_user_batches(batches, dim: int | None = None):
     )
 
 
-def validated_user_ids(batches, dim: int | None = None) -> np.ndarray:
-    """The user ids of user embeddings read as record batches (`validated_user_batches`), without the vectors."""
-    ids = [table["user_id"].to_numpy() for table in validated_user_batches(batches, dim)]
-    return np.concatenate(ids) if ids else np.zeros(0, np.int64)
-
-
 def validate_item_embeddings(table: pa.Table, dim: int | None = None) -> pa.Table:
     """Item embeddings (released): one finite vector of a common length per item."""
     return _validate_embeddings(table, ITEM_EMBEDDINGS, "item_id", "item embeddings", dim)

@@ -49,7 +49,7 @@ from schemas.tables import (
     validate_counts,
     validate_interactions,
     validate_item_embeddings,
-    validated_user_ids,
+    validated_user_batches,
 )
 
 RELEASE_SUMMARY = "release.json"
@@ -187,17 +187,10 @@ class StatsJob:
                 "cover the catalog"
             )
         embeddings = ThreadPoolExecutor(max_workers=1)  # the user embeddings' checks and digest, beside the rows'
-        validated = embeddings.submit(
-            _validated,
-            self.user_embeddings,
-            validated_user_ids,
-            storage.iter_batches(self.user_embeddings),  # streamed: the vectors are not kept
-            dim=self.settings.user_dim,
-        )
-        embeddings_digest = embeddings.submit(seeds.digest_table, self.user_embeddings)
+        validated = embeddings.submit(_validated_and_digested, self.user_embeddings, seeds, self.settings.user_dim)
         embeddings.shutdown(wait=False)
         plain = _plain_user_ids(self.user_embeddings)
-        known_users = validated.result() if plain is None else plain
+        known_users = validated.result()[0] if plain is None else plain
         if np.any(known_users[1:] < known_users[:-1]):  # a run's user embeddings come sorted
             known_users = np.sort(known_users)
         count_of = counts.sort_by("item_id")
@@ -254,8 +247,8 @@ class StatsJob:
         with pairs, ThreadPoolExecutor(max_workers=1) as pool:
             counts_digest = pool.submit(seeds.digest_table, self.counts)
             interactions_digest = seeds.digest_batches(storage.read_ahead(checked_batches()))
-            validated.result()  # the embeddings' own refusal, if any (their ids were read alone: _plain_user_ids)
-            embeddings_digest, counts_digest = embeddings_digest.result(), counts_digest.result()
+            _, embeddings_digest = validated.result()  # the embeddings' own refusal, if any (their ids were read alone)
+            counts_digest = counts_digest.result()
             if filled != total:
                 raise UserError(f"{self.interactions}: {filled} rows read where the files' footers declare {total}")
             found = pairs.duplicates()
@@ -358,9 +351,29 @@ class StatsJob:
         return summary
 
 
+def _validated_and_digested(path: str, seeds: SeedFile, dim: int) -> tuple[np.ndarray, str]:
+    """(the user ids, the keyed digest) of user embeddings in one streamed read: each batch, as
+    stored, passes to the digest once `validated_user_batches` has checked it (errors name the path)."""
+    stored: list[pa.RecordBatch] = []
+    ids: list[np.ndarray] = []
+
+    def read():
+        for batch in storage.iter_batches(path):
+            stored.append(batch)
+            yield batch
+
+    def checked():
+        for table in validated_user_batches(read(), dim):
+            ids.append(table["user_id"].to_numpy())
+            yield stored.pop()
+
+    digest = _validated(path, seeds.digest_batches, checked())
+    return (np.concatenate(ids) if ids else np.zeros(0, np.int64)), digest
+
+
 def _plain_user_ids(path: str) -> np.ndarray | None:
     """The user_id column of user embeddings read alone, when it is int64 without nulls (else None:
-    `validated_user_ids` reads the whole table and names the problem)."""
+    `_validated_and_digested` reads the whole table and names the problem)."""
     if not storage.table_files(path):
         return None
     schema = storage.read_schema(path)

@@ -92,8 +92,8 @@ def test_embeddings_need_one_length_and_finite_values(sample_tables):
 
 
 def test_user_ids_from_batches_refuse_what_the_whole_table_refuses_at_the_same_row():
-    """validated_user_ids reads the table a batch at a time and keeps only the ids: a bad row in a later
-    batch, and an id repeated across batches, get the error validate_user_embeddings gives the whole table."""
+    """validated_user_batches reads the table a batch at a time: a bad row in a later batch, and an id
+    repeated across batches, get the error validate_user_embeddings gives the whole table."""
     ids = np.array([5, 3, 9, 7, 1], np.int64)
 
     def both(embedding, user_ids=ids):
@@ -101,7 +101,7 @@ def test_user_ids_from_batches_refuse_what_the_whole_table_refuses_at_the_same_r
         errors = []
         for check in (
             lambda: t.validate_user_embeddings(whole, 2),
-            lambda: t.validated_user_ids(whole.to_batches(2), 2),
+            lambda: list(t.validated_user_batches(whole.to_batches(2), 2)),
         ):
             with pytest.raises(SchemaError) as caught:
                 check()
@@ -109,7 +109,8 @@ def test_user_ids_from_batches_refuse_what_the_whole_table_refuses_at_the_same_r
         return errors
 
     good = [[0.1, 0.2]] * 5
-    assert list(t.validated_user_ids(pa.table({"user_id": ids, "embedding": good}).to_batches(2), 2)) == list(ids)
+    batches = t.validated_user_batches(pa.table({"user_id": ids, "embedding": good}).to_batches(2), 2)
+    assert [int(i) for table in batches for i in table["user_id"].to_numpy()] == list(ids)
     bad_length, bad_value = (both(good[:3] + [row] + good[4:]) for row in ([0.1], [np.inf, 0.0]))
     assert bad_length[0] == bad_length[1] and "row 3: has length 1, expected 2" in bad_length[0]
     assert bad_value[0] == bad_value[1] and "row 3: holds a non-finite value" in bad_value[0]
