@@ -414,3 +414,10 @@ def test_rows_in_order_are_checked_for_repeats_without_keeping_their_keys(tmp_pa
         job.prepare()
         assert job.rows == len(interactions) and job.unit_shards[0] == 3
     assert spilled == ([] if change == "none" else [(len(interactions), 10, 12)])
+
+
+def test_the_user_embeddings_one_read_gives_their_ids_and_the_digest_of_the_table_as_stored(tmp_path):
+    paths = write_inputs(tmp_path, INTERACTIONS, EMBEDDINGS, COUNTS, CATALOG)
+    seeds = SeedFile.create(str(tmp_path / "seed"), bytes(range(32)))
+    ids, digest = stats_job._validated_and_digested(paths["user_embeddings"], seeds, 2)
+    assert ids.tolist() == list(EMBEDDINGS) and digest == seeds.digest_table(paths["user_embeddings"])
