@@ -165,18 +165,27 @@ def validated_user_batches(batches, dim: int | None = None):
     in the whole once the last is read: the same checks and errors, one batch in memory."""
     ids, at = [], 0
     for batch in batches:
-        try:
-            table = validate_user_embeddings(pa.Table.from_batches([batch]), dim)
-        except SchemaError as exc:
-            raise SchemaError(exc.table, exc.problem, exc.column, None if exc.row is None else exc.row + at) from None
+        table = validated_user_batch(batch, dim, at)
         ids.append(table["user_id"].to_numpy())
         at += table.num_rows
         yield table
     if not ids:
         validate_user_embeddings(USER_EMBEDDINGS.empty_table(), dim)
-    _require_unique(
-        pa.table({"user_id": np.concatenate(ids) if ids else np.zeros(0, np.int64)}), "user_id", "user embeddings"
-    )
+    require_unique_users(np.concatenate(ids) if ids else np.zeros(0, np.int64))
+
+
+def validated_user_batch(batch: pa.RecordBatch, dim: int | None, at: int) -> pa.Table:
+    """A batch of user embeddings as a table validated as `validate_user_embeddings` validates the
+    whole, its errors naming rows counted from `at` (the batch's first row in the table)."""
+    try:
+        return validate_user_embeddings(pa.Table.from_batches([batch]), dim)
+    except SchemaError as exc:
+        raise SchemaError(exc.table, exc.problem, exc.column, None if exc.row is None else exc.row + at) from None
+
+
+def require_unique_users(ids: np.ndarray) -> None:
+    """Refuses user embeddings that give an id twice (`ids`: the whole table's, in its order)."""
+    _require_unique(pa.table({"user_id": ids}), "user_id", "user embeddings")
 
 
 def validate_item_embeddings(table: pa.Table, dim: int | None = None) -> pa.Table:

@@ -18,9 +18,9 @@ from pipelines.training.run_dir import Run, catalog_counts, config_of, require_s
 from pipelines.training.settings import TrainConfig
 from privacy.ledger import Ledger
 from schemas import storage
-from schemas.arrays import list_column_to_matrix, vectors_of_batches
+from schemas.arrays import fill_by_file, list_column_to_matrix
 from schemas.errors import UserError
-from schemas.tables import validate_item_embeddings, validated_user_batches
+from schemas.tables import require_unique_users, validate_item_embeddings, validated_user_batch
 from trainer.metrics import AT_K, RANKING, at_k_keys
 from trainer.solve import confidence, user_bias_ridge
 
@@ -258,14 +258,22 @@ def _batches(path: str, columns: list[str] | None = None):
 
 
 def _user_table(path: str, dim: int):
-    """The final user embeddings as (an IdIndex of their ids, their vectors in that order), read batch
-    by batch into arrays sized from the files' footers (schemas.tables.validated_user_batches)."""
+    """The final user embeddings as (an IdIndex of their ids, their vectors in that order), read a
+    file per core into arrays sized from the files' footers (schemas.arrays.fill_by_file: filling
+    gigabytes is mostly the first touch of new pages, which the threads share out), each batch
+    validated as `schemas.tables.validate_user_embeddings` validates the whole, and no id twice."""
     from schemas.ids import IdIndex
 
     rows = storage.row_count(path)
-    ids, vectors = vectors_of_batches(
-        validated_user_batches(_batches(path), dim), rows, "user_id", dim, "user embedding"
-    )
+    ids, vectors = np.empty(rows, np.int64), np.empty((rows, dim))
+
+    def fill(part: slice, batch: pa.RecordBatch) -> None:
+        table = validated_user_batch(batch, dim, part.start)
+        ids[part] = table["user_id"].to_numpy()
+        list_column_to_matrix(table["embedding"], dim, "user embedding", out=vectors[part])
+
+    fill_by_file(path, fill, "user embedding", batch_size=BATCH_ROWS)
+    require_unique_users(ids)
     return IdIndex(ids), vectors
 
 

@@ -248,3 +248,19 @@ def test_a_bad_embedding_in_a_later_file_is_refused_with_its_row_in_the_whole_ta
     )
     with pytest.raises(SchemaError, match="user embeddings: column 'embedding', row 3: holds a non-finite value"):
         _evaluate_rmse(split)
+
+
+def test_of_two_bad_files_read_side_by_side_the_first_in_the_table_is_named(tmp_path):
+    split = _rmse_split(tmp_path, {10: [1.0, 0.0], 20: [0.0, 1.0], 10_000: [0.0, 0.0]})
+    storage.write_table(
+        pa.table(
+            {
+                "user_id": np.array([10, 20, 30, 40], np.int64),
+                "embedding": [[1.0, 0.0], [np.inf, 1.0], [2.0, 0.0], [np.nan, 0.0]],
+            }
+        ),
+        f"{split}/users.parquet",
+        rows_per_file=2,
+    )
+    with pytest.raises(SchemaError, match="user embeddings: column 'embedding', row 1: holds a non-finite value"):
+        _evaluate_rmse(split)
